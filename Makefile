@@ -1,0 +1,88 @@
+# Pinpoint. `make help` lists the targets; every step can be rerun alone.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+UV_VERSION := 0.9.30
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+CONFIG ?= configs/demo.yaml
+NAME = $(shell sed -n 's/^name:[[:space:]]*\([a-z0-9-]*\).*/\1/p' $(CONFIG))
+RUN_DIR ?= runs/$(NAME)
+PIPELINE_YAML ?= pipelines/training_pipeline.yaml
+MLFLOW_PORT ?= 5000
+PYTEST := $(BIN)/pytest -p no:cacheprovider
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export PYTHONUNBUFFERED := 1
+
+.PHONY: help setup run provision train report compile submit images lint mlflow-ui \
+        test test-fast test-unit test-integration test-slow test-faults bench clean
+
+help: ## list the targets
+	@echo "Pinpoint: make TARGET [CONFIG=configs/demo.yaml]"
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "uv==$(UV_VERSION)"
+	$(BIN)/uv pip install -q --python $(PY) -r requirements.lock
+	$(BIN)/uv pip install -q --python $(PY) --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP) ## create .venv from requirements.lock (the other targets do it for you)
+
+run: $(STAMP) ## the default pipeline locally through kfp.local: provision -> train -> report
+	$(BIN)/pinpoint run $(CONFIG)
+
+provision: $(STAMP) ## rerun one step: cluster spec, manifests, feasibility -> $(RUN_DIR)
+	$(BIN)/pinpoint provision $(CONFIG) --out $(RUN_DIR) $(if $(NODES),--nodes $(NODES))
+
+train: $(STAMP) ## rerun one step: training from $(RUN_DIR) (writes placement.json, metrics.json, checkpoints/)
+	$(BIN)/pinpoint train $(CONFIG) --out $(RUN_DIR)
+
+report: $(STAMP) ## rerun one step: report.html and charts from $(RUN_DIR)
+	$(BIN)/pinpoint report $(RUN_DIR)
+
+compile: $(STAMP) ## compile the kfp pipelines to YAML
+	$(BIN)/pinpoint compile --out $(PIPELINE_YAML)
+
+submit: $(STAMP) ## submit to a Kubeflow cluster: make submit KFP_HOST=https://...
+	@test -n "$(KFP_HOST)" || { echo "make submit: KFP_HOST is not set; pass KFP_HOST=https://your-kfp-endpoint"; exit 2; }
+	$(PY) -m pipelines.submit --host "$(KFP_HOST)" --config $(CONFIG)
+
+images: ## build the CPU and GPU component images with docker or podman
+	bash docker/build.sh
+
+lint: $(STAMP) ## hadolint on the Dockerfiles, ruff on the code
+	bash docker/lint.sh
+
+mlflow-ui: $(STAMP) ## serve the local MLflow store on http://127.0.0.1:$(MLFLOW_PORT)
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts \
+	  --host 127.0.0.1 --port $(MLFLOW_PORT)
+
+test: $(STAMP) ## all tiers: unit, integration, slow (what CI runs)
+	$(PYTEST) -m "unit" tests
+	$(PYTEST) -m "integration and not slow" tests
+	$(PYTEST) -m "slow" tests
+
+test-fast: test-unit ## quick iteration: unit tests only
+
+test-unit: $(STAMP) ## unit tier
+	$(PYTEST) -m "unit" tests
+
+test-integration: $(STAMP) ## integration tier (real TF, real mlflow server, real kfp.local)
+	$(PYTEST) -m "integration and not slow" tests
+
+test-slow: $(STAMP) ## slow tier (multi-process clusters, images, faults)
+	$(PYTEST) -m "slow" tests
+
+test-faults: $(STAMP) ## the fault-injection suite
+	$(PYTEST) -m "slow" tests/test_faults.py
+
+bench: $(STAMP) ## benchmarks side by side with Keras -> benchmarks/RESULTS.md
+	$(PY) -m benchmarks.run
+
+clean: ## remove run folders and local outputs (keeps .venv and mlruns/)
+	rm -rf runs local_outputs test-output

@@ -1,0 +1,137 @@
+"""The one `pinpoint` CLI, used by the Makefile and the kfp components alike.
+
+Each step reads its inputs from and writes its outputs to a run folder (`runs/<name>/`).
+Heavy imports (TensorFlow, MLflow, kfp) happen inside the commands, never at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pinpoint.errors import ConfigError, PinpointError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line (and exit 2) like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"argument error: {message}; see `pinpoint {self.prog.split()[-1]} --help`")
+
+
+def _default_out(config_path: str) -> Path:
+    from pinpoint.config import load_config
+
+    return Path("runs") / load_config(config_path).name
+
+
+def cmd_provision(args) -> int:
+    from pinpoint.config import load_config
+    from pinpoint.provision import provision
+
+    cfg = load_config(args.config)
+    out = Path(args.out) if args.out else _default_out(args.config)
+    provision(cfg, out, nodes=args.nodes, kubeconfig=args.kubeconfig, parent_run_id=args.parent_run_id)
+    return 0
+
+
+def cmd_train(args) -> int:
+    from pinpoint.config import load_config
+    from pinpoint.training import train_command
+
+    cfg = load_config(args.config)
+    out = Path(args.out) if args.out else _default_out(args.config)
+    return train_command(
+        cfg,
+        out,
+        task=args.task,
+        resume_from_run=args.resume_from_run,
+        parent_run_id=args.parent_run_id,
+    )
+
+
+def cmd_report(args) -> int:
+    from pinpoint.placement.report import report_command
+
+    return report_command(Path(args.dir), parent_run_id=args.parent_run_id)
+
+
+def cmd_run(args) -> int:
+    from pinpoint.config import load_config
+
+    load_config(args.config)  # fail fast, before kfp starts anything
+    # kfp lives outside the library: the pipelines package owns the local run.
+    from pipelines.local_run import run_local
+
+    return run_local(args.config, runs_root=Path(args.runs_root))
+
+
+def cmd_compile(args) -> int:
+    from pipelines.compile import compile_all
+
+    compile_all(Path(args.out))
+    return 0
+
+
+def cmd_upload_spool(args) -> int:
+    from pinpoint.tracking.spool import upload_spool_command
+
+    return upload_spool_command(Path(args.dir), uri=args.uri)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="pinpoint", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("provision", help="topology request -> cluster_spec.json, manifests/, feasibility")
+    s.add_argument("config")
+    s.add_argument("--out", help="run folder (default runs/<name>)")
+    s.add_argument("--nodes", help="node inventory YAML for the feasibility check")
+    s.add_argument("--kubeconfig", help="read the node inventory from this cluster instead")
+    s.add_argument("--parent-run-id", help=argparse.SUPPRESS)
+    s.set_defaults(fn=cmd_provision)
+
+    s = sub.add_parser("train", help="train with the configured strategy and pinning; writes placement.json")
+    s.add_argument("config")
+    s.add_argument("--out", help="run folder (default runs/<name>)")
+    s.add_argument("--resume-from-run", metavar="RUN_ID", help="restore the latest checkpoint logged in this MLflow run")
+    s.add_argument("--task", help=argparse.SUPPRESS)  # internal: ROLE:INDEX, set by the local launcher
+    s.add_argument("--parent-run-id", help=argparse.SUPPRESS)
+    s.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser("report", help="report.html and PNG charts from a trained run folder")
+    s.add_argument("dir")
+    s.add_argument("--parent-run-id", help=argparse.SUPPRESS)
+    s.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("run", help="the local pipeline (kfp.local): provision -> train -> report")
+    s.add_argument("config")
+    s.add_argument("--runs-root", default="runs")
+    s.set_defaults(fn=cmd_run)
+
+    s = sub.add_parser("compile", help="compile the kfp pipelines to YAML")
+    s.add_argument("--out", required=True, help="output file or folder")
+    s.set_defaults(fn=cmd_compile)
+
+    s = sub.add_parser("upload-spool", help="send MLflow data spooled while the server was down")
+    s.add_argument("dir", help="a run folder (or a spool folder)")
+    s.add_argument("--uri", help="tracking URI (default: the one recorded in the spool)")
+    s.set_defaults(fn=cmd_upload_spool)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.fn(args) or 0)
+    except PinpointError as err:
+        print(f"pinpoint: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("pinpoint: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

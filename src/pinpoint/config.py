@@ -1,0 +1,358 @@
+"""Typed, frozen, validated run configuration (one YAML file).
+
+Every error is one line naming the field, the value received and the fix, raised as
+:class:`pinpoint.errors.ConfigError`. Nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pinpoint.errors import ConfigError
+
+STRATEGIES = (
+    "none",
+    "one_device",
+    "mirrored",
+    "multi_worker_mirrored",
+    "central_storage",
+    "parameter_server",
+)
+MODELS = ("mlp", "cnn", "transformer")
+MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+
+# A TensorFlow device string: optional job/replica/task prefix, then TYPE:index.
+DEVICE_RE = re.compile(
+    r"^(/job:[a-z][a-z0-9_]*(/replica:\d+)?(/task:\d+)?)?(/device:|/)(CPU|GPU|TPU):(\d+)$"
+)
+DNS1123_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def parse_device(value: str) -> tuple[str | None, int | None, str, int]:
+    """Split a device string into (job, task, type, index); raise ValueError if malformed."""
+    m = DEVICE_RE.match(value)
+    if not m:
+        raise ValueError(
+            f"'{value}' is not a TensorFlow device string; write it like '/GPU:0', '/CPU:0' "
+            "or '/job:ps/task:0/CPU:0'"
+        )
+    job = task = None
+    if m.group(1):
+        jm = re.match(r"/job:([a-z0-9_]+)", m.group(1))
+        job = jm.group(1) if jm else None
+        tm = re.search(r"/task:(\d+)", m.group(1))
+        task = int(tm.group(1)) if tm else None
+    return job, task, m.group(5), int(m.group(6))
+
+
+def _check_device(value: Optional[str]) -> Optional[str]:
+    if value is None:
+        return None
+    parse_device(value)
+    return value
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class Toleration(_Frozen):
+    key: str
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: Optional[str] = None
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
+
+
+class ClusterConfig(_Frozen):
+    """Topology request: roles, devices per replica and how to run them on Kubernetes."""
+
+    chief: int = Field(1, ge=0, le=1)
+    workers: int = Field(0, ge=0, le=64)
+    ps: int = Field(0, ge=0, le=16)
+    evaluator: int = Field(0, ge=0, le=1)
+    devices_per_worker: int = Field(1, ge=0, le=16)
+    device_type: Literal["GPU", "CPU"] = "GPU"
+    emulate: bool = True
+    gpu_resource: str = "nvidia.com/gpu"
+    gpu_type: Optional[str] = None
+    gpu_type_label: str = "nvidia.com/gpu.product"
+    cpu: str = "2"
+    memory: str = "4Gi"
+    shm_size: str = "1Gi"
+    tolerations: tuple[Toleration, ...] = ()
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    image: str = "pinpoint-cpu:latest"
+    namespace: str = "default"
+    port: int = Field(2222, ge=1024, le=65535)
+    cluster_domain: Optional[str] = None
+    flavor: Literal["tfjob", "plain"] = "tfjob"
+
+    @field_validator("namespace")
+    @classmethod
+    def _dns(cls, v: str) -> str:
+        if not DNS1123_RE.match(v) or len(v) > 63:
+            raise ValueError(
+                f"'{v}' is not a DNS-1123 label; use lower-case letters, digits and '-' (max 63)"
+            )
+        return v
+
+    @property
+    def replicas(self) -> int:
+        """Number of tasks that run training steps (chief + workers)."""
+        return self.chief + self.workers
+
+
+class PinningConfig(_Frozen):
+    """Explicit device pinning; every value is a TensorFlow device string."""
+
+    variables: Optional[str] = None
+    gradients: Optional[str] = None
+    layers: dict[str, str] = Field(default_factory=dict)
+    input: Optional[str] = None
+    soft_placement: bool = True
+    visible_devices: Optional[tuple[str, ...]] = None
+
+    @field_validator("variables", "gradients", "input")
+    @classmethod
+    def _device(cls, v: Optional[str]) -> Optional[str]:
+        return _check_device(v)
+
+    @field_validator("layers")
+    @classmethod
+    def _layers(cls, v: dict[str, str]) -> dict[str, str]:
+        for device in v.values():
+            parse_device(device)
+        return v
+
+    @field_validator("visible_devices")
+    @classmethod
+    def _visible(cls, v):
+        if v is not None:
+            for device in v:
+                parse_device(device)
+        return v
+
+
+class PlacementConfig(_Frozen):
+    """When to capture the placement the runtime really used."""
+
+    enabled: bool = True
+    warmup_steps: int = Field(3, ge=1)
+    sample_steps: int = Field(1, ge=1, le=100)
+
+
+class TrainConfig(_Frozen):
+    strategy: Literal[STRATEGIES] = "mirrored"  # type: ignore[valid-type]
+    pinning: PinningConfig = Field(default_factory=PinningConfig)
+    model: Literal[MODELS] = "mlp"  # type: ignore[valid-type]
+    data: str = "digits"
+    label_column: str = "label"
+    synthetic_examples: int = Field(2048, ge=1)
+    batch_size: int = Field(64, ge=1)
+    learning_rate: float = Field(0.05, gt=0)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    steps: int = Field(300, ge=1)
+    checkpoint_every: int = Field(100, ge=0)
+    keep_checkpoints: int = Field(3, ge=1)
+    max_restarts: int = Field(2, ge=0)
+    seed: int = 0
+    log_every: int = Field(10, ge=1)
+
+    @field_validator("data")
+    @classmethod
+    def _data(cls, v: str) -> str:
+        if v in ("digits", "synthetic") or v.endswith((".npz", ".csv")):
+            return v
+        raise ValueError(
+            f"'{v}' is not a data source; use 'digits', 'synthetic', or a path ending in .npz or .csv"
+        )
+
+
+class TrackingConfig(_Frozen):
+    enabled: bool = True
+    uri: Optional[str] = None  # None: local store inside the repo (mlruns/); else a server URI
+    experiment: str = "pinpoint"
+
+
+class Config(_Frozen):
+    name: str
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not DNS1123_RE.match(v) or len(v) > 40:
+            raise ValueError(
+                f"'{v}' is not a DNS-1123 name; use lower-case letters, digits and '-' (max 40)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Config":
+        _check_strategy_vs_cluster(self)
+        _check_pinning_vs_strategy(self)
+        return self
+
+    # ---- derived -----------------------------------------------------------------
+    def digest(self) -> str:
+        """A stable short hash of the config (for caching keys and MLflow params)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def replica_devices(self) -> list[str]:
+        """The devices one task trains on, as written in the spec (e.g. ['/GPU:0', '/GPU:1'])."""
+        c = self.cluster
+        if c.devices_per_worker == 0:
+            return ["/CPU:0"]
+        return [f"/{c.device_type}:{i}" for i in range(c.devices_per_worker)]
+
+
+def _fail(field: str, value: Any, fix: str) -> None:
+    raise ValueError(f"@{field}@ got {value!r}; {fix}")
+
+
+def _check_strategy_vs_cluster(cfg: Config) -> None:
+    c, s = cfg.cluster, cfg.train.strategy
+    if c.chief + c.workers == 0:
+        _fail("cluster.workers", c.workers, "a cluster needs at least one chief or worker")
+    if s == "parameter_server":
+        if c.ps < 1:
+            _fail("cluster.ps", c.ps, "parameter_server needs at least one ps task; set cluster.ps: 1")
+        if c.chief != 1:
+            _fail("cluster.chief", c.chief, "parameter_server needs a chief to coordinate; set cluster.chief: 1")
+        if c.workers < 1:
+            _fail("cluster.workers", c.workers, "parameter_server needs at least one worker")
+    elif c.ps:
+        _fail("cluster.ps", c.ps, f"strategy '{s}' does not use parameter servers; set cluster.ps: 0")
+    if c.evaluator and s not in MULTI_PROCESS_STRATEGIES:
+        _fail(
+            "cluster.evaluator",
+            c.evaluator,
+            f"a side-car evaluator only works with multi_worker_mirrored or parameter_server, not '{s}'; "
+            "set cluster.evaluator: 0",
+        )
+    if s not in MULTI_PROCESS_STRATEGIES and c.chief + c.workers > 1:
+        _fail(
+            "cluster.workers",
+            c.workers,
+            f"strategy '{s}' runs in one process; use multi_worker_mirrored or parameter_server "
+            "for several tasks, or set chief: 1, workers: 0",
+        )
+    if s in ("mirrored", "central_storage") and c.devices_per_worker < 1:
+        _fail("cluster.devices_per_worker", c.devices_per_worker, f"'{s}' needs at least one device")
+
+
+def _check_pinning_vs_strategy(cfg: Config) -> None:
+    p, s = cfg.train.pinning, cfg.train.strategy
+    n = cfg.cluster.devices_per_worker
+    why = {
+        "mirrored": "mirrored keeps one copy of every variable on every replica device",
+        "multi_worker_mirrored": "multi_worker_mirrored keeps one copy of every variable on every replica device",
+        "central_storage": "central_storage keeps every variable on the host CPU",
+        "parameter_server": "parameter_server shards variables across the ps tasks",
+        "one_device": "one_device places everything on its single device",
+    }
+    if p.variables and s not in ("none",):
+        _fail("train.pinning.variables", p.variables, f"{why[s]}; remove the rule or use strategy 'none'")
+    if p.gradients and s not in ("none",):
+        reason = why[s] if s in why else ""
+        _fail(
+            "train.pinning.gradients",
+            p.gradients,
+            f"{reason} and computes gradients where its replica runs; remove the rule or use strategy 'none'",
+        )
+    if p.layers and s not in ("none",):
+        _fail(
+            "train.pinning.layers",
+            dict(p.layers),
+            f"{why[s]}, so layers cannot be split across devices (model parallelism); "
+            "remove the rule or use strategy 'none'",
+        )
+    # Device indices must exist in the requested topology (jobs other than localhost are checked
+    # by the launcher, which knows the cluster).
+    for field, device in _pinned_devices(p):
+        job, _, dtype, idx = parse_device(device)
+        if job is not None:
+            continue
+        if dtype == "GPU" and cfg.cluster.device_type == "GPU" and idx >= max(n, 1):
+            _fail(
+                field,
+                device,
+                f"the spec has {n} GPU(s) per replica (cluster.devices_per_worker), so use /GPU:0../GPU:{max(n - 1, 0)}",
+            )
+        if dtype == "GPU" and cfg.cluster.device_type == "CPU":
+            _fail(field, device, "cluster.device_type is CPU; pin to '/CPU:i' or set device_type: GPU")
+
+
+def _pinned_devices(p: PinningConfig):
+    for field in ("variables", "gradients", "input"):
+        value = getattr(p, field)
+        if value:
+            yield f"train.pinning.{field}", value
+    for layer, device in p.layers.items():
+        yield f"train.pinning.layers.{layer}", device
+    for device in p.visible_devices or ():
+        yield "train.pinning.visible_devices", device
+
+
+_FIXES = {
+    "extra_forbidden": "remove it (unknown key) or check its spelling",
+    "missing": "add it",
+}
+
+
+def _one_line(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"] if p not in ("function-after",))
+    msg = e["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if msg.startswith("@"):
+        # Raised by a cross-field check: '@field@ got X; fix'
+        field, rest = msg[1:].split("@", 1)
+        return f"config error: {field}: {rest.strip()}"
+    fix = _FIXES.get(e["type"], "")
+    value = e.get("input")
+    if e["type"] == "missing":
+        return f"config error: {loc}: missing; add it"
+    if e["type"] == "extra_forbidden":
+        return f"config error: {loc}: unknown key (value {value!r}); remove it or check its spelling"
+    shown = repr(value) if not isinstance(value, dict) else "a mapping"
+    return f"config error: {loc}: got {shown}; {msg}{'; ' + fix if fix else ''}"
+
+
+def config_from_dict(data: Any, source: str = "config") -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError(f"config error: {source}: top level must be a mapping with 'name', 'cluster', 'train', 'tracking'")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_one_line(err)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config (safe loader); raise ConfigError with one line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config error: CONFIG: file '{p}' does not exist; pass a YAML file such as configs/demo.yaml")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"config error: {p}: malformed YAML{where}; fix the syntax") from None
+    return config_from_dict(data, str(p))
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

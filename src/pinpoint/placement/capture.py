@@ -1,0 +1,66 @@
+"""Capture the placement the runtime really used.
+
+`op.device` is only the request. The runtime's placer (with soft placement and kernel
+availability) decides, then the graph is partitioned per device with _Send/_Recv pairs on
+every cross-device edge. Those *partition graphs* are recorded when a function is
+instantiated with graph collection on, so a capture runs a freshly traced function once
+with collection enabled; steps that are not sampled pay nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tensorflow.core.framework import graph_pb2
+from tensorflow.python.eager import context
+
+
+@dataclass
+class CapturedGraphs:
+    """What one captured call executed: per function, its pre-placement and partition graphs."""
+
+    step: int
+    # One entry per instantiated function: (function name, pre-optimization GraphDef,
+    # list of partition GraphDefs, each holding one device's nodes with assigned devices).
+    functions: list[tuple[str, graph_pb2.GraphDef, list[graph_pb2.GraphDef]]] = field(default_factory=list)
+
+    @property
+    def partition_graphs(self) -> list[graph_pb2.GraphDef]:
+        return [g for _, _, parts in self.functions for g in parts]
+
+    @property
+    def requested_graphs(self) -> list[graph_pb2.GraphDef]:
+        return [pre for _, pre, _ in self.functions]
+
+
+@contextlib.contextmanager
+def _collection():
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    ctx.enable_graph_collection()
+    try:
+        yield ctx
+    finally:
+        ctx.disable_graph_collection()
+        ctx.disable_run_metadata()
+
+
+def capture_call(fn: Callable[..., Any], *args, step: int = 0, **kwargs) -> tuple[Any, CapturedGraphs]:
+    """Run `fn(*args, **kwargs)` with graph collection on; return (result, CapturedGraphs).
+
+    `fn` must be a tf.function that has not been called before (a fresh trace), otherwise
+    its partition graphs were recorded earlier and are not reported again.
+    """
+    with _collection() as ctx:
+        result = fn(*args, **kwargs)
+        # Wait for async eager work so all function instantiations are recorded.
+        context.async_wait()
+        md = ctx.export_run_metadata()
+    captured = CapturedGraphs(step=step)
+    for fg in md.function_graphs if md is not None else []:
+        pre = fg.pre_optimization_graph
+        name = pre.library.function[0].signature.name if pre.library.function else ""
+        captured.functions.append((name, pre, list(fg.partition_graphs)))
+    return result, captured

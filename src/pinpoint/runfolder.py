@@ -1,0 +1,70 @@
+"""Run folders (`runs/<name>/`): paths, and writes that never leave a half-written file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pinpoint.errors import ConfigError
+
+# File names shared by the steps; each step reads its inputs from the previous step's outputs.
+CONFIG_FILE = "config.yaml"
+CLUSTER_SPEC = "cluster_spec.json"
+MANIFESTS_DIR = "manifests"
+PLACEMENT = "placement.json"
+METRICS = "metrics.json"
+CHECKPOINTS = "checkpoints"
+REPORT_HTML = "report.html"
+TRAIN_LOG = "train_log.jsonl"
+
+
+def ensure_dir(path: str | Path, field: str = "--out") -> Path:
+    """Create `path` (and parents) and check it is writable; one-line error otherwise."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{field}: cannot create '{p}' ({err.strerror}); choose a writable folder") from None
+    if not os.access(p, os.W_OK):
+        raise ConfigError(f"{field}: '{p}' is not writable; choose a writable folder")
+    return p
+
+
+def inside(root: str | Path, relative: str | Path) -> Path:
+    """Join `relative` under `root`, refusing anything that escapes it (.., absolute paths, links)."""
+    base = Path(root).resolve()
+    target = (base / relative).resolve()
+    if target != base and base not in target.parents:
+        raise ConfigError(f"path '{relative}' escapes the run folder '{root}'; use a path inside it")
+    return target
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write via a temp file in the same folder and rename, so readers never see half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def atomic_write_json(path: str | Path, data: Any) -> Path:
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: str | Path, field: str = "DIR") -> Any:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{field}: '{p}' not found; run the previous step first (see `make help`)")
+    return json.loads(p.read_text())

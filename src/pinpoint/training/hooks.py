@@ -1,0 +1,50 @@
+"""Hooks: what the training loop tells the outside world. The loop only takes steps;
+checkpoints are its own, but logging, tracking and summaries live in hooks."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+
+class Hook:
+    """Base hook: every method is optional. Only the chief's hooks are called."""
+
+    def on_train_begin(self, info: Mapping[str, Any]) -> None:
+        """info: config, devices, device_aliases, strategy name, start step, num params..."""
+
+    def on_step_end(self, step: int, metrics: Mapping[str, float]) -> None:
+        """metrics: loss, accuracy, examples_per_sec, step_time (seconds)."""
+
+    def on_checkpoint(self, step: int, path: str) -> None:
+        """path: the checkpoint prefix just written (readable by tf.train.load_checkpoint)."""
+
+    def on_placement(self, placement: Mapping[str, Any]) -> None:
+        """placement: the dict written to placement.json."""
+
+    def on_train_end(self, summary: Mapping[str, Any], model: Any = None) -> None:
+        """summary: the dict written to metrics.json; model: the trained Keras model (chief)."""
+
+
+class HookList(Hook):
+    def __init__(self, hooks=()):
+        self.hooks = [h for h in hooks if h is not None]
+
+    def on_train_begin(self, info):
+        for h in self.hooks:
+            h.on_train_begin(info)
+
+    def on_step_end(self, step, metrics):
+        for h in self.hooks:
+            h.on_step_end(step, metrics)
+
+    def on_checkpoint(self, step, path):
+        for h in self.hooks:
+            h.on_checkpoint(step, path)
+
+    def on_placement(self, placement):
+        for h in self.hooks:
+            h.on_placement(placement)
+
+    def on_train_end(self, summary, model=None):
+        for h in self.hooks:
+            h.on_train_end(summary, model)
