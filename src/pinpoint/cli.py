@@ -17,7 +17,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument as one line (and exit 2) like every other error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"argument error: {message}; see `pinpoint {self.prog.split()[-1]} --help`")
+        raise ConfigError(f"argument error: {message}; see `{self.prog} --help`")
 
 
 def _default_out(config_path: str) -> Path:

@@ -1,0 +1,117 @@
+"""Config validation: the demo config loads, and bad values give one line naming field and fix."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pinpoint.config import config_from_dict, load_config, parse_device
+from pinpoint.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_demo_config_loads():
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    assert cfg.name == "demo"
+    assert cfg.train.strategy == "mirrored"
+    assert cfg.replica_devices() == ["/GPU:0", "/GPU:1"]
+    assert cfg.cluster.emulate is True
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_is_valid(path):
+    data = yaml.safe_load(path.read_text())
+    if "name" not in data or "nodes" in data:
+        pytest.skip("not a run config (e.g. a node inventory)")
+    load_config(path)
+
+
+def test_config_is_frozen():
+    cfg = config_from_dict({"name": "x"})
+    with pytest.raises(Exception):
+        cfg.name = "y"  # type: ignore[misc]
+
+
+def test_digest_is_stable_and_sensitive():
+    a = config_from_dict({"name": "x", "train": {"steps": 10}})
+    b = config_from_dict({"name": "x", "train": {"steps": 10}})
+    c = config_from_dict({"name": "x", "train": {"steps": 11}})
+    assert a.digest() == b.digest() != c.digest()
+
+
+@pytest.mark.parametrize(
+    "device,expected",
+    [
+        ("/GPU:1", (None, None, "GPU", 1)),
+        ("/CPU:0", (None, None, "CPU", 0)),
+        ("/device:GPU:0", (None, None, "GPU", 0)),
+        ("/job:ps/task:1/CPU:0", ("ps", 1, "CPU", 0)),
+        ("/job:worker/replica:0/task:2/device:GPU:3", ("worker", 2, "GPU", 3)),
+    ],
+)
+def test_parse_device(device, expected):
+    assert parse_device(device) == expected
+
+
+BAD = [
+    ({"name": "x", "train": {"strategy": "mirorred"}}, "train.strategy", "mirorred"),
+    ({"name": "x", "train": {"stratgy": "mirrored"}}, "train.stratgy", "unknown key"),
+    ({"name": "Bad_Name"}, "name", "DNS-1123"),
+    ({"name": "x", "train": {"steps": -5}}, "train.steps", "-5"),
+    ({"name": "x", "train": {"batch_size": "many"}}, "train.batch_size", "many"),
+    ({"name": "x", "cluster": {"workers": -1}}, "cluster.workers", "-1"),
+    ({"name": "x", "cluster": {"chief": 2}}, "cluster.chief", "2"),
+    ({"name": "x", "train": {"strategy": "mirrored", "pinning": {"variables": "/GPU:0"}}},
+     "train.pinning.variables", "every replica"),
+    ({"name": "x", "train": {"strategy": "central_storage", "pinning": {"gradients": "/GPU:0"}}},
+     "train.pinning.gradients", "use strategy 'none'"),
+    ({"name": "x", "train": {"strategy": "mirrored", "pinning": {"layers": {"dense_1": "/GPU:1"}}}},
+     "train.pinning.layers", "model parallelism"),
+    ({"name": "x", "cluster": {"devices_per_worker": 2},
+      "train": {"strategy": "none", "pinning": {"gradients": "/GPU:5"}}}, "train.pinning.gradients", "/GPU:0../GPU:1"),
+    ({"name": "x", "train": {"pinning": {"input": "gpu0"}}}, "train.pinning.input", "device string"),
+    ({"name": "x", "train": {"strategy": "parameter_server"}}, "cluster.ps", "ps task"),
+    ({"name": "x", "cluster": {"chief": 0, "workers": 2, "ps": 1}, "train": {"strategy": "parameter_server"}},
+     "cluster.chief", "coordinate"),
+    ({"name": "x", "cluster": {"evaluator": 1}, "train": {"strategy": "mirrored"}}, "cluster.evaluator", "evaluator"),
+    ({"name": "x", "cluster": {"chief": 0, "workers": 0}}, "cluster.workers", "at least one"),
+    ({"name": "x", "cluster": {"workers": 2}, "train": {"strategy": "mirrored"}}, "cluster.workers", "one process"),
+    ({"name": "x", "cluster": {"ps": 1}, "train": {"strategy": "mirrored"}}, "cluster.ps", "does not use"),
+    ({"name": "x", "train": {"data": "data.parquet"}}, "train.data", ".npz or .csv"),
+    ({"name": "x", "cluster": {"namespace": "Team_A"}}, "cluster.namespace", "DNS-1123"),
+    ({"name": "x", "cluster": {"port": 80}}, "cluster.port", "80"),
+    ({"name": "x", "cluster": {"flavor": "helm"}}, "cluster.flavor", "helm"),
+    ({"name": "x", "train": {"learning_rate": 0}}, "train.learning_rate", "0"),
+    ({"cluster": {}}, "name", "missing"),
+]
+
+
+@pytest.mark.parametrize("data,field,hint", BAD, ids=[b[1] + ":" + b[2][:12] for b in BAD])
+def test_bad_values_give_one_line_naming_field(data, field, hint):
+    with pytest.raises(ConfigError) as exc:
+        config_from_dict(data)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert f" {field}:" in msg or msg.startswith(f"config error: {field}")
+    assert hint in msg
+
+
+def test_malformed_yaml(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: x\ntrain: [unclosed\n")
+    with pytest.raises(ConfigError, match="malformed YAML at line"):
+        load_config(p)
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="malformed YAML"):
+        load_config(p)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("no/such.yaml")
