@@ -1,0 +1,454 @@
+"""Local multi-process clusters: one `pinpoint train --task role:index` process per task.
+
+For `multi_worker_mirrored` and `parameter_server` the launcher starts every task of the cluster
+(chief, workers, ps, evaluator) on free localhost ports, each with its TF_CONFIG in the env (so it
+is set before the strategy exists), forwards each task's output prefixed "[worker:1] ", and
+propagates exit codes.
+
+When any task dies, the WHOLE group is restarted: a multi-worker collective cannot continue
+with a replacement peer (the group membership and the collective instance keys are fixed when the
+strategy is created), and a parameter-server cluster loses its variables with a ps. Every
+restarted task resumes from the latest checkpoint in OUT/checkpoints (the training core restores it
+on start). After `train.max_restarts` restarts the launcher gives up with TrainingFailed.
+
+The launcher never waits forever: a task killed or cut off from its peers either exits (MWMS
+health checks and the collective timeout turn a lost peer into an error) or stops making progress,
+which the watchdog notices (OUT/train_log.jsonl not growing) and treats like a death.
+
+Files (atomic): OUT/tasks.json (pids and addresses of the current attempt, rewritten at each
+(re)start; fault tests kill pids from it) and OUT/launcher.json (attempts, failures, outcome).
+This module never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from pinpoint.config import Config, config_to_yaml
+from pinpoint.errors import TrainingFailed
+from pinpoint.runfolder import CHECKPOINTS, CONFIG_FILE, TRAIN_LOG, atomic_write_json, atomic_write_text, ensure_dir
+
+TASKS_FILE = "tasks.json"
+LAUNCHER_FILE = "launcher.json"
+# Exit code of a PinpointError (bad config, impossible placement): the same inputs fail the same
+# way again, so a restart would only waste time.
+USER_ERROR_EXIT = 2
+DEFAULT_COLLECTIVE_TIMEOUT = 120
+_PR_SET_PDEATHSIG = 1
+
+
+# ---- one process per task --------------------------------------------------------------------
+@dataclass(frozen=True)
+class TaskSpec:
+    """How to start one task: its name ("worker:1"), command line and extra environment."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: Optional[int] = None
+
+    @property
+    def role(self) -> str:
+        return self.name.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A task that ended: its name and return code (negative: killed by that signal)."""
+
+    name: str
+    returncode: int
+
+    def describe(self) -> str:
+        if self.returncode < 0:
+            try:
+                sig = signal.Signals(-self.returncode).name
+            except ValueError:
+                sig = str(-self.returncode)
+            return f"{self.name} died (signal {sig})"
+        return f"{self.name} exited with code {self.returncode}"
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: if the launcher itself is killed (even with SIGKILL), the
+    # kernel kills the task too, so no orphaned TF server keeps a port or a collective open.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # non-Linux: best effort
+        pass
+
+
+class _Emitter:
+    """Serialises lines from the reader threads onto the launcher's stdout."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def line(self, prefix: str, text: str) -> None:
+        with self._lock:
+            out = sys.stdout
+            out.write(f"[{prefix}] {text}\n")
+            out.flush()
+
+
+class ProcessGroup:
+    """A set of task processes started together and stopped together.
+
+    Each task's stdout and stderr (merged, so a traceback stays next to the lines before it) are
+    read by a thread that prefixes every line with "[name] ". The last lines are kept so a failure
+    message can quote the task's last words.
+    """
+
+    def __init__(self, specs: Sequence[TaskSpec], *, cwd: Optional[str | Path] = None, emitter: Optional[_Emitter] = None):
+        self.specs = list(specs)
+        self.cwd = cwd
+        self.emitter = emitter or _Emitter()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.tails: dict[str, collections.deque] = {}
+        self._readers: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for spec in self.specs:
+            env = dict(os.environ)
+            env.update(spec.env)
+            env.setdefault("PYTHONUNBUFFERED", "1")
+            proc = subprocess.Popen(
+                list(spec.argv),
+                env=env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                # Own session: a Ctrl-C in the terminal reaches only the launcher, which then
+                # stops the tasks in order instead of every process dying at once.
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+            self.procs[spec.name] = proc
+            tail: collections.deque = collections.deque(maxlen=20)
+            self.tails[spec.name] = tail
+            t = threading.Thread(target=self._pump, args=(spec.name, proc, tail), daemon=True)
+            t.start()
+            self._readers.append(t)
+
+    def _pump(self, name: str, proc: subprocess.Popen, tail: collections.deque) -> None:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            text = raw.decode("utf-8", "replace").rstrip("\n")
+            tail.append(text)
+            self.emitter.line(name, text)
+        proc.stdout.close()
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self.procs.items()}
+
+    def poll(self) -> list[Exit]:
+        """Tasks that have ended so far (in start order)."""
+        return [Exit(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
+
+    def alive(self, names: Optional[Sequence[str]] = None) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None and (names is None or n in names)]
+
+    def last_words(self, name: str, n: int = 3) -> str:
+        lines = [ln.strip() for ln in self.tails.get(name, ()) if ln.strip()]
+        return " | ".join(lines[-n:])
+
+    def stop(self, names: Optional[Sequence[str]] = None, grace: float = 10.0) -> None:
+        """SIGTERM the (named) live tasks, SIGKILL whatever is still alive after `grace` s, reap."""
+        targets = [n for n in self.alive(names)]
+        for n in targets:
+            _signal(self.procs[n], signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for n in targets:
+            try:
+                self.procs[n].wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(self.procs[n], signal.SIGKILL)
+        for n in targets:
+            self.procs[n].wait()
+        if names is None:
+            for t in self._readers:
+                t.join(timeout=5)
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+# ---- the cluster -----------------------------------------------------------------------------
+def task_specs(
+    cfg: Config,
+    out_dir: Path,
+    *,
+    attempt: int = 1,
+    parent_run_id: Optional[str] = None,
+    resume_from_run: Optional[str] = None,
+    extra_env: Optional[Mapping[str, str]] = None,
+    host: str = "127.0.0.1",
+    task_hosts: Optional[Mapping[str, str]] = None,
+    task_prefix: Optional[Mapping[str, Sequence[str]]] = None,
+    collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT,
+) -> list[TaskSpec]:
+    """One TaskSpec per task of cfg.cluster, on fresh free ports.
+
+    `task_hosts` gives some tasks another address than `host` (e.g. a task in its own network
+    namespace); `task_prefix` runs a task's command under a wrapper (e.g. `ip netns exec NS`).
+    """
+    from pinpoint.provision.local import local_tasks
+
+    task_hosts = dict(task_hosts or {})
+    task_prefix = dict(task_prefix or {})
+    # Ports are chosen free on every interface (a TF server listens on all of them); the
+    # addresses in TF_CONFIG are then rewritten per task.
+    tasks = local_tasks(cfg, host="0.0.0.0")
+    known = {t.name for t in tasks}
+    for name in list(task_hosts) + list(task_prefix):
+        if name not in known:
+            raise TrainingFailed(f"launcher: no task '{name}' in this cluster; tasks are {', '.join(sorted(known))}")
+    address = {t.name: f"{task_hosts.get(t.name, host)}:{t.port}" for t in tasks}
+    config_file = out_dir / CONFIG_FILE
+    specs = []
+    for t in tasks:
+        tf_config = json.loads(json.dumps(t.tf_config))
+        # Rewrite every address of the cluster dict from the task's host (ports are unique).
+        for role, addrs in tf_config.get("cluster", {}).items():
+            tf_config["cluster"][role] = [address[f"{role}:{i}"] for i in range(len(addrs))]
+        argv = [*task_prefix.get(t.name, ()), sys.executable, "-m", "pinpoint.cli", "train",
+                str(config_file), "--out", str(out_dir), "--task", t.name]
+        if parent_run_id:
+            argv += ["--parent-run-id", parent_run_id]
+        if resume_from_run and attempt == 1:
+            # Only the first attempt restores from MLflow; after a restart the local checkpoints
+            # are newer.
+            argv += ["--resume-from-run", resume_from_run]
+        env = {
+            **(extra_env or {}),
+            "TF_CONFIG": json.dumps(tf_config),
+            "PINPOINT_COLLECTIVE_TIMEOUT": str(int(collective_timeout)),
+        }
+        specs.append(TaskSpec(t.name, tuple(argv), env, task_hosts.get(t.name, host), t.port))
+    return specs
+
+
+def latest_checkpoint_step(out_dir: Path) -> Optional[int]:
+    """The step of the newest checkpoint (files OUT/checkpoints/ckpt-<step>.index), or None."""
+    steps = []
+    for p in (out_dir / CHECKPOINTS).glob("ckpt-*.index"):
+        m = re.fullmatch(r"ckpt-(\d+)\.index", p.name)
+        if m:
+            steps.append(int(m.group(1)))
+    return max(steps) if steps else None
+
+
+def last_logged_step(out_dir: Path) -> Optional[int]:
+    """The highest step in OUT/train_log.jsonl (ignores a torn last line), or None."""
+    best = None
+    path = out_dir / TRAIN_LOG
+    if not path.is_file():
+        return None
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and (best is None or step > best):
+            best = step
+    return best
+
+
+def _progress_mark(out_dir: Path) -> tuple:
+    """Changes whenever the chief logs a step or writes a checkpoint (the watchdog's heartbeat)."""
+    marks = []
+    for p in (out_dir / TRAIN_LOG, out_dir / CHECKPOINTS):
+        try:
+            st = p.stat()
+            marks.append((st.st_size, st.st_mtime_ns))
+        except FileNotFoundError:
+            marks.append(None)
+    return tuple(marks)
+
+
+class _Stop(Exception):
+    """SIGTERM received by the launcher."""
+
+
+def run_local_cluster(
+    cfg: Config,
+    out_dir: str | Path,
+    *,
+    parent_run_id: Optional[str] = None,
+    resume_from_run: Optional[str] = None,
+    extra_env: Optional[Mapping[str, str]] = None,
+    host: str = "127.0.0.1",
+    task_hosts: Optional[Mapping[str, str]] = None,
+    task_prefix: Optional[Mapping[str, Sequence[str]]] = None,
+    startup_timeout: float = 600.0,
+    stall_timeout: float = 300.0,
+    collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT,
+    grace: float = 10.0,
+    finish_timeout: float = 120.0,
+) -> int:
+    """Run every task of cfg.cluster as a local process and supervise the group; return 0.
+
+    A task that exits with code 2 (a PinpointError: bad config or placement) ends the run with
+    that code; any other death, or no progress for `stall_timeout` s (`startup_timeout` s before
+    the first logged step), restarts the whole group, at most `cfg.train.max_restarts` times,
+    then raises TrainingFailed.
+    """
+    out = ensure_dir(out_dir).resolve()
+    atomic_write_text(out / CONFIG_FILE, config_to_yaml(cfg))
+    max_restarts = cfg.train.max_restarts
+    record: dict = {"max_restarts": max_restarts, "attempts": [], "failures": [], "status": "running"}
+    emitter = _Emitter()
+
+    def say(msg: str) -> None:
+        emitter.line("launcher", msg)
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = None
+    if in_main:
+        def _on_term(signum, frame):
+            raise _Stop()
+        previous = signal.signal(signal.SIGTERM, _on_term)
+
+    attempt = 0
+    try:
+        while True:
+            attempt += 1
+            specs = task_specs(
+                cfg, out, attempt=attempt, parent_run_id=parent_run_id, resume_from_run=resume_from_run,
+                extra_env=extra_env, host=host, task_hosts=task_hosts, task_prefix=task_prefix,
+                collective_timeout=collective_timeout,
+            )
+            resume_step = latest_checkpoint_step(out)
+            group = ProcessGroup(specs, cwd=os.getcwd(), emitter=emitter)
+            started = time.time()
+            try:
+                group.start()
+                tasks_doc = {
+                    "attempt": attempt,
+                    "started": started,
+                    "tasks": {s.name: {"pid": group.pids[s.name], "host": s.host, "port": s.port} for s in specs},
+                }
+                atomic_write_json(out / TASKS_FILE, tasks_doc)
+                record["attempts"].append({"attempt": attempt, "started": started, "resume_step": resume_step})
+                atomic_write_json(out / LAUNCHER_FILE, record)
+                say(
+                    f"attempt {attempt}: started {', '.join(f'{s.name} (pid {group.pids[s.name]}, {s.host}:{s.port})' for s in specs)}"
+                    + (f"; resuming from checkpoint step {resume_step}" if resume_step is not None else "")
+                )
+                failure = _supervise(group, out, startup_timeout, stall_timeout, finish_timeout, say)
+            finally:
+                group.stop(grace=grace)
+            if failure is None:
+                record["status"] = "succeeded"
+                record["attempts"][-1]["ended"] = time.time()
+                atomic_write_json(out / LAUNCHER_FILE, record)
+                say(f"done after {attempt} attempt(s)")
+                return 0
+            reason, exit_ = failure
+            record["attempts"][-1]["ended"] = time.time()
+            record["failures"].append({
+                "attempt": attempt,
+                "task": exit_.name if exit_ else None,
+                "returncode": exit_.returncode if exit_ else None,
+                "reason": reason,
+                "last_logged_step": last_logged_step(out),
+                "checkpoint_step": latest_checkpoint_step(out),
+                "time": time.time(),
+            })
+            last_words = group.last_words(exit_.name) if exit_ else ""
+            if exit_ is not None and exit_.returncode == USER_ERROR_EXIT:
+                record["status"] = "failed"
+                atomic_write_json(out / LAUNCHER_FILE, record)
+                say(f"{reason}: not restarting (the same inputs would fail the same way)")
+                return USER_ERROR_EXIT
+            restarts = attempt - 1
+            if restarts >= max_restarts:
+                record["status"] = "failed"
+                atomic_write_json(out / LAUNCHER_FILE, record)
+                raise TrainingFailed(
+                    f"local cluster failed: {reason} on attempt {attempt} "
+                    f"(train.max_restarts={max_restarts} restart(s) used)"
+                    + (f"; its last output: {last_words}" if last_words else "")
+                    + "; see the [task] lines above, or raise train.max_restarts"
+                )
+            atomic_write_json(out / LAUNCHER_FILE, record)
+            ckpt = latest_checkpoint_step(out)
+            say(
+                f"restart {restarts + 1}/{max_restarts} after {reason}; "
+                + (f"resuming from checkpoint step {ckpt}" if ckpt is not None else "no checkpoint yet, starting over")
+            )
+    except (_Stop, KeyboardInterrupt):
+        record["status"] = "interrupted"
+        atomic_write_json(out / LAUNCHER_FILE, record)
+        raise TrainingFailed("local cluster interrupted; every task was stopped") from None
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _supervise(group: ProcessGroup, out: Path, startup_timeout: float, stall_timeout: float,
+               finish_timeout: float, say) -> Optional[tuple[str, Optional[Exit]]]:
+    """Watch one attempt. None when the chief finished cleanly, else (reason, the task that died)."""
+    names = [s.name for s in group.specs]
+    chief = "chief:0" if "chief:0" in names else next(n for n in names if n.startswith("worker:"))
+    trainers = [n for n in names if n.split(":")[0] in ("chief", "worker")]
+    mark = _progress_mark(out)
+    last_change = time.monotonic()
+    seen_progress = False
+    chief_done_at = None
+    while True:
+        time.sleep(0.2)
+        exits = {e.name: e for e in group.poll()}
+        bad = [e for e in exits.values() if e.returncode != 0]
+        if bad and chief_done_at is None:
+            return bad[0].describe(), bad[0]
+        if chief_done_at is None:
+            # A ps or a cluster-less evaluator never ends on its own; one that does is broken.
+            for e in exits.values():
+                if e.name.startswith("ps:"):
+                    return f"{e.name} exited unexpectedly (code {e.returncode})", e
+        if chief in exits and chief_done_at is None:
+            chief_done_at = time.monotonic()
+        if chief_done_at is not None:
+            # The chief is done: MWMS workers finish the same last step and exit by themselves;
+            # ps and evaluator tasks are stopped (they serve until told otherwise).
+            waiting = group.alive([n for n in trainers if n != chief])
+            if not waiting:
+                late = [e for e in exits.values() if e.returncode != 0 and e.name in trainers and e.name != chief]
+                for e in late:
+                    say(f"warning: {e.describe()} after the chief finished; the run's outputs are complete")
+                return None
+            if time.monotonic() - chief_done_at > finish_timeout:
+                say(f"warning: {', '.join(waiting)} still running {finish_timeout:.0f} s after the chief finished; stopping")
+                return None
+            continue
+        now_mark = _progress_mark(out)
+        if now_mark != mark:
+            mark, last_change, seen_progress = now_mark, time.monotonic(), True
+            continue
+        limit = stall_timeout if seen_progress else startup_timeout
+        if time.monotonic() - last_change > limit:
+            what = "no training progress" if seen_progress else "no first logged step"
+            step = last_logged_step(out)
+            return (f"{what} for {limit:.0f} s" + (f" (last logged step {step})" if step is not None else "")
+                    + " (a task is hung or cut off from its peers)"), None

@@ -1,0 +1,178 @@
+"""Local multi-process launcher: task commands, the process group, and a real MWMS cluster."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pinpoint.config import config_from_dict
+from pinpoint.errors import TrainingFailed
+from pinpoint.training import launcher
+from pinpoint.training.launcher import (
+    Exit,
+    ProcessGroup,
+    TaskSpec,
+    last_logged_step,
+    latest_checkpoint_step,
+    task_specs,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cfg(strategy="multi_worker_mirrored", train=None, **cluster):
+    cluster = {"chief": 1, "workers": 1, "devices_per_worker": 1, **cluster}
+    return config_from_dict({
+        "name": "lt", "cluster": cluster,
+        "train": {"strategy": strategy, **(train or {})},
+        "tracking": {"enabled": False},
+    })
+
+
+# ---- unit: commands, TF_CONFIG, run-folder readers ------------------------------------------
+@pytest.mark.unit
+def test_task_specs_one_process_per_task_with_its_tf_config(tmp_path):
+    specs = task_specs(_cfg("parameter_server", ps=1), tmp_path, parent_run_id="abc", resume_from_run="r1")
+    assert [s.name for s in specs] == ["chief:0", "worker:0", "ps:0"]
+    for s in specs:
+        tf = json.loads(s.env["TF_CONFIG"])
+        role, index = s.name.split(":")
+        assert tf["task"] == {"type": role, "index": int(index)}
+        assert f"127.0.0.1:{s.port}" in tf["cluster"][role]
+        assert s.argv[1:4] == ("-m", "pinpoint.cli", "train")
+        assert s.argv[s.argv.index("--task") + 1] == s.name
+        assert s.argv[s.argv.index("--out") + 1] == str(tmp_path)
+        assert s.argv[4] == str(tmp_path / "config.yaml")
+        assert ("--parent-run-id", "abc") == s.argv[s.argv.index("--parent-run-id"):][:2]
+        assert "--resume-from-run" in s.argv  # first attempt restores from MLflow
+        assert int(s.env["PINPOINT_COLLECTIVE_TIMEOUT"]) > 0
+    assert len({s.port for s in specs}) == 3
+
+
+@pytest.mark.unit
+def test_restarted_attempts_resume_from_local_checkpoints_not_mlflow(tmp_path):
+    specs = task_specs(_cfg(), tmp_path, attempt=2, resume_from_run="r1")
+    assert all("--resume-from-run" not in s.argv for s in specs)
+
+
+@pytest.mark.unit
+def test_task_hosts_and_prefix_rewrite_every_tf_config(tmp_path):
+    specs = task_specs(
+        _cfg(), tmp_path, host="10.1.0.1", task_hosts={"worker:0": "10.1.0.2"},
+        task_prefix={"worker:0": ["ip", "netns", "exec", "ns1"]}, extra_env={"X": "1"},
+    )
+    chief, worker = specs
+    assert worker.argv[:4] == ("ip", "netns", "exec", "ns1") and chief.argv[0] == sys.executable
+    for s in specs:
+        cluster = json.loads(s.env["TF_CONFIG"])["cluster"]
+        assert cluster == {"chief": [f"10.1.0.1:{chief.port}"], "worker": [f"10.1.0.2:{worker.port}"]}
+        assert s.env["X"] == "1"
+
+
+@pytest.mark.unit
+def test_unknown_task_name_is_one_clear_error(tmp_path):
+    with pytest.raises(TrainingFailed, match="no task 'worker:5'.*chief:0, worker:0"):
+        task_specs(_cfg(), tmp_path, task_hosts={"worker:5": "10.0.0.1"})
+
+
+@pytest.mark.unit
+def test_run_folder_readers(tmp_path):
+    assert latest_checkpoint_step(tmp_path) is None and last_logged_step(tmp_path) is None
+    ck = tmp_path / "checkpoints"
+    ck.mkdir()
+    for name in ("ckpt-10.index", "ckpt-30.index", "ckpt-30.data-00000-of-00001", "ckpt-x.index"):
+        (ck / name).write_text("")
+    assert latest_checkpoint_step(tmp_path) == 30
+    (tmp_path / "train_log.jsonl").write_text('{"step": 5}\n{"step": 15}\n{"step": 2')  # torn last line
+    assert last_logged_step(tmp_path) == 15
+
+
+@pytest.mark.unit
+def test_exit_descriptions():
+    assert Exit("worker:1", -9).describe() == "worker:1 died (signal SIGKILL)"
+    assert Exit("chief:0", 1).describe() == "chief:0 exited with code 1"
+
+
+# ---- integration: the process group with real (non-TF) processes ------------------------------
+def _py(name, code, **kw):
+    return TaskSpec(name, (sys.executable, "-c", textwrap.dedent(code)), **kw)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_group_prefixes_lines_and_reports_exits(capfd):
+    g = ProcessGroup([
+        _py("chief:0", "import os; print('hello', os.environ['TF_CONFIG'])", env={"TF_CONFIG": "{}"}),
+        _py("worker:0", "import sys; print('bye'); sys.stdout.flush(); sys.exit(7)"),
+    ])
+    g.start()
+    deadline = time.time() + 30
+    while len(g.poll()) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    g.stop()
+    out = capfd.readouterr().out
+    assert "[chief:0] hello {}" in out.splitlines()
+    assert "[worker:0] bye" in out.splitlines()
+    assert {e.name: e.returncode for e in g.poll()} == {"chief:0": 0, "worker:0": 7}
+    assert g.last_words("worker:0") == "bye"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_stop_escalates_to_sigkill_for_a_task_ignoring_sigterm():
+    g = ProcessGroup([_py("ps:0", """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print('ready', flush=True)
+        time.sleep(120)
+    """)])
+    g.start()
+    while "ready" not in g.last_words("ps:0"):
+        time.sleep(0.05)
+    t0 = time.time()
+    g.stop(grace=1.0)
+    assert time.time() - t0 < 10
+    assert g.poll()[0].returncode == -signal.SIGKILL
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_tasks_die_with_a_killed_launcher(tmp_path):
+    # A launcher killed with SIGKILL cannot clean up; the kernel must kill its tasks for it.
+    code = textwrap.dedent(f"""
+        import sys, time
+        from pinpoint.training.launcher import ProcessGroup, TaskSpec
+        g = ProcessGroup([TaskSpec("worker:0", (sys.executable, "-c", "import time; time.sleep(120)"))])
+        g.start()
+        open({str(tmp_path / 'pid')!r}, 'w').write(str(g.pids['worker:0']))
+        time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    pid_file = tmp_path / "pid"
+    while not pid_file.exists() or not pid_file.read_text():
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (reaped by init later) is dead for our purpose.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
