@@ -33,6 +33,14 @@ DEVICE_RE = re.compile(
     r"^(/job:[a-z][a-z0-9_]*(/replica:\d+)?(/task:\d+)?)?(/device:|/)(CPU|GPU|TPU):(\d+)$"
 )
 DNS1123_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# A Kubernetes resource quantity (cpu "500m", "2"; memory "4Gi", "512M", "1e9").
+QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][0-9]+)?$")
+# Ports a TF server must not take inside a pod: the Istio sidecar's ports (15000-15090: a
+# namespace policy can inject it even with sidecar.istio.io/inject=false).
+RESERVED_PORTS = {15000: "Istio admin", 15001: "Istio outbound", 15004: "Istio debug",
+                  15006: "Istio inbound", 15008: "Istio HBONE", 15020: "Istio merged metrics",
+                  15021: "Istio health", 15053: "Istio DNS", 15090: "Istio Prometheus"}
 
 
 def parse_device(value: str) -> tuple[str | None, int | None, str, int]:
@@ -73,10 +81,10 @@ class Toleration(_Frozen):
 class ClusterConfig(_Frozen):
     """Topology request: roles, devices per replica and how to run them on Kubernetes."""
 
-    chief: int = Field(1, ge=0, le=1)
+    chief: int = Field(1, ge=0)  # at most 1: checked in _check_strategy_vs_cluster
     workers: int = Field(0, ge=0, le=64)
     ps: int = Field(0, ge=0, le=16)
-    evaluator: int = Field(0, ge=0, le=1)
+    evaluator: int = Field(0, ge=0)  # at most 1: checked in _check_strategy_vs_cluster
     devices_per_worker: int = Field(1, ge=0, le=16)
     device_type: Literal["GPU", "CPU"] = "GPU"
     emulate: bool = True
@@ -93,6 +101,9 @@ class ClusterConfig(_Frozen):
     port: int = Field(2222, ge=1024, le=65535)
     cluster_domain: Optional[str] = None
     flavor: Literal["tfjob", "plain"] = "tfjob"
+    # PersistentVolumeClaim (ReadWriteMany) mounted at /runs so checkpoints survive pod restarts;
+    # None: an emptyDir (a restarted pod resumes only from checkpoints logged to MLflow).
+    runs_volume_claim: Optional[str] = None
 
     @field_validator("namespace")
     @classmethod
@@ -101,6 +112,36 @@ class ClusterConfig(_Frozen):
             raise ValueError(
                 f"'{v}' is not a DNS-1123 label; use lower-case letters, digits and '-' (max 63)"
             )
+        return v
+
+    @field_validator("cpu", "memory", "shm_size", mode="before")
+    @classmethod
+    def _quantity(cls, v: Any) -> str:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = str(v)  # YAML `cpu: 4` is a number; Kubernetes wants the quantity string
+        if not QUANTITY_RE.match(str(v)):
+            raise ValueError(f"'{v}' is not a Kubernetes quantity; write it like '2', '500m', '4Gi' or '512Mi'")
+        return str(v)
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v: int) -> int:
+        if v in RESERVED_PORTS:
+            raise ValueError(f"port {v} is reserved ({RESERVED_PORTS[v]}); use another port such as 2222")
+        return v
+
+    @field_validator("cluster_domain")
+    @classmethod
+    def _domain(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and (not DNS1123_SUBDOMAIN_RE.match(v) or len(v) > 253):
+            raise ValueError(f"'{v}' is not a DNS domain; write it like 'cluster.local' (no leading dot)")
+        return v
+
+    @field_validator("runs_volume_claim")
+    @classmethod
+    def _claim(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and (not DNS1123_SUBDOMAIN_RE.match(v) or len(v) > 253):
+            raise ValueError(f"'{v}' is not a PersistentVolumeClaim name; use lower-case letters, digits, '-' and '.'")
         return v
 
     @property
@@ -195,6 +236,9 @@ class Config(_Frozen):
             raise ValueError(
                 f"'{v}' is not a DNS-1123 name; use lower-case letters, digits and '-' (max 40)"
             )
+        if not v[0].isalpha():
+            # '<name>-<role>-<index>' names Kubernetes Services, which must be DNS-1035 labels.
+            raise ValueError(f"'{v}' must start with a letter (it names Kubernetes Services); e.g. 'run-{v}'")
         return v
 
     @model_validator(mode="after")
@@ -223,6 +267,10 @@ def _fail(field: str, value: Any, fix: str) -> None:
 
 def _check_strategy_vs_cluster(cfg: Config) -> None:
     c, s = cfg.cluster, cfg.train.strategy
+    if c.chief > 1:
+        _fail("cluster.chief", c.chief, "TF_CONFIG allows at most one chief; set chief: 1 and put the other replicas in cluster.workers")
+    if c.evaluator > 1:
+        _fail("cluster.evaluator", c.evaluator, "TensorFlow runs at most one side-car evaluator; set cluster.evaluator: 1")
     if c.chief + c.workers == 0:
         _fail("cluster.workers", c.workers, "a cluster needs at least one chief or worker")
     if s == "parameter_server":
