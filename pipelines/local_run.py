@@ -1,0 +1,114 @@
+"""`make run`: the training pipeline, locally, through kfp.local (one subprocess per step).
+
+The MLflow parent run is opened here (the pipeline's steps log child runs under it) and closed
+with the pipeline's status; at the end the placement summary is printed.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from pathlib import Path
+
+UI_HINT = "Open the MLflow UI: make mlflow-ui (http://127.0.0.1:5000)"
+
+
+def run_local(config_path: str | Path, runs_root: str | Path = Path("runs")) -> int:
+    """Run provision -> train -> report for `config_path` into `<runs_root>/<name>/`; return an exit code."""
+    from pinpoint.config import config_to_yaml, load_config
+    from pinpoint.runfolder import ensure_dir
+
+    cfg = load_config(config_path)
+    root = ensure_dir(Path(runs_root).absolute(), field="--runs-root")
+    run_dir = root / cfg.name
+    pipeline = _build_pipeline()  # before opening the MLflow parent run: fail early, log nothing
+    parent_run_id = _start_parent(cfg)
+    status, ok = "FAILED", False
+    try:
+        failed_step = _run_pipeline(
+            pipeline,
+            config_yaml=config_to_yaml(cfg),
+            run_dir=run_dir,
+            parent_run_id=parent_run_id,
+            pipeline_root=root / ".kfp-outputs",
+        )
+        ok = not failed_step
+        status = "FINISHED" if ok else "FAILED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        _end_parent(parent_run_id, status)
+    if not ok:
+        print(
+            f"pinpoint: the pipeline failed in step '{failed_step}' (its log is above); "
+            f"partial outputs are in {run_dir}",
+            file=sys.stderr,
+        )
+        return 1
+    print(_summary(run_dir))
+    print(f"Run folder: {run_dir}")
+    print(UI_HINT)
+    return 0
+
+
+def _build_pipeline():
+    from pipelines.training_pipeline import build_training_pipeline
+
+    return build_training_pipeline()
+
+
+def _run_pipeline(pipeline, *, config_yaml: str, run_dir: Path, parent_run_id: str, pipeline_root: Path) -> str:
+    """Run the pipeline with kfp.local's SubprocessRunner in this interpreter; return the failed
+    step's name, or '' on success."""
+    from kfp import local
+
+    # use_venv=False: the steps run with this interpreter, which has pinpoint installed; the
+    # components never `pip install` anything (install_kfp_package=False).
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(pipeline_root),
+        raise_on_error=True,
+    )
+    with warnings.catch_warnings():
+        # The components name the container image they use on Kubernetes; the subprocess runner
+        # warns that it is not a python image, which is irrelevant here (same interpreter).
+        warnings.filterwarnings("ignore", message=".*non-Python base image.*")
+        # Retries and resource limits are for Kubernetes; kfp.local ignores them (and says so).
+        warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
+        try:
+            pipeline(config_yaml=config_yaml, run_dir=str(run_dir), parent_run_id=parent_run_id)
+        except RuntimeError as err:
+            # kfp.local raises a RuntimeError naming the failed task; the step already printed why.
+            text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+            if "finished with status" not in text:
+                raise
+            failed = re.search(r"Inner task failed: (.*?)\.?$", text)
+            return failed.group(1).strip("'") if failed else "unknown"
+    return ""
+
+
+def _start_parent(cfg) -> str:
+    if not cfg.tracking.enabled:
+        return ""
+    from pinpoint.tracking import start_parent_run
+
+    return start_parent_run(cfg, f"{cfg.name}-pipeline") or ""
+
+
+def _end_parent(run_id: str, status: str) -> None:
+    if not run_id:
+        return
+    from pinpoint.tracking import end_parent_run
+
+    end_parent_run(run_id, status)
+
+
+def _summary(run_dir: Path) -> str:
+    from pinpoint.placement.summary import format_summary
+    from pinpoint.runfolder import METRICS, PLACEMENT, read_json
+
+    placement = read_json(run_dir / PLACEMENT, field="run folder")
+    metrics = read_json(run_dir / METRICS, field="run folder")
+    return format_summary(placement, metrics)

@@ -1,0 +1,81 @@
+"""Compile-time settings of the pipelines: image, GPUs, scheduling, storage and secrets.
+
+kfp fixes accelerators, node selectors, tolerations and secrets when the pipeline is compiled,
+so they come from a config (`settings_from_config`) rather than from run-time parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components import DEFAULT_IMAGE
+
+RUNS_MOUNT = "/runs"
+MLFLOW_SECRET_KEYS = {
+    # Secret data key -> environment variable the MLflow client reads.
+    "tracking-uri": "MLFLOW_TRACKING_URI",
+    "username": "MLFLOW_TRACKING_USERNAME",
+    "password": "MLFLOW_TRACKING_PASSWORD",
+}
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str
+    operator: str = "Equal"
+    value: str | None = None
+    effect: str | None = None
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    image: str = DEFAULT_IMAGE
+    # 'local': the train step trains inside its own pod/container (GPUs requested for it);
+    # 'kubernetes': the train step applies the provisioned manifests (the TFJob's pods get the GPUs).
+    launch: str = "local"
+    gpu_count: int = 0
+    accelerator_type: str = "nvidia.com/gpu"
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    cpu_limit: str = "2"
+    memory_limit: str = "4G"
+    runs_pvc: str = ""  # PVC holding the run folders, mounted at /runs on every step
+    mlflow_secret: str = ""  # Secret with MLFLOW_SECRET_KEYS, exposed as env vars (optional keys)
+    kubernetes: bool = False  # add the kfp-kubernetes platform config (off for kfp.local)
+
+
+def local_settings() -> PipelineSettings:
+    """kfp.local: no Kubernetes settings; the image name only matters for DockerRunner."""
+    return PipelineSettings()
+
+
+def settings_from_config(cfg, *, runs_pvc: str = "pinpoint-runs", mlflow_secret: str = "mlflow-credentials") -> PipelineSettings:
+    """Settings for a Kubernetes cluster, from a pinpoint Config."""
+    c = cfg.cluster
+    multi_process = cfg.train.strategy in ("multi_worker_mirrored", "parameter_server")
+    real_gpus = c.device_type == "GPU" and not c.emulate and c.devices_per_worker > 0
+    selector = dict(c.node_selector)
+    if real_gpus and c.gpu_type:
+        selector[c.gpu_type_label] = c.gpu_type
+    launch = "kubernetes" if multi_process else "local"
+    in_pod_gpus = c.devices_per_worker if real_gpus and launch == "local" else 0
+    return PipelineSettings(
+        image=c.image,
+        launch=launch,
+        gpu_count=in_pod_gpus,
+        accelerator_type=c.gpu_resource,
+        node_selector=tuple(sorted(selector.items())) if launch == "local" else (),
+        tolerations=tuple(Toleration(t.key, t.operator, t.value, t.effect) for t in c.tolerations)
+        if launch == "local"
+        else (),
+        cpu_limit=c.cpu,
+        memory_limit=_kfp_memory(c.memory),
+        runs_pvc=runs_pvc,
+        mlflow_secret=mlflow_secret,
+        kubernetes=True,
+    )
+
+
+def _kfp_memory(value: str) -> str:
+    """kfp accepts 'E|P|T|G|M|K' with optional 'i'; Kubernetes quantities are the same set."""
+    return value
