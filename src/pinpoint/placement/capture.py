@@ -25,6 +25,12 @@ class CapturedGraphs:
     # One entry per instantiated function: (function name, pre-optimization GraphDef,
     # list of partition GraphDefs, each holding one device's nodes with assigned devices).
     functions: list[tuple[str, graph_pb2.GraphDef, list[graph_pb2.GraphDef]]] = field(default_factory=list)
+    # Static output shapes from the traced Python graph, by op name: [(dtype enum, dims or
+    # None), ...] per output. _Send nodes carry a dtype but no shape; this sizes transfers.
+    shapes: dict[str, list[tuple[int, list[int] | None]]] = field(default_factory=dict)
+    # _Arg node name -> the captured eager tensor fed to it (variable handles), so update
+    # ops can be attributed to the variable whose resource they write.
+    arg_values: dict[str, Any] = field(default_factory=dict)
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:
@@ -63,4 +69,41 @@ def capture_call(fn: Callable[..., Any], *args, step: int = 0, **kwargs) -> tupl
         pre = fg.pre_optimization_graph
         name = pre.library.function[0].signature.name if pre.library.function else ""
         captured.functions.append((name, pre, list(fg.partition_graphs)))
+    _trace_info(fn, args, kwargs, captured)
     return result, captured
+
+
+def _trace_info(fn, args, kwargs, captured: CapturedGraphs) -> None:
+    """Fill shapes and arg_values from the (cached) concrete function; best effort.
+
+    get_concrete_function with the same arguments returns the trace just executed (no retrace).
+    """
+    try:
+        cf = fn.get_concrete_function(*args, **kwargs)
+    except Exception:  # not a tf.function, or arguments it cannot re-specialise on
+        return
+    graphs = [cf.graph]
+    for f in getattr(cf.graph, "_functions", {}).values():
+        g = getattr(f, "graph", None)
+        if g is not None:
+            graphs.append(g)
+    for g in graphs:
+        for op in g.get_operations():
+            outs = []
+            for t in op.outputs:
+                dims = t.shape.as_list() if t.shape.rank is not None else None
+                outs.append((t.dtype.as_datatype_enum, dims))
+            captured.shapes.setdefault(op.name, outs)
+    # _Arg index i is the i-th flat input of the function; captured inputs come after the
+    # explicit ones and map internal placeholders to the outer tensors (variable handles).
+    external = {id(internal): ext for ext, internal in cf.graph.captures}
+    inputs = list(cf.inputs)
+    for _, pre, _ in captured.functions:
+        args_ = [n for n in pre.node if n.op == "_Arg"]
+        if len(args_) != len(inputs):
+            continue
+        for n in args_:
+            idx = n.attr["index"].i
+            ext = external.get(id(inputs[idx])) if idx < len(inputs) else None
+            if ext is not None:
+                captured.arg_values[n.name] = ext

@@ -1,0 +1,584 @@
+"""Turn captured partition graphs into placement.json: where every op, variable and gradient ran.
+
+Runs once, after training (never on the hot path). Input: the CapturedGraphs of the sampled
+steps (each capture is one executed step), the model's and optimizer's variables, the pinning
+plan and the device map. Every device is reported by its spec name ("/GPU:0") and the
+physical name it ran on is kept in `physical_devices` / `device_aliases`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from typing import Any, Iterable, Optional
+
+from pinpoint.placement.naming import Namer, matches, metric_key, normalize, parse, sort_key
+
+SCHEMA_VERSION = 1
+
+# Bookkeeping nodes: how data moves between partitions and in/out of a function. Not "ops that
+# ran" for counting purposes (transfers are counted separately, from the _Send side).
+TRANSPORT = {"_Send", "_Recv", "_HostSend", "_HostRecv"}
+BOOKKEEPING = TRANSPORT | {"_Arg", "_Retval", "_DeviceArg", "_DeviceRetval"}
+# Ops that say nothing about where the work ran (constants, control grouping).
+NOT_COMPUTE = BOOKKEEPING | {"Const", "NoOp"}
+UPDATE_RE = re.compile(
+    r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$"
+)
+INPUT_RE = re.compile(r"(IteratorGetNext\w*|MultiDeviceIterator\w*|OptionalGetValue|OptionalHasValue|\w*Dataset(V\d)?)$")
+# Ops that pass a resource handle through unchanged (followed when attributing an update).
+_PASS_THROUGH = {"Identity", "IdentityN", "_Recv", "_HostRecv"}
+
+EXPLAIN = {
+    "devices": "Devices that executed at least one op (spec names; with emulation each spec GPU "
+    "is a logical CPU device, shown alongside).",
+    "ops_by_device": "Ops executed per step on each device, read from the partition graphs the runtime "
+    "ran (not from op.device, which is only the request). _Send/_Recv/_Arg/_Retval are not counted.",
+    "transfers": "Every edge between ops on different devices becomes a _Send/_Recv pair; each pair "
+    "is one transfer. Bytes = dtype size x static shape; transfers whose shape could not be resolved "
+    "(grappler-renamed nodes, dynamic shapes) are counted but not sized.",
+    "fallbacks": "An op whose requested device differs from the device it ran on: with soft placement "
+    "the placer moves an op when the requested device does not exist, has no kernel for the op, or the op "
+    "must be colocated with a resource (variable) on another device.",
+    "variables": "Where each variable lives (every mirrored component; central storage on the host; "
+    "parameter-server tasks) and where its update ops (assign/apply) ran. An update always runs on the "
+    "variable's device; its input is copied there first.",
+    "gradients": "Backward-pass ops (name scopes 'gradients/' and 'gradient_tape/') per device.",
+    "replica_consistency": "Largest absolute difference between the components of each mirrored "
+    "variable at the end of training; synchronous training keeps it at 0.",
+    "conformance": "Each pinning rule: planned device versus the devices the relevant ops really ran "
+    "on. Score = fraction of relevant ops on the planned device.",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# public API
+
+
+def build_placement(
+    captures: list,
+    *,
+    variables: list,
+    plan: Any,
+    strategy: str,
+    device_map: Any,
+    task: str = "chief:0",
+    gradient_scope: str = "gradients",
+    layer_scopes: Optional[dict[str, str]] = None,
+) -> dict:
+    """placement.json content from the captured steps (see EXPLAIN for each field)."""
+    namer = Namer(device_map)
+    captures = [c for c in captures if c is not None]
+    grad_re = re.compile(rf"(^|/)({re.escape(gradient_scope)}(_\d+)?|gradient_tape)/")
+
+    per_step_ops: list[Counter] = []
+    per_step_types: list[dict[str, Counter]] = []
+    per_step_grads: list[Counter] = []
+    transfer_steps: list[dict] = []
+    seen_devices: set[str] = set()
+    seen_physical: set[str] = set()
+    fallbacks: dict[str, dict] = {}
+    ops_detail: list[dict] = []
+
+    for ci, cap in enumerate(captures):
+        ops = Counter()
+        types: dict[str, Counter] = defaultdict(Counter)
+        grads = Counter()
+        requested = _requested_devices(cap)
+        for g in cap.partition_graphs:
+            for n in g.node:
+                dev = namer.spec(n.device)
+                if dev:
+                    seen_devices.add(dev)
+                    seen_physical.add(normalize(n.device))
+                if n.op in BOOKKEEPING:
+                    continue
+                ops[dev] += 1
+                types[dev][n.op] += 1
+                if grad_re.search(n.name):
+                    grads[dev] += 1
+                if ci == 0:
+                    ops_detail.append({"op": n.name, "type": n.op, "device": dev})
+                req = requested.get(n.name)
+                if req and not _same_place(req, n.device):
+                    fallbacks.setdefault(
+                        n.name,
+                        {
+                            "op": n.name,
+                            "op_type": n.op,
+                            "requested": namer.spec(req),
+                            "requested_physical": normalize(req),
+                            "placed": dev,
+                            "placed_physical": normalize(n.device),
+                        },
+                    )
+        per_step_ops.append(ops)
+        per_step_types.append(types)
+        per_step_grads.append(grads)
+        transfer_steps.append(_transfers(cap, namer))
+
+    known = seen_physical | {normalize(p) for p in namer.aliases.values()}
+    for fb in fallbacks.values():
+        fb["reason"] = (
+            "requested device does not exist"
+            if not any(matches(fb["requested_physical"], d) for d in known)
+            else "moved by the placer (no kernel for this op there, or colocated with a resource "
+            "or input on another device)"
+        )
+
+    var_info = _variables(variables, captures, namer)
+    for v in var_info["variables"]:
+        seen_devices.update(v["devices"])
+        seen_devices.update(v["update_devices"])
+    devices = sorted((d for d in seen_devices if d), key=sort_key)
+
+    placement = {
+        "schema": SCHEMA_VERSION,
+        "task": task,
+        "strategy": strategy,
+        "captured_steps": [c.step for c in captures],
+        "devices": devices,
+        "physical_devices": {d: namer.physical(d) for d in devices},
+        "device_aliases": dict(namer.aliases),
+        "ops_by_device": _mean_counter(per_step_ops),
+        "op_types_by_device": {
+            d: _mean_counter([t.get(d, Counter()) for t in per_step_types])
+            for d in sorted({d for t in per_step_types for d in t}, key=sort_key)
+        },
+        "transfers": _merge_transfer_steps(transfer_steps),
+        "fallbacks": sorted(fallbacks.values(), key=lambda f: f["op"]),
+        "variables": var_info["variables"],
+        "variable_updates": var_info["updates"],
+        "gradients": {
+            "scope": f"{gradient_scope}/ and gradient_tape/",
+            "ops_by_device": _mean_counter(per_step_grads),
+            "total": _num(sum(sum(c.values()) for c in per_step_grads) / max(len(per_step_grads), 1)),
+        },
+        "replica_consistency": None,  # filled at the end of training (replica_consistency())
+        "conformance": _conformance(
+            ops_detail, var_info["variables"], plan, strategy, device_map, namer, grad_re, layer_scopes
+        ),
+        "ops": ops_detail,
+        "explain": EXPLAIN,
+    }
+    return placement
+
+
+def replica_consistency(variables: list) -> dict:
+    """Max |component_i - component_0| for every variable with more than one local component."""
+    import numpy as np
+
+    per_var: dict[str, float] = {}
+    for v in _dedupe(variables):
+        comps = _components(_unwrap(v))
+        if len(comps) < 2:
+            continue
+        base = np.asarray(comps[0].numpy())
+        diff = 0.0
+        for c in comps[1:]:
+            arr = np.asarray(c.numpy())
+            if arr.size:
+                diff = max(diff, float(np.max(np.abs(arr.astype(np.float64) - base.astype(np.float64)))))
+        per_var[_var_name(v)] = diff
+    return {
+        "checked": len(per_var),
+        "max_abs_diff": max(per_var.values()) if per_var else 0.0,
+        "variables": per_var,
+    }
+
+
+def headline_metrics(placement: dict) -> dict[str, float]:
+    """MLflow-safe headline numbers: placement.ops.GPU_0, placement.transfers_per_step, ..."""
+    out: dict[str, float] = {}
+    for dev, n in (placement.get("ops_by_device") or {}).items():
+        out[f"placement.ops.{metric_key(dev)}"] = float(n)
+    for dev, n in ((placement.get("gradients") or {}).get("ops_by_device") or {}).items():
+        out[f"placement.gradient_ops.{metric_key(dev)}"] = float(n)
+    per_step = (placement.get("transfers") or {}).get("per_step") or {}
+    out["placement.transfers_per_step"] = float(per_step.get("count", 0))
+    out["placement.transfer_bytes_per_step"] = float(per_step.get("bytes", 0))
+    out["placement.fallbacks"] = float(len(placement.get("fallbacks") or []))
+    out["placement.devices"] = float(len(placement.get("devices") or []))
+    out["placement.variables"] = float(len(placement.get("variables") or []))
+    score = (placement.get("conformance") or {}).get("score")
+    if score is not None:
+        out["placement.conformance"] = float(score)
+    rc = placement.get("replica_consistency") or {}
+    if rc.get("max_abs_diff") is not None:
+        out["placement.replica_drift"] = float(rc["max_abs_diff"])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# ops, requests, transfers
+
+
+def _num(x: float):
+    return int(x) if float(x).is_integer() else round(float(x), 2)
+
+
+def _mean_counter(counters: list[Counter]) -> dict:
+    total: Counter = Counter()
+    for c in counters:
+        total.update(c)
+    n = max(len(counters), 1)
+    keys = sorted(total, key=sort_key) if all(k.startswith("/") or not k for k in total) else sorted(total)
+    return {k: _num(total[k] / n) for k in keys}
+
+
+def _requested_devices(cap) -> dict[str, str]:
+    """Node name -> requested device (pre-optimization NodeDef.device), when one was requested."""
+    out = {}
+    for pre in cap.requested_graphs:
+        for n in pre.node:
+            if n.device:
+                out[n.name] = n.device
+        for f in pre.library.function:
+            for n in f.node_def:
+                if n.device:
+                    out.setdefault(n.name, n.device)
+    return out
+
+
+def _same_place(requested: str, placed: str) -> bool:
+    return matches(requested, placed)
+
+
+def _dtype_size(enum: int) -> Optional[int]:
+    from tensorflow.python.framework import dtypes
+
+    try:
+        dt = dtypes.as_dtype(enum)
+    except (TypeError, ValueError):
+        return None
+    if dt in (dtypes.string, dtypes.resource, dtypes.variant):
+        return None
+    return dt.size
+
+
+def _shape_of(name: str, index: int, cap, nodes: dict) -> Optional[list[int]]:
+    outs = cap.shapes.get(name)
+    if outs and index < len(outs) and outs[index][1] is not None:
+        return outs[index][1]
+    n = nodes.get(name)
+    if n is not None:
+        if n.op == "Const" and "value" in n.attr:
+            return [d.size for d in n.attr["value"].tensor.tensor_shape.dim]
+        if "_output_shapes" in n.attr and index < len(n.attr["_output_shapes"].list.shape):
+            shp = n.attr["_output_shapes"].list.shape[index]
+            if not shp.unknown_rank:
+                return [d.size for d in shp.dim]
+    return None
+
+
+def _transfers(cap, namer: Namer) -> dict:
+    """One step's cross-device transfers, counted on the sending side."""
+    nodes = {}
+    for pre in cap.requested_graphs:
+        for n in pre.node:
+            nodes.setdefault(n.name, n)
+    for g in cap.partition_graphs:
+        for n in g.node:
+            nodes[n.name] = n
+    count = nbytes = sized = 0
+    matrix: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
+    items = []
+    for g in cap.partition_graphs:
+        for n in g.node:
+            if n.op not in ("_Send", "_HostSend"):
+                continue
+            src = normalize(n.attr["send_device"].s.decode())
+            dst = normalize(n.attr["recv_device"].s.decode())
+            if src == dst:
+                continue
+            count += 1
+            s, d = namer.spec(src), namer.spec(dst)
+            cell = matrix[s][d]
+            cell["count"] += 1
+            inp = n.input[0].lstrip("^") if n.input else ""
+            name, _, idx = inp.partition(":")
+            size = None
+            dsize = _dtype_size(n.attr["T"].type) if "T" in n.attr else None
+            shape = _shape_of(name, int(idx or 0), cap, nodes) if name else None
+            if dsize is not None and shape is not None and all(x is not None and x >= 0 for x in shape):
+                size = dsize
+                for x in shape:
+                    size *= x
+                sized += 1
+                nbytes += size
+                cell["bytes"] += size
+            items.append({"tensor": inp, "from": s, "to": d, "bytes": size})
+    return {
+        "count": count,
+        "bytes": nbytes,
+        "sized": sized,
+        "matrix": {s: dict(row) for s, row in matrix.items()},
+        "items": items,
+    }
+
+
+def _merge_transfer_steps(steps: list[dict]) -> dict:
+    n = max(len(steps), 1)
+    matrix: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
+    for st in steps:
+        for s, row in st["matrix"].items():
+            for d, cell in row.items():
+                matrix[s][d]["count"] += cell["count"]
+                matrix[s][d]["bytes"] += cell["bytes"]
+    matrix_out = {
+        s: {d: {"count": _num(c["count"] / n), "bytes": _num(c["bytes"] / n)} for d, c in sorted(row.items(), key=lambda kv: sort_key(kv[0]))}
+        for s, row in sorted(matrix.items(), key=lambda kv: sort_key(kv[0]))
+    }
+    count = sum(st["count"] for st in steps)
+    largest = sorted(
+        (it for it in (steps[0]["items"] if steps else [])), key=lambda it: -(it["bytes"] or 0)
+    )[:25]
+    return {
+        "per_step": {
+            "count": _num(count / n),
+            "bytes": _num(sum(st["bytes"] for st in steps) / n),
+            "sized": _num(sum(st["sized"] for st in steps) / n),
+            "unsized": _num((count - sum(st["sized"] for st in steps)) / n),
+        },
+        "matrix": matrix_out,
+        "steps": [{"count": st["count"], "bytes": st["bytes"], "sized": st["sized"]} for st in steps],
+        "largest": largest,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# variables
+
+
+def _unwrap(v):
+    """Keras 3 variables wrap a tf.Variable (or a distributed one) in `_value`."""
+    import tensorflow as tf
+
+    if not isinstance(v, tf.Variable) and getattr(v, "_value", None) is not None:
+        return v._value
+    return v
+
+
+def _var_name(v) -> str:
+    path = getattr(v, "path", None)
+    if isinstance(path, str) and path:
+        return path
+    name = getattr(v, "name", "") or ""
+    return name[:-2] if name.endswith(":0") else name
+
+
+def _components(v) -> list:
+    """The per-device tf.Variables behind v (mirrored/sharded/aggregating), or [v]."""
+    vals = getattr(v, "values", None)
+    if isinstance(vals, (tuple, list)) and vals:
+        return list(vals)
+    shards = getattr(v, "variables", None)
+    if type(v).__name__ == "ShardedVariable" and shards:
+        return list(shards)
+    inner = getattr(v, "_v", None)  # AggregatingVariable (central storage)
+    if inner is not None:
+        return [inner]
+    return [v]
+
+
+def _kind(v) -> str:
+    t = type(v).__name__
+    return {
+        "MirroredVariable": "mirrored",
+        "SyncOnReadVariable": "sync_on_read",
+        "AggregatingVariable": "central_storage",
+        "ShardedVariable": "sharded",
+    }.get(t, "variable")
+
+
+def _dedupe(variables: Iterable) -> list:
+    seen, out = set(), []
+    for v in variables or []:
+        key = id(_unwrap(v))
+        if key not in seen:
+            seen.add(key)
+            out.append(v)
+    return out
+
+
+def _resource_source(name: str, nodes: dict) -> Optional[str]:
+    """Follow a resource input back through pass-through ops to its _Arg (or VarHandleOp)."""
+    for _ in range(20):
+        n = nodes.get(name)
+        if n is None:
+            return None
+        if n.op in ("_Arg", "VarHandleOp"):
+            return n.name
+        if n.op in _PASS_THROUGH and n.input:
+            name = n.input[0].lstrip("^").split(":")[0]
+            continue
+        return None
+    return None
+
+
+def _variables(variables: list, captures: list, namer: Namer) -> dict:
+    import numpy as np
+
+    out = []
+    handle_to_var: dict[int, int] = {}
+    shared_to_var: dict[str, int] = {}
+    for i, v in enumerate(_dedupe(variables)):
+        inner = _unwrap(v)
+        comps = _components(inner)
+        shape = [int(d) if d is not None else None for d in inner.shape.as_list()] if inner.shape.rank is not None else None
+        dsize = inner.dtype.size if inner.dtype.is_numpy_compatible else 0
+        nbytes = int(dsize * int(np.prod(shape))) if shape is not None and None not in shape else None
+        comp_info = []
+        for c in comps:
+            dev = namer.spec(getattr(c, "device", "") or "")
+            comp_info.append({"device": dev, "physical": normalize(getattr(c, "device", "") or "")})
+            handle = getattr(c, "handle", None)
+            if handle is not None:
+                handle_to_var[id(handle)] = i
+                try:
+                    shared_to_var[c._shared_name] = i  # noqa: SLF001 - variables created in-graph
+                except AttributeError:
+                    pass
+        out.append(
+            {
+                "name": _var_name(v),
+                "kind": _kind(inner),
+                "shape": shape,
+                "dtype": inner.dtype.name,
+                "bytes": nbytes,
+                "components": comp_info,
+                "devices": sorted({c["device"] for c in comp_info if c["device"]}, key=sort_key),
+                "update_devices": [],
+                "update_ops": 0,
+            }
+        )
+
+    update_devs: dict[int, set] = defaultdict(set)
+    update_ops: Counter = Counter()
+    total_updates = unattributed = 0
+    for ci, cap in enumerate(captures):
+        for g in cap.partition_graphs:
+            nodes = {n.name: n for n in g.node}
+            for n in g.node:
+                if not UPDATE_RE.match(n.op) or not n.input:
+                    continue
+                src = _resource_source(n.input[0].lstrip("^").split(":")[0], nodes)
+                idx = None
+                if src is not None:
+                    ext = cap.arg_values.get(src)
+                    if ext is not None:
+                        idx = handle_to_var.get(id(ext))
+                    elif nodes[src].op == "VarHandleOp":
+                        idx = shared_to_var.get(nodes[src].attr["shared_name"].s.decode())
+                if ci == 0:
+                    total_updates += 1
+                    if idx is None:
+                        unattributed += 1
+                    else:
+                        update_ops[idx] += 1
+                if idx is not None:
+                    update_devs[idx].add(namer.spec(n.device))
+    for i, info in enumerate(out):
+        info["update_devices"] = sorted(update_devs.get(i, ()), key=sort_key)
+        info["update_ops"] = update_ops.get(i, 0)
+    attributed = sum(1 for info in out if info["update_devices"])
+    return {
+        "variables": out,
+        "updates": {
+            "method": "each assign/apply op's resource input is followed to its function argument, "
+            "whose captured value is the handle of one variable component",
+            "update_ops": total_updates,
+            "unattributed_ops": unattributed,
+            "variables_with_updates": attributed,
+            "variables": len(out),
+            "coverage": f"updates attributed for {attributed}/{len(out)} variables",
+        },
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# conformance
+
+
+def _rule(name: str, planned: str, relevant: list[tuple[str, str]]) -> dict:
+    """relevant: (op or variable, placed device) pairs."""
+    observed = Counter(dev for _, dev in relevant)
+    ok = sum(1 for _, dev in relevant if matches(planned, dev))
+    violations = [{"op": op, "placed": dev} for op, dev in relevant if not matches(planned, dev)]
+    return {
+        "rule": name,
+        "planned": planned,
+        "observed": {d: observed[d] for d in sorted(observed, key=sort_key)},
+        "relevant": len(relevant),
+        "score": round(ok / len(relevant), 4) if relevant else None,
+        "violations": violations[:50],
+        "violations_total": len(violations),
+    }
+
+
+def _layer_re(layer: str):
+    # Keras 3 uniquifies scopes inside tf.function ("dense" -> "dense_1"), so accept a suffix.
+    return re.compile(rf"(^|/){re.escape(layer)}(_\d+)?/")
+
+
+def _conformance(ops, variables, plan, strategy, device_map, namer, grad_re, layer_scopes) -> dict:
+    rules = []
+    compute = [o for o in ops if o["type"] not in NOT_COMPUTE]
+    if plan is not None:
+        if getattr(plan, "variables", None):
+            rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
+            rules.append(_rule("variables", namer.spec(plan.variables), rel))
+        if getattr(plan, "gradients", None):
+            rel = [(o["op"], o["device"]) for o in compute if grad_re.search(o["op"])]
+            rules.append(_rule("gradients", namer.spec(plan.gradients), rel))
+        for layer, dev in (getattr(plan, "layers", None) or {}).items():
+            scope = (layer_scopes or {}).get(layer, layer)
+            lre = _layer_re(scope)
+            rel = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and not grad_re.search(o["op"])]
+            rules.append(_rule(f"layers.{layer}", namer.spec(dev), rel))
+        if getattr(plan, "input", None):
+            rel = [(o["op"], o["device"]) for o in ops if INPUT_RE.match(o["type"])]
+            rules.append(_rule("input", namer.spec(plan.input), rel))
+    replicas = [namer.spec(d) for d in (getattr(device_map, "replica_devices", None) or [])]
+    if strategy in ("mirrored", "multi_worker_mirrored") and replicas:
+        # One component of every variable on every replica device.
+        missing, present = [], []
+        for v in variables:
+            devs = set(v["devices"])
+            for r in replicas:
+                (present if any(matches(r, d) for d in devs) else missing).append((v["name"], r))
+        rule = {
+            "rule": "strategy.variables_mirrored",
+            "planned": ", ".join(replicas),
+            "observed": {},
+            "relevant": len(missing) + len(present),
+            "score": round(len(present) / (len(missing) + len(present)), 4) if (missing or present) else None,
+            "violations": [{"op": n, "placed": f"no component on {r}"} for n, r in missing][:50],
+            "violations_total": len(missing),
+        }
+        rules.append(rule)
+        # Replica i's compute on replica device i: MirroredStrategy names replica i>0 ops
+        # "replica_i/..." and replica 0's the same without prefix.
+        names = {o["op"] for o in compute}
+        rel_by_replica: dict[int, list] = defaultdict(list)
+        for o in compute:
+            m = re.match(r"^replica_(\d+)/(.*)$", o["op"])
+            if m:
+                rel_by_replica[int(m.group(1))].append((o["op"], o["device"]))
+            elif f"replica_1/{o['op']}" in names:
+                rel_by_replica[0].append((o["op"], o["device"]))
+        for i, dev in enumerate(replicas):
+            if rel_by_replica.get(i):
+                rules.append(_rule(f"strategy.replica_{i}_compute", dev, rel_by_replica[i]))
+    elif strategy == "central_storage":
+        host = namer.spec(getattr(device_map, "host", None) or "/CPU:0")
+        rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
+        rules.append(_rule("strategy.variables_on_host", host, rel))
+    elif strategy == "one_device" and replicas:
+        rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
+        rules.append(_rule("strategy.variables_on_device", replicas[0], rel))
+    elif strategy == "parameter_server":
+        rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
+        rules.append(_rule("strategy.variables_on_ps", "/job:ps", rel))
+    scored = [r["score"] for r in rules if r["score"] is not None]
+    return {"score": round(sum(scored) / len(scored), 4) if scored else None, "rules": rules}
