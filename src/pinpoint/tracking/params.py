@@ -1,0 +1,53 @@
+"""What a run records as MLflow params: the flattened config, library versions, the config digest.
+
+Never secrets: the tracking URI, credentials and the environment are not logged.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+MAX_PARAM_LEN = 6000  # MLflow 3 param value limit
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = _text(value)
+    return out
+
+
+def _text(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text[:MAX_PARAM_LEN]
+
+
+def library_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for dist in ("tensorflow", "keras", "mlflow", "numpy"):
+        try:
+            out[f"version.{dist}"] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    import pinpoint
+
+    out["version.pinpoint"] = pinpoint.__version__
+    return out
+
+
+def config_params(cfg) -> dict[str, str]:
+    """cluster.*, train.*, train.pinning.*, placement.*, tracking.experiment, name, digest, versions."""
+    data = cfg.model_dump(mode="json")
+    tracking = data.pop("tracking", {})
+    params = flatten(data)
+    params["tracking.experiment"] = str(tracking.get("experiment"))
+    params["config_digest"] = cfg.digest()
+    params.update(library_versions())
+    return params

@@ -1,0 +1,306 @@
+"""One MLflow run per pipeline step (a child of the pipeline's parent run), written through a spool.
+
+`open_step_run` never raises because the tracking server is down: the run is created when the
+server answers (immediately in the normal case), everything is journaled under
+<run_dir>/.mlflow-spool/ first and sent from a background thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from pinpoint.tracking.sender import (
+    LOCAL_ID_TAG,
+    PARENT_TAG,
+    PIPELINE_TAG,
+    Sender,
+    _client,
+    find_run_by_local_id,
+    get_or_create_experiment,
+    now_ms,
+)
+from pinpoint.tracking.spool import SPOOL_DIR, Spool, warn
+from pinpoint.tracking.uri import configure_http, redact, resolve_tracking_uri
+
+STEP_TAG = "pinpoint.step"
+FLUSH_TIMEOUT_S = 120.0  # how long the end of a step waits for the sender before leaving a spool
+
+
+class NullStepRun:
+    """Tracking disabled, or not the chief: same interface, does nothing."""
+
+    run_id = None
+    enabled = False
+
+    def hook(self):
+        from pinpoint.training.hooks import Hook
+
+        return Hook()
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
+    def log_artifact(self, path, artifact_path: str | None = None) -> None: ...
+    def log_artifacts(self, folder, artifact_path: str | None = None) -> None: ...
+    def log_dict(self, data: Any, artifact_file: str) -> None: ...
+    def log_model(self, model, artifact_path: str = "model") -> None: ...
+    def flush(self, timeout: float = 30.0) -> bool:
+        return True
+
+
+class StepRun:
+    """A run whose records are journaled locally and sent asynchronously (see sender.py)."""
+
+    enabled = True
+
+    def __init__(self, spool: Spool, *, system_metrics: bool = False, node_id: str | None = None):
+        self.spool = spool
+        self._local_id = spool.meta["local_id"]
+        self._sender = Sender(spool)
+        self._step = 0
+        self._sys = None
+        self._system_metrics = system_metrics
+        self._node_id = node_id
+        self._closed = False
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def _start(self) -> None:
+        # One synchronous attempt so that in the normal case run_id is the server's id at once;
+        # on an outage this fails fast (low HTTP retries) and the run is created later.
+        self._sender.pending.extend(self.spool.read_new())
+        self._sender.drain_once()
+        self._sender.start()
+        if self._system_metrics:
+            from pinpoint.tracking.sysmetrics import SystemMetricsSampler
+
+            self._sys = SystemMetricsSampler(self, node_id=self._node_id)
+            self._sys.start()
+
+    @property
+    def run_id(self) -> str:
+        """The MLflow run id; `local-...` while the server has not created the run yet."""
+        return self._sender.run_id or self._local_id
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wake the sender and wait (up to timeout s) until everything journaled so far is sent."""
+        import time
+
+        self._sender.wake()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.spool.unacked_count() == 0:
+                return True
+            if self._sender.offline:
+                return False
+            time.sleep(0.05)
+        return False
+
+    def close(self, status: str = "FINISHED") -> bool:
+        if self._closed:
+            return True
+        self._closed = True
+        if self._sys is not None:
+            self._sys.stop()
+        self.spool.append("end_run", status=status, end_time=now_ms())
+        done = self._sender.close(FLUSH_TIMEOUT_S)
+        if done:
+            self.spool.remove()
+        else:
+            left = self.spool.unacked_count()
+            warn(f"{left} MLflow record(s) of run {self.run_id} could not be sent to "
+                 f"{redact(self._sender.uri)}; they are kept in {self.spool.folder}; send them with "
+                 f"`pinpoint upload-spool {self.spool.folder}`")
+        return done
+
+    # ---- logging (journal only: never touches the network) ----------------------------------
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from pinpoint.tracking.params import _text
+
+        if params:
+            self.spool.append("params", params={str(k): _text(v) for k, v in params.items()})
+            self._sender.wake()
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        if tags:
+            self.spool.append("tags", tags={str(k): str(v) for k, v in tags.items()})
+            self._sender.wake()
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if step is None:
+            step = self._step
+            self._step += 1
+        ts = now_ms()
+        rows = []
+        for key, value in metrics.items():
+            try:
+                rows.append([str(key), float(value), ts, int(step)])
+            except (TypeError, ValueError):
+                continue  # not a number: not a metric
+        if rows:
+            self.spool.append("metrics", metrics=rows)
+            self._sender.wake()
+
+    def log_artifact(self, path, artifact_path: str | None = None) -> None:
+        src = Path(path)
+        if not src.is_file():
+            warn(f"MLflow artifact {src} does not exist; not logged")
+            return
+        self._log_path(src, artifact_path)
+
+    def log_artifacts(self, folder, artifact_path: str | None = None) -> None:
+        src = Path(folder)
+        if not src.is_dir():
+            warn(f"MLflow artifact folder {src} does not exist; not logged")
+            return
+        self._log_path(src, artifact_path)
+
+    def _log_path(self, src: Path, artifact_path: str | None) -> None:
+        rid = f"{self._local_id}:a{uuid.uuid4().hex[:12]}"
+        snap = self.spool.snapshot(rid, src)
+        self.spool.append(
+            "artifact",
+            blob=str(snap.relative_to(self.spool.folder)),
+            artifact_path=artifact_path,
+            is_dir=src.is_dir(),
+            ref=rid,
+        )
+        self._sender.wake()
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        """Write `data` as JSON to artifact_file (e.g. 'placement.json' or 'x/y.json')."""
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Path(tmp) / Path(artifact_file).name
+            p.write_text(json.dumps(data, indent=2, default=str))
+            parent = str(Path(artifact_file).parent)
+            self.log_artifact(p, None if parent == "." else parent)
+
+    def log_model(self, model, artifact_path: str = "model") -> None:
+        """Save a Keras model in MLflow's keras flavor (pyfunc-loadable) and log it."""
+        from pinpoint.tracking.model import save_keras_model
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = save_keras_model(model, Path(tmp) / artifact_path)
+            self.log_artifacts(path, artifact_path)
+
+    def hook(self):
+        from pinpoint.tracking.hook import TrackingHook
+
+        return TrackingHook(self)
+
+
+def _local_id() -> str:
+    return f"local-{uuid.uuid4().hex}"
+
+
+@contextlib.contextmanager
+def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, is_chief: bool = True,
+                  system_metrics: bool | None = None, node_id: str | None = None,
+                  uri: str | None = None) -> Iterator[StepRun | NullStepRun]:
+    """A child run for one pipeline step. Params of the config are logged at once; the run ends
+    FINISHED, or FAILED/KILLED if the block raises. Only the chief tracks (others get a no-op)."""
+    if not cfg.tracking.enabled or not is_chief:
+        yield NullStepRun()
+        return
+    configure_http()
+    uri = uri or resolve_tracking_uri(cfg)
+    local_id = _local_id()
+    folder = Path(run_dir) / SPOOL_DIR / f"{step}-{local_id[len('local-'):][:12]}"
+    meta = {
+        "uri": uri,
+        "experiment": cfg.tracking.experiment,
+        "run_name": f"{cfg.name}/{step}",
+        "local_id": local_id,
+        "parent_run_id": parent_run_id,
+        "pipeline": cfg.name,
+        "step": step,
+        "run_dir": str(Path(run_dir).resolve()),
+    }
+    spool = Spool.create(folder, meta)
+    tags = {
+        LOCAL_ID_TAG: local_id,
+        STEP_TAG: step,
+        PIPELINE_TAG: cfg.name,
+        "pinpoint.config_digest": cfg.digest(),
+    }
+    spool.append("create_run", local_id=local_id, experiment=cfg.tracking.experiment,
+                 run_name=meta["run_name"], tags=tags, start_time=now_ms(),
+                 parent_run_id=parent_run_id, pipeline=cfg.name)
+    if system_metrics is None:
+        system_metrics = step == "train"
+    run = StepRun(spool, system_metrics=system_metrics, node_id=node_id)
+    from pinpoint.tracking.params import config_params
+
+    run.log_params(config_params(cfg))
+    run._start()
+    status = "FINISHED"
+    try:
+        yield run
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        run.close(status)
+
+
+def start_parent_run(cfg, run_name: str | None = None, *, uri: str | None = None) -> str:
+    """Create the parent run of a pipeline run (tag pinpoint.pipeline=<name>); returns its id.
+    If the server is unreachable, returns a `local-...` id: the first step that reaches the server
+    creates the parent with that id as its pinpoint.local_id tag."""
+    configure_http()
+    uri = uri or resolve_tracking_uri(cfg)
+    local_id = _local_id()
+    try:
+        client = _client(uri)
+        exp_id = get_or_create_experiment(client, cfg.tracking.experiment, uri)
+        run = client.create_run(
+            exp_id,
+            run_name=run_name or cfg.name,
+            tags={PIPELINE_TAG: cfg.name, LOCAL_ID_TAG: local_id, "pinpoint.config_digest": cfg.digest()},
+        )
+        from pinpoint.tracking.params import config_params
+
+        from mlflow.entities import Param
+
+        params = [Param(k, v) for k, v in config_params(cfg).items()]
+        for i in range(0, len(params), 100):
+            client.log_batch(run.info.run_id, params=params[i : i + 100])
+        return run.info.run_id
+    except Exception as err:  # noqa: BLE001 - tracking must never stop a pipeline
+        warn(f"MLflow tracking server {redact(uri)} unreachable ({str(err).splitlines()[0][:200]}); "
+             f"the pipeline's parent run will be created by its first step that reaches it")
+        return local_id
+
+
+def end_parent_run(run_id: str | None, status: str = "FINISHED", *, cfg=None, uri: str | None = None) -> None:
+    """Mark the parent run FINISHED/FAILED/KILLED; warns (never raises) if it cannot."""
+    if not run_id:
+        return
+    configure_http()
+    uri = uri or resolve_tracking_uri(cfg)
+    try:
+        client = _client(uri)
+        if run_id.startswith("local-"):
+            if cfg is None:
+                warn(f"parent run {run_id} was never created on the server; nothing to end")
+                return
+            exp = client.get_experiment_by_name(cfg.tracking.experiment)
+            found = exp and find_run_by_local_id(client, exp.experiment_id, run_id)
+            if not found:
+                warn(f"parent run {run_id} was never created on the server; nothing to end")
+                return
+            run_id = found
+        client.set_terminated(run_id, status)
+    except Exception as err:  # noqa: BLE001
+        warn(f"could not end MLflow parent run {run_id} at {redact(uri)}: {str(err).splitlines()[0][:200]}")
+
+
+__all__ = ["open_step_run", "start_parent_run", "end_parent_run", "StepRun", "NullStepRun", "PARENT_TAG", "os"]

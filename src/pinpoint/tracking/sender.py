@@ -1,0 +1,315 @@
+"""Sends a spool's records to MLflow from a background thread; the training step never waits.
+
+Exactly once: metrics go through log_batch with their original step and timestamp; after any
+failed request (which may have reached the server before the connection dropped) and in a replay,
+the (key, step) pairs already on the server are read with get_metric_history and skipped.
+Run creation is idempotent too: the run carries the tag pinpoint.local_id and is looked up by it
+before being created.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pinpoint.tracking.spool import Spool, warn
+from pinpoint.tracking.uri import artifact_root_for, configure_http, prepare_store, redact
+
+LOCAL_ID_TAG = "pinpoint.local_id"
+PIPELINE_TAG = "pinpoint.pipeline"
+PARENT_TAG = "mlflow.parentRunId"
+MAX_METRICS = 1000  # log_batch limits
+MAX_PARAMS = 100
+MAX_TAGS = 100
+
+
+class Transient(Exception):
+    """The server could not be reached (or answered 5xx): keep the records and retry later."""
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    configure_http()
+    prepare_store(uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+def _classify(err: Exception) -> Exception:
+    """Map an MLflow/requests error to Transient (retry) or leave it permanent (skip + warn)."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(err, MlflowException):
+        try:
+            status = err.get_http_status_code()
+        except Exception:  # noqa: BLE001
+            status = 500
+        if 400 <= status < 500 and status != 429:
+            return err
+    return Transient(str(err).splitlines()[0][:300] if str(err) else type(err).__name__)
+
+
+def get_or_create_experiment(client, name: str, uri: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_root_for(uri))
+    except MlflowException:
+        exp = client.get_experiment_by_name(name)  # created concurrently by another step
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def find_run_by_local_id(client, experiment_id: str, local_id: str) -> str | None:
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{LOCAL_ID_TAG}` = '{local_id}'", max_results=1
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def resolve_parent(client, experiment_id: str, parent: str | None, pipeline: str | None) -> str | None:
+    """A parent id that is still local (`local-...`, created while the server was down) is looked
+    up by its tag, and created here if no step managed to create it yet."""
+    if not parent or not parent.startswith("local-"):
+        return parent
+    found = find_run_by_local_id(client, experiment_id, parent)
+    if found:
+        return found
+    run = client.create_run(
+        experiment_id,
+        run_name=pipeline or "pipeline",
+        tags={LOCAL_ID_TAG: parent, PIPELINE_TAG: pipeline or "pipeline"},
+    )
+    return run.info.run_id
+
+
+class Sender:
+    """Drains a spool into MLflow. `start()` runs it in a daemon thread; `drain_once()` is one pass."""
+
+    def __init__(self, spool: Spool, uri: str | None = None, *, retry_interval: float = 2.0,
+                 replay: bool = False):
+        self.spool = spool
+        meta = spool.meta
+        self.uri = uri or meta["uri"]
+        self.retry_interval = retry_interval
+        self.pending: list[dict[str, Any]] = spool.pending() if replay else []
+        self.run_id: str | None = meta.get("run_id")
+        self.uncertain = replay  # a request may have landed before we lost track: dedupe
+        self.offline = False
+        self.sent = 0
+        self._history: dict[str, set[int]] = {}
+        self._client = None
+        self._wake = threading.Event()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._on_run_created = None
+
+    # ---- thread control ------------------------------------------------------------------
+    def start(self, on_run_created=None) -> None:
+        self._on_run_created = on_run_created
+        self._thread = threading.Thread(target=self._loop, name="pinpoint-mlflow-sender", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def close(self, timeout: float) -> bool:
+        """Ask for a last pass and wait up to `timeout` s; True when nothing is left unsent."""
+        self._closing = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        alive = self._thread is not None and self._thread.is_alive()
+        return not alive and self.spool.unacked_count() == 0
+
+    def _loop(self) -> None:
+        try:
+            self._loop_inner()
+        except Exception as err:  # noqa: BLE001 - never take training down; the spool keeps it all
+            warn(f"MLflow sender stopped on an unexpected error ({err!r}); records stay in {self.spool.folder}")
+
+    def _loop_inner(self) -> None:
+        while True:
+            closing = self._closing
+            self.pending.extend(self.spool.read_new())
+            if self.pending:
+                ok = self.drain_once()
+                if not ok:
+                    if closing:
+                        return  # one last attempt at close; the spool keeps the rest
+                    self._wake.wait(self.retry_interval)  # close() cuts the wait short
+                    self._wake.clear()
+                    continue
+            if closing:
+                self.pending.extend(self.spool.read_new())
+                if not self.pending:
+                    return
+                continue
+            self._wake.wait(0.5)
+            self._wake.clear()
+
+    # ---- sending -------------------------------------------------------------------------
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = _client(self.uri)
+        return self._client
+
+    def drain_once(self) -> bool:
+        """Send pending records in order; False (and records kept) if the server is unreachable."""
+        try:
+            while self.pending:
+                chunk = self._next_chunk()
+                self._send(chunk)
+                self.spool.ack(chunk)
+                del self.pending[: len(chunk)]
+                self.sent += len(chunk)
+        except Transient as err:
+            self.uncertain = True
+            if not self.offline:
+                self.offline = True
+                warn(f"MLflow tracking server {redact(self.uri)} unreachable ({err}); spooling to "
+                     f"{self.spool.folder} and resending when it is back")
+            return False
+        if self.offline:
+            self.offline = False
+            warn(f"MLflow tracking server {redact(self.uri)} is back; spooled records sent")
+        self.uncertain = False
+        self._history.clear()
+        return True
+
+    def _next_chunk(self) -> list[dict[str, Any]]:
+        first = self.pending[0]
+        if first["op"] not in ("metrics", "params", "tags"):
+            return [first]
+        limit = {"metrics": MAX_METRICS, "params": MAX_PARAMS, "tags": MAX_TAGS}[first["op"]]
+        field = {"metrics": "metrics", "params": "params", "tags": "tags"}[first["op"]]
+        chunk, size = [], 0
+        for r in self.pending:
+            if r["op"] != first["op"]:
+                break
+            n = len(r[field])
+            if chunk and size + n > limit:
+                break
+            chunk.append(r)
+            size += n
+        return chunk
+
+    def _send(self, chunk: list[dict[str, Any]]) -> None:
+        op = chunk[0]["op"]
+        try:
+            if op == "create_run":
+                self._create_run(chunk[0])
+                return
+            if self.run_id is None:
+                raise RuntimeError("spool has records before its create_run record")
+            getattr(self, f"_send_{op}")(chunk)
+        except Transient:
+            raise
+        except Exception as err:  # noqa: BLE001
+            err = _classify(err)
+            if isinstance(err, Transient):
+                raise err from None
+            warn(f"MLflow refused {op} record(s) for run {self.run_id}: {str(err).splitlines()[0][:300]}; skipped")
+
+    def _create_run(self, rec: dict[str, Any]) -> None:
+        if self.run_id:
+            return
+        c = self.client
+        try:
+            exp_id = get_or_create_experiment(c, rec["experiment"], self.uri)
+            run_id = find_run_by_local_id(c, exp_id, rec["local_id"])
+            if run_id is None:
+                tags = dict(rec["tags"])
+                parent = resolve_parent(c, exp_id, rec.get("parent_run_id"), rec.get("pipeline"))
+                if parent:
+                    tags[PARENT_TAG] = parent
+                run = c.create_run(exp_id, start_time=rec["start_time"], tags=tags,
+                                   run_name=rec["run_name"])
+                run_id = run.info.run_id
+        except Exception as err:  # noqa: BLE001 - run creation must succeed eventually: retry
+            raise Transient(str(err).splitlines()[0][:300]) from None
+        self.run_id = run_id
+        self.spool.update_meta(run_id=run_id, experiment_id=exp_id)
+        if self._on_run_created:
+            self._on_run_created(run_id)
+
+    def _send_metrics(self, chunk):
+        from mlflow.entities import Metric
+
+        metrics = []
+        for r in chunk:
+            for key, value, ts, step in r["metrics"]:
+                if self.uncertain and step in self._steps_on_server(key):
+                    continue
+                metrics.append(Metric(key, float(value), int(ts), int(step)))
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics, synchronous=True)
+            for m in metrics:
+                if m.key in self._history:
+                    self._history[m.key].add(m.step)
+
+    def _steps_on_server(self, key: str) -> set[int]:
+        if key not in self._history:
+            try:
+                hist = self.client.get_metric_history(self.run_id, key)
+            except Exception as err:  # noqa: BLE001
+                raise _classify_transient(err) from None
+            self._history[key] = {m.step for m in hist}
+        return self._history[key]
+
+    def _send_params(self, chunk):
+        from mlflow.entities import Param
+
+        params = [Param(k, v) for r in chunk for k, v in r["params"].items()]
+        self.client.log_batch(self.run_id, params=params, synchronous=True)
+
+    def _send_tags(self, chunk):
+        from mlflow.entities import RunTag
+
+        tags = [RunTag(k, v) for r in chunk for k, v in r["tags"].items()]
+        self.client.log_batch(self.run_id, tags=tags, synchronous=True)
+
+    def _send_artifact(self, chunk):
+        rec = chunk[0]
+        path = self.spool.folder / rec["blob"]
+        if not path.exists():
+            warn(f"spooled artifact {path} is missing; skipped")
+            return
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), rec.get("artifact_path"))
+        else:
+            self.client.log_artifact(self.run_id, str(path), rec.get("artifact_path"))
+
+    def _send_end_run(self, chunk):
+        rec = chunk[0]
+        self.client.set_terminated(self.run_id, rec["status"], end_time=rec["end_time"])
+
+
+def _classify_transient(err: Exception) -> Exception:
+    e = _classify(err)
+    return e if isinstance(e, Transient) else Transient(str(err)[:300])
+
+
+def replay(spool: Spool, uri: str | None = None) -> tuple[bool, int, str | None]:
+    """Send every unacknowledged record of `spool` now (upload-spool); (all sent?, count, run id)."""
+    sender = Sender(spool, uri=uri, replay=True)
+    if uri:
+        spool.update_meta(uri=uri)
+    ok = sender.drain_once() if sender.pending else True
+    return ok, sender.sent, sender.run_id
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+__all__ = ["Sender", "replay", "Transient", "now_ms", "Path"]
