@@ -46,6 +46,9 @@ def _collection():
     ctx = context.context()
     ctx.enable_run_metadata()
     ctx.enable_graph_collection()
+    # Exporting clears the context's run metadata: drop whatever earlier work left there
+    # (other functions, eager ops), so the capture holds only this call's graphs.
+    ctx.export_run_metadata()
     try:
         yield ctx
     finally:

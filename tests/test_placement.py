@@ -1,0 +1,267 @@
+"""Placement analysis on real TensorFlow runs (logical CPU devices), cases whose answer follows
+from TensorFlow's semantics. Each case traces a fresh tf.function and captures its first call."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from pinpoint.config import PinningConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+# Spec GPUs emulated on logical CPUs, as pinpoint.devices does: /GPU:i -> /CPU:{i+1}.
+ALIASES = {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}
+
+
+def _dm(replicas=("/CPU:1", "/CPU:2"), aliases=ALIASES):
+    return SimpleNamespace(aliases=dict(aliases), replica_devices=list(replicas), host="/CPU:0")
+
+
+@pytest.fixture(scope="module")
+def tf():
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 3)
+    except RuntimeError:
+        pass  # already initialized by an earlier test in this process
+    if len(tf.config.list_logical_devices("CPU")) < 3:
+        pytest.skip("needs 3 logical CPU devices; TF was initialized earlier with fewer")
+    tf.config.set_soft_device_placement(True)
+    return tf
+
+
+def _capture(fn, *args, step=5):
+    from pinpoint.placement.capture import capture_call
+
+    return capture_call(fn, *args, step=step)
+
+
+def _build(caps, variables, plan=None, strategy="none", dm=None, **kw):
+    from pinpoint.placement.analyze import build_placement
+
+    return build_placement(
+        caps, variables=variables, plan=plan or PinningConfig(), strategy=strategy, device_map=dm or _dm(), **kw
+    )
+
+
+def test_pinned_variables_and_gradients(tf):
+    """Variables on A (/GPU:0), gradients on B (/GPU:1): every update runs on A and one parameter
+    set of bytes crosses B -> A per step (gradients), one crosses A -> B (parameter reads)."""
+    with tf.device("/CPU:1"):
+        w = tf.Variable(tf.random.normal([32, 16]), name="w")
+        b = tf.Variable(tf.zeros([16]), name="b")
+    x = tf.random.normal([64, 32])
+    param_bytes = (32 * 16 + 16) * 4
+
+    @tf.function
+    def step(x):
+        with tf.device("/CPU:2"):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(tf.matmul(x, w) + b))
+            with tf.name_scope("gradients"):
+                gw, gb = tape.gradient(loss, [w, b])
+                uw, ub = 0.1 * gw, 0.1 * gb
+        w.assign_sub(uw)
+        b.assign_sub(ub)
+        return loss
+
+    caps = []
+    for s in (5, 6):  # two sampled steps, each a fresh trace
+        _, cap = _capture(tf.function(step.python_function), x, step=s)
+        caps.append(cap)
+    p = _build(caps, [w, b], plan=PinningConfig(variables="/GPU:0", gradients="/GPU:1"))
+
+    assert p["captured_steps"] == [5, 6]
+    assert set(p["devices"]) >= {"/GPU:0", "/GPU:1"}
+    assert p["physical_devices"]["/GPU:0"] == "/CPU:1"
+    for v in p["variables"]:
+        assert v["devices"] == ["/GPU:0"]
+        assert v["update_devices"] == ["/GPU:0"], v
+    assert p["variable_updates"]["variables_with_updates"] == 2
+    assert p["variables"][0]["bytes"] == 32 * 16 * 4 and p["variables"][0]["shape"] == [32, 16]
+    m = p["transfers"]["matrix"]
+    assert m["/GPU:1"]["/GPU:0"]["bytes"] == param_bytes  # updates copied to the variables' device
+    assert m["/GPU:0"]["/GPU:1"]["bytes"] == param_bytes  # parameters read by the forward pass
+    per = p["transfers"]["per_step"]
+    assert per["unsized"] == 0
+    assert [st["count"] for st in p["transfers"]["steps"]] == [per["count"], per["count"]]
+    assert param_bytes * 2 <= per["bytes"] <= param_bytes * 2 + 64 * 32 * 4 + 64  # + input x + loss
+    assert p["gradients"]["ops_by_device"] and set(p["gradients"]["ops_by_device"]) == {"/GPU:1"}
+    rules = {r["rule"]: r for r in p["conformance"]["rules"]}
+    assert rules["variables"]["score"] == 1.0 and rules["gradients"]["score"] == 1.0
+    assert p["conformance"]["score"] == 1.0
+    assert p["fallbacks"] == []
+    # headline metrics are MLflow-safe keys
+    from pinpoint.placement.analyze import headline_metrics
+
+    hm = headline_metrics(p)
+    assert hm["placement.transfer_bytes_per_step"] == per["bytes"]
+    assert hm["placement.ops.GPU_1"] > 0 and hm["placement.conformance"] == 1.0
+
+
+def test_gradient_rule_violation_is_reported(tf):
+    """The plan puts gradients on /GPU:0 but the code computes them on /GPU:1: score 0, violations."""
+    with tf.device("/CPU:1"):
+        w = tf.Variable(tf.ones([4, 4]), name="wv")
+
+    @tf.function
+    def step(x):
+        with tf.device("/CPU:2"):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(tf.matmul(x, w)))
+            with tf.name_scope("gradients"):
+                g = tape.gradient(loss, w)
+        w.assign_sub(g)
+        return loss
+
+    _, cap = _capture(step, tf.random.normal([2, 4]))
+    p = _build([cap], [w], plan=PinningConfig(gradients="/GPU:0"))
+    (rule,) = p["conformance"]["rules"]
+    assert rule["rule"] == "gradients" and rule["score"] == 0.0
+    assert rule["violations_total"] == rule["relevant"] > 0
+    assert all(v["placed"] == "/GPU:1" for v in rule["violations"])
+
+
+def test_fallback_nonexistent_device_soft_placement(tf):
+    """With soft placement, an op requested on a device that does not exist runs on the host."""
+    x = tf.constant([1.0, 2.0])
+
+    @tf.function
+    def step(x):
+        with tf.device("/GPU:0"):  # no physical GPU (emulation off here): falls back
+            y = tf.strings.as_string(x * 2.0)
+        with tf.device("/CPU:1"):
+            z = x + 1.0  # honoured: not a fallback
+        return y, z
+
+    _, cap = _capture(step, x)
+    p = _build([cap], [], dm=_dm(replicas=("/CPU:0",), aliases={}))
+    fb = {f["op"]: f for f in p["fallbacks"]}
+    assert "AsString" in fb, p["fallbacks"]
+    assert fb["AsString"]["requested"] == "/GPU:0" and fb["AsString"]["placed"] == "/CPU:0"
+    assert fb["AsString"]["reason"] == "requested device does not exist"
+    assert fb["AsString"]["op_type"] == "AsString"
+    assert all(f["requested"].startswith("/GPU") for f in p["fallbacks"])
+    assert not any(f["op"] == "add" for f in p["fallbacks"])
+
+
+def test_model_split_moves_activations(tf):
+    """Layer 'first' on /GPU:0 and 'second' on /GPU:1: the hidden activations cross 0 -> 1."""
+    with tf.device("/CPU:1"):
+        w1 = tf.Variable(tf.ones([8, 24]), name="w1")
+    with tf.device("/CPU:2"):
+        w2 = tf.Variable(tf.ones([24, 3]), name="w2")
+    x = tf.ones([10, 8])
+
+    @tf.function
+    def step(x):
+        with tf.device("/CPU:1"), tf.name_scope("first"):
+            h = tf.nn.relu(tf.matmul(x, w1))
+        with tf.device("/CPU:2"), tf.name_scope("second"):
+            return tf.reduce_sum(tf.matmul(h, w2))
+
+    _, cap = _capture(step, x)
+    plan = PinningConfig(layers={"first": "/GPU:0", "second": "/GPU:0"})
+    p = _build([cap], [w1, w2], plan=plan)
+    act = [t for t in p["transfers"]["largest"] if t["from"] == "/GPU:0" and t["to"] == "/GPU:1"]
+    assert any(t["bytes"] == 10 * 24 * 4 and t["tensor"].startswith("first/") for t in act), act
+    assert p["transfers"]["matrix"]["/GPU:0"]["/GPU:1"]["bytes"] >= 10 * 24 * 4
+    rules = {r["rule"]: r for r in p["conformance"]["rules"]}
+    assert rules["layers.first"]["score"] == 1.0
+    assert rules["layers.second"]["score"] == 0.0  # the plan said /GPU:0, it ran on /GPU:1
+    assert {v["placed"] for v in rules["layers.second"]["violations"]} == {"/GPU:1"}
+    assert p["conformance"]["score"] == 0.5
+
+
+def test_mirrored_components_and_no_drift(tf):
+    """MirroredStrategy: one component per replica device, updates on each, no drift after
+    synchronous steps; a deliberately perturbed component shows up as drift."""
+    from pinpoint.placement.analyze import replica_consistency
+
+    strategy = tf.distribute.MirroredStrategy(["/CPU:1", "/CPU:2"])
+    with strategy.scope():
+        w = tf.Variable(tf.random.normal([6, 3], seed=1), name="mw")
+        b = tf.Variable(tf.zeros([3]), name="mb")
+    ds = tf.data.Dataset.from_tensors(tf.random.normal([8, 6], seed=2)).repeat()
+    it = iter(strategy.experimental_distribute_dataset(ds))
+
+    def replica_step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, w) + b))
+        with tf.name_scope("gradients"):
+            grads = tape.gradient(loss, [w, b])
+        ctx = tf.distribute.get_replica_context()
+        grads = ctx.all_reduce("mean", grads)
+        w.assign_sub(0.1 * grads[0])
+        b.assign_sub(0.1 * grads[1])
+        return loss
+
+    def train(it):
+        return strategy.run(replica_step, (next(it),))
+
+    _, cap = _capture(tf.function(train), it)
+    fast = tf.function(train)
+    for _ in range(3):
+        fast(it)
+    p = _build([cap], [w, b], strategy="mirrored")
+    for v in p["variables"]:
+        assert v["kind"] == "mirrored"
+        assert [c["device"] for c in v["components"]] == ["/GPU:0", "/GPU:1"]
+        assert [c["physical"] for c in v["components"]] == ["/CPU:1", "/CPU:2"]
+        assert v["update_devices"] == ["/GPU:0", "/GPU:1"]
+    rules = {r["rule"]: r for r in p["conformance"]["rules"]}
+    assert rules["strategy.variables_mirrored"]["score"] == 1.0
+    assert rules["strategy.replica_0_compute"]["score"] == 1.0
+    assert rules["strategy.replica_1_compute"]["score"] == 1.0
+    assert set(p["gradients"]["ops_by_device"]) == {"/GPU:0", "/GPU:1"}
+    rc = replica_consistency([w, b])
+    assert rc["checked"] == 2 and rc["max_abs_diff"] == 0.0
+    w.values[1].assign_add(tf.fill([6, 3], 0.25))
+    rc = replica_consistency([w, b])
+    assert rc["max_abs_diff"] == pytest.approx(0.25)
+    assert rc["variables"][p["variables"][0]["name"]] == pytest.approx(0.25)
+    assert rc["variables"][p["variables"][1]["name"]] == 0.0
+
+
+def test_central_storage_keeps_variables_on_host(tf):
+    """CentralStorageStrategy: variables on the host CPU, compute on the replica devices."""
+    strategy = tf.distribute.experimental.CentralStorageStrategy(
+        compute_devices=["/CPU:1", "/CPU:2"], parameter_device="/CPU:0"
+    )
+    with strategy.scope():
+        w = tf.Variable(tf.ones([5, 2]), name="cw")
+    ds = tf.data.Dataset.from_tensors(tf.ones([4, 5])).repeat()
+    it = iter(strategy.experimental_distribute_dataset(ds))
+
+    def replica_step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(x, w))
+        with tf.name_scope("gradients"):
+            g = tape.gradient(loss, w)
+        tf.distribute.get_replica_context().merge_call(
+            lambda strat, g: strat.extended.update(w, lambda v, g: v.assign_sub(0.01 * g), args=(strat.extended.reduce_to("sum", g, w),)),
+            args=(g,),
+        )
+        return loss
+
+    @tf.function
+    def train(it):
+        return strategy.run(replica_step, (next(it),))
+
+    _, cap = _capture(train, it)
+    p = _build([cap], [w], strategy="central_storage")
+    (v,) = p["variables"]
+    assert v["devices"] == ["/CPU:0"]
+    assert v["update_devices"] == ["/CPU:0"]
+    types = p["op_types_by_device"]
+    assert types["/GPU:0"].get("MatMul", 0) >= 1 and types["/GPU:1"].get("MatMul", 0) >= 1
+    assert "MatMul" not in types.get("/CPU:0", {})
+    rules = {r["rule"]: r for r in p["conformance"]["rules"]}
+    assert rules["strategy.variables_on_host"]["score"] == 1.0
+    # parameters travel host -> each replica device, gradients back
+    m = p["transfers"]["matrix"]
+    assert m["/CPU:0"]["/GPU:0"]["bytes"] >= 40 and m["/CPU:0"]["/GPU:1"]["bytes"] >= 40
