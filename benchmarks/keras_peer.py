@@ -1,0 +1,117 @@
+"""The Keras peer: the same model, data, batch size, strategy and devices, trained by `model.fit`.
+
+Settings (kept equal to Pinpoint's so the ratio measures the training loops, not the setups):
+- model: `pinpoint.training.models.build_model` (same layers, seeds, initializers), built under
+  the same strategy's scope on the same devices (`pinpoint.devices.setup_devices` + `get_strategy`);
+- data: the same arrays (`load_arrays`), global batches of `train.batch_size` from a
+  `tf.data` pipeline (shuffle, repeat, batch, prefetch): the idiomatic Keras input, which
+  `fit` splits across replicas (and across workers, DATA auto-sharding) itself;
+- loss: sparse categorical cross-entropy from logits, averaged over the global batch (the same
+  objective as Pinpoint's per-replica sum / global batch), metric: accuracy;
+- optimizer: the same class and learning rate; `jit_compile=False` (Pinpoint does not use XLA);
+- `steps_per_execution = train.log_every`: Pinpoint runs `log_every` steps per tf.function call,
+  so Keras gets the same number of steps per host round trip.
+Steady state: a callback starts the clock at the first execution that begins at or after
+`warmup_steps` and stops it at the end of the last one; both callbacks see Python floats of
+the logs (Keras converts them), so both ends are host sync points.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+
+def _optimizer(keras, cfg):
+    lr = cfg.train.learning_rate
+    return keras.optimizers.Adam(lr) if cfg.train.optimizer == "adam" else keras.optimizers.SGD(lr)
+
+
+def _timer_callback(keras, warmup_steps: int):
+    class StepTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.t0: Optional[float] = None
+            self.first_step: Optional[int] = None
+            self.t1: Optional[float] = None
+            self.last_step: Optional[int] = None
+            self.t_first_end: Optional[float] = None
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.t0 is None and batch >= warmup_steps:
+                self.t0, self.first_step = time.perf_counter(), batch
+
+        def on_train_batch_end(self, batch, logs=None):
+            now = time.perf_counter()
+            if self.t_first_end is None:
+                self.t_first_end = now
+            if self.t0 is not None:
+                self.t1, self.last_step = now, batch
+
+    return StepTimer()
+
+
+def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str, Any]:
+    """Train cfg's model with Keras `fit` in this process; return the timing record."""
+    from pinpoint.devices import setup_devices
+
+    t_start = time.perf_counter()
+    dm = setup_devices(cfg, multi_worker=multi_worker)
+    import keras
+    import tensorflow as tf
+
+    from pinpoint.training.data import load_arrays
+    from pinpoint.training.models import build_model
+    from pinpoint.training.strategies import get_strategy
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver() if multi_worker else None
+    strategy = get_strategy(cfg.train.strategy, dm.replica_devices, cluster_resolver=resolver, host=dm.host)
+    arrays = load_arrays(cfg)
+    gb = cfg.train.batch_size
+    ds = (
+        tf.data.Dataset.from_tensor_slices((arrays.x, arrays.y))
+        .shuffle(len(arrays.x), seed=cfg.train.seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(gb, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    keras.utils.set_random_seed(cfg.train.seed)
+    with strategy.scope():
+        model = build_model(cfg.train.model, (arrays.features,), arrays.num_classes, seed=cfg.train.seed)
+        model.compile(
+            optimizer=_optimizer(keras, cfg),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            jit_compile=False,
+            steps_per_execution=cfg.train.log_every,
+        )
+    timer = _timer_callback(keras, warmup_steps)
+    t_fit = time.perf_counter()
+    hist = model.fit(ds, epochs=1, steps_per_epoch=cfg.train.steps, verbose=0, callbacks=[timer])
+    t_end = time.perf_counter()
+    steps_timed = None if timer.t0 is None else timer.last_step - timer.first_step + 1
+    secs = None if timer.t0 is None else timer.t1 - timer.t0
+    eps = gb * steps_timed / secs if secs else None
+    return {
+        "examples_per_sec": eps,
+        "step_time_s": secs / steps_timed if secs else None,
+        "steps_timed": steps_timed,
+        "train_s": t_end - t_fit,
+        "first_step_s": (timer.t_first_end - t_start) if timer.t_first_end else None,
+        "final_loss": float(hist.history["loss"][-1]),
+        "final_accuracy": float(hist.history["accuracy"][-1]),
+        "replica_devices": list(dm.replica_devices),
+        "model_layers": dense_shapes(model),
+        "num_replicas_in_sync": int(strategy.num_replicas_in_sync),
+        "global_batch": gb,
+    }
+
+
+def dense_shapes(model) -> list[tuple[int, int]]:
+    """(fan_in, fan_out) of every rank-2 kernel, in layer order (for the FLOPs count)."""
+    shapes = []
+    for v in model.trainable_variables:
+        shape = tuple(int(d) for d in v.shape)
+        if len(shape) == 2 and "kernel" in v.path:
+            shapes.append(shape)
+    return shapes

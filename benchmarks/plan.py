@@ -1,0 +1,139 @@
+"""What `make bench` measures: the comparisons, their arms (one worker spec each) and ratios."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+
+
+@dataclass(frozen=True)
+class Settings:
+    repeats: int = 5
+    steps: int = 2000  # steps of the Pinpoint-vs-Keras runs
+    warmup_steps: int = 200  # excluded from the steady state
+    overhead_steps: int = 500  # issue 4.6: a 500-step run, capture on vs off
+    scaling_devices: tuple[int, ...] = (1, 2, 4)
+    per_replica_batch: int = 32
+    make_run_repeats: Optional[int] = None  # default: repeats
+    gpus: int = 0  # real GPUs on this machine (0: GPUs are emulated on logical CPU devices)
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    label: str
+    spec: dict = field(default_factory=dict)
+    reuse: Optional[tuple[str, str]] = None  # (comparison, arm) whose runs this arm shares
+
+
+@dataclass(frozen=True)
+class Ratio:
+    label: str
+    num: str
+    den: str
+    metric: str
+    target: Optional[str] = None  # e.g. ">= 1" (issue 3.8) or "<= 1.03" (issue 4.6)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    key: str
+    title: str
+    arms: tuple[Arm, ...]
+    ratios: tuple[Ratio, ...] = ()
+    note: str = ""
+    skipped: str = ""  # why this comparison cannot run on this machine
+
+
+def demo_config() -> dict:
+    return yaml.safe_load(DEMO.read_text())
+
+
+def bench_config(name: str, *, strategy: str, devices: int, steps: int, batch: int,
+                 workers: int = 0, placement: bool = True, tracking: bool = False,
+                 checkpoint_every: int = 0) -> dict:
+    """The demo config (model, data, optimizer, learning rate), resized for one benchmark arm."""
+    cfg = copy.deepcopy(demo_config())
+    cfg["name"] = name
+    cfg["cluster"].update(chief=1, workers=workers, ps=0, evaluator=0, devices_per_worker=devices)
+    cfg["train"].update(strategy=strategy, steps=steps, batch_size=batch, checkpoint_every=checkpoint_every)
+    cfg["tracking"] = dict(cfg.get("tracking") or {}, enabled=tracking, experiment="pinpoint-bench")
+    cfg["placement"] = dict(cfg.get("placement") or {}, enabled=placement)
+    return cfg
+
+
+def _pair(key: str, title: str, cfg: dict, s: Settings, *, note: str = "", skipped: str = "") -> Comparison:
+    common = {"config": cfg, "warmup_steps": s.warmup_steps, "peak": True}
+    return Comparison(
+        key=key,
+        title=title,
+        arms=(
+            Arm("pinpoint", "pinpoint train", dict(common, kind="pinpoint")),
+            Arm("keras", "Keras model.fit", dict(common, kind="keras_mwm" if cfg["cluster"]["workers"] else "keras")),
+        ),
+        ratios=(Ratio("pinpoint / Keras examples/sec", "pinpoint", "keras", "examples_per_sec",
+                      ">= 1" if key in ("keras-none", "keras-mirrored") else None),),
+        note=note,
+        skipped=skipped,
+    )
+
+
+def build_plan(s: Settings) -> list[Comparison]:
+    b2 = 2 * s.per_replica_batch
+    need2 = "needs 2 GPUs; this machine has 1" if s.gpus == 1 else ""
+    plan = [
+        _pair("keras-none", "strategy none, 1 device",
+              bench_config("bench-none", strategy="none", devices=1, steps=s.steps, batch=b2), s),
+        _pair("keras-mirrored", "mirrored, 2 logical devices",
+              bench_config("bench-mirrored", strategy="mirrored", devices=2, steps=s.steps, batch=b2), s,
+              skipped=need2),
+        _pair("keras-mwm", "multi_worker_mirrored, 2 local workers (chief + 1 worker, 1 device each)",
+              bench_config("bench-mwm", strategy="multi_worker_mirrored", devices=1, workers=1,
+                           steps=s.steps, batch=b2), s),
+    ]
+    # Issue 4.6 and the MLflow cost: the demo config (checkpoints every 100 steps) for 500 steps.
+    def overhead(name, placement, tracking):
+        cfg = bench_config(f"bench-{name}", strategy="mirrored", devices=2, steps=s.overhead_steps,
+                           batch=b2, placement=placement, tracking=tracking, checkpoint_every=100)
+        return Arm(name, name.replace("-", " "), {"kind": "pinpoint", "config": cfg,
+                                                 "warmup_steps": min(s.warmup_steps, s.overhead_steps // 2),
+                                                 "peak": tracking, "log_mfu": tracking})
+    plan.append(Comparison(
+        key="overhead",
+        title=f"placement capture and MLflow logging, {s.overhead_steps}-step mirrored runs",
+        arms=(overhead("capture-on", True, False), overhead("baseline", False, False),
+              overhead("mlflow-on", False, True)),
+        ratios=(
+            Ratio("capture on / off, train time", "capture-on", "baseline", "train_s", "<= 1.03"),
+            Ratio("MLflow on / off, train time", "mlflow-on", "baseline", "train_s"),
+        ),
+        note="baseline: capture off, MLflow off; each other arm turns one of them on",
+        skipped=need2,
+    ))
+    arms = []
+    for n in s.scaling_devices:
+        if s.gpus and n > s.gpus:
+            continue
+        cfg = bench_config(f"bench-scale-{n}", strategy="mirrored", devices=n, steps=s.steps,
+                           batch=s.per_replica_batch * n)
+        reuse = ("keras-mirrored", "pinpoint") if n == 2 and not need2 else None
+        arms.append(Arm(f"n{n}", f"{n} device(s)", {"kind": "pinpoint", "config": cfg,
+                                                    "warmup_steps": s.warmup_steps, "peak": True}, reuse=reuse))
+    plan.append(Comparison(
+        key="scaling",
+        title=f"mirrored on 1, 2, 4 devices, {s.per_replica_batch} examples per replica",
+        arms=tuple(arms),
+        skipped="" if len(arms) > 1 else "needs at least 2 devices",
+    ))
+    plan.append(Comparison(
+        key="make-run",
+        title="`make run` (pinpoint run configs/demo.yaml through kfp.local)",
+        arms=(Arm("make-run", "make run", {"kind": "make_run", "config_path": str(DEMO)}),),
+    ))
+    return plan

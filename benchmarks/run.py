@@ -1,0 +1,147 @@
+"""`make bench` / `python -m benchmarks.run`: interleaved A/B runs -> benchmarks/RESULTS.md + PNG.
+
+Each comparison runs its arms in rounds; within a round the arms run back to back, and the
+order alternates between rounds (A B, B A, ...) so slow drift of the machine's load hits both
+sides alike. Ratios are taken within a round, then summarized (median, min, max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from benchmarks.machine import machine_info
+from benchmarks.plan import Comparison, Settings, build_plan
+from benchmarks.worker import RESULT_PREFIX
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_TIMEOUT_S = 600
+
+
+def run_worker(spec: dict, out: Path, timeout: float = RUN_TIMEOUT_S) -> dict:
+    """Run one measured process; return its record (with `error` set if it failed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec = dict(spec, out=str(out / "run"))
+    (out / "spec.json").write_text(json.dumps(spec, indent=2))
+    log = out / "worker.log"
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        try:
+            p = subprocess.run([sys.executable, "-m", "benchmarks.worker", str(out / "spec.json")],
+                               stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    wall = time.perf_counter() - t0
+    line = next((ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith(RESULT_PREFIX)), None)
+    if rc != 0 or line is None:
+        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-3:]
+        return {"error": f"exit {rc}: {' / '.join(tail)[-400:]}", "log": str(log), "process_wall_s": wall}
+    record = json.loads(line[len(RESULT_PREFIX):])
+    record["process_wall_s"] = wall
+    record["log"] = str(log)
+    return record
+
+
+def _headline(rec: dict) -> str:
+    if "error" in rec:
+        return f"FAILED ({rec['error'][:160]})"
+    parts = []
+    if rec.get("examples_per_sec"):
+        parts.append(f"{rec['examples_per_sec']:,.0f} ex/s")
+    if rec.get("train_s") is not None:
+        parts.append(f"train {rec['train_s']:.2f} s")
+    if rec.get("first_step_s") is not None:
+        parts.append(f"first step {rec['first_step_s']:.1f} s")
+    if rec.get("mfu") is not None:
+        parts.append(f"MFU {100 * rec['mfu']:.3f}%")
+    parts.append(f"process {rec['process_wall_s']:.1f} s")
+    return ", ".join(parts)
+
+
+def run_comparison(comp: Comparison, repeats: int, out: Path, results: dict, log=print) -> dict:
+    """Rounds of interleaved arms; returns {arm: [record per round]}."""
+    runs: dict[str, list[dict]] = {}
+    own = [a for a in comp.arms if not (a.reuse and a.reuse[0] in results and a.reuse[1] in results[a.reuse[0]])]
+    for a in comp.arms:
+        if a not in own:
+            runs[a.name] = results[a.reuse[0]][a.reuse[1]][:repeats]
+            log(f"[{comp.key}] {a.name}: reusing the {len(runs[a.name])} runs of {a.reuse[0]}/{a.reuse[1]}")
+    for r in range(repeats):
+        order = own if r % 2 == 0 else list(reversed(own))
+        for a in order:
+            rec = run_worker(a.spec, out / comp.key / f"r{r}-{a.name}")
+            runs.setdefault(a.name, []).append(rec)
+            log(f"[{comp.key}] round {r + 1}/{repeats} {a.name}: {_headline(rec)}")
+    # Keep the rounds aligned with the arm order for same-round ratios.
+    return runs
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=None, help="runs per arm (default 5; --quick: 1)")
+    p.add_argument("--quick", action="store_true", help="1 repeat, few steps: checks the harness, not the numbers")
+    p.add_argument("--only", default="", help="comma-separated comparisons (keras-none, keras-mirrored, keras-mwm, overhead, scaling, make-run)")
+    p.add_argument("--steps", type=int, default=None, help="steps of the Pinpoint-vs-Keras and scaling runs")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="raw results (git-ignored)")
+    p.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"), help="the markdown report")
+    p.add_argument("--chart", default=None, help="the PNG chart (default: next to --results, .png)")
+    return p.parse_args(argv)
+
+
+def settings_from(args, gpus: int) -> Settings:
+    if args.quick:
+        s = Settings(repeats=args.repeats or 1, steps=args.steps or 60, warmup_steps=20, overhead_steps=60, gpus=gpus)
+    else:
+        steps = args.steps or Settings.steps
+        s = Settings(repeats=args.repeats or 5, steps=steps, warmup_steps=min(Settings.warmup_steps, steps // 4), gpus=gpus)
+    if s.repeats < 1:
+        raise SystemExit("benchmarks.run: --repeats: need at least 1")
+    return s
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from benchmarks.render import write_outputs
+
+    args = parse_args(argv)
+    machine = machine_info()
+    s = settings_from(args, len(machine["gpus"]))
+    plan = build_plan(s)
+    keys = [c.key for c in plan]
+    only = [k.strip() for k in args.only.split(",") if k.strip()]
+    bad = [k for k in only if k not in keys]
+    if bad:
+        print(f"benchmarks.run: --only: unknown comparison(s) {', '.join(bad)}; use {', '.join(keys)}", file=sys.stderr)
+        return 2
+    if only:
+        plan = [c for c in plan if c.key in only]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python -m benchmarks.run" + "".join(" " + shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    t0 = time.perf_counter()
+    results: dict[str, dict[str, list[dict]]] = {}
+    for comp in plan:
+        if comp.skipped:
+            print(f"[{comp.key}] skipped: {comp.skipped}", flush=True)
+            continue
+        reps = (s.make_run_repeats or s.repeats) if comp.key == "make-run" else s.repeats
+        results[comp.key] = run_comparison(comp, reps, out, results, log=lambda m: print(m, flush=True))
+    elapsed = time.perf_counter() - t0
+    raw = {"machine": machine, "command": command, "settings": s.__dict__, "elapsed_s": elapsed,
+           "results": results}
+    (out / "results.json").write_text(json.dumps(raw, indent=2, default=str))
+    chart = Path(args.chart) if args.chart else Path(args.results).with_suffix(".png")
+    write_outputs(plan, results, raw, Path(args.results), chart)
+    print(f"benchmarks: {elapsed / 60:.1f} min; wrote {args.results} and {chart} (raw: {out / 'results.json'})")
+    failed = sum(1 for runs in results.values() for recs in runs.values() for r in recs if "error" in r)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
