@@ -45,8 +45,8 @@ train: $(STAMP) ## rerun one step: training from $(RUN_DIR) (writes placement.js
 report: $(STAMP) ## rerun one step: report.html and charts from $(RUN_DIR)
 	$(BIN)/pinpoint report $(RUN_DIR)
 
-compile: $(STAMP) ## compile the kfp pipelines to YAML
-	$(BIN)/pinpoint compile --out $(PIPELINE_YAML)
+compile: $(STAMP) ## compile the kfp pipelines to YAML (settings from CONFIG; also placement_sweep.yaml)
+	$(BIN)/pinpoint compile --out $(PIPELINE_YAML) --config $(CONFIG)
 
 submit: $(STAMP) ## submit to a Kubeflow cluster: make submit KFP_HOST=https://...
 	@test -n "$(KFP_HOST)" || { echo "make submit: KFP_HOST is not set; pass KFP_HOST=https://your-kfp-endpoint"; exit 2; }

@@ -39,7 +39,7 @@ def run_local(config_path: str | Path, runs_root: str | Path = Path("runs")) -> 
         status = "KILLED"
         raise
     finally:
-        _end_parent(parent_run_id, status)
+        _end_parent(cfg, parent_run_id, status)
     if not ok:
         print(
             f"pinpoint: the pipeline failed in step '{failed_step}' (its log is above); "
@@ -97,12 +97,12 @@ def _start_parent(cfg) -> str:
     return start_parent_run(cfg, f"{cfg.name}-pipeline") or ""
 
 
-def _end_parent(run_id: str, status: str) -> None:
+def _end_parent(cfg, run_id: str, status: str) -> None:
     if not run_id:
         return
     from pinpoint.tracking import end_parent_run
 
-    end_parent_run(run_id, status)
+    end_parent_run(run_id, status, cfg=cfg)
 
 
 def _summary(run_dir: Path) -> str:

@@ -37,11 +37,15 @@ class PipelineSettings:
     accelerator_type: str = "nvidia.com/gpu"
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    shm_size: str = ""  # /dev/shm (memory emptyDir) for in-pod GPU training (NCCL needs it)
     cpu_limit: str = "2"
     memory_limit: str = "4G"
     runs_pvc: str = ""  # PVC holding the run folders, mounted at /runs on every step
     mlflow_secret: str = ""  # Secret with MLFLOW_SECRET_KEYS, exposed as env vars (optional keys)
     kubernetes: bool = False  # add the kfp-kubernetes platform config (off for kfp.local)
+    # Defaults of the compiled pipeline's parameters (so it can be started from the KFP UI).
+    default_config_yaml: str = ""
+    default_run_dir: str = ""
 
 
 def local_settings() -> PipelineSettings:
@@ -49,8 +53,23 @@ def local_settings() -> PipelineSettings:
     return PipelineSettings()
 
 
-def settings_from_config(cfg, *, runs_pvc: str = "pinpoint-runs", mlflow_secret: str = "mlflow-credentials") -> PipelineSettings:
-    """Settings for a Kubernetes cluster, from a pinpoint Config."""
+DEFAULT_RUNS_PVC = "pinpoint-runs"
+DEFAULT_MLFLOW_SECRET = "mlflow-credentials"
+
+
+def settings_from_config(cfg, *, mlflow_secret: str = DEFAULT_MLFLOW_SECRET) -> PipelineSettings:
+    """Settings for a Kubernetes cluster, from a pinpoint Config. The steps share the run folder
+    through the PVC cluster.runs_volume_claim (default 'pinpoint-runs', ReadWriteMany)."""
+    runs_pvc = cfg.cluster.runs_volume_claim or DEFAULT_RUNS_PVC
+    from pinpoint.config import config_to_yaml
+    from pinpoint.errors import ConfigError
+
+    if cfg.tracking.uri and "@" in cfg.tracking.uri.split("//", 1)[-1].split("/", 1)[0]:
+        # The config becomes a default in the compiled YAML: credentials must come from the Secret.
+        raise ConfigError(
+            "config error: tracking.uri: got a URI with credentials; remove the user:password part "
+            f"and put them in the Kubernetes Secret '{mlflow_secret}' (keys username, password)"
+        )
     c = cfg.cluster
     multi_process = cfg.train.strategy in ("multi_worker_mirrored", "parameter_server")
     real_gpus = c.device_type == "GPU" and not c.emulate and c.devices_per_worker > 0
@@ -68,11 +87,14 @@ def settings_from_config(cfg, *, runs_pvc: str = "pinpoint-runs", mlflow_secret:
         tolerations=tuple(Toleration(t.key, t.operator, t.value, t.effect) for t in c.tolerations)
         if launch == "local"
         else (),
+        shm_size=c.shm_size if in_pod_gpus else "",
         cpu_limit=c.cpu,
         memory_limit=_kfp_memory(c.memory),
         runs_pvc=runs_pvc,
         mlflow_secret=mlflow_secret,
         kubernetes=True,
+        default_config_yaml=config_to_yaml(cfg),
+        default_run_dir=f"{RUNS_MOUNT}/{cfg.name}" if runs_pvc else "",
     )
 
 

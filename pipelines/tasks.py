@@ -46,4 +46,9 @@ def configure_training(task, settings: PipelineSettings):
             kubernetes.add_node_selector(task, label_key=key, label_value=value)
         for t in settings.tolerations:
             kubernetes.add_toleration(task, key=t.key, operator=t.operator, value=t.value, effect=t.effect)
+        if settings.shm_size:
+            # The default 64 MiB /dev/shm is too small for NCCL's buffers between local GPUs.
+            kubernetes.empty_dir_mount(
+                task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=settings.shm_size
+            )
     return task

@@ -23,8 +23,8 @@ def build_training_pipeline(settings: PipelineSettings | None = None):
         "report where every op, variable and gradient ran.",
     )
     def training_pipeline(
-        config_yaml: str,
-        run_dir: str,
+        config_yaml: str = settings.default_config_yaml,
+        run_dir: str = settings.default_run_dir,
         parent_run_id: str = "",
         resume_from_run: str = "",
     ):

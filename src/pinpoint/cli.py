@@ -70,7 +70,8 @@ def cmd_run(args) -> int:
 def cmd_compile(args) -> int:
     from pipelines.compile import compile_all
 
-    compile_all(Path(args.out))
+    for path in compile_all(Path(args.out), args.config):
+        print(f"wrote {path}")
     return 0
 
 
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("compile", help="compile the kfp pipelines to YAML")
     s.add_argument("--out", required=True, help="output file or folder")
+    s.add_argument("--config", help="compile in this config's cluster settings (image, GPUs, tolerations)")
     s.set_defaults(fn=cmd_compile)
 
     s = sub.add_parser("upload-spool", help="send MLflow data spooled while the server was down")
