@@ -1,19 +1,29 @@
 """TF_CONFIG for every task of a topology request.
 
-Roles use TensorFlow's names. The evaluator is never part of the `cluster` dict (TF and the
-Training Operator both leave it out: it reads checkpoints and never joins the collectives or the
-ps coordination), but it gets its own task entry with the same cluster dict.
+Roles use TensorFlow's names. Two shapes exist and both are produced here:
+
+* Kubernetes (`k8s_cluster`): exactly what the Kubeflow Training Operator 1.x generates
+  (pkg/controller.v1/tensorflow/tensorflow.go, genClusterSpec/genTFConfigJSONStr): host
+  `<job>-<role>-<index>.<namespace>.svc[.<CUSTOM_CLUSTER_DOMAIN>]:<port>`, role keys lower-cased
+  and sorted (a marshalled Go map), `"environment": "cloud"`, and -- since kubeflow/trainer#1146
+  -- the evaluator INCLUDED in the cluster dict. The plain flavour reproduces it byte for byte.
+* Local (`cluster_dict(..., include_evaluator=False)`): the evaluator is left out of the cluster
+  dict, as TensorFlow's docs describe it (it only reads checkpoints), but has its own task entry.
+
+`training_tf_config` drops the evaluator from a TF_CONFIG so a task can normalise the operator's
+shape: ParameterServerStrategy's coordinator connects to every job in the cluster dict, and an
+evaluator that runs no tf.distribute.Server would make that connection fail.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 from pinpoint.config import ClusterConfig
 
 # Order in which tasks are listed (chief first: it is task 0 of the collective group).
 ROLES = ("chief", "worker", "ps", "evaluator")
-CLUSTER_ROLES = ("chief", "worker", "ps")
 # TFJob replicaSpecs keys for each TF role.
 TFJOB_REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 
@@ -30,13 +40,45 @@ def task_list(c: ClusterConfig) -> list[tuple[str, int]]:
     return [(r, i) for r in ROLES for i in range(counts.get(r, 0))]
 
 
-def cluster_dict(c: ClusterConfig, address: Callable[[str, int], str]) -> dict[str, list[str]]:
-    """The `cluster` part of TF_CONFIG: role -> addresses, evaluator excluded, keys sorted
-    (the Training Operator marshals a Go map, whose JSON keys come out sorted)."""
+def cluster_dict(
+    c: ClusterConfig, address: Callable[[str, int], str], *, include_evaluator: bool = False
+) -> dict[str, list[str]]:
+    """The `cluster` part of TF_CONFIG: role -> addresses, keys sorted (the Training Operator
+    marshals a Go map, whose JSON keys come out sorted)."""
     counts = role_counts(c)
-    return {r: [address(r, i) for i in range(counts[r])] for r in sorted(counts) if r in CLUSTER_ROLES}
+    return {
+        r: [address(r, i) for i in range(counts[r])]
+        for r in sorted(counts)
+        if include_evaluator or r != "evaluator"
+    }
 
 
 def tf_config(cluster: dict[str, list[str]], role: str, index: int) -> dict:
-    """TF_CONFIG for one task, in the Training Operator's shape (cluster, task, environment)."""
+    """TF_CONFIG for one task, in the Training Operator's field order (cluster, task, environment)."""
     return {"cluster": cluster, "task": {"type": role, "index": index}, "environment": "cloud"}
+
+
+def to_json(tf_config_dict: dict) -> str:
+    """Serialise like Go's json.Marshal: no spaces, keys in the dict's order."""
+    return json.dumps(tf_config_dict, separators=(",", ":"))
+
+
+def k8s_host(name: str, role: str, index: int, namespace: str, domain: str | None, port: int) -> str:
+    """The Training Operator's address for a replica (GenGeneralName + '.<ns>.svc[.<domain>]')."""
+    host = f"{name}-{role}-{index}.{namespace}.svc"
+    if domain:
+        host += f".{domain}"
+    return f"{host}:{port}"
+
+
+def k8s_cluster(name: str, c: ClusterConfig) -> dict[str, list[str]]:
+    """The cluster dict the Training Operator generates for this topology (evaluator included)."""
+    return cluster_dict(
+        c, lambda r, i: k8s_host(name, r, i, c.namespace, c.cluster_domain, c.port), include_evaluator=True
+    )
+
+
+def training_tf_config(tf_config_dict: dict) -> dict:
+    """A copy of TF_CONFIG without the evaluator in its cluster dict (see the module doc)."""
+    cluster = {k: v for k, v in tf_config_dict.get("cluster", {}).items() if k != "evaluator"}
+    return {**tf_config_dict, "cluster": cluster}

@@ -1,0 +1,221 @@
+"""Feasibility: place every replica on a node of an inventory, or say why it cannot be done.
+
+Like the scheduler's filters: a node qualifies for a replica when its labels match the node
+selector (plus the GPU type label for GPU replicas), every NoSchedule/NoExecute taint is
+tolerated, and its allocatable resources cover the replica's requests. Replicas are packed with
+a best-fit depth-first search (identical replicas of a role are interchangeable, which prunes
+the search), so a placement is found whenever one exists within the step budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pinpoint.config import Config, Toleration
+from pinpoint.errors import ProvisionError
+from pinpoint.provision.inventory import Node, Taint
+from pinpoint.provision.quantity import format_bytes, format_cpu
+from pinpoint.provision.spec import Task
+
+SEARCH_BUDGET = 200_000
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class _Need:
+    task: Task
+    amounts: dict[str, float]
+    selector: dict[str, str]
+
+
+def _tolerates(tol: Toleration, taint: Taint) -> bool:
+    if tol.key != taint.key:
+        return False
+    if tol.effect is not None and tol.effect != taint.effect:
+        return False
+    return tol.operator == "Exists" or (tol.value or "") == (taint.value or "")
+
+
+def _exclusion(node: Node, need: _Need, tolerations: tuple[Toleration, ...]) -> str | None:
+    """Why `node` cannot take this replica whatever its free capacity (None: it can)."""
+    for key, want in need.selector.items():
+        have = node.labels.get(key)
+        if have != want:
+            return f"{node.name} has {key}={have}" if have is not None else f"{node.name} lacks label {key}"
+    for taint in node.taints:
+        if taint.effect == "PreferNoSchedule":
+            continue
+        if not any(_tolerates(t, taint) for t in tolerations):
+            shown = f"{taint.key}={taint.value}" if taint.value else taint.key
+            return f"{node.name} has taint {shown}:{taint.effect} (add it to cluster.tolerations)"
+    return None
+
+
+def _describe(resource: str, amount: float, need: _Need) -> str:
+    if resource == "memory":
+        return f"{format_bytes(amount)} memory"
+    if resource == "cpu":
+        return f"{format_cpu(amount)} CPU"
+    res = need.task.resources
+    kind = f" of type {res.gpu_type}" if resource == res.gpu_resource and res.gpu_type else ""
+    return f"{amount:g} x {resource}{kind}"
+
+
+def _needs(cfg: Config, tasks: list[Task]) -> list[_Need]:
+    out = []
+    for t in tasks:
+        selector = dict(cfg.cluster.node_selector)
+        if t.resources.gpu_type:
+            selector[cfg.cluster.gpu_type_label] = t.resources.gpu_type
+        out.append(_Need(t, t.resources.amounts(), selector))
+    return out
+
+
+def _fits(free: dict[str, float], amounts: dict[str, float]) -> bool:
+    return all(free.get(r, 0.0) + _EPS >= a for r, a in amounts.items())
+
+
+def _single_replica_check(need: _Need, eligible: list[Node], excluded: list[str], n_nodes: int) -> None:
+    role = need.task.role
+    if not eligible:
+        want = ", ".join(f"{k}={v}" for k, v in need.selector.items())
+        what = f"a node with {want}" if want else "a node"
+        raise ProvisionError(
+            f"feasibility: {role} needs {what} whose taints it tolerates; none of the {n_nodes} node(s) qualifies: "
+            + "; ".join(excluded[:4])
+            + ("; ..." if len(excluded) > 4 else "")
+        )
+    order = sorted(need.amounts, key=lambda r: (r in ("cpu", "memory"), r != "memory", r))
+    for r in order:
+        largest = max(n.allocatable.get(r, 0.0) for n in eligible)
+        if largest + _EPS < need.amounts[r]:
+            # GPUs: "has 4"; cpu and memory keep their unit: "has 32Gi memory".
+            shown = f"{largest:g}" if r not in ("cpu", "memory") else _describe(r, largest, need)
+            raise ProvisionError(
+                f"feasibility: {role} needs {_describe(r, need.amounts[r], need)}; the largest matching node has {shown}"
+            )
+    if not any(_fits(n.allocatable, need.amounts) for n in eligible):
+        wants = " + ".join(_describe(r, a, need) for r, a in need.amounts.items())
+        raise ProvisionError(
+            f"feasibility: {role} needs {wants} on one node; no matching node has all of them at once"
+        )
+
+
+def plan_placement(cfg: Config, tasks: list[Task], nodes: list[Node], *, source: str) -> dict:
+    """The placement plan (dict for placement_plan.json); ProvisionError with the reason if
+    some replica cannot be placed."""
+    needs = _needs(cfg, tasks)
+    tolerations = cfg.cluster.tolerations
+    eligible_idx: list[list[int]] = []
+    for need in needs:
+        excluded, ok = [], []
+        for i, node in enumerate(nodes):
+            why = _exclusion(node, need, tolerations)
+            (excluded.append(why) if why else ok.append(i))
+        _single_replica_check(need, [nodes[i] for i in ok], excluded, len(nodes))
+        eligible_idx.append(ok)
+
+    # Biggest replicas first (GPUs, then memory, then CPU): they are the hardest to place.
+    def weight(k: int):
+        a = needs[k].amounts
+        gpus = sum(v for r, v in a.items() if r not in ("cpu", "memory"))
+        return (-gpus, -a["memory"], -a["cpu"], needs[k].task.role, needs[k].task.index)
+
+    order = sorted(range(len(needs)), key=weight)
+    gpu_nodes = [any(r not in ("cpu", "memory", "pods", "ephemeral-storage") and v > 0 and not r.startswith("hugepages-")
+                     for r, v in n.allocatable.items()) for n in nodes]
+    free = [dict(n.allocatable) for n in nodes]
+    assign: dict[int, int] = {}
+    steps = 0
+    first_dead_end: list = []
+
+    def search(pos: int) -> bool:
+        nonlocal steps
+        if pos == len(order):
+            return True
+        k = order[pos]
+        need = needs[k]
+        # Identical replicas of a role are interchangeable: keep their node indices non-decreasing.
+        floor = 0
+        if pos > 0:
+            prev = order[pos - 1]
+            if needs[prev].task.role == need.task.role:
+                floor = assign[prev]
+        candidates = [i for i in eligible_idx[k] if i >= floor and _fits(free[i], need.amounts)]
+        # Best fit: the node left with the least room for this replica's scarcest resource.
+        # Replicas without GPUs stay off GPU nodes when they can (keep GPUs for GPU replicas).
+        wants_gpu = any(r not in ("cpu", "memory") for r in need.amounts)
+        candidates.sort(
+            key=lambda i: (
+                not wants_gpu and gpu_nodes[i],
+                *(free[i].get(r, 0.0) - a for r, a in sorted(need.amounts.items(), key=lambda x: x[0] in ("cpu", "memory"))),
+            )
+        )
+        if not candidates and not first_dead_end:
+            first_dead_end.append((k, [dict(f) for f in free]))
+        for i in candidates:
+            steps += 1
+            if steps > SEARCH_BUDGET:
+                return False
+            for r, a in need.amounts.items():
+                free[i][r] -= a
+            assign[k] = i
+            if search(pos + 1):
+                return True
+            for r, a in need.amounts.items():
+                free[i][r] += a
+            del assign[k]
+        return False
+
+    if not search(0):
+        raise ProvisionError(_packing_failure(needs, nodes, eligible_idx, first_dead_end, steps > SEARCH_BUDGET))
+
+    used = [dict.fromkeys(n.allocatable, 0.0) for n in nodes]
+    placements = []
+    for k, need in enumerate(needs):
+        i = assign[k]
+        for r, a in need.amounts.items():
+            used[i][r] = used[i].get(r, 0.0) + a
+        placements.append({"task": need.task.name, "node": nodes[i].name, "requests": need.amounts})
+    return {
+        "status": "feasible",
+        "source": source,
+        "placements": placements,
+        "nodes": [
+            {**n.to_json(), "used": {r: v for r, v in used[i].items() if v}, "replicas": sum(1 for k in assign if assign[k] == i)}
+            for i, n in enumerate(nodes)
+        ],
+    }
+
+
+def _packing_failure(needs, nodes, eligible_idx, dead_end, over_budget: bool) -> str:
+    # Total demand against total supply of the nodes that could take each replica.
+    resources = sorted({r for n in needs for r in n.amounts}, key=lambda r: (r in ("cpu", "memory"), r))
+    for r in resources:
+        group = [k for k, n in enumerate(needs) if n.amounts.get(r)]
+        demand = sum(needs[k].amounts[r] for k in group)
+        pool = sorted({i for k in group for i in eligible_idx[k]})
+        supply = sum(nodes[i].allocatable.get(r, 0.0) for i in pool)
+        if demand > supply + _EPS:
+            roles = sorted({needs[k].task.role for k in group})
+            d, s = _describe(r, demand, needs[group[0]]), _describe(r, supply, needs[group[0]])
+            per = ", ".join(f"{nodes[i].name}: {_describe(r, nodes[i].allocatable.get(r, 0.0), needs[group[0]]).split(' x ')[0]}" for i in pool[:6])
+            return (
+                f"feasibility: the {len(group)} {'/'.join(roles)} replica(s) need {d} in total; the matching nodes "
+                f"have {s.split(' of type')[0]} ({per}); add nodes or reduce replicas"
+            )
+    if over_budget:
+        return f"feasibility: no placement found within {SEARCH_BUDGET} search steps; reduce replicas or check the inventory"
+    if dead_end:
+        k, free = dead_end[0]
+        need = needs[k]
+        left = ", ".join(
+            f"{nodes[i].name}: " + " + ".join(_describe(r, max(free[i].get(r, 0.0), 0.0), need) for r in need.amounts)
+            for i in eligible_idx[k]
+        )
+        wants = " + ".join(_describe(r, a, need) for r, a in need.amounts.items())
+        return (
+            f"feasibility: the replicas fit in total but not node by node: {need.task.name} needs {wants} "
+            f"and after placing the larger replicas the matching nodes have {left} left"
+        )
+    return "feasibility: no placement exists for this request on these nodes"

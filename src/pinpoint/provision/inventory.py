@@ -1,0 +1,149 @@
+"""Node inventories for the feasibility check: from a YAML file, or from a cluster's nodes.
+
+YAML shape (configs/nodes-example.yaml)::
+
+    nodes:
+      - name: gpu-a100-0
+        gpus: 8                      # allocatable GPUs (resource: gpu_resource, default nvidia.com/gpu)
+        gpu_type: NVIDIA-A100-SXM4-80GB   # shortcut for the GPU type label
+        cpu: "96"
+        memory: 1000Gi
+        labels: {topology.kubernetes.io/zone: a}
+        taints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]
+        allocatable: {example.com/fpga: 1}   # any other extended resource
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pinpoint.errors import ProvisionError
+from pinpoint.provision.quantity import parse_quantity
+
+_NODE_KEYS = {"name", "gpus", "gpu_resource", "gpu_type", "cpu", "memory", "labels", "taints", "allocatable", "unschedulable"}
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    effect: str
+    value: str | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    allocatable: dict[str, float]  # cpu in cores, memory in bytes, extended resources as counts
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "allocatable": self.allocatable,
+            "labels": self.labels,
+            "taints": [t.__dict__ for t in self.taints],
+        }
+
+
+def _amount(where: str, value: Any) -> float:
+    try:
+        return float(parse_quantity(value))
+    except ValueError:
+        raise ProvisionError(f"{where}: got {value!r}; write a Kubernetes quantity like '8', '500m' or '64Gi'") from None
+
+
+def node_from_dict(d: Any, i: int, *, gpu_resource: str, gpu_type_label: str, source: str) -> Node:
+    where = f"{source}: nodes[{i}]"
+    if not isinstance(d, dict):
+        raise ProvisionError(f"{where}: got {d!r}; each node is a mapping with name, gpus, cpu, memory")
+    unknown = set(d) - _NODE_KEYS
+    if unknown:
+        raise ProvisionError(f"{where}: unknown key {sorted(unknown)[0]!r}; use {', '.join(sorted(_NODE_KEYS))}")
+    for key in ("name", "cpu", "memory"):
+        if key not in d:
+            raise ProvisionError(f"{where}: missing '{key}'; add it")
+    name = str(d["name"])
+    where = f"{source}: node {name}"
+    alloc = {"cpu": _amount(f"{where}: cpu", d["cpu"]), "memory": _amount(f"{where}: memory", d["memory"])}
+    for key, value in (d.get("allocatable") or {}).items():
+        alloc[str(key)] = _amount(f"{where}: allocatable.{key}", value)
+    if d.get("gpus"):
+        alloc[str(d.get("gpu_resource") or gpu_resource)] = _amount(f"{where}: gpus", d["gpus"])
+    labels = {str(k): str(v) for k, v in (d.get("labels") or {}).items()}
+    if d.get("gpu_type") is not None:
+        labels[gpu_type_label] = str(d["gpu_type"])
+    taints = []
+    for t in d.get("taints") or ():
+        if not isinstance(t, dict) or "key" not in t or t.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise ProvisionError(
+                f"{where}: taint {t!r}; write it as {{key: K, value: V, effect: NoSchedule|PreferNoSchedule|NoExecute}}"
+            )
+        taints.append(Taint(str(t["key"]), t["effect"], None if t.get("value") is None else str(t["value"])))
+    if d.get("unschedulable"):
+        taints.append(Taint("node.kubernetes.io/unschedulable", "NoSchedule"))
+    return Node(name, alloc, labels, tuple(taints))
+
+
+def load_inventory(path: str | Path, *, gpu_resource: str, gpu_type_label: str) -> list[Node]:
+    p = Path(path)
+    if not p.is_file():
+        raise ProvisionError(f"--nodes: file '{p}' does not exist; pass a node inventory such as configs/nodes-example.yaml")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError:
+        raise ProvisionError(f"--nodes: '{p}' is not valid YAML; fix the syntax") from None
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list) or not data["nodes"]:
+        raise ProvisionError(f"--nodes: '{p}' has no 'nodes:' list; see configs/nodes-example.yaml")
+    nodes = [
+        node_from_dict(d, i, gpu_resource=gpu_resource, gpu_type_label=gpu_type_label, source=str(p))
+        for i, d in enumerate(data["nodes"])
+    ]
+    names = [n.name for n in nodes]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ProvisionError(f"--nodes: node name {dup[0]!r} appears twice in '{p}'; node names are unique")
+    return nodes
+
+
+def node_from_v1(v1node: Any) -> Node:
+    """A kubernetes.client.V1Node -> Node (allocatable, labels, taints; cordoned nodes get the
+    unschedulable taint the scheduler applies)."""
+    meta, spec, status = v1node.metadata, v1node.spec, v1node.status
+    name = meta.name
+    alloc = {str(k): _amount(f"node {name}: allocatable.{k}", v) for k, v in ((status and status.allocatable) or {}).items()}
+    alloc.setdefault("cpu", 0.0)
+    alloc.setdefault("memory", 0.0)
+    taints = [
+        Taint(t.key, t.effect, t.value) for t in ((spec and spec.taints) or ()) if t.effect
+    ]
+    if spec is not None and spec.unschedulable:
+        taints.append(Taint("node.kubernetes.io/unschedulable", "NoSchedule"))
+    return Node(name, alloc, dict(meta.labels or {}), tuple(taints))
+
+
+def inventory_from_cluster(kubeconfig: str | Path) -> list[Node]:
+    """Read every node of the cluster `kubeconfig` points at (needs `list nodes` permission)."""
+    try:
+        from kubernetes import client, config
+    except ImportError:  # pragma: no cover - kubernetes is in requirements.lock
+        raise ProvisionError("--kubeconfig: the 'kubernetes' package is missing; pip install kubernetes") from None
+    p = Path(kubeconfig)
+    if not p.is_file():
+        raise ProvisionError(f"--kubeconfig: file '{p}' does not exist; pass a kubeconfig file")
+    try:
+        api = client.CoreV1Api(config.new_client_from_config(config_file=str(p)))
+        items = api.list_node(_request_timeout=30).items
+    except Exception as err:  # the client raises many types (config, HTTP, connection)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ProvisionError(
+            f"--kubeconfig: cannot list nodes with '{p}' ({first}); check the context and that you may list nodes, "
+            "or pass --nodes FILE"
+        ) from None
+    if not items:
+        raise ProvisionError(f"--kubeconfig: the cluster of '{p}' has no nodes; pass --nodes FILE instead")
+    return [node_from_v1(n) for n in items]

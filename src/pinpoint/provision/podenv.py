@@ -1,0 +1,52 @@
+"""Pod entry point of the plain flavour: build TF_CONFIG from the pod's index, then exec.
+
+`python -m pinpoint.provision.podenv CMD...` reads PINPOINT_TF_CLUSTER (the cluster dict as
+JSON), PINPOINT_TASK_ROLE and PINPOINT_TASK_INDEX (the Indexed Job's completion index), sets
+TF_CONFIG to exactly what the Training Operator would have set for that replica, and replaces
+itself with CMD. Nothing else: no TensorFlow import, so the task starts as fast as under a TFJob.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Mapping
+
+from pinpoint.provision.tfconfig import tf_config, to_json
+
+
+def tf_config_from_env(env: Mapping[str, str]) -> str:
+    """The TF_CONFIG JSON for the pod described by `env`; ValueError naming the bad variable."""
+    try:
+        cluster = json.loads(env["PINPOINT_TF_CLUSTER"])
+        role = env["PINPOINT_TASK_ROLE"]
+        index = int(env["PINPOINT_TASK_INDEX"])
+    except KeyError as err:
+        raise ValueError(f"environment variable {err.args[0]} is not set; the manifest must define it") from None
+    except ValueError as err:
+        raise ValueError(f"PINPOINT_TF_CLUSTER/PINPOINT_TASK_INDEX malformed ({err})") from None
+    if role != "evaluator" and not 0 <= index < len(cluster.get(role, [])):
+        raise ValueError(f"PINPOINT_TASK_INDEX={index} is outside the {len(cluster.get(role, []))} '{role}' tasks")
+    return to_json(tf_config(cluster, role, index))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    try:
+        value = tf_config_from_env(os.environ)
+    except ValueError as err:
+        print(f"pinpoint podenv: {err}", file=sys.stderr)
+        return 2
+    os.environ["TF_CONFIG"] = value
+    if not argv:  # no command: print it (used to inspect a pod's TF_CONFIG)
+        print(value)
+        return 0
+    os.execvp(argv[0], argv)
+    return 127  # pragma: no cover - execvp does not return
+
+
+if __name__ == "__main__":
+    sys.exit(main())

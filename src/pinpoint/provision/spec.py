@@ -1,0 +1,187 @@
+"""The cluster spec: every task of the topology with its address, resources and TF_CONFIG.
+
+It is what `cluster_spec.json` holds and what the manifests and the feasibility check read.
+The checks here refuse the requests config.py cannot judge alone (Kubernetes names, labels).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from pinpoint.config import MULTI_PROCESS_STRATEGIES, Config
+from pinpoint.errors import ProvisionError
+from pinpoint.provision.quantity import parse_quantity
+from pinpoint.provision.tfconfig import (
+    TFJOB_REPLICA_TYPES,
+    k8s_cluster,
+    k8s_host,
+    role_counts,
+    task_list,
+    tf_config,
+    to_json,
+)
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Exit codes the Training Operator's ExitCode policy restarts (kubeflow common IsRetryableExitCode):
+# SIGINT, SIGKILL, SIGUSR1 (user-defined retryable), SIGTERM. Everything else is permanent.
+RETRYABLE_EXIT_CODES = (130, 137, 138, 143)
+# The exit code a task should use for "retry me" (e.g. a peer of the collective group vanished).
+RETRY_EXIT_CODE = 138
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: str
+    memory: str
+    gpus: int
+    gpu_resource: str
+    gpu_type: str | None  # required value of the GPU type label, or None
+
+    def amounts(self) -> dict[str, float]:
+        """Numeric requests keyed by resource name (cpu in cores, memory in bytes)."""
+        out = {"cpu": float(parse_quantity(self.cpu)), "memory": float(parse_quantity(self.memory))}
+        if self.gpus:
+            out[self.gpu_resource] = float(self.gpus)
+        return out
+
+
+@dataclass(frozen=True)
+class Task:
+    role: str
+    index: int
+    replica_type: str  # TFJob replicaSpecs key
+    host: str  # the DNS name the other tasks dial, with the port
+    resources: Resources
+    tf_config: dict = field(compare=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["task"] = self.name
+        d["tf_config_json"] = to_json(self.tf_config)
+        return d
+
+
+def role_gpus(cfg: Config, role: str) -> int:
+    """GPUs one replica of `role` requests. Emulated or CPU specs request none. A ps task only
+    holds variables (host memory); the parameter_server chief only coordinates (dispatches
+    functions to workers); an evaluator needs one device to run the model."""
+    c = cfg.cluster
+    if c.emulate or c.device_type != "GPU" or c.devices_per_worker == 0:
+        return 0
+    if role == "ps":
+        return 0
+    if role == "chief" and cfg.train.strategy == "parameter_server":
+        return 0
+    if role == "evaluator":
+        return 1
+    return c.devices_per_worker
+
+
+def role_resources(cfg: Config, role: str) -> Resources:
+    c = cfg.cluster
+    gpus = role_gpus(cfg, role)
+    return Resources(c.cpu, c.memory, gpus, c.gpu_resource, c.gpu_type if gpus else None)
+
+
+def check_request(cfg: Config) -> None:
+    """Refuse what Kubernetes would refuse later, one line each (config.py checked the TF traps)."""
+    c = cfg.cluster
+    for role, n in role_counts(c).items():
+        longest = f"{cfg.name}-{role}-{n - 1}"
+        if len(longest) > 63 or not _DNS1035.match(longest):
+            raise ProvisionError(
+                f"name: got {cfg.name!r}; '{longest}' (a Service name) must be a DNS-1035 label of at most "
+                "63 characters; use a shorter name"
+            )
+    if not re.match(r"^([a-z0-9.-]+/)?[A-Za-z0-9][-A-Za-z0-9_.]*$", c.gpu_resource):
+        raise ProvisionError(
+            f"cluster.gpu_resource: got {c.gpu_resource!r}; use an extended resource name like 'nvidia.com/gpu'"
+        )
+    _check_label_key("cluster.gpu_type_label", c.gpu_type_label)
+    if c.gpu_type is not None:
+        _check_label_value("cluster.gpu_type", c.gpu_type)
+    for k, v in c.node_selector.items():
+        _check_label_key(f"cluster.node_selector.{k}", k)
+        _check_label_value(f"cluster.node_selector.{k}", v)
+    for t in c.tolerations:
+        _check_label_key("cluster.tolerations.key", t.key)
+        if t.operator == "Exists" and t.value:
+            raise ProvisionError(
+                f"cluster.tolerations: got value {t.value!r} with operator Exists; drop the value or use Equal"
+            )
+    if c.gpu_type and c.gpu_type_label in c.node_selector and c.node_selector[c.gpu_type_label] != c.gpu_type:
+        raise ProvisionError(
+            f"cluster.node_selector.{c.gpu_type_label}: got {c.node_selector[c.gpu_type_label]!r} but "
+            f"cluster.gpu_type is {c.gpu_type!r}; keep one of them"
+        )
+    if c.gpu_type and not any(role_gpus(cfg, r) for r in role_counts(c)):
+        raise ProvisionError(
+            f"cluster.gpu_type: got {c.gpu_type!r} but no replica requests a GPU (emulate: {c.emulate}, "
+            f"device_type: {c.device_type}); set emulate: false and device_type: GPU, or drop gpu_type"
+        )
+
+
+def _check_label_key(field_name: str, key: str) -> None:
+    prefix, _, name = key.rpartition("/")
+    if not name or len(name) > 63 or not _LABEL_NAME.match(name) or (prefix and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix))):
+        raise ProvisionError(
+            f"{field_name}: got {key!r}; use a Kubernetes label key like 'nvidia.com/gpu.product'"
+        )
+
+
+def _check_label_value(field_name: str, value: str) -> None:
+    if len(value) > 63 or (value and not _LABEL_NAME.match(value)):
+        raise ProvisionError(
+            f"{field_name}: got {value!r}; a label value has at most 63 letters, digits, '-', '_' or '.'"
+        )
+
+
+def build_tasks(cfg: Config) -> list[Task]:
+    """Every task with the TF_CONFIG the Training Operator would give it (the plain flavour
+    reproduces the same one)."""
+    check_request(cfg)
+    c = cfg.cluster
+    cluster = k8s_cluster(cfg.name, c)
+    return [
+        Task(
+            role=r,
+            index=i,
+            replica_type=TFJOB_REPLICA_TYPES[r],
+            host=k8s_host(cfg.name, r, i, c.namespace, c.cluster_domain, c.port),
+            resources=role_resources(cfg, r),
+            tf_config=tf_config(cluster, r, i),
+        )
+        for r, i in task_list(c)
+    ]
+
+
+def cluster_spec(cfg: Config, tasks: list[Task]) -> dict:
+    """The content of cluster_spec.json."""
+    c = cfg.cluster
+    return {
+        "name": cfg.name,
+        "config_digest": cfg.digest(),
+        "strategy": cfg.train.strategy,
+        "multi_process": cfg.train.strategy in MULTI_PROCESS_STRATEGIES,
+        "flavor": c.flavor,
+        "namespace": c.namespace,
+        "port": c.port,
+        "cluster_domain": c.cluster_domain,
+        "emulated": c.emulate,
+        "devices_per_replica": cfg.replica_devices(),
+        "roles": role_counts(c),
+        "cluster": tasks[0].tf_config["cluster"] if tasks else {},
+        "restart": {
+            "retryable_exit_codes": list(RETRYABLE_EXIT_CODES),
+            "retry_exit_code": RETRY_EXIT_CODE,
+            "max_restarts": cfg.train.max_restarts,
+        },
+        "tasks": [t.to_json() for t in tasks],
+    }
