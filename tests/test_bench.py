@@ -77,3 +77,60 @@ def test_markdown_table_renders_and_escapes():
     ]
     with pytest.raises(ValueError):
         markdown_table(["a", "b"], [[1]])
+
+
+def _fake_results():
+    """Records shaped like the worker's, two rounds per arm."""
+    from benchmarks.plan import Settings, build_plan
+
+    plan = build_plan(Settings(repeats=2))
+    rec = lambda eps, **kw: {"examples_per_sec": eps, "process_wall_s": 10.0, **kw}  # noqa: E731
+    results = {
+        "keras-none": {"pinpoint": [rec(110.0, mfu=0.01), rec(99.0, mfu=0.012)], "keras": [rec(100.0), rec(90.0)]},
+        "keras-mirrored": {"pinpoint": [rec(80.0, transfer_bytes_per_step=4000, param_bytes=1000),
+                                        rec(84.0, transfer_bytes_per_step=4000, param_bytes=1000)],
+                           "keras": [{"error": "exit 1: boom", "log": "x.log", "process_wall_s": 1.0}, rec(80.0)]},
+        "overhead": {"capture-on": [rec(1.0, train_s=5.1), rec(1.0, train_s=5.3)],
+                     "baseline": [rec(1.0, train_s=5.0), rec(1.0, train_s=5.0)],
+                     "mlflow-on": [rec(1.0, train_s=6.0), rec(1.0, train_s=7.0)]},
+        "scaling": {"n1": [rec(50.0, transfer_bytes_per_step=100, param_bytes=1000)] * 2,
+                    "n2": [rec(80.0, transfer_bytes_per_step=4000, param_bytes=1000)] * 2,
+                    "n4": [rec(90.0, transfer_bytes_per_step=9000, param_bytes=1000)] * 2},
+        "make-run": {"make-run": [{"wall_s": 40.0, "first_step_s": 20.0, "first_logged_step": 10, "process_wall_s": 41},
+                                  {"wall_s": 44.0, "first_step_s": 22.0, "first_logged_step": 10, "process_wall_s": 45}]},
+    }
+    raw = {"machine": {"date": "2026-01-01 00:00 UTC", "nproc": 2, "cpu": "AMD EPYC", "gpus": [],
+                       "tensorflow": "2.21.0", "keras": "3", "mlflow": "3", "python": "3.11", "os": "Linux",
+                       "git": "abc", "loadavg_at_start": [0.1, 0.2, 0.3]},
+           "command": "python -m benchmarks.run --repeats 2", "elapsed_s": 60.0,
+           "settings": Settings(repeats=2).__dict__}
+    return plan, results, raw
+
+
+def test_render_markdown_reports_same_round_ratios_targets_and_failures():
+    from benchmarks.render import render_markdown
+
+    plan, results, raw = _fake_results()
+    md = render_markdown(plan, results, raw, "RESULTS.png")
+    # none: rounds 110/100=1.1 and 99/90=1.1 -> median 1.1, target >= 1 met
+    assert "| strategy none, 1 device | 104.5 (99–110) | 95 (90–100) | 1.1 (1.1–1.1) | met (target >= 1) |" in md
+    # mirrored: round 1 Keras failed, so one ratio: 84/80 = 1.05
+    assert "1.05 (1.05–1.05) | met (target >= 1)" in md
+    assert "keras-mirrored/keras round 1: exit 1: boom" in md
+    # capture on/off 1.02 and 1.06 -> median 1.04 -> NOT met (<= 1.03)
+    assert "| capture on / off, train time | 1.04 (1.02–1.06) | 1 (1–1) | NOT met (target <= 1.03) |" in md
+    # scaling: 2 devices, 4000 bytes -> 2000 per device vs ring min 1000 -> 2x
+    assert "| 2 | 80 (80–80) | n/a | 4,000 | 2,000 | 1,000 | 2x | 2 |" in md
+    assert "n/a (nothing to reduce)" in md  # one device
+    assert "| make run | 42 (40–44) | 21 (20–22) | 2 |" in md
+    assert "Command: `python -m benchmarks.run --repeats 2`" in md and "AMD EPYC" in md
+    assert "![benchmarks](RESULTS.png)" in md
+
+
+def test_chart_is_written(tmp_path):
+    from benchmarks.render import write_chart
+
+    plan, results, _ = _fake_results()
+    out = tmp_path / "c.png"
+    assert write_chart(plan, results, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000

@@ -1,0 +1,372 @@
+"""RESULTS.md and the PNG chart from the raw records (the markdown part is pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from benchmarks.flops import ring_allreduce_min_bytes
+from benchmarks.plan import Comparison
+from benchmarks.stats import Summary, fmt, fmt_summary, paired_ratios, summarize
+from benchmarks.table import markdown_table
+
+Results = dict[str, dict[str, list[dict]]]
+
+
+def values(recs: Sequence[dict], key: str) -> list[Optional[float]]:
+    """One value per round (None for a failed run or a missing field)."""
+    return [None if ("error" in r or r.get(key) is None) else float(r[key]) for r in recs]
+
+
+def summ(recs: Sequence[dict], key: str, scale: float = 1.0) -> Optional[Summary]:
+    vals = [None if v is None else v * scale for v in values(recs, key)]
+    return summarize(vals)
+
+
+def ratio_summary(results: Results, comp: str, num: str, den: str, metric: str) -> Optional[Summary]:
+    runs = results.get(comp) or {}
+    if num not in runs or den not in runs:
+        return None
+    a, b = values(runs[num], metric), values(runs[den], metric)
+    n = min(len(a), len(b))
+    return summarize(paired_ratios(a[:n], b[:n]))
+
+
+def target_met(s: Optional[Summary], target: Optional[str]) -> str:
+    if not target:
+        return ""
+    if s is None:
+        return "no data"
+    op, _, num = target.partition(" ")
+    ok = s.median >= float(num) if op == ">=" else s.median <= float(num)
+    return f"{'met' if ok else 'NOT met'} (target {target})"
+
+
+def _pct(s: Optional[Summary]) -> str:
+    return fmt_summary(s, 3, "%")
+
+
+def _n(comp_runs: dict) -> int:
+    return max((len(v) for v in comp_runs.values()), default=0)
+
+
+def section_keras(plan: list[Comparison], results: Results) -> str:
+    rows = []
+    for c in plan:
+        if not c.key.startswith("keras-"):
+            continue
+        if c.key not in results:
+            rows.append([c.title, "skipped" if c.skipped else "not run", "", "", "", "", ""])
+            continue
+        runs, ratio = results[c.key], c.ratios[0]
+        r = ratio_summary(results, c.key, "pinpoint", "keras", "examples_per_sec")
+        rows.append([
+            c.title,
+            fmt_summary(summ(runs["pinpoint"], "examples_per_sec"), 4),
+            fmt_summary(summ(runs["keras"], "examples_per_sec"), 4),
+            fmt_summary(r),
+            target_met(r, ratio.target) or "recorded",
+            _pct(summ(runs["pinpoint"], "mfu", 100)) + " / " + _pct(summ(runs["keras"], "mfu", 100)),
+            str(_n(runs)),
+        ])
+    return markdown_table(
+        ["setup", "pinpoint train ex/s", "Keras fit ex/s", "ratio pinpoint/Keras", "issue 3.8", "MFU pinpoint / Keras", "runs"],
+        rows,
+    )
+
+
+def section_overhead(plan: list[Comparison], results: Results) -> str:
+    comp = next((c for c in plan if c.key == "overhead"), None)
+    if comp is None or comp.key not in results:
+        return "not run\n"
+    runs = results[comp.key]
+    arm_rows = []
+    for a in comp.arms:
+        recs = runs.get(a.name, [])
+        arm_rows.append([a.label, fmt_summary(summ(recs, "train_s")), fmt_summary(summ(recs, "examples_per_sec"), 4),
+                         fmt_summary(summ(recs, "process_wall_s")), str(len(recs))])
+    out = markdown_table(["arm", "train time s (train_command)", "steady ex/s", "process wall s", "runs"], arm_rows)
+    ratio_rows = []
+    for rt in comp.ratios:
+        r = ratio_summary(results, comp.key, rt.num, rt.den, rt.metric)
+        w = ratio_summary(results, comp.key, rt.num, rt.den, "process_wall_s")
+        ratio_rows.append([rt.label, fmt_summary(r), fmt_summary(w), target_met(r, rt.target) or "recorded"])
+    out += "\n" + markdown_table(["ratio (same round)", "train time", "process wall", "target"], ratio_rows)
+    return out
+
+
+def scaling_points(plan: list[Comparison], results: Results) -> list[dict[str, Any]]:
+    """Per device count: examples/sec, measured bytes per step and the ring minimum."""
+    comp = next((c for c in plan if c.key == "scaling"), None)
+    if comp is None or comp.key not in results:
+        return []
+    points = []
+    for a in comp.arms:
+        recs = results[comp.key].get(a.name, [])
+        n = a.spec["config"]["cluster"]["devices_per_worker"]
+        pb = next((r["param_bytes"] for r in recs if r.get("param_bytes")), None)
+        measured = summ(recs, "transfer_bytes_per_step")
+        points.append({
+            "devices": n,
+            "eps": summ(recs, "examples_per_sec"),
+            "mfu": summ(recs, "mfu", 100),
+            "bytes": measured,
+            "param_bytes": pb,
+            "ring_min_per_device": ring_allreduce_min_bytes(n, pb) if pb else None,
+            "runs": len(recs),
+        })
+    return points
+
+
+def section_scaling(plan: list[Comparison], results: Results) -> str:
+    pts = scaling_points(plan, results)
+    if not pts:
+        return "not run\n"
+    rows = []
+    for p in pts:
+        n, b, ring = p["devices"], p["bytes"], p["ring_min_per_device"]
+        per_dev = b.median / n if b else None
+        rows.append([
+            str(n), fmt_summary(p["eps"], 4), _pct(p["mfu"]),
+            fmt(b.median, 6) if b else "n/a", fmt(per_dev, 6),
+            fmt(ring, 6) if ring is not None else "n/a",
+            (fmt(per_dev / ring) + "x") if per_dev and ring else "n/a (nothing to reduce)",
+            str(p["runs"]),
+        ])
+    pb = next((p["param_bytes"] for p in pts if p["param_bytes"]), None)
+    head = f"Parameter bytes P = {fmt(pb, 6)} (float32 trainable parameters).\n\n" if pb else ""
+    return head + markdown_table(
+        ["devices", "ex/s", "MFU", "bytes crossing devices / step", "per device", "ring min 2(N-1)/N·P",
+         "measured / min", "runs"],
+        rows,
+    )
+
+
+def section_mfu(plan: list[Comparison], results: Results) -> str:
+    rows = []
+    for c in plan:
+        for a in c.arms:
+            recs = (results.get(c.key) or {}).get(a.name, [])
+            if not any(r.get("mfu") is not None for r in recs):
+                continue
+            f = next((r["flops_per_step"] for r in recs if r.get("flops_per_step")), None)
+            rows.append([
+                f"{c.key} / {a.name}", fmt(f, 6), fmt_summary(summ(recs, "step_time_s", 1000)),
+                fmt_summary(summ(recs, "peak_flops", 1e-9)), _pct(summ(recs, "mfu", 100)),
+            ])
+    if not rows:
+        return "no run measured MFU\n"
+    return markdown_table(["run", "model FLOPs / step", "step time ms", "matmul peak GFLOP/s", "MFU"], rows)
+
+
+def section_make_run(plan: list[Comparison], results: Results) -> str:
+    runs = (results.get("make-run") or {}).get("make-run")
+    if not runs:
+        return "not run\n"
+    step = next((r.get("first_logged_step") for r in runs if r.get("first_logged_step")), "?")
+    return markdown_table(
+        ["command", "wall time s", f"time to first training step s (first logged step, {step})", "runs"],
+        [["make run", fmt_summary(summ(runs, "wall_s")), fmt_summary(summ(runs, "first_step_s")), str(len(runs))]],
+    )
+
+
+def failures(results: Results) -> list[str]:
+    out = []
+    for comp, runs in results.items():
+        for arm, recs in runs.items():
+            for i, r in enumerate(recs):
+                if "error" in r:
+                    out.append(f"{comp}/{arm} round {i + 1}: {r['error'][:300]} (log: {r.get('log')})")
+    return out
+
+
+SETTINGS = """\
+- Every figure is the median of the runs, with (min–max); ratios are taken between the arms of
+  the same round, then summarized. Each run is its own process; the arms of a comparison run back
+  to back, alternating order between rounds (A B, B A, ...).
+- Same model (`pinpoint.training.models.build_model`, same seeds), same data arrays (scikit-learn
+  digits, 1,797 x 64), same global batch ({batch}), same optimizer (SGD, learning rate {lr}),
+  same strategy and the same devices (`pinpoint.devices.setup_devices`: emulated GPUs are
+  logical CPU devices; `get_strategy` builds the strategy for both sides).
+- Keras: `model.compile(loss=SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+  jit_compile=False, steps_per_execution={spe})` and `model.fit` on a `tf.data` pipeline
+  (shuffle, repeat, batch, prefetch) of the same arrays. Pinpoint runs `log_every={spe}` steps
+  per tf.function call, hence the same steps per execution for Keras.
+- Steady state: steps after the first {warmup} (tracing, warm-up and Pinpoint's placement capture
+  at step 3), to the last step, wall clock between two host syncs: Pinpoint's train_log.jsonl
+  timestamps, a Keras callback's clock for Keras. Pinpoint's Keras-comparison runs have checkpoints
+  off (Keras saves none) and MLflow off; placement capture stays at its default (one sampled step).
+- Overhead runs: the demo config (mirrored on 2 devices, checkpoints every 100 steps) for
+  {overhead} steps; "train time" is the wall time of `train_command` (setup, tracing, capture,
+  steps, checkpoints, final evaluation, MLflow flush), the interpreter's start-up excluded;
+  "process wall" includes it.
+- MFU: exact FLOPs of the Dense layers (forward 2·in·out, weight gradient 2·in·out, input gradient
+  2·in·out except for the first layer, plus bias) x global batch, over the steady step time, over
+  the matmul peak measured in the same process on the run's replica devices (1024² float32
+  matmul chains on every device at once; 4096² on GPUs). Logical CPU devices share the machine's
+  cores, so their joint peak is the machine's. Runs with MLflow on log it as `mfu`.
+- Bytes crossing devices: from placement.json (the runtime's partition graphs, one captured step):
+  every _Send/_Recv pair, dtype size x static shape, including the input batch copied from the host
+  to each replica. On CPU devices Pinpoint's mirrored strategy reduces on the host
+  (`ReductionToOneDevice`): each replica sends its gradients to /CPU:0 and receives the sum, 2·P
+  per replica, against the ring all-reduce minimum of 2(N-1)/N·P per device.
+"""
+
+
+def render_markdown(plan: list[Comparison], results: Results, raw: dict, chart_name: Optional[str]) -> str:
+    m, s = raw["machine"], raw["settings"]
+    gpus = ", ".join(m["gpus"]) if m["gpus"] else "none (GPUs emulated on logical CPU devices)"
+    machine = markdown_table(["machine", ""], [
+        ["date", m["date"]], ["nproc", str(m["nproc"])], ["CPU", m["cpu"]], ["GPUs", gpus],
+        ["TensorFlow", m["tensorflow"]], ["Keras", m["keras"]], ["MLflow", m["mlflow"]],
+        ["Python", m["python"]], ["OS", m["os"]], ["git commit", m["git"]],
+        ["load average at start", " ".join(str(x) for x in m["loadavg_at_start"])],
+    ], align=["l", "l"])
+    skipped = [f"- {c.key}: skipped, {c.skipped}" for c in plan if c.skipped]
+    parts = [
+        "# Benchmarks\n",
+        "Generated by the harness (`make bench`); do not edit by hand.\n",
+        f"Command: `{raw['command']}` ({raw['elapsed_s'] / 60:.1f} min, {s['repeats']} run(s) per arm, "
+        f"{s['steps']} steps per Pinpoint-vs-Keras run).\n",
+        machine,
+        "## Pinpoint against Keras `model.fit` (steady-state examples/sec)\n",
+        section_keras(plan, results),
+        "## Placement capture and MLflow logging\n",
+        section_overhead(plan, results),
+        "## Scaling: examples/sec and bytes crossing devices per step\n",
+        section_scaling(plan, results),
+        "## Model FLOPs utilization\n",
+        section_mfu(plan, results),
+        "## `make run`\n",
+        section_make_run(plan, results),
+    ]
+    if chart_name:
+        parts += ["## Chart\n", f"![benchmarks]({chart_name})\n"]
+    parts += ["## How it is measured\n", SETTINGS.format(
+        batch=2 * s["per_replica_batch"], lr=_lr(plan), spe=_log_every(plan), warmup=s["warmup_steps"],
+        overhead=s["overhead_steps"])]
+    fails = failures(results)
+    if skipped or fails:
+        parts += ["## Skipped and failed runs\n", "\n".join(skipped + [f"- {f}" for f in fails]) + "\n"]
+    parts.append("\nRaw records: `benchmarks/out/results.json` (git-ignored); each run's log and run folder "
+                 "under `benchmarks/out/<comparison>/`.\n")
+    return "\n".join(p if p.endswith("\n") else p + "\n" for p in parts)
+
+
+def _cfg0(plan):
+    for c in plan:
+        for a in c.arms:
+            if "config" in a.spec:
+                return a.spec["config"]
+    return {"train": {}}
+
+
+def _lr(plan) -> str:
+    return str(_cfg0(plan)["train"].get("learning_rate", "?"))
+
+
+def _log_every(plan) -> int:
+    return int(_cfg0(plan)["train"].get("log_every", 10))
+
+
+def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
+    """A 2x2 PNG: ratios with min/max whiskers, scaling, bytes vs ring minimum, MFU."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    drew = False
+
+    # 1. same-round ratios
+    ax = axes[0][0]
+    labels, meds, lo, hi = [], [], [], []
+    for c in plan:
+        for rt in c.ratios:
+            r = ratio_summary(results, c.key, rt.num, rt.den, rt.metric)
+            if r is None:
+                continue
+            name = c.key.replace("keras-", "") if c.key.startswith("keras-") else ""
+            labels.append(f"{rt.label} {name}".strip())
+            meds.append(r.median)
+            lo.append(r.median - r.min)
+            hi.append(r.max - r.median)
+    if meds:
+        y = list(range(len(meds)))
+        ax.barh(y, meds, xerr=[lo, hi], color="#4c72b0", capsize=4)
+        ax.axvline(1.0, color="black", lw=1)
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.invert_yaxis()
+        for yi, m, h in zip(y, meds, hi):
+            ax.text(m + h, yi, f"  {m:.3f}", va="center", fontsize=8)
+        ax.set_xlabel("ratio (median, whiskers: min–max)")
+        drew = True
+    ax.set_title("Same-round ratios")
+
+    # 2. scaling
+    pts = [p for p in scaling_points(plan, results) if p["eps"]]
+    ax = axes[0][1]
+    if pts:
+        xs = [p["devices"] for p in pts]
+        m = [p["eps"].median for p in pts]
+        ax.errorbar(xs, m, yerr=[[a - p["eps"].min for a, p in zip(m, pts)], [p["eps"].max - a for a, p in zip(m, pts)]],
+                    marker="o", capsize=4)
+        ax.set_xticks(xs)
+        ax.set_ylim(bottom=0)
+        drew = True
+    ax.set_xlabel("replica devices (mirrored)")
+    ax.set_ylabel("examples/sec")
+    ax.set_title("Scaling (fixed batch per replica)")
+
+    # 3. bytes vs ring minimum
+    ax = axes[1][0]
+    pts = [p for p in scaling_points(plan, results) if p["bytes"] and p["param_bytes"]]
+    if pts:
+        xs = list(range(len(pts)))
+        meas = [p["bytes"].median / p["devices"] / 1024 for p in pts]
+        ring = [p["ring_min_per_device"] / 1024 for p in pts]
+        ax.bar([x - 0.2 for x in xs], meas, width=0.4, label="measured (all transfers / N)")
+        ax.bar([x + 0.2 for x in xs], ring, width=0.4, label="ring all-reduce min 2(N-1)/N·P")
+        ax.set_xticks(xs, [str(p["devices"]) for p in pts])
+        ax.legend(fontsize=8)
+        drew = True
+    ax.set_xlabel("replica devices")
+    ax.set_ylabel("KiB per device per step")
+    ax.set_title("Bytes crossing devices per step")
+
+    # 4. MFU
+    ax = axes[1][1]
+    labels, meds, lo, hi = [], [], [], []
+    for c in plan:
+        for a in c.arms:
+            s = summ((results.get(c.key) or {}).get(a.name, []), "mfu", 100)
+            if s is None:
+                continue
+            labels.append(f"{c.key}/{a.name}")
+            meds.append(s.median)
+            lo.append(s.median - s.min)
+            hi.append(s.max - s.median)
+    if meds:
+        y = list(range(len(meds)))
+        ax.barh(y, meds, xerr=[lo, hi], color="#55a868", capsize=4)
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.invert_yaxis()
+        drew = True
+    ax.set_xlabel("MFU % of the measured matmul peak")
+    ax.set_title("Model FLOPs utilization")
+
+    fig.tight_layout()
+    if drew:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drew
+
+
+def write_outputs(plan: list[Comparison], results: Results, raw: dict, md_path: Path, chart_path: Path) -> None:
+    from pinpoint.runfolder import atomic_write_text
+
+    drew = write_chart(plan, results, chart_path)
+    rel = chart_path.name if chart_path.parent.resolve() == md_path.parent.resolve() else str(chart_path)
+    atomic_write_text(md_path, render_markdown(plan, results, raw, rel if drew else None))
