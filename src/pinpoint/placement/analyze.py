@@ -65,8 +65,12 @@ def build_placement(
     task: str = "chief:0",
     gradient_scope: str = "gradients",
     layer_scopes: Optional[dict[str, str]] = None,
+    input_scope: str = "input",
 ) -> dict:
-    """placement.json content from the captured steps (see EXPLAIN for each field)."""
+    """placement.json content from the captured steps (see EXPLAIN for each field).
+
+    Input-pipeline ops are dataset/iterator op types plus ops under the `input_scope` name scope
+    (an in-graph input pipeline)."""
     namer = Namer(device_map)
     captures = [c for c in captures if c is not None]
     grad_re = re.compile(rf"(^|/)({re.escape(gradient_scope)}(_\d+)?|gradient_tape)/")
@@ -154,9 +158,11 @@ def build_placement(
             "ops_by_device": _mean_counter(per_step_grads),
             "total": _num(sum(sum(c.values()) for c in per_step_grads) / max(len(per_step_grads), 1)),
         },
-        "replica_consistency": None,  # filled at the end of training (replica_consistency())
+        # The trainer builds the placement after its last step, so this is the end-of-training check.
+        "replica_consistency": _safe_consistency(variables),
         "conformance": _conformance(
-            ops_detail, var_info["variables"], plan, strategy, device_map, namer, grad_re, layer_scopes
+            ops_detail, var_info["variables"], plan, strategy, device_map, namer, grad_re, layer_scopes,
+            re.compile(rf"(^|/){re.escape(input_scope)}(_\d+)?/"),
         ),
         "ops": ops_detail,
         "explain": EXPLAIN,
@@ -185,6 +191,14 @@ def replica_consistency(variables: list) -> dict:
         "max_abs_diff": max(per_var.values()) if per_var else 0.0,
         "variables": per_var,
     }
+
+
+def _safe_consistency(variables: list) -> Optional[dict]:
+    try:
+        rc = replica_consistency(variables)
+    except Exception as err:  # noqa: BLE001 - e.g. remote components that cannot be read here
+        return {"checked": 0, "max_abs_diff": None, "variables": {}, "error": str(err).splitlines()[0][:200]}
+    return rc if rc["checked"] else None
 
 
 def headline_metrics(placement: dict) -> dict[str, float]:
@@ -521,9 +535,10 @@ def _layer_re(layer: str):
     return re.compile(rf"(^|/){re.escape(layer)}(_\d+)?/")
 
 
-def _conformance(ops, variables, plan, strategy, device_map, namer, grad_re, layer_scopes) -> dict:
+def _conformance(ops, variables, plan, strategy, device_map, namer, grad_re, layer_scopes, input_re) -> dict:
     rules = []
     compute = [o for o in ops if o["type"] not in NOT_COMPUTE]
+    is_input = lambda o: bool(INPUT_RE.match(o["type"]) or input_re.search(o["op"]))  # noqa: E731
     if plan is not None:
         if getattr(plan, "variables", None):
             rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
@@ -537,7 +552,7 @@ def _conformance(ops, variables, plan, strategy, device_map, namer, grad_re, lay
             rel = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and not grad_re.search(o["op"])]
             rules.append(_rule(f"layers.{layer}", namer.spec(dev), rel))
         if getattr(plan, "input", None):
-            rel = [(o["op"], o["device"]) for o in ops if INPUT_RE.match(o["type"])]
+            rel = [(o["op"], o["device"]) for o in compute if is_input(o)]
             rules.append(_rule("input", namer.spec(plan.input), rel))
     replicas = [namer.spec(d) for d in (getattr(device_map, "replica_devices", None) or [])]
     if strategy in ("mirrored", "multi_worker_mirrored") and replicas:
@@ -558,10 +573,13 @@ def _conformance(ops, variables, plan, strategy, device_map, namer, grad_re, lay
         }
         rules.append(rule)
         # Replica i's compute on replica device i: MirroredStrategy names replica i>0 ops
-        # "replica_i/..." and replica 0's the same without prefix.
+        # "replica_i/..." and replica 0's the same without prefix. The input pipeline is excluded:
+        # where it runs is the `input` rule's business (usually the host).
         names = {o["op"] for o in compute}
         rel_by_replica: dict[int, list] = defaultdict(list)
         for o in compute:
+            if is_input(o):
+                continue
             m = re.match(r"^replica_(\d+)/(.*)$", o["op"])
             if m:
                 rel_by_replica[int(m.group(1))].append((o["op"], o["device"]))

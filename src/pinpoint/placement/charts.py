@@ -1,0 +1,226 @@
+"""PNG charts of a placement (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from pinpoint.placement.summary import human_bytes
+
+TOP_OP_TYPES = 22
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _label(dev: str, physical: dict) -> str:
+    phys = physical.get(dev, dev)
+    return f"{dev}\n({phys})" if phys != dev else dev
+
+
+def ops_heatmap(placement: dict, path: Path) -> Optional[Path]:
+    """Device x op-type heatmap of ops per step (the most frequent op types, the rest as 'other')."""
+    types = placement.get("op_types_by_device") or {}
+    if not types:
+        return None
+    plt = _plt()
+    import numpy as np
+
+    devices = list(types)
+    totals: dict[str, float] = {}
+    for counts in types.values():
+        for t, n in counts.items():
+            totals[t] = totals.get(t, 0) + n
+    ranked = sorted(totals, key=lambda t: (-totals[t], t))
+    shown = ranked[:TOP_OP_TYPES]
+    other = ranked[TOP_OP_TYPES:]
+    cols = shown + (["(other)"] if other else [])
+    data = np.zeros((len(devices), len(cols)))
+    for i, d in enumerate(devices):
+        for j, t in enumerate(shown):
+            data[i, j] = types[d].get(t, 0)
+        if other:
+            data[i, -1] = sum(types[d].get(t, 0) for t in other)
+    phys = placement.get("physical_devices") or {}
+    fig, ax = plt.subplots(figsize=(max(7, 0.5 * len(cols) + 2.5), 1.0 + 0.7 * len(devices)))
+    masked = np.ma.masked_equal(data, 0)
+    im = ax.imshow(masked, aspect="auto", cmap="YlOrRd", vmin=0)
+    ax.set_xticks(range(len(cols)), cols, rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(len(devices)), [_label(d, phys) for d in devices], fontsize=8)
+    for i in range(len(devices)):
+        for j in range(len(cols)):
+            if data[i, j]:
+                v = data[i, j]
+                ax.text(j, i, f"{v:g}", ha="center", va="center", fontsize=7,
+                        color="white" if v > data.max() * 0.6 else "black")
+    ax.set_title("Ops per step by device and op type (from the executed partition graphs)", fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.025, pad=0.01, label="ops per step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def transfer_matrix(placement: dict, path: Path) -> Optional[Path]:
+    """Source x destination device matrix of bytes per step (cell text: bytes and count)."""
+    matrix = (placement.get("transfers") or {}).get("matrix") or {}
+    devices = list(placement.get("devices") or [])
+    for s, row in matrix.items():
+        for d in [s, *row]:
+            if d not in devices:
+                devices.append(d)
+    if not matrix or not devices:
+        return None
+    plt = _plt()
+    import numpy as np
+
+    n = len(devices)
+    data = np.zeros((n, n))
+    counts = np.zeros((n, n))
+    for s, row in matrix.items():
+        for d, cell in row.items():
+            data[devices.index(s), devices.index(d)] = cell.get("bytes", 0)
+            counts[devices.index(s), devices.index(d)] = cell.get("count", 0)
+    phys = placement.get("physical_devices") or {}
+    size = 2.2 + 1.1 * n
+    fig, ax = plt.subplots(figsize=(size + 1.5, size))
+    im = ax.imshow(np.ma.masked_equal(data, 0), cmap="Blues", vmin=0)
+    labels = [_label(d, phys) for d in devices]
+    ax.set_xticks(range(n), labels, fontsize=8, rotation=30, ha="right")
+    ax.set_yticks(range(n), labels, fontsize=8)
+    ax.set_xlabel("destination (receives)")
+    ax.set_ylabel("source (sends)")
+    peak = data.max() or 1
+    for i in range(n):
+        for j in range(n):
+            if counts[i, j]:
+                ax.text(j, i, f"{human_bytes(data[i, j])}\n{counts[i, j]:g} transfers", ha="center",
+                        va="center", fontsize=8, color="white" if data[i, j] > 0.6 * peak else "black")
+            elif i == j:
+                ax.text(j, i, "-", ha="center", va="center", fontsize=8, color="grey")
+    per = (placement.get("transfers") or {}).get("per_step") or {}
+    ax.set_title(f"Cross-device transfers per step: {per.get('count', 0)} "
+                 f"({human_bytes(per.get('bytes', 0))})", fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02, label="bytes per step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def ops_per_device(placement: dict, path: Path) -> Optional[Path]:
+    """Stacked bars: forward/other ops and backward-pass (gradient) ops per device."""
+    ops = placement.get("ops_by_device") or {}
+    if not ops:
+        return None
+    plt = _plt()
+    grads = (placement.get("gradients") or {}).get("ops_by_device") or {}
+    phys = placement.get("physical_devices") or {}
+    devices = list(ops)
+    g = [grads.get(d, 0) for d in devices]
+    rest = [ops[d] - grads.get(d, 0) for d in devices]
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(devices) + 2), 3.6))
+    x = range(len(devices))
+    ax.bar(x, rest, color="#4c78a8", label="forward, update and other ops")
+    ax.bar(x, g, bottom=rest, color="#f58518", label="backward pass (gradients)")
+    for i, d in enumerate(devices):
+        ax.text(i, ops[d], f"{ops[d]:g}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), [_label(d, phys) for d in devices], fontsize=8)
+    ax.set_ylabel("ops per step")
+    ax.set_title("Ops per step by device", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.margins(y=0.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def conformance(placement: dict, path: Path) -> Optional[Path]:
+    """Horizontal bars: each rule's score; red below 1."""
+    rules = [r for r in (placement.get("conformance") or {}).get("rules") or [] if r.get("score") is not None]
+    if not rules:
+        return None
+    plt = _plt()
+    names = [(f"[{r['task']}] " if r.get("task") else "") + f"{r['rule']} -> {r['planned']}" for r in rules]
+    scores = [r["score"] for r in rules]
+    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.42 * len(rules)))
+    colors = ["#54a24b" if s >= 1.0 else "#e45756" for s in scores]
+    y = range(len(rules))
+    ax.barh(list(y), scores, color=colors)
+    for i, r in enumerate(rules):
+        ax.text(min(r["score"], 1.0) + 0.01, i, f"{r['score']:.2f}  ({r['relevant'] - r['violations_total']}/{r['relevant']})",
+                va="center", fontsize=8)
+    ax.set_yticks(list(y), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.3)
+    ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("fraction of relevant ops on the planned device")
+    ax.set_title("Plan conformance by rule", fontsize=10)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def variable_bytes(placement: dict, path: Path) -> Optional[Path]:
+    """Bytes of variable storage per device (every component counted where it lives)."""
+    per: dict[str, float] = {}
+    for v in placement.get("variables") or []:
+        for c in v.get("components") or []:
+            dev = c.get("device") or "?"
+            if c.get("task") and not dev.startswith("/job:"):
+                dev = f"[{c['task']}] {dev}"
+            per[dev] = per.get(dev, 0) + (v.get("bytes") or 0)
+    if not per:
+        return None
+    plt = _plt()
+    phys = placement.get("physical_devices") or {}
+    devices = list(per)
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(devices) + 2), 3.2))
+    ax.bar(range(len(devices)), [per[d] for d in devices], color="#72b7b2")
+    for i, d in enumerate(devices):
+        ax.text(i, per[d], human_bytes(per[d]), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(devices)), [_label(d, phys) for d in devices], fontsize=8)
+    ax.set_ylabel("bytes")
+    ax.set_title("Variable storage by device", fontsize=10)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.margins(y=0.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+CHARTS = {
+    "ops_heatmap.png": ops_heatmap,
+    "transfer_matrix.png": transfer_matrix,
+    "ops_per_device.png": ops_per_device,
+    "conformance.png": conformance,
+    "variable_bytes.png": variable_bytes,
+}
+
+
+def write_charts(placement: dict, folder: Path) -> dict[str, Path]:
+    """Write every applicable chart into folder; return {file name: path}."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, fn in CHARTS.items():
+        tmp = folder / f".{name}.tmp.png"
+        p = fn(placement, tmp)
+        if p is not None:
+            final = folder / name
+            tmp.replace(final)  # atomic: a reader never sees half a PNG
+            out[name] = final
+        else:
+            tmp.unlink(missing_ok=True)
+    return out

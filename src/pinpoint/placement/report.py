@@ -1,0 +1,336 @@
+"""`pinpoint report DIR`: one self-contained report.html (inline CSS, charts embedded as base64)
+and PNG charts in DIR/charts/, from DIR/placement.json (and metrics.json when present)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from pinpoint.errors import ConfigError
+from pinpoint.placement.summary import format_summary, human_bytes
+from pinpoint.runfolder import CONFIG_FILE, METRICS, PLACEMENT, REPORT_HTML, atomic_write_text, read_json
+
+CHARTS_DIR = "charts"
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0;color:#222;background:#fafafa}
+header{background:#243447;color:#fff;padding:18px 32px}
+header h1{margin:0;font-size:22px} header p{margin:4px 0 0;color:#cfd8e3;font-size:13px}
+main{padding:8px 32px 40px;max-width:1250px}
+section{background:#fff;border:1px solid #e3e3e3;border-radius:6px;padding:12px 20px;margin:16px 0}
+h2{font-size:17px;margin:6px 0 8px;color:#243447}
+p.what{color:#555;font-size:13px;margin:4px 0 10px;max-width:950px}
+table{border-collapse:collapse;font-size:13px;margin:6px 0}
+th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f0f3f6} td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.bad td{background:#fdecea;color:#a40e0e} span.bad{color:#c62828;font-weight:600}
+span.good{color:#2e7d32;font-weight:600} .muted{color:#888}
+pre{background:#f4f6f8;padding:10px;font-size:12px;overflow-x:auto}
+img{max-width:100%;border:1px solid #eee;margin:6px 0}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:8px 14px;background:#fff;min-width:130px}
+.card b{display:block;font-size:20px} .card span{font-size:12px;color:#666}
+.card.bad{border-color:#e57373;background:#fdecea}
+code{font-size:12px}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _table(headers: list[str], rows: list[list[Any]], bad_rows: Optional[set[int]] = None, num_cols=()) -> str:
+    bad_rows = bad_rows or set()
+    out = ["<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"]
+    for i, row in enumerate(rows):
+        cls = ' class="bad"' if i in bad_rows else ""
+        cells = "".join(
+            f'<td class="num">{_e(c)}</td>' if j in num_cols else f"<td>{_e(c)}</td>" for j, c in enumerate(row)
+        )
+        out.append(f"<tr{cls}>{cells}</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _img(path: Optional[Path], alt: str) -> str:
+    if not path or not Path(path).is_file():
+        return ""
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _section(title: str, what: str, body: str, anchor: str) -> str:
+    return f'<section id="{anchor}"><h2>{_e(title)}</h2><p class="what">{_e(what)}</p>{body}</section>'
+
+
+def _dev(d: str, phys: dict) -> str:
+    p = phys.get(d, d)
+    return f"{d} ({p})" if p != d else d
+
+
+def render_html(placement: dict, metrics: Optional[dict], charts: dict[str, Path], title: str) -> str:
+    """The whole report as one HTML string (no external resources)."""
+    ex = placement.get("explain") or {}
+    phys = placement.get("physical_devices") or {}
+    per = (placement.get("transfers") or {}).get("per_step") or {}
+    fallbacks = placement.get("fallbacks") or []
+    conf = placement.get("conformance") or {}
+    rc = placement.get("replica_consistency") or None
+    parts = []
+
+    # --- headline cards
+    score = conf.get("score")
+    drift = (rc or {}).get("max_abs_diff")
+    cards = [
+        ("devices", len(placement.get("devices") or []), False),
+        ("transfers / step", per.get("count", 0), False),
+        ("bytes / step", human_bytes(per.get("bytes", 0)), False),
+        ("fallbacks", len(fallbacks), bool(fallbacks)),
+        ("conformance", "n/a" if score is None else f"{score:.2f}", score is not None and score < 1.0),
+        ("replica drift", "n/a" if drift is None else f"{drift:.3g}", bool(drift)),
+    ]
+    card_html = "".join(
+        f'<div class="card{" bad" if bad else ""}"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for k, v, bad in cards
+    )
+    parts.append(
+        _section(
+            "Summary",
+            "Read from the partition graphs the TensorFlow runtime actually executed on the sampled "
+            f"step(s) {placement.get('captured_steps')}; op.device is only a request, this is what ran.",
+            f'<div class="cards">{card_html}</div><pre>{_e(format_summary(placement, metrics))}</pre>',
+            "summary",
+        )
+    )
+
+    # --- devices and aliases
+    aliases = placement.get("device_aliases") or {}
+    rows = [[d, phys.get(d, d), "emulated: logical CPU device" if d in aliases else ""] for d in placement.get("devices") or []]
+    alias_note = (
+        "This run emulated its spec GPUs: each spec device '/GPU:i' ran on logical CPU device "
+        "'/CPU:i+1' of the same process; '/CPU:0' is the host. Everything below uses spec names."
+        if aliases
+        else "Devices as the runtime named them."
+    )
+    parts.append(
+        _section(
+            "Devices",
+            ex.get("devices", "") + " " + alias_note,
+            _table(["device (spec name)", "physical device", "note"], rows),
+            "devices",
+        )
+    )
+
+    # --- ops
+    ops = placement.get("ops_by_device") or {}
+    grads = (placement.get("gradients") or {}).get("ops_by_device") or {}
+    rows = [[_dev(d, phys), n, grads.get(d, 0)] for d, n in ops.items()]
+    parts.append(
+        _section(
+            "Ops by device",
+            ex.get("ops_by_device", ""),
+            _table(["device", "ops / step", "of which backward pass"], rows, num_cols=(1, 2))
+            + _img(charts.get("ops_per_device.png"), "ops per device")
+            + "<p class='what'>Device x op-type heatmap (ops per step; the most frequent types, the rest as '(other)'):</p>"
+            + _img(charts.get("ops_heatmap.png"), "device x op-type heatmap"),
+            "ops",
+        )
+    )
+
+    # --- transfers
+    tr = placement.get("transfers") or {}
+    mrows = []
+    for s, row in (tr.get("matrix") or {}).items():
+        for d, cell in row.items():
+            mrows.append([_dev(s, phys), _dev(d, phys), cell.get("count", 0), human_bytes(cell.get("bytes", 0))])
+    largest = [
+        [(f"[{t['task']}] " if t.get("task") else "") + t["tensor"], t["from"], t["to"],
+         human_bytes(t["bytes"]) if t.get("bytes") is not None else "unknown"]
+        for t in (tr.get("largest") or [])[:15]
+    ]
+    sized = f"{per.get('sized', 0)} of {per.get('count', 0)} transfers per step were sized" + (
+        f"; {per.get('unsized')} could not be (shape unknown), their bytes are not counted" if per.get("unsized") else ""
+    )
+    parts.append(
+        _section(
+            "Transfers between devices",
+            ex.get("transfers", "") + " " + sized + ".",
+            _img(charts.get("transfer_matrix.png"), "transfer matrix")
+            + _table(["from", "to", "transfers / step", "bytes / step"], mrows, num_cols=(2, 3))
+            + "<p class='what'>Largest transfers of one step (tensor = the op whose output was sent):</p>"
+            + _table(["tensor", "from", "to", "bytes"], largest, num_cols=(3,)),
+            "transfers",
+        )
+    )
+
+    # --- fallbacks
+    if fallbacks:
+        rows = [
+            [(f"[{f['task']}] " if f.get("task") else "") + f["op"], f["op_type"],
+             _dev(f["requested"], {f["requested"]: f.get("requested_physical", f["requested"])}),
+             _dev(f["placed"], phys), f.get("reason", "")]
+            for f in fallbacks
+        ]
+        body = f'<p><span class="bad">{len(fallbacks)} op(s) did not run where they were requested.</span></p>' + _table(
+            ["op", "type", "requested", "ran on", "why"], rows, bad_rows=set(range(len(rows)))
+        )
+    else:
+        body = '<p><span class="good">None: every op that requested a device ran on it.</span></p>'
+    parts.append(_section("Fallbacks", ex.get("fallbacks", ""), body, "fallbacks"))
+
+    # --- variables
+    vars_ = placement.get("variables") or []
+    rows, bad = [], set()
+    for i, v in enumerate(vars_):
+        devs = ", ".join(_dev(d, phys) for d in v.get("devices", []))
+        upd = ", ".join(_dev(d, phys) for d in v.get("update_devices", [])) or "-"
+        if v.get("update_devices") and not set(v["update_devices"]) <= set(v.get("devices", [])):
+            bad.add(i)
+        rows.append([v["name"], v.get("kind", ""), "x".join(map(str, v.get("shape") or [])) or "scalar",
+                     human_bytes(v.get("bytes")), len(v.get("components") or []), devs, upd])
+    vu = placement.get("variable_updates") or {}
+    parts.append(
+        _section(
+            "Variables",
+            ex.get("variables", "") + f" Attribution of update ops: {vu.get('coverage', 'n/a')} "
+            f"({vu.get('method', '')}).",
+            _table(["variable", "kind", "shape", "bytes", "components", "lives on", "updated on"], rows, bad_rows=bad,
+                   num_cols=(3, 4))
+            + _img(charts.get("variable_bytes.png"), "variable bytes by device"),
+            "variables",
+        )
+    )
+
+    # --- gradients
+    g = placement.get("gradients") or {}
+    parts.append(
+        _section(
+            "Gradients (backward pass)",
+            ex.get("gradients", ""),
+            _table(["device", "backward-pass ops / step"], [[_dev(d, phys), n] for d, n in (g.get("ops_by_device") or {}).items()], num_cols=(1,)),
+            "gradients",
+        )
+    )
+
+    # --- conformance
+    rules = conf.get("rules") or []
+    rows, bad = [], set()
+    for i, r in enumerate(rules):
+        s = r.get("score")
+        if s is not None and s < 1.0:
+            bad.add(i)
+        observed = ", ".join(f"{d}: {n}" for d, n in (r.get("observed") or {}).items())
+        rows.append([(f"[{r['task']}] " if r.get("task") else "") + r["rule"], r["planned"], observed or "-",
+                     r["relevant"], "n/a (no relevant ops)" if s is None else f"{s:.2f}"])
+    vrows = [
+        [(f"[{r['task']}] " if r.get("task") else "") + r["rule"], v["op"], v["placed"], r["planned"]]
+        for r in rules for v in (r.get("violations") or [])[:20]
+    ]
+    body = _img(charts.get("conformance.png"), "conformance") + (
+        _table(["rule", "planned", "observed", "relevant ops", "score"], rows, bad_rows=bad, num_cols=(3, 4))
+        if rules else "<p class='muted'>No pinning rules configured and no strategy rules apply.</p>"
+    )
+    if vrows:
+        body += "<p><span class='bad'>Violations</span> (up to 20 per rule):</p>" + _table(
+            ["rule", "op / variable", "ran on", "planned"], vrows, bad_rows=set(range(len(vrows)))
+        )
+    what = ex.get("conformance", "") + (
+        " Strategy rules: mirrored strategies keep one component of every variable on every replica device "
+        "and run replica i's compute on device i; central storage keeps variables on the host; "
+        "parameter servers hold variables on ps tasks."
+    )
+    parts.append(_section("Conformance with the plan", what, body, "conformance"))
+
+    # --- replica consistency
+    if rc:
+        per_var = rc.get("variables") or {}
+        rows = [[n, f"{d:.3g}"] for n, d in sorted(per_var.items(), key=lambda kv: -kv[1])]
+        drift = rc.get("max_abs_diff")
+        head = (
+            f"<p>max |component_i - component_0| = <span class='{'bad' if drift else 'good'}'>{drift}</span> "
+            f"over {rc.get('checked', 0)} variable(s).</p>"
+        )
+        body = head + _table(["variable", "max abs diff"], rows, bad_rows={i for i, r in enumerate(rows) if float(r[1]) > 0}, num_cols=(1,))
+    else:
+        body = "<p class='muted'>Not applicable: no variable has more than one component in this run.</p>"
+    parts.append(_section("Replica consistency", ex.get("replica_consistency", ""), body, "replicas"))
+
+    # --- multi-worker
+    tasks = placement.get("tasks") or {}
+    if tasks:
+        rows = []
+        for t, tp in tasks.items():
+            tper = (tp.get("transfers") or {}).get("per_step") or {}
+            rows.append([t, ", ".join(tp.get("devices") or []), sum((tp.get("ops_by_device") or {}).values()),
+                         tper.get("count", 0), human_bytes(tper.get("bytes", 0)), len(tp.get("fallbacks") or []),
+                         (tp.get("conformance") or {}).get("score")])
+        parts.append(
+            _section(
+                "Tasks of the cluster",
+                "Each task captured and analysed its own partition graphs; the chief merged them "
+                "(devices united, counts summed, conformance averaged).",
+                _table(["task", "devices", "ops / step", "transfers / step", "bytes / step", "fallbacks", "conformance"],
+                       rows, num_cols=(2, 3, 4, 5)),
+                "tasks",
+            )
+        )
+
+    nav = " | ".join(
+        f'<a href="#{a}">{t}</a>'
+        for a, t in [("summary", "summary"), ("devices", "devices"), ("ops", "ops"), ("transfers", "transfers"),
+                     ("fallbacks", "fallbacks"), ("variables", "variables"), ("gradients", "gradients"),
+                     ("conformance", "conformance"), ("replicas", "replicas")]
+    )
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>"
+        f"<header><h1>{_e(title)}</h1><p>strategy {_e(placement.get('strategy'))} &middot; task "
+        f"{_e(placement.get('task'))} &middot; where every op, variable and gradient actually ran</p></header>"
+        f"<main><p>{nav}</p>{''.join(parts)}</main></body></html>\n"
+    )
+
+
+def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:
+    """Write DIR/report.html and DIR/charts/*.png; return (html path, charts, placement)."""
+    from pinpoint.placement.charts import write_charts
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"DIR: '{run_dir}' is not a folder; pass a trained run folder such as runs/demo")
+    placement = read_json(run_dir / PLACEMENT)
+    if not isinstance(placement, dict) or "ops_by_device" not in placement:
+        raise ConfigError(
+            f"DIR: '{run_dir / PLACEMENT}' is not a placement file; re-run `pinpoint train` with placement.enabled: true"
+        )
+    metrics_path = run_dir / METRICS
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else None
+    charts = write_charts(placement, run_dir / CHARTS_DIR)
+    title = f"Pinpoint placement report: {run_dir.resolve().name}"
+    out = atomic_write_text(run_dir / REPORT_HTML, render_html(placement, metrics, charts, title))
+    return out, charts, placement
+
+
+def report_command(run_dir, *, parent_run_id: Optional[str] = None) -> int:
+    """CLI entry: write the report, log headline metrics and the files to MLflow (if configured)."""
+    from pinpoint.placement.analyze import headline_metrics
+
+    run_dir = Path(run_dir)
+    out, charts, placement = write_report(run_dir)
+    cfg_path = run_dir / CONFIG_FILE
+    if cfg_path.is_file():
+        from pinpoint.config import load_config
+        from pinpoint.tracking import open_step_run
+
+        cfg = load_config(cfg_path)
+        with open_step_run(cfg, "report", run_dir, parent_run_id=parent_run_id) as run:
+            run.log_metrics(headline_metrics(placement))
+            run.log_artifact(run_dir / PLACEMENT)
+            run.log_artifact(out)
+            if charts:
+                run.log_artifacts(run_dir / CHARTS_DIR, artifact_path=CHARTS_DIR)
+    print(f"report: {out}", file=sys.stderr)
+    print(f"charts: {', '.join(str(p) for p in charts.values()) or 'none'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,97 @@
+"""The short terminal summary printed at the end of `pinpoint train` and `make run`."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+
+def _first(metrics: Mapping[str, Any], *keys: str) -> Optional[float]:
+    for k in keys:
+        v = metrics.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def human_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def format_summary(placement: Optional[Mapping[str, Any]], metrics: Optional[Mapping[str, Any]]) -> str:
+    """10-15 lines: final loss/accuracy, throughput, ops per device, transfers, fallbacks,
+    conformance and replica drift."""
+    placement = placement or {}
+    metrics = metrics or {}
+    final = metrics.get("final") if isinstance(metrics.get("final"), Mapping) else metrics
+    lines = ["== pinpoint summary " + "=" * 40]
+    loss = _first(final, "loss", "final_loss")
+    acc = _first(final, "accuracy", "final_accuracy", "acc")
+    eps = _first(final, "examples_per_sec", "mean_examples_per_sec")
+    steps = _first(metrics, "steps", "global_step", "step")
+    parts = []
+    if steps is not None:
+        parts.append(f"steps {steps:.0f}")
+    if loss is not None:
+        parts.append(f"loss {loss:.4f}")
+    if acc is not None:
+        parts.append(f"accuracy {acc:.3f}")
+    if eps is not None:
+        parts.append(f"{eps:,.0f} examples/s")
+    lines.append("training   : " + (", ".join(parts) if parts else "no metrics recorded"))
+    if not placement:
+        lines.append("placement  : not captured (placement.enabled is false or no step was sampled)")
+        return "\n".join(lines)
+    lines.append(f"strategy   : {placement.get('strategy')}   task: {placement.get('task')}")
+    phys = placement.get("physical_devices") or {}
+    ops = placement.get("ops_by_device") or {}
+    grads = (placement.get("gradients") or {}).get("ops_by_device") or {}
+    lines.append("ops/step   : " + ", ".join(
+        f"{d}{'=' + phys[d] if phys.get(d, d) != d else ''} {n} ({grads.get(d, 0)} grad)" for d, n in ops.items()
+    ))
+    per = (placement.get("transfers") or {}).get("per_step") or {}
+    sized = f" ({per.get('unsized', 0)} unsized)" if per.get("unsized") else ""
+    lines.append(f"transfers  : {per.get('count', 0)} per step, {human_bytes(per.get('bytes', 0))} per step{sized}")
+    matrix = (placement.get("transfers") or {}).get("matrix") or {}
+    top = sorted(
+        ((s, d, c["bytes"]) for s, row in matrix.items() for d, c in row.items()), key=lambda t: -t[2]
+    )[:3]
+    if top:
+        lines.append("  busiest  : " + ", ".join(f"{s}->{d} {human_bytes(b)}" for s, d, b in top))
+    vars_ = placement.get("variables") or []
+    by_dev: dict[str, int] = {}
+    for v in vars_:
+        for dev in v.get("devices", []):
+            by_dev[dev] = by_dev.get(dev, 0) + 1
+    lines.append(
+        f"variables  : {len(vars_)} ("
+        + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
+        + f"); {(placement.get('variable_updates') or {}).get('coverage', '')}"
+    )
+    fb = placement.get("fallbacks") or []
+    lines.append(
+        f"fallbacks  : {len(fb)}"
+        + (": " + ", ".join(f"{f['op']} {f['requested']}->{f['placed']}" for f in fb[:3]) + (" ..." if len(fb) > 3 else "") if fb else "")
+    )
+    conf = placement.get("conformance") or {}
+    rules = conf.get("rules") or []
+    if conf.get("score") is None:
+        lines.append("conformance: no pinning rules to check")
+    else:
+        bad = [r for r in rules if r.get("score") is not None and r["score"] < 1.0]
+        lines.append(
+            f"conformance: {conf['score']:.2f} over {len(rules)} rule(s)"
+            + ("; below 1: " + ", ".join(f"{r['rule']} {r['score']:.2f}" for r in bad[:3]) if bad else "")
+        )
+    rc = placement.get("replica_consistency")
+    if rc:
+        lines.append(f"replica drift: max |diff| {rc.get('max_abs_diff', 0.0):.3g} over {rc.get('checked', 0)} mirrored variable(s)")
+    else:
+        lines.append("replica drift: not applicable (no mirrored variables)")
+    return "\n".join(lines)
