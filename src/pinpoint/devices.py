@@ -1,0 +1,200 @@
+"""Device setup: emulated GPUs, visible devices, soft placement, and spec <-> physical names.
+
+A spec is written for the target cluster (``/GPU:0``, ``/GPU:1``). On a CPU-only machine with
+``cluster.emulate: true`` each ``/GPU:i`` becomes logical CPU device ``/CPU:{i+1}``; ``/CPU:0``
+stays the host, so central storage and input pipelines stay distinguishable from the "GPUs".
+Everything here must run before TensorFlow initializes its devices (first op, first strategy).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+from pinpoint.config import Config, parse_device
+from pinpoint.errors import PlacementError
+
+log = logging.getLogger("pinpoint.devices")
+
+HOST = "/CPU:0"
+# prefix (job/replica/task), separator ("/device:" or "/"), type, index
+_SPLIT_RE = re.compile(r"^(.*?)(/device:|/)(CPU|GPU|TPU):(\d+)$")
+
+
+@dataclass(frozen=True)
+class DeviceMap:
+    """How spec device names map onto the devices this process really has."""
+
+    aliases: dict[str, str]  # spec "/GPU:i" -> physical "/CPU:i+1" (emulation only)
+    replica_devices: tuple[str, ...]  # physical devices the strategy trains on
+    spec_replica_devices: tuple[str, ...]  # the same, in spec names
+    host: str = HOST
+    emulated: bool = False
+    fallbacks: dict[str, str] = field(default_factory=dict)  # spec device -> where it ran instead
+    visible: dict[str, str] = field(default_factory=dict)  # visible_devices renumbering
+    local_devices: tuple[str, ...] = ()  # every logical device of this process
+
+    def physical(self, spec_device: str) -> str:
+        """The device to put in tf.device() for a spec device (job prefixes kept)."""
+        m = _SPLIT_RE.match(spec_device)
+        if not m:
+            return spec_device
+        prefix, _sep, dtype, idx = m.groups()
+        short = self.aliases.get(f"/{dtype}:{idx}") or self.fallbacks.get(f"/{dtype}:{idx}")
+        return prefix + short if short else spec_device
+
+    def spec(self, physical_device: str) -> str:
+        """The spec name of a physical device; accepts full names ('/job:.../device:CPU:1')."""
+        m = _SPLIT_RE.match(physical_device or "")
+        if not m:
+            return physical_device
+        prefix, sep, dtype, idx = m.groups()
+        reverse = {v: k for k, v in self.aliases.items()}
+        short = reverse.get(f"/{dtype}:{idx}")
+        if not short:
+            return physical_device
+        _, _, sdtype, sidx = parse_device(short)
+        return f"{prefix}{sep}{sdtype}:{sidx}"
+
+    def to_json(self) -> dict:
+        return {
+            "device_aliases": dict(self.aliases),
+            "replica_devices": list(self.replica_devices),
+            "spec_replica_devices": list(self.spec_replica_devices),
+            "host": self.host,
+            "emulated": self.emulated,
+            "fallbacks": dict(self.fallbacks),
+            "visible_devices": dict(self.visible),
+            "local_devices": list(self.local_devices),
+        }
+
+
+def _short(name: str) -> str:
+    m = _SPLIT_RE.match(name)
+    return f"/{m.group(3)}:{m.group(4)}" if m else name
+
+
+def _configure_logical_cpus(tf, count: int) -> int:
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+        )
+    except RuntimeError:
+        # Already initialized (e.g. a second run in the same process): fine if it has enough.
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have < count:
+            raise PlacementError(
+                f"cluster.devices_per_worker: this process already initialized {have} logical CPU "
+                f"device(s) but the spec needs {count}; run it in a fresh process"
+            ) from None
+        return have
+    return count
+
+
+def setup_devices(cfg: Config) -> DeviceMap:
+    """Configure devices for this process and return the spec <-> physical mapping.
+
+    Must be called before TensorFlow creates any tensor. Applies, in order:
+    visible_devices (real ones via tf.config.set_visible_devices), GPU emulation on logical CPUs,
+    soft placement, and a check that every pinned device exists (or is allowed to fall back).
+    """
+    import tensorflow as tf
+
+    c, pin = cfg.cluster, cfg.train.pinning
+    n = c.devices_per_worker
+    real_gpus = tf.config.list_physical_devices("GPU")
+
+    # --- visible devices: which spec devices this process may see (renumbered like TF does).
+    visible: dict[str, str] = {}
+    spec_gpus = list(range(n)) if c.device_type == "GPU" else []
+    if pin.visible_devices is not None:
+        wanted = [parse_device(d) for d in pin.visible_devices]
+        gpu_idx = sorted({i for _, _, t, i in wanted if t == "GPU"})
+        if real_gpus:
+            keep = [g for g in real_gpus if int(g.name.rsplit(":", 1)[1]) in gpu_idx]
+            # CPUs must stay visible: TF needs a host device.
+            tf.config.set_visible_devices(tf.config.list_physical_devices("CPU") + keep)
+        else:
+            # Physical CPUs cannot be hidden one by one; an empty GPU list is still applied for real.
+            tf.config.set_visible_devices(tf.config.list_physical_devices("CPU"))
+        visible = {f"/GPU:{old}": f"/GPU:{new}" for new, old in enumerate(gpu_idx)}
+        if c.device_type == "GPU":
+            spec_gpus = list(range(len(gpu_idx)))
+        real_gpus = tf.config.list_physical_devices("GPU") if real_gpus else []
+
+    cpu_count = 1
+    aliases: dict[str, str] = {}
+    fallbacks: dict[str, str] = {}
+    emulated = False
+    if c.device_type == "GPU" and n > 0:
+        if real_gpus:
+            replica = [f"/GPU:{i}" for i in spec_gpus]
+        elif c.emulate:
+            emulated = True
+            cpu_count = _configure_logical_cpus(tf, len(spec_gpus) + 1)
+            aliases = {f"/GPU:{i}": f"/CPU:{i + 1}" for i in spec_gpus}
+            replica = [aliases[f"/GPU:{i}"] for i in spec_gpus]
+        elif pin.soft_placement:
+            fallbacks = {f"/GPU:{i}": HOST for i in spec_gpus}
+            log.warning(
+                "no GPU on this machine and cluster.emulate is false: soft placement runs %s on %s",
+                ", ".join(fallbacks), HOST,
+            )
+            replica = [HOST]
+        else:
+            raise PlacementError(
+                f"cluster.device_type: GPU requested but this machine has no GPU (devices: {HOST}); "
+                "set cluster.emulate: true, enable train.pinning.soft_placement, or use device_type: CPU"
+            )
+        spec_replica = [f"/GPU:{i}" for i in spec_gpus] if not fallbacks else [f"/GPU:{i}" for i in spec_gpus]
+    else:
+        count = max(n, 1)
+        if count > 1:
+            cpu_count = _configure_logical_cpus(tf, count)
+        replica = [f"/CPU:{i}" for i in range(count)]
+        spec_replica = list(replica)
+
+    tf.config.set_soft_device_placement(pin.soft_placement)
+    # Listed from the configuration, not tf.config.list_logical_devices(): that would initialize
+    # the runtime, after which a multi-worker strategy can no longer configure collectives.
+    local = tuple([f"/CPU:{i}" for i in range(cpu_count)] + [f"/GPU:{i}" for i in range(len(real_gpus))])
+    dm = DeviceMap(
+        aliases=aliases,
+        replica_devices=tuple(replica),
+        spec_replica_devices=tuple(spec_replica),
+        emulated=emulated,
+        fallbacks=fallbacks,
+        visible=visible,
+        local_devices=local,
+    )
+    check_pinned_devices(cfg, dm)
+    return dm
+
+
+def check_pinned_devices(cfg: Config, dm: DeviceMap) -> None:
+    """Every pinned device must exist here; soft placement on: warn (TF falls back), off: fail."""
+    from pinpoint.config import _pinned_devices
+
+    pin = cfg.train.pinning
+    for fieldname, device in _pinned_devices(pin):
+        if fieldname.endswith("visible_devices"):
+            continue
+        job, _, _, _ = parse_device(device)
+        if job is not None and job != "localhost":
+            continue  # a remote task's device: checked by that task
+        physical = _short(dm.physical(device))
+        if physical in dm.local_devices:
+            continue
+        devices = ", ".join(dm.spec(d) if dm.spec(d) != d else d for d in dm.local_devices)
+        if pin.soft_placement:
+            log.warning(
+                "%s: %s does not exist on this machine (devices: %s); soft placement will fall back",
+                fieldname, device, devices,
+            )
+        else:
+            raise PlacementError(
+                f"{fieldname}: {device} does not exist on this machine (devices: {devices}); "
+                "enable train.pinning.soft_placement or pick an existing device"
+            )

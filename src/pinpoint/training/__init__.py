@@ -1,0 +1,67 @@
+"""The training engine: `train_command` is what `pinpoint train` runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from pinpoint.config import MULTI_PROCESS_STRATEGIES, Config
+from pinpoint.errors import ConfigError
+from pinpoint.runfolder import CHECKPOINTS, ensure_dir
+
+
+def parse_task(task: str) -> tuple[str, int]:
+    role, _, index = task.partition(":")
+    if role not in ("chief", "worker", "ps", "evaluator") or not index.isdigit():
+        raise ConfigError(f"argument error: --task: got {task!r}; use ROLE:INDEX such as 'worker:1'")
+    return role, int(index)
+
+
+def train_command(
+    cfg: Config,
+    out_dir: str | Path,
+    *,
+    task: Optional[str] = None,
+    resume_from_run: Optional[str] = None,
+    parent_run_id: Optional[str] = None,
+) -> int:
+    """Train with cfg; write placement.json, metrics.json, checkpoints/ and train_log.jsonl to out_dir.
+
+    Single-process strategies run here; multi-process ones start a local cluster (one process
+    per task), and `task="worker:1"` runs one task of such a cluster (TF_CONFIG from the env).
+    """
+    out = ensure_dir(out_dir)
+    if task is not None:
+        from pinpoint.training.task import run_task
+
+        role, index = parse_task(task)
+        return run_task(cfg, out, role, index, resume_from_run=resume_from_run, parent_run_id=parent_run_id)
+    if cfg.train.strategy in MULTI_PROCESS_STRATEGIES:
+        from pinpoint.training.launcher import run_local_cluster
+
+        return run_local_cluster(cfg, out, parent_run_id=parent_run_id, resume_from_run=resume_from_run)
+
+    from pinpoint.devices import setup_devices
+
+    dm = setup_devices(cfg)  # before TensorFlow initializes anything
+    from pinpoint.tracking import open_step_run
+    from pinpoint.training import engine
+    from pinpoint.training.strategies import get_strategy
+
+    strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host)
+    ctx = engine.TaskContext(strategy=strategy, device_map=dm)
+    with open_step_run(cfg, "train", out, parent_run_id=parent_run_id) as run:
+        prefix = fetch_resume(cfg, out, resume_from_run)
+        result = engine.train(cfg, out, ctx, hooks=[run.hook()], resume_prefix=prefix,
+                              resumed_from_run=resume_from_run)
+        engine.finish(cfg, out, result)
+    return 0
+
+
+def fetch_resume(cfg: Config, out: Path, run_id: Optional[str], task: str = "chief-0") -> Optional[str]:
+    """Download the latest checkpoint of MLflow run `run_id` (None: resume from local files)."""
+    if not run_id:
+        return None
+    from pinpoint.tracking import fetch_checkpoint
+
+    return str(fetch_checkpoint(run_id, cfg, out / ".resume" / task))

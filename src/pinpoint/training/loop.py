@@ -1,0 +1,196 @@
+"""One custom training loop (GradientTape + strategy.run) for every strategy.
+
+The Trainer only takes steps: `train_steps(n)` runs n steps inside ONE tf.function call (a
+tf.range loop), so Python and the host sync happen once per call, not once per step.
+Logging, checkpoints and tracking are driven by the caller between calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from pinpoint.training.data import InputPipeline
+
+
+def tf_variables(variables) -> list:
+    """The tf.Variables (possibly distributed) behind Keras 3 variables."""
+    out = []
+    for v in variables:
+        out.append(v if isinstance(v, tf.Variable) else getattr(v, "value", v))
+    return out
+
+
+def _device(device: Optional[str]):
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+class Trainer:
+    """Steps of synchronous SGD for one strategy; `coordinator` set for parameter_server."""
+
+    def __init__(
+        self,
+        strategy,
+        model,
+        optimizer,
+        pipeline: InputPipeline,
+        *,
+        gradient_device: Optional[str] = None,
+        coordinator=None,
+        start_step: int = 0,
+    ):
+        self.strategy = strategy
+        self.model = model
+        self.optimizer = optimizer
+        self.pipeline = pipeline
+        self.gradient_device = gradient_device
+        self.coordinator = coordinator
+        self.global_batch = pipeline.global_batch
+        self.step = start_step
+        self._train_n = tf.function(self._train_n_py)
+        self._ps_iter = None
+        self._pending: list = []
+
+    # ---- one replica's step -------------------------------------------------------------
+    def _replica_update(self, x, y):
+        with tf.GradientTape() as tape:
+            logits = self.model(x, training=True)
+            per_example = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+            # Scale by the GLOBAL batch: the cross-replica SUM of gradients is then the mean.
+            loss = tf.reduce_sum(per_example) / self.global_batch
+        variables = self.model.trainable_variables
+        # The backward pass: pinned to one device when train.pinning.gradients is set.
+        with tf.name_scope("gradients"), _device(self.gradient_device):
+            grads = tape.gradient(loss, variables)
+        self.optimizer.apply_gradients(zip(grads, variables))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.float32))
+        return loss, correct
+
+    def _replica_step(self, step):
+        ctx = tf.distribute.get_replica_context()
+        x, y = self.pipeline.replica_batch(step, ctx.replica_id_in_sync_group)
+        return self._replica_update(x, y)
+
+    def _one_step(self, step):
+        """One global step in cross-replica context -> (loss, correct) summed over replicas."""
+        loss, correct = self.strategy.run(self._replica_step, args=(step,))
+        # Sync point: the reductions gather one scalar per replica onto the host.
+        sum_ = tf.distribute.ReduceOp.SUM
+        return self.strategy.reduce(sum_, loss, axis=None), self.strategy.reduce(sum_, correct, axis=None)
+
+    def _train_n_py(self, start, n):
+        loss_sum = tf.constant(0.0)
+        correct_sum = tf.constant(0.0)
+        for i in tf.range(n):
+            loss, correct = self._one_step(start + tf.cast(i, tf.int64))
+            loss_sum += loss
+            correct_sum += correct
+        nf = tf.cast(n, tf.float32)
+        return loss_sum / nf, correct_sum / (nf * self.global_batch)
+
+    # ---- public ---------------------------------------------------------------------------
+    def train_steps(self, n: int) -> dict[str, Any]:
+        """Run n steps; return {loss, accuracy} (means over the n steps) as Python floats."""
+        if self.coordinator is not None:
+            return self._ps_train_steps(n)
+        t0 = time.perf_counter()
+        loss, acc = self._train_n(tf.constant(self.step, tf.int64), tf.constant(n, tf.int32))
+        loss, acc = float(loss), float(acc)  # host sync once per call
+        dt = time.perf_counter() - t0
+        self.step += n
+        return {"loss": loss, "accuracy": acc, "step_time": dt / n, "examples_per_sec": n * self.global_batch / dt}
+
+    def fresh_step_function(self):
+        """A never-called tf.function of one step (for placement capture)."""
+        return tf.function(self._one_step)
+
+    def capture_step(self, capture_call):
+        """Run one step through a fresh function with graph collection; return the captures."""
+        if self.coordinator is not None:
+            return self._ps_capture(capture_call)
+        fn = self.fresh_step_function()
+        t0 = time.perf_counter()
+        (loss, correct), captured = capture_call(fn, tf.constant(self.step, tf.int64), step=self.step)
+        dt = time.perf_counter() - t0
+        self.step += 1
+        return captured, {
+            "loss": float(loss), "accuracy": float(correct) / self.global_batch,
+            "step_time": dt, "examples_per_sec": self.global_batch / dt,
+        }
+
+    def variables(self) -> list:
+        return tf_variables(list(self.model.variables) + list(self.optimizer.variables))
+
+    # ---- parameter_server: steps are closures scheduled on workers ---------------------------
+    def _ps_setup(self):
+        if self._ps_iter is not None:
+            return
+        pipeline = self.pipeline
+        strategy = self.strategy
+        start = self.step
+
+        def per_worker_dataset_fn():
+            return strategy.distribute_datasets_from_function(
+                lambda ctx: pipeline.dataset(start, ctx.input_pipeline_id).map(
+                    lambda x, y: (x[: pipeline.per_replica], y[: pipeline.per_replica])
+                )
+            )
+
+        ds = self.coordinator.create_per_worker_dataset(per_worker_dataset_fn)
+        self._ps_iter = iter(ds)
+
+        def ps_replica(x, y):
+            return self._replica_update(x, y)
+
+        def ps_n(iterator, n):
+            loss_sum = tf.constant(0.0)
+            correct_sum = tf.constant(0.0)
+            for _ in tf.range(n):
+                x, y = next(iterator)
+                loss, correct = strategy.run(ps_replica, args=(x, y))
+                loss_sum += strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+                correct_sum += strategy.reduce(tf.distribute.ReduceOp.SUM, correct, axis=None)
+            return loss_sum / tf.cast(n, tf.float32), correct_sum / (tf.cast(n, tf.float32) * pipeline.per_replica)
+
+        self._ps_fn_py = ps_n
+        self._ps_fn = tf.function(ps_n)
+
+    def _ps_train_steps(self, n: int) -> dict[str, Any]:
+        """Schedule n steps as closures of `chunk` steps each, spread over the workers."""
+        self._ps_setup()
+        t0 = time.perf_counter()
+        chunk = max(1, min(n, 10))
+        results = []
+        done = 0
+        while done < n:
+            k = min(chunk, n - done)
+            results.append((k, self.coordinator.schedule(self._ps_fn, args=(self._ps_iter, tf.constant(k)))))
+            done += k
+        self.coordinator.join()  # sync point: every scheduled closure has finished
+        dt = time.perf_counter() - t0
+        total = sum(k for k, _ in results)
+        loss = sum(k * float(r[0].fetch()) for k, r in results) / total
+        acc = sum(k * float(r[1].fetch()) for k, r in results) / total
+        self.step += n
+        # Each step consumes one per-replica batch on one worker.
+        examples = n * self.pipeline.per_replica
+        return {"loss": loss, "accuracy": acc, "step_time": dt / n, "examples_per_sec": examples / dt}
+
+    def _ps_capture(self, capture_call):
+        self._ps_setup()
+        fn = tf.function(self._ps_fn_py)
+
+        def run(iterator, k):
+            rv = self.coordinator.schedule(fn, args=(iterator, k))
+            self.coordinator.join()
+            return rv.fetch()
+
+        t0 = time.perf_counter()
+        (loss, acc), captured = capture_call(run, self._ps_iter, tf.constant(1), step=self.step)
+        dt = time.perf_counter() - t0
+        self.step += 1
+        return captured, {"loss": float(loss), "accuracy": float(acc), "step_time": dt,
+                          "examples_per_sec": self.pipeline.per_replica / dt}

@@ -1,0 +1,231 @@
+"""One task of a local (or Kubernetes) cluster: `pinpoint train CONFIG --out DIR --task worker:1`.
+
+TF_CONFIG (set by the launcher or the TFJob operator) says who this process is. Under
+multi_worker_mirrored the chief and workers all train (collectives need every one of them);
+under parameter_server the chief coordinates, workers and ps run a tf.distribute.Server and wait.
+The evaluator runs side-car evaluation of the checkpoints the chief writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from pinpoint.config import Config
+from pinpoint.devices import DeviceMap, setup_devices
+from pinpoint.errors import ConfigError
+from pinpoint.runfolder import CHECKPOINTS, METRICS, PLACEMENT
+
+EVAL_LOG = "eval_log.jsonl"
+PLACEMENT_WAIT = 120.0  # seconds the chief waits for the workers' placement files
+
+
+def run_task(
+    cfg: Config,
+    out_dir: Path,
+    role: str,
+    index: int,
+    *,
+    resume_from_run: Optional[str] = None,
+    parent_run_id: Optional[str] = None,
+) -> int:
+    """Run task role:index of the cluster described by TF_CONFIG; return the exit code."""
+    out = Path(out_dir)
+    tf_config = os.environ.get("TF_CONFIG")
+    if not tf_config:
+        raise ConfigError(
+            "argument error: --task: TF_CONFIG is not set; run `pinpoint train CONFIG` without --task "
+            "(the local launcher sets TF_CONFIG for each task)"
+        )
+    task = json.loads(tf_config).get("task", {})
+    if (task.get("type"), int(task.get("index", -1))) != (role, index):
+        raise ConfigError(f"argument error: --task: got {role}:{index} but TF_CONFIG says {task}; make them agree")
+    dm = setup_devices(cfg)  # before TensorFlow initializes anything
+    if role == "evaluator":
+        return run_evaluator(cfg, out, dm)
+    if cfg.train.strategy == "parameter_server":
+        if role in ("worker", "ps"):
+            return _serve(role, index)
+        return _ps_chief(cfg, out, dm, resume_from_run, parent_run_id)
+    return _mwms_task(cfg, out, dm, role, index, resume_from_run, parent_run_id)
+
+
+def _resolver():
+    import tensorflow as tf
+
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+def _serve(role: str, index: int) -> int:
+    """A ps or worker task of parameter_server: serve variables / run closures until stopped."""
+    import tensorflow as tf
+
+    r = _resolver()
+    server = tf.distribute.Server(r.cluster_spec(), job_name=role, task_index=index,
+                                  protocol=r.rpc_layer or "grpc", start=True)
+    print(f"pinpoint: {role}:{index} serving at {server.target}", flush=True)
+    server.join()  # returns only when the process is stopped
+    return 0
+
+
+def _ps_chief(cfg, out, dm, resume_from_run, parent_run_id) -> int:
+    import tensorflow as tf
+
+    from pinpoint.tracking import open_step_run
+    from pinpoint.training import engine, fetch_resume
+    from pinpoint.training.strategies import get_strategy
+
+    strategy = get_strategy("parameter_server", dm.replica_devices, cluster_resolver=_resolver())
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    workers = cfg.cluster.workers
+    dm = dataclasses.replace(
+        dm,
+        replica_devices=tuple(f"/job:worker/task:{i}/CPU:0" for i in range(workers)),
+        spec_replica_devices=tuple(f"/job:worker/task:{i}/CPU:0" for i in range(workers)),
+    )
+    ctx = engine.TaskContext(strategy=strategy, device_map=dm, coordinator=coordinator)
+    with open_step_run(cfg, "train", out, parent_run_id=parent_run_id) as run:
+        prefix = fetch_resume(cfg, out, resume_from_run)
+        result = engine.train(cfg, out, ctx, hooks=[run.hook()], resume_prefix=prefix,
+                              resumed_from_run=resume_from_run)
+        engine.finish(cfg, out, result)
+    return 0
+
+
+@contextlib.contextmanager
+def _emulated_local_devices(dm: DeviceMap):
+    """Make MultiWorkerMirroredStrategy train on this task's emulated GPUs.
+
+    TF picks a worker's local devices from its GPU count, which is 0 on a CPU-only machine, so
+    it would use one replica on CPU:0. With emulation the spec's GPUs are logical CPUs 1..n:
+    hand those to the strategy instead, so each task has devices_per_worker replicas.
+    """
+    if not dm.emulated or len(dm.replica_devices) < 1:
+        yield
+        return
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
+    cls = cars.CollectiveAllReduceExtended
+    original = cls._initialize_local_devices
+    local = [d.split(":")[-1] for d in dm.replica_devices]
+
+    def patched(self, cluster_resolver, worker_device):
+        return tuple(f"{worker_device}/device:CPU:{i}" for i in local), "CPU"
+
+    cls._initialize_local_devices = patched
+    try:
+        yield
+    finally:
+        cls._initialize_local_devices = original
+
+
+def _mwms_task(cfg, out, dm, role, index, resume_from_run, parent_run_id) -> int:
+    import tensorflow as tf
+
+    from pinpoint.tracking import open_step_run
+    from pinpoint.training import engine, fetch_resume
+
+    timeout = os.environ.get("PINPOINT_COLLECTIVE_TIMEOUT")  # set by the launcher
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=float(timeout) if timeout else None
+    )
+    with _emulated_local_devices(dm):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_resolver(), communication_options=options)
+    replicas = tuple(strategy.extended.worker_devices)
+    prefix = f"/job:{role}/task:{index}"
+    dm = dataclasses.replace(
+        dm,
+        replica_devices=replicas,
+        spec_replica_devices=tuple(dm.spec(d) for d in replicas),
+    )
+    # The chief (or worker 0 without a chief) keeps checkpoints and writes the run's files.
+    is_chief = bool(strategy.extended.should_checkpoint)
+    ctx = engine.TaskContext(strategy=strategy, device_map=dm, role=role, index=index,
+                             is_chief=is_chief, multi_worker=True,
+                             extra_info={"task_device_prefix": prefix})
+    with open_step_run(cfg, "train", out, parent_run_id=parent_run_id, is_chief=is_chief) as run:
+        resume = fetch_resume(cfg, out, resume_from_run, task=f"{role}-{index}")
+        result = engine.train(cfg, out, ctx, hooks=[run.hook()], resume_prefix=resume,
+                              resumed_from_run=resume_from_run)
+        if is_chief:
+            merged = _merge_worker_placements(cfg, out) if cfg.placement.enabled else None
+            engine.finish(cfg, out, result, placement=merged)
+    return 0
+
+
+def _training_tasks(cfg: Config) -> list[str]:
+    c = cfg.cluster
+    return [f"chief-{i}" for i in range(c.chief)] + [f"worker-{i}" for i in range(c.workers)]
+
+
+def _merge_worker_placements(cfg: Config, out: Path) -> Optional[dict]:
+    """Wait for every training task's placement-<role>-<index>.json and merge them."""
+    from pinpoint.runfolder import read_json
+
+    try:
+        from pinpoint.placement.merge import merge_placements
+    except ImportError:  # placement merging not available: keep the chief's own view
+        merge_placements = lambda ps: ps[0]  # noqa: E731
+
+    files = [out / f"placement-{t}.json" for t in _training_tasks(cfg)]
+    deadline = time.monotonic() + PLACEMENT_WAIT
+    while time.monotonic() < deadline and not all(f.is_file() for f in files):
+        time.sleep(0.5)
+    present = [read_json(f) for f in files if f.is_file()]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        print(f"pinpoint: warning: no placement from {', '.join(missing)}; merging the others", file=sys.stderr)
+    return merge_placements(present) if present else None
+
+
+def run_evaluator(cfg: Config, out: Path, dm: DeviceMap, *, poll: float = 2.0) -> int:
+    """Side-car evaluation: evaluate each new checkpoint the chief writes, until training ends.
+
+    Appends {"step", "loss", "accuracy"} to OUT/eval_log.jsonl. Stops once the final step is
+    evaluated or the chief has written metrics.json (the launcher also stops it).
+    """
+    import keras
+    import tensorflow as tf
+
+    from pinpoint.training.checkpoints import candidates, verify
+    from pinpoint.training.data import load_arrays
+    from pinpoint.training.engine import evaluate
+    from pinpoint.training.models import build_model
+
+    t = cfg.train
+    keras.utils.set_random_seed(t.seed)
+    arrays = load_arrays(cfg)
+    model = build_model(t.model, (arrays.features,), arrays.num_classes, {}, seed=t.seed)
+    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    ckpt = tf.train.Checkpoint(model=model, step=step_var)
+    started = time.time()
+    done: set[int] = set()
+    log = out / EVAL_LOG
+    while True:
+        found = candidates(out / CHECKPOINTS)
+        for step, prefix in found[:1]:  # the newest only: keep up with the chief
+            if step in done:
+                continue
+            try:
+                verify(prefix)
+                ckpt.restore(prefix).expect_partial()
+            except Exception:  # noqa: BLE001 - being written or already rotated away: next poll
+                continue
+            m = evaluate(model, arrays)
+            with log.open("a") as f:
+                f.write(json.dumps({"step": step, **m, "time": time.time()}) + "\n")
+            print(f"eval step {step}: loss={m['loss']:.4f} acc={m['accuracy']:.3f}", flush=True)
+            done.add(step)
+        metrics = out / METRICS
+        if (done and max(done) >= t.steps) or (metrics.is_file() and metrics.stat().st_mtime >= started):
+            return 0
+        time.sleep(poll)
+
+
+__all__ = ["run_task", "run_evaluator", "PLACEMENT", "EVAL_LOG"]
