@@ -46,6 +46,8 @@ def _exclusion(node: Node, need: _Need, tolerations: tuple[Toleration, ...]) -> 
         if taint.effect == "PreferNoSchedule":
             continue
         if not any(_tolerates(t, taint) for t in tolerations):
+            if taint.key == "node.kubernetes.io/unschedulable":
+                return f"{node.name} is cordoned (unschedulable)"
             shown = f"{taint.key}={taint.value}" if taint.value else taint.key
             return f"{node.name} has taint {shown}:{taint.effect} (add it to cluster.tolerations)"
     return None
@@ -59,6 +61,19 @@ def _describe(resource: str, amount: float, need: _Need) -> str:
     res = need.task.resources
     kind = f" of type {res.gpu_type}" if resource == res.gpu_resource and res.gpu_type else ""
     return f"{amount:g} x {resource}{kind}"
+
+
+def _ordered(amounts: dict[str, float]) -> list[str]:
+    """GPUs (extended resources) first, then memory, then CPU: the order messages use."""
+    return sorted(amounts, key=lambda r: (r in ("cpu", "memory"), r != "memory", r))
+
+
+def _short(resource: str, amount: float) -> str:
+    if resource == "memory":
+        return format_bytes(amount)
+    if resource == "cpu":
+        return f"{format_cpu(amount)} CPU"
+    return f"{amount:g}"
 
 
 def _needs(cfg: Config, tasks: list[Task]) -> list[_Need]:
@@ -85,8 +100,7 @@ def _single_replica_check(need: _Need, eligible: list[Node], excluded: list[str]
             + "; ".join(excluded[:4])
             + ("; ..." if len(excluded) > 4 else "")
         )
-    order = sorted(need.amounts, key=lambda r: (r in ("cpu", "memory"), r != "memory", r))
-    for r in order:
+    for r in _ordered(need.amounts):
         largest = max(n.allocatable.get(r, 0.0) for n in eligible)
         if largest + _EPS < need.amounts[r]:
             # GPUs: "has 4"; cpu and memory keep their unit: "has 32Gi memory".
@@ -95,7 +109,7 @@ def _single_replica_check(need: _Need, eligible: list[Node], excluded: list[str]
                 f"feasibility: {role} needs {_describe(r, need.amounts[r], need)}; the largest matching node has {shown}"
             )
     if not any(_fits(n.allocatable, need.amounts) for n in eligible):
-        wants = " + ".join(_describe(r, a, need) for r, a in need.amounts.items())
+        wants = " + ".join(_describe(r, need.amounts[r], need) for r in _ordered(need.amounts))
         raise ProvisionError(
             f"feasibility: {role} needs {wants} on one node; no matching node has all of them at once"
         )
@@ -209,13 +223,17 @@ def _packing_failure(needs, nodes, eligible_idx, dead_end, over_budget: bool) ->
     if dead_end:
         k, free = dead_end[0]
         need = needs[k]
+        pool = eligible_idx[k]
+        # Name only the resources that blocked this replica on every node it could use.
+        blocking = [r for r in _ordered(need.amounts) if all(free[i].get(r, 0.0) + _EPS < need.amounts[r] for i in pool)]
+        shown = blocking or _ordered(need.amounts)
         left = ", ".join(
-            f"{nodes[i].name}: " + " + ".join(_describe(r, max(free[i].get(r, 0.0), 0.0), need) for r in need.amounts)
-            for i in eligible_idx[k]
+            f"{nodes[i].name}: " + " + ".join(_short(r, max(free[i].get(r, 0.0), 0.0)) for r in shown) for i in pool
         )
-        wants = " + ".join(_describe(r, a, need) for r, a in need.amounts.items())
+        wants = " + ".join(_describe(r, need.amounts[r], need) for r in shown)
         return (
             f"feasibility: the replicas fit in total but not node by node: {need.task.name} needs {wants} "
-            f"and after placing the larger replicas the matching nodes have {left} left"
+            f"and after placing the larger replicas the matching nodes have {left} left; add a node or use fewer "
+            "devices per replica"
         )
     return "feasibility: no placement exists for this request on these nodes"

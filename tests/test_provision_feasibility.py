@@ -1,0 +1,182 @@
+"""Feasibility: every replica placed on a node of an inventory, or the reason it cannot be."""
+
+import re
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from pinpoint.config import config_from_dict
+from pinpoint.errors import ProvisionError
+from pinpoint.provision.feasibility import plan_placement
+from pinpoint.provision.inventory import Taint, inventory_from_cluster, load_inventory, node_from_v1
+from pinpoint.provision.spec import build_tasks
+
+pytestmark = pytest.mark.unit
+DATA = Path(__file__).parent / "data" / "provision"
+ROOT = Path(__file__).parent.parent
+TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def _cfg(strategy="multi_worker_mirrored", **cluster):
+    base = {"emulate": False, "gpu_type": "A100", "tolerations": TOLERATE_GPU}
+    return config_from_dict({"name": "job", "cluster": {**base, **cluster}, "train": {"strategy": strategy}})
+
+
+def _plan(cfg, inventory):
+    nodes = load_inventory(DATA / inventory, gpu_resource=cfg.cluster.gpu_resource,
+                           gpu_type_label=cfg.cluster.gpu_type_label)
+    return plan_placement(cfg, build_tasks(cfg), nodes, source=inventory)
+
+
+def _where(plan):
+    return {p["task"]: p["node"] for p in plan["placements"]}
+
+
+def test_multiworker_fits_and_respects_capacity():
+    cfg = _cfg(chief=1, workers=2, devices_per_worker=2)
+    plan = _plan(cfg, "nodes-ok.yaml")
+    assert plan["status"] == "feasible"
+    where = _where(plan)
+    assert set(where) == {"chief:0", "worker:0", "worker:1"}
+    assert set(where.values()) <= {"a100-0", "a100-1"}  # cpu-0 has no A100
+    used = {n["name"]: n["used"].get("nvidia.com/gpu", 0) for n in plan["nodes"]}
+    assert sum(used.values()) == 6 and max(used.values()) <= 4
+
+
+def test_cpu_only_replicas_stay_off_gpu_nodes():
+    cfg = _cfg("parameter_server", chief=1, workers=2, ps=1, devices_per_worker=4)
+    where = _where(_plan(cfg, "nodes-ok.yaml"))
+    assert where["chief:0"] == where["ps:0"] == "cpu-0"
+    assert {where["worker:0"], where["worker:1"]} == {"a100-0", "a100-1"}
+
+
+def test_emulated_request_needs_no_gpus():
+    cfg = _cfg(chief=1, workers=2, emulate=True, gpu_type=None)
+    plan = _plan(cfg, "nodes-wrong-type.yaml")
+    assert plan["status"] == "feasible" and all(p["requests"].keys() == {"cpu", "memory"} for p in plan["placements"])
+
+
+INFEASIBLE = [
+    ("nodes-small-gpu.yaml", dict(devices_per_worker=8),
+     "chief needs 8 x nvidia.com/gpu of type A100; the largest matching node has 4"),
+    ("nodes-wrong-type.yaml", dict(devices_per_worker=1),
+     "none of the 2 node(s) qualifies: v100-0 has nvidia.com/gpu.product=V100; cpu-0 lacks label nvidia.com/gpu.product"),
+    ("nodes-tainted.yaml", dict(devices_per_worker=1),
+     "a100-0 has taint dedicated=team-b:NoSchedule (add it to cluster.tolerations)"),
+    ("nodes-low-memory.yaml", dict(devices_per_worker=1, memory="32Gi"),
+     "chief needs 32Gi memory; the largest matching node has 16Gi memory"),
+    ("nodes-capacity.yaml", dict(workers=2, devices_per_worker=4),
+     "the 3 chief/worker replica(s) need 12 x nvidia.com/gpu of type A100 in total; the matching nodes have "
+     "8 x nvidia.com/gpu (a100-0: 4, a100-1: 4)"),
+    ("nodes-fragmented.yaml", dict(workers=2, devices_per_worker=3),
+     "the replicas fit in total but not node by node: worker:1 needs 3 x nvidia.com/gpu of type A100"),
+    ("nodes-cordoned.yaml", dict(devices_per_worker=1),
+     "none of the 1 node(s) qualifies: a100-0 is cordoned (unschedulable)"),
+    ("nodes-ok.yaml", dict(devices_per_worker=1, cpu="48"),
+     "chief needs 48 CPU; the largest matching node has 32 CPU"),
+]
+
+
+@pytest.mark.parametrize("inventory,cluster,message", INFEASIBLE, ids=[i[0] for i in INFEASIBLE])
+def test_infeasible_inventories_say_why(inventory, cluster, message):
+    with pytest.raises(ProvisionError) as err:
+        _plan(_cfg(**cluster), inventory)
+    text = str(err.value)
+    assert message in text, text
+    assert "\n" not in text and text.startswith("feasibility: ")
+
+
+def test_node_selector_is_honoured():
+    cfg = _cfg(devices_per_worker=1, node_selector={"topology.kubernetes.io/zone": "zone-b"})
+    with pytest.raises(ProvisionError, match="a node with topology.kubernetes.io/zone=zone-b, nvidia.com/gpu.product=A100"):
+        _plan(cfg, "nodes-ok.yaml")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("nodes: []\n", "has no 'nodes:' list"),
+    ("nodes:\n  - {name: a, cpu: '1'}\n", "nodes[0]: missing 'memory'"),
+    ("nodes:\n  - {name: a, cpu: '1', memory: 1Gi, gpu: 2}\n", "unknown key 'gpu'"),
+    ("nodes:\n  - {name: a, cpu: '1', memory: 1Gi, taints: [{key: k, effect: Never}]}\n", "taint"),
+    ("nodes:\n  - {name: a, cpu: '1', memory: 1Gi}\n  - {name: a, cpu: '1', memory: 1Gi}\n", "appears twice"),
+    ("nodes: [unclosed\n", "not valid YAML"),
+])
+def test_bad_inventory_files(tmp_path, text, message):
+    p = tmp_path / "nodes.yaml"
+    p.write_text(text)
+    with pytest.raises(ProvisionError, match=re.escape(message)):
+        load_inventory(p, gpu_resource="nvidia.com/gpu", gpu_type_label="nvidia.com/gpu.product")
+    with pytest.raises(ProvisionError, match="memory: got 'lots'"):
+        load_inventory(DATA / "nodes-malformed.yaml", gpu_resource="nvidia.com/gpu", gpu_type_label="x")
+    with pytest.raises(ProvisionError, match="does not exist"):
+        load_inventory(tmp_path / "missing.yaml", gpu_resource="nvidia.com/gpu", gpu_type_label="x")
+
+
+def test_example_inventory_places_the_example_configs():
+    from pinpoint.config import load_config
+
+    for name in ("multiworker", "ps", "demo"):
+        cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+        nodes = load_inventory(ROOT / "configs" / "nodes-example.yaml", gpu_resource=cfg.cluster.gpu_resource,
+                               gpu_type_label=cfg.cluster.gpu_type_label)
+        plan = plan_placement(cfg, build_tasks(cfg), nodes, source="example")
+        assert "cpu-1" not in _where(plan).values()  # cordoned
+
+
+def _v1node(name, allocatable, labels=None, taints=(), unschedulable=None):
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        spec=client.V1NodeSpec(taints=[client.V1Taint(**t) for t in taints] or None, unschedulable=unschedulable),
+        status=client.V1NodeStatus(allocatable=allocatable),
+    )
+
+
+def test_v1node_conversion():
+    node = node_from_v1(_v1node(
+        "gpu-0",
+        {"cpu": "31850m", "memory": "257846584Ki", "nvidia.com/gpu": "8", "pods": "110", "ephemeral-storage": "100Gi"},
+        labels={"nvidia.com/gpu.product": "A100"},
+        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        unschedulable=True,
+    ))
+    assert node.allocatable["cpu"] == pytest.approx(31.85)
+    assert node.allocatable["memory"] == 257846584 * 1024
+    assert node.allocatable["nvidia.com/gpu"] == 8
+    assert node.labels == {"nvidia.com/gpu.product": "A100"}
+    assert node.taints == (Taint("nvidia.com/gpu", "NoSchedule", "present"),
+                           Taint("node.kubernetes.io/unschedulable", "NoSchedule"))
+    bare = node_from_v1(_v1node("cpu-0", None))
+    assert bare.allocatable == {"cpu": 0.0, "memory": 0.0} and bare.taints == () and bare.labels == {}
+
+
+def test_converted_nodes_feed_the_same_placement():
+    nodes = [
+        node_from_v1(_v1node("gpu-0", {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "4"},
+                             labels={"nvidia.com/gpu.product": "A100"},
+                             taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])),
+        node_from_v1(_v1node("gpu-1", {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "2"},
+                             labels={"nvidia.com/gpu.product": "A100"})),
+    ]
+    cfg = _cfg(workers=1, devices_per_worker=3)
+    with pytest.raises(ProvisionError, match=re.escape(
+            "worker:0 needs 3 x nvidia.com/gpu of type A100 and after placing the larger replicas the matching "
+            "nodes have gpu-0: 1, gpu-1: 2 left")):
+        plan_placement(cfg, build_tasks(cfg), nodes, source="fake")
+    cfg = _cfg(workers=1, devices_per_worker=2)
+    assert set(_where(plan_placement(cfg, build_tasks(cfg), nodes, source="fake")).values()) == {"gpu-0", "gpu-1"}
+
+
+@pytest.mark.timeout(60)
+def test_kubeconfig_errors_are_one_line(tmp_path):
+    with pytest.raises(ProvisionError, match="does not exist"):
+        inventory_from_cluster(tmp_path / "nope")
+    # A real kubeconfig pointing at a port nobody listens on: the client's error becomes one line.
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+    )
+    with pytest.raises(ProvisionError) as err:
+        inventory_from_cluster(kc)
+    assert "cannot list nodes" in str(err.value) and "\n" not in str(err.value)
