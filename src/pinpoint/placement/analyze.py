@@ -130,6 +130,23 @@ def build_placement(
             "or input on another device)"
         )
 
+    # Devices the setup already resolved elsewhere (no such device here, soft placement on): every
+    # op pinned there was redirected before tracing, so the graphs cannot show it; report it.
+    for spec, instead in (getattr(device_map, "fallbacks", None) or {}).items():
+        fallbacks.setdefault(
+            f"(every op pinned to {spec})",
+            {
+                "op": f"(every op pinned to {spec})",
+                "op_type": "*",
+                "requested": spec,
+                "requested_physical": spec,
+                "placed": namer.spec(instead),
+                "placed_physical": normalize(instead),
+                "reason": "requested device does not exist on this machine; redirected at device setup "
+                "(soft placement)",
+            },
+        )
+
     var_info = _variables(variables, captures, namer)
     for v in var_info["variables"]:
         seen_devices.update(v["devices"])

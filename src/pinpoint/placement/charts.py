@@ -100,7 +100,7 @@ def transfer_matrix(placement: dict, path: Path) -> Optional[Path]:
     for i in range(n):
         for j in range(n):
             if counts[i, j]:
-                ax.text(j, i, f"{human_bytes(data[i, j])}\n{counts[i, j]:g} transfers", ha="center",
+                ax.text(j, i, f"{human_bytes(data[i, j])}\n{counts[i, j]:g} transfer{'' if counts[i, j] == 1 else 's'}", ha="center",
                         va="center", fontsize=8, color="white" if data[i, j] > 0.6 * peak else "black")
             elif i == j:
                 ax.text(j, i, "-", ha="center", va="center", fontsize=8, color="grey")

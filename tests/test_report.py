@@ -1,0 +1,108 @@
+"""report.html and PNG charts from a stored placement (tests/data/placement-sample.json was
+captured from a real `pinpoint train` run: strategy none, variables pinned to /GPU:0, gradients to
+/GPU:1, layers dense_1 -> /GPU:0 and head -> /GPU:1, two GPUs emulated on logical CPUs)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from pinpoint.errors import ConfigError
+from pinpoint.placement.report import render_html, report_command, write_report
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
+
+SAMPLE = Path(__file__).parent / "data" / "placement-sample.json"
+
+
+def _sample() -> dict:
+    return json.loads(SAMPLE.read_text())
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_sample_is_a_real_capture():
+    p = _sample()
+    # facts of the captured run, as TensorFlow placed it
+    assert p["device_aliases"] == {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}
+    assert all(p["ops_by_device"][d] > 0 for d in ("/CPU:0", "/GPU:0", "/GPU:1"))
+    assert len(p["ops"]) > 50 and p["transfers"]["per_step"]["count"] > 0
+
+
+def test_report_writes_self_contained_html_and_pngs(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(SAMPLE, run / "placement.json")
+    (run / "metrics.json").write_text(json.dumps({"final_loss": 0.5, "final_accuracy": 0.9, "examples_per_sec": 1234.0, "steps": 12}))
+    assert report_command(run) == 0
+    html = (run / "report.html").read_text()
+    charts = sorted(p.name for p in (run / "charts").glob("*.png"))
+    assert charts == sorted(["ops_heatmap.png", "transfer_matrix.png", "ops_per_device.png", "conformance.png", "variable_bytes.png"])
+    for c in charts:
+        w, h = _png_size(run / "charts" / c)
+        assert w > 300 and h > 150
+    # self-contained: every image inline, no external resource
+    assert html.count("data:image/png;base64,") == len(charts)
+    assert not re.search(r'(src|href)="(https?:|//)', html)
+    assert "<link" not in html and "<script" not in html
+    for section in ("Devices", "Ops by device", "Transfers between devices", "Fallbacks", "Variables",
+                    "Gradients (backward pass)", "Conformance with the plan", "Replica consistency"):
+        assert f">{section}</h2>" in html
+    # the device alias table and the explanations are there
+    assert "<td>/GPU:0</td><td>/CPU:1</td>" in html
+    assert "only a request" in html and "copied there first" in html
+    # the variables rule was violated in this run (head's variables were created on /GPU:1)
+    assert "head/kernel" in html and 'class="bad"' in html
+    assert "examples/s" in html and "loss 0.5000" in html
+    # no partial files left behind
+    assert not list(run.glob(".*.tmp")) and not list((run / "charts").glob(".*"))
+
+
+def test_fallbacks_and_violations_highlighted():
+    p = _sample()
+    p["fallbacks"] = [{"op": "AsString", "op_type": "AsString", "requested": "/GPU:3", "requested_physical": "/GPU:3",
+                       "placed": "/CPU:0", "placed_physical": "/CPU:0", "reason": "requested device does not exist"}]
+    html = render_html(p, None, {}, "t")
+    row = re.search(r'<tr class="bad"><td>AsString</td><td>AsString</td><td>/GPU:3</td><td>/CPU:0</td>', html)
+    assert row, "fallback row is not highlighted"
+    assert "1 op(s) did not run where they were requested" in html
+    clean = copy.deepcopy(p)
+    clean["fallbacks"] = []
+    for r in clean["conformance"]["rules"]:
+        r.update(score=1.0, violations=[], violations_total=0)
+    clean["conformance"]["score"] = 1.0
+    html2 = render_html(clean, None, {}, "t")
+    assert "every op that requested a device ran on it" in html2
+    assert "Violations" not in html2
+
+
+def test_report_errors_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="not found; run the previous step"):
+        write_report(tmp_path)
+    with pytest.raises(ConfigError, match="is not a folder"):
+        write_report(tmp_path / "missing")
+    (tmp_path / "placement.json").write_text("[]")
+    with pytest.raises(ConfigError, match="is not a placement file"):
+        write_report(tmp_path)
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_cli_report_bad_dir_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "pinpoint.cli", "report", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert r.stderr.strip().startswith("pinpoint:") and len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.stderr
