@@ -1,0 +1,115 @@
+"""Pure-Python parts of placement: device names, headline metrics, summary, multi-worker merge."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pinpoint.placement.analyze import headline_metrics
+from pinpoint.placement.merge import merge_placements
+from pinpoint.placement.naming import Namer, matches, metric_key, normalize
+from pinpoint.placement.summary import format_summary
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+SAMPLE = Path(__file__).parent / "data" / "placement-sample.json"
+
+
+def _sample() -> dict:
+    return json.loads(SAMPLE.read_text())
+
+
+def test_normalize_and_spec_names():
+    assert normalize("/job:localhost/replica:0/task:0/device:CPU:1") == "/CPU:1"
+    assert normalize("/job:worker/replica:0/task:1/device:GPU:0") == "/job:worker/task:1/GPU:0"
+    assert normalize("/device:GPU:0") == "/GPU:0"
+    assert normalize("") == ""
+    namer = Namer(type("DM", (), {"aliases": {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}})())
+    assert namer.spec("/job:localhost/replica:0/task:0/device:CPU:2") == "/GPU:1"
+    assert namer.spec("/job:worker/replica:0/task:1/device:CPU:1") == "/job:worker/task:1/GPU:0"
+    assert namer.spec("/job:localhost/replica:0/task:0/device:CPU:0") == "/CPU:0"
+    assert namer.physical("/GPU:1") == "/CPU:2"
+
+
+def test_matches_only_what_the_plan_specifies():
+    assert matches("/GPU:0", "/GPU:0")
+    assert not matches("/GPU:0", "/GPU:1")
+    assert matches("/job:ps", "/job:ps/task:1/CPU:0")
+    assert not matches("/job:ps", "/job:worker/task:0/CPU:0")
+    assert matches("/device:CPU:0", "/job:localhost/replica:0/task:0/device:CPU:0")
+    assert not matches("/job:worker/task:1/GPU:0", "/job:worker/task:0/GPU:0")
+
+
+def test_headline_metrics_keys_are_mlflow_safe():
+    hm = headline_metrics(_sample())
+    for k, v in hm.items():
+        assert re.fullmatch(r"[A-Za-z0-9_.\-/ ]+", k), k
+        assert isinstance(v, float)
+    assert {"placement.ops.CPU_0", "placement.ops.GPU_0", "placement.ops.GPU_1", "placement.transfers_per_step",
+            "placement.transfer_bytes_per_step", "placement.fallbacks", "placement.conformance"} <= set(hm)
+    assert hm["placement.conformance"] == _sample()["conformance"]["score"]
+    assert metric_key("/job:worker/task:1/GPU:0") == "worker_1_GPU_0"
+
+
+def test_summary_is_short_and_has_the_numbers():
+    p = _sample()
+    text = format_summary(p, {"final_loss": 0.25, "final_accuracy": 0.875, "examples_per_sec": 5000, "steps": 12})
+    lines = text.splitlines()
+    assert 8 <= len(lines) <= 15
+    assert "loss 0.2500" in text and "accuracy 0.875" in text and "5,000 examples/s" in text
+    assert "/GPU:0=/CPU:1" in text
+    assert f"{p['transfers']['per_step']['count']} per step" in text
+    assert "variables 0.75" in text  # the rule below 1 is named
+    assert "fallbacks  : 0" in text
+    assert "not captured" in format_summary(None, {"final_loss": 1.0})
+
+
+def _as_task(p: dict, job: str, task: int) -> dict:
+    """The same placement as if captured by task `job:task` of a cluster (device names prefixed)."""
+    q = copy.deepcopy(p)
+    pre = f"/job:{job}/task:{task}"
+    ren = lambda d: pre + d  # noqa: E731
+    q["task"] = f"{job}:{task}"
+    q["devices"] = [ren(d) for d in p["devices"]]
+    q["ops_by_device"] = {ren(d): n for d, n in p["ops_by_device"].items()}
+    q["op_types_by_device"] = {ren(d): t for d, t in p["op_types_by_device"].items()}
+    q["gradients"]["ops_by_device"] = {ren(d): n for d, n in p["gradients"]["ops_by_device"].items()}
+    q["transfers"]["matrix"] = {ren(s): {ren(d): c for d, c in row.items()} for s, row in p["transfers"]["matrix"].items()}
+    for v in q["variables"]:
+        v["devices"] = [ren(d) for d in v["devices"]]
+        v["update_devices"] = [ren(d) for d in v["update_devices"]]
+        for c in v["components"]:
+            c["device"] = ren(c["device"])
+    return q
+
+
+def test_merge_placements_unites_tasks():
+    base = _sample()
+    a, b = _as_task(base, "chief", 0), _as_task(base, "worker", 0)
+    b["conformance"]["score"] = 0.5
+    b["replica_consistency"] = {"checked": 2, "max_abs_diff": 0.125, "variables": {"dense_1/kernel": 0.125}}
+    m = merge_placements([a, b])
+    assert m["task"] == "cluster"
+    assert set(m["devices"]) == set(a["devices"]) | set(b["devices"])
+    assert sum(m["ops_by_device"].values()) == sum(base["ops_by_device"].values()) * 2
+    assert m["transfers"]["per_step"]["count"] == base["transfers"]["per_step"]["count"] * 2
+    assert m["transfers"]["per_step"]["bytes"] == base["transfers"]["per_step"]["bytes"] * 2
+    assert m["conformance"]["score"] == pytest.approx((base["conformance"]["score"] + 0.5) / 2)
+    assert m["conformance"]["by_task"] == {"chief:0": base["conformance"]["score"], "worker:0": 0.5}
+    assert {r["task"] for r in m["conformance"]["rules"]} == {"chief:0", "worker:0"}
+    # a variable mirrored on both tasks: one entry, components from both
+    v = next(v for v in m["variables"] if v["name"] == "dense_1/kernel")
+    assert len(v["components"]) == 2 and {c["task"] for c in v["components"]} == {"chief:0", "worker:0"}
+    assert v["devices"] == ["/job:chief/task:0/GPU:0", "/job:worker/task:0/GPU:0"]
+    assert m["replica_consistency"]["max_abs_diff"] == 0.125
+    assert set(m["tasks"]) == {"chief:0", "worker:0"} and "ops" not in m["tasks"]["chief:0"]
+    assert merge_placements([a]) is a and merge_placements([]) == {}
+    # the merged placement renders
+    from pinpoint.placement.report import render_html
+
+    html = render_html(m, None, {}, "cluster")
+    assert "Tasks of the cluster" in html and "[worker:0] variables" in html
