@@ -1,0 +1,174 @@
+"""provision(): the run folder it writes, the traps it refuses, the CLI's one-line errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pinpoint.config import config_from_dict, load_config
+from pinpoint.errors import ConfigError, PinpointError, ProvisionError
+from pinpoint.provision import PLACEMENT_PLAN, provision
+from pinpoint.provision.local import local_tasks
+from pinpoint.provision.spec import build_tasks
+
+ROOT = Path(__file__).parent.parent
+DATA = Path(__file__).parent / "data" / "provision"
+
+
+def _cfg(strategy="multi_worker_mirrored", tracking=False, **cluster):
+    return config_from_dict({"name": "job", "cluster": cluster, "train": {"strategy": strategy},
+                             "tracking": {"enabled": tracking}})
+
+
+# ---- traps: one line naming the field, the value and the fix -----------------------------------
+CONFIG_TRAPS = [
+    ({"cluster": {"chief": 2, "workers": 1}}, "cluster.chief: got 2; TF_CONFIG allows at most one chief"),
+    ({"cluster": {"chief": 1, "workers": 2}, "train": {"strategy": "parameter_server"}},
+     "cluster.ps: got 0; parameter_server needs at least one ps task"),
+    ({"cluster": {"chief": 0, "workers": 2, "ps": 1}, "train": {"strategy": "parameter_server"}},
+     "cluster.chief: got 0; parameter_server needs a chief to coordinate"),
+    ({"cluster": {"chief": 1, "workers": 0, "ps": 1}, "train": {"strategy": "parameter_server"}},
+     "cluster.workers: got 0; parameter_server needs at least one worker"),
+    ({"cluster": {"evaluator": 1}, "train": {"strategy": "mirrored"}},
+     "cluster.evaluator: got 1; a side-car evaluator only works with multi_worker_mirrored or parameter_server"),
+    ({"cluster": {"workers": 1, "evaluator": 2}},
+     "cluster.evaluator: got 2; TensorFlow runs at most one side-car evaluator"),
+    ({"cluster": {"chief": 0, "workers": 0}}, "cluster.workers: got 0; a cluster needs at least one chief or worker"),
+    ({"name": "Train_Job"}, "name: got 'Train_Job'; 'Train_Job' is not a DNS-1123 name"),
+    ({"name": "7days"}, "name: got '7days'; '7days' must start with a letter"),
+    ({"cluster": {"namespace": "ML"}}, "cluster.namespace: got 'ML'"),
+    ({"cluster": {"cluster_domain": "Cluster.Local"}}, "cluster.cluster_domain: got 'Cluster.Local'"),
+    ({"cluster": {"port": 15001}}, "cluster.port: got 15001; port 15001 is reserved (Istio outbound)"),
+    ({"cluster": {"port": 80}}, "cluster.port: got 80"),
+    ({"cluster": {"memory": "4GB"}}, "cluster.memory: got '4GB'; '4GB' is not a Kubernetes quantity"),
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("overrides,message", CONFIG_TRAPS, ids=[m.split(":")[0] + str(i) for i, (_, m) in enumerate(CONFIG_TRAPS)])
+def test_config_traps(overrides, message):
+    data = {"name": "job", "cluster": {}, "train": {"strategy": "multi_worker_mirrored"}}
+    for key, value in overrides.items():
+        data[key] = {**data[key], **value} if isinstance(value, dict) else value
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+PROVISION_TRAPS = [
+    (dict(gpu_resource="nvidia gpu"), "cluster.gpu_resource: got 'nvidia gpu'; use an extended resource name"),
+    (dict(gpu_type_label="-bad-"), "cluster.gpu_type_label: got '-bad-'; use a Kubernetes label key"),
+    (dict(node_selector={"zone": "a b"}), "cluster.node_selector.zone: got 'a b'; a label value"),
+    (dict(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]),
+     "cluster.tolerations: got value 'v' with operator Exists"),
+    (dict(emulate=False, gpu_type="A100", node_selector={"nvidia.com/gpu.product": "V100"}),
+     "cluster.node_selector.nvidia.com/gpu.product: got 'V100' but cluster.gpu_type is 'A100'"),
+    (dict(emulate=True, gpu_type="A100"), "cluster.gpu_type: got 'A100' but no replica requests a GPU"),
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("cluster,message", PROVISION_TRAPS, ids=[m.split(":")[0] for _, m in PROVISION_TRAPS])
+def test_provision_traps(cluster, message, tmp_path):
+    with pytest.raises(ProvisionError) as err:
+        provision(_cfg(workers=1, **cluster), tmp_path / "out")
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+@pytest.mark.unit
+def test_combined_names_must_stay_dns_labels():
+    cfg = _cfg(workers=1).model_copy(update={"name": "a" * 55})  # bypasses the 40-char config check
+    with pytest.raises(ProvisionError, match="'a{55}-worker-0' \\(a Service name\\) must be a DNS-1035 label"):
+        build_tasks(cfg)
+
+
+@pytest.mark.unit
+def test_local_port_collisions_are_refused():
+    with pytest.raises(ProvisionError, match="every local task needs its own port"):
+        local_tasks(_cfg(workers=1), ports=[2222, 2222])
+
+
+@pytest.mark.unit
+def test_nodes_and_kubeconfig_together_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="give one source of nodes"):
+        provision(_cfg(), tmp_path, nodes=DATA / "nodes-ok.yaml", kubeconfig=tmp_path / "kc")
+
+
+# ---- outputs -----------------------------------------------------------------------------------
+@pytest.mark.unit
+def test_provision_writes_the_run_folder(tmp_path):
+    cfg = _cfg(workers=2, evaluator=1, emulate=False, devices_per_worker=2,
+               tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    out = tmp_path / "run"
+    summary = provision(cfg, out, nodes=DATA / "nodes-ok.yaml")
+    assert summary["feasibility"] == "feasible"
+    assert summary["tasks"] == ["chief:0", "worker:0", "worker:1", "evaluator:0"]
+    assert load_config(out / "config.yaml").digest() == cfg.digest()
+    spec = json.loads((out / "cluster_spec.json").read_text())
+    assert spec["config_digest"] == cfg.digest() and spec["flavor"] == "tfjob"
+    assert [t["task"] for t in spec["tasks"]] == summary["tasks"]
+    assert all(json.loads(t["tf_config_json"]) == t["tf_config"] for t in spec["tasks"])
+    assert spec["restart"]["retry_exit_code"] == 138
+    plan = json.loads((out / PLACEMENT_PLAN).read_text())
+    assert {p["task"] for p in plan["placements"]} == set(summary["tasks"])
+    assert sorted(p.name for p in (out / "manifests").iterdir()) == ["configmap.yaml", "tfjob.yaml"]
+    (tfjob,) = yaml.safe_load_all((out / "manifests" / "tfjob.yaml").read_text())
+    assert set(tfjob["spec"]["tfReplicaSpecs"]) == {"Chief", "Worker", "Evaluator"}
+
+    # Re-provisioning with the other flavour replaces manifests/ as a whole (no stale tfjob.yaml).
+    plain = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"flavor": "plain"})})
+    provision(plain, out)
+    assert sorted(p.name for p in (out / "manifests").iterdir()) == [
+        "configmap.yaml", "job-chief.yaml", "job-evaluator.yaml", "job-worker.yaml", "services.yaml"]
+    assert json.loads((out / PLACEMENT_PLAN).read_text())["status"] == "skipped"
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp leftovers
+
+
+@pytest.mark.unit
+def test_infeasible_inventory_writes_only_the_plan(tmp_path):
+    cfg = _cfg(workers=2, emulate=False, gpu_type="A100", devices_per_worker=4)
+    with pytest.raises(ProvisionError, match="need 12 x nvidia.com/gpu of type A100 in total"):
+        provision(cfg, tmp_path, nodes=DATA / "nodes-capacity.yaml")
+    plan = json.loads((tmp_path / PLACEMENT_PLAN).read_text())
+    assert plan["status"] == "infeasible" and "12 x nvidia.com/gpu" in plan["reason"]
+    assert not (tmp_path / "cluster_spec.json").exists() and not (tmp_path / "manifests").exists()
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(120)
+def test_cli_reports_one_line_and_exit_code(tmp_path):
+    cfg = {"name": "big", "cluster": {"workers": 1, "emulate": False, "gpu_type": "A100", "devices_per_worker": 8},
+           "train": {"strategy": "multi_worker_mirrored"}, "tracking": {"enabled": False}}
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run = subprocess.run([sys.executable, "-m", "pinpoint.cli", "provision", str(path), "--out", str(tmp_path / "o"),
+                          "--nodes", str(DATA / "nodes-small-gpu.yaml")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == PinpointError.exit_code
+    assert run.stderr == ("pinpoint: feasibility: chief needs 8 x nvidia.com/gpu of type A100; "
+                          "the largest matching node has 4\n")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_provision_logs_to_mlflow(tmp_path):
+    """The provision step run: params, cluster_spec.json, placement plan and manifests as artifacts."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = config_from_dict({"name": "tracked", "cluster": {"workers": 1},
+                            "train": {"strategy": "multi_worker_mirrored"},
+                            "tracking": {"enabled": True, "uri": uri, "experiment": "provision-test"}})
+    summary = provision(cfg, tmp_path / "run", nodes=DATA / "nodes-ok.yaml")
+    assert summary["run_id"]
+    client = MlflowClient(uri)
+    run = client.get_run(summary["run_id"])
+    assert run.data.params["strategy"] == "multi_worker_mirrored"
+    assert run.data.params["replicas.worker"] == "1" and run.data.params["feasibility"] == "feasible"
+    names = {a.path for a in client.list_artifacts(summary["run_id"])}
+    assert {"cluster_spec.json", PLACEMENT_PLAN, "manifests"} <= names
+    manifests = {a.path for a in client.list_artifacts(summary["run_id"], "manifests")}
+    assert manifests == {"manifests/configmap.yaml", "manifests/tfjob.yaml"}
