@@ -172,3 +172,17 @@ def test_provision_logs_to_mlflow(tmp_path):
     assert {"cluster_spec.json", PLACEMENT_PLAN, "manifests"} <= names
     manifests = {a.path for a in client.list_artifacts(summary["run_id"], "manifests")}
     assert manifests == {"manifests/configmap.yaml", "manifests/tfjob.yaml"}
+
+
+@pytest.mark.unit
+def test_cluster_spec_notes_what_manifests_cannot_say(tmp_path):
+    from pinpoint.provision.spec import cluster_spec
+
+    cfg = _cfg(workers=1, cluster_domain="cluster.local")
+    notes = cluster_spec(cfg, build_tasks(cfg))["notes"]
+    assert any("CUSTOM_CLUSTER_DOMAIN=cluster.local" in n for n in notes)
+    assert any("runs_volume_claim" in n for n in notes)
+    ps = _cfg("parameter_server", workers=1, ps=1, flavor="plain", runs_volume_claim="shared")
+    assert cluster_spec(ps, build_tasks(ps))["notes"] == [
+        "parameter_server ps/worker tasks serve until stopped: when the chief Job completes, delete the rest "
+        "with `kubectl delete jobs -n default -l app.kubernetes.io/instance=job`"]

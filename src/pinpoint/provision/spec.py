@@ -183,5 +183,27 @@ def cluster_spec(cfg: Config, tasks: list[Task]) -> dict:
             "retry_exit_code": RETRY_EXIT_CODE,
             "max_restarts": cfg.train.max_restarts,
         },
+        "notes": _notes(cfg),
         "tasks": [t.to_json() for t in tasks],
     }
+
+
+def _notes(cfg: Config) -> list[str]:
+    """What the manifests cannot express by themselves."""
+    c, notes = cfg.cluster, []
+    if c.flavor == "tfjob" and c.cluster_domain:
+        notes.append(
+            f"the Training Operator appends a cluster domain only if its Deployment sets CUSTOM_CLUSTER_DOMAIN="
+            f"{c.cluster_domain}; without it the TFJob's TF_CONFIG hosts end in '.svc'"
+        )
+    if c.flavor == "plain" and cfg.train.strategy == "parameter_server":
+        notes.append(
+            "parameter_server ps/worker tasks serve until stopped: when the chief Job completes, delete the rest "
+            f"with `kubectl delete jobs -n {c.namespace} -l app.kubernetes.io/instance={cfg.name}`"
+        )
+    if cfg.train.strategy in MULTI_PROCESS_STRATEGIES and not c.runs_volume_claim:
+        notes.append(
+            "/runs is an emptyDir per pod: a recreated pod resumes only from checkpoints logged to MLflow; set "
+            "cluster.runs_volume_claim to a ReadWriteMany claim to share the run folder"
+        )
+    return notes
