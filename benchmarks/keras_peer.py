@@ -56,7 +56,7 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
     from pinpoint.devices import setup_devices
 
     t_start = time.perf_counter()
-    dm = setup_devices(cfg, multi_worker=multi_worker)
+    dm = setup_devices(cfg)
     import keras
     import tensorflow as tf
 
@@ -64,8 +64,19 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
     from pinpoint.training.models import build_model
     from pinpoint.training.strategies import get_strategy
 
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver() if multi_worker else None
-    strategy = get_strategy(cfg.train.strategy, dm.replica_devices, cluster_resolver=resolver, host=dm.host)
+    if multi_worker:
+        # Exactly how `pinpoint train --task` builds it: emulated GPUs (logical CPUs 1..n) are
+        # handed to the strategy as this task's local devices.
+        from pinpoint.training.task import _emulated_local_devices
+
+        with _emulated_local_devices(dm):
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver()
+            )
+        replica_devices = list(strategy.extended.worker_devices)
+    else:
+        strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host)
+        replica_devices = list(dm.replica_devices)
     arrays = load_arrays(cfg)
     gb = cfg.train.batch_size
     ds = (
@@ -100,7 +111,7 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
         "first_step_s": (timer.t_first_end - t_start) if timer.t_first_end else None,
         "final_loss": float(hist.history["loss"][-1]),
         "final_accuracy": float(hist.history["accuracy"][-1]),
-        "replica_devices": list(dm.replica_devices),
+        "replica_devices": replica_devices,
         "model_layers": dense_shapes(model),
         "num_replicas_in_sync": int(strategy.num_replicas_in_sync),
         "global_batch": gb,

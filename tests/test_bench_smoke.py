@@ -1,0 +1,37 @@
+"""Integration smoke test of the benchmark harness: one quick Pinpoint-vs-Keras round, for real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(300)
+def test_quick_bench_runs_both_sides_and_writes_results(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "keras-none",
+         "--out", str(tmp_path / "out"), "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    raw = json.loads((tmp_path / "out" / "results.json").read_text())
+    runs = raw["results"]["keras-none"]
+    pp, keras = runs["pinpoint"][0], runs["keras"][0]
+    for rec in (pp, keras):
+        assert rec["examples_per_sec"] > 0 and rec["steps_timed"] >= 20
+        assert rec["model_layers"] == [[64, 128], [128, 64], [64, 10]]
+        assert rec["peak_flops"] > 1e8 and 0 < rec["mfu"] < 1
+    assert pp["replica_devices"] == keras["replica_devices"]
+    md = results.read_text()
+    assert "| strategy none, 1 device |" in md and "met (target >= 1)" in md  # "met" or "NOT met"
+    assert raw["machine"]["nproc"] >= 1 and raw["machine"]["tensorflow"] in md
+    assert results.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
