@@ -180,3 +180,94 @@ def test_kubeconfig_errors_are_one_line(tmp_path):
     with pytest.raises(ProvisionError) as err:
         inventory_from_cluster(kc)
     assert "cannot list nodes" in str(err.value) and "\n" not in str(err.value)
+
+
+class _FakeApiServer:
+    """A FAKE Kubernetes API server (no real one can run here): serves a fixed NodeList and
+    PodList as JSON so the real kubernetes client's list_node/list_pod path is exercised."""
+
+    def __init__(self, nodes, pods, pods_status=200):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        bodies = {"/api/v1/nodes": (200, {"kind": "NodeList", "apiVersion": "v1", "items": nodes}),
+                  "/api/v1/pods": (pods_status, {"kind": "PodList", "apiVersion": "v1", "items": pods}
+                                   if pods_status == 200 else {"kind": "Status", "code": pods_status})}
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                status, body = bodies.get(self.path.split("?")[0], (404, {"kind": "Status", "code": 404}))
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _kubeconfig(tmp_path, server):
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: '{server}'}}}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+    )
+    return kc
+
+
+_NODES = [
+    {"metadata": {"name": "gpu-0", "labels": {"nvidia.com/gpu.product": "A100"}},
+     "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+     "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "4", "pods": "110"}}},
+    {"metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.product": "A100"}},
+     "spec": {}, "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "4"}}},
+]
+# Another team's pod holds 3 of gpu-1's GPUs; a finished pod holds nothing.
+_PODS = [
+    {"metadata": {"name": "busy", "namespace": "team-b"},
+     "spec": {"nodeName": "gpu-1", "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "3", "cpu": "500m"}}}],
+              "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "4"}}}]},
+     "status": {"phase": "Running"}},
+    {"metadata": {"name": "done", "namespace": "team-b"},
+     "spec": {"nodeName": "gpu-0", "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "4"}}}]},
+     "status": {"phase": "Succeeded"}},
+]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_inventory_from_a_fake_api_server(tmp_path):
+    with _FakeApiServer(_NODES, _PODS) as server:
+        nodes = {n.name: n for n in inventory_from_cluster(_kubeconfig(tmp_path, server))}
+    assert nodes["gpu-0"].allocatable["nvidia.com/gpu"] == 4  # the Succeeded pod frees its GPUs
+    assert nodes["gpu-1"].allocatable["nvidia.com/gpu"] == 1
+    assert nodes["gpu-1"].allocatable["cpu"] == 28  # max(0.5, init 4) taken off 32
+    assert nodes["gpu-0"].taints == (Taint("nvidia.com/gpu", "NoSchedule", "present"),)
+    cfg = _cfg(workers=1, devices_per_worker=2)
+    with pytest.raises(ProvisionError, match="chief needs 2 x nvidia.com/gpu of type A100; the largest matching node has 1"):
+        plan_placement(cfg, build_tasks(cfg), list(nodes.values())[1:], source="fake")
+    plan = plan_placement(cfg, build_tasks(cfg), list(nodes.values()), source="fake")
+    assert set(_where(plan).values()) == {"gpu-0"}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_inventory_without_pod_permission_uses_allocatable(tmp_path):
+    with _FakeApiServer(_NODES, [], pods_status=403) as server:
+        nodes = {n.name: n for n in inventory_from_cluster(_kubeconfig(tmp_path, server))}
+    assert nodes["gpu-1"].allocatable["nvidia.com/gpu"] == 4

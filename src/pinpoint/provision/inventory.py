@@ -126,8 +126,42 @@ def node_from_v1(v1node: Any) -> Node:
     return Node(name, alloc, dict(meta.labels or {}), tuple(taints))
 
 
-def inventory_from_cluster(kubeconfig: str | Path) -> list[Node]:
-    """Read every node of the cluster `kubeconfig` points at (needs `list nodes` permission)."""
+def _pod_requests(pod: Any) -> dict[str, float]:
+    """Effective requests of a pod: max(sum of containers, largest init container), as the scheduler counts."""
+    def requests(c) -> dict[str, float]:
+        res = (c.resources and c.resources.requests) or {}
+        return {str(k): float(parse_quantity(v)) for k, v in res.items()}
+
+    total: dict[str, float] = {}
+    for c in pod.spec.containers or ():
+        for k, v in requests(c).items():
+            total[k] = total.get(k, 0.0) + v
+    for c in pod.spec.init_containers or ():
+        for k, v in requests(c).items():
+            total[k] = max(total.get(k, 0.0), v)
+    return total
+
+
+def subtract_pods(nodes: list[Node], pods: Any) -> list[Node]:
+    """Nodes with the requests of their running pods taken off (what is still free to schedule)."""
+    used: dict[str, dict[str, float]] = {}
+    for pod in pods:
+        node_name = pod.spec.node_name if pod.spec else None
+        phase = pod.status.phase if pod.status else None
+        if not node_name or phase in ("Succeeded", "Failed"):
+            continue
+        for k, v in _pod_requests(pod).items():
+            used.setdefault(node_name, {})[k] = used.get(node_name, {}).get(k, 0.0) + v
+    return [
+        Node(n.name, {k: max(v - used.get(n.name, {}).get(k, 0.0), 0.0) for k, v in n.allocatable.items()}, n.labels, n.taints)
+        for n in nodes
+    ]
+
+
+def inventory_from_cluster(kubeconfig: str | Path, *, subtract_running: bool = True) -> list[Node]:
+    """Read every node of the cluster `kubeconfig` points at (needs `list nodes`); with
+    `subtract_running`, the requests of pods already running there are taken off (needs `list
+    pods` in all namespaces; without that permission, allocatable is used as is)."""
     try:
         from kubernetes import client, config
     except ImportError:  # pragma: no cover - kubernetes is in requirements.lock
@@ -146,4 +180,13 @@ def inventory_from_cluster(kubeconfig: str | Path) -> list[Node]:
         ) from None
     if not items:
         raise ProvisionError(f"--kubeconfig: the cluster of '{p}' has no nodes; pass --nodes FILE instead")
-    return [node_from_v1(n) for n in items]
+    nodes = [node_from_v1(n) for n in items]
+    if subtract_running:
+        try:
+            pods = api.list_pod_for_all_namespaces(_request_timeout=30).items
+        except client.ApiException as err:
+            if err.status in (401, 403):
+                return nodes  # may not list pods: judge by allocatable alone
+            raise ProvisionError(f"--kubeconfig: cannot list pods ({err.status} {err.reason}); retry or pass --nodes FILE") from None
+        nodes = subtract_pods(nodes, pods)
+    return nodes
