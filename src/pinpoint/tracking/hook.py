@@ -37,6 +37,14 @@ def _metric_name_ok(name: str) -> bool:
 def placement_metrics(placement: Mapping[str, Any]) -> dict[str, float]:
     """Placement metrics: numbers under placement['summary'] (and ['metrics'] if present), else
     the top-level numbers, as 'placement/<name>'."""
+    try:
+        from pinpoint.placement.analyze import headline_metrics
+
+        picked = {k: v for k, v in headline_metrics(dict(placement)).items() if _metric_name_ok(k)}
+        if picked:
+            return picked
+    except Exception:  # noqa: BLE001 - an unexpected placement shape: fall back to its numbers
+        pass
     picked: dict[str, float] = {}
     for section in ("summary", "metrics", "counts", "transfers"):
         if isinstance(placement.get(section), Mapping):
@@ -82,9 +90,18 @@ class TrackingHook(Hook):
         self.run.log_dict(dict(placement), PLACEMENT)
 
     def on_train_end(self, summary: Mapping[str, Any], model: Any = None) -> None:
-        final = numeric_leaves({k: v for k, v in summary.items() if not isinstance(v, Mapping)}, "final")
-        self.run.log_metrics(final, step=int(summary.get("steps", summary.get("step", 0)) or 0)
-                             if isinstance(summary.get("steps", summary.get("step", 0)), (int, float)) else 0)
+        # Run-level numbers (final_*, eval_*, steady-state throughput) at the last step; renamed
+        # where they would otherwise add a point to a per-step series such as examples_per_sec.
+        final = {}
+        for key, value in summary.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if key.startswith(("final_", "eval_")):
+                final[key] = float(value)
+            elif key == "examples_per_sec":
+                final["steady_examples_per_sec"] = float(value)
+        last = summary.get("steps")
+        self.run.log_metrics(final, step=int(last) if isinstance(last, (int, float)) else 0)
         self.run.log_dict(dict(summary), METRICS)
         log = self.run_dir / TRAIN_LOG
         if log.is_file():

@@ -21,6 +21,7 @@ from pinpoint.tracking.sender import (
     PIPELINE_TAG,
     Sender,
     _client,
+    brief,
     find_run_by_local_id,
     get_or_create_experiment,
     now_ms,
@@ -29,6 +30,7 @@ from pinpoint.tracking.spool import SPOOL_DIR, Spool, warn
 from pinpoint.tracking.uri import configure_http, redact, resolve_tracking_uri
 
 STEP_TAG = "pinpoint.step"
+_PARENT_URIS: dict[str, str] = {}  # parent run id -> the URI it was created at (this process)
 FLUSH_TIMEOUT_S = 120.0  # how long the end of a step waits for the sender before leaving a spool
 
 
@@ -88,15 +90,17 @@ class StepRun:
         return self._sender.run_id or self._local_id
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """Wake the sender and wait (up to timeout s) until everything journaled so far is sent."""
+        """Wake the sender and wait until everything journaled so far is sent; False after
+        `timeout` s or as soon as a send attempt fails (server down: the spool keeps it)."""
         import time
 
+        failures = self._sender.failures
         self._sender.wake()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.spool.unacked_count() == 0:
                 return True
-            if self._sender.offline:
+            if self._sender.failures > failures or not self._sender.alive:
                 return False
             time.sleep(0.05)
         return False
@@ -273,10 +277,12 @@ def start_parent_run(cfg, run_name: str | None = None, *, uri: str | None = None
         params = [Param(k, v) for k, v in config_params(cfg).items()]
         for i in range(0, len(params), 100):
             client.log_batch(run.info.run_id, params=params[i : i + 100])
+        _PARENT_URIS[run.info.run_id] = uri
         return run.info.run_id
     except Exception as err:  # noqa: BLE001 - tracking must never stop a pipeline
-        warn(f"MLflow tracking server {redact(uri)} unreachable ({str(err).splitlines()[0][:200]}); "
+        warn(f"MLflow tracking server {redact(uri)} unreachable ({brief(err)}); "
              f"the pipeline's parent run will be created by its first step that reaches it")
+        _PARENT_URIS[local_id] = uri
         return local_id
 
 
@@ -285,7 +291,7 @@ def end_parent_run(run_id: str | None, status: str = "FINISHED", *, cfg=None, ur
     if not run_id:
         return
     configure_http()
-    uri = uri or resolve_tracking_uri(cfg)
+    uri = uri or (resolve_tracking_uri(cfg) if cfg is not None else _PARENT_URIS.get(run_id)) or resolve_tracking_uri(None)
     try:
         client = _client(uri)
         if run_id.startswith("local-"):

@@ -48,7 +48,18 @@ def _classify(err: Exception) -> Exception:
             status = 500
         if 400 <= status < 500 and status != 429:
             return err
-    return Transient(str(err).splitlines()[0][:300] if str(err) else type(err).__name__)
+    return Transient(brief(err))
+
+
+def brief(err: Exception) -> str:
+    """One short phrase for a warning: 'connection refused', 'timed out', or the first line."""
+    text = str(err)
+    for needle, phrase in (("Connection refused", "connection refused"), ("timed out", "timed out"),
+                           ("Max retries exceeded", "no answer"), ("RemoteDisconnected", "connection dropped"),
+                           ("Connection aborted", "connection dropped")):
+        if needle in text:
+            return phrase
+    return text.splitlines()[0][:200] if text else type(err).__name__
 
 
 def get_or_create_experiment(client, name: str, uri: str) -> str:
@@ -105,6 +116,7 @@ class Sender:
         self.uncertain = replay  # a request may have landed before we lost track: dedupe
         self.offline = False
         self.sent = 0
+        self.failures = 0
         self._history: dict[str, set[int]] = {}
         self._client = None
         self._wake = threading.Event()
@@ -117,6 +129,10 @@ class Sender:
         self._on_run_created = on_run_created
         self._thread = threading.Thread(target=self._loop, name="pinpoint-mlflow-sender", daemon=True)
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def wake(self) -> None:
         self._wake.set()
@@ -174,6 +190,7 @@ class Sender:
                 self.sent += len(chunk)
         except Transient as err:
             self.uncertain = True
+            self.failures += 1
             if not self.offline:
                 self.offline = True
                 warn(f"MLflow tracking server {redact(self.uri)} unreachable ({err}); spooling to "
@@ -236,7 +253,7 @@ class Sender:
                                    run_name=rec["run_name"])
                 run_id = run.info.run_id
         except Exception as err:  # noqa: BLE001 - run creation must succeed eventually: retry
-            raise Transient(str(err).splitlines()[0][:300]) from None
+            raise Transient(brief(err)) from None
         self.run_id = run_id
         self.spool.update_meta(run_id=run_id, experiment_id=exp_id)
         if self._on_run_created:
@@ -296,7 +313,7 @@ class Sender:
 
 def _classify_transient(err: Exception) -> Exception:
     e = _classify(err)
-    return e if isinstance(e, Transient) else Transient(str(err)[:300])
+    return e if isinstance(e, Transient) else Transient(brief(err))
 
 
 def replay(spool: Spool, uri: str | None = None) -> tuple[bool, int, str | None]:

@@ -16,15 +16,19 @@ LOCAL_ARTIFACTS = "artifacts"
 # Set with setdefault inside the tracker (never at import), so a user's explicit choice wins.
 HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0.2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
 }
 
 
 def configure_http() -> None:
+    import logging
+
     for key, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    # urllib3 logs every retry during an outage; the tracker reports an outage once, itself.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
 
 def repo_root(start: str | Path | None = None) -> Path:

@@ -1,0 +1,113 @@
+"""Shared fixtures. The MLflow fixtures start a REAL `mlflow server` process (sqlite store +
+proxied artifacts) on a free localhost port; tests may stop and restart it (same port, same store)
+to simulate an outage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real `mlflow server` in its own process group; start/stop/restart keep port and store."""
+
+    def __init__(self, root: Path, port: int | None = None):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log = self.root / "server.log"
+        self.startup_seconds: list[float] = []
+
+    def start(self, timeout: float = 180.0) -> None:
+        mlflow = Path(sys.executable).parent / "mlflow"
+        cmd = [
+            str(mlflow), "server",
+            "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+            "--artifacts-destination", str(self.root / "artifacts"),
+            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+        ]
+        env = dict(os.environ)
+        # The genai job runners (huey consumers) are not needed and cost CPU on a 2-core box.
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+        env.pop("MLFLOW_TRACKING_URI", None)
+        t0 = time.monotonic()
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True, cwd=self.root)
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited early; see {self.log}:\n{self.log.read_text()[-2000:]}")
+            if self.healthy():
+                self.startup_seconds.append(time.monotonic() - t0)
+                return
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"mlflow server not healthy after {timeout}s; see {self.log}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """Stop the whole process group (server + workers): the port stops answering at once."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(15)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+        deadline = time.monotonic() + 10
+        while self.healthy() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A running MLflow tracking server for the session (URI in `.uri`). A test that stops it must
+    start it again (the fixture checks and restarts it if not)."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def live_mlflow(mlflow_server):
+    """The session server, guaranteed up before and after the test."""
+    if not mlflow_server.healthy():
+        mlflow_server.start()
+    yield mlflow_server
+    if mlflow_server.proc is None or not mlflow_server.healthy():
+        mlflow_server.start()

@@ -1,0 +1,235 @@
+"""MLflow tracking against a real `mlflow server` process: runs, params, metrics exactly once,
+outages at the start / in the middle / at the end, spool upload, checkpoints, the final model."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pinpoint.config import config_from_dict
+from pinpoint.errors import ConfigError
+from pinpoint.tracking import open_step_run, resolve_tracking_uri, start_parent_run, end_parent_run
+from pinpoint.tracking.params import config_params
+from pinpoint.tracking.spool import SPOOL_DIR, Spool, find_spools, upload_spool_command
+from pinpoint.tracking.uri import local_store, repo_root
+
+
+def make_cfg(uri=None, **train):
+    return config_from_dict(
+        {
+            "name": "trk",
+            "cluster": {"devices_per_worker": 1},
+            "train": {"strategy": "none", "steps": 50, **train},
+            "tracking": {"uri": uri, "experiment": f"t-{uuid.uuid4().hex[:8]}"},
+        }
+    )
+
+
+def client(uri):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def steps_of(c, run_id, key):
+    return sorted(m.step for m in c.get_metric_history(run_id, key))
+
+
+# ---- unit --------------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_resolve_tracking_uri_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_tracking_uri(make_cfg()) == f"sqlite:///{tmp_path.resolve()}/mlruns/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:5000")
+    assert resolve_tracking_uri(make_cfg()) == "http://env:5000"
+    assert resolve_tracking_uri(make_cfg("http://cfg:5000")) == "http://cfg:5000"
+
+
+@pytest.mark.unit
+def test_local_store_is_in_the_repo_and_matches_make_mlflow_ui(monkeypatch):
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root / "tests")
+    assert repo_root() == root
+    uri, artifacts = local_store()
+    assert uri == f"sqlite:///{root}/mlruns/mlflow.db"
+    assert artifacts == (root / "mlruns" / "artifacts").as_uri()
+    make = (root / "Makefile").read_text()
+    assert "sqlite:///mlruns/mlflow.db" in make and "mlruns/artifacts" in make
+
+
+@pytest.mark.unit
+def test_params_flatten_config_without_secrets():
+    cfg = make_cfg("http://user:secret@host:5000", pinning={"input": "/CPU:0"})
+    p = config_params(cfg)
+    assert p["train.strategy"] == "none"
+    assert p["train.pinning.input"] == "/CPU:0"
+    assert p["cluster.devices_per_worker"] == "1"
+    assert p["config_digest"] == cfg.digest()
+    assert p["version.tensorflow"] and p["version.mlflow"]
+    assert not any("secret" in v for v in p.values())
+    assert not any(k.startswith("tracking.uri") for k in p)
+
+
+@pytest.mark.unit
+def test_spool_journal_acks_and_pending(tmp_path):
+    s = Spool.create(tmp_path / "s", {"local_id": "local-x", "uri": "http://nowhere"})
+    a = s.append("metrics", metrics=[["loss", 1.0, 1, 0]])
+    b = s.append("metrics", metrics=[["loss", 0.5, 2, 1]])
+    assert [r["id"] for r in s.read_new()] == [a["id"], b["id"]]
+    assert s.read_new() == []
+    s.ack([a])
+    again = Spool(tmp_path / "s")  # a new process: acks persist
+    assert [r["id"] for r in again.pending()] == [b["id"]]
+    assert find_spools(tmp_path) == [tmp_path / "s"]
+
+
+@pytest.mark.unit
+def test_upload_spool_bad_dir_is_one_line_error(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="upload-spool: DIR"):
+        upload_spool_command(tmp_path / "missing")
+    assert upload_spool_command(tmp_path) == 0
+    assert "nothing to upload" in capsys.readouterr().out
+
+
+@pytest.mark.unit
+def test_disabled_or_not_chief_is_a_noop(tmp_path):
+    cfg = config_from_dict({"name": "x", "train": {"strategy": "none"}, "tracking": {"enabled": False}})
+    with open_step_run(cfg, "train", tmp_path) as run:
+        assert run.run_id is None
+        run.log_metrics({"loss": 1.0}, step=0)
+        run.hook().on_step_end(0, {"loss": 1.0})
+    with open_step_run(make_cfg("http://127.0.0.1:9"), "train", tmp_path, is_chief=False) as run:
+        assert run.run_id is None
+    assert not (tmp_path / SPOOL_DIR).exists()
+
+
+# ---- integration: a real mlflow server --------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_parent_and_child_runs_params_metrics_artifacts(live_mlflow, tmp_path):
+    cfg = make_cfg(live_mlflow.uri)
+    (tmp_path / "cluster_spec.json").write_text(json.dumps({"cluster": {"chief": ["h:1"]}}))
+    parent = start_parent_run(cfg, "trk-pipeline")
+    assert not parent.startswith("local-")
+    with open_step_run(cfg, "train", tmp_path, parent_run_id=parent) as run:
+        hook = run.hook()
+        hook.on_train_begin({"strategy": "none", "out_dir": str(tmp_path), "start_step": 0})
+        for step in range(1, 21):
+            hook.on_step_end(step, {"loss": 1 / step, "accuracy": step / 20, "examples_per_sec": 100.0,
+                                    "step_time": 0.01})
+        hook.on_placement({"ops_by_device": {"/GPU:0": 12}, "transfers": {"per_step": {"count": 3, "bytes": 96}}})
+        run_id = run.run_id
+    end_parent_run(parent, "FINISHED")
+    c = client(live_mlflow.uri)
+    r = c.get_run(run_id)
+    assert r.info.status == "FINISHED"
+    assert r.data.tags["mlflow.parentRunId"] == parent
+    assert r.data.tags["pinpoint.step"] == "train"
+    assert c.get_run(parent).info.status == "FINISHED"
+    assert c.get_run(parent).data.tags["pinpoint.pipeline"] == "trk"
+    assert r.data.params["train.strategy"] == "none" and r.data.params["config_digest"] == cfg.digest()
+    assert steps_of(c, run_id, "loss") == list(range(1, 21))
+    assert r.data.metrics["placement.transfers_per_step"] == 3.0
+    assert any(k.startswith("system/") for k in r.data.metrics)
+    names = {a.path for a in c.list_artifacts(run_id)}
+    assert {"cluster_spec.json", "placement.json"} <= names
+    assert not (tmp_path / SPOOL_DIR).exists()  # everything arrived: no spool left
+
+
+def _log_steps(run, steps, pause=0.0):
+    hook = run.hook()
+    for step in steps:
+        hook.on_step_end(step, {"loss": 1.0 / (step + 1), "accuracy": 0.5})
+        if pause:
+            time.sleep(pause)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_server_stopped_and_restarted_mid_run_every_step_exactly_once(live_mlflow, tmp_path, capfd):
+    cfg = make_cfg(live_mlflow.uri)
+    with open_step_run(cfg, "train", tmp_path, system_metrics=False) as run:
+        real_id = run.run_id
+        assert not real_id.startswith("local-")
+        _log_steps(run, range(0, 30), pause=0.02)
+        live_mlflow.stop()
+        t0 = time.monotonic()
+        _log_steps(run, range(30, 60), pause=0.02)
+        assert time.monotonic() - t0 < 10, "training waited on the network during the outage"
+        live_mlflow.start()
+        _log_steps(run, range(60, 90), pause=0.02)
+    err = capfd.readouterr().err
+    assert "unreachable" in err and "spooling" in err
+    c = client(live_mlflow.uri)
+    assert steps_of(c, real_id, "loss") == list(range(90))  # every step, exactly once
+    assert c.get_run(real_id).info.status == "FINISHED"
+    assert not (tmp_path / SPOOL_DIR).exists()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_server_down_at_start_run_created_later(live_mlflow, tmp_path):
+    cfg = make_cfg(live_mlflow.uri)
+    live_mlflow.stop()
+    t0 = time.monotonic()
+    parent = start_parent_run(cfg, "down-pipeline")
+    assert parent.startswith("local-")
+    with open_step_run(cfg, "train", tmp_path, parent_run_id=parent, system_metrics=False) as run:
+        assert run.run_id.startswith("local-")
+        _log_steps(run, range(0, 20))
+        assert time.monotonic() - t0 < 30
+        live_mlflow.start()
+        _log_steps(run, range(20, 40))
+        assert run.flush(timeout=60)
+        run_id = run.run_id
+    assert not run_id.startswith("local-")
+    c = client(live_mlflow.uri)
+    r = c.get_run(run_id)
+    assert steps_of(c, run_id, "loss") == list(range(40))
+    assert r.data.params["train.strategy"] == "none"
+    parent_id = r.data.tags["mlflow.parentRunId"]
+    assert c.get_run(parent_id).data.tags["pinpoint.local_id"] == parent
+    end_parent_run(parent, "FINISHED", cfg=cfg)
+    assert c.get_run(parent_id).info.status == "FINISHED"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_server_down_at_end_leaves_spool_upload_spool_sends_it_once(live_mlflow, tmp_path, capfd):
+    from pinpoint.cli import main
+
+    cfg = make_cfg(live_mlflow.uri)
+    src = tmp_path / "report.html"
+    src.write_text("<html>report</html>")
+    with open_step_run(cfg, "train", tmp_path, system_metrics=False) as run:
+        run_id = run.run_id
+        _log_steps(run, range(0, 10))
+        assert run.flush(timeout=60)
+        live_mlflow.stop()
+        _log_steps(run, range(10, 25))
+        run.log_artifact(src)
+    src.unlink()  # the spool has its own copy
+    assert "upload-spool" in capfd.readouterr().err
+    spools = find_spools(tmp_path)
+    assert len(spools) == 1
+    # Forget every ack: the replay must still not duplicate what already reached the server.
+    (spools[0] / "acked.txt").write_text("")
+    live_mlflow.start()
+    assert main(["upload-spool", str(tmp_path)]) == 0
+    assert main(["upload-spool", str(tmp_path)]) == 0  # idempotent: nothing left
+    assert "nothing to upload" in capfd.readouterr().out
+    c = client(live_mlflow.uri)
+    assert steps_of(c, run_id, "loss") == list(range(25))
+    assert c.get_run(run_id).info.status == "FINISHED"
+    assert "report.html" in {a.path for a in c.list_artifacts(run_id)}

@@ -1,0 +1,80 @@
+"""Checkpoints logged as they are written and fetched back; the final Keras model logged in a form
+MLflow loads back and predicts with. Real TensorFlow, real `mlflow server`."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from pinpoint.config import config_from_dict
+from pinpoint.errors import ConfigError
+from pinpoint.tracking import fetch_checkpoint, open_step_run
+
+
+def make_cfg(uri):
+    return config_from_dict({
+        "name": "trk-tf", "cluster": {"devices_per_worker": 1}, "train": {"strategy": "none"},
+        "tracking": {"uri": uri, "experiment": f"tf-{uuid.uuid4().hex[:8]}"},
+    })
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_checkpoints_uploaded_fetched_back_and_model_predicts(live_mlflow, tmp_path):
+    import mlflow
+    import tensorflow as tf
+    from mlflow.tracking import MlflowClient
+
+    cfg = make_cfg(live_mlflow.uri)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3, name="dense")])
+    step = tf.Variable(0, dtype=tf.int64, name="step")
+    opt = tf.keras.optimizers.SGD(0.1)
+    ckpt = tf.train.Checkpoint(step=step, model=model, optimizer=opt)
+    # keep=1: the manager deletes ckpt-5 when it writes ckpt-10, before the upload may have
+    # happened; the spool's snapshot must still deliver it.
+    manager = tf.train.CheckpointManager(ckpt, str(tmp_path / "checkpoints"), max_to_keep=1, checkpoint_name="ckpt")
+    x = np.random.default_rng(0).normal(size=(5, 4)).astype("float32")
+    with open_step_run(cfg, "train", tmp_path, system_metrics=False) as run:
+        hook = run.hook()
+        for s in (5, 10):
+            step.assign(s)
+            model.layers[0].kernel.assign(tf.fill((4, 3), float(s)))
+            hook.on_checkpoint(s, manager.save(checkpoint_number=s))
+        assert not list((tmp_path / "checkpoints").glob("ckpt-5.*"))
+        hook.on_train_end({"final_loss": 0.5, "examples_per_sec": 10.0, "steps": 10}, model)
+        run_id = run.run_id
+    c = MlflowClient(live_mlflow.uri)
+    logged = sorted(a.path for a in c.list_artifacts(run_id, "checkpoints"))
+    assert logged == ["checkpoints/ckpt-10", "checkpoints/ckpt-5"]
+    files = {a.path.rsplit("/", 1)[1] for a in c.list_artifacts(run_id, "checkpoints/ckpt-10")}
+    assert {"ckpt-10.index", "checkpoint"} <= files and any(".data-" in f for f in files)
+    assert c.get_run(run_id).data.metrics["final_loss"] == 0.5
+
+    prefix = fetch_checkpoint(run_id, cfg, tmp_path / "fetched")
+    assert prefix.name == "ckpt-10" and prefix.parent.is_relative_to(tmp_path / "fetched")
+    reader = tf.train.load_checkpoint(str(prefix))
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 10
+    # Restoring into fresh objects continues the step count.
+    step2 = tf.Variable(0, dtype=tf.int64)
+    model2 = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3, name="dense")])
+    tf.train.Checkpoint(step=step2, model=model2, optimizer=tf.keras.optimizers.SGD(0.1)).restore(str(prefix)).expect_partial()
+    assert int(step2.numpy()) == 10
+    np.testing.assert_allclose(model2.layers[0].kernel.numpy(), np.full((4, 3), 10.0))
+
+    loaded = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+    np.testing.assert_allclose(np.asarray(loaded.predict(x)), model.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_fetch_checkpoint_errors_are_one_line(live_mlflow, tmp_path):
+    cfg = make_cfg(live_mlflow.uri)
+    with pytest.raises(ConfigError, match="--resume-from-run: run 'nope' not found"):
+        fetch_checkpoint("nope", cfg, tmp_path)
+    with open_step_run(cfg, "train", tmp_path, system_metrics=False) as run:
+        run_id = run.run_id
+    with pytest.raises(ConfigError, match="has no checkpoints logged") as err:
+        fetch_checkpoint(run_id, cfg, tmp_path)
+    assert "\n" not in str(err.value)
