@@ -37,6 +37,8 @@ def test_parameter_server_explicit_ports_in_task_order():
     assert [(t.role, t.index, t.port) for t in tasks] == [
         ("chief", 0, 5000), ("worker", 0, 5001), ("worker", 1, 5002), ("ps", 0, 5003)]
     assert tasks[0].tf_config["cluster"]["ps"] == ["127.0.0.1:5003"]
+    # The coordinator and the ps hold no replica; the workers compute on the spec's devices.
+    assert [t.devices for t in tasks] == [("/CPU:0",), ("/GPU:0",), ("/GPU:0",), ("/CPU:0",)]
     assert list(tasks[0].tf_config["cluster"]) == ["chief", "ps", "worker"]
 
 
@@ -44,7 +46,8 @@ def test_ports_mapping_and_errors():
     cfg = _cfg("mirrored")
     (t,) = local_tasks(cfg, ports={"chief:0": 6000})
     assert t == LocalTask("chief", 0, {"cluster": {"chief": ["127.0.0.1:6000"]},
-                                       "task": {"type": "chief", "index": 0}, "environment": "cloud"}, 6000)
+                                       "task": {"type": "chief", "index": 0}, "environment": "cloud"}, 6000,
+                          ("/GPU:0",))
     with pytest.raises(ProvisionError, match="no port for chief:0"):
         local_tasks(cfg, ports={"worker:0": 1})
     with pytest.raises(ProvisionError, match="1 task"):

@@ -9,6 +9,7 @@ from typing import Mapping, Sequence, Union
 
 from pinpoint.config import Config
 from pinpoint.errors import ProvisionError
+from pinpoint.provision.spec import role_devices
 from pinpoint.provision.tfconfig import cluster_dict, task_list, tf_config
 
 Ports = Union[Sequence[int], Mapping[str, int], None]
@@ -20,6 +21,7 @@ class LocalTask:
     index: int
     tf_config: dict
     port: int
+    devices: tuple[str, ...] = ()  # spec devices this task computes on (emulation maps /GPU:i)
 
     @property
     def name(self) -> str:
@@ -66,4 +68,4 @@ def local_tasks(cfg: Config, host: str = "127.0.0.1", ports: Ports = None) -> li
     chosen = _resolve_ports(tasks, ports, host)
     by_task = dict(zip(tasks, chosen))
     cluster = cluster_dict(cfg.cluster, lambda r, i: f"{host}:{by_task[(r, i)]}")
-    return [LocalTask(r, i, tf_config(cluster, r, i), by_task[(r, i)]) for r, i in tasks]
+    return [LocalTask(r, i, tf_config(cluster, r, i), by_task[(r, i)], role_devices(cfg, r)) for r, i in tasks]

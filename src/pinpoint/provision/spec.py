@@ -56,6 +56,7 @@ class Task:
     host: str  # the DNS name the other tasks dial, with the port
     resources: Resources
     tf_config: dict = field(compare=False)
+    devices: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -82,6 +83,18 @@ def role_gpus(cfg: Config, role: str) -> int:
     if role == "evaluator":
         return 1
     return c.devices_per_worker
+
+
+def role_devices(cfg: Config, role: str) -> tuple[str, ...]:
+    """The spec devices one task of `role` computes on (before emulation maps /GPU:i to a
+    logical CPU device): replicas use every device of the spec; a ps task and the
+    parameter_server coordinator only use the host CPU; an evaluator uses the first device."""
+    replica = tuple(cfg.replica_devices())
+    if role == "ps" or (role == "chief" and cfg.train.strategy == "parameter_server"):
+        return ("/CPU:0",)
+    if role == "evaluator":
+        return replica[:1]
+    return replica
 
 
 def role_resources(cfg: Config, role: str) -> Resources:
@@ -157,6 +170,7 @@ def build_tasks(cfg: Config) -> list[Task]:
             host=k8s_host(cfg.name, r, i, c.namespace, c.cluster_domain, c.port),
             resources=role_resources(cfg, r),
             tf_config=tf_config(cluster, r, i),
+            devices=role_devices(cfg, r),
         )
         for r, i in task_list(c)
     ]
