@@ -27,6 +27,7 @@ UPDATE_RE = re.compile(
 )
 INPUT_RE = re.compile(r"(IteratorGetNext\w*|MultiDeviceIterator\w*|OptionalGetValue|OptionalHasValue|\w*Dataset(V\d)?)$")
 # Ops that pass a resource handle through unchanged (followed when attributing an update).
+COLLECTIVE_RE = re.compile(r"^(Collective\w+|NcclAllReduce|_NcclReduceSend|_NcclBroadcastSend)$")
 _PASS_THROUGH = {"Identity", "IdentityN", "_Recv", "_HostRecv"}
 
 EXPLAIN = {
@@ -37,6 +38,9 @@ EXPLAIN = {
     "transfers": "Every edge between ops on different devices becomes a _Send/_Recv pair; each pair "
     "is one transfer. Bytes = dtype size x static shape; transfers whose shape could not be resolved "
     "(grappler-renamed nodes, dynamic shapes) are counted but not sized.",
+    "collectives": "Collective ops (all-reduce, all-gather) exchange data between replicas through "
+    "their own channels (rings, NCCL, gRPC), not through _Send/_Recv; counted per device with the size of "
+    "the tensor each one reduces.",
     "fallbacks": "An op whose requested device differs from the device it ran on: with soft placement "
     "the placer moves an op when the requested device does not exist, has no kernel for the op, or the op "
     "must be colocated with a resource (variable) on another device.",
@@ -228,6 +232,9 @@ def headline_metrics(placement: dict) -> dict[str, float]:
     per_step = (placement.get("transfers") or {}).get("per_step") or {}
     out["placement.transfers_per_step"] = float(per_step.get("count", 0))
     out["placement.transfer_bytes_per_step"] = float(per_step.get("bytes", 0))
+    coll = (placement.get("transfers") or {}).get("collectives") or {}
+    out["placement.collectives_per_step"] = float(sum(c.get("count", 0) for c in coll.values()))
+    out["placement.collective_bytes_per_step"] = float(sum(c.get("input_bytes", 0) for c in coll.values()))
     out["placement.fallbacks"] = float(len(placement.get("fallbacks") or []))
     out["placement.devices"] = float(len(placement.get("devices") or []))
     out["placement.variables"] = float(len(placement.get("variables") or []))
@@ -339,12 +346,30 @@ def _transfers(cap, namer: Namer) -> dict:
                 nbytes += size
                 cell["bytes"] += size
             items.append({"tensor": inp, "from": s, "to": d, "bytes": size})
+    # Collective ops (all-reduce, all-gather, broadcast) move data between replicas outside the
+    # _Send/_Recv pairs (ring/NCCL/gRPC); counted separately with the size of their input.
+    coll: dict[str, dict[str, int]] = defaultdict(lambda: {"count": 0, "bytes": 0})
+    for g in cap.partition_graphs:
+        for n in g.node:
+            if not COLLECTIVE_RE.match(n.op) or not n.input:
+                continue
+            dev = namer.spec(n.device)
+            coll[dev]["count"] += 1
+            name, _, idx = n.input[0].lstrip("^").partition(":")
+            shape = _shape_of(name, int(idx or 0), cap, nodes)
+            dsize = _dtype_size(n.attr["T"].type) if "T" in n.attr else None
+            if shape is not None and dsize is not None and all(x is not None and x >= 0 for x in shape):
+                size = dsize
+                for x in shape:
+                    size *= x
+                coll[dev]["bytes"] += size
     return {
         "count": count,
         "bytes": nbytes,
         "sized": sized,
         "matrix": {s: dict(row) for s, row in matrix.items()},
         "items": items,
+        "collectives": {d: dict(c) for d, c in coll.items()},
     }
 
 
@@ -361,6 +386,11 @@ def _merge_transfer_steps(steps: list[dict]) -> dict:
         for s, row in sorted(matrix.items(), key=lambda kv: sort_key(kv[0]))
     }
     count = sum(st["count"] for st in steps)
+    coll: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "bytes": 0})
+    for st in steps:
+        for d, c in st.get("collectives", {}).items():
+            coll[d]["count"] += c["count"]
+            coll[d]["bytes"] += c["bytes"]
     largest = sorted(
         (it for it in (steps[0]["items"] if steps else [])), key=lambda it: -(it["bytes"] or 0)
     )[:25]
@@ -372,6 +402,10 @@ def _merge_transfer_steps(steps: list[dict]) -> dict:
             "unsized": _num((count - sum(st["sized"] for st in steps)) / n),
         },
         "matrix": matrix_out,
+        "collectives": {
+            d: {"count": _num(c["count"] / n), "input_bytes": _num(c["bytes"] / n)}
+            for d, c in sorted(coll.items(), key=lambda kv: sort_key(kv[0]))
+        },
         "steps": [{"count": st["count"], "bytes": st["bytes"], "sized": st["sized"]} for st in steps],
         "largest": largest,
     }
@@ -432,6 +466,24 @@ def _dedupe(variables: Iterable) -> list:
     return out
 
 
+FINGERPRINT_SAMPLES = 32
+
+
+def _fingerprint(component) -> Optional[dict]:
+    """A few evenly spaced values and the sum of a variable, so the chief can compare the copies
+    that different tasks hold (cross-task replica drift) without shipping whole tensors."""
+    import numpy as np
+
+    try:
+        arr = np.asarray(component.numpy(), dtype=np.float64).ravel()
+    except Exception:  # noqa: BLE001 - non-numeric or unreadable here
+        return None
+    if arr.size == 0:
+        return {"sum": 0.0, "sample": []}
+    idx = np.unique(np.linspace(0, arr.size - 1, min(FINGERPRINT_SAMPLES, arr.size)).astype(int))
+    return {"sum": float(arr.sum()), "sample": [float(x) for x in arr[idx]]}
+
+
 def _resource_source(name: str, nodes: dict) -> Optional[str]:
     """Follow a resource input back through pass-through ops to its _Arg (or VarHandleOp)."""
     for _ in range(20):
@@ -481,6 +533,7 @@ def _variables(variables: list, captures: list, namer: Namer) -> dict:
                 "devices": sorted({c["device"] for c in comp_info if c["device"]}, key=sort_key),
                 "update_devices": [],
                 "update_ops": 0,
+                "fingerprint": _fingerprint(comps[0]),
             }
         )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from pinpoint.placement.analyze import EXPLAIN, SCHEMA_VERSION, _num
+from pinpoint.placement.analyze import EXPLAIN, FINGERPRINT_SAMPLES, SCHEMA_VERSION, _num
 from pinpoint.placement.naming import sort_key
 
 
@@ -39,6 +39,7 @@ def merge_placements(placements: list[dict]) -> dict:
     matrix: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
     per_step = {"count": 0, "bytes": 0, "sized": 0, "unsized": 0}
     fallbacks, rules, largest = [], [], []
+    collectives: dict[str, dict] = {}
     variables: dict[str, dict] = {}
     aliases: dict[str, str] = {}
     physical: dict[str, str] = {}
@@ -64,6 +65,10 @@ def merge_placements(placements: list[dict]) -> dict:
                 matrix[s][d]["count"] += cell.get("count", 0)
                 matrix[s][d]["bytes"] += cell.get("bytes", 0)
         largest.extend(dict(t, task=task) for t in tr.get("largest") or [])
+        for d, c in (tr.get("collectives") or {}).items():
+            cur = collectives.setdefault(d, {"count": 0, "input_bytes": 0})
+            cur["count"] += c.get("count", 0)
+            cur["input_bytes"] += c.get("input_bytes", 0)
         fallbacks.extend(dict(f, task=task) for f in p.get("fallbacks") or [])
         for v in p.get("variables") or []:
             cur = variables.get(v["name"])
@@ -90,6 +95,26 @@ def merge_placements(placements: list[dict]) -> dict:
         physical.update(p.get("physical_devices") or {})
         tasks[task] = {k: v for k, v in p.items() if k not in ("ops", "explain")}
 
+    # Cross-task drift: every task holds its own copy of a mirrored variable; compare the sampled
+    # values each task recorded with the chief's (a lower bound on the true max |difference|).
+    prints: dict[str, list] = defaultdict(list)
+    for p in placements:
+        for v in p.get("variables") or []:
+            if v.get("fingerprint") and v["fingerprint"].get("sample") is not None:
+                prints[v["name"]].append(v["fingerprint"]["sample"])
+    cross = {}
+    for name, samples in prints.items():
+        if len(samples) > 1:
+            base = samples[0]
+            cross[name] = max(
+                (abs(a - b) for other in samples[1:] for a, b in zip(base, other)), default=0.0
+            )
+    if cross:
+        rc_seen = True
+        rc_checked = max(rc_checked, len(cross))
+        for name, diff in cross.items():
+            rc_vars[name] = max(rc_vars.get(name, 0.0), diff)
+
     attributed = sum(1 for v in variables.values() if v["update_devices"])
     merged = {
         "schema": SCHEMA_VERSION,
@@ -107,6 +132,7 @@ def merge_placements(placements: list[dict]) -> dict:
                 s: {d: dict(c) for d, c in sorted(row.items(), key=lambda kv: sort_key(kv[0]))}
                 for s, row in sorted(matrix.items(), key=lambda kv: sort_key(kv[0]))
             },
+            "collectives": {d: collectives[d] for d in sorted(collectives, key=sort_key)},
             "largest": sorted(largest, key=lambda t: -(t.get("bytes") or 0))[:25],
         },
         "fallbacks": fallbacks,
@@ -123,7 +149,9 @@ def merge_placements(placements: list[dict]) -> dict:
             "total": _num(sum(grads.values())),
         },
         "replica_consistency": (
-            {"checked": rc_checked, "max_abs_diff": max(rc_vars.values()) if rc_vars else 0.0, "variables": rc_vars}
+            {"checked": rc_checked, "max_abs_diff": max(rc_vars.values()) if rc_vars else 0.0, "variables": rc_vars,
+             "method": "within each task: every component compared in full; across tasks: "
+             f"up to {FINGERPRINT_SAMPLES} evenly spaced values of each copy compared with the first task's"}
             if rc_seen
             else None
         ),

@@ -154,6 +154,14 @@ def render_html(placement: dict, metrics: Optional[dict], charts: dict[str, Path
     sized = f"{per.get('sized', 0)} of {per.get('count', 0)} transfers per step were sized" + (
         f"; {per.get('unsized')} could not be (shape unknown), their bytes are not counted" if per.get("unsized") else ""
     )
+    coll = tr.get("collectives") or {}
+    coll_html = ""
+    if coll:
+        coll_html = "<p class='what'>" + _e(ex.get("collectives", "")) + "</p>" + _table(
+            ["device", "collective ops / step", "bytes reduced / step"],
+            [[_dev(d, phys), c.get("count", 0), human_bytes(c.get("input_bytes", 0))] for d, c in coll.items()],
+            num_cols=(1, 2),
+        )
     parts.append(
         _section(
             "Transfers between devices",
@@ -161,7 +169,8 @@ def render_html(placement: dict, metrics: Optional[dict], charts: dict[str, Path
             _img(charts.get("transfer_matrix.png"), "transfer matrix")
             + _table(["from", "to", "transfers / step", "bytes / step"], mrows, num_cols=(2, 3))
             + "<p class='what'>Largest transfers of one step (tensor = the op whose output was sent):</p>"
-            + _table(["tensor", "from", "to", "bytes"], largest, num_cols=(3,)),
+            + _table(["tensor", "from", "to", "bytes"], largest, num_cols=(3,))
+            + coll_html,
             "transfers",
         )
     )
@@ -253,6 +262,8 @@ def render_html(placement: dict, metrics: Optional[dict], charts: dict[str, Path
             f"<p>max |component_i - component_0| = <span class='{'bad' if drift else 'good'}'>{drift}</span> "
             f"over {rc.get('checked', 0)} variable(s).</p>"
         )
+        if rc.get("method"):
+            head += f"<p class='what'>{_e(rc['method'])}</p>"
         body = head + _table(["variable", "max abs diff"], rows, bad_rows={i for i, r in enumerate(rows) if float(r[1]) > 0}, num_cols=(1,))
     else:
         body = "<p class='muted'>Not applicable: no variable has more than one component in this run.</p>"

@@ -52,12 +52,22 @@ def format_summary(placement: Optional[Mapping[str, Any]], metrics: Optional[Map
     phys = placement.get("physical_devices") or {}
     ops = placement.get("ops_by_device") or {}
     grads = (placement.get("gradients") or {}).get("ops_by_device") or {}
+    def short_phys(d: str) -> str:
+        p = phys.get(d, d)
+        return f"={p[p.rfind('/'):]}" if p != d else ""
+
     lines.append("ops/step   : " + ", ".join(
-        f"{d}{'=' + phys[d] if phys.get(d, d) != d else ''} {n} ({grads.get(d, 0)} grad)" for d, n in ops.items()
+        f"{d}{short_phys(d)} {n} ({grads.get(d, 0)} grad)" for d, n in ops.items()
     ))
     per = (placement.get("transfers") or {}).get("per_step") or {}
     sized = f" ({per.get('unsized', 0)} unsized)" if per.get("unsized") else ""
     lines.append(f"transfers  : {per.get('count', 0)} per step, {human_bytes(per.get('bytes', 0))} per step{sized}")
+    coll = (placement.get("transfers") or {}).get("collectives") or {}
+    if coll:
+        lines.append(
+            f"collectives: {sum(c.get('count', 0) for c in coll.values())} per step "
+            f"(all-reduce etc.), {human_bytes(sum(c.get('input_bytes', 0) for c in coll.values()))} reduced per step"
+        )
     matrix = (placement.get("transfers") or {}).get("matrix") or {}
     top = sorted(
         ((s, d, c["bytes"]) for s, row in matrix.items() for d, c in row.items()), key=lambda t: -t[2]

@@ -1,0 +1,104 @@
+"""Placement through the real trainer: `pinpoint train` then `pinpoint report` as subprocesses
+(fresh TF process each, GPUs emulated on logical CPUs), on tiny configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(args, cwd, timeout):
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return subprocess.run([sys.executable, "-m", "pinpoint.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _config(tmp_path: Path, **train) -> Path:
+    cfg = {
+        "name": "placement-it",
+        "cluster": {"devices_per_worker": 2, "device_type": "GPU", "emulate": True},
+        "train": {"strategy": "mirrored", "pinning": {"input": "/CPU:0"}, "model": "mlp", "data": "digits",
+                  "batch_size": 32, "steps": 8, "checkpoint_every": 0, "log_every": 4, **train},
+        "tracking": {"enabled": False},
+        "placement": {"warmup_steps": 2, "sample_steps": 2},
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_train_mirrored_writes_placement_and_report(tmp_path):
+    out = tmp_path / "run"
+    r = _run(["train", str(_config(tmp_path)), "--out", str(out)], tmp_path, 540)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "== pinpoint summary" in r.stdout and "conformance" in r.stdout
+    p = json.loads((out / "placement.json").read_text())
+    assert p["strategy"] == "mirrored" and p["captured_steps"] == [2, 3]
+    assert p["devices"] == ["/CPU:0", "/GPU:0", "/GPU:1"]
+    assert p["physical_devices"] == {"/CPU:0": "/CPU:0", "/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}
+    # every trainable variable mirrored: one component per replica device, updated on each
+    kernels = [v for v in p["variables"] if v["name"].endswith("kernel")]
+    assert kernels and all(v["kind"] == "mirrored" for v in kernels)
+    assert all([c["device"] for c in v["components"]] == ["/GPU:0", "/GPU:1"] for v in kernels)
+    assert all(v["update_devices"] == ["/GPU:0", "/GPU:1"] for v in kernels)
+    # synchronous training: components identical at the end
+    rc = p["replica_consistency"]
+    assert rc["checked"] >= len(kernels) and rc["max_abs_diff"] == 0.0
+    # both replicas compute, the backward pass on both, the input pipeline on the host
+    assert p["gradients"]["ops_by_device"]["/GPU:0"] > 0 and p["gradients"]["ops_by_device"]["/GPU:1"] > 0
+    rules = {r["rule"]: r for r in p["conformance"]["rules"]}
+    assert rules["input"]["score"] == 1.0 and rules["input"]["relevant"] > 0
+    assert rules["strategy.variables_mirrored"]["score"] == 1.0
+    assert rules["strategy.replica_0_compute"]["score"] == 1.0
+    assert rules["strategy.replica_1_compute"]["score"] == 1.0
+    assert p["transfers"]["per_step"]["count"] > 0 and p["transfers"]["per_step"]["unsized"] == 0
+    assert len(p["transfers"]["steps"]) == 2
+    assert p["fallbacks"] == []
+
+    r = _run(["report", str(out)], tmp_path, 300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html and "/GPU:1" in html
+    assert (out / "charts" / "transfer_matrix.png").stat().st_size > 5000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_multi_worker_placements_are_merged(tmp_path):
+    """chief + 1 worker (MultiWorkerMirroredStrategy, 1 emulated GPU each): each task reports its
+    own placement, the chief merges them; the copies agree across tasks after synchronous steps."""
+    cfg = _config(tmp_path, strategy="multi_worker_mirrored", max_restarts=0)
+    data = yaml.safe_load(cfg.read_text())
+    data["cluster"].update(chief=1, workers=1, devices_per_worker=1)
+    data["placement"]["sample_steps"] = 1
+    cfg.write_text(yaml.safe_dump(data))
+    out = tmp_path / "run"
+    r = _run(["train", str(cfg), "--out", str(out)], tmp_path, 840)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    chief = json.loads((out / "placement-chief-0.json").read_text())
+    worker = json.loads((out / "placement-worker-0.json").read_text())
+    assert chief["devices"] == ["/job:chief/task:0/CPU:0", "/job:chief/task:0/GPU:0"]
+    assert worker["devices"] == ["/job:worker/task:0/CPU:0", "/job:worker/task:0/GPU:0"]
+    m = json.loads((out / "placement.json").read_text())
+    assert m["task"] == "cluster" and set(m["tasks"]) == {"chief:0", "worker:0"}
+    assert set(m["devices"]) == set(chief["devices"]) | set(worker["devices"])
+    assert sum(m["ops_by_device"].values()) == sum(chief["ops_by_device"].values()) + sum(worker["ops_by_device"].values())
+    # the gradients are all-reduced by collective ops on each task's replica device
+    coll = m["transfers"]["collectives"]
+    assert coll["/job:chief/task:0/GPU:0"]["count"] > 0 and coll["/job:worker/task:0/GPU:0"]["count"] > 0
+    assert coll["/job:chief/task:0/GPU:0"]["input_bytes"] > 0
+    kernel = next(v for v in m["variables"] if v["name"].endswith("kernel"))
+    assert {c["task"] for c in kernel["components"]} == {"chief:0", "worker:0"}
+    assert m["replica_consistency"]["checked"] > 0 and m["replica_consistency"]["max_abs_diff"] == 0.0
