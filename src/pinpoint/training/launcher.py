@@ -168,22 +168,26 @@ class ProcessGroup:
         lines = [ln.strip() for ln in self.tails.get(name, ()) if ln.strip()]
         return " | ".join(lines[-n:])
 
-    def stop(self, names: Optional[Sequence[str]] = None, grace: float = 10.0) -> None:
-        """SIGTERM the (named) live tasks, SIGKILL whatever is still alive after `grace` s, reap."""
+    def stop(self, names: Optional[Sequence[str]] = None, grace: float = 10.0) -> list[str]:
+        """SIGTERM the (named) live tasks, SIGKILL whatever is still alive after `grace` s, reap.
+        Returns the tasks that had to be SIGKILLed."""
         targets = [n for n in self.alive(names)]
         for n in targets:
             _signal(self.procs[n], signal.SIGTERM)
         deadline = time.monotonic() + grace
+        killed = []
         for n in targets:
             try:
                 self.procs[n].wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _signal(self.procs[n], signal.SIGKILL)
+                killed.append(n)
         for n in targets:
             self.procs[n].wait()
         if names is None:
             for t in self._readers:
                 t.join(timeout=5)
+        return killed
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
@@ -357,7 +361,9 @@ def run_local_cluster(
                 )
                 failure = _supervise(group, out, startup_timeout, stall_timeout, finish_timeout, say)
             finally:
-                group.stop(grace=grace)
+                detected = time.time()
+                killed = group.stop(grace=grace)
+                stopped = time.time()
             if failure is None:
                 record["status"] = "succeeded"
                 record["attempts"][-1]["ended"] = time.time()
@@ -373,7 +379,9 @@ def run_local_cluster(
                 "reason": reason,
                 "last_logged_step": last_logged_step(out),
                 "checkpoint_step": latest_checkpoint_step(out),
-                "time": time.time(),
+                "time": detected,
+                "group_stopped_after_s": round(stopped - detected, 2),
+                "sigkilled_after_grace": killed,
             })
             last_words = group.last_words(exit_.name) if exit_ else ""
             if exit_ is not None and exit_.returncode == USER_ERROR_EXIT:
