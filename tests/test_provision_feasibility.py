@@ -70,7 +70,10 @@ INFEASIBLE = [
      "the 3 chief/worker replica(s) need 12 x nvidia.com/gpu of type A100 in total; the matching nodes have "
      "8 x nvidia.com/gpu (a100-0: 4, a100-1: 4)"),
     ("nodes-fragmented.yaml", dict(workers=2, devices_per_worker=3),
-     "the replicas fit in total but not node by node: worker:1 needs 3 x nvidia.com/gpu of type A100"),
+     "the replicas fit in total but not node by node: the 3 chief/worker replica(s) need 3 x nvidia.com/gpu of type A100 + 4Gi memory + 2 CPU each and the matching nodes hold 2 of them (a100-0: 1, a100-1: 1, a100-2: 0)"),
+    ("nodes-mixed.yaml", dict(workers=3, evaluator=1, devices_per_worker=2, gpu_type=None),
+     "evaluator:0 needs 1 x nvidia.com/gpu + 4Gi memory + 2 CPU and after placing the larger replicas the matching "
+     "nodes have n0: 2 x nvidia.com/gpu + 56Gi + 1 CPU, n1: 0 x nvidia.com/gpu + 56Gi + 4 CPU left"),
     ("nodes-cordoned.yaml", dict(devices_per_worker=1),
      "none of the 1 node(s) qualifies: a100-0 is cordoned (unschedulable)"),
     ("nodes-ok.yaml", dict(devices_per_worker=1, cpu="48"),
@@ -159,8 +162,8 @@ def test_converted_nodes_feed_the_same_placement():
     ]
     cfg = _cfg(workers=1, devices_per_worker=3)
     with pytest.raises(ProvisionError, match=re.escape(
-            "worker:0 needs 3 x nvidia.com/gpu of type A100 and after placing the larger replicas the matching "
-            "nodes have gpu-0: 1, gpu-1: 2 left")):
+            "the 2 chief/worker replica(s) need 3 x nvidia.com/gpu of type A100 + 4Gi memory + 2 CPU each and the "
+            "matching nodes hold 1 of them (gpu-0: 1, gpu-1: 0)")):
         plan_placement(cfg, build_tasks(cfg), nodes, source="fake")
     cfg = _cfg(workers=1, devices_per_worker=2)
     assert set(_where(plan_placement(cfg, build_tasks(cfg), nodes, source="fake")).values()) == {"gpu-0", "gpu-1"}

@@ -17,7 +17,7 @@ from pinpoint.provision.inventory import Node, Taint
 from pinpoint.provision.quantity import format_bytes, format_cpu
 from pinpoint.provision.spec import Task
 
-SEARCH_BUDGET = 200_000
+SEARCH_BUDGET = 50_000  # ~1 s; beyond it the request is reported as not placeable
 _EPS = 1e-9
 
 
@@ -135,6 +135,10 @@ def plan_placement(cfg: Config, tasks: list[Task], nodes: list[Node], *, source:
         gpus = sum(v for r, v in a.items() if r not in ("cpu", "memory"))
         return (-gpus, -a["memory"], -a["cpu"], needs[k].task.role, needs[k].task.index)
 
+    # Not enough in total: say so before searching (the search would only exhaust its budget).
+    short = _capacity_failure(needs, nodes, eligible_idx) or _slot_failure(needs, nodes, eligible_idx)
+    if short:
+        raise ProvisionError(short)
     order = sorted(range(len(needs)), key=weight)
     gpu_nodes = [any(r not in ("cpu", "memory", "pods", "ephemeral-storage") and v > 0 and not r.startswith("hugepages-")
                      for r, v in n.allocatable.items()) for n in nodes]
@@ -165,7 +169,8 @@ def plan_placement(cfg: Config, tasks: list[Task], nodes: list[Node], *, source:
                 *(free[i].get(r, 0.0) - a for r, a in sorted(need.amounts.items(), key=lambda x: x[0] in ("cpu", "memory"))),
             )
         )
-        if not candidates and not first_dead_end:
+        if not first_dead_end and not any(_fits(free[i], need.amounts) for i in eligible_idx[k]):
+            # A true dead end (no node has room left, whatever the symmetry rule): explainable.
             first_dead_end.append((k, [dict(f) for f in free]))
         for i in candidates:
             steps += 1
@@ -202,8 +207,8 @@ def plan_placement(cfg: Config, tasks: list[Task], nodes: list[Node], *, source:
     }
 
 
-def _packing_failure(needs, nodes, eligible_idx, dead_end, over_budget: bool) -> str:
-    # Total demand against total supply of the nodes that could take each replica.
+def _capacity_failure(needs, nodes, eligible_idx) -> str | None:
+    """Total demand against the total supply of the nodes that could take those replicas."""
     resources = sorted({r for n in needs for r in n.amounts}, key=lambda r: (r in ("cpu", "memory"), r))
     for r in resources:
         group = [k for k, n in enumerate(needs) if n.amounts.get(r)]
@@ -218,17 +223,44 @@ def _packing_failure(needs, nodes, eligible_idx, dead_end, over_budget: bool) ->
                 f"feasibility: the {len(group)} {'/'.join(roles)} replica(s) need {d} in total; the matching nodes "
                 f"have {s.split(' of type')[0]} ({per}); add nodes or reduce replicas"
             )
-    if over_budget:
-        return f"feasibility: no placement found within {SEARCH_BUDGET} search steps; reduce replicas or check the inventory"
-    if dead_end:
+    return None
+
+
+def _slot_failure(needs, nodes, eligible_idx) -> str | None:
+    """Identical replicas (same requests and selector): count how many each node can hold."""
+    groups: dict[tuple, list[int]] = {}
+    for k, n in enumerate(needs):
+        groups.setdefault((tuple(sorted(n.amounts.items())), tuple(sorted(n.selector.items()))), []).append(k)
+    for members in groups.values():
+        need = needs[members[0]]
+        slots = {
+            i: int(min((nodes[i].allocatable.get(r, 0.0) + _EPS) // a for r, a in need.amounts.items() if a > 0))
+            for i in eligible_idx[members[0]]
+        }
+        if sum(slots.values()) < len(members):
+            roles = "/".join(dict.fromkeys(needs[k].task.role for k in members))
+            wants = " + ".join(_describe(r, need.amounts[r], need) for r in _ordered(need.amounts))
+            per = ", ".join(f"{nodes[i].name}: {c}" for i, c in list(slots.items())[:6])
+            return (
+                f"feasibility: the replicas fit in total but not node by node: the {len(members)} {roles} replica(s) "
+                f"need {wants} each and the matching nodes hold {sum(slots.values())} of them ({per}); "
+                "add nodes or use fewer devices per replica"
+            )
+    return None
+
+
+def _packing_failure(needs, nodes, eligible_idx, dead_end, over_budget: bool) -> str:
+    if dead_end and not over_budget:
         k, free = dead_end[0]
         need = needs[k]
         pool = eligible_idx[k]
         # Name only the resources that blocked this replica on every node it could use.
         blocking = [r for r in _ordered(need.amounts) if all(free[i].get(r, 0.0) + _EPS < need.amounts[r] for i in pool)]
         shown = blocking or _ordered(need.amounts)
+        # One blocking resource: bare amounts ("gpu-0: 1"); several: each with its unit.
+        fmt = _short if len(shown) == 1 else (lambda r, a: _short(r, a) if r in ("cpu", "memory") else f"{a:g} x {r}")
         left = ", ".join(
-            f"{nodes[i].name}: " + " + ".join(_short(r, max(free[i].get(r, 0.0), 0.0)) for r in shown) for i in pool
+            f"{nodes[i].name}: " + " + ".join(fmt(r, max(free[i].get(r, 0.0), 0.0)) for r in shown) for i in pool
         )
         wants = " + ".join(_describe(r, need.amounts[r], need) for r in shown)
         return (
@@ -236,4 +268,12 @@ def _packing_failure(needs, nodes, eligible_idx, dead_end, over_budget: bool) ->
             f"and after placing the larger replicas the matching nodes have {left} left; add a node or use fewer "
             "devices per replica"
         )
-    return "feasibility: no placement exists for this request on these nodes"
+    if over_budget:
+        return f"feasibility: no placement found within {SEARCH_BUDGET} search steps; reduce replicas or check the inventory"
+    capacity = ", ".join(
+        f"{n.name}: " + " + ".join(_short(r, n.allocatable.get(r, 0.0)) for r in _ordered(needs[0].amounts)) for n in nodes[:6]
+    )
+    return (
+        f"feasibility: no assignment of the {len(needs)} replicas fits every node's resources at once "
+        f"(nodes: {capacity}); add a node or use fewer devices per replica"
+    )
