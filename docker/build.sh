@@ -21,7 +21,8 @@ args=()
 if [ "$ENGINE" = podman ]; then
   # Host networking (no CNI in sandboxes); the host's CA bundle and pip config so pip trusts
   # the same index as the host. Nothing of these ends up in a layer (build-time mounts).
-  args+=(--network host --volume /etc/ssl/certs:/etc/ssl/certs:ro --layers)
+  # --format docker: OCI images have no SHELL instruction (needed for pipefail in RUN).
+  args+=(--format docker --network host --volume /etc/ssl/certs:/etc/ssl/certs:ro --layers)
   [ -f /etc/pip.conf ] && args+=(--volume /etc/pip.conf:/etc/pip.conf:ro)
 fi
 
