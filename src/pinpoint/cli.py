@@ -32,7 +32,11 @@ def cmd_provision(args) -> int:
 
     cfg = load_config(args.config)
     out = Path(args.out) if args.out else _default_out(args.config)
-    provision(cfg, out, nodes=args.nodes, kubeconfig=args.kubeconfig, parent_run_id=args.parent_run_id)
+    summary = provision(cfg, out, nodes=args.nodes, kubeconfig=args.kubeconfig, parent_run_id=args.parent_run_id)
+    print(
+        f"pinpoint: {len(summary['tasks'])} task(s) ({', '.join(summary['tasks'])}) -> {out}/cluster_spec.json, "
+        f"{out}/manifests/ ({cfg.cluster.flavor}); feasibility: {summary['feasibility']}"
+    )
     return 0
 
 
