@@ -108,6 +108,9 @@ def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, parent_run_i
     out = ensure_dir(out_dir)
     atomic_write_json(out / PLACEMENT_PLAN, plan)
     if plan["status"] == "infeasible":
+        # A previous provision's spec and manifests would now describe an unplaceable request.
+        (out / CLUSTER_SPEC).unlink(missing_ok=True)
+        shutil.rmtree(out / MANIFESTS_DIR, ignore_errors=True)
         raise ProvisionError(plan["reason"])
     atomic_write_text(out / CONFIG_FILE, config_to_yaml(cfg))
     atomic_write_json(out / CLUSTER_SPEC, spec)
