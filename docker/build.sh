@@ -18,6 +18,10 @@ IMAGES=${IMAGES:-cpu${GPU:+ gpu}}
 LOCAL_BASE=${LOCAL_BASE:-$([ "$ENGINE" = podman ] && echo 1 || echo 0)}
 
 args=()
+if [ "$ENGINE" = podman ] && [ "$(id -u)" = 0 ]; then
+  # containers.conf for this kind of machine (runc, cgroupfs, file events); idempotent.
+  bash docker/podman-setup.sh >/dev/null
+fi
 if [ "$ENGINE" = podman ]; then
   # Host networking (no CNI in sandboxes); the host's CA bundle and pip config so pip trusts
   # the same index as the host. Nothing of these ends up in a layer (build-time mounts).

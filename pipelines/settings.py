@@ -77,6 +77,13 @@ def settings_from_config(cfg, *, mlflow_secret: str = DEFAULT_MLFLOW_SECRET) -> 
     if real_gpus and c.gpu_type:
         selector[c.gpu_type_label] = c.gpu_type
     launch = "kubernetes" if multi_process else "local"
+    if launch == "kubernetes" and not c.runs_volume_claim:
+        # The TFJob's pods write placement.json/metrics.json where the pipeline's steps read them.
+        raise ConfigError(
+            "config error: cluster.runs_volume_claim: got None; on Kubernetes the training pods and the "
+            "pipeline steps share the run folder through a ReadWriteMany PVC; set cluster.runs_volume_claim: "
+            f"{DEFAULT_RUNS_PVC} (and create that claim)"
+        )
     in_pod_gpus = c.devices_per_worker if real_gpus and launch == "local" else 0
     return PipelineSettings(
         image=c.image,

@@ -17,6 +17,7 @@ def _config(flavor: str = "tfjob", image: str = "registry.example/pinpoint-cpu:0
         {
             "name": "k8s-test",
             "cluster": {"chief": 1, "workers": 1, "devices_per_worker": 1, "flavor": flavor, "image": image,
+                        "runs_volume_claim": "shared-runs",
                         "namespace": "team-a", "memory": "3Gi"},
             "train": {"strategy": "multi_worker_mirrored", "steps": 2},
             "tracking": {"enabled": False},
@@ -183,3 +184,14 @@ def test_no_manifests_is_a_clear_error(tmp_path):
 
     with pytest.raises(ProvisionError, match="run the provision step first"):
         load_manifests(tmp_path)
+
+
+def test_kubernetes_launch_needs_a_shared_run_folder(tmp_path):
+    from pinpoint.config import config_from_dict
+    from pinpoint.errors import ConfigError
+    from pinpoint.k8s.launch import launch_training
+
+    cfg = config_from_dict({"name": "no-pvc", "cluster": {"chief": 1, "workers": 1},
+                            "train": {"strategy": "multi_worker_mirrored"}, "tracking": {"enabled": False}})
+    with pytest.raises(ConfigError, match="cluster.runs_volume_claim"):
+        launch_training(cfg, tmp_path)

@@ -161,7 +161,14 @@ def test_multi_worker_config_launches_through_kubernetes(tmp_path):
     text = GOLDEN_CONFIG.read_text().replace("strategy: mirrored", "strategy: multi_worker_mirrored")
     text = text.replace("  chief: 1\n", "  chief: 1\n  workers: 1\n")
     (tmp_path / "c.yaml").write_text(text)
+    from pinpoint.errors import ConfigError
+
+    # The TFJob's pods and the pipeline's steps must share the run folder: a PVC is required.
+    with pytest.raises(ConfigError, match="cluster.runs_volume_claim"):
+        settings_from_config(load_config(tmp_path / "c.yaml"))
+    (tmp_path / "c.yaml").write_text(text.replace("  chief: 1\n", "  chief: 1\n  runs_volume_claim: shared-runs\n"))
     settings = settings_from_config(load_config(tmp_path / "c.yaml"))
+    assert settings.runs_pvc == "shared-runs"
     assert settings.launch == "kubernetes" and settings.gpu_count == 0
     spec, platform = _docs(compile_training(settings, tmp_path / "p.yaml"))
     train_task = spec["root"]["dag"]["tasks"]["train"]

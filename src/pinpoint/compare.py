@@ -68,7 +68,9 @@ def plot_comparison(result: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     rows = result["runs"]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(rows)), 3.2), dpi=100)
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(rows)), 3.6), dpi=100)
     speeds = [r["examples_per_sec"] or 0.0 for r in rows]
     colors = ["#2e7d32" if r["obeyed"] else "#c62828" for r in rows]
     bars = ax.bar([r["name"] for r in rows], speeds, color=colors)
@@ -76,8 +78,16 @@ def plot_comparison(result: dict, path: Path) -> Path:
         if r["run_dir"] == result["best"]:
             bar.set_edgecolor("black")
             bar.set_linewidth(2.5)
+        score = "n/a" if r["conformance"] is None else f"{r['conformance']:.2f}"
+        ax.annotate(f"conf. {score}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("examples / s")
-    ax.set_title("Placement sweep (green: obeyed its plan; outlined: fastest of those)")
+    ax.set_title("Placement sweep: throughput per variant")
+    ax.legend(
+        handles=[Patch(color="#2e7d32", label="obeyed its plan"), Patch(color="#c62828", label="violated it"),
+                 Patch(facecolor="white", edgecolor="black", linewidth=2.5, label="fastest that obeyed")],
+        fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+    )
     ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")

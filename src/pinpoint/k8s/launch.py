@@ -306,6 +306,13 @@ def launch_manifests(api_client, run_dir: Path, name: str, namespace: str,
 
 def launch_training(cfg, run_dir, *, kubeconfig: str | None = None, options: LaunchOptions | None = None) -> int:
     """The pipeline's train step with launch='kubernetes' (in-cluster credentials in a pod)."""
+    from pinpoint.errors import ConfigError
+
+    if not cfg.cluster.runs_volume_claim:
+        raise ConfigError(
+            "config error: cluster.runs_volume_claim: got None; the training pods must write the run folder "
+            "to a PVC this step also mounts; set cluster.runs_volume_claim (ReadWriteMany)"
+        )
     return launch_manifests(api_client_from_env(kubeconfig), Path(run_dir), cfg.name, cfg.cluster.namespace, options)
 
 

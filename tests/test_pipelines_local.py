@@ -1,0 +1,119 @@
+"""`make run`: the training pipeline through kfp.local (SubprocessRunner), real steps, a real
+MLflow server; the placement sweep through kfp.local's ParallelFor (slow)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def _config(path: Path, name: str, uri: str | None, **train) -> Path:
+    text = (REPO / "configs" / "demo.yaml").read_text()
+    text = re.sub(r"^name: .*$", f"name: {name}", text, flags=re.M)
+    text = re.sub(r"^  steps: .*$", f"  steps: {train.get('steps', 20)}", text, flags=re.M)
+    text = re.sub(r"^  checkpoint_every: .*$", "  checkpoint_every: 10", text, flags=re.M)
+    if "data" in train:
+        text = re.sub(r"^  data: .*$", f"  data: {train['data']}", text, flags=re.M)
+    text = re.sub(r"^  uri: .*$", f"  uri: {uri or 'null'}", text, flags=re.M)
+    path.write_text(text)
+    return path
+
+
+def _runs(uri: str):
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("pinpoint")
+    return client.search_runs([exp.experiment_id]) if exp else []
+
+
+def _pinpoint(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "pinpoint.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=1500)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1500)
+def test_make_run_pipeline_end_to_end(live_mlflow, tmp_path):
+    cfg = _config(tmp_path / "c.yaml", "local-run", live_mlflow.uri)
+    proc = _pinpoint("run", str(cfg), "--runs-root", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    run_dir = tmp_path / "runs" / "local-run"
+    for name in ("config.yaml", "cluster_spec.json", "placement.json", "metrics.json", "report.html"):
+        assert (run_dir / name).is_file(), name
+    # The summary comes last, then where to look.
+    tail = proc.stdout.rstrip().splitlines()
+    assert tail[-1] == "Open the MLflow UI: make mlflow-ui (http://127.0.0.1:5000)"
+    assert any("pinpoint summary" in line for line in tail[-20:])
+    assert f"Run folder: {run_dir}" in tail
+    # One FINISHED parent with a child run per step.
+    runs = _runs(live_mlflow.uri)
+    (parent,) = [r for r in runs if r.info.run_name == "local-run-pipeline"]
+    assert parent.info.status == "FINISHED"
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert set(children) == {"local-run/provision", "local-run/train", "local-run/report"}
+    assert all(r.info.status == "FINISHED" for r in children.values())
+    # kfp's own outputs are the small artifacts: the Metrics mirror metrics.json.
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    outputs = list((tmp_path / "runs" / ".kfp-outputs").glob("*/train/metrics"))
+    assert outputs, "kfp.local wrote no Metrics artifact for the train step"
+    assert metrics.get("steps", 20) == 20
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_failed_step_is_named_and_parent_run_marked_failed(live_mlflow, tmp_path):
+    cfg = _config(tmp_path / "c.yaml", "local-fail", live_mlflow.uri, data=str(tmp_path / "missing.npz"))
+    proc = _pinpoint("run", str(cfg), "--runs-root", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("pinpoint: the pipeline failed in step 'train'"), proc.stderr[-2000:]
+    assert "Open the MLflow UI" not in proc.stdout
+    # The step's own one-line error is in its log, without a traceback.
+    assert "missing.npz" in proc.stdout and "Traceback" not in proc.stdout
+    (parent,) = [r for r in _runs(live_mlflow.uri) if r.info.run_name == "local-fail-pipeline"]
+    assert parent.info.status == "FAILED"
+
+
+@pytest.mark.unit
+def test_run_with_a_bad_config_fails_before_kfp_starts(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: Bad_Name\n")
+    proc = _pinpoint("run", str(bad), "--runs-root", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("pinpoint: config error: name")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_placement_sweep_picks_the_fastest_run_that_obeyed_its_plan(live_mlflow, tmp_path):
+    from kfp import local
+
+    from pinpoint.config import config_to_yaml, load_config
+    from pinpoint.tracking import start_parent_run
+    from pipelines.placement_sweep import DEFAULT_VARIANTS, build_placement_sweep
+
+    cfg = load_config(_config(tmp_path / "c.yaml", "sweep", live_mlflow.uri, steps=10))
+    variants = [v for v in DEFAULT_VARIANTS if v["name"] in ("mirrored", "vars-on-cpu")]
+    root = tmp_path / "runs" / "sweep-sweep"
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"), raise_on_error=True)
+    parent = start_parent_run(cfg, "sweep-pipeline")
+    build_placement_sweep(variants=variants)(config_yaml=config_to_yaml(cfg), runs_root=str(root), parent_run_id=parent)
+
+    result = json.loads((root / "comparison.json").read_text())
+    assert {r["name"] for r in result["runs"]} == {"mirrored", "vars-on-cpu"}
+    assert (root / "comparison.png").stat().st_size > 1000
+    eligible = [r for r in result["runs"] if r["obeyed"]]
+    assert eligible, result
+    assert result["best"] == max(eligible, key=lambda r: r["examples_per_sec"])["run_dir"]
+    # Each variant is its own set of child runs under the sweep's parent.
+    names = {r.info.run_name for r in _runs(live_mlflow.uri) if r.data.tags.get("mlflow.parentRunId") == parent}
+    assert {"sweep-mirrored/train", "sweep-vars-on-cpu/train", "sweep-sweep/compare"} <= names
