@@ -252,7 +252,6 @@ _PODS = [
 ]
 
 
-@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_inventory_from_a_fake_api_server(tmp_path):
     with _FakeApiServer(_NODES, _PODS) as server:
@@ -268,7 +267,6 @@ def test_inventory_from_a_fake_api_server(tmp_path):
     assert set(_where(plan).values()) == {"gpu-0"}
 
 
-@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_inventory_without_pod_permission_uses_allocatable(tmp_path):
     with _FakeApiServer(_NODES, [], pods_status=403) as server:
