@@ -186,9 +186,26 @@ def build_placement(
             re.compile(rf"(^|/){re.escape(input_scope)}(_\d+)?/"),
         ),
         "ops": ops_detail,
+        "notes": _notes(captures, ops_detail, strategy),
         "explain": EXPLAIN,
     }
     return placement
+
+
+def _notes(captures: list, ops_detail: list, strategy: str) -> list[str]:
+    notes = []
+    if not captures:
+        notes.append("no step was captured (placement sampling off or training ended before warm-up)")
+    elif not ops_detail:
+        if strategy == "parameter_server":
+            notes.append(
+                "no partition graphs on this task: under parameter_server the coordinator schedules each "
+                "step as a closure that the worker's own runtime instantiates, so ops, transfers and "
+                "gradients are not visible here; variables (on the ps tasks) are"
+            )
+        else:
+            notes.append("the captured call executed no function graphs (was the step function already called?)")
+    return notes
 
 
 def replica_consistency(variables: list) -> dict:

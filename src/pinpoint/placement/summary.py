@@ -56,9 +56,9 @@ def format_summary(placement: Optional[Mapping[str, Any]], metrics: Optional[Map
         p = phys.get(d, d)
         return f"={p[p.rfind('/'):]}" if p != d else ""
 
-    lines.append("ops/step   : " + ", ".join(
+    lines.append("ops/step   : " + (", ".join(
         f"{d}{short_phys(d)} {n} ({grads.get(d, 0)} grad)" for d, n in ops.items()
-    ))
+    ) or "none captured"))
     per = (placement.get("transfers") or {}).get("per_step") or {}
     sized = f" ({per.get('unsized', 0)} unsized)" if per.get("unsized") else ""
     lines.append(f"transfers  : {per.get('count', 0)} per step, {human_bytes(per.get('bytes', 0))} per step{sized}")
@@ -99,6 +99,8 @@ def format_summary(placement: Optional[Mapping[str, Any]], metrics: Optional[Map
             f"conformance: {conf['score']:.2f} over {len(rules)} rule(s)"
             + ("; below 1: " + ", ".join(f"{r['rule']} {r['score']:.2f}" for r in bad[:3]) if bad else "")
         )
+    for note in (placement.get("notes") or [])[:1]:
+        lines.append(f"note       : {note}")
     rc = placement.get("replica_consistency")
     if rc:
         lines.append(f"replica drift: max |diff| {rc.get('max_abs_diff', 0.0):.3g} over {rc.get('checked', 0)} mirrored variable(s)")
