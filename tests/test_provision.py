@@ -129,15 +129,17 @@ def test_provision_writes_the_run_folder(tmp_path):
 
 
 @pytest.mark.unit
-def test_infeasible_inventory_writes_only_the_plan(tmp_path):
+def test_infeasible_inventory_writes_nothing(tmp_path):
     cfg = _cfg(workers=2, emulate=False, gpu_type="A100", devices_per_worker=4)
     provision(cfg, tmp_path)  # an earlier, unchecked provision of the same folder
-    assert (tmp_path / "cluster_spec.json").exists()
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
     with pytest.raises(ProvisionError, match="need 12 x nvidia.com/gpu of type A100 in total"):
         provision(cfg, tmp_path, nodes=DATA / "nodes-capacity.yaml")
-    plan = json.loads((tmp_path / PLACEMENT_PLAN).read_text())
-    assert plan["status"] == "infeasible" and "12 x nvidia.com/gpu" in plan["reason"]
-    assert not (tmp_path / "cluster_spec.json").exists() and not (tmp_path / "manifests").exists()
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+    fresh = tmp_path / "fresh"
+    with pytest.raises(ProvisionError):
+        provision(cfg, fresh, nodes=DATA / "nodes-capacity.yaml")
+    assert not fresh.exists()
 
 
 @pytest.mark.unit

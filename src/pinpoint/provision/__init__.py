@@ -95,7 +95,8 @@ def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, parent_run_i
     """Write the run folder's provisioning outputs (see the module doc) and return a summary.
 
     Raises ProvisionError (one line) for an impossible request, or when the inventory cannot
-    hold every replica; in that case only placement_plan.json (status "infeasible") is written.
+    hold every replica; then nothing is written (the error names the replica and the reason) and
+    a previous provision's outputs in the folder are left as they were.
     """
     from pinpoint.provision.manifests import build_manifests
     from pinpoint.provision.spec import build_tasks, cluster_spec
@@ -105,13 +106,11 @@ def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, parent_run_i
     spec = cluster_spec(cfg, tasks)
     plan = _feasibility(cfg, tasks, nodes, kubeconfig)
 
+    if plan["status"] == "infeasible":
+        # Bad input writes nothing: no half-provisioned folder for a later step to pick up.
+        raise ProvisionError(plan["reason"])
     out = ensure_dir(out_dir)
     atomic_write_json(out / PLACEMENT_PLAN, plan)
-    if plan["status"] == "infeasible":
-        # A previous provision's spec and manifests would now describe an unplaceable request.
-        (out / CLUSTER_SPEC).unlink(missing_ok=True)
-        shutil.rmtree(out / MANIFESTS_DIR, ignore_errors=True)
-        raise ProvisionError(plan["reason"])
     atomic_write_text(out / CONFIG_FILE, config_to_yaml(cfg))
     atomic_write_json(out / CLUSTER_SPEC, spec)
     written = _write_manifests(out, files)

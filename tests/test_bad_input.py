@@ -1,0 +1,186 @@
+"""The bad-input table: every case gives one line naming the field and the fix, a non-zero exit,
+no traceback, and no partial outputs. Config-level cases run the CLI in-process (fast); cases that
+need TensorFlow (devices, layers, data files) run `pinpoint` as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from pinpoint.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "provision"
+
+
+@dataclass
+class Case:
+    id: str
+    argv: list[str]  # {cfg} {out} {tmp} are substituted
+    config: dict | str | None = None  # written to {cfg}; a str is written verbatim
+    expect: tuple[str, ...] = ()  # substrings of the one error line (field, fix)
+    files: dict[str, object] = field(default_factory=dict)  # extra files under {tmp}
+    subprocess: bool = False  # needs TensorFlow: run as a real process
+
+
+def base(**train) -> dict:
+    t = {"strategy": "none", "steps": 4, "batch_size": 8, "checkpoint_every": 0}
+    t.update(train)
+    return {
+        "name": "bad",
+        "cluster": {"devices_per_worker": 2},
+        "train": t,
+        "tracking": {"enabled": False},
+    }
+
+
+def cluster(**c) -> dict:
+    d = base()
+    d["cluster"].update(c)
+    return d
+
+
+PROV = ["provision", "{cfg}", "--out", "{out}"]
+TRAIN = ["train", "{cfg}", "--out", "{out}"]
+
+CASES = [
+    # --- the config file itself ------------------------------------------------------------
+    Case("malformed-yaml", PROV, "name: x\ntrain: {strategy: [\n", ("malformed YAML", "line")),
+    Case("top-level-list", PROV, "- name: x\n", ("top level must be a mapping",)),
+    Case("missing-file", ["provision", "{tmp}/nope.yaml", "--out", "{out}"], None, ("does not exist", "configs/demo.yaml")),
+    Case("unknown-key", PROV, {**base(), "trian": {}}, ("trian", "unknown key")),
+    Case("unknown-strategy", PROV, base(strategy="horovod"), ("train.strategy", "horovod", "mirrored")),
+    Case("wrong-type", PROV, base(batch_size="large"), ("train.batch_size", "large")),
+    Case("zero-steps", PROV, base(steps=0), ("train.steps", "greater than or equal to 1")),
+    Case("negative-lr", PROV, base(learning_rate=-0.1), ("train.learning_rate", "-0.1")),
+    Case("name-not-dns", PROV, {**base(), "name": "My_Run"}, ("name", "My_Run", "DNS-1123")),
+    Case("unknown-model", PROV, base(model="resnet"), ("train.model", "resnet")),
+    Case("data-bad-extension", PROV, base(data="x.parquet"), ("train.data", ".npz or .csv")),
+    # --- the cluster request -----------------------------------------------------------------
+    Case("negative-workers", PROV, cluster(workers=-2), ("cluster.workers", "-2")),
+    Case("two-chiefs", PROV, cluster(chief=2), ("cluster.chief", "2")),
+    Case("no-replicas", PROV, cluster(chief=0, workers=0), ("cluster.workers", "at least one")),
+    Case("ps-without-ps", PROV, {**cluster(workers=1), "train": base(strategy="parameter_server")["train"]},
+         ("cluster.ps", "ps task")),
+    Case("ps-without-chief", PROV, {**cluster(chief=0, workers=2, ps=1), "train": base(strategy="parameter_server")["train"]},
+         ("cluster.chief", "coordinate")),
+    Case("evaluator-with-mirrored", PROV, {**cluster(evaluator=1), "train": base(strategy="mirrored")["train"]},
+         ("cluster.evaluator", "multi_worker_mirrored")),
+    Case("negative-devices", PROV, cluster(devices_per_worker=-1), ("cluster.devices_per_worker", "-1")),
+    Case("bad-flavor", PROV, cluster(flavor="helm"), ("cluster.flavor", "helm")),
+    Case("privileged-port", PROV, cluster(port=80), ("cluster.port", "80")),
+    Case("bad-namespace", PROV, cluster(namespace="Team_A"), ("cluster.namespace", "DNS-1123")),
+    # --- the node inventory ------------------------------------------------------------------
+    Case("nodes-missing-file", PROV + ["--nodes", "{tmp}/nodes.yaml"], cluster(), ("--nodes", "nodes.yaml")),
+    Case("nodes-malformed", PROV + ["--nodes", str(DATA / "nodes-malformed.yaml")], cluster(), ("nodes",)),
+    Case("nodes-too-small", PROV + ["--nodes", str(DATA / "nodes-small-gpu.yaml")],
+         {**cluster(devices_per_worker=8, emulate=False, gpu_type="A100"), "train": base(strategy="mirrored")["train"]},
+         ("needs 8",)),
+    # --- pinning -----------------------------------------------------------------------------
+    Case("pin-vars-under-mirrored", PROV, base(strategy="mirrored", pinning={"variables": "/GPU:0"}),
+         ("train.pinning.variables", "every replica")),
+    Case("pin-layers-under-mirrored", PROV, base(strategy="mirrored", pinning={"layers": {"dense_1": "/GPU:0"}}),
+         ("train.pinning.layers", "strategy 'none'")),
+    Case("pin-missing-gpu-index", PROV, base(pinning={"gradients": "/GPU:7"}), ("train.pinning.gradients", "/GPU:7")),
+    Case("pin-malformed-device", PROV, base(pinning={"input": "gpu-0"}), ("train.pinning.input", "device string")),
+    Case("pin-unknown-layer", TRAIN, base(pinning={"layers": {"dense_9": "/GPU:1"}}),
+         ("train.pinning.layers", "dense_9"), subprocess=True),
+    Case("pin-absent-device-hard", TRAIN,
+         {**base(pinning={"gradients": "/GPU:1", "soft_placement": False}),
+          "cluster": {"devices_per_worker": 2, "emulate": False}},
+         ("train.pinning.gradients", "/GPU:1", "soft_placement"), subprocess=True),
+    # --- data files --------------------------------------------------------------------------
+    Case("csv-without-label", TRAIN, base(data="{tmp}/d.csv"), ("train.label_column", "label"),
+         files={"d.csv": "a,b,c\n1,2,3\n4,5,6\n"}, subprocess=True),
+    Case("npz-missing", TRAIN, base(data="{tmp}/none.npz"), ("train.data", "does not exist"), subprocess=True),
+    Case("npz-wrong-keys", TRAIN, base(data="{tmp}/d.npz"), ("train.data",),
+         files={"d.npz": {"features": np.zeros((4, 3))}}, subprocess=True),
+    # --- CLI arguments -----------------------------------------------------------------------
+    Case("unknown-command", ["fly", "{cfg}"], base(), ("invalid choice", "pinpoint --help")),
+    Case("missing-config-arg", ["train"], None, ("required: config", "pinpoint train --help")),
+    Case("bad-task-arg", TRAIN + ["--task", "boss"], base(), ("--task", "ROLE:INDEX")),
+    Case("unwritable-out", ["provision", "{cfg}", "--out", "/proc/pinpoint-out"], base(), ("--out", "writable")),
+    Case("report-without-train", ["report", "{tmp}/empty"], None, ("placement.json", "run the previous step"), files={"empty/.keep": ""}),
+]
+
+
+def _materialise(case: Case, tmp: Path) -> tuple[list[str], Path]:
+    out = tmp / "run"
+    cfg = tmp / "config.yaml"
+    subs = {"{cfg}": str(cfg), "{out}": str(out), "{tmp}": str(tmp)}
+
+    def sub(s: str) -> str:
+        for k, v in subs.items():
+            s = s.replace(k, v)
+        return s
+
+    for name, content in case.files.items():
+        p = tmp / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, dict):
+            np.savez(p, **content)
+        else:
+            p.write_text(str(content))
+    if isinstance(case.config, str):
+        cfg.write_text(case.config)
+    elif case.config is not None:
+        cfg.write_text(sub(yaml.safe_dump(case.config)))
+    return [sub(a) for a in case.argv], out
+
+
+def _assert_one_line(rc: int, stderr: str, case: Case, out: Path, report_dir_made: bool = False):
+    assert rc != 0, f"{case.id}: exit code 0"
+    assert "Traceback" not in stderr, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("pinpoint:")]
+    assert len(lines) == 1, f"{case.id}: expected one 'pinpoint:' line, got:\n{stderr}"
+    for needle in case.expect:
+        assert needle in lines[0], f"{case.id}: {needle!r} not in {lines[0]!r}"
+    if not report_dir_made:
+        assert not out.exists() or not any(out.iterdir()), f"{case.id}: partial outputs {list(out.iterdir())}"
+
+
+IN_PROCESS = [c for c in CASES if not c.subprocess]
+SUBPROC = [c for c in CASES if c.subprocess]
+
+
+def test_the_table_has_at_least_30_cases():
+    assert len(CASES) >= 30
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("case", IN_PROCESS, ids=[c.id for c in IN_PROCESS])
+def test_bad_input_in_process(case, tmp_path, capsys):
+    argv, out = _materialise(case, tmp_path)
+    rc = main(argv)
+    err = capsys.readouterr().err
+    _assert_one_line(rc, err, case, out)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_bad_input_needing_tensorflow(tmp_path):
+    """One subprocess per case: a real `pinpoint train` that must refuse before writing anything."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    failures = []
+    for case in SUBPROC:
+        d = tmp_path / case.id
+        d.mkdir()
+        argv, out = _materialise(case, d)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pinpoint.cli", *argv], capture_output=True, text=True, env=env, cwd=d, timeout=300
+        )
+        try:
+            _assert_one_line(proc.returncode, proc.stderr, case, out)
+        except AssertionError as err:
+            failures.append(str(err))
+    assert not failures, "\n\n".join(failures)
+
+
+test_the_table_has_at_least_30_cases = pytest.mark.unit(test_the_table_has_at_least_30_cases)
