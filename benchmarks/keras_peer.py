@@ -10,7 +10,11 @@ Settings (kept equal to Pinpoint's so the ratio measures the training loops, not
   objective as Pinpoint's per-replica sum / global batch), metric: accuracy;
 - optimizer: the same class and learning rate; `jit_compile=False` (Pinpoint does not use XLA);
 - `steps_per_execution = train.log_every`: Pinpoint runs `log_every` steps per tf.function call,
-  so Keras gets the same number of steps per host round trip.
+  so Keras gets the same number of steps per host round trip (except under
+  MultiWorkerMirroredStrategy, where Keras 3.15 only works with 1; see `steps_per_execution`).
+- MultiWorkerMirroredStrategy: Keras 3.15 `fit` does not run under it with 2+ workers
+  (tensorflow/tensorflow#72388); the peer applies the two smallest workarounds it needs
+  (build the compiled metrics from a plain batch; reduce scalar logs with axis=None).
 Steady state: a callback starts the clock at the first execution that begins at or after
 `warmup_steps` and stops it at the end of the last one; both callbacks see Python floats of
 the logs (Keras converts them), so both ends are host sync points.
@@ -60,6 +64,7 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
     import keras
     import tensorflow as tf
 
+    keras.config.disable_traceback_filtering()  # a failure in fit shows where it happened
     from pinpoint.training.data import load_arrays
     from pinpoint.training.models import build_model
     from pinpoint.training.strategies import get_strategy
@@ -94,8 +99,16 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
             jit_compile=False,
-            steps_per_execution=cfg.train.log_every,
+            steps_per_execution=steps_per_execution(cfg, multi_worker),
         )
+        if multi_worker:
+            # Keras 3.15 `fit` under MultiWorkerMirroredStrategy with 2+ workers fails before the
+            # first step: to build the compiled loss/metrics it calls strategy.reduce on the
+            # first (x, y) batch, a tuple, which the collective reduce cannot take. Build them
+            # from a plain batch instead (shapes only, no training step) and skip that reduce.
+            model._symbolic_build(data_batch=(arrays.x[:gb], arrays.y[:gb]))
+            model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+            _patch_multi_worker_log_reduction()
     timer = _timer_callback(keras, warmup_steps)
     t_fit = time.perf_counter()
     hist = model.fit(ds, epochs=1, steps_per_epoch=cfg.train.steps, verbose=0, callbacks=[timer])
@@ -115,7 +128,42 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
         "model_layers": dense_shapes(model),
         "num_replicas_in_sync": int(strategy.num_replicas_in_sync),
         "global_batch": gb,
+        "steps_per_execution": steps_per_execution(cfg, multi_worker),
     }
+
+
+def steps_per_execution(cfg, multi_worker: bool) -> int:
+    """Pinpoint's steps per tf.function call, except under MultiWorkerMirroredStrategy: there
+    Keras 3.15's multi-step loop (a tf.while_loop with the step in a tf.cond) fails with "You
+    must feed a value for placeholder tensor 'while/cond/Placeholder'", so Keras gets 1."""
+    return 1 if multi_worker else cfg.train.log_every
+
+
+def _patch_multi_worker_log_reduction() -> None:
+    """Keras 3.15 averages each step's logs across workers with strategy.reduce(MEAN, v, axis=0),
+    which fails for the scalar loss/accuracy ("Invalid reduction dimension 0 for input with 0
+    dimensions", tensorflow/tensorflow#72388). Reduce scalars with axis=None (the same mean across
+    replicas, one collective per log as before); everything else goes to Keras unchanged."""
+    from keras.src import tree
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = tf_trainer.reduce_per_replica
+    if getattr(original, "_pinpoint_bench_patch", False):
+        return
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and tf_trainer._collective_all_reduce_multi_worker(strategy):
+            def _reduce(v):
+                if not tf_trainer._is_per_replica_instance(v):
+                    return v
+                rank = strategy.experimental_local_results(v)[0].shape.rank
+                return strategy.reduce("MEAN", v, axis=None if rank == 0 else 0)
+
+            return tree.map_structure(_reduce, values)
+        return original(values, strategy, reduction)
+
+    reduce_per_replica._pinpoint_bench_patch = True
+    tf_trainer.reduce_per_replica = reduce_per_replica
 
 
 def dense_shapes(model) -> list[tuple[int, int]]:
