@@ -147,6 +147,13 @@ def test_fallback_nonexistent_device_soft_placement(tf):
     assert fb["AsString"]["op_type"] == "AsString"
     assert all(f["requested"].startswith("/GPU") for f in p["fallbacks"])
     assert not any(f["op"] == "add" for f in p["fallbacks"])
+    # emulation off, no GPU: the device setup redirects /GPU:0 to the host before tracing, so no
+    # graph shows it; the device map's record of it is reported as a fallback too.
+    dm = _dm(replicas=("/CPU:0",), aliases={})
+    dm.fallbacks = {"/GPU:0": "/CPU:0"}
+    p2 = _build([cap], [], dm=dm)
+    setup = [f for f in p2["fallbacks"] if f["op"] == "(every op pinned to /GPU:0)"]
+    assert setup and setup[0]["placed"] == "/CPU:0" and "does not exist" in setup[0]["reason"]
 
 
 def test_model_split_moves_activations(tf):
