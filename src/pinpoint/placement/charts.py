@@ -21,7 +21,8 @@ def _plt():
 
 def _label(dev: str, physical: dict) -> str:
     phys = physical.get(dev, dev)
-    return f"{dev}\n({phys})" if phys != dev else dev
+    # the job/task prefix is the same as the spec name's: show only the local physical device
+    return f"{dev}\n(= {phys[phys.rfind('/') + 1:]})" if phys != dev else dev
 
 
 def ops_heatmap(placement: dict, path: Path) -> Optional[Path]:
