@@ -87,8 +87,8 @@ test-slow: $(STAMP) system-deps ## slow tier (multi-process clusters, images, fa
 test-faults: $(STAMP) system-deps ## the fault-injection suite
 	$(PYTEST) tests/test_faults.py
 
-bench: $(STAMP) ## benchmarks side by side with Keras -> benchmarks/RESULTS.md
-	$(PY) -m benchmarks.run
+bench: $(STAMP) ## benchmarks side by side with Keras -> benchmarks/RESULTS.md (BENCH_ARGS="--quick", "--repeats 7", "--only overhead")
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 clean: ## remove run folders and local outputs (keeps .venv and mlruns/)
 	rm -rf runs local_outputs test-output
