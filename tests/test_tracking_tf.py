@@ -22,7 +22,7 @@ def make_cfg(uri):
 
 @pytest.mark.integration
 @pytest.mark.timeout(600)
-def test_checkpoints_uploaded_fetched_back_and_model_predicts(live_mlflow, tmp_path):
+def test_checkpoints_uploaded_fetched_back_and_model_predicts(live_mlflow, tmp_path, monkeypatch):
     import mlflow
     import tensorflow as tf
     from mlflow.tracking import MlflowClient
@@ -63,6 +63,7 @@ def test_checkpoints_uploaded_fetched_back_and_model_predicts(live_mlflow, tmp_p
     assert int(step2.numpy()) == 10
     np.testing.assert_allclose(model2.layers[0].kernel.numpy(), np.full((4, 3), 10.0))
 
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", live_mlflow.uri)  # how a user points MLflow at the server
     loaded = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
     np.testing.assert_allclose(np.asarray(loaded.predict(x)), model.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
 

@@ -1,0 +1,114 @@
+"""A real `pinpoint train` process tracked by a real `mlflow server` that is stopped and restarted
+while it trains: training neither stops nor loses anything, every logged step arrives exactly
+once; then `--resume-from-run` restores the latest checkpoint logged in that run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pinpoint.tracking.spool import find_spools
+
+PINPOINT = str(Path(sys.executable).parent / "pinpoint")
+
+
+def write_config(path: Path, uri: str, experiment: str, steps: int) -> Path:
+    cfg = {
+        "name": "trk-train",
+        "cluster": {"chief": 1, "workers": 0, "devices_per_worker": 2, "device_type": "GPU", "emulate": True},
+        "train": {"strategy": "mirrored", "model": "mlp", "data": "synthetic", "synthetic_examples": 512,
+                  "batch_size": 32, "steps": steps, "log_every": 5, "checkpoint_every": 50,
+                  "keep_checkpoints": 2, "pinning": {"input": "/CPU:0"}},
+        "placement": {"warmup_steps": 2},
+        "tracking": {"uri": uri, "experiment": experiment},
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def log_steps(out: Path) -> list[int]:
+    f = out / "train_log.jsonl"
+    if not f.exists():
+        return []
+    return [json.loads(line)["step"] for line in f.read_text().splitlines() if line.strip()]
+
+
+def env():
+    e = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="2")
+    e.pop("MLFLOW_TRACKING_URI", None)
+    return e
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_real_training_survives_server_restart_and_resumes_from_run(live_mlflow, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    experiment = f"train-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "cfg.yaml", live_mlflow.uri, experiment, steps=600)
+    err_log = tmp_path / "train.err"
+    with open(err_log, "w") as err:
+        proc = subprocess.Popen([PINPOINT, "train", str(cfg), "--out", str(out)], stdout=subprocess.PIPE,
+                                stderr=err, text=True, env=env())
+    try:
+        # Outage in the middle: wait for the first logged steps, then stop the server.
+        deadline = time.monotonic() + 600
+        while len(log_steps(out)) < 4 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, f"training ended before the outage:\n{err_log.read_text()[-3000:]}"
+        live_mlflow.stop()
+        at_stop = len(log_steps(out))
+        live_mlflow.start()
+        stdout, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = err_log.read_text()
+    assert proc.returncode == 0, stderr[-3000:]
+    steps = log_steps(out)
+    assert steps[-1] == 600 and len(steps) > at_stop  # training went on through the outage
+    assert "unreachable" in stderr and "spooling" in stderr
+
+    # If training finished before the server came back, the spool is left: upload it.
+    if find_spools(out):
+        up = subprocess.run([PINPOINT, "upload-spool", str(out)], capture_output=True, text=True, env=env())
+        assert up.returncode == 0, up.stderr
+    assert not find_spools(out)
+
+    c = MlflowClient(live_mlflow.uri)
+    exp = c.get_experiment_by_name(experiment)
+    (run,) = c.search_runs([exp.experiment_id], filter_string="tags.`pinpoint.step` = 'train'")
+    run_id = run.info.run_id
+    for key in ("loss", "accuracy", "examples_per_sec", "step_time"):
+        got = sorted(m.step for m in c.get_metric_history(run_id, key))
+        assert got == sorted(steps), f"{key}: MLflow steps differ from train_log.jsonl"  # exactly once
+    assert run.info.status == "FINISHED"
+    assert any(k.startswith("placement.") for k in run.data.metrics)
+    assert any(k.startswith("system/") for k in run.data.metrics)
+    assert run.data.params["train.strategy"] == "mirrored"
+    assert run.data.params["config_digest"]
+    ckpts = sorted(int(a.path.rsplit("-", 1)[1]) for a in c.list_artifacts(run_id, "checkpoints"))
+    assert ckpts == list(range(50, 601, 50))  # every checkpoint as written, even rotated ones
+    top = {a.path for a in c.list_artifacts(run_id)}
+    assert {"placement.json", "metrics.json", "model"} <= top
+
+    # Resume in a fresh folder from the MLflow run: continues the step count from 600.
+    cfg2 = write_config(tmp_path / "cfg2.yaml", live_mlflow.uri, experiment, steps=620)
+    out2 = tmp_path / "resumed"
+    res = subprocess.run([PINPOINT, "train", str(cfg2), "--out", str(out2), "--resume-from-run", run_id],
+                         capture_output=True, text=True, env=env(), timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming from checkpoint step 600" in res.stderr
+    assert log_steps(out2)[0] > 600 and log_steps(out2)[-1] == 620
+    runs = c.search_runs([exp.experiment_id], filter_string="tags.`pinpoint.resumed_from_run` = '" + run_id + "'")
+    assert len(runs) == 1
+    assert min(m.step for m in c.get_metric_history(runs[0].info.run_id, "loss")) > 600
