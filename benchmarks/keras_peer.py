@@ -8,7 +8,8 @@ Settings (kept equal to Pinpoint's so the ratio measures the training loops, not
   `fit` splits across replicas (and across workers, DATA auto-sharding) itself;
 - loss: sparse categorical cross-entropy from logits, averaged over the global batch (the same
   objective as Pinpoint's per-replica sum / global batch), metric: accuracy;
-- optimizer: the same class and learning rate; `jit_compile=False` (Pinpoint does not use XLA);
+- optimizer: the same class and learning rate; `jit_compile` as Pinpoint decides for the config
+  (`pinpoint.training.engine.use_jit`), so both sides use XLA or neither does;
 - `steps_per_execution = train.log_every`: Pinpoint runs `log_every` steps per tf.function call,
   so Keras gets the same number of steps per host round trip (except under
   MultiWorkerMirroredStrategy, where Keras 3.15 only works with 1; see `steps_per_execution`).
@@ -98,7 +99,7 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
             optimizer=_optimizer(keras, cfg),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
-            jit_compile=False,
+            jit_compile=jit_setting(cfg),
             steps_per_execution=steps_per_execution(cfg, multi_worker),
         )
         if multi_worker:
@@ -129,7 +130,18 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
         "num_replicas_in_sync": int(strategy.num_replicas_in_sync),
         "global_batch": gb,
         "steps_per_execution": steps_per_execution(cfg, multi_worker),
+        "jit_compile": jit_setting(cfg),
     }
+
+
+def jit_setting(cfg) -> bool:
+    """The XLA choice Pinpoint makes for this config, so both sides compile alike (Keras's own
+    "auto" turns XLA off on CPU-only machines and on for GPUs)."""
+    try:
+        from pinpoint.training.engine import use_jit
+    except ImportError:  # a trainer without XLA support
+        return False
+    return bool(use_jit(cfg))
 
 
 def steps_per_execution(cfg, multi_worker: bool) -> int:

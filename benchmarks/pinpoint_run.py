@@ -89,6 +89,7 @@ def pinpoint_train(spec: dict) -> dict[str, Any]:
         "final_loss": metrics.get("final_loss"),
         "final_accuracy": metrics.get("final_accuracy"),
         "num_params": metrics.get("num_params"),
+        "jit_compile": metrics.get("jit_compile"),
         "num_replicas_in_sync": metrics.get("num_replicas"),
         "global_batch": metrics.get("global_batch"),
         "replica_devices": (metrics.get("device_map") or {}).get("replica_devices"),

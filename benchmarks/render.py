@@ -56,7 +56,7 @@ def section_keras(plan: list[Comparison], results: Results) -> str:
         if not c.key.startswith("keras-"):
             continue
         if c.key not in results:
-            rows.append([c.title, "skipped" if c.skipped else "not run", "", "", "", "", ""])
+            rows.append([c.title, "skipped" if c.skipped else "not run", "", "", "", "", "", ""])
             continue
         runs, ratio = results[c.key], c.ratios[0]
         r = ratio_summary(results, c.key, "pinpoint", "keras", "examples_per_sec")
@@ -67,12 +67,26 @@ def section_keras(plan: list[Comparison], results: Results) -> str:
             fmt_summary(r),
             target_met(r, ratio.target) or "recorded",
             _pct(summ(runs["pinpoint"], "mfu", 100)) + " / " + _pct(summ(runs["keras"], "mfu", 100)),
+            _settings(c, runs),
             str(_n(runs)),
         ])
     return markdown_table(
-        ["setup", "pinpoint train ex/s", "Keras fit ex/s", "ratio pinpoint/Keras", "issue 3.8", "MFU pinpoint / Keras", "runs"],
+        ["setup", "pinpoint train ex/s", "Keras fit ex/s", "ratio pinpoint/Keras", "issue 3.8",
+         "MFU pinpoint / Keras", "XLA, steps per call (pinpoint / Keras)", "runs"],
         rows,
     )
+
+
+def _first(recs: Sequence[dict], key: str):
+    return next((r[key] for r in recs if "error" not in r and r.get(key) is not None), None)
+
+
+def _settings(c: Comparison, runs: dict) -> str:
+    onoff = lambda v: "?" if v is None else ("on" if v else "off")  # noqa: E731
+    spe_pp = c.arms[0].spec["config"]["train"].get("log_every", 10)
+    pp, ke = runs.get("pinpoint", []), runs.get("keras", [])
+    return (f"XLA {onoff(_first(pp, 'jit_compile'))} / {onoff(_first(ke, 'jit_compile'))}, "
+            f"{spe_pp} / {_first(ke, 'steps_per_execution') or '?'}")
 
 
 def section_overhead(plan: list[Comparison], results: Results) -> str:
@@ -189,9 +203,15 @@ SETTINGS = """\
   same strategy and the same devices (`pinpoint.devices.setup_devices`: emulated GPUs are
   logical CPU devices; `get_strategy` builds the strategy for both sides).
 - Keras: `model.compile(loss=SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
-  jit_compile=False, steps_per_execution={spe})` and `model.fit` on a `tf.data` pipeline
+  jit_compile=<as Pinpoint>, steps_per_execution={spe})` and `model.fit` on a `tf.data` pipeline
   (shuffle, repeat, batch, prefetch) of the same arrays. Pinpoint runs `log_every={spe}` steps
-  per tf.function call, hence the same steps per execution for Keras.
+  per tf.function call, hence the same steps per execution for Keras. XLA: both sides use
+  Pinpoint's choice for the config (`train.jit_compile`, auto: on for strategy none, off for the
+  distributed strategies); Keras's own "auto" would leave it off on a CPU-only machine.
+- multi_worker_mirrored: Keras 3.15 `fit` fails under MultiWorkerMirroredStrategy with 2+ workers
+  (tensorflow/tensorflow#72388); the peer patches the two places that fail (log reduction of
+  scalars, first-batch build of the compiled metrics) and runs `steps_per_execution=1`, the only
+  value its multi-step loop accepts there, against Pinpoint's {spe} steps per call.
 - Steady state: steps after the first {warmup} (tracing, warm-up and Pinpoint's placement capture
   at step 3), to the last step, wall clock between two host syncs: Pinpoint's train_log.jsonl
   timestamps, a Keras callback's clock for Keras. Pinpoint's Keras-comparison runs have checkpoints

@@ -114,6 +114,7 @@ def test_render_markdown_reports_same_round_ratios_targets_and_failures():
     md = render_markdown(plan, results, raw, "RESULTS.png")
     # none: rounds 110/100=1.1 and 99/90=1.1 -> median 1.1, target >= 1 met
     assert "| strategy none, 1 device | 104.5 (99–110) | 95 (90–100) | 1.1 (1.1–1.1) | met (target >= 1) |" in md
+    assert "| XLA ? / ? |" not in md and "XLA ? / ?, 10 / ? |" in md
     # mirrored: round 1 Keras failed, so one ratio: 84/80 = 1.05
     assert "1.05 (1.05–1.05) | met (target >= 1)" in md
     assert "keras-mirrored/keras round 1: exit 1: boom" in md
