@@ -176,3 +176,89 @@ def _alive(pid):
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+# ---- integration: the supervisor, with real stand-in processes for the tasks ------------------
+# `task_prefix` runs a task under a wrapper; a `python -c CODE` wrapper is a real process that
+# behaves like a task that crashes, hangs or finishes, without paying TensorFlow's start-up.
+def _as(code):
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+FAST = dict(grace=1.0, startup_timeout=60.0, stall_timeout=60.0)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_user_error_exit_code_is_propagated_without_restart(tmp_path, capfd):
+    crash = _as("import sys; print('pinpoint: config error: x: got 1; fix it', flush=True); sys.exit(2)")
+    rc = launcher.run_local_cluster(_cfg(train={"max_restarts": 3}), tmp_path, task_prefix={"chief:0": crash}, **FAST)
+    assert rc == 2
+    rec = json.loads((tmp_path / "launcher.json").read_text())
+    assert rec["status"] == "failed" and len(rec["attempts"]) == 1
+    out = capfd.readouterr().out
+    assert "[chief:0] pinpoint: config error: x: got 1; fix it" in out
+    assert "not restarting" in out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_crashing_task_restarts_the_group_then_fails_with_its_last_words(tmp_path, capfd):
+    crash = _as("import sys; print('boom: device lost', flush=True); sys.exit(1)")
+    with pytest.raises(TrainingFailed) as err:
+        launcher.run_local_cluster(_cfg(train={"max_restarts": 2}), tmp_path, task_prefix={"worker:0": crash}, **FAST)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("local cluster failed: worker:0 exited with code 1 on attempt 3 (train.max_restarts=2")
+    assert "boom: device lost" in msg
+    out = capfd.readouterr().out
+    assert "[launcher] restart 1/2 after worker:0 exited with code 1" in out
+    assert "[launcher] restart 2/2 after worker:0 exited with code 1" in out
+    tasks = json.loads((tmp_path / "tasks.json").read_text())
+    assert tasks["attempt"] == 3 and set(tasks["tasks"]) == {"chief:0", "worker:0"}
+    rec = json.loads((tmp_path / "launcher.json").read_text())
+    assert [f["task"] for f in rec["failures"]] == ["worker:0"] * 3 and rec["status"] == "failed"
+    # The real chief processes (pinpoint train --task chief:0) were killed with each broken group.
+    for a in rec["attempts"]:
+        assert a["sigkilled"] == ["chief:0"] or a["sigkilled"] == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_the_watchdog_ends_a_group_that_makes_no_progress(tmp_path):
+    hang = _as("import time; time.sleep(600)")
+    t0 = time.time()
+    with pytest.raises(TrainingFailed, match=r"no first logged step for 2 s .*hung or cut off"):
+        launcher.run_local_cluster(
+            _cfg(train={"max_restarts": 0}), tmp_path,
+            task_prefix={"chief:0": hang, "worker:0": hang}, grace=1.0, startup_timeout=2.0,
+        )
+    assert time.time() - t0 < 20
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_ps_and_evaluator_are_stopped_once_the_chief_finishes(tmp_path, capfd):
+    serve_forever = _as("""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # like a TF server: only SIGKILL ends it
+        print('serving', flush=True)
+        time.sleep(600)
+    """)
+    finish = _as("import time; time.sleep(1); print('trained', flush=True)")
+    cfg = config_from_dict({
+        "name": "lt", "cluster": {"chief": 1, "workers": 1, "ps": 1, "evaluator": 1},
+        "train": {"strategy": "parameter_server"}, "tracking": {"enabled": False},
+    })
+    t0 = time.time()
+    rc = launcher.run_local_cluster(
+        cfg, tmp_path, grace=1.0,
+        task_prefix={"chief:0": finish, "worker:0": serve_forever, "ps:0": serve_forever,
+                     "evaluator:0": serve_forever},
+    )
+    assert rc == 0 and time.time() - t0 < 30
+    rec = json.loads((tmp_path / "launcher.json").read_text())
+    assert rec["status"] == "succeeded"
+    assert set(rec["attempts"][0]["sigkilled"]) == {"worker:0", "ps:0", "evaluator:0"}
+    out = capfd.readouterr().out
+    assert "[chief:0] trained" in out and "[ps:0] serving" in out and "[evaluator:0] serving" in out

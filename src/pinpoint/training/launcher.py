@@ -345,6 +345,7 @@ def run_local_cluster(
             resume_step = latest_checkpoint_step(out)
             group = ProcessGroup(specs, cwd=os.getcwd(), emitter=emitter)
             started = time.time()
+            failure = None
             try:
                 group.start()
                 tasks_doc = {
@@ -359,19 +360,22 @@ def run_local_cluster(
                     f"attempt {attempt}: started {', '.join(f'{s.name} (pid {group.pids[s.name]}, {s.host}:{s.port})' for s in specs)}"
                     + (f"; resuming from checkpoint step {resume_step}" if resume_step is not None else "")
                 )
-                failure = _supervise(group, out, startup_timeout, stall_timeout, finish_timeout, say)
+                failure = _supervise(group, out, startup_timeout, stall_timeout, finish_timeout, say,
+                                     servers_only=cfg.train.strategy == "parameter_server")
             finally:
                 detected = time.time()
-                killed = group.stop(grace=grace)
+                # A broken group is killed at once: the checkpoint holds everything worth keeping,
+                # and an MWMS task ignores SIGTERM anyway (TF's coordination service takes it as a
+                # preemption notice and keeps waiting in the collective).
+                killed = group.stop(grace=0.0 if failure is not None else grace)
                 stopped = time.time()
+            record["attempts"][-1].update(ended=stopped, stop_s=round(stopped - detected, 2), sigkilled=killed)
             if failure is None:
                 record["status"] = "succeeded"
-                record["attempts"][-1]["ended"] = time.time()
                 atomic_write_json(out / LAUNCHER_FILE, record)
                 say(f"done after {attempt} attempt(s)")
                 return 0
             reason, exit_ = failure
-            record["attempts"][-1]["ended"] = time.time()
             record["failures"].append({
                 "attempt": attempt,
                 "task": exit_.name if exit_ else None,
@@ -380,8 +384,6 @@ def run_local_cluster(
                 "last_logged_step": last_logged_step(out),
                 "checkpoint_step": latest_checkpoint_step(out),
                 "time": detected,
-                "group_stopped_after_s": round(stopped - detected, 2),
-                "sigkilled_after_grace": killed,
             })
             last_words = group.last_words(exit_.name) if exit_ else ""
             if exit_ is not None and exit_.returncode == USER_ERROR_EXIT:
@@ -415,11 +417,16 @@ def run_local_cluster(
 
 
 def _supervise(group: ProcessGroup, out: Path, startup_timeout: float, stall_timeout: float,
-               finish_timeout: float, say) -> Optional[tuple[str, Optional[Exit]]]:
-    """Watch one attempt. None when the chief finished cleanly, else (reason, the task that died)."""
+               finish_timeout: float, say, *, servers_only: bool = False) -> Optional[tuple[str, Optional[Exit]]]:
+    """Watch one attempt. None when the chief finished cleanly, else (reason, the task that died).
+
+    `servers_only`: the workers only serve the chief's closures (parameter_server), so like the
+    ps they never end by themselves and are not waited for.
+    """
     names = [s.name for s in group.specs]
     chief = "chief:0" if "chief:0" in names else next(n for n in names if n.startswith("worker:"))
-    trainers = [n for n in names if n.split(":")[0] in ("chief", "worker")]
+    trainer_roles = ("chief",) if servers_only else ("chief", "worker")
+    trainers = [n for n in names if n.split(":")[0] in trainer_roles]
     mark = _progress_mark(out)
     last_change = time.monotonic()
     seen_progress = False
@@ -431,9 +438,9 @@ def _supervise(group: ProcessGroup, out: Path, startup_timeout: float, stall_tim
         if bad and chief_done_at is None:
             return bad[0].describe(), bad[0]
         if chief_done_at is None:
-            # A ps or a cluster-less evaluator never ends on its own; one that does is broken.
+            # A ps (or a parameter_server worker) never ends on its own; one that does is broken.
             for e in exits.values():
-                if e.name.startswith("ps:"):
+                if e.name.startswith("ps:") or (servers_only and e.name.startswith("worker:")):
                     return f"{e.name} exited unexpectedly (code {e.returncode})", e
         if chief in exits and chief_done_at is None:
             chief_done_at = time.monotonic()
