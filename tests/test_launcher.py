@@ -262,3 +262,41 @@ def test_ps_and_evaluator_are_stopped_once_the_chief_finishes(tmp_path, capfd):
     assert set(rec["attempts"][0]["sigkilled"]) == {"worker:0", "ps:0", "evaluator:0"}
     out = capfd.readouterr().out
     assert "[chief:0] trained" in out and "[ps:0] serving" in out and "[evaluator:0] serving" in out
+
+
+# ---- slow: a real multi-worker cluster through the CLI ----------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_real_multi_worker_cluster_with_evaluator_through_the_cli(tmp_path):
+    cfg = config_from_dict({
+        "name": "lt",
+        "cluster": {"chief": 1, "workers": 1, "evaluator": 1, "device_type": "CPU", "devices_per_worker": 1},
+        "train": {"strategy": "multi_worker_mirrored", "model": "mlp", "data": "digits", "batch_size": 32,
+                  "steps": 60, "checkpoint_every": 30, "log_every": 10},
+        "placement": {"enabled": False},
+        "tracking": {"enabled": False},
+    })
+    from pinpoint.config import config_to_yaml
+
+    cfg_path = tmp_path / "lt.yaml"
+    cfg_path.write_text(config_to_yaml(cfg))
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pinpoint.cli", "train", str(cfg_path), "--out", str(out)],
+        capture_output=True, text=True, timeout=560, cwd=ROOT,
+    )
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-2000:])
+    lines = proc.stdout.splitlines()
+    # Every task's output arrives whole-line and prefixed with its name.
+    for name in ("chief:0", "worker:0", "evaluator:0"):
+        assert any(ln.startswith(f"[{name}] ") for ln in lines), name
+    assert all(ln.startswith("[") for ln in lines if ln.strip())
+    assert any(ln.startswith("[chief:0] step 60/60") for ln in lines)
+    tasks = json.loads((out / "tasks.json").read_text())
+    assert tasks["attempt"] == 1 and set(tasks["tasks"]) == {"chief:0", "worker:0", "evaluator:0"}
+    for t in tasks["tasks"].values():  # the processes are gone
+        assert not _alive(t["pid"])
+    rec = json.loads((out / "launcher.json").read_text())
+    assert rec["status"] == "succeeded" and rec["failures"] == []
+    assert latest_checkpoint_step(out) == 60 and last_logged_step(out) == 60
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 60
