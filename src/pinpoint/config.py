@@ -205,6 +205,9 @@ class TrainConfig(_Frozen):
     max_restarts: int = Field(2, ge=0)
     seed: int = 0
     log_every: int = Field(10, ge=1)
+    # XLA for each replica's forward+backward on the fast path. None = auto (like Keras fit):
+    # on for none/one_device when no variables/gradients/layers pinning needs per-op placement.
+    jit_compile: Optional[bool] = None
 
     @field_validator("data")
     @classmethod

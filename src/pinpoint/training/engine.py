@@ -73,6 +73,15 @@ def build_state(cfg: Config, ctx: TaskContext):
     return arrays, pipeline, model, optimizer, step_var
 
 
+def use_jit(cfg: Config) -> bool:
+    """XLA on the fast path: as configured, else auto (single-device strategies without
+    variables/gradients/layers pinning, since XLA fuses a function onto one device)."""
+    t, pin = cfg.train, cfg.train.pinning
+    if t.jit_compile is not None:
+        return t.jit_compile and t.strategy != "parameter_server"
+    return t.strategy in ("none", "one_device") and not (pin.variables or pin.gradients or pin.layers)
+
+
 def _next_stop(step: int, total: int, every: tuple[int, ...], capture_at: Optional[int]) -> int:
     stops = [total]
     for e in every:
@@ -124,7 +133,7 @@ def train(
     start = int(step_var.numpy())
     trainer = Trainer(ctx.strategy, model, optimizer, pipeline,
                       gradient_device=dm.physical(pin.gradients) if pin.gradients else None,
-                      coordinator=ctx.coordinator, start_step=start)
+                      coordinator=ctx.coordinator, start_step=start, jit_compile=use_jit(cfg))
 
     num_params = int(sum(v.numpy().size for v in model.trainable_variables))
     info = {
@@ -212,6 +221,7 @@ def train(
         "model": t.model,
         "data": arrays.source,
         "num_params": num_params,
+        "jit_compile": trainer.jit_compile,
         "device_map": dm.to_json(),
         "task": ctx.task,
     }

@@ -41,6 +41,7 @@ class Trainer:
         gradient_device: Optional[str] = None,
         coordinator=None,
         start_step: int = 0,
+        jit_compile: bool = False,
     ):
         self.strategy = strategy
         self.model = model
@@ -50,12 +51,17 @@ class Trainer:
         self.coordinator = coordinator
         self.global_batch = pipeline.global_batch
         self.step = start_step
+        # XLA for the fast path's forward+backward (one fused program per replica device). The
+        # placement capture always runs the plain graph, whose per-op placement is reportable.
+        self.jit_compile = jit_compile
+        self._compute_jit = tf.function(self._loss_and_grads, jit_compile=True) if jit_compile else None
+        self._jit_now = jit_compile
         self._train_n = tf.function(self._train_n_py)
         self._ps_iter = None
         self._pending: list = []
 
     # ---- one replica's step -------------------------------------------------------------
-    def _replica_update(self, x, y):
+    def _loss_and_grads(self, x, y):
         with tf.GradientTape() as tape:
             logits = self.model(x, training=True)
             per_example = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
@@ -65,8 +71,13 @@ class Trainer:
         # The backward pass: pinned to one device when train.pinning.gradients is set.
         with tf.name_scope("gradients"), _device(self.gradient_device):
             grads = tape.gradient(loss, variables)
-        self.optimizer.apply_gradients(zip(grads, variables))
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.float32))
+        return loss, correct, grads
+
+    def _replica_update(self, x, y):
+        compute = self._compute_jit if self._jit_now else self._loss_and_grads
+        loss, correct, grads = compute(x, y)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return loss, correct
 
     def _replica_step(self, step):
@@ -113,7 +124,11 @@ class Trainer:
             return self._ps_capture(capture_call)
         fn = self.fresh_step_function()
         t0 = time.perf_counter()
-        (loss, correct), captured = capture_call(fn, tf.constant(self.step, tf.int64), step=self.step)
+        self._jit_now = False  # traced now: the captured step is the plain, per-op graph
+        try:
+            (loss, correct), captured = capture_call(fn, tf.constant(self.step, tf.int64), step=self.step)
+        finally:
+            self._jit_now = self.jit_compile
         dt = time.perf_counter() - t0
         self.step += 1
         return captured, {
@@ -172,8 +187,9 @@ class Trainer:
         self.coordinator.join()  # sync point: every scheduled closure has finished
         dt = time.perf_counter() - t0
         total = sum(k for k, _ in results)
-        loss = sum(k * float(r[0].fetch()) for k, r in results) / total
-        acc = sum(k * float(r[1].fetch()) for k, r in results) / total
+        fetched = [(k, r.fetch()) for k, r in results]  # already computed: join() returned
+        loss = sum(k * float(v[0]) for k, v in fetched) / total
+        acc = sum(k * float(v[1]) for k, v in fetched) / total
         self.step += n
         # Each step consumes one per-replica batch on one worker.
         examples = n * self.pipeline.per_replica

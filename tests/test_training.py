@@ -1,0 +1,187 @@
+"""The training engine in-process, for real, on 3 logical CPUs (host + 2 emulated GPUs).
+
+TensorFlow configures logical devices once per process, so every test here uses the same
+layout: cluster.devices_per_worker=2 with emulation -> /CPU:0 host, /GPU:0=/CPU:1, /GPU:1=/CPU:2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pinpoint.config import config_from_dict
+from pinpoint.errors import ConfigError, PlacementError
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def make_cfg(strategy="mirrored", pinning=None, **train):
+    base = {
+        "strategy": strategy, "steps": 40, "batch_size": 32, "learning_rate": 0.1,
+        "log_every": 10, "checkpoint_every": 20, "pinning": pinning or {},
+    }
+    base.update(train)
+    return config_from_dict({
+        "name": "t", "cluster": {"devices_per_worker": 2, "emulate": True},
+        "train": base, "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
+    })
+
+
+def train(cfg, out: Path):
+    from pinpoint.training import train_command
+
+    assert train_command(cfg, out) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    placement = json.loads((out / "placement.json").read_text())
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    return metrics, placement, log
+
+
+def var_devices(placement) -> dict[str, set]:
+    return {v["name"]: set(v["devices"]) for v in placement["variables"]}
+
+
+def rule(placement, name):
+    rules = {r["rule"]: r for r in placement["conformance"]["rules"]}
+    assert name in rules, f"no conformance rule {name}: {sorted(rules)}"
+    return rules[name]
+
+
+def compute_ops(placement, pattern):
+    import re
+
+    rx = re.compile(pattern)
+    return [o for o in placement["ops"] if rx.search(o["op"]) and o["type"] not in ("Const", "NoOp", "_Send", "_Recv")]
+
+
+@pytest.mark.parametrize("strategy", ["none", "one_device", "mirrored", "central_storage"])
+def test_every_single_process_strategy_trains(strategy, tmp_path):
+    metrics, placement, log = train(make_cfg(strategy), tmp_path)
+    assert [r["step"] for r in log] == [10, 20, 30, 40]
+    assert log[-1]["loss"] < 0.92 * log[0]["loss"], log
+    assert metrics["steps"] == 40 and metrics["strategy"] == strategy
+    assert metrics["examples_per_sec"] > 0
+    assert metrics["device_map"]["device_aliases"] == {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("ckpt-*.index")) == ["ckpt-20.index", "ckpt-40.index"]
+    devices = var_devices(placement)
+    assert "dense_1/kernel" in devices
+    expected = {
+        "none": {"/CPU:0"},  # default strategy: the runtime puts variables on the host
+        "one_device": {"/GPU:0"},
+        "mirrored": {"/GPU:0", "/GPU:1"},  # one component per replica
+        "central_storage": {"/CPU:0"},  # parameters on the host, compute on the replicas
+    }[strategy]
+    for name in ("dense_1/kernel", "head/bias"):
+        assert devices[name] == expected, (name, devices[name])
+    if strategy in ("mirrored", "central_storage"):
+        # Both emulated GPUs did forward/backward work.
+        assert placement["gradients"]["ops_by_device"].get("/GPU:0", 0) > 0
+        assert placement["gradients"]["ops_by_device"].get("/GPU:1", 0) > 0
+
+
+def test_variables_gradients_layers_and_input_pins_are_visible_in_runtime_placement(tmp_path):
+    pinning = {"variables": "/GPU:0", "gradients": "/GPU:1", "layers": {"head": "/GPU:1"}, "input": "/GPU:0"}
+    metrics, placement, log = train(make_cfg("none", pinning), tmp_path)
+    assert log[-1]["loss"] < log[0]["loss"]
+    devices = var_devices(placement)
+    # variables: everything on /GPU:0 except the head's, whose layer rule is more specific
+    assert devices["dense_1/kernel"] == {"/GPU:0"} and devices["dense_2/bias"] == {"/GPU:0"}
+    assert devices["head/kernel"] == {"/GPU:1"}
+    # gradients: the backward pass ran on /GPU:1
+    grads = placement["gradients"]["ops_by_device"]
+    assert grads.get("/GPU:1", 0) > grads.get("/GPU:0", 0) + grads.get("/CPU:0", 0), grads
+    # layers: the head's forward ops ran on /GPU:1, dense_1's did not
+    head = [o for o in compute_ops(placement, r"(^|/)head(_\d+)?/") if "gradient" not in o["op"]]
+    assert head and all(o["device"] == "/GPU:1" for o in head), head
+    # input: the batch gather ran on /GPU:0 and was sent on from there
+    gathers = [o for o in placement["ops"] if o["op"].startswith("input/") and o["type"] == "GatherV2"]
+    assert gathers and all(o["device"] == "/GPU:0" for o in gathers), gathers
+    assert placement["transfers"]["matrix"]["/GPU:0"]["/GPU:1"]["count"] > 0  # activations cross devices
+    for name in ("variables", "gradients", "layers.head", "input"):
+        assert rule(placement, name)["score"] >= 0.75, rule(placement, name)
+
+
+def test_gradient_pin_seen_directly_in_partition_graphs():
+    """Without the analyzer: the backward ops in the runtime's partition graphs sit on /CPU:2."""
+    import tensorflow as tf
+
+    from pinpoint.devices import setup_devices
+    from pinpoint.placement.capture import capture_call
+    from pinpoint.training import engine
+    from pinpoint.training.loop import Trainer
+    from pinpoint.training.strategies import get_strategy
+
+    cfg = make_cfg("none", {"gradients": "/GPU:1"})
+    dm = setup_devices(cfg)
+    ctx = engine.TaskContext(strategy=get_strategy("none", dm.replica_devices), device_map=dm)
+    _, pipeline, model, optimizer, _ = engine.build_state(cfg, ctx)
+    trainer = Trainer(ctx.strategy, model, optimizer, pipeline, gradient_device=dm.physical("/GPU:1"))
+    captured, _ = trainer.capture_step(capture_call)
+    placed = {}
+    for g in captured.partition_graphs:
+        for n in g.node:
+            if n.name.startswith(("gradients/", "gradient_tape/")) and n.op in ("MatMul", "BiasAddGrad", "ReluGrad"):
+                placed[n.name] = tf.DeviceSpec.from_string(n.device).device_index
+    assert placed and set(placed.values()) == {2}, placed
+
+
+def test_transformer_blocks_split_across_devices(tmp_path):
+    pinning = {"layers": {"embed": "/GPU:0", "block_0": "/GPU:0", "block_1": "/GPU:1", "head": "/GPU:1"}}
+    metrics, placement, log = train(make_cfg("none", pinning, model="transformer", steps=30, learning_rate=0.05), tmp_path)
+    assert log[-1]["loss"] < log[0]["loss"]
+    devices = var_devices(placement)
+    b0 = set().union(*[d for n, d in devices.items() if n.startswith("block_0/")])
+    b1 = set().union(*[d for n, d in devices.items() if n.startswith("block_1/")])
+    assert b0 == {"/GPU:0"} and b1 == {"/GPU:1"}, sorted(devices)
+    # block_0 -> block_1 activations cross from /GPU:0 to /GPU:1 in the forward pass
+    assert placement["transfers"]["matrix"]["/GPU:0"]["/GPU:1"]["count"] > 0
+    assert rule(placement, "layers.block_1")["score"] >= 0.9
+
+
+def test_cnn_trains(tmp_path):
+    metrics, placement, log = train(make_cfg("mirrored", model="cnn", steps=30), tmp_path)
+    assert log[-1]["loss"] < log[0]["loss"]
+    assert var_devices(placement)["conv_1/kernel"] == {"/GPU:0", "/GPU:1"}
+
+
+def test_unknown_layer_name_lists_the_valid_ones(tmp_path):
+    from pinpoint.training import train_command
+
+    with pytest.raises(ConfigError) as err:
+        train_command(make_cfg("none", {"layers": {"dense_9": "/GPU:0"}}), tmp_path)
+    msg = str(err.value)
+    assert "train.pinning.layers.dense_9" in msg and "dense_1, dense_2, head" in msg
+
+
+def test_missing_device_with_soft_placement_off_fails_in_one_line(tmp_path):
+    from pinpoint.training import train_command
+
+    cfg = make_cfg("none", {"gradients": "/CPU:7", "soft_placement": False})
+    with pytest.raises(PlacementError) as err:
+        train_command(cfg, tmp_path)
+    msg = str(err.value)
+    assert msg.startswith("train.pinning.gradients: /CPU:7 does not exist on this machine")
+    assert "enable train.pinning.soft_placement" in msg and "\n" not in msg
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_missing_device_with_soft_placement_on_falls_back_and_is_reported(tmp_path):
+    import tensorflow as tf
+
+    try:
+        metrics, placement, _ = train(make_cfg("none", {"gradients": "/CPU:7"}, steps=10), tmp_path)
+    finally:
+        tf.config.set_soft_device_placement(True)
+    # The runtime moved the backward pass elsewhere and the report says so.
+    grads = placement["gradients"]["ops_by_device"]
+    assert grads and "/CPU:7" not in grads
+    assert rule(placement, "gradients")["score"] == 0.0
+
+
+def test_batch_not_divisible_by_replicas(tmp_path):
+    from pinpoint.training import train_command
+
+    with pytest.raises(ConfigError, match="train.batch_size: got 33; it must be divisible by the 2 replicas"):
+        train_command(make_cfg("mirrored", batch_size=33), tmp_path)
