@@ -272,3 +272,73 @@ def test_central_storage_keeps_variables_on_host(tf):
     # parameters travel host -> each replica device, gradients back
     m = p["transfers"]["matrix"]
     assert m["/CPU:0"]["/GPU:0"]["bytes"] >= 40 and m["/CPU:0"]["/GPU:1"]["bytes"] >= 40
+
+
+PS_SCRIPT = r'''
+import json, socket, sys
+import tensorflow as tf, keras
+from types import SimpleNamespace
+from pinpoint.config import PinningConfig
+from pinpoint.placement.analyze import build_placement
+from pinpoint.placement.capture import capture_on_device
+
+def port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+
+cs = tf.train.ClusterSpec({j: [f"127.0.0.1:{port()}"] for j in ("chief", "worker", "ps")})
+servers = [tf.distribute.Server(cs, job_name=j, task_index=0, protocol="grpc", start=True) for j in ("worker", "ps")]
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cs, rpc_layer="grpc", task_type="chief", task_id=0)
+strategy = tf.distribute.ParameterServerStrategy(resolver)
+coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, name="dense"), keras.layers.Dense(2, name="out")])
+    opt = keras.optimizers.SGD(0.1)
+    opt.build(model.trainable_variables)
+
+def step(seed):
+    x = tf.random.stateless_normal([16, 8], seed=tf.stack([seed, 1]))
+    y = tf.zeros([16], tf.int32)
+    with tf.GradientTape() as tape:
+        logits = model(x, training=True)
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+    with tf.name_scope("gradients"):
+        grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+_, cap = capture_on_device(step, "/job:worker/replica:0/task:0/device:CPU:0", tf.constant(3), step=3)
+dm = SimpleNamespace(aliases={}, replica_devices=[], host="/CPU:0")
+p = build_placement([cap], variables=list(model.variables) + list(opt.variables), plan=PinningConfig(),
+                    strategy="parameter_server", device_map=dm)
+p["param_bytes"] = sum(int(v.numpy().nbytes) for v in model.trainable_variables)
+print("PLACEMENT=" + json.dumps(p))
+'''
+
+
+@pytest.mark.timeout(300)
+def test_parameter_server_step_captured_from_coordinator(tmp_path):
+    """parameter_server (real gRPC servers for a worker and a ps task, in a subprocess): compute
+    and gradients on the worker, variables and their updates on the ps task, and one parameter
+    set crosses ps -> worker (reads) and worker -> ps (updates) per step."""
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", PS_SCRIPT], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    p = json.loads(r.stdout.split("PLACEMENT=", 1)[1])
+    worker, ps = "/job:worker/task:0/CPU:0", "/job:ps/task:0/CPU:0"
+    assert {worker, ps} <= set(p["devices"])
+    assert p["ops_by_device"][worker] > 0
+    assert set(p["gradients"]["ops_by_device"]) == {worker}
+    trainable = [v for v in p["variables"] if v["name"].startswith("sequential/")]
+    assert len(trainable) == 4
+    for v in trainable:
+        assert v["devices"] == [ps] and v["update_devices"] == [ps]
+    m = p["transfers"]["matrix"]
+    iteration_bytes = 8  # the optimizer's int64 step counter is read and incremented too
+    assert m[ps][worker]["bytes"] in (p["param_bytes"], p["param_bytes"] + iteration_bytes)
+    assert m[worker][ps]["bytes"] in (p["param_bytes"], p["param_bytes"] + iteration_bytes)
+    rules = {r["rule"]: r for r in p["conformance"]["rules"]}
+    assert rules["strategy.variables_on_ps"]["score"] == 1.0
+    assert any("captured by running one step" in n for n in p["notes"])

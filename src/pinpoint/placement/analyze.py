@@ -194,6 +194,10 @@ def build_placement(
 
 def _notes(captures: list, ops_detail: list, strategy: str) -> list[str]:
     notes = []
+    for cap in captures:
+        for note in getattr(cap, "notes", None) or []:
+            if note not in notes:
+                notes.append(note)
     if not captures:
         notes.append("no step was captured (placement sampling off or training ended before warm-up)")
     elif not ops_detail:

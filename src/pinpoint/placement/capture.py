@@ -31,6 +31,8 @@ class CapturedGraphs:
     # _Arg node name -> the captured eager tensor fed to it (variable handles), so update
     # ops can be attributed to the variable whose resource they write.
     arg_values: dict[str, Any] = field(default_factory=dict)
+    # How this capture was taken when it differs from a plain call (shown in placement notes).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:
@@ -110,3 +112,28 @@ def _trace_info(fn, args, kwargs, captured: CapturedGraphs) -> None:
             ext = external.get(id(inputs[idx])) if idx < len(inputs) else None
             if ext is not None:
                 captured.arg_values[n.name] = ext
+
+
+def capture_on_device(py_fn: Callable[..., Any], device: str, *args, step: int = 0, **kwargs):
+    """Run one step of `py_fn` (a plain Python step body) with its ops placed on `device`,
+    called from this process, with graph collection on; return (result, CapturedGraphs).
+
+    For parameter_server: a closure scheduled by the ClusterCoordinator is instantiated by the
+    worker's own runtime, so the coordinator never sees its partition graphs. Called from the
+    coordinator with the body under `tf.device("/job:worker/replica:0/task:0/...")`, the step is
+    placed and partitioned here and its components run on the worker and the ps tasks: the
+    partition graphs show compute on the worker, variables and their updates on the ps tasks and
+    every worker<->ps transfer. It is a real training step (updates are applied).
+    """
+    import tensorflow as tf
+
+    def body(*a, **kw):
+        with tf.device(device):
+            return py_fn(*a, **kw)
+
+    result, captured = capture_call(tf.function(body), *args, step=step, **kwargs)
+    captured.notes.append(
+        f"captured by running one step from this process with its ops placed on {device} "
+        "(the runtime placed and partitioned it here; its parts ran on the devices shown)"
+    )
+    return result, captured

@@ -102,7 +102,7 @@ def render_html(placement: dict, metrics: Optional[dict], charts: dict[str, Path
             "Read from the partition graphs the TensorFlow runtime actually executed on the sampled "
             f"step(s) {placement.get('captured_steps')}; op.device is only a request, this is what ran.",
             f'<div class="cards">{card_html}</div>'
-            + "".join(f"<p><span class='bad'>Note:</span> {_e(n)}</p>" for n in placement.get("notes") or [])
+            + "".join(f"<p><b>Note:</b> {_e(n)}</p>" for n in placement.get("notes") or [])
             + f'<pre>{_e(format_summary(placement, metrics))}</pre>',
             "summary",
         )
