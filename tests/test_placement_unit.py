@@ -113,3 +113,23 @@ def test_merge_placements_unites_tasks():
 
     html = render_html(m, None, {}, "cluster")
     assert "Tasks of the cluster" in html and "[worker:0] variables" in html
+
+
+def test_variables_rule_violation_names_the_layer_rule():
+    """head's variables on /GPU:1 violate variables=/GPU:0 because layers.head=/GPU:1 created them."""
+    import re as _re
+
+    from pinpoint.config import PinningConfig
+    from pinpoint.placement.analyze import _conformance
+
+    variables = [
+        {"name": "dense_1/kernel", "devices": ["/GPU:0"], "components": [{"device": "/GPU:0"}]},
+        {"name": "head/kernel", "devices": ["/GPU:1"], "components": [{"device": "/GPU:1"}]},
+    ]
+    plan = PinningConfig(variables="/GPU:0", layers={"head": "/GPU:1"})
+    conf = _conformance([], variables, plan, "none", None, Namer(None), _re.compile("gradients/"), None,
+                        _re.compile("input/"))
+    rule = next(r for r in conf["rules"] if r["rule"] == "variables")
+    assert rule["score"] == 0.5
+    assert rule["violations"] == [{"op": "head/kernel", "placed": "/GPU:1",
+                                   "why": "created inside layers.head's device scope (/GPU:1)"}]

@@ -633,7 +633,14 @@ def _conformance(ops, variables, plan, strategy, device_map, namer, grad_re, lay
     if plan is not None:
         if getattr(plan, "variables", None):
             rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
-            rules.append(_rule("variables", namer.spec(plan.variables), rel))
+            rule = _rule("variables", namer.spec(plan.variables), rel)
+            # A layer's variables are created inside the layer's device scope, so a layers.<name>
+            # rule wins over the variables rule for that layer: say so next to the violation.
+            for viol in rule["violations"]:
+                for layer, dev in (getattr(plan, "layers", None) or {}).items():
+                    if _layer_re(layer).search(viol["op"] + "/") and matches(namer.spec(dev), viol["placed"]):
+                        viol["why"] = f"created inside layers.{layer}'s device scope ({dev})"
+            rules.append(rule)
         if getattr(plan, "gradients", None):
             rel = [(o["op"], o["device"]) for o in compute if grad_re.search(o["op"])]
             rules.append(_rule("gradients", namer.spec(plan.gradients), rel))

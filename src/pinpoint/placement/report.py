@@ -237,7 +237,7 @@ def render_html(placement: dict, metrics: Optional[dict], charts: dict[str, Path
         rows.append([(f"[{r['task']}] " if r.get("task") else "") + r["rule"], r["planned"], observed or "-",
                      r["relevant"], "n/a (no relevant ops)" if s is None else f"{s:.2f}"])
     vrows = [
-        [(f"[{r['task']}] " if r.get("task") else "") + r["rule"], v["op"], v["placed"], r["planned"]]
+        [(f"[{r['task']}] " if r.get("task") else "") + r["rule"], v["op"], v["placed"], r["planned"], v.get("why", "")]
         for r in rules for v in (r.get("violations") or [])[:20]
     ]
     body = _img(charts.get("conformance.png"), "conformance") + (
@@ -246,7 +246,7 @@ def render_html(placement: dict, metrics: Optional[dict], charts: dict[str, Path
     )
     if vrows:
         body += "<p><span class='bad'>Violations</span> (up to 20 per rule):</p>" + _table(
-            ["rule", "op / variable", "ran on", "planned"], vrows, bad_rows=set(range(len(vrows)))
+            ["rule", "op / variable", "ran on", "planned", "likely cause"], vrows, bad_rows=set(range(len(vrows)))
         )
     what = ex.get("conformance", "") + (
         " Strategy rules: mirrored strategies keep one component of every variable on every replica device "
