@@ -5,11 +5,24 @@
 #   3. `podman system service` on a Docker-compatible socket (for the docker SDK and
 #      kfp.local.DockerRunner), started once and reused.
 # Prints `DOCKER_HOST=unix:///...` on its last line.
+# `podman-setup.sh stop` stops the service this script started (and nothing else).
 set -euo pipefail
 
 SOCK_DIR=${PINPOINT_PODMAN_DIR:-/run/pinpoint-podman}
 SOCK=$SOCK_DIR/podman.sock
 CONF=/etc/containers/containers.conf
+
+if [ "${1:-}" = stop ]; then
+  if [ -f "$SOCK_DIR/service.pid" ]; then
+    pid=$(cat "$SOCK_DIR/service.pid")
+    # Only our own service: the pid must still be a `podman system service` on our socket.
+    if tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "system service.*$SOCK"; then
+      kill "$pid" && echo "podman-setup: stopped the service (pid $pid)" >&2
+    fi
+    rm -f "$SOCK_DIR/service.pid" "$SOCK"
+  fi
+  exit 0
+fi
 
 if [ "$(id -u)" != 0 ]; then
   echo "podman-setup: must run as root (rootless podman needs user namespaces this machine lacks)" >&2

@@ -61,24 +61,35 @@ def test_dockerignore_keeps_the_context_small_and_secret_free():
 # ---- slow: real image builds with podman ---------------------------------------------------
 
 
-def _podman_env() -> dict:
-    if os.geteuid() != 0:
-        pytest.skip("podman here runs as root only (no user namespaces)")
-    proc = subprocess.run(["bash", str(REPO / "docker" / "podman-setup.sh")], capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    docker_host = proc.stdout.strip().splitlines()[-1].split("=", 1)[1]
-    return {**os.environ, "DOCKER_HOST": docker_host}
+SETUP = REPO / "docker" / "podman-setup.sh"
+SOCKET = Path("/run/pinpoint-podman/podman.sock")
+
+
+def _service_answers() -> bool:
+    return SOCKET.exists() and subprocess.run(
+        ["curl", "-s", "--unix-socket", str(SOCKET), "http://d/_ping"], capture_output=True, text=True
+    ).stdout == "OK"
 
 
 @pytest.fixture(scope="module")
 def cpu_image():
-    """Build (or reuse the cached layers of) the CPU image; yields the podman environment."""
-    env = _podman_env()
-    proc = subprocess.run(["bash", str(REPO / "docker" / "build.sh")], env={**env, "ENGINE": "podman", "IMAGES": "cpu"},
-                          capture_output=True, text=True, timeout=1800, cwd=REPO)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    yield env
+    """podman set up, the CPU image built (or its cached layers reused); yields the environment
+    with DOCKER_HOST on podman's socket. Stops the podman service afterwards if it started it."""
+    if os.geteuid() != 0:
+        pytest.skip("podman here runs as root only (no user namespaces)")
+    was_running = _service_answers()
+    proc = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = {**os.environ, "DOCKER_HOST": proc.stdout.strip().splitlines()[-1].split("=", 1)[1]}
+    try:
+        proc = subprocess.run(["bash", str(REPO / "docker" / "build.sh")],
+                              env={**env, "ENGINE": "podman", "IMAGES": "cpu"},
+                              capture_output=True, text=True, timeout=1800, cwd=REPO)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        yield env
+    finally:
+        if not was_running:
+            subprocess.run(["bash", str(SETUP), "stop"], timeout=60)
 
 
 def _small_config(path: Path, name: str, uri: str) -> Path:

@@ -60,11 +60,12 @@ def test_make_run_pipeline_end_to_end(live_mlflow, tmp_path):
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert set(children) == {"local-run/provision", "local-run/train", "local-run/report"}
     assert all(r.info.status == "FINISHED" for r in children.values())
-    # kfp's own outputs are the small artifacts: the Metrics mirror metrics.json.
+    # kfp's own outputs are the small artifacts: the train step's Metrics mirror metrics.json.
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    outputs = list((tmp_path / "runs" / ".kfp-outputs").glob("*/train/metrics"))
-    assert outputs, "kfp.local wrote no Metrics artifact for the train step"
-    assert metrics.get("steps", 20) == 20
+    (executor_output,) = (tmp_path / "runs" / ".kfp-outputs").glob("*/train/executor_output.json")
+    kfp_metrics = json.loads(executor_output.read_text())["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    assert kfp_metrics["final_loss"] == pytest.approx(metrics["final_loss"])
+    assert kfp_metrics["steps"] == 20
 
 
 @pytest.mark.integration
