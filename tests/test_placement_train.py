@@ -19,7 +19,7 @@ def _run(args, cwd, timeout):
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return subprocess.run([sys.executable, "-m", "pinpoint.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "pinpoint.cli", *args], check=False, cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

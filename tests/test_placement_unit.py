@@ -72,7 +72,7 @@ def _as_task(p: dict, job: str, task: int) -> dict:
     """The same placement as if captured by task `job:task` of a cluster (device names prefixed)."""
     q = copy.deepcopy(p)
     pre = f"/job:{job}/task:{task}"
-    ren = lambda d: pre + d  # noqa: E731
+    ren = lambda d: pre + d
     q["task"] = f"{job}:{task}"
     q["devices"] = [ren(d) for d in p["devices"]]
     q["ops_by_device"] = {ren(d): n for d, n in p["ops_by_device"].items()}

@@ -102,7 +102,7 @@ def test_cli_report_bad_dir_one_line(tmp_path):
     import sys
 
     r = subprocess.run([sys.executable, "-m", "pinpoint.cli", "report", str(tmp_path / "nope")],
-                       capture_output=True, text=True, timeout=60)
+                       check=False, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert r.stderr.strip().startswith("pinpoint:") and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr

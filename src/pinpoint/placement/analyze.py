@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
-from pinpoint.placement.naming import Namer, matches, metric_key, normalize, parse, sort_key
+from pinpoint.placement.naming import (
+    Namer,
+    matches,
+    metric_key,
+    normalize,
+    sort_key,
+)
 
 SCHEMA_VERSION = 1
 
@@ -68,7 +75,7 @@ def build_placement(
     device_map: Any,
     task: str = "chief:0",
     gradient_scope: str = "gradients",
-    layer_scopes: Optional[dict[str, str]] = None,
+    layer_scopes: dict[str, str] | None = None,
     input_scope: str = "input",
 ) -> dict:
     """placement.json content from the captured steps (see EXPLAIN for each field).
@@ -235,7 +242,7 @@ def replica_consistency(variables: list) -> dict:
     }
 
 
-def _safe_consistency(variables: list) -> Optional[dict]:
+def _safe_consistency(variables: list) -> dict | None:
     try:
         rc = replica_consistency(variables)
     except Exception as err:  # noqa: BLE001 - e.g. remote components that cannot be read here
@@ -303,7 +310,7 @@ def _same_place(requested: str, placed: str) -> bool:
     return matches(requested, placed)
 
 
-def _dtype_size(enum: int) -> Optional[int]:
+def _dtype_size(enum: int) -> int | None:
     from tensorflow.python.framework import dtypes
 
     try:
@@ -315,7 +322,7 @@ def _dtype_size(enum: int) -> Optional[int]:
     return dt.size
 
 
-def _shape_of(name: str, index: int, cap, nodes: dict) -> Optional[list[int]]:
+def _shape_of(name: str, index: int, cap, nodes: dict) -> list[int] | None:
     outs = cap.shapes.get(name)
     if outs and index < len(outs) and outs[index][1] is not None:
         return outs[index][1]
@@ -450,7 +457,7 @@ def _var_name(v) -> str:
     if isinstance(path, str) and path:
         return path
     name = getattr(v, "name", "") or ""
-    return name[:-2] if name.endswith(":0") else name
+    return name.removesuffix(":0")
 
 
 def _components(v) -> list:
@@ -490,7 +497,7 @@ def _dedupe(variables: Iterable) -> list:
 FINGERPRINT_SAMPLES = 32
 
 
-def _fingerprint(component) -> Optional[dict]:
+def _fingerprint(component) -> dict | None:
     """A few evenly spaced values and the sum of a variable, so the chief can compare the copies
     that different tasks hold (cross-task replica drift) without shipping whole tensors."""
     import numpy as np
@@ -505,7 +512,7 @@ def _fingerprint(component) -> Optional[dict]:
     return {"sum": float(arr.sum()), "sample": [float(x) for x in arr[idx]]}
 
 
-def _resource_source(name: str, nodes: dict) -> Optional[str]:
+def _resource_source(name: str, nodes: dict) -> str | None:
     """Follow a resource input back through pass-through ops to its _Arg (or VarHandleOp)."""
     for _ in range(20):
         n = nodes.get(name)
@@ -540,7 +547,7 @@ def _variables(variables: list, captures: list, namer: Namer) -> dict:
             if handle is not None:
                 handle_to_var[id(handle)] = i
                 try:
-                    shared_to_var[c._shared_name] = i  # noqa: SLF001 - variables created in-graph
+                    shared_to_var[c._shared_name] = i
                 except AttributeError:
                     pass
         out.append(
@@ -629,7 +636,7 @@ def _layer_re(layer: str):
 def _conformance(ops, variables, plan, strategy, device_map, namer, grad_re, layer_scopes, input_re) -> dict:
     rules = []
     compute = [o for o in ops if o["type"] not in NOT_COMPUTE]
-    is_input = lambda o: bool(INPUT_RE.match(o["type"]) or input_re.search(o["op"]))  # noqa: E731
+    is_input = lambda o: bool(INPUT_RE.match(o["type"]) or input_re.search(o["op"]))
     if plan is not None:
         if getattr(plan, "variables", None):
             rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]

@@ -10,8 +10,9 @@ with collection enabled; steps that are not sampled pay nothing.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.eager import context
@@ -85,7 +86,7 @@ def _trace_info(fn, args, kwargs, captured: CapturedGraphs) -> None:
     """
     try:
         cf = fn.get_concrete_function(*args, **kwargs)
-    except Exception:  # not a tf.function, or arguments it cannot re-specialise on
+    except Exception:  # noqa: BLE001 - not a tf.function, or arguments it cannot re-specialise on
         return
     graphs = [cf.graph]
     for f in getattr(cf.graph, "_functions", {}).values():

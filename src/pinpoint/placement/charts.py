@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from pinpoint.placement.summary import human_bytes
 
@@ -25,7 +24,7 @@ def _label(dev: str, physical: dict) -> str:
     return f"{dev}\n(= {phys[phys.rfind('/') + 1:]})" if phys != dev else dev
 
 
-def ops_heatmap(placement: dict, path: Path) -> Optional[Path]:
+def ops_heatmap(placement: dict, path: Path) -> Path | None:
     """Device x op-type heatmap of ops per step (the most frequent op types, the rest as 'other')."""
     types = placement.get("op_types_by_device") or {}
     if not types:
@@ -68,7 +67,7 @@ def ops_heatmap(placement: dict, path: Path) -> Optional[Path]:
     return path
 
 
-def transfer_matrix(placement: dict, path: Path) -> Optional[Path]:
+def transfer_matrix(placement: dict, path: Path) -> Path | None:
     """Source x destination device matrix of bytes per step (cell text: bytes and count)."""
     matrix = (placement.get("transfers") or {}).get("matrix") or {}
     devices = list(placement.get("devices") or [])
@@ -115,7 +114,7 @@ def transfer_matrix(placement: dict, path: Path) -> Optional[Path]:
     return path
 
 
-def ops_per_device(placement: dict, path: Path) -> Optional[Path]:
+def ops_per_device(placement: dict, path: Path) -> Path | None:
     """Stacked bars: forward/other ops and backward-pass (gradient) ops per device."""
     ops = placement.get("ops_by_device") or {}
     if not ops:
@@ -144,7 +143,7 @@ def ops_per_device(placement: dict, path: Path) -> Optional[Path]:
     return path
 
 
-def conformance(placement: dict, path: Path) -> Optional[Path]:
+def conformance(placement: dict, path: Path) -> Path | None:
     """Horizontal bars: each rule's score; red below 1."""
     rules = [r for r in (placement.get("conformance") or {}).get("rules") or [] if r.get("score") is not None]
     if not rules:
@@ -173,7 +172,7 @@ def conformance(placement: dict, path: Path) -> Optional[Path]:
     return path
 
 
-def variable_bytes(placement: dict, path: Path) -> Optional[Path]:
+def variable_bytes(placement: dict, path: Path) -> Path | None:
     """Bytes of variable storage per device (every component counted where it lives)."""
     per: dict[str, float] = {}
     for v in placement.get("variables") or []:

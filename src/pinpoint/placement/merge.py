@@ -9,9 +9,13 @@ with the per-task detail kept under `tasks`.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
-from pinpoint.placement.analyze import EXPLAIN, FINGERPRINT_SAMPLES, SCHEMA_VERSION, _num
+from pinpoint.placement.analyze import (
+    EXPLAIN,
+    FINGERPRINT_SAMPLES,
+    SCHEMA_VERSION,
+    _num,
+)
 from pinpoint.placement.naming import sort_key
 
 

@@ -8,7 +8,8 @@ logical CPU ("/CPU:1") is shown by its spec name ("/GPU:0") with the physical na
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 _DEV_RE = re.compile(
     r"^(?:/job:(?P<job>[^/]+))?(?:/replica:(?P<replica>\d+))?(?:/task:(?P<task>\d+))?"
@@ -16,7 +17,7 @@ _DEV_RE = re.compile(
 )
 
 
-def parse(device: str) -> tuple[Optional[str], Optional[int], Optional[str], Optional[int]]:
+def parse(device: str) -> tuple[str | None, int | None, str | None, int | None]:
     """(job, task, TYPE, index); missing parts are None; job 'localhost' counts as None."""
     m = _DEV_RE.match(device or "")
     if not m:

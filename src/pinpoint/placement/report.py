@@ -8,11 +8,18 @@ import html
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from pinpoint.errors import ConfigError
 from pinpoint.placement.summary import format_summary, human_bytes
-from pinpoint.runfolder import CONFIG_FILE, METRICS, PLACEMENT, REPORT_HTML, atomic_write_text, read_json
+from pinpoint.runfolder import (
+    CONFIG_FILE,
+    METRICS,
+    PLACEMENT,
+    REPORT_HTML,
+    atomic_write_text,
+    read_json,
+)
 
 CHARTS_DIR = "charts"
 
@@ -43,7 +50,7 @@ def _e(x: Any) -> str:
     return html.escape(str(x))
 
 
-def _table(headers: list[str], rows: list[list[Any]], bad_rows: Optional[set[int]] = None, num_cols=()) -> str:
+def _table(headers: list[str], rows: list[list[Any]], bad_rows: set[int] | None = None, num_cols=()) -> str:
     bad_rows = bad_rows or set()
     out = ["<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"]
     for i, row in enumerate(rows):
@@ -56,7 +63,7 @@ def _table(headers: list[str], rows: list[list[Any]], bad_rows: Optional[set[int
     return "".join(out)
 
 
-def _img(path: Optional[Path], alt: str) -> str:
+def _img(path: Path | None, alt: str) -> str:
     if not path or not Path(path).is_file():
         return ""
     data = base64.b64encode(Path(path).read_bytes()).decode()
@@ -72,7 +79,7 @@ def _dev(d: str, phys: dict) -> str:
     return f"{d} ({p})" if p != d else d
 
 
-def render_html(placement: dict, metrics: Optional[dict], charts: dict[str, Path], title: str) -> str:
+def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], title: str) -> str:
     """The whole report as one HTML string (no external resources)."""
     ex = placement.get("explain") or {}
     phys = placement.get("physical_devices") or {}
@@ -326,7 +333,7 @@ def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:
     return out, charts, placement
 
 
-def report_command(run_dir, *, parent_run_id: Optional[str] = None) -> int:
+def report_command(run_dir, *, parent_run_id: str | None = None) -> int:
     """CLI entry: write the report, log headline metrics and the files to MLflow (if configured)."""
     from pinpoint.placement.analyze import headline_metrics
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 
-def _first(metrics: Mapping[str, Any], *keys: str) -> Optional[float]:
+def _first(metrics: Mapping[str, Any], *keys: str) -> float | None:
     for k in keys:
         v = metrics.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -13,7 +14,7 @@ def _first(metrics: Mapping[str, Any], *keys: str) -> Optional[float]:
     return None
 
 
-def human_bytes(n: Optional[float]) -> str:
+def human_bytes(n: float | None) -> str:
     if n is None:
         return "?"
     n = float(n)
@@ -24,7 +25,7 @@ def human_bytes(n: Optional[float]) -> str:
     return f"{n:.1f} GiB"
 
 
-def format_summary(placement: Optional[Mapping[str, Any]], metrics: Optional[Mapping[str, Any]]) -> str:
+def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, Any] | None) -> str:
     """10-15 lines: final loss/accuracy, throughput, ops per device, transfers, fallbacks,
     conformance and replica drift."""
     placement = placement or {}
