@@ -22,7 +22,6 @@ def provision_cluster(
     import yaml
 
     from pinpoint.config import config_from_dict
-
     from pinpoint.provision import provision
 
     data = yaml.safe_load(config_yaml)

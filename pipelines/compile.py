@@ -8,6 +8,7 @@ tolerations, image and the MLflow Secret come from the config (kfp fixes them at
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -15,8 +16,10 @@ TRAINING_FILE = "training_pipeline.yaml"
 SWEEP_FILE = "placement_sweep.yaml"
 
 
-def compile_all(out: str | Path, config_path: str | Path | None = None) -> list[Path]:
-    """Compile both pipelines; `out` is a folder or the training pipeline's .yaml path."""
+def compile_all(out: str | Path, config_path: str | Path | None = None, *, embed_config: bool = True) -> list[Path]:
+    """Compile both pipelines; `out` is a folder or the training pipeline's .yaml path.
+    embed_config=False leaves the config_yaml parameter without a default (the golden files do,
+    so that they change with the pipelines, not with every new config field)."""
     from pinpoint.config import load_config
     from pinpoint.runfolder import ensure_dir
     from pipelines.settings import DEFAULT_MLFLOW_SECRET, DEFAULT_RUNS_PVC, PipelineSettings, settings_from_config
@@ -32,6 +35,8 @@ def compile_all(out: str | Path, config_path: str | Path | None = None) -> list[
         if config_path
         else PipelineSettings(kubernetes=True, runs_pvc=DEFAULT_RUNS_PVC, mlflow_secret=DEFAULT_MLFLOW_SECRET)
     )
+    if not embed_config:
+        settings = dataclasses.replace(settings, default_config_yaml="")
     return [
         compile_training(settings, folder / training_name),
         compile_sweep(settings, folder / SWEEP_FILE),
@@ -90,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.compile", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="output folder or training pipeline .yaml path")
     p.add_argument("--config", help="config whose cluster settings (GPUs, image, tolerations) to compile in")
+    p.add_argument("--no-config-default", action="store_true", help="do not embed the config as a default")
     args = p.parse_args(argv)
     try:
-        for path in compile_all(args.out, args.config):
+        for path in compile_all(args.out, args.config, embed_config=not args.no_config_default):
             print(f"wrote {path}")
     except PinpointError as err:
         print(f"pinpoint: {err}", file=sys.stderr)

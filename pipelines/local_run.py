@@ -54,8 +54,15 @@ def run_local(config_path: str | Path, runs_root: str | Path = Path("runs")) -> 
 
 
 def _build_pipeline():
-    from pipelines.training_pipeline import build_training_pipeline
+    try:
+        from pipelines.training_pipeline import build_training_pipeline
+    except ImportError as err:
+        from pinpoint.errors import ConfigError
 
+        raise ConfigError(
+            f"run: the pipeline needs kfp ({err.name or err} is missing); run `make setup` "
+            "(or pip install 'pinpoint[pipelines]')"
+        ) from None
     return build_training_pipeline()
 
 

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.unit
 GOLDEN = REPO / "tests" / "data" / "golden"
 GOLDEN_CONFIG = GOLDEN / "gpu_config.yaml"
 REGENERATE = (
-    ".venv/bin/python -m pipelines.compile --out tests/data/golden --config tests/data/golden/gpu_config.yaml"
+    ".venv/bin/python -m pipelines.compile --out tests/data/golden --config tests/data/golden/gpu_config.yaml "
+    "--no-config-default"
 )
 
 
@@ -39,8 +40,19 @@ def compiled(tmp_path_factory) -> Path:
     from pipelines.compile import compile_all
 
     out = tmp_path_factory.mktemp("compiled")
-    compile_all(out, GOLDEN_CONFIG)
+    compile_all(out, GOLDEN_CONFIG, embed_config=False)
     return out
+
+
+def test_the_config_is_embedded_as_the_default_and_round_trips(tmp_path):
+    from pinpoint.config import config_from_dict, load_config
+    from pipelines.compile import compile_all
+
+    for path in compile_all(tmp_path, GOLDEN_CONFIG):
+        spec, _ = _docs(path)
+        params = spec["root"]["inputDefinitions"]["parameters"]
+        default = params["config_yaml"]["defaultValue"]
+        assert config_from_dict(yaml.safe_load(default)) == load_config(GOLDEN_CONFIG)
 
 
 @pytest.mark.parametrize("name", ["training_pipeline.yaml", "placement_sweep.yaml"])
