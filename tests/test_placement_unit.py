@@ -66,6 +66,10 @@ def test_summary_is_short_and_has_the_numbers():
     assert "variables 0.75" in text  # the rule below 1 is named
     assert "fallbacks  : 0" in text
     assert "not captured" in format_summary(None, {"final_loss": 1.0})
+    p["replica_consistency"] = {"checked": 0, "max_abs_diff": None, "variables": {}, "error": "remote read failed"}
+    assert "replica drift: not checked (remote read failed)" in format_summary(p, {})
+    p["replica_consistency"] = {"checked": 3, "max_abs_diff": 0.5, "variables": {}}
+    assert "max |diff| 0.5 over 3" in format_summary(p, {})
 
 
 def _as_task(p: dict, job: str, task: int) -> dict:

@@ -104,7 +104,10 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
         lines.append(f"note       : {note}")
     rc = placement.get("replica_consistency")
     if rc:
-        lines.append(f"replica drift: max |diff| {rc.get('max_abs_diff', 0.0):.3g} over {rc.get('checked', 0)} mirrored variable(s)")
+        if rc.get("max_abs_diff") is None:
+            lines.append(f"replica drift: not checked ({rc.get('error', 'components unreadable')})")
+        else:
+            lines.append(f"replica drift: max |diff| {rc['max_abs_diff']:.3g} over {rc.get('checked', 0)} mirrored variable(s)")
     else:
         lines.append("replica drift: not applicable (no mirrored variables)")
     return "\n".join(lines)
