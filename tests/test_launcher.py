@@ -185,7 +185,7 @@ def _as(code):
     return [sys.executable, "-c", textwrap.dedent(code)]
 
 
-FAST = dict(grace=1.0, startup_timeout=60.0, stall_timeout=60.0)
+FAST = {"grace": 1.0, "startup_timeout": 60.0, "stall_timeout": 60.0}
 
 
 @pytest.mark.integration
@@ -283,7 +283,7 @@ def test_real_multi_worker_cluster_with_evaluator_through_the_cli(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "pinpoint.cli", "train", str(cfg_path), "--out", str(out)],
-        capture_output=True, text=True, timeout=560, cwd=ROOT,
+        check=False, capture_output=True, text=True, timeout=560, cwd=ROOT,
     )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-2000:])
     lines = proc.stdout.splitlines()
@@ -300,3 +300,35 @@ def test_real_multi_worker_cluster_with_evaluator_through_the_cli(tmp_path):
     assert rec["status"] == "succeeded" and rec["failures"] == []
     assert latest_checkpoint_step(out) == 60 and last_logged_step(out) == 60
     assert json.loads((out / "metrics.json").read_text())["steps"] == 60
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_sigterm_to_the_launcher_stops_every_task(tmp_path):
+    # The launcher as `pinpoint train` would run it, with stand-in tasks that ignore SIGTERM.
+    code = textwrap.dedent(f"""
+        import sys
+        from pinpoint.config import config_from_dict
+        from pinpoint.training.launcher import run_local_cluster
+        from pinpoint.errors import PinpointError
+        hang = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"]
+        cfg = config_from_dict({{"name": "lt", "cluster": {{"chief": 1, "workers": 1}},
+                                "train": {{"strategy": "multi_worker_mirrored"}}, "tracking": {{"enabled": False}}}})
+        try:
+            run_local_cluster(cfg, {str(tmp_path)!r}, grace=1.0, task_prefix={{"chief:0": hang, "worker:0": hang}})
+        except PinpointError as err:
+            print("pinpoint:", err, file=sys.stderr)
+            sys.exit(err.exit_code)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tasks_file = tmp_path / "tasks.json"
+    deadline = time.time() + 60
+    while not tasks_file.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    pids = [t["pid"] for t in json.loads(tasks_file.read_text())["tasks"].values()]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3
+    assert "stopped by SIGTERM; every task was stopped" in err
+    assert not any(_alive(p) for p in pids)
+    assert json.loads((tmp_path / "launcher.json").read_text())["status"] == "interrupted"

@@ -16,14 +16,14 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from pinpoint.runfolder import TRAIN_LOG
 from pinpoint.training.launcher import LAUNCHER_FILE, TASKS_FILE, last_logged_step
 
 
-def read_json_or_none(path: Path) -> Optional[dict]:
+def read_json_or_none(path: Path) -> dict | None:
     try:
         return json.loads(Path(path).read_text())
     except (FileNotFoundError, ValueError):
@@ -47,7 +47,7 @@ def current_attempt(out_dir: Path) -> int:
     return int(doc["attempt"]) if doc else 0
 
 
-def wait_for_step(out_dir: Path, step: int, timeout: float, attempt: Optional[int] = None) -> int:
+def wait_for_step(out_dir: Path, step: int, timeout: float, attempt: int | None = None) -> int:
     """Wait until the chief has logged `step` (during `attempt`, if given); return the step seen."""
     def reached():
         if attempt is not None and current_attempt(out_dir) != attempt:
@@ -94,7 +94,7 @@ def history_gaps(out_dir: Path, expected: list[int]) -> tuple[list[int], list[in
 
 
 # ---- network partitions ----------------------------------------------------------------------
-def netns_available() -> Optional[str]:
+def netns_available() -> str | None:
     """None if network namespaces can be created here, else why not (one line)."""
     if shutil.which("ip") is None:
         return "iproute2 ('ip') is not installed"
@@ -122,7 +122,7 @@ class NetnsLink:
     route to everyone else. Use as a context manager so the namespace is always removed.
     """
 
-    def __init__(self, subnet_octet: Optional[int] = None):
+    def __init__(self, subnet_octet: int | None = None):
         tag = os.getpid() % 10000
         self.ns = f"pp{tag}"
         self.host_if, self.ns_if = f"pp{tag}h", f"pp{tag}n"
@@ -133,7 +133,7 @@ class NetnsLink:
     def prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.ns]
 
-    def __enter__(self) -> "NetnsLink":
+    def __enter__(self) -> NetnsLink:  # noqa: PYI034 - final class
         self.close()  # leftovers of a killed earlier run with the same pid
         try:
             _ip("netns", "add", self.ns)

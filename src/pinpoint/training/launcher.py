@@ -32,13 +32,20 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
 
 from pinpoint.config import Config, config_to_yaml
 from pinpoint.errors import TrainingFailed
-from pinpoint.runfolder import CHECKPOINTS, CONFIG_FILE, TRAIN_LOG, atomic_write_json, atomic_write_text, ensure_dir
+from pinpoint.runfolder import (
+    CHECKPOINTS,
+    CONFIG_FILE,
+    TRAIN_LOG,
+    atomic_write_json,
+    atomic_write_text,
+    ensure_dir,
+)
 
 TASKS_FILE = "tasks.json"
 LAUNCHER_FILE = "launcher.json"
@@ -58,7 +65,7 @@ class TaskSpec:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
-    port: Optional[int] = None
+    port: int | None = None
 
     @property
     def role(self) -> str:
@@ -82,14 +89,19 @@ class Exit:
         return f"{self.name} exited with code {self.returncode}"
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: if the launcher itself is killed (even with SIGKILL), the
-    # kernel kills the task too, so no orphaned TF server keeps a port or a collective open.
+def _die_with_parent_fn():
+    """A preexec function that makes the kernel SIGKILL the task when the launcher dies (even
+    by SIGKILL), so no orphaned TF server keeps a port or a collective open. libc is resolved
+    here, in the parent: after fork the child only makes the prctl call (no dlopen, no locks)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:  # non-Linux: best effort
-        pass
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: tasks then rely on the launcher's cleanup
+        return None
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return preexec
 
 
 class _Emitter:
@@ -113,7 +125,7 @@ class ProcessGroup:
     message can quote the task's last words.
     """
 
-    def __init__(self, specs: Sequence[TaskSpec], *, cwd: Optional[str | Path] = None, emitter: Optional[_Emitter] = None):
+    def __init__(self, specs: Sequence[TaskSpec], *, cwd: str | Path | None = None, emitter: _Emitter | None = None):
         self.specs = list(specs)
         self.cwd = cwd
         self.emitter = emitter or _Emitter()
@@ -122,6 +134,7 @@ class ProcessGroup:
         self._readers: list[threading.Thread] = []
 
     def start(self) -> None:
+        preexec = _die_with_parent_fn()
         for spec in self.specs:
             env = dict(os.environ)
             env.update(spec.env)
@@ -136,7 +149,7 @@ class ProcessGroup:
                 # Own session: a Ctrl-C in the terminal reaches only the launcher, which then
                 # stops the tasks in order instead of every process dying at once.
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=preexec,  # noqa: PLW1509 - only a prctl syscall runs in the child
             )
             self.procs[spec.name] = proc
             tail: collections.deque = collections.deque(maxlen=20)
@@ -161,14 +174,14 @@ class ProcessGroup:
         """Tasks that have ended so far (in start order)."""
         return [Exit(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
 
-    def alive(self, names: Optional[Sequence[str]] = None) -> list[str]:
+    def alive(self, names: Sequence[str] | None = None) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() is None and (names is None or n in names)]
 
     def last_words(self, name: str, n: int = 3) -> str:
         lines = [ln.strip() for ln in self.tails.get(name, ()) if ln.strip()]
         return " | ".join(lines[-n:])
 
-    def stop(self, names: Optional[Sequence[str]] = None, grace: float = 10.0) -> list[str]:
+    def stop(self, names: Sequence[str] | None = None, grace: float = 10.0) -> list[str]:
         """SIGTERM the (named) live tasks, SIGKILL whatever is still alive after `grace` s, reap.
         Returns the tasks that had to be SIGKILLed."""
         targets = [n for n in self.alive(names)]
@@ -203,12 +216,12 @@ def task_specs(
     out_dir: Path,
     *,
     attempt: int = 1,
-    parent_run_id: Optional[str] = None,
-    resume_from_run: Optional[str] = None,
-    extra_env: Optional[Mapping[str, str]] = None,
+    parent_run_id: str | None = None,
+    resume_from_run: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
     host: str = "127.0.0.1",
-    task_hosts: Optional[Mapping[str, str]] = None,
-    task_prefix: Optional[Mapping[str, Sequence[str]]] = None,
+    task_hosts: Mapping[str, str] | None = None,
+    task_prefix: Mapping[str, Sequence[str]] | None = None,
     collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT,
 ) -> list[TaskSpec]:
     """One TaskSpec per task of cfg.cluster, on fresh free ports.
@@ -252,7 +265,7 @@ def task_specs(
     return specs
 
 
-def latest_checkpoint_step(out_dir: Path) -> Optional[int]:
+def latest_checkpoint_step(out_dir: Path) -> int | None:
     """The step of the newest checkpoint (files OUT/checkpoints/ckpt-<step>.index), or None."""
     steps = []
     for p in (out_dir / CHECKPOINTS).glob("ckpt-*.index"):
@@ -262,7 +275,7 @@ def latest_checkpoint_step(out_dir: Path) -> Optional[int]:
     return max(steps) if steps else None
 
 
-def last_logged_step(out_dir: Path) -> Optional[int]:
+def last_logged_step(out_dir: Path) -> int | None:
     """The highest step in OUT/train_log.jsonl (ignores a torn last line), or None."""
     best = None
     path = out_dir / TRAIN_LOG
@@ -298,12 +311,12 @@ def run_local_cluster(
     cfg: Config,
     out_dir: str | Path,
     *,
-    parent_run_id: Optional[str] = None,
-    resume_from_run: Optional[str] = None,
-    extra_env: Optional[Mapping[str, str]] = None,
+    parent_run_id: str | None = None,
+    resume_from_run: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
     host: str = "127.0.0.1",
-    task_hosts: Optional[Mapping[str, str]] = None,
-    task_prefix: Optional[Mapping[str, Sequence[str]]] = None,
+    task_hosts: Mapping[str, str] | None = None,
+    task_prefix: Mapping[str, Sequence[str]] | None = None,
     startup_timeout: float = 600.0,
     stall_timeout: float = 300.0,
     collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT,
@@ -407,17 +420,22 @@ def run_local_cluster(
                 f"restart {restarts + 1}/{max_restarts} after {reason}; "
                 + (f"resuming from checkpoint step {ckpt}" if ckpt is not None else "no checkpoint yet, starting over")
             )
-    except (_Stop, KeyboardInterrupt):
+    except KeyboardInterrupt:
+        # Every task is already stopped (the attempt's finally); the CLI reports the interrupt.
         record["status"] = "interrupted"
         atomic_write_json(out / LAUNCHER_FILE, record)
-        raise TrainingFailed("local cluster interrupted; every task was stopped") from None
+        raise
+    except _Stop:
+        record["status"] = "interrupted"
+        atomic_write_json(out / LAUNCHER_FILE, record)
+        raise TrainingFailed("local cluster stopped by SIGTERM; every task was stopped") from None
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
 
 
 def _supervise(group: ProcessGroup, out: Path, startup_timeout: float, stall_timeout: float,
-               finish_timeout: float, say, *, servers_only: bool = False) -> Optional[tuple[str, Optional[Exit]]]:
+               finish_timeout: float, say, *, servers_only: bool = False) -> tuple[str, Exit | None] | None:
     """Watch one attempt. None when the chief finished cleanly, else (reason, the task that died).
 
     `servers_only`: the workers only serve the chief's closures (parameter_server), so like the
