@@ -185,3 +185,34 @@ def test_batch_not_divisible_by_replicas(tmp_path):
 
     with pytest.raises(ConfigError, match="train.batch_size: got 33; it must be divisible by the 2 replicas"):
         train_command(make_cfg("mirrored", batch_size=33), tmp_path)
+
+
+def test_visible_devices_limit_the_emulated_gpus(tmp_path):
+    # The spec has 2 GPUs but only /GPU:1 is visible: like CUDA_VISIBLE_DEVICES, the process
+    # sees one GPU (renumbered /GPU:0) and mirrored trains on it alone.
+    metrics, placement, log = train(make_cfg("mirrored", {"visible_devices": ["/CPU:0", "/GPU:1"]}, steps=20), tmp_path)
+    dmap = metrics["device_map"]
+    assert dmap["visible_devices"] == {"/GPU:1": "/GPU:0"}
+    assert dmap["spec_replica_devices"] == ["/GPU:0"] and metrics["num_replicas"] == 1
+    assert var_devices(placement)["dense_1/kernel"] == {"/GPU:0"}
+    assert log[-1]["loss"] < log[0]["loss"]
+
+
+def test_gpu_spec_without_emulation_follows_soft_placement(tmp_path):
+    from pinpoint.devices import setup_devices
+    from pinpoint.training import train_command
+
+    def cfg(soft):
+        return config_from_dict({
+            "name": "t", "cluster": {"devices_per_worker": 2, "emulate": False},
+            "train": {"strategy": "mirrored", "steps": 10, "batch_size": 32, "log_every": 5,
+                      "checkpoint_every": 0, "pinning": {"soft_placement": soft}},
+            "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
+        })
+
+    with pytest.raises(PlacementError, match="cluster.device_type: GPU requested but this machine has no GPU"):
+        setup_devices(cfg(False))
+    assert train_command(cfg(True), tmp_path) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["device_map"]["fallbacks"] == {"/GPU:0": "/CPU:0", "/GPU:1": "/CPU:0"}
+    assert metrics["device_map"]["replica_devices"] == ["/CPU:0"]

@@ -93,6 +93,18 @@ def _configure_logical_cpus(tf, count: int) -> int:
     return count
 
 
+def _set_visible(tf, devices) -> None:
+    try:
+        tf.config.set_visible_devices(devices)
+    except RuntimeError:
+        # The runtime is already initialized (a second run in one process): fine if unchanged.
+        if {d.name for d in tf.config.get_visible_devices()} != {d.name for d in devices}:
+            raise PlacementError(
+                "train.pinning.visible_devices: TensorFlow was already initialized in this process "
+                "with other visible devices; run training in a fresh process"
+            ) from None
+
+
 def setup_devices(cfg: Config) -> DeviceMap:
     """Configure devices for this process and return the spec <-> physical mapping.
 
@@ -112,13 +124,10 @@ def setup_devices(cfg: Config) -> DeviceMap:
     if pin.visible_devices is not None:
         wanted = [parse_device(d) for d in pin.visible_devices]
         gpu_idx = sorted({i for _, _, t, i in wanted if t == "GPU"})
-        if real_gpus:
-            keep = [g for g in real_gpus if int(g.name.rsplit(":", 1)[1]) in gpu_idx]
-            # CPUs must stay visible: TF needs a host device.
-            tf.config.set_visible_devices(tf.config.list_physical_devices("CPU") + keep)
-        else:
-            # Physical CPUs cannot be hidden one by one; an empty GPU list is still applied for real.
-            tf.config.set_visible_devices(tf.config.list_physical_devices("CPU"))
+        keep = [g for g in real_gpus if int(g.name.rsplit(":", 1)[1]) in gpu_idx]
+        # CPUs must stay visible (TF needs a host). On a CPU-only machine this hides nothing
+        # physical; the emulated GPUs are limited to the visible ones below.
+        _set_visible(tf, tf.config.list_physical_devices("CPU") + keep)
         visible = {f"/GPU:{old}": f"/GPU:{new}" for new, old in enumerate(gpu_idx)}
         if c.device_type == "GPU":
             spec_gpus = list(range(len(gpu_idx)))

@@ -1,0 +1,51 @@
+"""`pinpoint train` from the shell: user errors are one line on stderr, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def _train(tmp_path, cfg: dict, *extra):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("TF_CONFIG", None)
+    return subprocess.run([sys.executable, "-m", "pinpoint.cli", "train", str(config), "--out", str(tmp_path / "out"), *extra],
+                          capture_output=True, text=True, env=env, timeout=170)
+
+
+def _pinpoint_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("pinpoint:")]
+
+
+def test_gpu_request_without_gpu_and_soft_placement_off(tmp_path):
+    proc = _train(tmp_path, {
+        "name": "x", "cluster": {"devices_per_worker": 2, "emulate": False},
+        "train": {"strategy": "mirrored", "pinning": {"soft_placement": False}},
+        "tracking": {"enabled": False},
+    })
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = _pinpoint_lines(proc.stderr)
+    assert lines == [
+        "pinpoint: cluster.device_type: GPU requested but this machine has no GPU (devices: /CPU:0); "
+        "set cluster.emulate: true, enable train.pinning.soft_placement, or use device_type: CPU"
+    ]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_task_flag_needs_role_index_and_tf_config(tmp_path):
+    cfg = {"name": "x", "cluster": {"chief": 1, "workers": 1}, "train": {"strategy": "multi_worker_mirrored"},
+           "tracking": {"enabled": False}}
+    proc = _train(tmp_path, cfg, "--task", "boss:x")
+    assert proc.returncode == 2 and "--task: got 'boss:x'; use ROLE:INDEX" in proc.stderr
+    proc = _train(tmp_path, cfg, "--task", "worker:0")
+    assert proc.returncode == 2 and "TF_CONFIG is not set" in proc.stderr
+    assert "Traceback" not in proc.stderr
