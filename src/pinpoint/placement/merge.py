@@ -143,6 +143,7 @@ def merge_placements(placements: list[dict]) -> dict:
         "variables": list(variables.values()),
         "variable_updates": dict(
             updates,
+            method=(placements[0].get("variable_updates") or {}).get("method", ""),
             variables_with_updates=attributed,
             variables=len(variables),
             coverage=f"updates attributed for {attributed}/{len(variables)} variables",

@@ -76,7 +76,8 @@ def _section(title: str, what: str, body: str, anchor: str) -> str:
 
 def _dev(d: str, phys: dict) -> str:
     p = phys.get(d, d)
-    return f"{d} ({p})" if p != d else d
+    # same job/task as the spec name: the local physical device is enough
+    return f"{d} ({p[p.rfind('/') + 1:] if p.startswith('/job:') else p})" if p != d else d
 
 
 def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], title: str) -> str:
@@ -213,8 +214,8 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
     parts.append(
         _section(
             "Variables",
-            ex.get("variables", "") + f" Attribution of update ops: {vu.get('coverage', 'n/a')} "
-            f"({vu.get('method', '')}).",
+            ex.get("variables", "") + f" Attribution of update ops: {vu.get('coverage', 'n/a')}"
+            + (f" ({vu['method']})." if vu.get("method") else "."),
             _table(["variable", "kind", "shape", "bytes", "components", "lives on", "updated on"], rows, bad_rows=bad,
                    num_cols=(3, 4))
             + _img(charts.get("variable_bytes.png"), "variable bytes by device"),
