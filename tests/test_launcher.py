@@ -56,12 +56,6 @@ def test_task_specs_one_process_per_task_with_its_tf_config(tmp_path):
 
 
 @pytest.mark.unit
-def test_restarted_attempts_resume_from_local_checkpoints_not_mlflow(tmp_path):
-    specs = task_specs(_cfg(), tmp_path, attempt=2, resume_from_run="r1")
-    assert all("--resume-from-run" not in s.argv for s in specs)
-
-
-@pytest.mark.unit
 def test_task_hosts_and_prefix_rewrite_every_tf_config(tmp_path):
     specs = task_specs(
         _cfg(), tmp_path, host="10.1.0.1", task_hosts={"worker:0": "10.1.0.2"},
@@ -332,3 +326,28 @@ def test_sigterm_to_the_launcher_stops_every_task(tmp_path):
     assert "stopped by SIGTERM; every task was stopped" in err
     assert not any(_alive(p) for p in pids)
     assert json.loads((tmp_path / "launcher.json").read_text())["status"] == "interrupted"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_restarts_resume_from_mlflow_until_a_local_checkpoint_exists(tmp_path, capfd):
+    # Attempt 1 dies before any checkpoint, attempt 2 writes one then dies, attempt 3 must use it.
+    crash = _as(f"""
+        import sys, pathlib
+        print('argv', ' '.join(sys.argv), flush=True)
+        marker = pathlib.Path({str(tmp_path)!r}) / 'runs'
+        n = len(marker.read_text()) if marker.exists() else 0
+        marker.write_text('x' * (n + 1))
+        if n == 1:
+            (pathlib.Path({str(tmp_path)!r}) / 'checkpoints').mkdir(exist_ok=True)
+            (pathlib.Path({str(tmp_path)!r}) / 'checkpoints' / 'ckpt-40.index').write_text('')
+        sys.exit(1)
+    """)
+    with pytest.raises(TrainingFailed):
+        launcher.run_local_cluster(_cfg(train={"max_restarts": 2}), tmp_path, resume_from_run="run123",
+                                   task_prefix={"chief:0": crash}, **FAST)
+    argvs = [ln for ln in capfd.readouterr().out.splitlines() if ln.startswith("[chief:0] argv")]
+    assert len(argvs) == 3
+    assert ["--resume-from-run run123" in a for a in argvs] == [True, True, False]
+    rec = json.loads((tmp_path / "launcher.json").read_text())
+    assert [a["resume_step"] for a in rec["attempts"]] == [None, None, 40]

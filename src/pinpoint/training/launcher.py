@@ -11,9 +11,12 @@ strategy is created), and a parameter-server cluster loses its variables with a 
 restarted task resumes from the latest checkpoint in OUT/checkpoints (the training core restores it
 on start). After `train.max_restarts` restarts the launcher gives up with TrainingFailed.
 
-The launcher never waits forever: a task killed or cut off from its peers either exits (MWMS
-health checks and the collective timeout turn a lost peer into an error) or stops making progress,
-which the watchdog notices (OUT/train_log.jsonl not growing) and treats like a death.
+The launcher never waits forever: a task killed or cut off from its peers either exits (TF's
+coordination service notices the missing heartbeats and aborts the collectives, in ~15 s here;
+the collective timeout is a second bound) or stops making progress, which the watchdog notices
+(OUT/train_log.jsonl not growing) and treats like a death. A partition that exists before the
+tasks have connected is only caught by the watchdog's start-up limit: TF keeps waiting for every
+task to register.
 
 Files (atomic): OUT/tasks.json (pids and addresses of the current attempt, rewritten at each
 (re)start; fault tests kill pids from it) and OUT/launcher.json (attempts, failures, outcome).
@@ -252,9 +255,7 @@ def task_specs(
                 str(config_file), "--out", str(out_dir), "--task", t.name]
         if parent_run_id:
             argv += ["--parent-run-id", parent_run_id]
-        if resume_from_run and attempt == 1:
-            # Only the first attempt restores from MLflow; after a restart the local checkpoints
-            # are newer.
+        if resume_from_run:
             argv += ["--resume-from-run", resume_from_run]
         env = {
             **(extra_env or {}),
@@ -291,6 +292,17 @@ def last_logged_step(out_dir: Path) -> int | None:
     return best
 
 
+def _checkpointed_since(out_dir: Path, since: float) -> bool:
+    """True if a checkpoint was written into OUT/checkpoints at or after `since` (epoch s)."""
+    for p in (out_dir / CHECKPOINTS).glob("ckpt-*.index"):
+        try:
+            if p.stat().st_mtime >= since:
+                return True
+        except FileNotFoundError:  # rotated away meanwhile
+            continue
+    return False
+
+
 def _progress_mark(out_dir: Path) -> tuple:
     """Changes whenever the chief logs a step or writes a checkpoint (the watchdog's heartbeat)."""
     marks = []
@@ -317,7 +329,7 @@ def run_local_cluster(
     host: str = "127.0.0.1",
     task_hosts: Mapping[str, str] | None = None,
     task_prefix: Mapping[str, Sequence[str]] | None = None,
-    startup_timeout: float = 600.0,
+    startup_timeout: float = 300.0,
     stall_timeout: float = 300.0,
     collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT,
     grace: float = 10.0,
@@ -347,11 +359,15 @@ def run_local_cluster(
         previous = signal.signal(signal.SIGTERM, _on_term)
 
     attempt = 0
+    launched = time.time()
     try:
         while True:
             attempt += 1
+            # Restore from the MLflow run until this launch has written a checkpoint of its own
+            # (a group that died before its first checkpoint must not start from scratch).
+            from_run = None if _checkpointed_since(out, launched) else resume_from_run
             specs = task_specs(
-                cfg, out, attempt=attempt, parent_run_id=parent_run_id, resume_from_run=resume_from_run,
+                cfg, out, parent_run_id=parent_run_id, resume_from_run=from_run,
                 extra_env=extra_env, host=host, task_hosts=task_hosts, task_prefix=task_prefix,
                 collective_timeout=collective_timeout,
             )
