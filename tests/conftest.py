@@ -69,12 +69,13 @@ class MlflowServer:
         except OSError:
             return False
 
-    def stop(self) -> None:
-        """Stop the whole process group (server + workers): the port stops answering at once."""
+    def stop(self, hard: bool = False) -> None:
+        """Stop the whole process group (server + workers); hard=True is a crash (SIGKILL), so
+        the port stops answering at once."""
         if self.proc is None:
             return
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            os.killpg(self.proc.pid, signal.SIGKILL if hard else signal.SIGTERM)
             self.proc.wait(15)
         except ProcessLookupError:
             pass

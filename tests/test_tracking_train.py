@@ -18,6 +18,7 @@ import yaml
 from pinpoint.tracking.spool import find_spools
 
 PINPOINT = str(Path(sys.executable).parent / "pinpoint")
+STEPS, LOG_EVERY, CKPT_EVERY = 3000, 10, 500
 
 
 def write_config(path: Path, uri: str, experiment: str, steps: int) -> Path:
@@ -25,7 +26,7 @@ def write_config(path: Path, uri: str, experiment: str, steps: int) -> Path:
         "name": "trk-train",
         "cluster": {"chief": 1, "workers": 0, "devices_per_worker": 2, "device_type": "GPU", "emulate": True},
         "train": {"strategy": "mirrored", "model": "mlp", "data": "synthetic", "synthetic_examples": 512,
-                  "batch_size": 32, "steps": steps, "log_every": 5, "checkpoint_every": 50,
+                  "batch_size": 32, "steps": steps, "log_every": LOG_EVERY, "checkpoint_every": CKPT_EVERY,
                   "keep_checkpoints": 2, "pinning": {"input": "/CPU:0"}},
         "placement": {"warmup_steps": 2},
         "tracking": {"uri": uri, "experiment": experiment},
@@ -54,7 +55,7 @@ def test_real_training_survives_server_restart_and_resumes_from_run(live_mlflow,
 
     experiment = f"train-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "run"
-    cfg = write_config(tmp_path / "cfg.yaml", live_mlflow.uri, experiment, steps=600)
+    cfg = write_config(tmp_path / "cfg.yaml", live_mlflow.uri, experiment, steps=STEPS)
     err_log = tmp_path / "train.err"
     with open(err_log, "w") as err:
         proc = subprocess.Popen([PINPOINT, "train", str(cfg), "--out", str(out)], stdout=subprocess.PIPE,
@@ -65,7 +66,7 @@ def test_real_training_survives_server_restart_and_resumes_from_run(live_mlflow,
         while len(log_steps(out)) < 4 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert proc.poll() is None, f"training ended before the outage:\n{err_log.read_text()[-3000:]}"
-        live_mlflow.stop()
+        live_mlflow.stop(hard=True)  # a crash: the port stops answering at once
         at_stop = len(log_steps(out))
         live_mlflow.start()
         stdout, _ = proc.communicate(timeout=900)
@@ -75,7 +76,7 @@ def test_real_training_survives_server_restart_and_resumes_from_run(live_mlflow,
     stderr = err_log.read_text()
     assert proc.returncode == 0, stderr[-3000:]
     steps = log_steps(out)
-    assert steps[-1] == 600 and len(steps) > at_stop  # training went on through the outage
+    assert steps[-1] == STEPS and len(steps) > at_stop  # training went on through the outage
     assert "unreachable" in stderr and "spooling" in stderr
 
     # If training finished before the server came back, the spool is left: upload it.
@@ -97,18 +98,35 @@ def test_real_training_survives_server_restart_and_resumes_from_run(live_mlflow,
     assert run.data.params["train.strategy"] == "mirrored"
     assert run.data.params["config_digest"]
     ckpts = sorted(int(a.path.rsplit("-", 1)[1]) for a in c.list_artifacts(run_id, "checkpoints"))
-    assert ckpts == list(range(50, 601, 50))  # every checkpoint as written, even rotated ones
+    assert ckpts == list(range(CKPT_EVERY, STEPS + 1, CKPT_EVERY))  # every checkpoint as written, even rotated ones
     top = {a.path for a in c.list_artifacts(run_id)}
     assert {"placement.json", "metrics.json", "model"} <= top
 
-    # Resume in a fresh folder from the MLflow run: continues the step count from 600.
-    cfg2 = write_config(tmp_path / "cfg2.yaml", live_mlflow.uri, experiment, steps=620)
+    # The final model loads back through pyfunc and predicts as the trained model evaluated.
+    import mlflow
+    import numpy as np
+
+    from pinpoint.training.data import synthetic
+
+    mlflow.set_tracking_uri(live_mlflow.uri)
+    try:
+        model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+    finally:
+        mlflow.set_tracking_uri(None)
+    data = synthetic(512)
+    n = 512  # the same examples the trainer evaluated (EVAL_LIMIT > 512)
+    acc = float(np.mean(np.argmax(np.asarray(model.predict(data.x[:n])), -1) == data.y[:n]))
+    reported = json.loads((out / "metrics.json").read_text())["final_accuracy"]
+    assert acc == pytest.approx(reported, abs=0.01), (acc, reported)
+
+    # Resume in a fresh folder from the MLflow run: continues the step count from STEPS.
+    cfg2 = write_config(tmp_path / "cfg2.yaml", live_mlflow.uri, experiment, steps=STEPS + 20)
     out2 = tmp_path / "resumed"
     res = subprocess.run([PINPOINT, "train", str(cfg2), "--out", str(out2), "--resume-from-run", run_id],
                          capture_output=True, text=True, env=env(), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "resuming from checkpoint step 600" in res.stderr
-    assert log_steps(out2)[0] > 600 and log_steps(out2)[-1] == 620
+    assert f"resuming from checkpoint step {STEPS}" in res.stderr
+    assert log_steps(out2)[0] > STEPS and log_steps(out2)[-1] == STEPS + 20
     runs = c.search_runs([exp.experiment_id], filter_string="tags.`pinpoint.resumed_from_run` = '" + run_id + "'")
     assert len(runs) == 1
-    assert min(m.step for m in c.get_metric_history(runs[0].info.run_id, "loss")) > 600
+    assert min(m.step for m in c.get_metric_history(runs[0].info.run_id, "loss")) > STEPS

@@ -112,5 +112,6 @@ class TrackingHook(Hook):
             except Exception as err:  # noqa: BLE001 - a model that cannot be saved must not fail training
                 from pinpoint.tracking.spool import warn
 
-                warn(f"could not save the final model for MLflow: {str(err).splitlines()[0][:200]}")
+                first = (str(err).strip().splitlines() or [""])[0][:200]
+                warn(f"could not save the final model for MLflow: {type(err).__name__}: {first}")
         self.run.flush(timeout=60)

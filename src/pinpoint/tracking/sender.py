@@ -71,7 +71,9 @@ def get_or_create_experiment(client, name: str, uri: str) -> str:
             client.restore_experiment(exp.experiment_id)
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_root_for(uri))
+        # The experiment kind makes the MLflow 3 UI open its "Model training" view, not GenAI.
+        return client.create_experiment(name, artifact_location=artifact_root_for(uri),
+                                        tags={"mlflow.experimentKind": "custom_model_development"})
     except MlflowException:
         exp = client.get_experiment_by_name(name)  # created concurrently by another step
         if exp is None:
