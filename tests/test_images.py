@@ -135,6 +135,23 @@ def test_train_step_runs_in_the_cpu_image_as_non_root(cpu_image, live_mlflow, tm
     assert "loss" in names["in-image/train"].data.metrics or names["in-image/train"].data.metrics
 
 
+def _podman_missing_container_is_not_found(monkeypatch):
+    """podman 4.3's Docker API answers 500 "no such container" where Docker answers 404. kfp's
+    DockerRunner removes finished containers (auto_remove) and expects docker.errors.NotFound
+    when it asks about one afterwards; map podman's answer to that."""
+    import docker
+    from docker.api.client import APIClient
+
+    original = APIClient._raise_for_status
+
+    def raise_for_status(self, response):
+        if response.status_code == 500 and "no such container" in response.text:
+            raise docker.errors.NotFound(response.text.strip(), response=response)
+        return original(self, response)
+
+    monkeypatch.setattr(APIClient, "_raise_for_status", raise_for_status)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_pipeline_through_kfp_docker_runner_on_podman(cpu_image, live_mlflow, tmp_path, monkeypatch):
@@ -146,12 +163,14 @@ def test_pipeline_through_kfp_docker_runner_on_podman(cpu_image, live_mlflow, tm
     from pipelines.training_pipeline import build_training_pipeline
 
     monkeypatch.setenv("DOCKER_HOST", cpu_image["DOCKER_HOST"])
+    _podman_missing_container_is_not_found(monkeypatch)
     root = tmp_path / "kfp"
     root.mkdir()
+    root.chmod(0o777)  # the containers (uid 1000) create each task's output folder in it
     cfg = load_config(_small_config(tmp_path / "c.yaml", "docker-runner", live_mlflow.uri))
     # DockerRunner mounts only the pipeline root into the containers: keep the run folder inside.
     run_dir = root / "runs" / cfg.name
-    old_umask = os.umask(0)  # folders kfp creates on the host must be writable by the image's uid 1000
+    old_umask = os.umask(0)  # and folders kfp creates on the host must be writable by uid 1000 too
     try:
         local.init(runner=local.DockerRunner(network_mode="host"), pipeline_root=str(root), raise_on_error=True)
         pipeline = build_training_pipeline(PipelineSettings(image=IMAGE))
