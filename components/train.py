@@ -33,7 +33,7 @@ def train(
     if launch == "kubernetes":
         from pinpoint.k8s.launch import launch_training
 
-        run_step(launch_training, cfg, out)
+        run_step(launch_training, cfg, out, parent_run_id=parent_run_id or None)
     elif launch == "local":
         from pinpoint.training import train_command
 

@@ -38,7 +38,7 @@ def run_dir(tmp_path):
     return make
 
 
-def _launch(fake, cfg, out, **opts):
+def _launch(fake, cfg, out, parent_run_id=None, **opts):
     from pinpoint.k8s.launch import LaunchOptions, launch_manifests
 
     lines: list[str] = []
@@ -47,7 +47,8 @@ def _launch(fake, cfg, out, **opts):
     for k, v in opts.items():
         setattr(options, k, v)
     try:
-        return launch_manifests(fake.api_client(), out, cfg.name, cfg.cluster.namespace, options), lines
+        return launch_manifests(fake.api_client(), out, cfg.name, cfg.cluster.namespace, options,
+                                parent_run_id=parent_run_id), lines
     finally:
         _launch.lines = lines
 
@@ -72,6 +73,19 @@ def test_success_creates_streams_logs_and_cleans_up(run_dir):
         assert "[k8s-test-worker-0] done" in lines
         assert lines.count("[k8s-test-chief-0] step 2 loss 1.10") == 1
         _assert_cleaned_up(fake)
+
+
+def test_pods_log_under_the_pipelines_parent_run(run_dir):
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("success") as fake:
+        seen = {}
+        original = fake._spawn_pods
+        fake._spawn_pods = lambda kind, obj: (seen.setdefault(kind, obj), original(kind, obj))
+        rc, _ = _launch(fake, cfg, out, parent_run_id="parent-123")
+        assert rc == 0
+        for spec in seen["TFJob"]["spec"]["tfReplicaSpecs"].values():
+            cmd = spec["template"]["spec"]["containers"][0]["command"]
+            assert cmd[:2] == ["pinpoint", "train"] and cmd[-2:] == ["--parent-run-id", "parent-123"]
 
 
 def test_plain_flavor_creates_services_and_jobs(run_dir):

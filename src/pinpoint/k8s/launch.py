@@ -278,13 +278,31 @@ class Launcher:
             time.sleep(self.opts.poll_seconds)
 
 
+def with_parent_run(doc: dict, parent_run_id: str | None) -> dict:
+    """Add `--parent-run-id` to the `pinpoint train` containers of a TFJob/Job, so the pods'
+    MLflow runs are children of the pipeline's parent run."""
+    if not parent_run_id or doc["kind"] not in ("TFJob", "Job"):
+        return doc
+    templates = (
+        [r["template"] for r in doc["spec"]["tfReplicaSpecs"].values()]
+        if doc["kind"] == "TFJob"
+        else [doc["spec"]["template"]]
+    )
+    for template in templates:
+        for container in template["spec"]["containers"]:
+            cmd = container.get("command") or []
+            if "train" in cmd and "--parent-run-id" not in cmd:
+                container["command"] = [*cmd, "--parent-run-id", parent_run_id]
+    return doc
+
+
 def launch_manifests(api_client, run_dir: Path, name: str, namespace: str,
-                     options: LaunchOptions | None = None) -> int:
+                     options: LaunchOptions | None = None, *, parent_run_id: str | None = None) -> int:
     """Create the run folder's manifests, wait for the chief, clean up; 0 or TrainingFailed."""
     from kubernetes.client.rest import ApiException
     from urllib3.exceptions import HTTPError
 
-    docs = load_manifests(run_dir)
+    docs = [with_parent_run(d, parent_run_id) for d in load_manifests(run_dir)]
     launcher = Launcher(api_client, name, namespace, options)
     try:
         launcher.create(docs)
@@ -304,7 +322,8 @@ def launch_manifests(api_client, run_dir: Path, name: str, namespace: str,
         launcher.cleanup()
 
 
-def launch_training(cfg, run_dir, *, kubeconfig: str | None = None, options: LaunchOptions | None = None) -> int:
+def launch_training(cfg, run_dir, *, parent_run_id: str | None = None, kubeconfig: str | None = None,
+                    options: LaunchOptions | None = None) -> int:
     """The pipeline's train step with launch='kubernetes' (in-cluster credentials in a pod)."""
     from pinpoint.errors import ConfigError
 
@@ -313,7 +332,8 @@ def launch_training(cfg, run_dir, *, kubeconfig: str | None = None, options: Lau
             "config error: cluster.runs_volume_claim: got None; the training pods must write the run folder "
             "to a PVC this step also mounts; set cluster.runs_volume_claim (ReadWriteMany)"
         )
-    return launch_manifests(api_client_from_env(kubeconfig), Path(run_dir), cfg.name, cfg.cluster.namespace, options)
+    return launch_manifests(api_client_from_env(kubeconfig), Path(run_dir), cfg.name, cfg.cluster.namespace, options,
+                            parent_run_id=parent_run_id)
 
 
 # ---- helpers ------------------------------------------------------------------------
