@@ -83,7 +83,7 @@ def test_every_single_process_strategy_trains(strategy, tmp_path):
 
 def test_variables_gradients_layers_and_input_pins_are_visible_in_runtime_placement(tmp_path):
     pinning = {"variables": "/GPU:0", "gradients": "/GPU:1", "layers": {"head": "/GPU:1"}, "input": "/GPU:0"}
-    metrics, placement, log = train(make_cfg("none", pinning), tmp_path)
+    _metrics, placement, log = train(make_cfg("none", pinning), tmp_path)
     assert log[-1]["loss"] < log[0]["loss"]
     devices = var_devices(placement)
     # variables: everything on /GPU:0 except the head's, whose layer rule is more specific
@@ -129,7 +129,7 @@ def test_gradient_pin_seen_directly_in_partition_graphs():
 
 def test_transformer_blocks_split_across_devices(tmp_path):
     pinning = {"layers": {"embed": "/GPU:0", "block_0": "/GPU:0", "block_1": "/GPU:1", "head": "/GPU:1"}}
-    metrics, placement, log = train(make_cfg("none", pinning, model="transformer", steps=30, learning_rate=0.05), tmp_path)
+    _metrics, placement, log = train(make_cfg("none", pinning, model="transformer", steps=30, learning_rate=0.05), tmp_path)
     assert log[-1]["loss"] < log[0]["loss"]
     devices = var_devices(placement)
     b0 = set().union(*[d for n, d in devices.items() if n.startswith("block_0/")])
@@ -141,7 +141,7 @@ def test_transformer_blocks_split_across_devices(tmp_path):
 
 
 def test_cnn_trains(tmp_path):
-    metrics, placement, log = train(make_cfg("mirrored", model="cnn", steps=30), tmp_path)
+    _metrics, placement, log = train(make_cfg("mirrored", model="cnn", steps=30), tmp_path)
     assert log[-1]["loss"] < log[0]["loss"]
     assert var_devices(placement)["conv_1/kernel"] == {"/GPU:0", "/GPU:1"}
 
@@ -171,7 +171,7 @@ def test_missing_device_with_soft_placement_on_falls_back_and_is_reported(tmp_pa
     import tensorflow as tf
 
     try:
-        metrics, placement, _ = train(make_cfg("none", {"gradients": "/CPU:7"}, steps=10), tmp_path)
+        _metrics, placement, _ = train(make_cfg("none", {"gradients": "/CPU:7"}, steps=10), tmp_path)
     finally:
         tf.config.set_soft_device_placement(True)
     # The runtime moved the backward pass elsewhere and the report says so.

@@ -18,7 +18,7 @@ def _train(tmp_path, cfg: dict, *extra):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("TF_CONFIG", None)
     return subprocess.run([sys.executable, "-m", "pinpoint.cli", "train", str(config), "--out", str(tmp_path / "out"), *extra],
-                          capture_output=True, text=True, env=env, timeout=170)
+                          check=False, capture_output=True, text=True, env=env, timeout=170)
 
 
 def _pinpoint_lines(stderr: str) -> list[str]:
@@ -34,8 +34,8 @@ def test_gpu_request_without_gpu_and_soft_placement_off(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = _pinpoint_lines(proc.stderr)
     assert lines == [
-        "pinpoint: cluster.device_type: GPU requested but this machine has no GPU (devices: /CPU:0); "
-        "set cluster.emulate: true, enable train.pinning.soft_placement, or use device_type: CPU"
+        ("pinpoint: cluster.device_type: GPU requested but this machine has no GPU (devices: /CPU:0); "
+        "set cluster.emulate: true, enable train.pinning.soft_placement, or use device_type: CPU")
     ]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out" / "metrics.json").exists()

@@ -8,7 +8,6 @@ import shutil
 
 import numpy as np
 import pytest
-
 from test_training import make_cfg
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -37,7 +36,7 @@ def test_same_seed_same_loss(tmp_path):
 
 
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
-    kw = dict(optimizer="adam", learning_rate=0.01, checkpoint_every=10)
+    kw = {"optimizer": "adam", "learning_rate": 0.01, "checkpoint_every": 10}
     whole = tmp_path / "whole"
     _train(make_cfg("mirrored", steps=30, **kw), whole)
     parts = tmp_path / "parts"

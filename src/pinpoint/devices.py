@@ -157,7 +157,7 @@ def setup_devices(cfg: Config) -> DeviceMap:
                 f"cluster.device_type: GPU requested but this machine has no GPU (devices: {HOST}); "
                 "set cluster.emulate: true, enable train.pinning.soft_placement, or use device_type: CPU"
             )
-        spec_replica = [f"/GPU:{i}" for i in spec_gpus] if not fallbacks else [f"/GPU:{i}" for i in spec_gpus]
+        spec_replica = [f"/GPU:{i}" for i in spec_gpus]
     else:
         count = max(n, 1)
         if count > 1:

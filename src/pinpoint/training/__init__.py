@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from pinpoint.config import MULTI_PROCESS_STRATEGIES, Config
 from pinpoint.errors import ConfigError
-from pinpoint.runfolder import CHECKPOINTS, ensure_dir
+from pinpoint.runfolder import ensure_dir
 
 
 def parse_task(task: str) -> tuple[str, int]:
@@ -21,9 +20,9 @@ def train_command(
     cfg: Config,
     out_dir: str | Path,
     *,
-    task: Optional[str] = None,
-    resume_from_run: Optional[str] = None,
-    parent_run_id: Optional[str] = None,
+    task: str | None = None,
+    resume_from_run: str | None = None,
+    parent_run_id: str | None = None,
 ) -> int:
     """Train with cfg; write placement.json, metrics.json, checkpoints/ and train_log.jsonl to out_dir.
 
@@ -58,7 +57,7 @@ def train_command(
     return 0
 
 
-def fetch_resume(cfg: Config, out: Path, run_id: Optional[str], task: str = "chief-0") -> Optional[str]:
+def fetch_resume(cfg: Config, out: Path, run_id: str | None, task: str = "chief-0") -> str | None:
     """Download the latest checkpoint of MLflow run `run_id` (None: resume from local files)."""
     if not run_id:
         return None

@@ -11,7 +11,6 @@ import logging
 import re
 import shutil
 from pathlib import Path
-from typing import Optional
 
 import tensorflow as tf
 
@@ -28,7 +27,7 @@ class Checkpoints:
         self.save_dir = self.directory if is_chief else self.directory / f".tmp-{task.replace(':', '-')}"
         self.manager = tf.train.CheckpointManager(checkpoint, str(self.save_dir), max_to_keep=keep, checkpoint_name="ckpt")
 
-    def save(self, step: int) -> Optional[str]:
+    def save(self, step: int) -> str | None:
         """Save at `step`; return the prefix on the chief, None elsewhere.
 
         TF writes the data to a temporary name and renames it, then rewrites the 'checkpoint'

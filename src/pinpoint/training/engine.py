@@ -9,11 +9,18 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from pinpoint.config import Config
 from pinpoint.devices import DeviceMap
-from pinpoint.runfolder import CHECKPOINTS, METRICS, PLACEMENT, TRAIN_LOG, atomic_write_json, atomic_write_text
+from pinpoint.runfolder import (
+    CHECKPOINTS,
+    METRICS,
+    PLACEMENT,
+    TRAIN_LOG,
+    atomic_write_json,
+    atomic_write_text,
+)
 from pinpoint.training.hooks import Hook, HookList
 
 EVAL_LIMIT = 4096  # examples used for the final accuracy (cheap even for large synthetic sets)
@@ -37,7 +44,7 @@ class TaskContext:
         return f"{self.role}:{self.index}"
 
 
-def _device_scope(device: Optional[str]):
+def _device_scope(device: str | None):
     import tensorflow as tf
 
     return tf.device(device) if device else contextlib.nullcontext()
@@ -82,7 +89,7 @@ def use_jit(cfg: Config) -> bool:
     return t.strategy in ("none", "one_device") and not (pin.variables or pin.gradients or pin.layers)
 
 
-def _next_stop(step: int, total: int, every: tuple[int, ...], capture_at: Optional[int]) -> int:
+def _next_stop(step: int, total: int, every: tuple[int, ...], capture_at: int | None) -> int:
     stops = [total]
     for e in every:
         if e > 0:
@@ -94,12 +101,13 @@ def _next_stop(step: int, total: int, every: tuple[int, ...], capture_at: Option
 
 def evaluate(model, arrays, limit: int = EVAL_LIMIT) -> dict[str, float]:
     """Loss and accuracy of the model on (the first `limit` examples of) the data."""
+    import keras
     import numpy as np
     import tensorflow as tf
 
     x, y = arrays.x[:limit], arrays.y[:limit]
     logits = model(tf.constant(x), training=False)
-    loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+    loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
     acc = float(np.mean(np.argmax(np.asarray(logits), -1) == y))
     return {"loss": float(loss), "accuracy": acc}
 
@@ -109,9 +117,9 @@ def train(
     out_dir: Path,
     ctx: TaskContext,
     *,
-    hooks: Optional[list[Hook]] = None,
-    resume_prefix: Optional[str] = None,
-    resumed_from_run: Optional[str] = None,
+    hooks: list[Hook] | None = None,
+    resume_prefix: str | None = None,
+    resumed_from_run: str | None = None,
 ) -> dict:
     """Train to cfg.train.steps (resuming from the latest good checkpoint); return the metrics."""
     import tensorflow as tf
@@ -255,7 +263,7 @@ def _placement(cfg: Config, ctx: TaskContext, trainer, captures) -> dict:
     return placement
 
 
-def finish(cfg: Config, out_dir: Path, result: dict, *, placement: Optional[dict] = None) -> dict:
+def finish(cfg: Config, out_dir: Path, result: dict, *, placement: dict | None = None) -> dict:
     """Chief only: write metrics.json (and a merged placement.json), tell the hooks, print a summary."""
     metrics = result["metrics"]
     if placement is not None:

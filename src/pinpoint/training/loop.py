@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Optional
+from typing import Any
 
+import keras
 import tensorflow as tf
 
 from pinpoint.training.data import InputPipeline
@@ -24,7 +25,7 @@ def tf_variables(variables) -> list:
     return out
 
 
-def _device(device: Optional[str]):
+def _device(device: str | None):
     return tf.device(device) if device else contextlib.nullcontext()
 
 
@@ -38,7 +39,7 @@ class Trainer:
         optimizer,
         pipeline: InputPipeline,
         *,
-        gradient_device: Optional[str] = None,
+        gradient_device: str | None = None,
         coordinator=None,
         start_step: int = 0,
         jit_compile: bool = False,
@@ -64,7 +65,7 @@ class Trainer:
     def _loss_and_grads(self, x, y):
         with tf.GradientTape() as tape:
             logits = self.model(x, training=True)
-            per_example = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+            per_example = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
             # Scale by the GLOBAL batch: the cross-replica SUM of gradients is then the mean.
             loss = tf.reduce_sum(per_example) / self.global_batch
         variables = self.model.trainable_variables

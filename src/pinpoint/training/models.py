@@ -8,7 +8,7 @@ activations cross devices between them (model parallelism, visible as _Send/_Rec
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import keras
 import tensorflow as tf
@@ -87,7 +87,7 @@ class TokenEmbedding(keras.layers.Layer):
 
     def __init__(self, tokens: int, dim: int, seed: int, **kw):
         super().__init__(**kw)
-        self.tokens, self.dim = tokens, dim
+        self.tokens, self.dim, self.seed = tokens, dim, seed
         self.proj = keras.layers.Dense(dim, name="proj", kernel_initializer=keras.initializers.GlorotUniform(seed))
 
     def build(self, input_shape):
@@ -95,7 +95,7 @@ class TokenEmbedding(keras.layers.Layer):
         self.proj.build((None, self.tokens, width))
         self.pos = self.add_weight(
             shape=(self.tokens, self.dim), name="pos",
-            initializer=keras.initializers.RandomNormal(stddev=0.02, seed=self.proj.kernel_initializer.seed + 7),
+            initializer=keras.initializers.RandomNormal(stddev=0.02, seed=self.seed + 7),
         )
         self.built = True
 
@@ -129,7 +129,7 @@ def _layers(name: str, features: int, num_classes: int, seed: int) -> list[keras
                 f"config error: train.model: got 'cnn' but the data has {features} features, "
                 "not a square image; use model 'mlp' or 'transformer'"
             )
-        init = lambda s: keras.initializers.GlorotUniform(seed + s)  # noqa: E731
+        init = lambda s: keras.initializers.GlorotUniform(seed + s)
         return [
             keras.layers.Reshape((side, side, 1), name="reshape"),
             keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="conv_1", kernel_initializer=init(0)),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pinpoint.config import STRATEGIES
 from pinpoint.errors import ConfigError

@@ -15,12 +15,11 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from pinpoint.config import Config
 from pinpoint.devices import DeviceMap, setup_devices
 from pinpoint.errors import ConfigError
-from pinpoint.runfolder import CHECKPOINTS, METRICS, PLACEMENT
+from pinpoint.runfolder import CHECKPOINTS, METRICS
 
 EVAL_LOG = "eval_log.jsonl"
 PLACEMENT_WAIT = 120.0  # seconds the chief waits for the workers' placement files
@@ -32,8 +31,8 @@ def run_task(
     role: str,
     index: int,
     *,
-    resume_from_run: Optional[str] = None,
-    parent_run_id: Optional[str] = None,
+    resume_from_run: str | None = None,
+    parent_run_id: str | None = None,
 ) -> int:
     """Run task role:index of the cluster described by TF_CONFIG; return the exit code."""
     out = Path(out_dir)
@@ -164,14 +163,14 @@ def _training_tasks(cfg: Config) -> list[str]:
     return [f"chief-{i}" for i in range(c.chief)] + [f"worker-{i}" for i in range(c.workers)]
 
 
-def _merge_worker_placements(cfg: Config, out: Path) -> Optional[dict]:
+def _merge_worker_placements(cfg: Config, out: Path) -> dict | None:
     """Wait for every training task's placement-<role>-<index>.json and merge them."""
     from pinpoint.runfolder import read_json
 
     try:
         from pinpoint.placement.merge import merge_placements
     except ImportError:  # placement merging not available: keep the chief's own view
-        merge_placements = lambda ps: ps[0]  # noqa: E731
+        merge_placements = lambda ps: ps[0]
 
     files = [out / f"placement-{t}.json" for t in _training_tasks(cfg)]
     deadline = time.monotonic() + PLACEMENT_WAIT
@@ -215,7 +214,8 @@ def run_evaluator(cfg: Config, out: Path, dm: DeviceMap, *, poll: float = 2.0) -
             try:
                 verify(prefix)
                 ckpt.restore(prefix).expect_partial()
-            except Exception:  # noqa: BLE001 - being written or already rotated away: next poll
+            except Exception as err:  # noqa: BLE001 - being written or already rotated away
+                print(f"eval: {Path(prefix).name} not readable yet ({type(err).__name__}); retrying", flush=True)
                 continue
             m = evaluate(model, arrays)
             with log.open("a") as f:
@@ -227,5 +227,3 @@ def run_evaluator(cfg: Config, out: Path, dm: DeviceMap, *, poll: float = 2.0) -
             return 0
         time.sleep(poll)
 
-
-__all__ = ["run_task", "run_evaluator", "PLACEMENT", "EVAL_LOG"]
