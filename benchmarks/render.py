@@ -217,9 +217,9 @@ SETTINGS = """\
   timestamps, a Keras callback's clock for Keras. Pinpoint's Keras-comparison runs have checkpoints
   off (Keras saves none) and MLflow off; placement capture stays at its default (one sampled step).
 - Overhead runs: the demo config (mirrored on 2 devices, checkpoints every 100 steps) for
-  {overhead} steps; "train time" is the wall time of `train_command` (setup, tracing, capture,
-  steps, checkpoints, final evaluation, MLflow flush), the interpreter's start-up excluded;
-  "process wall" includes it.
+  {overhead} steps; "train time" is the wall time of `train_command` (device setup, data, model,
+  tracing, capture, steps, checkpoints, final evaluation, MLflow flush) with TensorFlow and Keras
+  already imported; "process wall" is the whole process, interpreter start-up and imports included.
 - MFU: exact FLOPs of the Dense layers (forward 2·in·out, weight gradient 2·in·out, input gradient
   2·in·out except for the first layer, plus bias) x global batch, over the steady step time, over
   the matmul peak measured in the same process on the run's replica devices (1024² float32
@@ -292,6 +292,7 @@ def _log_every(plan) -> int:
 def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
     """A 2x2 PNG: ratios with min/max whiskers, scaling, bytes vs ring minimum, MFU."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -299,9 +300,9 @@ def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     drew = False
 
-    # 1. same-round ratios
+    # 1. same-round ratios: points with min-max whiskers on a log axis (x2 and /2 look alike)
     ax = axes[0][0]
-    labels, meds, lo, hi = [], [], [], []
+    labels, meds, lo, hi, targets = [], [], [], [], []
     for c in plan:
         for rt in c.ratios:
             r = ratio_summary(results, c.key, rt.num, rt.den, rt.metric)
@@ -312,15 +313,23 @@ def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
             meds.append(r.median)
             lo.append(r.median - r.min)
             hi.append(r.max - r.median)
+            targets.append(rt.target)
     if meds:
         y = list(range(len(meds)))
-        ax.barh(y, meds, xerr=[lo, hi], color="#4c72b0", capsize=4)
+        ax.errorbar(meds, y, xerr=[lo, hi], fmt="o", color="#4c72b0", capsize=4, ms=7)
         ax.axvline(1.0, color="black", lw=1)
+        ax.set_xscale("log")
+        lo_x = min(min(m - l for m, l in zip(meds, lo)), 1.0)
+        hi_x = max(max(m + h for m, h in zip(meds, hi)), 1.0)
+        ax.set_xlim(lo_x / 1.6, hi_x * 5)  # room for the labels right of the points
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xticks([t for t in (0.25, 0.5, 1, 2, 4, 8, 16, 32) if lo_x / 1.6 <= t <= hi_x * 5])
         ax.set_yticks(y, labels, fontsize=8)
-        ax.invert_yaxis()
-        for yi, m, h in zip(y, meds, hi):
-            ax.text(m + h, yi, f"  {m:.3f}", va="center", fontsize=8)
-        ax.set_xlabel("ratio (median, whiskers: min–max)")
+        ax.set_ylim(len(meds) - 0.5, -0.5)
+        for yi, m, h, t in zip(y, meds, hi, targets):
+            ax.text((m + h) * 1.05, yi, f"{m:.3f}" + (f"  (target {t})" if t else ""), va="center", fontsize=8)
+        ax.set_xlabel("ratio, log scale (median; whiskers: min–max)")
         drew = True
     ax.set_title("Same-round ratios")
 
@@ -349,7 +358,8 @@ def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
         ax.bar([x - 0.2 for x in xs], meas, width=0.4, label="measured (all transfers / N)")
         ax.bar([x + 0.2 for x in xs], ring, width=0.4, label="ring all-reduce min 2(N-1)/N·P")
         ax.set_xticks(xs, [str(p["devices"]) for p in pts])
-        ax.legend(fontsize=8)
+        ax.set_ylim(0, max(meas + ring) * 1.35)  # room for the legend above the bars
+        ax.legend(fontsize=8, loc="upper left")
         drew = True
     ax.set_xlabel("replica devices")
     ax.set_ylabel("KiB per device per step")
