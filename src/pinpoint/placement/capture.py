@@ -125,6 +125,11 @@ def capture_on_device(py_fn: Callable[..., Any], device: str, *args, step: int =
     placed and partitioned here and its components run on the worker and the ps tasks: the
     partition graphs show compute on the worker, variables and their updates on the ps tasks and
     every worker<->ps transfer. It is a real training step (updates are applied).
+
+    Use the device the scheduled closures run on ("/job:worker/replica:0/task:0"), e.g. in the
+    trainer: `capture_on_device(lambda s: replica_update(*batch(s)), "/job:worker/replica:0/task:0",
+    tf.constant(step))`. Tensors the body captures from this process (e.g. an in-memory dataset)
+    are sent to the worker and show up as transfers from the coordinator.
     """
     import tensorflow as tf
 
