@@ -94,8 +94,9 @@ def build_plan(s: Settings) -> list[Comparison]:
               bench_config("bench-mirrored", strategy="mirrored", devices=2, steps=s.steps, batch=b2), s,
               skipped=need2),
         _pair("keras-mwm", "multi_worker_mirrored, 2 local workers (chief + 1 worker, 1 device each)",
+              # Half the steps: a step across two processes takes several times longer.
               bench_config("bench-mwm", strategy="multi_worker_mirrored", devices=1, workers=1,
-                           steps=s.steps, batch=b2), s),
+                           steps=max(s.steps // 2, 2 * s.warmup_steps), batch=b2), s),
     ]
     # Issue 4.6 and the MLflow cost: the demo config (checkpoints every 100 steps) for 500 steps.
     def overhead(name, placement, tracking):

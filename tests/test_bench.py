@@ -126,6 +126,8 @@ def test_render_markdown_reports_same_round_ratios_targets_and_failures():
     assert "| make run | 42 (40–44) | 21 (20–22) | 2 |" in md
     assert "Command: `python -m benchmarks.run --repeats 2`" in md and "AMD EPYC" in md
     assert "![benchmarks](RESULTS.png)" in md
+    assert "- strategy none, 1 device: pinpoint / Keras examples/sec = 1.1 (1.1–1.1): **met (target >= 1)**" in md
+    assert "capture on / off, train time = 1.04 (1.02–1.06): **NOT met (target <= 1.03)**" in md
 
 
 def test_chart_is_written(tmp_path):
