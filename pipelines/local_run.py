@@ -84,6 +84,8 @@ def _run_pipeline(pipeline, *, config_yaml: str, run_dir: Path, parent_run_id: s
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
         # Retries and resource limits are for Kubernetes; kfp.local ignores them (and says so).
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
+        quiet = _HideExecutorInput(sys.stdout)
+        sys.stdout = quiet
         try:
             pipeline(config_yaml=config_yaml, run_dir=str(run_dir), parent_run_id=parent_run_id)
         except RuntimeError as err:
@@ -93,7 +95,56 @@ def _run_pipeline(pipeline, *, config_yaml: str, run_dir: Path, parent_run_id: s
                 raise
             failed = re.search(r"Inner task failed: (.*?)\.?$", text)
             return failed.group(1).strip("'") if failed else "unknown"
+        finally:
+            quiet.flush()
+            sys.stdout = quiet.target
     return ""
+
+
+class _HideExecutorInput:
+    """A stdout filter for the steps' logs: kfp's executor dumps its whole input as JSON (~80
+    lines per step, the config included); keep one line instead. Everything else passes."""
+
+    MARKER = "Got executor_input:"
+
+    def __init__(self, target):
+        self.target = target
+        self._buffer = ""
+        self._skip_indent: int | None = None  # indent of the JSON's opening brace while skipping
+        self._expect_open = False
+
+    def write(self, text: str) -> int:
+        self._buffer += text
+        while "\n" in self._buffer:
+            line, self._buffer = self._buffer.split("\n", 1)
+            self._line(line + "\n")
+        return len(text)
+
+    def _line(self, line: str) -> None:
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip(" "))
+        if self._expect_open:
+            self._expect_open = False
+            if stripped == "{":
+                self._skip_indent = indent
+                return
+        if self._skip_indent is not None:
+            if stripped == "}" and indent == self._skip_indent:
+                self._skip_indent = None
+            return
+        if self.MARKER in line:
+            self._expect_open = True
+            line = line.replace(self.MARKER, "Got executor_input (omitted).")
+        self.target.write(line)
+
+    def flush(self) -> None:
+        if self._buffer:
+            self.target.write(self._buffer)
+            self._buffer = ""
+        self.target.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
 
 
 def _start_parent(cfg) -> str:

@@ -118,3 +118,29 @@ def test_placement_sweep_picks_the_fastest_run_that_obeyed_its_plan(live_mlflow,
     # Each variant is its own set of child runs under the sweep's parent.
     names = {r.info.run_name for r in _runs(live_mlflow.uri) if r.data.tags.get("mlflow.parentRunId") == parent}
     assert {"sweep-mirrored/train", "sweep-vars-on-cpu/train", "sweep-sweep/compare"} <= names
+
+
+@pytest.mark.unit
+def test_step_logs_hide_only_the_executor_input_dump():
+    import io
+
+    from pipelines.local_run import _HideExecutorInput
+
+    out = io.StringIO()
+    quiet = _HideExecutorInput(out)
+    dump = json.dumps({"inputs": {"parameterValues": {"config_yaml": "a: {b: 1}\n}"}}}, indent=4)
+    print("    [KFP Executor INFO]: Got executor_input:", file=quiet)
+    for line in dump.splitlines():
+        print("    " + line, file=quiet)
+    print("    pinpoint: config error: train.steps: got 0; use >= 1", file=quiet)
+    print("    [KFP Executor INFO]: Got executor_input:", file=quiet)
+    print("    not json after all", file=quiet)  # never swallow a line that does not open the dump
+    quiet.write("no newline yet")
+    quiet.flush()
+    assert out.getvalue().splitlines() == [
+        "    [KFP Executor INFO]: Got executor_input (omitted).",
+        "    pinpoint: config error: train.steps: got 0; use >= 1",
+        "    [KFP Executor INFO]: Got executor_input (omitted).",
+        "    not json after all",
+        "no newline yet",
+    ]
