@@ -233,3 +233,36 @@ def test_server_down_at_end_leaves_spool_upload_spool_sends_it_once(live_mlflow,
     assert steps_of(c, run_id, "loss") == list(range(25))
     assert c.get_run(run_id).info.status == "FINISHED"
     assert "report.html" in {a.path for a in c.list_artifacts(run_id)}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_spool_of_a_dead_process_is_adopted_by_the_next_step(live_mlflow, tmp_path):
+    """A chief killed before it could send (e.g. restarted by the launcher): the next process in
+    the same run folder sends its journal and ends that run KILLED."""
+    import subprocess
+    import sys
+
+    from pinpoint.tracking.spool import Spool
+
+    cfg = make_cfg(live_mlflow.uri)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    folder = tmp_path / SPOOL_DIR / "train-dead"
+    local_id = f"local-{uuid.uuid4().hex}"
+    spool = Spool.create(folder, {"uri": live_mlflow.uri, "experiment": cfg.tracking.experiment,
+                                  "run_name": "trk/train", "local_id": local_id, "pid": int(dead.stdout),
+                                  "host": __import__("socket").gethostname()})
+    spool.append("create_run", local_id=local_id, experiment=cfg.tracking.experiment, run_name="trk/train",
+                 tags={"pinpoint.local_id": local_id}, start_time=int(time.time() * 1000))
+    for step in range(5):
+        spool.append("metrics", metrics=[["loss", 1.0, int(time.time() * 1000), step]])
+    with open_step_run(cfg, "train", tmp_path, system_metrics=False):
+        deadline = time.monotonic() + 60
+        while folder.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert not folder.exists()
+    c = client(live_mlflow.uri)
+    (run,) = c.search_runs([c.get_experiment_by_name(cfg.tracking.experiment).experiment_id],
+                           filter_string=f"tags.`pinpoint.local_id` = '{local_id}'")
+    assert run.info.status == "KILLED"
+    assert steps_of(c, run.info.run_id, "loss") == list(range(5))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
+import threading
 import tempfile
 import uuid
 from pathlib import Path
@@ -224,6 +226,8 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
         "pipeline": cfg.name,
         "step": step,
         "run_dir": str(Path(run_dir).resolve()),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
     }
     spool = Spool.create(folder, meta)
     tags = {
@@ -242,6 +246,7 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
 
     run.log_params(config_params(cfg))
     run._start()
+    _adopt_orphans(Path(run_dir), exclude=folder)
     status = "FINISHED"
     try:
         yield run
@@ -253,6 +258,51 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
         raise
     finally:
         run.close(status)
+
+
+def _orphaned(spool_folder: Path) -> bool:
+    """A spool whose writer process is gone (killed, crashed, restarted by the launcher)."""
+    try:
+        meta = json.loads((spool_folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if meta.get("host") != socket.gethostname() or not meta.get("pid"):
+        return False  # another machine's spool: leave it to `pinpoint upload-spool`
+    try:
+        os.kill(int(meta["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _adopt_orphans(run_dir: Path, exclude: Path) -> None:
+    """Send, in the background, what a previous process in this run folder journaled but could
+    not send before it died (a restarted chief); its run is ended KILLED."""
+    from pinpoint.tracking.sender import replay
+    from pinpoint.tracking.spool import find_spools
+
+    orphans = [f for f in find_spools(run_dir) if f != exclude and _orphaned(f)]
+    if not orphans:
+        return
+
+    def adopt():
+        for folder in orphans:
+            spool = Spool(folder)
+            if not _has_end(spool):
+                spool.append("end_run", status="KILLED", end_time=now_ms())
+            ok, sent, run_id = replay(spool)
+            if ok:
+                spool.remove()
+                warn(f"sent {sent} MLflow record(s) left by an earlier process to run {run_id}")
+
+    threading.Thread(target=adopt, name="pinpoint-mlflow-orphans", daemon=True).start()
+
+
+def _has_end(spool: Spool) -> bool:
+    spool._read_offset = 0
+    return any(r["op"] == "end_run" for r in spool.read_new())
 
 
 def start_parent_run(cfg, run_name: str | None = None, *, uri: str | None = None) -> str:
