@@ -146,13 +146,23 @@ def test_cnn_trains(tmp_path):
     assert var_devices(placement)["conv_1/kernel"] == {"/GPU:0", "/GPU:1"}
 
 
-def test_unknown_layer_name_lists_the_valid_ones(tmp_path):
-    from pinpoint.training import train_command
+def test_unknown_layer_name_lists_the_valid_ones():
+    from pinpoint.training.models import build_model
 
-    with pytest.raises(ConfigError) as err:
-        train_command(make_cfg("none", {"layers": {"dense_9": "/GPU:0"}}), tmp_path)
-    msg = str(err.value)
-    assert "train.pinning.layers.dense_9" in msg and "dense_1, dense_2, head" in msg
+    with pytest.raises(ConfigError) as err:  # at config load, before anything runs
+        make_cfg("none", {"layers": {"dense_9": "/GPU:0"}})
+    assert "train.pinning.layers.dense_9" in str(err.value) and "dense_1, dense_2, head" in str(err.value)
+    with pytest.raises(ConfigError, match=r"train.pinning.layers.block_7: .* valid names: embed, block_0"):
+        build_model("transformer", (64,), 10, {"block_7": "/CPU:1"})
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn", "transformer"])
+def test_config_knows_the_real_layer_names(model):
+    from pinpoint.config import MODEL_LAYERS
+    from pinpoint.training.models import build_model
+
+    built = build_model(model, (64,), 10, {})
+    assert tuple(layer.name for layer in built.stack) == MODEL_LAYERS[model]
 
 
 def test_missing_device_with_soft_placement_off_fails_in_one_line(tmp_path):

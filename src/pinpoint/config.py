@@ -26,6 +26,13 @@ STRATEGIES = (
     "parameter_server",
 )
 MODELS = ("mlp", "cnn", "transformer")
+# Layer names of each model (the keys of train.pinning.layers); training/models.py builds
+# exactly these (a test keeps the two in sync), so a typo is caught at config load.
+MODEL_LAYERS = {
+    "mlp": ("dense_1", "dense_2", "head"),
+    "cnn": ("reshape", "conv_1", "conv_2", "pool", "flatten", "dense_1", "head"),
+    "transformer": ("embed", "block_0", "block_1", "pool", "head"),
+}
 MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 
 # A TensorFlow device string: optional job/replica/task prefix, then TYPE:index.
@@ -305,6 +312,14 @@ def _check_strategy_vs_cluster(cfg: Config) -> None:
 
 def _check_pinning_vs_strategy(cfg: Config) -> None:
     p, s = cfg.train.pinning, cfg.train.strategy
+    valid = MODEL_LAYERS[cfg.train.model]
+    for layer in p.layers:
+        if layer not in valid:
+            _fail(
+                f"train.pinning.layers.{layer}",
+                layer,
+                f"model '{cfg.train.model}' has no such layer; valid names: {', '.join(valid)}",
+            )
     n = cfg.cluster.devices_per_worker
     why = {
         "mirrored": "mirrored keeps one copy of every variable on every replica device",
