@@ -29,6 +29,14 @@ def make_cfg(strategy="mirrored", pinning=None, **train):
     })
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _three_logical_cpus():
+    """Configure the layout first, whichever test runs first (-k, reordering)."""
+    from pinpoint.devices import setup_devices
+
+    setup_devices(make_cfg())
+
+
 def train(cfg, out: Path):
     from pinpoint.training import train_command
 
