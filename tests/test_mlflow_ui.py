@@ -39,10 +39,10 @@ def browse(url: str, tmp: Path, *, screenshot: Path | None = None) -> str:
         "--disable-dev-shm-usage", f"--user-data-dir={tmp / 'profile'}", "--window-size=1400,1000",
         "--virtual-time-budget=20000",
     ]
-    dom = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=180)
+    dom = subprocess.run(base + ["--dump-dom", url], check=False, capture_output=True, text=True, timeout=180)
     if screenshot is not None:
         screenshot.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(base + [f"--screenshot={screenshot}", url], capture_output=True, text=True, timeout=180)
+        subprocess.run(base + [f"--screenshot={screenshot}", url], check=True, capture_output=True, text=True, timeout=180)
     return dom.stdout
 
 

@@ -4,8 +4,6 @@ outages at the start / in the middle / at the end, spool upload, checkpoints, th
 from __future__ import annotations
 
 import json
-import os
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -14,7 +12,12 @@ import pytest
 
 from pinpoint.config import config_from_dict
 from pinpoint.errors import ConfigError
-from pinpoint.tracking import open_step_run, resolve_tracking_uri, start_parent_run, end_parent_run
+from pinpoint.tracking import (
+    end_parent_run,
+    open_step_run,
+    resolve_tracking_uri,
+    start_parent_run,
+)
 from pinpoint.tracking.params import config_params
 from pinpoint.tracking.spool import SPOOL_DIR, Spool, find_spools, upload_spool_command
 from pinpoint.tracking.uri import local_store, repo_root
@@ -162,7 +165,7 @@ def test_server_stopped_and_restarted_mid_run_every_step_exactly_once(live_mlflo
     with open_step_run(cfg, "train", tmp_path, system_metrics=False) as run:
         real_id = run.run_id
         assert not real_id.startswith("local-")
-        _log_steps(run, range(0, 30), pause=0.02)
+        _log_steps(run, range(30), pause=0.02)
         live_mlflow.stop()
         t0 = time.monotonic()
         _log_steps(run, range(30, 60), pause=0.02)
@@ -187,7 +190,7 @@ def test_server_down_at_start_run_created_later(live_mlflow, tmp_path):
     assert parent.startswith("local-")
     with open_step_run(cfg, "train", tmp_path, parent_run_id=parent, system_metrics=False) as run:
         assert run.run_id.startswith("local-")
-        _log_steps(run, range(0, 20))
+        _log_steps(run, range(20))
         assert time.monotonic() - t0 < 30
         live_mlflow.start()
         _log_steps(run, range(20, 40))
@@ -214,7 +217,7 @@ def test_server_down_at_end_leaves_spool_upload_spool_sends_it_once(live_mlflow,
     src.write_text("<html>report</html>")
     with open_step_run(cfg, "train", tmp_path, system_metrics=False) as run:
         run_id = run.run_id
-        _log_steps(run, range(0, 10))
+        _log_steps(run, range(10))
         assert run.flush(timeout=60)
         live_mlflow.stop()
         _log_steps(run, range(10, 25))
@@ -246,7 +249,7 @@ def test_spool_of_a_dead_process_is_adopted_by_the_next_step(live_mlflow, tmp_pa
     from pinpoint.tracking.spool import Spool
 
     cfg = make_cfg(live_mlflow.uri)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True, text=True)
     folder = tmp_path / SPOOL_DIR / "train-dead"
     local_id = f"local-{uuid.uuid4().hex}"
     spool = Spool.create(folder, {"uri": live_mlflow.uri, "experiment": cfg.tracking.experiment,

@@ -4,8 +4,9 @@ checkpoints as they are written, placement metrics + placement.json, the final m
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pinpoint.runfolder import CLUSTER_SPEC, METRICS, PLACEMENT, TRAIN_LOG
 from pinpoint.tracking.checkpoints import artifact_dir, checkpoint_files
@@ -15,15 +16,13 @@ STEP_METRICS = ("loss", "accuracy", "examples_per_sec", "step_time")
 
 
 def numeric_leaves(data: Any, prefix: str, depth: int = 3) -> dict[str, float]:
-    """Numbers (not bools) in a nested dict, keyed 'prefix/a/b'; lists are skipped."""
+    """Numbers (bools as 0/1) in a nested dict, keyed 'prefix/a/b'; lists are skipped."""
     out: dict[str, float] = {}
     if depth < 0 or not isinstance(data, Mapping):
         return out
     for key, value in data.items():
         name = f"{prefix}/{key}"
-        if isinstance(value, bool):
-            out[name] = float(value)
-        elif isinstance(value, (int, float)):
+        if isinstance(value, (bool, int, float)):
             out[name] = float(value)
         elif isinstance(value, Mapping):
             out.update(numeric_leaves(value, name, depth - 1))
@@ -43,7 +42,7 @@ def placement_metrics(placement: Mapping[str, Any]) -> dict[str, float]:
         picked = {k: v for k, v in headline_metrics(dict(placement)).items() if _metric_name_ok(k)}
         if picked:
             return picked
-    except Exception:  # noqa: BLE001 - an unexpected placement shape: fall back to its numbers
+    except Exception:  # noqa: BLE001, S110 - an unexpected placement shape: fall back to its numbers
         pass
     picked: dict[str, float] = {}
     for section in ("summary", "metrics", "counts", "transfers"):

@@ -10,6 +10,7 @@ this runs on the chief only (the tracking hook is chief-only).
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -45,8 +46,11 @@ def save_keras_model(model, path: str | Path) -> Path:
         shutil.rmtree(path, ignore_errors=True)  # half-written keras flavor: start again
     export = path.parent / f"{path.name}-savedmodel"
     _export_savedmodel(model, export)
-    mlflow.pyfunc.save_model(str(path), python_model=SavedModelPredictor(),
-                             artifacts={"saved_model": str(export)})
+    with warnings.catch_warnings():
+        # MLflow nudges towards type hints for validation; the model takes a plain float array.
+        warnings.simplefilter("ignore", UserWarning)
+        mlflow.pyfunc.save_model(str(path), python_model=SavedModelPredictor(),
+                                 artifacts={"saved_model": str(export)})
     shutil.rmtree(export, ignore_errors=True)
     return path
 

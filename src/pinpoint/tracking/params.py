@@ -6,7 +6,8 @@ Never secrets: the tracking URI, credentials and the environment are not logged.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 MAX_PARAM_LEN = 6000  # MLflow 3 param value limit
 

@@ -11,11 +11,12 @@ import contextlib
 import json
 import os
 import socket
-import threading
 import tempfile
+import threading
 import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from pinpoint.tracking.sender import (
     LOCAL_ID_TAG,
@@ -320,9 +321,9 @@ def start_parent_run(cfg, run_name: str | None = None, *, uri: str | None = None
             run_name=run_name or cfg.name,
             tags={PIPELINE_TAG: cfg.name, LOCAL_ID_TAG: local_id, "pinpoint.config_digest": cfg.digest()},
         )
-        from pinpoint.tracking.params import config_params
-
         from mlflow.entities import Param
+
+        from pinpoint.tracking.params import config_params
 
         params = [Param(k, v) for k, v in config_params(cfg).items()]
         for i in range(0, len(params), 100):
@@ -359,4 +360,4 @@ def end_parent_run(run_id: str | None, status: str = "FINISHED", *, cfg=None, ur
         warn(f"could not end MLflow parent run {run_id} at {redact(uri)}: {str(err).splitlines()[0][:200]}")
 
 
-__all__ = ["open_step_run", "start_parent_run", "end_parent_run", "StepRun", "NullStepRun", "PARENT_TAG", "os"]
+__all__ = ["PARENT_TAG", "NullStepRun", "StepRun", "end_parent_run", "open_step_run", "start_parent_run"]

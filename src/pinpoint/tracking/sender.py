@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from pinpoint.tracking.spool import Spool, warn
-from pinpoint.tracking.uri import artifact_root_for, configure_http, prepare_store, redact
+from pinpoint.tracking.uri import (
+    artifact_root_for,
+    configure_http,
+    prepare_store,
+    redact,
+)
 
 LOCAL_ID_TAG = "pinpoint.local_id"
 PIPELINE_TAG = "pinpoint.pipeline"
@@ -233,7 +237,7 @@ class Sender:
             getattr(self, f"_send_{op}")(chunk)
         except Transient:
             raise
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             err = _classify(err)
             if isinstance(err, Transient):
                 raise err from None
@@ -331,4 +335,4 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-__all__ = ["Sender", "replay", "Transient", "now_ms", "Path"]
+__all__ = ["Sender", "Transient", "now_ms", "replay"]

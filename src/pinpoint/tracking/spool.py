@@ -17,8 +17,9 @@ import os
 import shutil
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pinpoint.errors import ConfigError
 from pinpoint.runfolder import atomic_write_json
@@ -50,7 +51,7 @@ class Spool:
 
     # ---- creation / metadata -------------------------------------------------------------
     @classmethod
-    def create(cls, folder: str | Path, meta: dict[str, Any]) -> "Spool":
+    def create(cls, folder: str | Path, meta: dict[str, Any]) -> Spool:
         f = Path(folder)
         (f / BLOBS).mkdir(parents=True, exist_ok=True)
         atomic_write_json(f / META, meta)

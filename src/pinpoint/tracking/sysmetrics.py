@@ -32,7 +32,7 @@ class SystemMetricsSampler:
             from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
 
             monitors.append(GPUMonitor())
-        except Exception:  # noqa: BLE001 - no NVIDIA library: no GPU metrics
+        except Exception:  # noqa: BLE001, S110 - no NVIDIA library: no GPU metrics
             pass
         return monitors
 
