@@ -102,7 +102,7 @@ def pinpoint_train(spec: dict) -> dict[str, Any]:
     }
     rec.update(steady_state(out / TRAIN_LOG, spec["warmup_steps"], metrics["global_batch"]))
     rec.update(_transfers(placement))
-    rec["model_layers"] = _dense_layers(cfg)
+    rec["model_layers"] = _kernels_from_placement(placement) or _dense_layers(cfg)
     rec.update(_mfu_fields(cfg, rec, peak=spec.get("peak", False)))
     if spec.get("log_mfu") and cfg.tracking.enabled and rec.get("mfu") is not None:
         rec["mlflow_run_id"] = _log_mfu(cfg, out, started_ms, {"mfu": rec["mfu"], "matmul_peak_flops": rec.get("peak_flops")})
@@ -113,6 +113,14 @@ def _param_bytes(placement: Optional[dict], metrics: dict) -> Optional[int]:
     # float32 trainable parameters: the bytes one all-reduce of the gradients moves.
     n = metrics.get("num_params")
     return 4 * int(n) if n else None
+
+
+def _kernels_from_placement(placement: Optional[dict]) -> list[tuple[int, int]]:
+    """(fan_in, fan_out) of the model's kernels as placement.json lists them (model order)."""
+    if not placement:
+        return []
+    return [tuple(v["shape"]) for v in placement.get("variables") or []
+            if str(v.get("name", "")).endswith("/kernel") and len(v.get("shape") or ()) == 2]
 
 
 def _dense_layers(cfg) -> list[tuple[int, int]]:

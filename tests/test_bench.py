@@ -137,3 +137,29 @@ def test_chart_is_written(tmp_path):
     out = tmp_path / "c.png"
     assert write_chart(plan, results, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_pinpoint_steady_state_window_from_train_log(tmp_path):
+    from benchmarks.pinpoint_run import steady_state
+
+    log = tmp_path / "train_log.jsonl"
+    # steps 10..100 every 10; 0.5 s per 10 steps after step 50, slow trace before it
+    times = {10: 100.0, 20: 101.0, 30: 101.5, 40: 102.0, 50: 102.5, 60: 103.0, 70: 103.5, 80: 104.0, 90: 104.5, 100: 105.0}
+    log.write_text("".join(f'{{"step": {k}, "loss": 1.0, "time": {t}}}\n' for k, t in times.items()))
+    out = steady_state(log, warmup_steps=50, global_batch=64)
+    assert out["steps_timed"] == 50  # from the record at step 50 to the one at 100
+    assert out["examples_per_sec"] == pytest.approx(50 * 64 / 2.5)
+    assert out["step_time_s"] == pytest.approx(0.05)
+    assert out["first_logged_step"] == 10 and out["first_logged_time"] == 100.0
+    assert "examples_per_sec" not in steady_state(log, warmup_steps=100, global_batch=64)
+
+
+def test_kernels_from_placement_keeps_model_order():
+    from benchmarks.pinpoint_run import _kernels_from_placement
+
+    placement = {"variables": [
+        {"name": "dense_1/kernel", "shape": [64, 128]}, {"name": "dense_1/bias", "shape": [128]},
+        {"name": "head/kernel", "shape": [128, 10]}, {"name": "global_step", "shape": []},
+    ]}
+    assert _kernels_from_placement(placement) == [(64, 128), (128, 10)]
+    assert _kernels_from_placement(None) == []
