@@ -253,7 +253,8 @@ def render_markdown(plan: list[Comparison], results: Results, raw: dict, chart_n
         ["date", m["date"]], ["nproc", str(m["nproc"])], ["CPU", m["cpu"]], ["GPUs", gpus],
         ["TensorFlow", m["tensorflow"]], ["Keras", m["keras"]], ["MLflow", m["mlflow"]],
         ["Python", m["python"]], ["OS", m["os"]], ["git commit", m["git"]],
-        ["load average at start", " ".join(str(x) for x in m["loadavg_at_start"])],
+        ["load average (1, 5, 15 min) at start / end", " ".join(str(x) for x in m["loadavg_at_start"])
+         + " / " + " ".join(str(x) for x in m.get("loadavg_at_end") or ["?"])],
     ], align=["l", "l"])
     skipped = [f"- {c.key}: skipped, {c.skipped}" for c in plan if c.skipped]
     parts = [

@@ -83,6 +83,18 @@ def run_comparison(comp: Comparison, repeats: int, out: Path, results: dict, log
     return runs
 
 
+def _save(out: Path, machine: dict, command: str, s: Settings, elapsed: float, results: dict) -> dict:
+    import os
+
+    machine = dict(machine, loadavg_at_end=[round(x, 2) for x in os.getloadavg()])
+    raw = {"machine": machine, "command": command, "settings": s.__dict__, "elapsed_s": elapsed,
+           "results": results}
+    from pinpoint.runfolder import atomic_write_json
+
+    atomic_write_json(out / "results.json", raw)
+    return raw
+
+
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=None, help="runs per arm (default 5; --quick: 1)")
@@ -132,10 +144,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             continue
         reps = (s.make_run_repeats or s.repeats) if comp.key == "make-run" else s.repeats
         results[comp.key] = run_comparison(comp, reps, out, results, log=lambda m: print(m, flush=True))
+        _save(out, machine, command, s, time.perf_counter() - t0, results)  # partial results survive a stop
     elapsed = time.perf_counter() - t0
-    raw = {"machine": machine, "command": command, "settings": s.__dict__, "elapsed_s": elapsed,
-           "results": results}
-    (out / "results.json").write_text(json.dumps(raw, indent=2, default=str))
+    raw = _save(out, machine, command, s, elapsed, results)
     chart = Path(args.chart) if args.chart else Path(args.results).with_suffix(".png")
     write_outputs(plan, results, raw, Path(args.results), chart)
     print(f"benchmarks: {elapsed / 60:.1f} min; wrote {args.results} and {chart} (raw: {out / 'results.json'})")
