@@ -234,3 +234,13 @@ def test_gpu_spec_without_emulation_follows_soft_placement(tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["device_map"]["fallbacks"] == {"/GPU:0": "/CPU:0", "/GPU:1": "/CPU:0"}
     assert metrics["device_map"]["replica_devices"] == ["/CPU:0"]
+
+
+def test_xla_fast_path_under_mirrored_trains_and_is_recorded(tmp_path):
+    metrics, placement, log = train(make_cfg("mirrored", jit_compile=True, steps=30), tmp_path)
+    assert metrics["jit_compile"] is True
+    assert log[-1]["loss"] < log[0]["loss"]
+    # The captured step is the plain graph, so per-op placement is still reported.
+    assert var_devices(placement)["dense_1/kernel"] == {"/GPU:0", "/GPU:1"}
+    with pytest.raises(ConfigError, match="train.jit_compile: got True; 'central_storage' keeps variables"):
+        make_cfg("central_storage", jit_compile=True)

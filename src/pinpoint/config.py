@@ -312,6 +312,13 @@ def _check_strategy_vs_cluster(cfg: Config) -> None:
 
 def _check_pinning_vs_strategy(cfg: Config) -> None:
     p, s = cfg.train.pinning, cfg.train.strategy
+    if cfg.train.jit_compile and s in ("central_storage", "parameter_server"):
+        _fail(
+            "train.jit_compile",
+            True,
+            f"'{s}' keeps variables off the replica devices, which XLA cannot compile into a step; "
+            "set jit_compile: false (or leave it unset)",
+        )
     valid = MODEL_LAYERS[cfg.train.model]
     for layer in p.layers:
         if layer not in valid:

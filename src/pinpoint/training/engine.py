@@ -85,7 +85,7 @@ def use_jit(cfg: Config) -> bool:
     variables/gradients/layers pinning, since XLA fuses a function onto one device)."""
     t, pin = cfg.train, cfg.train.pinning
     if t.jit_compile is not None:
-        return t.jit_compile and t.strategy != "parameter_server"
+        return t.jit_compile  # config load rejects it for central_storage / parameter_server
     return t.strategy in ("none", "one_device") and not (pin.variables or pin.gradients or pin.layers)
 
 
