@@ -203,7 +203,7 @@ def test_server_down_at_start_run_created_later(live_mlflow, tmp_path):
     assert r.data.params["train.strategy"] == "none"
     parent_id = r.data.tags["mlflow.parentRunId"]
     assert c.get_run(parent_id).data.tags["pinpoint.local_id"] == parent
-    end_parent_run(parent, "FINISHED", cfg=cfg)
+    end_parent_run(parent, "FINISHED")  # as the pipeline calls it: no config needed
     assert c.get_run(parent_id).info.status == "FINISHED"
 
 

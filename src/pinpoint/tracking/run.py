@@ -33,7 +33,9 @@ from pinpoint.tracking.spool import SPOOL_DIR, Spool, warn
 from pinpoint.tracking.uri import configure_http, redact, resolve_tracking_uri
 
 STEP_TAG = "pinpoint.step"
-_PARENT_URIS: dict[str, str] = {}  # parent run id -> the URI it was created at (this process)
+# parent run id -> (URI, experiment) it was started with in this process, so that
+# end_parent_run(run_id, status) needs no config.
+_PARENTS: dict[str, tuple[str, str]] = {}
 FLUSH_TIMEOUT_S = 120.0  # how long the end of a step waits for the sender before leaving a spool
 
 
@@ -98,7 +100,7 @@ class StepRun:
         import time
 
         failures = self._sender.failures
-        self._sender.wake()
+        self._sender.wake(force=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.spool.unacked_count() == 0:
@@ -328,12 +330,12 @@ def start_parent_run(cfg, run_name: str | None = None, *, uri: str | None = None
         params = [Param(k, v) for k, v in config_params(cfg).items()]
         for i in range(0, len(params), 100):
             client.log_batch(run.info.run_id, params=params[i : i + 100])
-        _PARENT_URIS[run.info.run_id] = uri
+        _PARENTS[run.info.run_id] = (uri, cfg.tracking.experiment)
         return run.info.run_id
     except Exception as err:  # noqa: BLE001 - tracking must never stop a pipeline
         warn(f"MLflow tracking server {redact(uri)} unreachable ({brief(err)}); "
              f"the pipeline's parent run will be created by its first step that reaches it")
-        _PARENT_URIS[local_id] = uri
+        _PARENTS[local_id] = (uri, cfg.tracking.experiment)
         return local_id
 
 
@@ -342,14 +344,15 @@ def end_parent_run(run_id: str | None, status: str = "FINISHED", *, cfg=None, ur
     if not run_id:
         return
     configure_http()
-    uri = uri or (resolve_tracking_uri(cfg) if cfg is not None else _PARENT_URIS.get(run_id)) or resolve_tracking_uri(None)
+    known_uri, experiment = _PARENTS.get(run_id, (None, None))
+    if cfg is not None:
+        known_uri, experiment = resolve_tracking_uri(cfg), cfg.tracking.experiment
+    uri = uri or known_uri or resolve_tracking_uri(None)
     try:
         client = _client(uri)
         if run_id.startswith("local-"):
-            if cfg is None:
-                warn(f"parent run {run_id} was never created on the server; nothing to end")
-                return
-            exp = client.get_experiment_by_name(cfg.tracking.experiment)
+            # Started while the server was down: a step may have created it since.
+            exp = client.get_experiment_by_name(experiment) if experiment else None
             found = exp and find_run_by_local_id(client, exp.experiment_id, run_id)
             if not found:
                 warn(f"parent run {run_id} was never created on the server; nothing to end")

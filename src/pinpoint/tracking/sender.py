@@ -127,6 +127,7 @@ class Sender:
         self._client = None
         self._wake = threading.Event()
         self._closing = False
+        self._force = False
         self._thread: threading.Thread | None = None
         self._on_run_created = None
 
@@ -140,7 +141,10 @@ class Sender:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def wake(self) -> None:
+    def wake(self, force: bool = False) -> None:
+        """New records (or force=True: a flush) -- while offline only force/close retry early."""
+        if force:
+            self._force = True
         self._wake.set()
 
     def close(self, timeout: float) -> bool:
@@ -167,8 +171,13 @@ class Sender:
                 if not ok:
                     if closing:
                         return  # one last attempt at close; the spool keeps the rest
-                    self._wake.wait(self.retry_interval)  # close() cuts the wait short
-                    self._wake.clear()
+                    # Offline: retry every retry_interval, not on every new record; close()
+                    # or a flush cuts the wait short.
+                    deadline = time.monotonic() + self.retry_interval
+                    while not (self._closing or self._force) and time.monotonic() < deadline:
+                        self._wake.wait(max(0.0, deadline - time.monotonic()))
+                        self._wake.clear()
+                    self._force = False
                     continue
             if closing:
                 self.pending.extend(self.spool.read_new())
