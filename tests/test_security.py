@@ -60,3 +60,19 @@ def test_no_module_reads_environment_at_import_time():
             if ("os.environ" in line or "getenv(" in line) and not line.startswith((" ", "\t", "#")):
                 offenders.append(f"{path.relative_to(ROOT)}:{lineno}")
     assert not offenders, offenders
+
+
+@pytest.mark.unit
+def test_atomic_writes_leave_no_temp_and_honour_umask(tmp_path):
+    import os
+    import stat
+
+    from pinpoint.runfolder import atomic_write_json
+
+    old = os.umask(0o022)
+    try:
+        p = atomic_write_json(tmp_path / "a.json", {"x": 1})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o644
+    assert [f.name for f in tmp_path.iterdir()] == ["a.json"]

@@ -48,6 +48,11 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
+        # mkstemp creates 0600; give the file the mode a plain open() would (0666 & ~umask),
+        # so other users in the pod (and the MLflow UI) can read run outputs.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
