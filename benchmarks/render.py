@@ -210,7 +210,8 @@ def failures(results: Results) -> list[str]:
 SETTINGS = """\
 - Every figure is the median of the runs, with (min–max); ratios are taken between the arms of
   the same round, then summarized. Each run is its own process; the arms of a comparison run back
-  to back, alternating order between rounds (A B, B A, ...).
+  to back, alternating order between rounds (A B, B A, ...). On a shared machine (see the load
+  average above) the absolute numbers move with the load; the same-round ratios much less.
 - Same model (`pinpoint.training.models.build_model`, same seeds), same data arrays (scikit-learn
   digits, 1,797 x 64), same global batch ({batch}), same optimizer (SGD, learning rate {lr}),
   same strategy and the same devices (`pinpoint.devices.setup_devices`: emulated GPUs are
