@@ -20,7 +20,7 @@ LOCAL_BASE=${LOCAL_BASE:-$([ "$ENGINE" = podman ] && echo 1 || echo 0)}
 args=()
 if [ "$ENGINE" = podman ] && [ "$(id -u)" = 0 ]; then
   # containers.conf for this kind of machine (runc, cgroupfs, file events); idempotent.
-  bash docker/podman-setup.sh >/dev/null
+  bash docker/podman-setup.sh --no-service
 fi
 if [ "$ENGINE" = podman ]; then
   # Host networking (no CNI in sandboxes); the host's CA bundle and pip config so pip trusts
@@ -42,3 +42,7 @@ for image in $IMAGES; do
     -t "pinpoint-$image:$TAG" -t "pinpoint-$image:latest" .
   echo "images: pinpoint-$image:$TAG built in $(( $(date +%s) - start ))s" >&2
 done
+if [ "$ENGINE" = podman ]; then
+  # Every source change leaves the previous image untagged; drop those (the layer cache stays).
+  podman image prune -f >/dev/null
+fi

@@ -5,7 +5,8 @@
 #   3. `podman system service` on a Docker-compatible socket (for the docker SDK and
 #      kfp.local.DockerRunner), started once and reused.
 # Prints `DOCKER_HOST=unix:///...` on its last line.
-# `podman-setup.sh stop` stops the service this script started (and nothing else).
+# `podman-setup.sh stop` stops the service this script started (and nothing else);
+# `podman-setup.sh --no-service` only installs and configures (what `podman build` needs).
 set -euo pipefail
 
 SOCK_DIR=${PINPOINT_PODMAN_DIR:-/run/pinpoint-podman}
@@ -58,6 +59,10 @@ if [ ! -f /etc/containers/registries.conf ]; then
 fi
 if [ ! -f /etc/containers/policy.json ]; then
   printf '{"default": [{"type": "insecureAcceptAnything"}]}\n' > /etc/containers/policy.json
+fi
+
+if [ "${1:-}" = --no-service ]; then
+  exit 0
 fi
 
 mkdir -p "$SOCK_DIR"
