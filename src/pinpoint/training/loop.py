@@ -197,17 +197,23 @@ class Trainer:
         return {"loss": loss, "accuracy": acc, "step_time": dt / n, "examples_per_sec": examples / dt}
 
     def _ps_capture(self, capture_call):
-        self._ps_setup()
-        fn = tf.function(self._ps_fn_py)
+        # A closure scheduled by the ClusterCoordinator is instantiated by the worker's own
+        # runtime, so the coordinator never sees its partition graphs. Running one real step from
+        # here with its ops placed on worker 0 lets this runtime place and partition it: compute
+        # shows on the worker, variables and their updates on the ps tasks.
+        from pinpoint.placement.capture import capture_on_device
 
-        def run(iterator, k):
-            rv = self.coordinator.schedule(fn, args=(iterator, k))
-            self.coordinator.join()
-            return rv.fetch()
+        self._ps_setup()
+
+        def body(step):
+            x, y = self.pipeline.replica_batch(step, 0)
+            return self._replica_update(x, y)
 
         t0 = time.perf_counter()
-        (loss, acc), captured = capture_call(run, self._ps_iter, tf.constant(1), step=self.step)
+        (loss, correct), captured = capture_on_device(
+            body, "/job:worker/replica:0/task:0", tf.constant(self.step, tf.int64), step=self.step
+        )
         dt = time.perf_counter() - t0
         self.step += 1
-        return captured, {"loss": float(loss), "accuracy": float(acc), "step_time": dt,
-                          "examples_per_sec": self.pipeline.per_replica / dt}
+        return captured, {"loss": float(loss), "accuracy": float(correct) / self.pipeline.per_replica,
+                          "step_time": dt, "examples_per_sec": self.pipeline.per_replica / dt}

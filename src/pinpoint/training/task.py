@@ -42,9 +42,16 @@ def run_task(
             "argument error: --task: TF_CONFIG is not set; run `pinpoint train CONFIG` without --task "
             "(the local launcher sets TF_CONFIG for each task)"
         )
-    task = json.loads(tf_config).get("task", {})
+    parsed = json.loads(tf_config)
+    task = parsed.get("task", {})
     if (task.get("type"), int(task.get("index", -1))) != (role, index):
         raise ConfigError(f"argument error: --task: got {role}:{index} but TF_CONFIG says {task}; make them agree")
+    if "evaluator" in parsed.get("cluster", {}):
+        # The Training Operator lists the evaluator in every task's cluster dict, but it runs no
+        # server: a strategy that tried to connect to it would hang. TF expects it left out.
+        from pinpoint.provision.tfconfig import training_tf_config
+
+        os.environ["TF_CONFIG"] = json.dumps(training_tf_config(parsed))
     dm = setup_devices(cfg)  # before TensorFlow initializes anything
     if role == "evaluator":
         return run_evaluator(cfg, out, dm)
