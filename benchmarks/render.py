@@ -117,8 +117,12 @@ def section_overhead(plan: list[Comparison], results: Results) -> str:
     for rt in comp.ratios:
         r = ratio_summary(results, comp.key, rt.num, rt.den, rt.metric)
         w = ratio_summary(results, comp.key, rt.num, rt.den, "process_wall_s")
-        ratio_rows.append([rt.label, fmt_summary(r), fmt_summary(w), target_met(r, rt.target) or "recorded"])
-    out += "\n" + markdown_table(["ratio (same round)", "train time", "process wall", "target"], ratio_rows)
+        a, b = values(runs.get(rt.num, []), rt.metric), values(runs.get(rt.den, []), rt.metric)
+        diff = summarize([None if x is None or y is None else x - y for x, y in zip(a, b)])
+        ratio_rows.append([rt.label, fmt_summary(r), fmt_summary(diff, 3, " s"), fmt_summary(w),
+                           target_met(r, rt.target) or "recorded"])
+    out += "\n" + markdown_table(
+        ["ratio (same round)", "train time", "train time difference", "process wall", "target"], ratio_rows)
     return out
 
 

@@ -119,7 +119,7 @@ def test_render_markdown_reports_same_round_ratios_targets_and_failures():
     assert "1.05 (1.05–1.05) | met (target >= 1)" in md
     assert "keras-mirrored/keras round 1: exit 1: boom" in md
     # capture on/off 1.02 and 1.06 -> median 1.04 -> NOT met (<= 1.03)
-    assert "| capture on / off, train time | 1.04 (1.02–1.06) | 1 (1–1) | NOT met (target <= 1.03) |" in md
+    assert "| capture on / off, train time | 1.04 (1.02–1.06) | 0.2 s (0.1–0.3) | 1 (1–1) | NOT met (target <= 1.03) |" in md
     # scaling: 2 devices, 4000 bytes -> 2000 per device vs ring min 1000 -> 2x
     assert "| 2 | 80 (80–80) | n/a | 4,000 | 2,000 | 1,000 | 2x | 2 |" in md
     assert "n/a (nothing to reduce)" in md  # one device
