@@ -137,6 +137,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.run" + "".join(" " + shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     t0 = time.perf_counter()
+    chart = Path(args.chart) if args.chart else Path(args.results).with_suffix(".png")
     results: dict[str, dict[str, list[dict]]] = {}
     for comp in plan:
         if comp.skipped:
@@ -144,10 +145,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             continue
         reps = (s.make_run_repeats or s.repeats) if comp.key == "make-run" else s.repeats
         results[comp.key] = run_comparison(comp, reps, out, results, log=lambda m: print(m, flush=True))
-        _save(out, machine, command, s, time.perf_counter() - t0, results)  # partial results survive a stop
+        # Partial results survive a stop: raw records and the report so far.
+        raw = _save(out, machine, command, s, time.perf_counter() - t0, results)
+        write_outputs(plan, results, raw, Path(args.results), chart)
     elapsed = time.perf_counter() - t0
     raw = _save(out, machine, command, s, elapsed, results)
-    chart = Path(args.chart) if args.chart else Path(args.results).with_suffix(".png")
     write_outputs(plan, results, raw, Path(args.results), chart)
     print(f"benchmarks: {elapsed / 60:.1f} min; wrote {args.results} and {chart} (raw: {out / 'results.json'})")
     failed = sum(1 for runs in results.values() for recs in runs.values() for r in recs if "error" in r)
