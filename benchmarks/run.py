@@ -95,6 +95,17 @@ def _save(out: Path, machine: dict, command: str, s: Settings, elapsed: float, r
     return raw
 
 
+def _load_prior(path: Path, s: Settings) -> Optional[dict]:
+    """A previous results.json made with the same settings, or None."""
+    if not path.is_file():
+        return None
+    prior = json.loads(path.read_text())
+    if prior.get("settings") != json.loads(json.dumps(s.__dict__)):
+        print(f"benchmarks.run: --resume: {path} was made with other settings; starting afresh", flush=True)
+        return None
+    return prior
+
+
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=None, help="runs per arm (default 5; --quick: 1)")
@@ -104,6 +115,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="raw results (git-ignored)")
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"), help="the markdown report")
     p.add_argument("--chart", default=None, help="the PNG chart (default: next to --results, .png)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the comparisons already complete in OUT/results.json (same settings); run the rest")
     return p.parse_args(argv)
 
 
@@ -131,6 +144,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if bad:
         print(f"benchmarks.run: --only: unknown comparison(s) {', '.join(bad)}; use {', '.join(keys)}", file=sys.stderr)
         return 2
+    full_plan = plan
     if only:
         plan = [c for c in plan if c.key in only]
     out = Path(args.out)
@@ -139,18 +153,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = time.perf_counter()
     chart = Path(args.chart) if args.chart else Path(args.results).with_suffix(".png")
     results: dict[str, dict[str, list[dict]]] = {}
+    before = 0.0
+    if args.resume:
+        prior = _load_prior(out / "results.json", s)
+        if prior is not None:
+            results, before = prior["results"], prior["elapsed_s"]
+            machine = dict(prior["machine"], loadavg_at_start=prior["machine"]["loadavg_at_start"])
+            command = f"{prior['command']}; then {command}"
     for comp in plan:
         if comp.skipped:
             print(f"[{comp.key}] skipped: {comp.skipped}", flush=True)
             continue
         reps = (s.make_run_repeats or s.repeats) if comp.key == "make-run" else s.repeats
+        done = results.get(comp.key) or {}
+        if done and all(len(done.get(a.name, [])) >= reps for a in comp.arms):
+            print(f"[{comp.key}] kept from {out / 'results.json'} (--resume)", flush=True)
+            continue
         results[comp.key] = run_comparison(comp, reps, out, results, log=lambda m: print(m, flush=True))
         # Partial results survive a stop: raw records and the report so far.
-        raw = _save(out, machine, command, s, time.perf_counter() - t0, results)
-        write_outputs(plan, results, raw, Path(args.results), chart)
-    elapsed = time.perf_counter() - t0
+        raw = _save(out, machine, command, s, before + time.perf_counter() - t0, results)
+        write_outputs(full_plan, results, raw, Path(args.results), chart)
+    elapsed = before + time.perf_counter() - t0
     raw = _save(out, machine, command, s, elapsed, results)
-    write_outputs(plan, results, raw, Path(args.results), chart)
+    write_outputs(full_plan, results, raw, Path(args.results), chart)
     print(f"benchmarks: {elapsed / 60:.1f} min; wrote {args.results} and {chart} (raw: {out / 'results.json'})")
     failed = sum(1 for runs in results.values() for recs in runs.values() for r in recs if "error" in r)
     return 1 if failed else 0
