@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 
 def dense_flops_per_step(layers: Sequence[tuple[int, int]], batch: int, *, bias: bool = True) -> int:

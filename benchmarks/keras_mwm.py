@@ -7,6 +7,7 @@ The chief's record is the run's record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,6 +20,13 @@ from benchmarks.worker import RESULT_PREFIX
 TIMEOUT_S = 600
 
 
+def _reap(p: subprocess.Popen) -> None:
+    """A task still running (a peer failed, or the launch timed out) is killed."""
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
 def launch(spec: dict) -> dict:
     from pinpoint.config import config_from_dict
     from pinpoint.provision.local import local_tasks
@@ -27,35 +35,37 @@ def launch(spec: dict) -> dict:
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     tasks = [t for t in local_tasks(cfg) if t.role in ("chief", "worker")]
-    procs = []
-    t0 = time.perf_counter()
-    for t in tasks:
-        is_chief = t.role == "chief"
-        child = dict(spec, kind="keras_task", peak=bool(spec.get("peak")) and is_chief)
-        env = dict(os.environ, TF_CONFIG=json.dumps(t.tf_config))
-        log = open(out / f"{t.role}-{t.index}.log", "w")
-        procs.append((t, subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.worker", json.dumps(child)],
-            env=env, stdout=subprocess.PIPE, stderr=log, text=True,
-        ), log))
     records, failures = {}, []
-    try:
-        for t, p, log in procs:
-            stdout, _ = p.communicate(timeout=TIMEOUT_S)
-            log.close()
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        procs = []
+        for t in tasks:
+            is_chief = t.role == "chief"
+            child = dict(spec, kind="keras_task", peak=bool(spec.get("peak")) and is_chief)
+            env = dict(os.environ, TF_CONFIG=json.dumps(t.tf_config))
+            log = stack.enter_context(open(out / f"{t.role}-{t.index}.log", "w"))
+            p = subprocess.Popen([sys.executable, "-m", "benchmarks.worker", json.dumps(child)],
+                                 env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+            stack.callback(_reap, p)
+            procs.append((t, p))
+        # A task that dies leaves its peer blocked in a collective: stop the group at once.
+        deadline = time.monotonic() + TIMEOUT_S
+        while any(p.poll() is None for _, p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for _, p in procs):
+                break
+            time.sleep(0.2)
+        for _, p in procs:
+            _reap(p)
+        for t, p in procs:
+            stdout, _ = p.communicate()
             line = next((ln for ln in stdout.splitlines() if ln.startswith(RESULT_PREFIX)), None)
             if p.returncode != 0 or line is None:
                 failures.append(f"{t.role}:{t.index} exited {p.returncode} (log {out}/{t.role}-{t.index}.log)")
             else:
                 records[t.name] = json.loads(line[len(RESULT_PREFIX):])
-    finally:
-        for _, p, _ in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     if failures:
         raise RuntimeError("; ".join(failures))
-    chief = records.get("chief:0") or records[sorted(records)[0]]
+    chief = records.get("chief:0") or records[min(records)]
     chief["wall_s"] = time.perf_counter() - t0
     chief["tasks"] = sorted(records)
     return chief

@@ -24,7 +24,7 @@ the logs (Keras converts them), so both ends are host sync points.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 
 def _optimizer(keras, cfg):
@@ -36,11 +36,11 @@ def _timer_callback(keras, warmup_steps: int):
     class StepTimer(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.t0: Optional[float] = None
-            self.first_step: Optional[int] = None
-            self.t1: Optional[float] = None
-            self.last_step: Optional[int] = None
-            self.t_first_end: Optional[float] = None
+            self.t0: float | None = None
+            self.first_step: int | None = None
+            self.t1: float | None = None
+            self.last_step: int | None = None
+            self.t_first_end: float | None = None
 
         def on_train_batch_begin(self, batch, logs=None):
             if self.t0 is None and batch >= warmup_steps:

@@ -34,7 +34,7 @@ def gpus() -> list[str]:
     if not exe:
         return []
     try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([exe, "-L"], check=False, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [ln.split(":", 1)[1].split("(UUID")[0].strip() for ln in out.splitlines() if ln.startswith("GPU ")]
@@ -42,8 +42,8 @@ def gpus() -> list[str]:
 
 def git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], check=False, capture_output=True, text=True, timeout=10)
         return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"

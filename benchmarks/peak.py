@@ -8,7 +8,7 @@ machine's peak, since the logical devices share the same cores.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from benchmarks.flops import matmul_flops
 

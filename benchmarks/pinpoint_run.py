@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 
 def steady_state(log_path: Path, warmup_steps: int, global_batch: int) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def steady_state(log_path: Path, warmup_steps: int, global_batch: int) -> dict[s
     return out
 
 
-def _transfers(placement: Optional[dict]) -> dict[str, Any]:
+def _transfers(placement: dict | None) -> dict[str, Any]:
     if not placement:
         return {}
     per_step = (placement.get("transfers") or {}).get("per_step") or {}
@@ -41,7 +41,7 @@ def _transfers(placement: Optional[dict]) -> dict[str, Any]:
     }
 
 
-def _log_mfu(cfg, out: Path, started_ms: int, values: dict) -> Optional[str]:
+def _log_mfu(cfg, out: Path, started_ms: int, values: dict) -> str | None:
     """Log `mfu` (and the peak it was computed with) into this run's MLflow train run."""
     from mlflow.tracking import MlflowClient
 
@@ -68,15 +68,15 @@ def _log_mfu(cfg, out: Path, started_ms: int, values: dict) -> Optional[str]:
 
 
 def pinpoint_train(spec: dict) -> dict[str, Any]:
-    from benchmarks.worker import _mfu_fields
-    from pinpoint.config import config_from_dict
-    from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
-    from pinpoint.training import train_command
-
     # Import the frameworks before the clock starts (5-10 s, the same with or without Pinpoint's
     # options): the clock measures the run. They do not initialize any device.
     import keras  # noqa: F401
     import tensorflow  # noqa: F401
+
+    from benchmarks.worker import _mfu_fields
+    from pinpoint.config import config_from_dict
+    from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
+    from pinpoint.training import train_command
 
     cfg = config_from_dict(spec["config"])
     out = Path(spec["out"])
@@ -109,13 +109,13 @@ def pinpoint_train(spec: dict) -> dict[str, Any]:
     return rec
 
 
-def _param_bytes(placement: Optional[dict], metrics: dict) -> Optional[int]:
+def _param_bytes(placement: dict | None, metrics: dict) -> int | None:
     # float32 trainable parameters: the bytes one all-reduce of the gradients moves.
     n = metrics.get("num_params")
     return 4 * int(n) if n else None
 
 
-def _kernels_from_placement(placement: Optional[dict]) -> list[tuple[int, int]]:
+def _kernels_from_placement(placement: dict | None) -> list[tuple[int, int]]:
     """(fan_in, fan_out) of the model's kernels as placement.json lists them (model order)."""
     if not placement:
         return []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import yaml
 
@@ -20,7 +19,7 @@ class Settings:
     overhead_steps: int = 500  # issue 4.6: a 500-step run, capture on vs off
     scaling_devices: tuple[int, ...] = (1, 2, 4)
     per_replica_batch: int = 32
-    make_run_repeats: Optional[int] = None  # default: repeats
+    make_run_repeats: int | None = None  # default: repeats
     gpus: int = 0  # real GPUs on this machine (0: GPUs are emulated on logical CPU devices)
 
 
@@ -29,7 +28,7 @@ class Arm:
     name: str
     label: str
     spec: dict = field(default_factory=dict)
-    reuse: Optional[tuple[str, str]] = None  # (comparison, arm) whose runs this arm shares
+    reuse: tuple[str, str] | None = None  # (comparison, arm) whose runs this arm shares
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class Ratio:
     num: str
     den: str
     metric: str
-    target: Optional[str] = None  # e.g. ">= 1" (issue 3.8) or "<= 1.03" (issue 4.6)
+    target: str | None = None  # e.g. ">= 1" (issue 3.8) or "<= 1.03" (issue 4.6)
 
 
 @dataclass(frozen=True)

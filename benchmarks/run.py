@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from benchmarks.machine import machine_info
 from benchmarks.plan import Comparison, Settings, build_plan
@@ -34,7 +33,7 @@ def run_worker(spec: dict, out: Path, timeout: float = RUN_TIMEOUT_S) -> dict:
     with open(log, "w") as f:
         try:
             p = subprocess.run([sys.executable, "-m", "benchmarks.worker", str(out / "spec.json")],
-                               stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout)
+                               stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout, check=False)
             rc = p.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -95,7 +94,7 @@ def _save(out: Path, machine: dict, command: str, s: Settings, elapsed: float, r
     return raw
 
 
-def _load_prior(path: Path, s: Settings) -> Optional[dict]:
+def _load_prior(path: Path, s: Settings) -> dict | None:
     """A previous results.json made with the same settings, or None."""
     if not path.is_file():
         return None
@@ -106,7 +105,7 @@ def _load_prior(path: Path, s: Settings) -> Optional[dict]:
     return prior
 
 
-def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=None, help="runs per arm (default 5; --quick: 1)")
     p.add_argument("--quick", action="store_true", help="1 repeat, few steps: checks the harness, not the numbers")
@@ -131,7 +130,7 @@ def settings_from(args, gpus: int) -> Settings:
     return s
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     from benchmarks.render import write_outputs
 
     args = parse_args(argv)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.flops import dense_flops_per_step, matmul_flops, mfu, param_bytes, ring_allreduce_min_bytes
+from benchmarks.flops import (
+    dense_flops_per_step,
+    matmul_flops,
+    mfu,
+    param_bytes,
+    ring_allreduce_min_bytes,
+)
 from benchmarks.stats import fmt_summary, paired_ratios, summarize
 from benchmarks.table import markdown_table
 
@@ -84,7 +90,7 @@ def _fake_results():
     from benchmarks.plan import Settings, build_plan
 
     plan = build_plan(Settings(repeats=2))
-    rec = lambda eps, **kw: {"examples_per_sec": eps, "process_wall_s": 10.0, **kw}  # noqa: E731
+    rec = lambda eps, **kw: {"examples_per_sec": eps, "process_wall_s": 10.0, **kw}
     results = {
         "keras-none": {"pinpoint": [rec(110.0, mfu=0.01), rec(99.0, mfu=0.012)], "keras": [rec(100.0), rec(90.0)]},
         "keras-mirrored": {"pinpoint": [rec(80.0, transfer_bytes_per_step=4000, param_bytes=1000),
