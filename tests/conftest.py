@@ -52,6 +52,7 @@ class MlflowServer:
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True, cwd=self.root)
+        self._watch(self.proc.pid)
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mlflow server exited early; see {self.log}:\n{self.log.read_text()[-2000:]}")
@@ -61,6 +62,15 @@ class MlflowServer:
             time.sleep(0.3)
         self.stop()
         raise RuntimeError(f"mlflow server not healthy after {timeout}s; see {self.log}")
+
+    @staticmethod
+    def _watch(pgid: int) -> None:
+        """If this pytest process dies (timeout, kill -9) before stopping the server, a tiny
+        watcher stops the server's process group, so no server outlives its test session."""
+        script = (f"while kill -0 {os.getpid()} 2>/dev/null && kill -0 -{pgid} 2>/dev/null; "
+                  f"do sleep 2; done; kill -TERM -{pgid} 2>/dev/null; exit 0")
+        subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
 
     def healthy(self) -> bool:
         try:
