@@ -115,6 +115,17 @@ def test_disabled_or_not_chief_is_a_noop(tmp_path):
     assert not (tmp_path / SPOOL_DIR).exists()
 
 
+@pytest.mark.unit
+def test_placement_metrics_are_the_headline_numbers():
+    from pinpoint.tracking.hook import placement_metrics
+
+    m = placement_metrics({"ops_by_device": {"/GPU:0": 12, "/GPU:1": 10},
+                           "transfers": {"per_step": {"count": 3, "bytes": 96}}, "fallbacks": []})
+    assert m["placement.transfers_per_step"] == 3.0 and m["placement.fallbacks"] == 0.0
+    assert any(k.startswith("placement.ops.") for k in m)
+    assert all(isinstance(v, float) for v in m.values())
+
+
 # ---- integration: a real mlflow server --------------------------------------------------------
 
 
@@ -229,7 +240,7 @@ def test_server_down_at_end_leaves_spool_upload_spool_sends_it_once(live_mlflow,
     # Forget every ack: the replay must still not duplicate what already reached the server.
     (spools[0] / "acked.txt").write_text("")
     live_mlflow.start()
-    assert main(["upload-spool", str(tmp_path)]) == 0
+    assert main(["upload-spool", str(tmp_path), "--uri", live_mlflow.uri]) == 0
     assert main(["upload-spool", str(tmp_path)]) == 0  # idempotent: nothing left
     assert "nothing to upload" in capfd.readouterr().out
     c = client(live_mlflow.uri)
