@@ -36,13 +36,13 @@ setup: $(STAMP) ## create .venv from requirements.lock (the other targets do it 
 run: $(STAMP) ## the default pipeline locally through kfp.local: provision -> train -> report
 	$(BIN)/pinpoint run $(CONFIG)
 
-provision: $(STAMP) ## rerun one step: cluster spec, manifests, feasibility -> $(RUN_DIR)
+provision: $(STAMP) ## rerun one step: cluster spec, manifests, feasibility -> runs/<name>/ (NODES=inventory.yaml)
 	$(BIN)/pinpoint provision $(CONFIG) --out $(RUN_DIR) $(if $(NODES),--nodes $(NODES))
 
-train: $(STAMP) ## rerun one step: training from $(RUN_DIR) (writes placement.json, metrics.json, checkpoints/)
+train: $(STAMP) ## rerun one step: training -> placement.json, metrics.json, checkpoints/
 	$(BIN)/pinpoint train $(CONFIG) --out $(RUN_DIR)
 
-report: $(STAMP) ## rerun one step: report.html and charts from $(RUN_DIR)
+report: $(STAMP) ## rerun one step: report.html and charts from runs/<name>/
 	$(BIN)/pinpoint report $(RUN_DIR)
 
 compile: $(STAMP) ## compile the kfp pipelines to YAML (settings from CONFIG; also placement_sweep.yaml)
@@ -58,7 +58,7 @@ images: ## build the CPU and GPU component images with docker or podman
 lint: $(STAMP) ## hadolint on the Dockerfiles, ruff on the code
 	bash docker/lint.sh
 
-mlflow-ui: $(STAMP) ## serve the local MLflow store on http://127.0.0.1:$(MLFLOW_PORT)
+mlflow-ui: $(STAMP) ## serve the local MLflow store on http://127.0.0.1:5000 (localhost only)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts \
 	  --host 127.0.0.1 --port $(MLFLOW_PORT)
 
