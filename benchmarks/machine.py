@@ -59,7 +59,7 @@ def machine_info() -> dict:
     except OSError:
         load = (0.0, 0.0, 0.0)
     return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "nproc": ncpu,
         "cpu": cpu_model(),
         "gpus": gpus(),

@@ -15,7 +15,14 @@ from pathlib import Path
 
 from pinpoint.config import Config, config_to_yaml
 from pinpoint.errors import ConfigError, ProvisionError
-from pinpoint.runfolder import CLUSTER_SPEC, CONFIG_FILE, MANIFESTS_DIR, atomic_write_json, atomic_write_text, ensure_dir
+from pinpoint.runfolder import (
+    CLUSTER_SPEC,
+    CONFIG_FILE,
+    MANIFESTS_DIR,
+    atomic_write_json,
+    atomic_write_text,
+    ensure_dir,
+)
 
 PLACEMENT_PLAN = "placement_plan.json"
 
