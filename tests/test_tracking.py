@@ -280,3 +280,26 @@ def test_spool_of_a_dead_process_is_adopted_by_the_next_step(live_mlflow, tmp_pa
                            filter_string=f"tags.`pinpoint.local_id` = '{local_id}'")
     assert run.info.status == "KILLED"
     assert steps_of(c, run.info.run_id, "loss") == list(range(5))
+
+
+@pytest.mark.unit
+def test_credentials_in_the_uri_never_reach_the_run_folder(tmp_path, monkeypatch):
+    """The spool in the run folder keeps a redacted URI; the sender still gets the real one."""
+    from pinpoint.errors import ConfigError
+    from pinpoint.tracking import open_step_run
+    from pinpoint.tracking.sender import _stored_uri
+
+    secret_uri = "http://alice:hunter2-secret@127.0.0.1:9"  # nothing listens on port 9
+    cfg = make_cfg(secret_uri)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with open_step_run(cfg, "train", tmp_path) as run:
+        assert run._sender.uri == secret_uri
+        run.log_metrics({"loss": 1.0}, step=1)
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and "hunter2-secret" in p.read_text(errors="ignore")]
+    assert not leaked, leaked
+    stored = "http://***@127.0.0.1:9"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", secret_uri)
+    assert _stored_uri(stored) == secret_uri
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    with pytest.raises(ConfigError, match="pass --uri"):
+        _stored_uri(stored)

@@ -66,10 +66,11 @@ class StepRun:
 
     enabled = True
 
-    def __init__(self, spool: Spool, *, system_metrics: bool = False, node_id: str | None = None):
+    def __init__(self, spool: Spool, *, system_metrics: bool = False, node_id: str | None = None,
+                 uri: str | None = None):
         self.spool = spool
         self._local_id = spool.meta["local_id"]
-        self._sender = Sender(spool)
+        self._sender = Sender(spool, uri=uri)
         self._step = 0
         self._sys = None
         self._system_metrics = system_metrics
@@ -221,7 +222,8 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
     local_id = _local_id()
     folder = Path(run_dir) / SPOOL_DIR / f"{step}-{local_id[len('local-'):][:12]}"
     meta = {
-        "uri": uri,
+        # Credentials in the URI (user:password@) stay in memory, never in the run folder.
+        "uri": redact(uri),
         "experiment": cfg.tracking.experiment,
         "run_name": f"{cfg.name}/{step}",
         "local_id": local_id,
@@ -244,7 +246,7 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
                  parent_run_id=parent_run_id, pipeline=cfg.name)
     if system_metrics is None:
         system_metrics = step == "train"
-    run = StepRun(spool, system_metrics=system_metrics, node_id=node_id)
+    run = StepRun(spool, system_metrics=system_metrics, node_id=node_id, uri=uri)
     from pinpoint.tracking.params import config_params
 
     run.log_params(config_params(cfg))

@@ -9,10 +9,12 @@ before being created.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
 
+from pinpoint.errors import ConfigError
 from pinpoint.tracking.spool import Spool, warn
 from pinpoint.tracking.uri import (
     artifact_root_for,
@@ -108,6 +110,20 @@ def resolve_parent(client, experiment_id: str, parent: str | None, pipeline: str
     return run.info.run_id
 
 
+def _stored_uri(stored: str) -> str:
+    """The spool keeps a redacted URI; a replay in another process gets the credentials back
+    from MLFLOW_TRACKING_URI when it names the same server."""
+    if "***@" not in stored:
+        return stored
+    env = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if env and redact(env) == stored:
+        return env
+    raise ConfigError(
+        f"upload-spool: the spool's server {stored} needs credentials; pass --uri with them "
+        "or set MLFLOW_TRACKING_URI"
+    )
+
+
 class Sender:
     """Drains a spool into MLflow. `start()` runs it in a daemon thread; `drain_once()` is one pass."""
 
@@ -115,7 +131,7 @@ class Sender:
                  replay: bool = False):
         self.spool = spool
         meta = spool.meta
-        self.uri = uri or meta["uri"]
+        self.uri = uri or _stored_uri(meta["uri"])
         self.retry_interval = retry_interval
         self.pending: list[dict[str, Any]] = spool.pending() if replay else []
         self.run_id: str | None = meta.get("run_id")
@@ -335,7 +351,7 @@ def replay(spool: Spool, uri: str | None = None) -> tuple[bool, int, str | None]
     """Send every unacknowledged record of `spool` now (upload-spool); (all sent?, count, run id)."""
     sender = Sender(spool, uri=uri, replay=True)
     if uri:
-        spool.update_meta(uri=uri)
+        spool.update_meta(uri=redact(uri))
     ok = sender.drain_once() if sender.pending else True
     return ok, sender.sent, sender.run_id
 
