@@ -43,12 +43,21 @@ def train_command(
     from pinpoint.devices import setup_devices
 
     dm = setup_devices(cfg)  # before TensorFlow initializes anything
-    from pinpoint.tracking import open_step_run
     from pinpoint.training import engine
     from pinpoint.training.strategies import get_strategy
 
     strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host)
     ctx = engine.TaskContext(strategy=strategy, device_map=dm)
+    return train_tracked(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id)
+
+
+def train_tracked(cfg: Config, out: Path, ctx, *, resume_from_run: str | None = None,
+                  parent_run_id: str | None = None) -> int:
+    """Train in this process (the only one that tracks) inside an MLflow step run, resuming
+    from `resume_from_run`'s latest checkpoint if given; write metrics.json and placement.json."""
+    from pinpoint.tracking import open_step_run
+    from pinpoint.training import engine
+
     with open_step_run(cfg, "train", out, parent_run_id=parent_run_id) as run:
         prefix = fetch_resume(cfg, out, resume_from_run)
         result = engine.train(cfg, out, ctx, hooks=[run.hook()], resume_prefix=prefix,

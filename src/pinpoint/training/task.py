@@ -83,8 +83,7 @@ def _serve(role: str, index: int) -> int:
 def _ps_chief(cfg, out, dm, resume_from_run, parent_run_id) -> int:
     import tensorflow as tf
 
-    from pinpoint.tracking import open_step_run
-    from pinpoint.training import engine, fetch_resume
+    from pinpoint.training import engine, train_tracked
     from pinpoint.training.strategies import get_strategy
 
     strategy = get_strategy("parameter_server", dm.replica_devices, cluster_resolver=_resolver())
@@ -96,12 +95,7 @@ def _ps_chief(cfg, out, dm, resume_from_run, parent_run_id) -> int:
         spec_replica_devices=tuple(f"/job:worker/task:{i}/CPU:0" for i in range(workers)),
     )
     ctx = engine.TaskContext(strategy=strategy, device_map=dm, coordinator=coordinator)
-    with open_step_run(cfg, "train", out, parent_run_id=parent_run_id) as run:
-        prefix = fetch_resume(cfg, out, resume_from_run)
-        result = engine.train(cfg, out, ctx, hooks=[run.hook()], resume_prefix=prefix,
-                              resumed_from_run=resume_from_run)
-        engine.finish(cfg, out, result)
-    return 0
+    return train_tracked(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id)
 
 
 @contextlib.contextmanager
