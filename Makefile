@@ -13,7 +13,7 @@ NAME = $(shell sed -n 's/^name:[[:space:]]*\([a-z0-9-]*\).*/\1/p' $(CONFIG))
 RUN_DIR ?= runs/$(NAME)
 PIPELINE_YAML ?= pipelines/training_pipeline.yaml
 MLFLOW_PORT ?= 5000
-PYTEST := $(BIN)/pytest -p no:cacheprovider
+PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=8
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED := 1
 
