@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -252,6 +254,18 @@ SETTINGS = """\
 """
 
 
+def section_reliability(path: Path | None = None) -> str:
+    """The fault suite's table (`make test-faults` writes benchmarks/out/reliability.json)."""
+    from benchmarks.reliability import DEFAULT_IN, reliability_table
+
+    path = path or DEFAULT_IN
+    if not path.is_file():
+        return "not run: `make test-faults` (part of `make test`) writes `benchmarks/out/reliability.json`.\n"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
+    return (f"From the fault suite (`tests/test_faults.py`, real local clusters), run {when}:\n\n"
+            + reliability_table(json.loads(path.read_text())))
+
+
 def render_markdown(plan: list[Comparison], results: Results, raw: dict, chart_name: str | None) -> str:
     m, s = raw["machine"], raw["settings"]
     gpus = ", ".join(m["gpus"]) if m["gpus"] else "none (GPUs emulated on logical CPU devices)"
@@ -283,6 +297,8 @@ def render_markdown(plan: list[Comparison], results: Results, raw: dict, chart_n
         section_mfu(plan, results),
         "## `make run`\n",
         section_make_run(plan, results),
+        "## Reliability (fault suite)\n",
+        section_reliability(),
     ]
     if chart_name:
         parts += ["## Chart\n", f"![benchmarks]({chart_name})\n"]

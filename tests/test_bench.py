@@ -169,3 +169,18 @@ def test_kernels_from_placement_keeps_model_order():
     ]}
     assert _kernels_from_placement(placement) == [(64, 128), (128, 10)]
     assert _kernels_from_placement(None) == []
+
+
+@pytest.mark.unit
+def test_results_md_carries_the_fault_suite_table(tmp_path):
+    import json
+
+    from benchmarks.render import section_reliability
+
+    assert "not run" in section_reliability(tmp_path / "missing.json")
+    rows = [{"fault": "SIGKILL worker", "strategy": "multi_worker_mirrored", "injected_at_step": 100,
+             "recovered": True, "restarts": 1, "detected_after_s": 0.3, "resumed_from_step": 80,
+             "steps_redone": 20, "metrics_lost": 0, "total_s": 60}]
+    (tmp_path / "r.json").write_text(json.dumps(rows))
+    text = section_reliability(tmp_path / "r.json")
+    assert "SIGKILL worker" in text and "metrics lost: 0" in text
