@@ -18,6 +18,13 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    """Lay out, write the PNG and free the figure (Agg figures live until closed)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
 def _label(dev: str, physical: dict) -> str:
     phys = physical.get(dev, dev)
     # the job/task prefix is the same as the spec name's: show only the local physical device
@@ -61,10 +68,7 @@ def ops_heatmap(placement: dict, path: Path) -> Path | None:
                         color="white" if v > data.max() * 0.6 else "black")
     ax.set_title("Ops per step by device and op type (from the executed partition graphs)", fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.025, pad=0.01, label="ops per step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def transfer_matrix(placement: dict, path: Path) -> Path | None:
@@ -108,10 +112,7 @@ def transfer_matrix(placement: dict, path: Path) -> Path | None:
     ax.set_title(f"Cross-device transfers per step: {per.get('count', 0)} "
                  f"({human_bytes(per.get('bytes', 0))})", fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02, label="bytes per step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def ops_per_device(placement: dict, path: Path) -> Path | None:
@@ -137,10 +138,7 @@ def ops_per_device(placement: dict, path: Path) -> Path | None:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.spines[["top", "right"]].set_visible(False)
     ax.margins(y=0.15)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def conformance(placement: dict, path: Path) -> Path | None:
@@ -166,10 +164,7 @@ def conformance(placement: dict, path: Path) -> Path | None:
     ax.set_xlabel("fraction of relevant ops on the planned device")
     ax.set_title("Plan conformance by rule", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def variable_bytes(placement: dict, path: Path) -> Path | None:
@@ -195,10 +190,7 @@ def variable_bytes(placement: dict, path: Path) -> Path | None:
     ax.set_title("Variable storage by device", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
     ax.margins(y=0.15)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 CHARTS = {
