@@ -9,7 +9,7 @@ from kfp import dsl
 
 from components import build_components
 from pipelines.settings import PipelineSettings, local_settings
-from pipelines.tasks import configure_step, configure_training
+from pipelines.tasks import configure_step, provision_and_train
 
 PIPELINE_NAME = "pinpoint-placement-sweep"
 
@@ -44,19 +44,10 @@ def build_placement_sweep(settings: PipelineSettings | None = None, variants: li
     ):
         # parallelism=1: variants are timed against each other, so they must not share the cores.
         with dsl.ParallelFor(items=variants, parallelism=1) as variant:
-            prov = comp.provision_cluster(
-                config_yaml=config_yaml, run_dir=runs_root, parent_run_id=parent_run_id, variant=variant
+            tr = provision_and_train(
+                comp, settings, config_yaml=config_yaml, run_dir=runs_root, parent_run_id=parent_run_id,
+                variant=variant, resume_from_run="",
             )
-            configure_step(prov, settings, display_name="provision", cache=True, retries=2)
-            tr = comp.train(
-                run_dir=prov.outputs["run_dir"],
-                config_digest=prov.outputs["config_digest"],
-                parent_run_id=parent_run_id,
-                launch=settings.launch,
-                resume_from_run="",
-            )
-            configure_step(tr, settings, display_name="train", cache=False)
-            configure_training(tr, settings)
         cmp = comp.compare_runs(
             run_dirs=dsl.Collected(tr.outputs["Output"]), out_dir=runs_root, parent_run_id=parent_run_id
         )

@@ -52,3 +52,24 @@ def configure_training(task, settings: PipelineSettings):
                 task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=settings.shm_size
             )
     return task
+
+
+def provision_and_train(comp, settings, *, config_yaml, run_dir, parent_run_id, variant, resume_from_run):
+    """The provision -> train steps both pipelines share, with one cache/retry policy; returns
+    the train task (its outputs: the run folder and placement.json)."""
+    prov = comp.provision_cluster(
+        config_yaml=config_yaml, run_dir=run_dir, parent_run_id=parent_run_id, variant=variant
+    )
+    # Provision writes files keyed only by the config text: safe to cache and to retry.
+    configure_step(prov, settings, display_name="provision", cache=True, retries=2)
+    tr = comp.train(
+        run_dir=prov.outputs["run_dir"],
+        config_digest=prov.outputs["config_digest"],
+        parent_run_id=parent_run_id,
+        launch=settings.launch,
+        resume_from_run=resume_from_run,
+    )
+    # Never cached; no kfp retries: the launcher restarts the cluster from its checkpoints.
+    configure_step(tr, settings, display_name="train", cache=False)
+    configure_training(tr, settings)
+    return tr

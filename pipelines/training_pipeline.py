@@ -7,7 +7,7 @@ from kfp import dsl
 
 from components import build_components
 from pipelines.settings import PipelineSettings, local_settings
-from pipelines.tasks import configure_step, configure_training
+from pipelines.tasks import configure_step, provision_and_train
 
 PIPELINE_NAME = "pinpoint-training"
 
@@ -28,21 +28,10 @@ def build_training_pipeline(settings: PipelineSettings | None = None):
         parent_run_id: str = "",
         resume_from_run: str = "",
     ):
-        prov = comp.provision_cluster(
-            config_yaml=config_yaml, run_dir=run_dir, parent_run_id=parent_run_id, variant={}
+        tr = provision_and_train(
+            comp, settings, config_yaml=config_yaml, run_dir=run_dir, parent_run_id=parent_run_id,
+            variant={}, resume_from_run=resume_from_run,
         )
-        # Provision writes files keyed only by the config text: safe to cache and to retry.
-        configure_step(prov, settings, display_name="provision", cache=True, retries=2)
-        tr = comp.train(
-            run_dir=prov.outputs["run_dir"],
-            config_digest=prov.outputs["config_digest"],
-            parent_run_id=parent_run_id,
-            launch=settings.launch,
-            resume_from_run=resume_from_run,
-        )
-        # Never cached; no kfp retries: the launcher restarts the cluster from its checkpoints.
-        configure_step(tr, settings, display_name="train", cache=False)
-        configure_training(tr, settings)
         rep = comp.report(run_dir=tr.outputs["Output"], parent_run_id=parent_run_id, placement=tr.outputs["placement"])
         # Reports are rewritten atomically from the run folder: retrying is safe.
         configure_step(rep, settings, display_name="report", cache=False, retries=2)
