@@ -342,3 +342,113 @@ def test_parameter_server_step_captured_from_coordinator(tmp_path):
     rules = {r["rule"]: r for r in p["conformance"]["rules"]}
     assert rules["strategy.variables_on_ps"]["score"] == 1.0
     assert any("captured by running one step" in n for n in p["notes"])
+
+
+# ---- the trainer's multi-step loop: captured when it is instantiated ------------------------
+
+
+def _loop_case(tf, jit=False, compute="/CPU:2"):
+    """Variables on A (/GPU:0), gradients on `compute` (B, /GPU:1), n steps per call as the
+    trainer runs them."""
+    with tf.device("/CPU:1"):
+        w = tf.Variable(tf.random.normal([32, 16]), name="lw")
+        b = tf.Variable(tf.zeros([16]), name="lb")
+    x = tf.random.normal([64, 32])
+
+    def loss_and_grads(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, w) + b))
+        with tf.name_scope("gradients"):
+            gw, gb = tape.gradient(loss, [w, b])
+        return loss, 0.1 * gw, 0.1 * gb
+
+    compute_device = compute
+    compute = tf.function(loss_and_grads, jit_compile=True) if jit else loss_and_grads
+
+    def one_step(x):
+        with tf.device(compute_device):
+            loss, uw, ub = compute(x)
+        w.assign_sub(uw)
+        b.assign_sub(ub)
+        return loss
+
+    def n_steps(n):
+        total = tf.constant(0.0)
+        for _ in tf.range(n):
+            total += one_step(x)
+        return total
+
+    return w, b, one_step, n_steps, x
+
+
+def test_loop_capture_matches_a_single_step_capture(tf):
+    """The per-step view of a captured n-step loop reports what a separately traced single step
+    reports: the same transfers, bytes, update devices and gradient placement."""
+    from pinpoint.placement.steps import per_step_view
+
+    w, b, one_step, n_steps, x = _loop_case(tf)
+    _, single = _capture(tf.function(one_step), x, step=5)
+    _, looped = _capture(tf.function(n_steps), tf.constant(4), step=0)
+    raw_names = [n.name for g in looped.partition_graphs for n in g.node]
+    assert any("/body/_" in n for n in raw_names)  # the loop really was lowered and inlined
+    looped.steps = [3, 4]
+    view = per_step_view(looped)
+    plan = PinningConfig(variables="/GPU:0", gradients="/GPU:1")
+    p1, pl = _build([single], [w, b], plan=plan), _build([view], [w, b], plan=plan)
+
+    assert pl["captured_steps"] == [3, 4]
+    assert [st["step"] for st in pl["transfers"]["steps"]] == [3, 4]
+    param_bytes = (32 * 16 + 16) * 4
+    m, m1 = pl["transfers"]["matrix"], p1["transfers"]["matrix"]
+    # gradients/updates B -> A and parameter reads A -> B: exactly what one traced step moves
+    assert m["/GPU:1"]["/GPU:0"] == m1["/GPU:1"]["/GPU:0"] and m["/GPU:1"]["/GPU:0"]["bytes"] == param_bytes
+    assert m["/GPU:0"]["/GPU:1"] == m1["/GPU:0"]["/GPU:1"] and m["/GPU:0"]["/GPU:1"]["bytes"] == param_bytes
+    # the batch x (a loop input living on the host) is sent to B every iteration, and sized
+    assert m["/CPU:0"]["/GPU:1"]["bytes"] >= 64 * 32 * 4
+    assert pl["transfers"]["per_step"]["unsized"] == 0
+    assert [v["update_devices"] for v in pl["variables"]] == [["/GPU:0"], ["/GPU:0"]]
+    assert pl["gradients"]["ops_by_device"] == p1["gradients"]["ops_by_device"]
+    assert pl["conformance"]["score"] == 1.0
+    # the loop's own per-iteration predicate/control to the other devices, reported apart
+    assert pl["transfers"]["loop_control"]["count"] >= 1
+    assert p1["transfers"]["loop_control"]["count"] == 0
+    # names are a step's names, not the lowered loop's
+    assert not any("/body/_" in o["op"] or o["op"].startswith(("_cloop", "Func/")) for o in pl["ops"])
+    assert any("instantiated" in n for n in pl["notes"])
+
+
+def test_xla_call_is_expanded_onto_its_device(tf):
+    """A jit-compiled forward+backward runs as one XLA program on its device (XLA needs the
+    variables there too): its ops, gradients included, are reported on that device."""
+    from pinpoint.placement.steps import per_step_view
+
+    w, b, _one_step, n_steps, _x = _loop_case(tf, jit=True, compute="/CPU:1")
+    _, looped = _capture(tf.function(n_steps), tf.constant(2), step=0)
+    p = _build([per_step_view(looped)], [w, b], plan=PinningConfig(variables="/GPU:0", gradients="/GPU:0"))
+    types = p["op_types_by_device"]["/GPU:0"]
+    assert types.get("MatMul", 0) >= 2, types  # forward and backward matmuls inside the XLA program
+    assert set(p["gradients"]["ops_by_device"]) == {"/GPU:0"}
+    assert any("XLA" in n for n in p["notes"])
+    xla_ops = [o for o in p["ops"] if o["type"] == "MatMul"]
+    assert xla_ops and not any("/body/_" in o["op"] for o in xla_ops)
+    assert [v["update_devices"] for v in p["variables"]] == [["/GPU:0"], ["/GPU:0"]]
+    assert p["conformance"]["score"] == 1.0
+
+
+def test_frames_follow_enter_and_exit():
+    """Frame propagation on a hand-built lowered loop: Enter opens, Exit closes."""
+    from tensorflow.core.framework import graph_pb2
+
+    from pinpoint.placement.steps import frames
+
+    g = graph_pb2.GraphDef()
+    for name, op, inputs in [("x", "Const", []), ("enter", "Enter", ["x"]), ("merge", "Merge", ["enter", "next"]),
+                             ("body", "Mul", ["merge"]), ("next", "NextIteration", ["body"]),
+                             ("exit", "Exit", ["body"]), ("after", "Identity", ["exit"])]:
+        n = g.node.add(name=name, op=op)
+        n.input.extend(inputs)
+        if op == "Enter":
+            n.attr["frame_name"].s = b"loop"
+    fr = frames(g)
+    assert fr["x"] == () and fr["after"] == ()
+    assert fr["enter"] == fr["merge"] == fr["body"] == fr["next"] == fr["exit"] == ("loop",)

@@ -189,7 +189,12 @@ class PinningConfig(_Frozen):
 
 
 class PlacementConfig(_Frozen):
-    """When to capture the placement the runtime really used."""
+    """When to capture the placement the runtime really used.
+
+    The sampled steps are warmup_steps .. warmup_steps + sample_steps - 1 (counted from the
+    first step of this process). Their graphs are recorded when the training function is
+    instantiated, so they are reported only if training reaches them; parameter_server runs
+    one extra real step per sample from the coordinator."""
 
     enabled: bool = True
     warmup_steps: int = Field(3, ge=1)

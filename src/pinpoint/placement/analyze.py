@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pinpoint.placement.naming import (
+    LOOP_ATTR,
     Namer,
     matches,
     metric_key,
@@ -44,7 +45,9 @@ EXPLAIN = {
     "ran (not from op.device, which is only the request). _Send/_Recv/_Arg/_Retval are not counted.",
     "transfers": "Every edge between ops on different devices becomes a _Send/_Recv pair; each pair "
     "is one transfer. Bytes = dtype size x static shape; transfers whose shape could not be resolved "
-    "(grappler-renamed nodes, dynamic shapes) are counted but not sized.",
+    "(grappler-renamed nodes, dynamic shapes) are counted but not sized. The trainer's multi-step loop "
+    "also sends its predicate and a control signal to each device every step: counted apart as "
+    "loop_control.",
     "collectives": "Collective ops (all-reduce, all-gather) exchange data between replicas through "
     "their own channels (rings, NCCL, gRPC), not through _Send/_Recv; counted per device with the size of "
     "the tensor each one reduces.",
@@ -168,7 +171,7 @@ def build_placement(
         "schema": SCHEMA_VERSION,
         "task": task,
         "strategy": strategy,
-        "captured_steps": [c.step for c in captures],
+        "captured_steps": [s for c in captures for s in (getattr(c, "steps", None) or [c.step])],
         "devices": devices,
         "physical_devices": {d: namer.physical(d) for d in devices},
         "device_aliases": dict(namer.aliases),
@@ -177,7 +180,8 @@ def build_placement(
             d: _mean_counter([t.get(d, Counter()) for t in per_step_types])
             for d in sorted({d for t in per_step_types for d in t}, key=sort_key)
         },
-        "transfers": _merge_transfer_steps(transfer_steps),
+        "transfers": _merge_transfer_steps(
+            transfer_steps, [getattr(c, "steps", None) or [c.step] for c in captures]),
         "fallbacks": sorted(fallbacks.values(), key=lambda f: f["op"]),
         "variables": var_info["variables"],
         "variable_updates": var_info["updates"],
@@ -294,6 +298,8 @@ def _mean_counter(counters: list[Counter]) -> dict:
 
 def _requested_devices(cap) -> dict[str, str]:
     """Node name -> requested device (pre-optimization NodeDef.device), when one was requested."""
+    if getattr(cap, "requested", None) is not None:
+        return cap.requested
     out = {}
     for pre in cap.requested_graphs:
         for n in pre.node:
@@ -326,6 +332,12 @@ def _shape_of(name: str, index: int, cap, nodes: dict) -> list[int] | None:
     outs = cap.shapes.get(name)
     if outs and index < len(outs) and outs[index][1] is not None:
         return outs[index][1]
+    ext = cap.arg_values.get(name)  # a function argument: the captured tensor it was fed
+    if ext is not None and getattr(ext, "dtype", None) is not None and ext.dtype.name not in ("resource", "variant"):
+        try:
+            return [int(d) for d in ext.shape]
+        except (TypeError, ValueError):
+            pass
     n = nodes.get(name)
     if n is not None:
         if n.op == "Const" and "value" in n.attr:
@@ -349,6 +361,7 @@ def _transfers(cap, namer: Namer) -> dict:
     count = nbytes = sized = 0
     matrix: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
     items = []
+    loop = {"count": 0, "bytes": 0}
     for g in cap.partition_graphs:
         for n in g.node:
             if n.op not in ("_Send", "_HostSend"):
@@ -356,6 +369,13 @@ def _transfers(cap, namer: Namer) -> dict:
             src = normalize(n.attr["send_device"].s.decode())
             dst = normalize(n.attr["recv_device"].s.decode())
             if src == dst:
+                continue
+            if n.attr[LOOP_ATTR].b:
+                # The multi-step loop's own predicate/control signal to each device: a real
+                # per-step transfer, but the trainer's, not the model's; reported apart.
+                loop["count"] += 1
+                dsize = _dtype_size(n.attr["T"].type) if "T" in n.attr else None
+                loop["bytes"] += dsize or 0
                 continue
             count += 1
             s, d = namer.spec(src), namer.spec(dst)
@@ -398,10 +418,13 @@ def _transfers(cap, namer: Namer) -> dict:
         "matrix": {s: dict(row) for s, row in matrix.items()},
         "items": items,
         "collectives": {d: dict(c) for d, c in coll.items()},
+        "loop_control": loop,
     }
 
 
-def _merge_transfer_steps(steps: list[dict]) -> dict:
+def _merge_transfer_steps(steps: list[dict], step_ids: list[list[int]] | None = None) -> dict:
+    """Mean over the captures; `steps` lists every captured step (a capture of a multi-step
+    function stands for each step it ran in the sample window: they executed the same graphs)."""
     n = max(len(steps), 1)
     matrix: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
     for st in steps:
@@ -434,7 +457,12 @@ def _merge_transfer_steps(steps: list[dict]) -> dict:
             d: {"count": _num(c["count"] / n), "input_bytes": _num(c["bytes"] / n)}
             for d, c in sorted(coll.items(), key=lambda kv: sort_key(kv[0]))
         },
-        "steps": [{"count": st["count"], "bytes": st["bytes"], "sized": st["sized"]} for st in steps],
+        "steps": [{"step": sid, "count": st["count"], "bytes": st["bytes"], "sized": st["sized"]}
+                  for st, ids in zip(steps, step_ids or [[None]] * len(steps), strict=True) for sid in ids],
+        "loop_control": {
+            "count": _num(sum(st.get("loop_control", {}).get("count", 0) for st in steps) / n),
+            "bytes": _num(sum(st.get("loop_control", {}).get("bytes", 0) for st in steps) / n),
+        },
         "largest": largest,
     }
 

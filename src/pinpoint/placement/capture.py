@@ -3,8 +3,9 @@
 `op.device` is only the request. The runtime's placer (with soft placement and kernel
 availability) decides, then the graph is partitioned per device with _Send/_Recv pairs on
 every cross-device edge. Those *partition graphs* are recorded when a function is
-instantiated with graph collection on, so a capture runs a freshly traced function once
-with collection enabled; steps that are not sampled pay nothing.
+instantiated with graph collection on. The trainer turns collection on for the first call of
+its multi-step training function, which instantiates it anyway (see placement.steps for the
+per-step view of that loop); calls that are not captured pay nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class CapturedGraphs:
     arg_values: dict[str, Any] = field(default_factory=dict)
     # How this capture was taken when it differs from a plain call (shown in placement notes).
     notes: list[str] = field(default_factory=list)
+    # The steps these graphs stand for when more than `step` (every step a captured
+    # multi-step function ran inside the sample window executes the same graphs).
+    steps: list[int] = field(default_factory=list)
+    # Node name -> requested device, when a view renamed the nodes (else read from the graphs).
+    requested: dict[str, str] | None = None
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:
@@ -62,8 +68,8 @@ def _collection():
 def capture_call(fn: Callable[..., Any], *args, step: int = 0, **kwargs) -> tuple[Any, CapturedGraphs]:
     """Run `fn(*args, **kwargs)` with graph collection on; return (result, CapturedGraphs).
 
-    `fn` must be a tf.function that has not been called before (a fresh trace), otherwise
-    its partition graphs were recorded earlier and are not reported again.
+    `fn` must be a tf.function that has not been called before (its first call instantiates
+    it), otherwise its partition graphs were recorded earlier and are not reported again.
     """
     with _collection() as ctx:
         result = fn(*args, **kwargs)

@@ -42,6 +42,7 @@ def merge_placements(placements: list[dict]) -> dict:
     grads: dict[str, float] = {}
     matrix: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
     per_step = {"count": 0, "bytes": 0, "sized": 0, "unsized": 0}
+    loop_control = {"count": 0, "bytes": 0}
     fallbacks, rules, largest = [], [], []
     collectives: dict[str, dict] = {}
     variables: dict[str, dict] = {}
@@ -64,6 +65,8 @@ def merge_placements(placements: list[dict]) -> dict:
         tr = p.get("transfers") or {}
         for k in per_step:
             per_step[k] += (tr.get("per_step") or {}).get(k, 0)
+        for k in loop_control:
+            loop_control[k] += (tr.get("loop_control") or {}).get(k, 0)
         for s, row in (tr.get("matrix") or {}).items():
             for d, cell in row.items():
                 matrix[s][d]["count"] += cell.get("count", 0)
@@ -138,6 +141,7 @@ def merge_placements(placements: list[dict]) -> dict:
             },
             "collectives": {d: collectives[d] for d in sorted(collectives, key=sort_key)},
             "largest": sorted(largest, key=lambda t: -(t.get("bytes") or 0))[:25],
+            "loop_control": {k: _num(v) for k, v in loop_control.items()},
         },
         "fallbacks": fallbacks,
         "variables": list(variables.values()),

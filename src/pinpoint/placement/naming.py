@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
+
+# NodeDef attrs pinpoint.placement.steps sets on the per-step view (no TensorFlow import here).
+LOOP_ATTR = "_pinpoint_loop_control"  # a _Send of the training loop's own predicate/control signal
+XLA_ATTR = "_pinpoint_xla_call"  # an op expanded out of an XLA-compiled call (value: the call's name)
 
 _DEV_RE = re.compile(
     r"^(?:/job:(?P<job>[^/]+))?(?:/replica:(?P<replica>\d+))?(?:/task:(?P<task>\d+))?"
@@ -17,6 +22,7 @@ _DEV_RE = re.compile(
 )
 
 
+@lru_cache(maxsize=4096)  # a capture repeats a handful of device strings thousands of times
 def parse(device: str) -> tuple[str | None, int | None, str | None, int | None]:
     """(job, task, TYPE, index); missing parts are None; job 'localhost' counts as None."""
     m = _DEV_RE.match(device or "")
@@ -32,6 +38,7 @@ def parse(device: str) -> tuple[str | None, int | None, str | None, int | None]:
     return job, task, dtype, index
 
 
+@lru_cache(maxsize=4096)
 def normalize(device: str) -> str:
     """Runtime device string -> "/CPU:1" (local job) or "/job:worker/task:1/GPU:0"; "" if unset."""
     if not device:

@@ -164,6 +164,10 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
     sized = f"{per.get('sized', 0)} of {per.get('count', 0)} transfers per step were sized" + (
         f"; {per.get('unsized')} could not be (shape unknown), their bytes are not counted" if per.get("unsized") else ""
     )
+    loop = tr.get("loop_control") or {}
+    if loop.get("count"):
+        sized += (f"; not in the table: {loop['count']} transfer(s) per step of the training loop's own "
+                  "predicate and control signal to each device")
     coll = tr.get("collectives") or {}
     coll_html = ""
     if coll:

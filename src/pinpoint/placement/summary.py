@@ -62,6 +62,9 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
     ) or "none captured"))
     per = (placement.get("transfers") or {}).get("per_step") or {}
     sized = f" ({per.get('unsized', 0)} unsized)" if per.get("unsized") else ""
+    loop = (placement.get("transfers") or {}).get("loop_control") or {}
+    if loop.get("count"):
+        sized += f" (+{loop['count']} loop control)"
     lines.append(f"transfers  : {per.get('count', 0)} per step, {human_bytes(per.get('bytes', 0))} per step{sized}")
     coll = (placement.get("transfers") or {}).get("collectives") or {}
     if coll:

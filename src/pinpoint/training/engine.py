@@ -155,13 +155,19 @@ def train(
     if ctx.is_chief and start:
         print(f"pinpoint: resuming from checkpoint step {start}", file=sys.stderr, flush=True)
 
-    capture_at = start + cfg.placement.warmup_steps if cfg.placement.enabled else None
+    pc = cfg.placement
+    capture_at = start + pc.warmup_steps if pc.enabled else None
+    # Single-client strategies: the first call of the multi-step function is run with graph
+    # collection on (it instantiates the function anyway; every later step runs the same
+    # graphs), and the graphs are reported for the sampled steps capture_at.. once they ran.
+    # parameter_server: one sampled step is run from the coordinator (see Trainer.capture_step).
+    loop_capture = pc.enabled and ctx.coordinator is None
+    loop_captured = None
     captures: list = []
     log_path = out_dir / TRAIN_LOG
     bar = _progress(ctx.is_chief, start, t.steps)
     last: dict[str, float] = {}
     steady_examples, steady_time = 0, 0.0
-    first_call = True
     if ctx.is_chief:
         _truncate_log(log_path, start)
     log_file = log_path.open("a") if ctx.is_chief else None
@@ -169,19 +175,23 @@ def train(
     try:
         while trainer.step < t.steps:
             step = trainer.step
-            if capture_at is not None and step == capture_at and len(captures) < cfg.placement.sample_steps:
+            if (not loop_capture and capture_at is not None and step == capture_at
+                    and len(captures) < pc.sample_steps):
                 captured, m = trainer.capture_step(capture_call)
                 captures.append(captured)
                 capture_at += 1
                 n = 1
             else:
-                stop = _next_stop(step, t.steps, (t.log_every, t.checkpoint_every), capture_at)
+                ps_stop = capture_at if not loop_capture else None
+                stop = _next_stop(step, t.steps, (t.log_every, t.checkpoint_every), ps_stop)
                 n = stop - step
-                m = trainer.train_steps(n)
-                if not first_call:  # the first call includes tracing
+                if loop_capture and trainer.calls == 0:
+                    loop_captured, m = trainer.capture_steps(n, capture_call)
+                else:
+                    m = trainer.train_steps(n)
+                if trainer.calls > 1:  # the first call includes tracing
                     steady_examples += n * pipeline.global_batch
                     steady_time += m["step_time"] * n
-                first_call = False
             last = m
             bar.update(n)
             step = trainer.step
@@ -205,6 +215,11 @@ def train(
         if log_file:
             log_file.close()
 
+    if loop_captured is not None and trainer.step > capture_at:
+        from pinpoint.placement.steps import per_step_view
+
+        loop_captured.steps = list(range(capture_at, min(capture_at + pc.sample_steps, trainer.step)))
+        captures = [per_step_view(loop_captured)]
     placement = None
     if captures:
         placement = _placement(cfg, ctx, trainer, captures)

@@ -57,7 +57,11 @@ class Trainer:
         self.jit_compile = jit_compile
         self._compute_jit = tf.function(self._loss_and_grads, jit_compile=True) if jit_compile else None
         self._jit_now = jit_compile
-        self._train_n = tf.function(self._train_n_py)
+        # A fixed signature: one concrete function (one instantiation) serves every call, so the
+        # graphs captured when it is instantiated are the graphs of every step it runs.
+        self._train_n = tf.function(self._train_n_py, input_signature=[
+            tf.TensorSpec([], tf.int64, name="start"), tf.TensorSpec([], tf.int32, name="n")])
+        self.calls = 0
         self._ps_iter = None
         self._pending: list = []
 
@@ -97,9 +101,13 @@ class Trainer:
         loss_sum = tf.constant(0.0)
         correct_sum = tf.constant(0.0)
         for i in tf.range(n):
-            loss, correct = self._one_step(start + tf.cast(i, tf.int64))
-            loss_sum += loss
-            correct_sum += correct
+            # The loop's own bookkeeping in its own name scope, apart from the step's ops.
+            with tf.name_scope("loop"):
+                step = start + tf.cast(i, tf.int64)
+            loss, correct = self._one_step(step)
+            with tf.name_scope("loop"):
+                loss_sum += loss
+                correct_sum += correct
         nf = tf.cast(n, tf.float32)
         return loss_sum / nf, correct_sum / (nf * self.global_batch)
 
@@ -107,35 +115,37 @@ class Trainer:
     def train_steps(self, n: int) -> dict[str, Any]:
         """Run n steps; return {loss, accuracy} (means over the n steps) as Python floats."""
         if self.coordinator is not None:
+            self.calls += 1
             return self._ps_train_steps(n)
         t0 = time.perf_counter()
         loss, acc = self._train_n(tf.constant(self.step, tf.int64), tf.constant(n, tf.int32))
+        return self._finish_call(loss, acc, n, t0)
+
+    def _finish_call(self, loss, acc, n: int, t0: float) -> dict[str, Any]:
         loss, acc = float(loss), float(acc)  # host sync once per call
         dt = time.perf_counter() - t0
         self.step += n
+        self.calls += 1
         return {"loss": loss, "accuracy": acc, "step_time": dt / n, "examples_per_sec": n * self.global_batch / dt}
 
-    def fresh_step_function(self):
-        """A never-called tf.function of one step (for placement capture)."""
-        return tf.function(self._one_step)
+    def capture_steps(self, n: int, capture_call):
+        """Run n steps as the training function's FIRST call, with graph collection on; return
+        (captured, metrics). The runtime records partition graphs when it instantiates a
+        function, which this call does anyway: the capture costs no extra trace and no extra
+        step, and the graphs are those of every step the function runs (fixed signature)."""
+        if self.coordinator is not None or self.calls:
+            raise RuntimeError("capture_steps must be the first call of a single-client trainer")
+        t0 = time.perf_counter()
+        (loss, acc), captured = capture_call(
+            self._train_n, tf.constant(self.step, tf.int64), tf.constant(n, tf.int32), step=self.step)
+        return captured, self._finish_call(loss, acc, n, t0)
 
     def capture_step(self, capture_call):
-        """Run one step through a fresh function with graph collection; return the captures."""
-        if self.coordinator is not None:
-            return self._ps_capture(capture_call)
-        fn = self.fresh_step_function()
-        t0 = time.perf_counter()
-        self._jit_now = False  # traced now: the captured step is the plain, per-op graph
-        try:
-            (loss, correct), captured = capture_call(fn, tf.constant(self.step, tf.int64), step=self.step)
-        finally:
-            self._jit_now = self.jit_compile
-        dt = time.perf_counter() - t0
-        self.step += 1
-        return captured, {
-            "loss": float(loss), "accuracy": float(correct) / self.global_batch,
-            "step_time": dt, "examples_per_sec": self.global_batch / dt,
-        }
+        """parameter_server: run one real step from the coordinator with graph collection on
+        (see _ps_capture); return (captured, metrics)."""
+        if self.coordinator is None:
+            raise RuntimeError("capture_step is for parameter_server; other strategies use capture_steps")
+        return self._ps_capture(capture_call)
 
     def variables(self) -> list:
         return tf_variables(list(self.model.variables) + list(self.optimizer.variables))
