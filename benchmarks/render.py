@@ -233,10 +233,10 @@ SETTINGS = """\
   (tensorflow/tensorflow#72388); the peer patches the two places that fail (log reduction of
   scalars, first-batch build of the compiled metrics) and runs `steps_per_execution=1`, the only
   value its multi-step loop accepts there, against Pinpoint's {spe} steps per call.
-- Steady state: steps after the first {warmup} (tracing, warm-up and Pinpoint's placement capture
-  at step 3), to the last step, wall clock between two host syncs: Pinpoint's train_log.jsonl
+- Steady state: steps after the first {warmup} (tracing and warm-up), to the last step, wall clock between two host syncs: Pinpoint's train_log.jsonl
   timestamps, a Keras callback's clock for Keras. Pinpoint's Keras-comparison runs have checkpoints
-  off (Keras saves none) and MLflow off; placement capture stays at its default (one sampled step).
+  off (Keras saves none) and MLflow off; placement capture stays at its default (step 3 sampled:
+  graph collection during the first call of the training function, which instantiates it anyway).
 - Overhead runs: the demo config (mirrored on 2 devices, checkpoints every 100 steps) for
   {overhead} steps; "train time" is the wall time of `train_command` (device setup, data, model,
   tracing, capture, steps, checkpoints, final evaluation, MLflow flush) with TensorFlow and Keras
@@ -246,7 +246,8 @@ SETTINGS = """\
   the matmul peak measured in the same process on the run's replica devices (1024² float32
   matmul chains on every device at once; 4096² on GPUs). Logical CPU devices share the machine's
   cores, so their joint peak is the machine's. Runs with MLflow on log it as `mfu`.
-- Bytes crossing devices: from placement.json (the runtime's partition graphs, one captured step):
+- Bytes crossing devices: from placement.json (the runtime's partition graphs, one step of the
+  training loop's body; the loop's own predicate/control signal per device is not included):
   every _Send/_Recv pair, dtype size x static shape, including the input batch copied from the host
   to each replica. On CPU devices Pinpoint's mirrored strategy reduces on the host
   (`ReductionToOneDevice`): each replica sends its gradients to /CPU:0 and receives the sum, 2·P
