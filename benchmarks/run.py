@@ -75,6 +75,8 @@ def run_comparison(comp: Comparison, repeats: int, out: Path, results: dict, log
     for r in range(repeats):
         order = own if r % 2 == 0 else list(reversed(own))
         for a in order:
+            if a.max_rounds is not None and r >= a.max_rounds:
+                continue
             rec = run_worker(a.spec, out / comp.key / f"r{r}-{a.name}")
             runs.setdefault(a.name, []).append(rec)
             log(f"[{comp.key}] round {r + 1}/{repeats} {a.name}: {_headline(rec)}")
@@ -121,7 +123,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def settings_from(args, gpus: int) -> Settings:
     if args.quick:
-        s = Settings(repeats=args.repeats or 1, steps=args.steps or 60, warmup_steps=20, overhead_steps=60, gpus=gpus)
+        s = Settings(repeats=args.repeats or 1, steps=args.steps or 60, warmup_steps=20, overhead_steps=60,
+                     overhead_repeat_factor=1, gpus=gpus)
     else:
         steps = args.steps or Settings.steps
         s = Settings(repeats=args.repeats or 5, steps=steps, warmup_steps=min(Settings.warmup_steps, steps // 4), gpus=gpus)
@@ -163,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         if comp.skipped:
             print(f"[{comp.key}] skipped: {comp.skipped}", flush=True)
             continue
-        reps = (s.make_run_repeats or s.repeats) if comp.key == "make-run" else s.repeats
+        reps = (s.make_run_repeats or s.repeats) if comp.key == "make-run" else (comp.repeats or s.repeats)
         done = results.get(comp.key) or {}
-        if done and all(len(done.get(a.name, [])) >= reps for a in comp.arms):
+        if done and all(len(done.get(a.name, [])) >= min(reps, a.max_rounds or reps) for a in comp.arms):
             print(f"[{comp.key}] kept from {out / 'results.json'} (--resume)", flush=True)
             continue
         results[comp.key] = run_comparison(comp, reps, out, results, log=lambda m: print(m, flush=True))

@@ -184,3 +184,19 @@ def test_results_md_carries_the_fault_suite_table(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(rows))
     text = section_reliability(tmp_path / "r.json")
     assert "SIGKILL worker" in text and "metrics lost: 0" in text
+
+
+def test_overhead_capture_arms_get_more_rounds_than_the_mlflow_arm(monkeypatch, tmp_path):
+    """The capture on/off pair runs repeat_factor x repeats rounds (a ~2% effect in ~10% noise);
+    the MLflow arm only the first `repeats`, so its same-round ratio pairs with baseline rounds."""
+    import benchmarks.run as run
+    from benchmarks.plan import Settings, build_plan
+
+    s = Settings(repeats=2, overhead_repeat_factor=3)
+    comp = next(c for c in build_plan(s) if c.key == "overhead")
+    assert comp.repeats == 6
+    calls = []
+    monkeypatch.setattr(run, "run_worker", lambda spec, out: calls.append(out.name) or {"train_s": 1.0, "process_wall_s": 9.0})
+    runs = run.run_comparison(comp, comp.repeats, tmp_path, {}, log=lambda m: None)
+    assert len(runs["capture-on"]) == len(runs["baseline"]) == 6
+    assert len(runs["mlflow-on"]) == 2 and "r2-mlflow-on" not in calls

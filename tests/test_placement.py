@@ -452,3 +452,35 @@ def test_frames_follow_enter_and_exit():
     fr = frames(g)
     assert fr["x"] == () and fr["after"] == ()
     assert fr["enter"] == fr["merge"] == fr["body"] == fr["next"] == fr["exit"] == ("loop",)
+
+
+def test_fallbacks_inside_the_loop_and_beside_an_xla_call(tf):
+    """Requested devices survive the per-step view: inside a lowered loop (names renamed) and in
+    a single step that also holds an XLA call (whose ops are added to the graphs)."""
+    from pinpoint.placement.steps import per_step_view
+
+    x = tf.constant([1.0, 2.0])
+    double = tf.function(lambda v: v * 2.0, jit_compile=True)
+
+    def body(v):
+        with tf.device("/GPU:0"):  # no such device here: soft placement moves it to the host
+            s = tf.strings.as_string(v)
+        with tf.device("/CPU:1"):
+            w = double(v)
+        return s, w
+
+    def n_steps(n):
+        acc = tf.constant(0.0)
+        for _ in tf.range(n):
+            s, w = body(x)
+            acc += tf.reduce_sum(w) + tf.cast(tf.reduce_sum(tf.strings.length(s)), tf.float32)
+        return acc
+
+    dm = _dm(replicas=("/CPU:0",), aliases={})
+    for fn, args in ((n_steps, (tf.constant(3),)), (body, (x,))):
+        _, cap = _capture(tf.function(fn), *args)
+        p = _build([per_step_view(cap)], [], dm=dm)
+        fb = {f["op_type"]: f for f in p["fallbacks"]}
+        assert "AsString" in fb and fb["AsString"]["requested"] == "/GPU:0", (fn.__name__, p["fallbacks"])
+        assert fb["AsString"]["placed"] == "/CPU:0"
+        assert p["op_types_by_device"]["/CPU:1"].get("Mul") == 1, p["op_types_by_device"]  # inside XLA

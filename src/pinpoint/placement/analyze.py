@@ -102,7 +102,7 @@ def build_placement(
         ops = Counter()
         types: dict[str, Counter] = defaultdict(Counter)
         grads = Counter()
-        requested = _requested_devices(cap)
+        requested = requested_devices(cap)
         for g in cap.partition_graphs:
             for n in g.node:
                 dev = namer.spec(n.device)
@@ -161,7 +161,8 @@ def build_placement(
             },
         )
 
-    var_info = _variables(variables, captures, namer)
+    values: dict = {}  # component values, read once for fingerprints and replica consistency
+    var_info = _variables(variables, captures, namer, values)
     for v in var_info["variables"]:
         seen_devices.update(v["devices"])
         seen_devices.update(v["update_devices"])
@@ -191,7 +192,7 @@ def build_placement(
             "total": _num(sum(sum(c.values()) for c in per_step_grads) / max(len(per_step_grads), 1)),
         },
         # The trainer builds the placement after its last step, so this is the end-of-training check.
-        "replica_consistency": _safe_consistency(variables),
+        "replica_consistency": _safe_consistency(variables, values),
         "conformance": _conformance(
             ops_detail, var_info["variables"], plan, strategy, device_map, namer, grad_re, layer_scopes,
             re.compile(rf"(^|/){re.escape(input_scope)}(_\d+)?/"),
@@ -223,7 +224,19 @@ def _notes(captures: list, ops_detail: list, strategy: str) -> list[str]:
     return notes
 
 
-def replica_consistency(variables: list) -> dict:
+def _read(component, cache: dict | None):
+    """The component's value as numpy, read once per analysis (consistency and fingerprints)."""
+    import numpy as np
+
+    if cache is None:
+        return np.asarray(component.numpy())
+    key = id(component)
+    if key not in cache:
+        cache[key] = np.asarray(component.numpy())
+    return cache[key]
+
+
+def replica_consistency(variables: list, cache: dict | None = None) -> dict:
     """Max |component_i - component_0| for every variable with more than one local component."""
     import numpy as np
 
@@ -232,10 +245,10 @@ def replica_consistency(variables: list) -> dict:
         comps = _components(_unwrap(v))
         if len(comps) < 2:
             continue
-        base = np.asarray(comps[0].numpy())
+        base = _read(comps[0], cache)
         diff = 0.0
         for c in comps[1:]:
-            arr = np.asarray(c.numpy())
+            arr = _read(c, cache)
             if arr.size:
                 diff = max(diff, float(np.max(np.abs(arr.astype(np.float64) - base.astype(np.float64)))))
         per_var[_var_name(v)] = diff
@@ -246,9 +259,9 @@ def replica_consistency(variables: list) -> dict:
     }
 
 
-def _safe_consistency(variables: list) -> dict | None:
+def _safe_consistency(variables: list, cache: dict | None = None) -> dict | None:
     try:
-        rc = replica_consistency(variables)
+        rc = replica_consistency(variables, cache)
     except Exception as err:  # noqa: BLE001 - e.g. remote components that cannot be read here
         return {"checked": 0, "max_abs_diff": None, "variables": {}, "error": str(err).splitlines()[0][:200]}
     return rc if rc["checked"] else None
@@ -296,7 +309,7 @@ def _mean_counter(counters: list[Counter]) -> dict:
     return {k: _num(total[k] / n) for k in keys}
 
 
-def _requested_devices(cap) -> dict[str, str]:
+def requested_devices(cap) -> dict[str, str]:
     """Node name -> requested device (pre-optimization NodeDef.device), when one was requested."""
     if getattr(cap, "requested", None) is not None:
         return cap.requested
@@ -525,13 +538,13 @@ def _dedupe(variables: Iterable) -> list:
 FINGERPRINT_SAMPLES = 32
 
 
-def _fingerprint(component) -> dict | None:
+def _fingerprint(component, cache: dict | None = None) -> dict | None:
     """A few evenly spaced values and the sum of a variable, so the chief can compare the copies
     that different tasks hold (cross-task replica drift) without shipping whole tensors."""
     import numpy as np
 
     try:
-        arr = np.asarray(component.numpy(), dtype=np.float64).ravel()
+        arr = np.asarray(_read(component, cache), dtype=np.float64).ravel()
     except Exception:  # noqa: BLE001 - non-numeric or unreadable here
         return None
     if arr.size == 0:
@@ -555,7 +568,7 @@ def _resource_source(name: str, nodes: dict) -> str | None:
     return None
 
 
-def _variables(variables: list, captures: list, namer: Namer) -> dict:
+def _variables(variables: list, captures: list, namer: Namer, cache: dict | None = None) -> dict:
     import numpy as np
 
     out = []
@@ -589,7 +602,7 @@ def _variables(variables: list, captures: list, namer: Namer) -> dict:
                 "devices": sorted({c["device"] for c in comp_info if c["device"]}, key=sort_key),
                 "update_devices": [],
                 "update_ops": 0,
-                "fingerprint": _fingerprint(comps[0]),
+                "fingerprint": _fingerprint(comps[0], cache),
             }
         )
 

@@ -22,6 +22,7 @@ from collections import Counter, defaultdict, deque
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
+from pinpoint.placement.analyze import requested_devices
 from pinpoint.placement.capture import CapturedGraphs
 from pinpoint.placement.naming import LOOP_ATTR, XLA_ATTR
 
@@ -152,7 +153,7 @@ def per_step_view(captured: CapturedGraphs) -> CapturedGraphs:
         "these graphs; counts are one step of the loop body"
         + (f", {per_call} op(s) that run once per call (outside the loop) are not counted" if per_call else "")
     )
-    return _expand_xla(out, library, keep_requested=True)
+    return _expand_xla(out, library)
 
 
 TRANSPORT = {"_Send", "_HostSend", "_Recv", "_HostRecv"}
@@ -217,13 +218,13 @@ def _main_index(captured: CapturedGraphs) -> int:
     return best
 
 
-def _expand_xla(captured: CapturedGraphs, library: dict, keep_requested: bool = False) -> CapturedGraphs:
+def _expand_xla(captured: CapturedGraphs, library: dict) -> CapturedGraphs:
     """Replace each XLA-compiled call by the ops of its function, on the call's device."""
     calls = [(g, n) for g in captured.partition_graphs for n in g.node
              if n.op in XLA_CALLS and n.attr["_XlaMustCompile"].b]
     if not calls:
         return captured
-    requested = dict(captured.requested or {}) if keep_requested else {}
+    requested = dict(captured.requested) if captured.requested is not None else requested_devices(captured)
     for g, call in calls:
         fname = call.attr["f"].func.name
         f = library.get(fname)
@@ -245,7 +246,7 @@ def _expand_xla(captured: CapturedGraphs, library: dict, keep_requested: bool = 
             if nd.device:
                 requested[m.name] = nd.device
         call.attr[XLA_ATTR].s = b"call"
-    captured.requested = requested or captured.requested
+    captured.requested = requested
     note = (f"{len(calls)} call(s) compiled by XLA: each runs as one program on its device; its ops are "
             "listed on that device (inside an XLA cluster there is no per-op placement or fallback)")
     if note not in captured.notes:
