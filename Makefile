@@ -88,6 +88,9 @@ test-faults: $(STAMP) system-deps ## the fault-injection suite
 	$(PYTEST) tests/test_faults.py
 
 bench: $(STAMP) ## benchmarks side by side with Keras -> benchmarks/RESULTS.md (BENCH_ARGS="--quick", "--repeats 7", "--only overhead")
+	@# Bytecode for pinpoint as an installed package has it (pip compiles at install; an editable
+	@# install under PYTHONDONTWRITEBYTECODE=1 would recompile every module in every run).
+	$(PY) -m compileall -q src benchmarks
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 clean: ## remove run folders and local outputs (keeps .venv and mlruns/)

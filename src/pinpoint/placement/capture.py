@@ -53,7 +53,8 @@ class CapturedGraphs:
 @contextlib.contextmanager
 def _collection():
     ctx = context.context()
-    ctx.enable_run_metadata()
+    # Graph collection alone: the function graphs are recorded at instantiation; per-op step
+    # stats (enable_run_metadata) are not needed and would slow the captured call.
     ctx.enable_graph_collection()
     # Exporting clears the context's run metadata: drop whatever earlier work left there
     # (other functions, eager ops), so the capture holds only this call's graphs.
@@ -62,7 +63,6 @@ def _collection():
         yield ctx
     finally:
         ctx.disable_graph_collection()
-        ctx.disable_run_metadata()
 
 
 def capture_call(fn: Callable[..., Any], *args, step: int = 0, **kwargs) -> tuple[Any, CapturedGraphs]:
