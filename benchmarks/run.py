@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -24,8 +25,10 @@ RUN_TIMEOUT_S = 600
 
 
 def run_worker(spec: dict, out: Path, timeout: float = RUN_TIMEOUT_S) -> dict:
-    """Run one measured process; return its record (with `error` set if it failed)."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Run one measured process in a fresh folder; return its record (`error` set if it failed)."""
+    if out.exists():
+        shutil.rmtree(out)  # a run folder left by an earlier bench would be resumed, not trained
+    out.mkdir(parents=True)
     spec = dict(spec, out=str(out / "run"))
     (out / "spec.json").write_text(json.dumps(spec, indent=2))
     log = out / "worker.log"

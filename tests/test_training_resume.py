@@ -52,6 +52,17 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     assert steps == [10, 20, 30]
 
 
+def test_rerun_of_a_finished_run_says_nothing_to_train(tmp_path, capsys):
+    """Training a folder whose checkpoint is already at train.steps runs no step and says so
+    (it used to crash formatting a final loss that no step produced)."""
+    cfg = make_cfg("none", steps=10, checkpoint_every=10)
+    _train(cfg, tmp_path)
+    capsys.readouterr()
+    again = _train(cfg, tmp_path)
+    assert again["start_step"] == 10 and again["steps"] == 10 and again["final_loss"] is None
+    assert "nothing to train" in capsys.readouterr().out
+
+
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
     import tensorflow as tf
 

@@ -298,6 +298,9 @@ def _summary(placement, metrics) -> str:
             return format_summary(placement, metrics)
     except ImportError:
         pass
+    if metrics.get("final_loss") is None:  # resumed from a checkpoint already at train.steps
+        return (f"nothing to train: the checkpoint is already at step {metrics['steps']} (train.steps); "
+                f"accuracy {metrics['final_accuracy']:.3f}. Use a new --out or raise train.steps to train more.")
     return (f"trained {metrics['steps']} steps with {metrics['strategy']}: final loss "
             f"{metrics['final_loss']:.4f}, accuracy {metrics['final_accuracy']:.3f}, "
             f"{metrics['examples_per_sec']:.0f} examples/s")

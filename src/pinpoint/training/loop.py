@@ -53,10 +53,9 @@ class Trainer:
         self.global_batch = pipeline.global_batch
         self.step = start_step
         # XLA for the fast path's forward+backward (one fused program per replica device). The
-        # placement capture always runs the plain graph, whose per-op placement is reportable.
+        # placement capture reports the compiled call's ops on its device (placement.steps).
         self.jit_compile = jit_compile
         self._compute_jit = tf.function(self._loss_and_grads, jit_compile=True) if jit_compile else None
-        self._jit_now = jit_compile
         # A fixed signature: one concrete function (one instantiation) serves every call, so the
         # graphs captured when it is instantiated are the graphs of every step it runs.
         self._train_n = tf.function(self._train_n_py, input_signature=[
@@ -80,7 +79,7 @@ class Trainer:
         return loss, correct, grads
 
     def _replica_update(self, x, y):
-        compute = self._compute_jit if self._jit_now else self._loss_and_grads
+        compute = self._compute_jit if self.jit_compile else self._loss_and_grads
         loss, correct, grads = compute(x, y)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return loss, correct
