@@ -148,10 +148,9 @@ def per_step_view(captured: CapturedGraphs) -> CapturedGraphs:
     out.functions = [(name, pre, new_parts if i == _main_index(captured) else [])
                      for i, (name, pre, _) in enumerate(captured.functions)]
     out.notes.append(
-        f"captured when the {loop!r} multi-step training function was instantiated (no extra "
-        "trace): partition graphs are fixed per instantiation, so every step it runs executes "
-        "these graphs; counts are one step of the loop body"
-        + (f", {per_call} op(s) that run once per call (outside the loop) are not counted" if per_call else "")
+        "captured as the multi-step training function was instantiated (no extra trace); every "
+        "step it runs executes these graphs; counts are one step of its loop body"
+        + (f" ({per_call} op(s) outside the loop run once per call, not counted)" if per_call else "")
     )
     return _expand_xla(out, library)
 
@@ -247,8 +246,9 @@ def _expand_xla(captured: CapturedGraphs, library: dict) -> CapturedGraphs:
                 requested[m.name] = nd.device
         call.attr[XLA_ATTR].s = b"call"
     captured.requested = requested
-    note = (f"{len(calls)} call(s) compiled by XLA: each runs as one program on its device; its ops are "
-            "listed on that device (inside an XLA cluster there is no per-op placement or fallback)")
+    note = (f"{len(calls)} call(s) compiled by XLA: each runs as one program on its device, so its ops are "
+            "listed on that device (no per-op placement inside; a device requested inside it is not "
+            "honoured and shows as a fallback)")
     if note not in captured.notes:
         captured.notes.append(note)
     return captured
