@@ -26,7 +26,8 @@ SCHEMA_VERSION = 1
 
 # Bookkeeping nodes: how data moves between partitions and in/out of a function. Not "ops that
 # ran" for counting purposes (transfers are counted separately, from the _Send side).
-TRANSPORT = {"_Send", "_Recv", "_HostSend", "_HostRecv"}
+SENDS = {"_Send", "_HostSend"}
+TRANSPORT = SENDS | {"_Recv", "_HostRecv"}
 BOOKKEEPING = TRANSPORT | {"_Arg", "_Retval", "_DeviceArg", "_DeviceRetval"}
 # Ops that say nothing about where the work ran (constants, control grouping).
 NOT_COMPUTE = BOOKKEEPING | {"Const", "NoOp"}
@@ -377,7 +378,7 @@ def _transfers(cap, namer: Namer) -> dict:
     loop = {"count": 0, "bytes": 0}
     for g in cap.partition_graphs:
         for n in g.node:
-            if n.op not in ("_Send", "_HostSend"):
+            if n.op not in SENDS:
                 continue
             src = normalize(n.attr["send_device"].s.decode())
             dst = normalize(n.attr["recv_device"].s.decode())

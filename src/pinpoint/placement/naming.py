@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-# NodeDef attrs pinpoint.placement.steps sets on the per-step view (no TensorFlow import here).
-LOOP_ATTR = "_pinpoint_loop_control"  # a _Send of the training loop's own predicate/control signal
-XLA_ATTR = "_pinpoint_xla_call"  # an op expanded out of an XLA-compiled call (value: the call's name)
+# NodeDef attr pinpoint.placement.steps sets on the per-step view (no TensorFlow import here):
+# a _Send of the training loop's own predicate/control signal.
+LOOP_ATTR = "_pinpoint_loop_control"
 
 _DEV_RE = re.compile(
     r"^(?:/job:(?P<job>[^/]+))?(?:/replica:(?P<replica>\d+))?(?:/task:(?P<task>\d+))?"

@@ -22,9 +22,9 @@ from collections import Counter, defaultdict, deque
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from pinpoint.placement.analyze import requested_devices
+from pinpoint.placement.analyze import SENDS, TRANSPORT, requested_devices
 from pinpoint.placement.capture import CapturedGraphs
-from pinpoint.placement.naming import LOOP_ATTR, XLA_ATTR
+from pinpoint.placement.naming import LOOP_ATTR
 
 CONTROL_FLOW = {"Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Switch", "RefSwitch",
                 "NextIteration", "RefNextIteration", "LoopCond"}
@@ -33,7 +33,6 @@ CONTROL_FLOW = {"Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Sw
 # A loop-invariant input travels Enter -> Merge -> Switch -> Identity; Merge's first input is
 # the value entering the loop (the NextIteration back edge comes second).
 _FORWARD = {"Identity", "Enter", "RefEnter", "Merge", "RefMerge", "Switch", "RefSwitch"}
-SEND_OPS = {"_Send", "_HostSend"}
 XLA_CALLS = {"StatefulPartitionedCall", "PartitionedCall"}
 
 
@@ -155,9 +154,6 @@ def per_step_view(captured: CapturedGraphs) -> CapturedGraphs:
     return _expand_xla(out, library)
 
 
-TRANSPORT = {"_Send", "_HostSend", "_Recv", "_HostRecv"}
-
-
 def _step_partition(g: graph_pb2.GraphDef, fr: dict, loop: str, names: _Names) -> tuple[graph_pb2.GraphDef, int]:
     """One partition's per-step nodes, renamed, with inputs rewired past the loop's machinery;
     and how many ops of it run once per call (outside the loop)."""
@@ -200,7 +196,7 @@ def _step_partition(g: graph_pb2.GraphDef, fr: dict, loop: str, names: _Names) -
             r = resolve(inp)
             if r is not None:
                 m.input.append(r)
-        if n.op in SEND_OPS and n.input:
+        if n.op in SENDS and n.input:
             tensor = _src(n.input[0])
             if not names.is_body(tensor) and names.machinery.search(tensor):
                 m.attr[LOOP_ATTR].b = True
@@ -236,7 +232,6 @@ def _expand_xla(captured: CapturedGraphs, library: dict) -> CapturedGraphs:
             m.CopyFrom(nd)
             m.name = prefix + nd.name
             m.device = call.device  # XLA compiles the whole function into one program for this device
-            m.attr[XLA_ATTR].s = call.name.encode()
             del m.input[:]
             for inp in nd.input:
                 ctrl = inp.startswith("^")
@@ -244,7 +239,6 @@ def _expand_xla(captured: CapturedGraphs, library: dict) -> CapturedGraphs:
                 m.input.append(("^" if ctrl else "") + prefix + base)
             if nd.device:
                 requested[m.name] = nd.device
-        call.attr[XLA_ATTR].s = b"call"
     captured.requested = requested
     note = (f"{len(calls)} call(s) compiled by XLA: each runs as one program on its device, so its ops are "
             "listed on that device (no per-op placement inside; a device requested inside it is not "

@@ -62,7 +62,6 @@ class Trainer:
             tf.TensorSpec([], tf.int64, name="start"), tf.TensorSpec([], tf.int32, name="n")])
         self.calls = 0
         self._ps_iter = None
-        self._pending: list = []
 
     # ---- one replica's step -------------------------------------------------------------
     def _loss_and_grads(self, x, y):
@@ -180,7 +179,6 @@ class Trainer:
                 correct_sum += strategy.reduce(tf.distribute.ReduceOp.SUM, correct, axis=None)
             return loss_sum / tf.cast(n, tf.float32), correct_sum / (tf.cast(n, tf.float32) * pipeline.per_replica)
 
-        self._ps_fn_py = ps_n
         self._ps_fn = tf.function(ps_n)
 
     def _ps_train_steps(self, n: int) -> dict[str, Any]:
