@@ -47,6 +47,25 @@ def cluster(**c) -> dict:
     return d
 
 
+# A user package written into the case's folder (the config's folder, so train.code_dir).
+USER_FILES = {
+    "upkg/__init__.py": "",
+    "upkg/broken.py": "import not_installed_lib\n",
+    "upkg/m.py": (
+        "import keras\nimport numpy as np\nimport tensorflow as tf\n\n"
+        "def good_model(input_shape, num_classes):\n"
+        "    inp = keras.Input(input_shape)\n"
+        "    return keras.Model(inp, keras.layers.Dense(num_classes, name='head')("
+        "keras.layers.Dense(8, name='hidden')(inp)))\n\n"
+        "def raising_model(input_shape):\n    raise ValueError('filters must be even')\n\n"
+        "def not_a_model():\n    return 42\n\n"
+        "def not_a_dataset():\n    return [1, 2, 3]\n\n"
+        "def features_only():\n    return tf.data.Dataset.from_tensor_slices(np.zeros((4, 3), 'float32'))\n\n"
+        "def float_labels():\n"
+        "    return tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), 'float32'), np.zeros(4, 'float32')))\n"
+    ),
+}
+
 PROV = ["provision", "{cfg}", "--out", "{out}"]
 TRAIN = ["train", "{cfg}", "--out", "{out}"]
 
@@ -62,7 +81,10 @@ CASES = [
     Case("negative-lr", PROV, base(learning_rate=-0.1), ("train.learning_rate", "-0.1")),
     Case("name-not-dns", PROV, {**base(), "name": "My_Run"}, ("name", "My_Run", "DNS-1123")),
     Case("unknown-model", PROV, base(model="resnet"), ("train.model", "resnet")),
-    Case("data-bad-extension", PROV, base(data="x.parquet"), ("train.data", ".npz or .csv")),
+    Case("data-bad-extension", PROV, base(data="x.parquet"), ("train.data", "x.parquet", "parquet:GLOB")),
+    Case("tfrecord-without-features", PROV, base(data="tfrecord:*.tfrecord"), ("train.features", "feature spec")),
+    Case("accuracy-with-mse", PROV, base(loss="mse", metrics=["accuracy"]), ("train.metrics", "classification loss")),
+    Case("loss-unknown", PROV, base(loss="hinge"), ("train.loss", "hinge", "package.module:callable")),
     # --- the cluster request -----------------------------------------------------------------
     Case("negative-workers", PROV, cluster(workers=-2), ("cluster.workers", "-2")),
     Case("two-chiefs", PROV, cluster(chief=2), ("cluster.chief", "2")),
@@ -103,6 +125,28 @@ CASES = [
     Case("npz-missing", TRAIN, base(data="{tmp}/none.npz"), ("train.data", "does not exist"), subprocess=True),
     Case("npz-wrong-keys", TRAIN, base(data="{tmp}/d.npz"), ("train.data",),
          files={"d.npz": {"features": np.zeros((4, 3))}}, subprocess=True),
+    # --- user code and streamed data (train.model / train.data callables, file sources) ------
+    Case("user-module-missing", TRAIN, base(model="nopkg.models:build"),
+         ("train.model", "does not import", "No module named 'nopkg'", "train.code_dir"), subprocess=True),
+    Case("user-module-import-error", TRAIN, base(model="upkg.broken:build"),
+         ("train.model", "does not import", "No module named 'not_installed_lib'"), files=USER_FILES, subprocess=True),
+    Case("user-callable-missing", TRAIN, base(model="upkg.m:nope"),
+         ("train.model", "no attribute 'nope'", "good_model"), files=USER_FILES, subprocess=True),
+    Case("user-callable-raises", TRAIN, base(model="upkg.m:raising_model"),
+         ("train.model", "ValueError: filters must be even"), files=USER_FILES, subprocess=True),
+    Case("user-model-not-a-model", TRAIN, base(model="upkg.m:not_a_model"),
+         ("train.model", "returned a int", "keras.Model"), files=USER_FILES, subprocess=True),
+    Case("user-data-not-a-dataset", TRAIN, base(data="upkg.m:not_a_dataset", num_classes=3),
+         ("train.data", "returned a list", "tf.data.Dataset"), files=USER_FILES, subprocess=True),
+    Case("user-data-not-pairs", TRAIN, base(data="upkg.m:features_only", num_classes=3),
+         ("train.data", "float32[3]", "(features, label)"), files=USER_FILES, subprocess=True),
+    Case("user-label-dtype-vs-loss", TRAIN, base(data="upkg.m:float_labels", num_classes=3),
+         ("train.loss", "float32", "integer class ids"), files=USER_FILES, subprocess=True),
+    Case("glob-matches-nothing", TRAIN,
+         base(data="tfrecord:shards/*.tfrecord", features={"x": {"shape": [3]}, "label": {"dtype": "int64"}}),
+         ("train.data", "no file matches"), subprocess=True),
+    Case("user-model-unknown-layer", TRAIN, base(model="upkg.m:good_model", pinning={"layers": {"dense_9": "/GPU:1"}}),
+         ("train.pinning.layers.dense_9", "hidden", "head"), files=USER_FILES, subprocess=True),
     # --- CLI arguments -----------------------------------------------------------------------
     Case("unknown-command", ["fly", "{cfg}"], base(), ("invalid choice", "pinpoint --help")),
     Case("missing-config-arg", ["train"], None, ("required: config", "pinpoint train --help")),

@@ -79,7 +79,7 @@ BAD = [
     ({"name": "x", "cluster": {"chief": 0, "workers": 0}}, "cluster.workers", "at least one"),
     ({"name": "x", "cluster": {"workers": 2}, "train": {"strategy": "mirrored"}}, "cluster.workers", "one process"),
     ({"name": "x", "cluster": {"ps": 1}, "train": {"strategy": "mirrored"}}, "cluster.ps", "does not use"),
-    ({"name": "x", "train": {"data": "data.parquet"}}, "train.data", ".npz or .csv"),
+    ({"name": "x", "train": {"data": "data.parquet"}}, "train.data", "parquet:GLOB"),
     ({"name": "x", "cluster": {"namespace": "Team_A"}}, "cluster.namespace", "DNS-1123"),
     ({"name": "x", "cluster": {"port": 80}}, "cluster.port", "80"),
     ({"name": "x", "cluster": {"flavor": "helm"}}, "cluster.flavor", "helm"),

@@ -125,8 +125,10 @@ def test_gradient_pin_seen_directly_in_partition_graphs():
     cfg = make_cfg("none", {"gradients": "/GPU:1"})
     dm = setup_devices(cfg)
     ctx = engine.TaskContext(strategy=get_strategy("none", dm.replica_devices), device_map=dm)
-    _, pipeline, model, optimizer, _ = engine.build_state(cfg, ctx)
-    trainer = Trainer(ctx.strategy, model, optimizer, pipeline, gradient_device=dm.physical("/GPU:1"))
+    state = engine.build_state(cfg, ctx)
+    pipeline = engine.make_pipeline(cfg, ctx, state)
+    trainer = Trainer(ctx.strategy, state.model, state.optimizer, pipeline, state.objective,
+                      gradient_device=dm.physical("/GPU:1"))
     captured, _ = trainer.capture_steps(2, capture_call)
     placed = {}
     for g in captured.partition_graphs:

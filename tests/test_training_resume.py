@@ -81,16 +81,18 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
     (ckpts / "ckpt-40.index").write_bytes(b"\x00garbage")
     dm = setup_devices(cfg)
     ctx = engine.TaskContext(strategy=get_strategy("none", dm.replica_devices), device_map=dm)
-    _, _, model, optimizer, step_var = engine.build_state(cfg, ctx)
+    state = engine.build_state(cfg, ctx)
+    model, optimizer, step_var = state.model, state.optimizer, state.step_var
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
     assert restore_latest_good(ckpt, ckpts) == 20
     assert int(step_var.numpy()) == 20
     # The weights are ckpt-20's: restore it explicitly into a second model and compare.
-    _, _, model2, optimizer2, step2 = engine.build_state(cfg, ctx)
-    tf.train.Checkpoint(model=model2, optimizer=optimizer2, step=step2).restore(str(ckpts / "ckpt-20")).expect_partial()
+    s2 = engine.build_state(cfg, ctx)
+    model2 = s2.model
+    tf.train.Checkpoint(model=model2, optimizer=s2.optimizer, step=s2.step_var).restore(str(ckpts / "ckpt-20")).expect_partial()
     for v, w in zip(model.trainable_variables, model2.trainable_variables):
         np.testing.assert_array_equal(v.numpy(), w.numpy())
-    _, _, fresh, _, _ = engine.build_state(cfg, ctx)  # same seed, never trained
+    fresh = engine.build_state(cfg, ctx).model  # same seed, never trained
     assert not np.array_equal(fresh.trainable_variables[0].numpy(), model.trainable_variables[0].numpy())
     err = capsys.readouterr().out
     assert "ckpt-40 is unreadable" in err and "ckpt-30 is unreadable" in err

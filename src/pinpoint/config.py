@@ -26,6 +26,12 @@ STRATEGIES = (
     "parameter_server",
 )
 MODELS = ("mlp", "cnn", "transformer")
+# A user callable: "package.module:callable" (train.model, train.data, train.loss).
+IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy", "binary_crossentropy", "mse", "mae")
+# Streamed file sources of train.data: "<prefix>:<glob or folder>".
+FILE_SOURCES = ("tfrecord", "csv", "parquet", "images")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 # Layer names of each model (the keys of train.pinning.layers); training/models.py builds
 # exactly these (a test keeps the two in sync), so a typo is caught at config load.
 MODEL_LAYERS = {
@@ -201,12 +207,42 @@ class PlacementConfig(_Frozen):
     sample_steps: int = Field(1, ge=1, le=100)
 
 
+class FeatureSpec(_Frozen):
+    """One TFRecord feature (a tf.io.FixedLenFeature)."""
+
+    shape: tuple[int, ...] = ()
+    dtype: Literal["float32", "int64", "string"] = "float32"
+
+
+def is_import_path(value: str) -> bool:
+    return bool(IMPORT_PATH_RE.match(value))
+
+
+def file_source(data: str) -> tuple[str, str] | None:
+    """('tfrecord', '/abs/glob') for a streamed file source, else None."""
+    kind, sep, rest = data.partition(":")
+    return (kind, rest) if sep and kind in FILE_SOURCES else None
+
+
 class TrainConfig(_Frozen):
     strategy: Literal[STRATEGIES] = "mirrored"  # type: ignore[valid-type]
     pinning: PinningConfig = Field(default_factory=PinningConfig)
-    model: Literal[MODELS] = "mlp"  # type: ignore[valid-type]
+    # A built-in model name or "package.module:callable" returning a keras.Model.
+    model: str = "mlp"
+    model_args: dict[str, Any] = Field(default_factory=dict)
+    # Put first on sys.path in every task; load_config makes it absolute (default: the config's
+    # folder). PINPOINT_CODE_DIR (set in a user image) takes precedence at run time.
+    code_dir: Optional[str] = None
     data: str = "digits"
+    data_args: dict[str, Any] = Field(default_factory=dict)
+    features: dict[str, FeatureSpec] = Field(default_factory=dict)
     label_column: str = "label"
+    num_classes: Optional[int] = Field(None, ge=1)
+    shuffle_buffer: int = Field(10000, ge=1)
+    loss: str = "sparse_categorical_crossentropy"
+    from_logits: bool = True
+    metrics: Optional[tuple[Literal["accuracy"], ...]] = None  # None: accuracy where the loss allows it
+    precision: Literal[PRECISIONS] = "float32"  # type: ignore[valid-type]
     synthetic_examples: int = Field(2048, ge=1)
     batch_size: int = Field(64, ge=1)
     learning_rate: float = Field(0.05, gt=0)
@@ -221,14 +257,43 @@ class TrainConfig(_Frozen):
     # on for none/one_device when no variables/gradients/layers pinning needs per-op placement.
     jit_compile: Optional[bool] = None
 
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if v in MODELS or is_import_path(v):
+            return v
+        raise ValueError(
+            f"'{v}' is not a model; use one of {', '.join(MODELS)} or an import path 'package.module:callable'"
+        )
+
     @field_validator("data")
     @classmethod
     def _data(cls, v: str) -> str:
-        if v in ("digits", "synthetic") or v.endswith((".npz", ".csv")):
+        if v in ("digits", "synthetic") or v.endswith((".npz", ".csv")) or is_import_path(v):
+            return v
+        src = file_source(v)
+        if src and src[1]:
             return v
         raise ValueError(
-            f"'{v}' is not a data source; use 'digits', 'synthetic', or a path ending in .npz or .csv"
+            f"'{v}' is not a data source; use 'digits', 'synthetic', a .npz/.csv path, "
+            "'tfrecord:GLOB', 'csv:GLOB', 'parquet:GLOB', 'images:DIR' or 'package.module:callable'"
         )
+
+    @field_validator("loss")
+    @classmethod
+    def _loss(cls, v: str) -> str:
+        if v in LOSSES or is_import_path(v):
+            return v
+        raise ValueError(f"'{v}' is not a loss; use one of {', '.join(LOSSES)} or 'package.module:callable'")
+
+    @property
+    def builtin_model(self) -> bool:
+        return self.model in MODELS
+
+    @property
+    def streamed(self) -> bool:
+        """Data read through tf.data (user callable or files), not held in memory."""
+        return is_import_path(self.data) or file_source(self.data) is not None
 
 
 class TrackingConfig(_Frozen):
@@ -260,6 +325,7 @@ class Config(_Frozen):
     def _cross_checks(self) -> "Config":
         _check_strategy_vs_cluster(self)
         _check_pinning_vs_strategy(self)
+        _check_data(self)
         return self
 
     # ---- derived -----------------------------------------------------------------
@@ -324,8 +390,9 @@ def _check_pinning_vs_strategy(cfg: Config) -> None:
             f"'{s}' keeps variables off the replica devices, which XLA cannot compile into a step; "
             "set jit_compile: false (or leave it unset)",
         )
-    valid = MODEL_LAYERS[cfg.train.model]
-    for layer in p.layers:
+    # A user model's layer names are known once it is built (checked then, see usercode).
+    valid = MODEL_LAYERS.get(cfg.train.model, ())
+    for layer in p.layers if cfg.train.builtin_model else ():
         if layer not in valid:
             _fail(
                 f"train.pinning.layers.{layer}",
@@ -370,6 +437,26 @@ def _check_pinning_vs_strategy(cfg: Config) -> None:
             )
         if dtype == "GPU" and cfg.cluster.device_type == "CPU":
             _fail(field, device, "cluster.device_type is CPU; pin to '/CPU:i' or set device_type: GPU")
+
+
+def _check_data(cfg: Config) -> None:
+    t = cfg.train
+    src = file_source(t.data)
+    if src and src[0] == "tfrecord":
+        if not t.features:
+            _fail("train.features", {}, "tfrecord data needs a feature spec, e.g. features: "
+                  "{image: {shape: [8, 8, 1], dtype: float32}, label: {shape: [], dtype: int64}}")
+        if t.label_column not in t.features:
+            _fail("train.label_column", t.label_column,
+                  f"it must name one of train.features ({', '.join(t.features)})")
+        if len(t.features) < 2:
+            _fail("train.features", list(t.features), "give the label and at least one input feature")
+    elif t.features:
+        _fail("train.features", list(t.features), "a feature spec is for tfrecord data only; remove it")
+    if t.metrics and t.loss not in ("sparse_categorical_crossentropy", "categorical_crossentropy",
+                                    "binary_crossentropy"):
+        _fail("train.metrics", list(t.metrics), f"accuracy needs a classification loss, not '{t.loss}'; "
+              "use metrics: [] (loss only) or a cross-entropy loss")
 
 
 def _pinned_devices(p: PinningConfig):
@@ -429,7 +516,24 @@ def load_config(path: str | Path) -> Config:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"config error: {p}: malformed YAML{where}; fix the syntax") from None
-    return config_from_dict(data, str(p))
+    return resolve_paths(config_from_dict(data, str(p)), p.resolve().parent)
+
+
+def resolve_paths(cfg: Config, base: Path) -> Config:
+    """Make train.code_dir (default for user code: `base`, the config file's folder) and a
+    streamed file source's path absolute, so every task, step and pod reads the same files."""
+    t = cfg.train
+    user_code = any(is_import_path(v) for v in (t.model, t.data, t.loss))
+    # Only a config that names user code gets a default code_dir (a built-in run's digest,
+    # the key of its cached steps, stays the same wherever the file lives).
+    code_dir = str((base / t.code_dir).resolve()) if t.code_dir else (str(base) if user_code else None)
+    data = t.data
+    src = file_source(data)
+    if src and not Path(src[1]).is_absolute():
+        data = f"{src[0]}:{base / src[1]}"
+    if (code_dir, data) == (t.code_dir, t.data):
+        return cfg
+    return cfg.model_copy(update={"train": t.model_copy(update={"code_dir": code_dir, "data": data})})
 
 
 def config_to_yaml(cfg: Config) -> str:

@@ -29,16 +29,20 @@ def train_command(
     Single-process strategies run here; multi-process ones start a local cluster (one process
     per task), and `task="worker:1"` runs one task of such a cluster (TF_CONFIG from the env).
     """
-    out = ensure_dir(out_dir)
     if task is not None:
         from pinpoint.training.task import run_task
 
         role, index = parse_task(task)
-        return run_task(cfg, out, role, index, resume_from_run=resume_from_run, parent_run_id=parent_run_id)
+        return run_task(cfg, ensure_dir(out_dir), role, index, resume_from_run=resume_from_run,
+                        parent_run_id=parent_run_id)
+    from pinpoint.usercode import preflight
+
+    preflight(cfg)  # user modules and files, before any folder or process exists
     if cfg.train.strategy in MULTI_PROCESS_STRATEGIES:
         from pinpoint.training.launcher import run_local_cluster
 
-        return run_local_cluster(cfg, out, parent_run_id=parent_run_id, resume_from_run=resume_from_run)
+        return run_local_cluster(cfg, ensure_dir(out_dir), parent_run_id=parent_run_id,
+                                 resume_from_run=resume_from_run)
 
     from pinpoint.devices import setup_devices
 
@@ -48,11 +52,13 @@ def train_command(
 
     strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host)
     ctx = engine.TaskContext(strategy=strategy, device_map=dm)
-    return train_tracked(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id)
+    state = engine.build_state(cfg, ctx)  # bad user code or data fails here: nothing written yet
+    return train_tracked(cfg, ensure_dir(out_dir), ctx, resume_from_run=resume_from_run,
+                         parent_run_id=parent_run_id, state=state)
 
 
 def train_tracked(cfg: Config, out: Path, ctx, *, resume_from_run: str | None = None,
-                  parent_run_id: str | None = None) -> int:
+                  parent_run_id: str | None = None, state=None) -> int:
     """Train in this process (the only one that tracks) inside an MLflow step run, resuming
     from `resume_from_run`'s latest checkpoint if given; write metrics.json and placement.json."""
     from pinpoint.tracking import open_step_run
@@ -61,7 +67,7 @@ def train_tracked(cfg: Config, out: Path, ctx, *, resume_from_run: str | None = 
     with open_step_run(cfg, "train", out, parent_run_id=parent_run_id) as run:
         prefix = fetch_resume(cfg, out, resume_from_run)
         result = engine.train(cfg, out, ctx, hooks=[run.hook()], resume_prefix=prefix,
-                              resumed_from_run=resume_from_run)
+                              resumed_from_run=resume_from_run, state=state)
         engine.finish(cfg, out, result)
     return 0
 

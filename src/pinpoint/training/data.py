@@ -1,4 +1,5 @@
-"""Training data: digits, synthetic, or a user file; batches are a pure function of (seed, step).
+"""Training data. In memory (digits, synthetic, one .npz/.csv file): batches are a pure function
+of (seed, step). Streamed (a user's tf.data callable or files): see training.streams.
 
 The example order is a stateless shuffle (tf.random.experimental.index_shuffle) of each epoch,
 so the batch at step k is the same whether the run started at 0 or resumed at k: an interrupted
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +31,69 @@ class Arrays:
     @property
     def features(self) -> int:
         return int(self.x.shape[1])
+
+
+@dataclass(frozen=True)
+class Data:
+    """What a model and a pipeline need to know of the configured data."""
+
+    input_shape: Any  # one example's features without the batch dimension (a dict for dict features)
+    num_classes: int | None
+    label_spec: Any  # tf.TensorSpec of one label
+    source: str
+    arrays: Arrays | None = None  # in memory
+    stream: Any = None  # training.streams.Source
+
+    def pipeline(self, cfg: Config, global_batch: int, num_replicas: int, input_device: str, *,
+                 worker: int = 0, num_workers: int = 1, local_replicas: int | None = None, start_step: int = 0):
+        if self.stream is None:
+            return InputPipeline(self.arrays, global_batch, num_replicas, input_device, cfg.train.seed)
+        from pinpoint.training.streams import StreamInput
+
+        return StreamInput(self.stream, cfg, global_batch, num_replicas, input_device, worker=worker,
+                           num_workers=num_workers, local_replicas=local_replicas, start_step=start_step)
+
+    def eval_batches(self, limit: int):
+        """(x, y) batches of the first `limit` examples, unshuffled (the final evaluation)."""
+        if self.stream is None:
+            return [(self.arrays.x[:limit], self.arrays.y[:limit])]
+        from pinpoint.training.streams import eval_batches
+
+        return eval_batches(self.stream, limit)
+
+
+def load_data(cfg: Config) -> Data:
+    """The configured data, checked against the loss: one line on anything unusable."""
+    import tensorflow as tf
+
+    from pinpoint.training.objectives import check_labels
+
+    t = cfg.train
+    if not t.streamed:
+        arrays = load_arrays(cfg)
+        data = Data((arrays.features,), t.num_classes or arrays.num_classes, tf.TensorSpec([], tf.int32),
+                    arrays.source, arrays=arrays)
+    else:
+        from pinpoint.training.streams import open_source, probe
+
+        src = open_source(cfg)
+        features, label = probe(cfg, src)
+        shape = ({k: tuple(v.shape) for k, v in features.items()} if isinstance(features, dict)
+                 else tuple(features.shape))
+        num_classes = t.num_classes or src.num_classes
+        if num_classes is None and t.loss == "categorical_crossentropy" and label.shape.rank == 1:
+            num_classes = label.shape[0]
+        data = Data(shape, num_classes, label, src.description, stream=src)
+    check_labels(cfg, data.label_spec)
+    return data
+
+
+def check_divisible(global_batch: int, num_replicas: int) -> None:
+    if global_batch % num_replicas:
+        raise ConfigError(
+            f"config error: train.batch_size: got {global_batch}; it must be divisible by the "
+            f"{num_replicas} replicas; use a multiple of {num_replicas}"
+        )
 
 
 def load_arrays(cfg: Config) -> Arrays:
@@ -122,11 +187,7 @@ class InputPipeline:
     def __init__(self, arrays: Arrays, global_batch: int, num_replicas: int, input_device: str, seed: int):
         import tensorflow as tf
 
-        if global_batch % num_replicas:
-            raise ConfigError(
-                f"config error: train.batch_size: got {global_batch}; it must be divisible by the "
-                f"{num_replicas} replicas; use a multiple of {num_replicas}"
-            )
+        check_divisible(global_batch, num_replicas)
         self.arrays = arrays
         self.global_batch = global_batch
         self.per_replica = global_batch // num_replicas

@@ -13,6 +13,7 @@ from typing import Any
 
 from pinpoint.config import Config
 from pinpoint.devices import DeviceMap
+from pinpoint.errors import ConfigError
 from pinpoint.runfolder import (
     CHECKPOINTS,
     METRICS,
@@ -50,34 +51,92 @@ def _device_scope(device: str | None):
     return tf.device(device) if device else contextlib.nullcontext()
 
 
-def build_state(cfg: Config, ctx: TaskContext):
-    """Data pipeline, model, optimizer and step counter, each on its configured device."""
+@dataclass
+class TrainState:
+    """Everything a run trains: built before the run folder exists, so bad user code or data
+    fails with nothing written. The input pipeline comes later (it starts at the resumed step)."""
+
+    data: Any  # training.data.Data
+    model: Any
+    optimizer: Any
+    step_var: Any
+    objective: Any  # training.objectives.Objective
+    replicas: int  # replicas the global batch is split over (1 for parameter_server's steps)
+
+
+def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
+    """Data (probed), model, optimizer and step counter, each on its configured device."""
     import keras
     import tensorflow as tf
 
-    from pinpoint.training.data import InputPipeline, load_arrays
-    from pinpoint.training.models import build_model
+    from pinpoint.training.data import check_divisible, load_data
+    from pinpoint.training.models import make_model
+    from pinpoint.training.objectives import get_objective
 
     t, pin, dm = cfg.train, cfg.train.pinning, ctx.device_map
     keras.utils.set_random_seed(t.seed)
-    arrays = load_arrays(cfg)
+    # Global in Keras: set on every run (a float32 run after a mixed one must not inherit it).
+    keras.mixed_precision.set_global_policy(t.precision)
+    objective = get_objective(cfg)
+    data = load_data(cfg)
     # parameter_server: every step is one replica's step on one worker, with the whole batch.
     replicas = 1 if ctx.coordinator is not None else ctx.strategy.num_replicas_in_sync
-    input_device = dm.physical(pin.input) if pin.input else dm.host
-    pipeline = InputPipeline(arrays, t.batch_size, replicas, input_device, t.seed)
+    check_divisible(t.batch_size, replicas)
     layer_devices = {name: dm.physical(dev) for name, dev in pin.layers.items()}
     with ctx.strategy.scope():
         # Variables pinned: every variable (model and optimizer slots) is created here.
         with _device_scope(dm.physical(pin.variables) if pin.variables else None):
-            model = build_model(t.model, (arrays.features,), arrays.num_classes, layer_devices, seed=t.seed)
+            model = make_model(cfg, data, layer_devices)
             if t.optimizer == "adam":
                 optimizer = keras.optimizers.Adam(t.learning_rate)
             else:
                 optimizer = keras.optimizers.SGD(t.learning_rate)
+            if t.precision == "mixed_float16":
+                # float16 gradients underflow: scale the loss up, unscale before the update.
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             optimizer.build(model.trainable_variables)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    return arrays, pipeline, model, optimizer, step_var
+    if not (t.builtin_model and data.arrays is not None):
+        check_forward(cfg, model, data, objective)
+    return TrainState(data, model, optimizer, step_var, objective, replicas)
+
+
+def check_forward(cfg: Config, model, data, objective) -> None:
+    """One forward pass and loss on two real examples: a model whose output does not fit the
+    labels, or a loss that is not per-example, fails here in one line instead of mid-run."""
+    for x, y in data.eval_batches(2):
+        try:
+            per_example = objective.loss(y, model(x, training=False))
+        except Exception as err:  # noqa: BLE001 - user model/loss on user data: one line
+            last = str(err).strip().splitlines()
+            raise ConfigError(
+                f"config error: train.model: got {cfg.train.model!r}; its output does not fit the labels "
+                f"of train.data under loss '{cfg.train.loss}' ({type(err).__name__}: {last[-1] if last else ''}); "
+                "make the model's output match the labels (e.g. num_classes units for class ids)"
+            ) from None
+        if per_example.shape.rank != 1:
+            raise ConfigError(
+                f"config error: train.loss: got {cfg.train.loss!r}; it returned shape {list(per_example.shape)} "
+                "for a batch of 2; return one loss per example (shape [batch]), not a reduced value"
+            )
+        return
+
+
+def make_pipeline(cfg: Config, ctx: TaskContext, state: TrainState, start_step: int = 0):
+    """This task's input pipeline on the input device, positioned at `start_step`."""
+    pin, dm = cfg.train.pinning, ctx.device_map
+    input_device = dm.physical(pin.input) if pin.input else dm.host
+    worker, workers = 0, 1
+    if ctx.multi_worker:
+        # Input pipeline ids follow TF's id_in_cluster: the chief first, then the workers.
+        worker = ctx.index + (cfg.cluster.chief if ctx.role == "worker" else 0)
+        workers = cfg.cluster.replicas
+    elif ctx.coordinator is not None:
+        workers = cfg.cluster.workers
+    local = len(dm.replica_devices) if ctx.multi_worker else None
+    return state.data.pipeline(cfg, cfg.train.batch_size, state.replicas, input_device, worker=worker,
+                               num_workers=workers, local_replicas=local, start_step=start_step)
 
 
 def use_jit(cfg: Config) -> bool:
@@ -99,17 +158,20 @@ def _next_stop(step: int, total: int, every: tuple[int, ...], capture_at: int | 
     return min(stops)
 
 
-def evaluate(model, arrays, limit: int = EVAL_LIMIT) -> dict[str, float]:
-    """Loss and accuracy of the model on (the first `limit` examples of) the data."""
-    import keras
-    import numpy as np
+def evaluate(model, data, objective, limit: int = EVAL_LIMIT) -> dict[str, float | None]:
+    """Loss (and accuracy where the objective has one) on the first `limit` examples."""
     import tensorflow as tf
 
-    x, y = arrays.x[:limit], arrays.y[:limit]
-    logits = model(tf.constant(x), training=False)
-    loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
-    acc = float(np.mean(np.argmax(np.asarray(logits), -1) == y))
-    return {"loss": float(loss), "accuracy": acc}
+    loss = correct = 0.0
+    n = 0
+    for x, y in data.eval_batches(limit):
+        x, y = tf.nest.map_structure(tf.convert_to_tensor, x), tf.convert_to_tensor(y)
+        pred = model(x, training=False)
+        loss += float(tf.reduce_sum(objective.loss(y, pred)))
+        if objective.has_accuracy:
+            correct += float(tf.reduce_sum(objective.correct(y, pred)))
+        n += int(y.shape[0])
+    return {"loss": loss / max(n, 1), "accuracy": correct / max(n, 1) if objective.has_accuracy else None}
 
 
 def train(
@@ -120,6 +182,7 @@ def train(
     hooks: list[Hook] | None = None,
     resume_prefix: str | None = None,
     resumed_from_run: str | None = None,
+    state: TrainState | None = None,
 ) -> dict:
     """Train to cfg.train.steps (resuming from the latest good checkpoint); return the metrics."""
     import tensorflow as tf
@@ -130,7 +193,8 @@ def train(
 
     t, pin, dm = cfg.train, cfg.train.pinning, ctx.device_map
     hook = HookList(hooks or []) if ctx.is_chief else HookList([])
-    arrays, pipeline, model, optimizer, step_var = build_state(cfg, ctx)
+    state = state or build_state(cfg, ctx)
+    model, optimizer, step_var = state.model, state.optimizer, state.step_var
 
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
     ckpts = Checkpoints(ckpt, out_dir / CHECKPOINTS, keep=t.keep_checkpoints, is_chief=ctx.is_chief, task=ctx.task)
@@ -139,7 +203,8 @@ def train(
     else:
         ckpts.restore_latest()
     start = int(step_var.numpy())
-    trainer = Trainer(ctx.strategy, model, optimizer, pipeline,
+    pipeline = make_pipeline(cfg, ctx, state, start)
+    trainer = Trainer(ctx.strategy, model, optimizer, pipeline, state.objective,
                       gradient_device=dm.physical(pin.gradients) if pin.gradients else None,
                       coordinator=ctx.coordinator, start_step=start, jit_compile=use_jit(cfg))
 
@@ -149,7 +214,8 @@ def train(
         "start_step": start, "num_params": num_params, "num_replicas": ctx.strategy.num_replicas_in_sync,
         "devices": list(dm.local_devices), "replica_devices": list(dm.spec_replica_devices),
         "device_aliases": dict(dm.aliases), "pinning": pin.model_dump(mode="json"),
-        "out_dir": str(out_dir), "resumed_from_run": resumed_from_run, **ctx.extra_info,
+        "out_dir": str(out_dir), "resumed_from_run": resumed_from_run, "data": state.data.source,
+        "precision": t.precision, **ctx.extra_info,
     }
     hook.on_train_begin(info)
     if ctx.is_chief and start:
@@ -189,6 +255,8 @@ def train(
                     loop_captured, m = trainer.capture_steps(n, capture_call)
                 else:
                     m = trainer.train_steps(n)
+                if not state.objective.has_accuracy:
+                    m.pop("accuracy", None)
                 if trainer.calls > 1:  # the first call includes tracing
                     steady_examples += n * pipeline.global_batch
                     steady_time += m["step_time"] * n
@@ -200,9 +268,10 @@ def train(
                 if log_file:
                     log_file.write(json.dumps(record) + "\n")
                     log_file.flush()
-                bar.set_postfix(loss=f"{m['loss']:.4f}", acc=f"{m['accuracy']:.3f}")
+                acc = f" acc={m['accuracy']:.3f}" if "accuracy" in m else ""
+                bar.set_postfix_str(f"loss={m['loss']:.4f}{acc}")
                 if plain:
-                    print(f"step {step}/{t.steps} loss={m['loss']:.4f} acc={m['accuracy']:.3f} "
+                    print(f"step {step}/{t.steps} loss={m['loss']:.4f}{acc} "
                           f"{m['examples_per_sec']:.0f} ex/s", flush=True)
                 hook.on_step_end(step, m)
             if t.checkpoint_every and (step % t.checkpoint_every == 0 or step == t.steps):
@@ -229,7 +298,7 @@ def train(
         if not ctx.multi_worker:
             hook.on_placement(placement)
 
-    final = evaluate(model, arrays)
+    final = evaluate(model, state.data, state.objective)
     metrics = {
         "final_loss": last.get("loss"),
         "final_accuracy": final["accuracy"],
@@ -242,7 +311,9 @@ def train(
         "num_replicas": ctx.strategy.num_replicas_in_sync,
         "strategy": t.strategy,
         "model": t.model,
-        "data": arrays.source,
+        "data": state.data.source,
+        "loss": t.loss,
+        "precision": t.precision,
         "num_params": num_params,
         "jit_compile": trainer.jit_compile,
         "device_map": dm.to_json(),
@@ -275,6 +346,15 @@ def _placement(cfg: Config, ctx: TaskContext, trainer, captures) -> dict:
     )
     placement.setdefault("device_aliases", dict(ctx.device_map.aliases))
     placement.setdefault("device_map", ctx.device_map.to_json())
+    describe = getattr(trainer.pipeline, "describe", None)
+    if describe is not None:  # a tf.data pipeline: its ops run inside the iterator, on its device
+        placement["input_pipeline"] = {**describe(), "device": ctx.device_map.spec(trainer.pipeline.device)}
+    placement["precision"] = {
+        "policy": cfg.train.precision,
+        # Casts between float32 variables and float16/bfloat16 compute, per device.
+        "casts_by_device": {d: types["Cast"] for d, types in (placement.get("op_types_by_device") or {}).items()
+                            if types.get("Cast")},
+    }
     return placement
 
 
@@ -310,7 +390,7 @@ class _NoBar:
     def update(self, n):
         pass
 
-    def set_postfix(self, **kw):
+    def set_postfix_str(self, s):
         pass
 
     def close(self):

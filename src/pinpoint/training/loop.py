@@ -11,10 +11,7 @@ import contextlib
 import time
 from typing import Any
 
-import keras
 import tensorflow as tf
-
-from pinpoint.training.data import InputPipeline
 
 
 def tf_variables(variables) -> list:
@@ -37,7 +34,8 @@ class Trainer:
         strategy,
         model,
         optimizer,
-        pipeline: InputPipeline,
+        pipeline,
+        objective,
         *,
         gradient_device: str | None = None,
         coordinator=None,
@@ -47,7 +45,8 @@ class Trainer:
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
-        self.pipeline = pipeline
+        self.pipeline = pipeline  # InputPipeline (in memory) or StreamInput (tf.data)
+        self.objective = objective
         self.gradient_device = gradient_device
         self.coordinator = coordinator
         self.global_batch = pipeline.global_batch
@@ -66,15 +65,17 @@ class Trainer:
     # ---- one replica's step -------------------------------------------------------------
     def _loss_and_grads(self, x, y):
         with tf.GradientTape() as tape:
-            logits = self.model(x, training=True)
-            per_example = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+            pred = self.model(x, training=True)
             # Scale by the GLOBAL batch: the cross-replica SUM of gradients is then the mean.
-            loss = tf.reduce_sum(per_example) / self.global_batch
+            loss = tf.reduce_sum(self.objective.loss(y, pred)) / self.global_batch
+            # mixed_float16: the loss-scale optimizer scales up here and unscales in apply.
+            scaled = self.optimizer.scale_loss(loss)
         variables = self.model.trainable_variables
         # The backward pass: pinned to one device when train.pinning.gradients is set.
         with tf.name_scope("gradients"), _device(self.gradient_device):
-            grads = tape.gradient(loss, variables)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.float32))
+            grads = tape.gradient(scaled, variables)
+        correct = (tf.reduce_sum(self.objective.correct(y, pred)) if self.objective.correct is not None
+                   else tf.constant(0.0))
         return loss, correct, grads
 
     def _replica_update(self, x, y):

@@ -1,4 +1,5 @@
-"""Models built from Keras layers with stable names (the keys of ``train.pinning.layers``).
+"""Models: the built-ins (Keras layers with stable names, the keys of ``train.pinning.layers``)
+and a user's own ``package.module:callable`` returning any keras.Model.
 
 A :class:`PinnedModel` is a plain stack of layers; each pinned layer is built (its variables
 created) and called under ``tf.device(device)``, so with layers on different devices the
@@ -7,6 +8,8 @@ activations cross devices between them (model parallelism, visible as _Send/_Rec
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -167,6 +170,8 @@ def build_model(
     layer_devices = dict(layer_devices or {})
     features = int(math.prod(input_shape))
     stack = _layers(name, features, num_classes, seed)
+    if len(input_shape) > 1:  # the built-ins take flat feature vectors (e.g. streamed images)
+        stack.insert(0, keras.layers.Flatten(name="flatten_input"))
     valid = [layer.name for layer in stack]
     for layer in layer_devices:
         if layer not in valid:
@@ -175,5 +180,124 @@ def build_model(
                 f"'{name}'; valid names: {', '.join(valid)}"
             )
     model = PinnedModel(stack, layer_devices, name=name)
-    model.build_all((features,))
+    model.build_all(tuple(input_shape))
     return model
+
+
+def output_units(cfg, data) -> int:
+    """The built-ins' output width: the classes, or the label's width for binary/regression."""
+    t = cfg.train
+    if t.loss in ("sparse_categorical_crossentropy", "categorical_crossentropy") or not t.builtin_model:
+        if data.num_classes is None:
+            raise ConfigError(
+                f"config error: train.num_classes: got None; the data ({data.source}) does not tell how many "
+                "classes there are; set train.num_classes"
+            )
+        return data.num_classes
+    shape = data.label_spec.shape
+    return int(shape[-1]) if shape.rank else 1
+
+
+def make_model(cfg, data, layer_devices: Mapping[str, str]) -> keras.Model:
+    """The configured model, built (variables created) in the caller's strategy/device scope."""
+    t = cfg.train
+    if t.builtin_model:
+        if isinstance(data.input_shape, dict):
+            raise ConfigError(
+                f"config error: train.model: got {t.model!r} but the data has several features "
+                f"({', '.join(data.input_shape)}); built-in models take one tensor: use your own model"
+            )
+        return build_model(t.model, data.input_shape, output_units(cfg, data), layer_devices, seed=t.seed)
+    return build_user_model(cfg, data, layer_devices)
+
+
+def build_user_model(cfg, data, layer_devices: Mapping[str, str]) -> keras.Model:
+    """Call the user's `package.module:callable` with train.model_args (plus input_shape,
+    num_classes and seed where its signature names them); pin layers by their own names."""
+    import inspect
+
+    from pinpoint import usercode
+
+    t = cfg.train
+    fn = usercode.load_callable(cfg, "train.model", t.model)
+    try:
+        wants = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        wants = {}
+    offered = {"input_shape": data.input_shape, "seed": t.seed}
+    if "num_classes" in wants and "num_classes" not in t.model_args:
+        offered["num_classes"] = output_units(cfg, data)
+    with _pin_variables(layer_devices):
+        model = usercode.call(fn, "train.model", t.model, t.model_args, offered, "train.model_args")
+        if not isinstance(model, keras.Model):
+            raise ConfigError(
+                f"config error: train.model: got {t.model!r}; the callable returned a {type(model).__name__}, "
+                "not a keras.Model; return a functional, Sequential or subclassed keras.Model"
+            )
+        if not model.built:
+            _build(model, data)
+    names = layer_names_of(model)
+    unknown = [name for name in layer_devices if name not in names]
+    if unknown:
+        raise ConfigError(
+            f"config error: train.pinning.layers.{unknown[0]}: no layer named {unknown[0]!r} in model "
+            f"'{t.model}'; its layers: {', '.join(names)}"
+        )
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if layer.name in layer_devices:
+            _pin_call(layer, layer_devices[layer.name])
+    return model
+
+
+def layer_names_of(model: keras.Model) -> list[str]:
+    """Every layer's name, nested models' layers included, in order."""
+    return [layer.name for layer in model._flatten_layers(include_self=False, recursive=True)]
+
+
+def _build(model: keras.Model, data) -> None:
+    """Create a subclassed model's variables: call it once on a zero example."""
+    def zeros(shape):
+        return tf.zeros((1, *shape))
+
+    shape = data.input_shape
+    x = {k: zeros(v) for k, v in shape.items()} if isinstance(shape, dict) else zeros(shape)
+    try:
+        model(x, training=False)
+    except Exception as err:  # noqa: BLE001 - the user's model failed on the data's shape
+        last = str(err).strip().splitlines()
+        raise ConfigError(
+            f"config error: train.model: got {model.name!r}; calling it on one example of shape {shape} "
+            f"failed ({type(err).__name__}: {last[-1] if last else ''}); make the model take the data's features"
+        ) from None
+
+
+@contextlib.contextmanager
+def _pin_variables(layer_devices: Mapping[str, str]):
+    """Create each pinned layer's variables on its device, whatever the model's kind: Keras
+    builds a layer inside a name scope of its own name, which names the owning layer here."""
+    if not layer_devices:
+        yield
+        return
+    from keras.src.backend.common.name_scope import current_path
+
+    def creator(next_creator, **kwargs):
+        for part in reversed(current_path().split("/")):
+            if part in layer_devices:
+                with tf.device(layer_devices[part]):
+                    return next_creator(**kwargs)
+        return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(creator):
+        yield
+
+
+def _pin_call(layer: keras.layers.Layer, device: str) -> None:
+    """Run the layer's forward pass under tf.device(device): its input is copied there."""
+    call = layer.call
+
+    @functools.wraps(call)
+    def pinned(*args, **kwargs):
+        with tf.device(device):
+            return call(*args, **kwargs)
+
+    layer.call = pinned

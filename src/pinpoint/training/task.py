@@ -194,14 +194,17 @@ def run_evaluator(cfg: Config, out: Path, dm: DeviceMap, *, poll: float = 2.0) -
     import tensorflow as tf
 
     from pinpoint.training.checkpoints import candidates, verify
-    from pinpoint.training.data import load_arrays
+    from pinpoint.training.data import load_data
     from pinpoint.training.engine import evaluate
-    from pinpoint.training.models import build_model
+    from pinpoint.training.models import make_model
+    from pinpoint.training.objectives import get_objective
 
     t = cfg.train
     keras.utils.set_random_seed(t.seed)
-    arrays = load_arrays(cfg)
-    model = build_model(t.model, (arrays.features,), arrays.num_classes, {}, seed=t.seed)
+    keras.mixed_precision.set_global_policy(t.precision)
+    data = load_data(cfg)
+    objective = get_objective(cfg)
+    model = make_model(cfg, data, {})
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     ckpt = tf.train.Checkpoint(model=model, step=step_var)
     started = time.time()
@@ -218,10 +221,11 @@ def run_evaluator(cfg: Config, out: Path, dm: DeviceMap, *, poll: float = 2.0) -
             except Exception as err:  # noqa: BLE001 - being written or already rotated away
                 print(f"eval: {Path(prefix).name} not readable yet ({type(err).__name__}); retrying", flush=True)
                 continue
-            m = evaluate(model, arrays)
+            m = evaluate(model, data, objective)
             with log.open("a") as f:
                 f.write(json.dumps({"step": step, **m, "time": time.time()}) + "\n")
-            print(f"eval step {step}: loss={m['loss']:.4f} acc={m['accuracy']:.3f}", flush=True)
+            acc = f" acc={m['accuracy']:.3f}" if m["accuracy"] is not None else ""
+            print(f"eval step {step}: loss={m['loss']:.4f}{acc}", flush=True)
             done.add(step)
         metrics = out / METRICS
         if (done and max(done) >= t.steps) or (metrics.is_file() and metrics.stat().st_mtime >= started):
