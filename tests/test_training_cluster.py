@@ -67,3 +67,52 @@ def test_parameter_server_keeps_variables_on_the_ps_and_trains(tmp_path):
         if v["name"].startswith(("dense_", "head")):
             assert all(d.startswith("/job:ps/task:0") for d in v["devices"]), v
     assert (tmp_path / "out" / "checkpoints" / "ckpt-40.index").is_file()
+
+
+def _user_package(folder: Path) -> None:
+    """The user package of test_usercode, written next to the config (train.code_dir's default)."""
+    import textwrap
+
+    from tests.test_usercode import USER_PACKAGE, write_digits_tfrecords
+
+    (folder / "userpkg").mkdir()
+    for name, text in USER_PACKAGE.items():
+        (folder / "userpkg" / name).write_text(textwrap.dedent(text))
+    write_digits_tfrecords(folder / "shards", 4)
+
+
+def test_multi_worker_mirrored_trains_a_user_model_on_user_files_sharded_by_file(tmp_path):
+    _user_package(tmp_path)
+    metrics, placement, log = _run(tmp_path, {
+        "name": "mwu",
+        "cluster": {"chief": 1, "workers": 1, "devices_per_worker": 1, "emulate": True},
+        "train": {"strategy": "multi_worker_mirrored", "steps": 30, "batch_size": 32, "learning_rate": 0.1,
+                  "log_every": 10, "checkpoint_every": 0, "max_restarts": 0,
+                  "model": "userpkg.models:functional", "data": "tfrecord:shards/*.tfrecord",
+                  "features": {"image": {"shape": [8, 8, 1]}, "label": {"dtype": "int64"}}, "num_classes": 10},
+        "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
+    })
+    assert log[-1]["loss"] < 0.92 * log[0]["loss"]
+    assert metrics["num_replicas"] == 2 and metrics["model"] == "userpkg.models:functional"
+    kernel = next(v for v in placement["variables"] if v["name"] == "hidden/kernel")
+    assert {d.split("/device")[0].rsplit("/", 1)[0] for d in kernel["devices"]} >= {"/job:chief", "/job:worker"}
+    # Four files, two workers: each reads its own two (file sharding), chief first.
+    shards = {t: p["input_pipeline"]["sharding"] for t, p in placement["tasks"].items()}
+    assert sorted(s["worker"] for s in shards.values()) == [0, 1]
+    assert all(s["by"] == "file" and s["files"] == 2 and s["workers"] == 2 for s in shards.values()), shards
+
+
+def test_parameter_server_trains_a_user_model_on_a_user_dataset(tmp_path):
+    _user_package(tmp_path)
+    _metrics, placement, log = _run(tmp_path, {
+        "name": "psu",
+        "cluster": {"chief": 1, "workers": 1, "ps": 1, "devices_per_worker": 1},
+        "train": {"strategy": "parameter_server", "steps": 30, "batch_size": 32, "learning_rate": 0.1,
+                  "log_every": 10, "checkpoint_every": 0, "max_restarts": 0,
+                  "model": "userpkg.models:functional", "data": "userpkg.data:digits", "num_classes": 10},
+        "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
+    })
+    assert log[-1]["loss"] < 0.92 * log[0]["loss"]
+    for v in placement["variables"]:
+        if v["name"].startswith(("hidden", "head")):
+            assert all(d.startswith("/job:ps/task:0") for d in v["devices"]), v

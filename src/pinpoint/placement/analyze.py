@@ -699,7 +699,9 @@ def _conformance(ops, variables, plan, strategy, device_map, namer, grad_re, lay
             rel = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and not grad_re.search(o["op"])]
             rules.append(_rule(f"layers.{layer}", namer.spec(dev), rel))
         if getattr(plan, "input", None):
-            rel = [(o["op"], o["device"]) for o in compute if is_input(o)]
+            # An Identity the partitioner adds where a replica receives its batch (".../_27" on
+            # the replica's device) forwards the copy; it does no input work.
+            rel = [(o["op"], o["device"]) for o in compute if is_input(o) and o["type"] != "Identity"]
             rules.append(_rule("input", namer.spec(plan.input), rel))
     replicas = [namer.spec(d) for d in (getattr(device_map, "replica_devices", None) or [])]
     if strategy in ("mirrored", "multi_worker_mirrored") and replicas:

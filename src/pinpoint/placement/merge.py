@@ -172,4 +172,11 @@ def merge_placements(placements: list[dict]) -> dict:
         "tasks": tasks,
         "explain": EXPLAIN,
     }
+    if placements[0].get("input_pipeline"):  # the chief's; each task's own is under tasks.<task>
+        merged["input_pipeline"] = placements[0]["input_pipeline"]
+    if placements[0].get("precision"):
+        merged["precision"] = {
+            "policy": placements[0]["precision"].get("policy"),
+            "casts_by_device": {d: t["Cast"] for d, t in merged["op_types_by_device"].items() if t.get("Cast")},
+        }
     return merged

@@ -147,7 +147,9 @@ class Trainer:
         return self._ps_capture(capture_call)
 
     def variables(self) -> list:
-        return tf_variables(list(self.model.variables) + list(self.optimizer.variables))
+        """Keras variables (placement names them by their Keras path, e.g. a subclassed model's
+        'model/hidden/kernel'; it reads the tf.Variable each one wraps)."""
+        return list(self.model.variables) + list(self.optimizer.variables)
 
     # ---- parameter_server: steps are closures scheduled on workers ---------------------------
     def _ps_setup(self):

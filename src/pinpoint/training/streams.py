@@ -251,25 +251,34 @@ def _describe(spec) -> str:
     return type(spec).__name__
 
 
+def shard_plan(src: Source, worker: int, num_workers: int) -> dict:
+    """How this worker's share is chosen: by file (each worker reads its own files), by record
+    (every worker reads everything and keeps 1/N), by the user's callable, or not at all."""
+    if num_workers == 1:
+        how = "none"
+    elif src.user is not None:
+        how = "user" if src.user_shards else "record"
+    else:
+        how = "file" if len(src.files) >= num_workers else "record"
+    files = src.files[worker::num_workers] if how == "file" else src.files
+    return {"by": how, "worker": worker, "workers": num_workers, "files": len(files)}
+
+
 def worker_dataset(src: Source, cfg: Config, *, per_replica: int, local_replicas: int, worker: int = 0,
                    num_workers: int = 1, num_replicas: int = 1, start_step: int = 0):
     """This worker's batches: one per replica per step (see the module docstring)."""
     import tensorflow as tf
 
     t = cfg.train
-    ctx = tf.distribute.InputContext(num_workers, worker, num_replicas)
+    how = shard_plan(src, worker, num_workers)["by"]
     parse = None
     if src.user is not None:
-        ds = src.user(ctx if src.user_shards else None)
-        if num_workers > 1 and not src.user_shards:
-            ds = ds.shard(num_workers, worker)  # data sharding: every worker reads, keeps 1/N
+        ds = src.user(tf.distribute.InputContext(num_workers, worker, num_replicas) if src.user_shards else None)
     else:
-        files = src.files
-        by_file = num_workers > 1 and len(files) >= num_workers
-        ds = src.records(files[worker::num_workers] if by_file else files)
-        if num_workers > 1 and not by_file:
-            ds = ds.shard(num_workers, worker)
+        ds = src.records(src.files[worker::num_workers] if how == "file" else src.files)
         parse = src.parse
+    if how == "record":
+        ds = ds.shard(num_workers, worker)
     ds = ds.shuffle(t.shuffle_buffer, seed=t.seed, reshuffle_each_iteration=True).repeat()
     if start_step:
         ds = ds.skip(start_step * local_replicas * per_replica)
@@ -305,6 +314,7 @@ class StreamInput:
         self.per_replica = global_batch // num_replicas
         self.device = input_device
         self.num_workers = num_workers
+        self.sharding = shard_plan(src, worker, num_workers)
         local = num_replicas if local_replicas is None else local_replicas
         with tf.device(input_device):
             self.ds = worker_dataset(src, cfg, per_replica=self.per_replica, local_replicas=local, worker=worker,
@@ -340,4 +350,4 @@ class StreamInput:
         except Exception:  # noqa: BLE001 - a dataset that cannot serialize (py_func): no op list
             pass
         return {"kind": "tf.data", "source": self.src.description, "device": self.device,
-                "ops": dict(sorted(types.items()))}
+                "sharding": self.sharding, "ops": dict(sorted(types.items()))}
