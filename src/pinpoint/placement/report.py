@@ -283,6 +283,27 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         body = "<p class='muted'>Not applicable: no variable has more than one component in this run.</p>"
     parts.append(_section("Replica consistency", ex.get("replica_consistency", ""), body, "replicas"))
 
+    # --- input pipeline and precision (user data through tf.data; mixed precision casts)
+    pipe = placement.get("input_pipeline")
+    prec = placement.get("precision") or {}
+    if pipe or prec.get("policy", "float32") != "float32":
+        rows = []
+        if pipe:
+            shard = pipe.get("sharding") or {}
+            rows.append(["input pipeline", f"{pipe.get('kind')} from {pipe.get('source')}", _dev(pipe.get("device", ""), phys)])
+            rows.append(["sharding", f"by {shard.get('by')}: worker {shard.get('worker')} of {shard.get('workers')}, "
+                         f"{shard.get('files')} file(s)", ""])
+            rows.append(["dataset ops", ", ".join(f"{k} x{v}" for k, v in (pipe.get("ops") or {}).items()), ""])
+        if prec:
+            casts = prec.get("casts_by_device") or {}
+            rows.append(["precision", prec.get("policy"), ", ".join(f"{d}: {n} Cast" for d, n in casts.items())])
+        parts.append(_section(
+            "Input pipeline and precision",
+            "A tf.data pipeline runs its dataset ops inside the iterator, on the iterator's device; each "
+            "replica's batch is then copied to the replica (a transfer above). Under a mixed policy, float32 "
+            "variables are cast to the compute dtype where each layer runs: the Cast ops per device.",
+            _table(["what", "value", "device"], rows), "input"))
+
     # --- multi-worker
     tasks = placement.get("tasks") or {}
     if tasks:

@@ -93,6 +93,16 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
         f"fallbacks  : {len(fb)}"
         + (": " + ", ".join(f"{f['op']} {f['requested']}->{f['placed']}" for f in fb[:3]) + (" ..." if len(fb) > 3 else "") if fb else "")
     )
+    pipe = placement.get("input_pipeline")
+    if pipe:
+        shard = pipe.get("sharding") or {}
+        by = f"; sharded by {shard['by']} ({shard.get('files')} file(s) here)" if shard.get("by") not in (None, "none") else ""
+        lines.append(f"input      : {pipe.get('kind')} on {pipe.get('device')} from {pipe.get('source')}{by}")
+    prec = placement.get("precision") or {}
+    if prec.get("policy", "float32") != "float32":
+        casts = prec.get("casts_by_device") or {}
+        lines.append(f"precision  : {prec['policy']}; casts per step: "
+                     + (", ".join(f"{d} {n}" for d, n in casts.items()) or "none"))
     conf = placement.get("conformance") or {}
     rules = conf.get("rules") or []
     if conf.get("score") is None:
