@@ -190,3 +190,17 @@ def test_cluster_spec_notes_what_manifests_cannot_say(tmp_path):
     assert cluster_spec(ps, build_tasks(ps))["notes"] == [
         "parameter_server ps/worker tasks serve until stopped: when the chief Job completes, delete the rest "
         "with `kubectl delete jobs -n default -l app.kubernetes.io/instance=job`"]
+
+
+@pytest.mark.unit
+def test_user_code_on_a_stock_image_is_warned_about_and_a_user_image_is_not():
+    from pinpoint.config import config_from_dict
+    from pinpoint.provision import image_warnings
+
+    def cfg(image):
+        return config_from_dict({"name": "u", "cluster": {"image": image},
+                                 "train": {"model": "mypkg.models:build", "code_dir": "/src/code"}})
+
+    (line,) = image_warnings(cfg("localhost/pinpoint-cpu:0.1.0"))
+    assert line.startswith("cluster.image: got 'localhost/pinpoint-cpu:0.1.0'") and "CODE_DIR=/src/code" in line
+    assert image_warnings(cfg("registry.example/team/pinpoint-user:1.2")) == []

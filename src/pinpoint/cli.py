@@ -33,6 +33,8 @@ def cmd_provision(args) -> int:
     cfg = load_config(args.config)
     out = Path(args.out) if args.out else _default_out(args.config)
     summary = provision(cfg, out, nodes=args.nodes, kubeconfig=args.kubeconfig, parent_run_id=args.parent_run_id)
+    for warning in summary["warnings"]:
+        print(f"pinpoint: warning: {warning}", file=sys.stderr)
     print(
         f"pinpoint: {len(summary['tasks'])} task(s) ({', '.join(summary['tasks'])}) -> {out}/cluster_spec.json, "
         f"{out}/manifests/ ({cfg.cluster.flavor}); feasibility: {summary['feasibility']}"

@@ -129,4 +129,20 @@ def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, parent_run_i
         "feasibility": plan["status"],
         "tasks": [t.name for t in tasks],
         "run_id": run_id,
+        "warnings": image_warnings(cfg),
     }
+
+
+def image_warnings(cfg: Config) -> list[str]:
+    """The manifests' pods import the user's code from the image: say so when the image is a
+    stock Pinpoint image, which has none."""
+    from pinpoint.config import is_import_path
+
+    t = cfg.train
+    user = [f for f, v in (("train.model", t.model), ("train.data", t.data), ("train.loss", t.loss)) if is_import_path(v)]
+    repo = cfg.cluster.image.rsplit(":", 1)[0].rsplit("/", 1)[-1]
+    if user and repo in ("pinpoint-cpu", "pinpoint-gpu"):
+        return [f"cluster.image: got {cfg.cluster.image!r}, which does not contain your code ({', '.join(user)}); "
+                f"for the Kubernetes manifests build one with `make images CODE_DIR={t.code_dir}` and set "
+                "cluster.image: pinpoint-user:latest (local runs are not affected)"]
+    return []
