@@ -66,7 +66,10 @@ def cmd_report(args) -> int:
 def cmd_run(args) -> int:
     from pinpoint.config import load_config
 
-    load_config(args.config)  # fail fast, before kfp starts anything
+    from pinpoint.usercode import preflight
+
+    # Fail fast, before kfp starts anything or the provision step writes the run folder.
+    preflight(load_config(args.config))
     # kfp lives outside the library: the pipelines package owns the local run.
     from pipelines.local_run import run_local
 

@@ -254,7 +254,8 @@ class TrainConfig(_Frozen):
     seed: int = 0
     log_every: int = Field(10, ge=1)
     # XLA for each replica's forward+backward on the fast path. None = auto (like Keras fit):
-    # on for none/one_device when no variables/gradients/layers pinning needs per-op placement.
+    # on for a built-in model under none/one_device when no variables/gradients/layers pinning
+    # needs per-op placement; off for a user model unless set to true.
     jit_compile: Optional[bool] = None
 
     @field_validator("model")

@@ -140,12 +140,15 @@ def make_pipeline(cfg: Config, ctx: TaskContext, state: TrainState, start_step: 
 
 
 def use_jit(cfg: Config) -> bool:
-    """XLA on the fast path: as configured, else auto (single-device strategies without
-    variables/gradients/layers pinning, since XLA fuses a function onto one device)."""
+    """XLA on the fast path: as configured, else auto (built-in models under single-device
+    strategies without variables/gradients/layers pinning, since XLA fuses a function onto one
+    device). A user model is not compiled unless asked (train.jit_compile: true): an op XLA
+    cannot compile would otherwise fail mid-run."""
     t, pin = cfg.train, cfg.train.pinning
     if t.jit_compile is not None:
         return t.jit_compile  # config load rejects it for central_storage / parameter_server
-    return t.strategy in ("none", "one_device") and not (pin.variables or pin.gradients or pin.layers)
+    return (t.builtin_model and t.strategy in ("none", "one_device")
+            and not (pin.variables or pin.gradients or pin.layers))
 
 
 def _next_stop(step: int, total: int, every: tuple[int, ...], capture_at: int | None) -> int:
