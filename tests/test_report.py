@@ -106,3 +106,23 @@ def test_cli_report_bad_dir_one_line(tmp_path):
     assert r.returncode != 0
     assert r.stderr.strip().startswith("pinpoint:") and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
+
+
+def test_a_layer_split_gets_one_row_per_layer_and_a_red_row_when_its_backward_ran_elsewhere():
+    p = _sample()
+    p["layers"] = [
+        {"layer": "dense_1", "device": "/GPU:0", "forward_ops": {"/GPU:0": 3}, "backward_ops": {"/GPU:0": 3},
+         "bytes_in": 8192, "bytes_out": 16384},
+        {"layer": "head", "device": "/GPU:1", "forward_ops": {"/GPU:1": 3}, "backward_ops": {"/CPU:0": 4},
+         "bytes_in": 16384, "bytes_out": 1280},
+    ]
+    html = render_html(p, None, {}, "t")
+    section = html[html.index('<section id="layers">'):]
+    section = section[: section.index("</section>")]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", section)
+    cells = [re.sub(r"<[^>]+>", "|", r) for r in rows[1:]]
+    assert len(cells) == 2
+    assert "dense_1" in cells[0] and "16.0 KiB" in cells[0] and "8.0 KiB" in cells[0]
+    assert "/CPU:0: 4" in cells[1]
+    bad = re.findall(r'<tr class="bad"', section)
+    assert len(bad) == 1

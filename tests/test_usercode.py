@@ -158,8 +158,11 @@ def test_functional_model_split_over_two_devices_by_its_own_layer_names(code_dir
     devices = var_devices(placement)
     assert devices["hidden/kernel"] == {"/GPU:0"} and devices["head/kernel"] == {"/GPU:1"}
     assert rule(placement, "layers.hidden")["score"] == 1.0 and rule(placement, "layers.head")["score"] == 1.0
-    # hidden's 48-wide activation crosses to head's device every step (32 x 48 float32).
+    # hidden's 48-wide activation crosses to head's device every step (32 x 48 float32), and
+    # its gradient crosses back: each layer's backward pass runs on its own device.
     assert placement["transfers"]["matrix"]["/GPU:0"]["/GPU:1"]["bytes"] == 32 * 48 * 4
+    assert placement["transfers"]["matrix"]["/GPU:1"]["/GPU:0"]["bytes"] == 32 * 48 * 4
+    assert rule(placement, "layers.hidden")["backward"] == {"relevant": 3, "score": 1.0, "observed": {"/GPU:0": 3}}
     assert metrics["model"] == "userpkg.models:functional" and metrics["num_params"] == 64 * 48 + 48 + 48 * 10 + 10
     # The tf.data pipeline runs on the host (no input pinning) and says which ops it has.
     assert placement["input_pipeline"]["device"] == "/CPU:0"

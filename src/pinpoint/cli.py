@@ -65,7 +65,6 @@ def cmd_report(args) -> int:
 
 def cmd_run(args) -> int:
     from pinpoint.config import load_config
-
     from pinpoint.usercode import preflight
 
     # Fail fast, before kfp starts anything or the provision step writes the run folder.

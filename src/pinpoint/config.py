@@ -169,6 +169,10 @@ class PinningConfig(_Frozen):
     variables: Optional[str] = None
     gradients: Optional[str] = None
     layers: dict[str, str] = Field(default_factory=dict)
+    # With layers pinned: "follow" runs each layer's backward ops on the layer's device (TF's
+    # colocation of gradients with their forward ops); "default" places them by the device scope
+    # of the gradient call (the host, or the first GPU on a GPU machine).
+    layers_backward: Literal["follow", "default"] = "follow"
     input: Optional[str] = None
     soft_placement: bool = True
     visible_devices: Optional[tuple[str, ...]] = None

@@ -198,6 +198,8 @@ def build_placement(
             ops_detail, var_info["variables"], plan, strategy, device_map, namer, grad_re, layer_scopes,
             re.compile(rf"(^|/){re.escape(input_scope)}(_\d+)?/"),
         ),
+        "layers": _layer_table(ops_detail, transfer_steps[0]["items"] if transfer_steps else [], plan, namer,
+                               grad_re, layer_scopes),
         "ops": ops_detail,
         "notes": _notes(captures, ops_detail, strategy),
         "explain": EXPLAIN,
@@ -372,6 +374,15 @@ def _transfers(cap, namer: Namer) -> dict:
     for g in cap.partition_graphs:
         for n in g.node:
             nodes[n.name] = n
+    # Which ops consume each transferred tensor: the nodes reading the matching _Recv.
+    consumers: dict[str, list[str]] = defaultdict(list)
+    for g in cap.partition_graphs:
+        recvs = {n.name: n.attr["tensor_name"].s.decode() for n in g.node if n.op in TRANSPORT - SENDS}
+        for n in g.node:
+            for i in n.input:
+                key = recvs.get(i.lstrip("^").split(":")[0])
+                if key and n.op not in BOOKKEEPING:
+                    consumers[key].append(n.name)
     count = nbytes = sized = 0
     matrix: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
     items = []
@@ -407,7 +418,8 @@ def _transfers(cap, namer: Namer) -> dict:
                 sized += 1
                 nbytes += size
                 cell["bytes"] += size
-            items.append({"tensor": inp, "from": s, "to": d, "bytes": size})
+            items.append({"tensor": inp, "from": s, "to": d, "bytes": size,
+                          "consumers": consumers.get(n.attr["tensor_name"].s.decode(), [])})
     # Collective ops (all-reduce, all-gather, broadcast) move data between replicas outside the
     # _Send/_Recv pairs (ring/NCCL/gRPC); counted separately with the size of their input.
     coll: dict[str, dict[str, int]] = defaultdict(lambda: {"count": 0, "bytes": 0})
@@ -434,6 +446,23 @@ def _transfers(cap, namer: Namer) -> dict:
         "collectives": {d: dict(c) for d, c in coll.items()},
         "loop_control": loop,
     }
+
+
+def _layer_table(ops, items, plan, namer: Namer, grad_re, layer_scopes) -> list[dict]:
+    """Model parallelism at a glance: per pinned layer, its device, forward and backward ops per
+    device, and the bytes its ops receive from and send to other devices each step."""
+    rows = []
+    for layer, dev in (getattr(plan, "layers", None) or {}).items():
+        lre = _layer_re((layer_scopes or {}).get(layer, layer))
+        mine = [o for o in ops if o["type"] not in NOT_COMPUTE and lre.search(o["op"])]
+        fwd = Counter(o["device"] for o in mine if not grad_re.search(o["op"]))
+        bwd = Counter(o["device"] for o in mine if grad_re.search(o["op"]))
+        out_b = sum(t["bytes"] or 0 for t in items if lre.search(t["tensor"]))
+        in_b = sum(t["bytes"] or 0 for t in items
+                   if not lre.search(t["tensor"]) and any(lre.search(c) for c in t.get("consumers", ())))
+        rows.append({"layer": layer, "device": namer.spec(dev), "forward_ops": dict(fwd), "backward_ops": dict(bwd),
+                     "bytes_in": in_b, "bytes_out": out_b})
+    return rows
 
 
 def _merge_transfer_steps(steps: list[dict], step_ids: list[list[int]] | None = None) -> dict:
@@ -694,10 +723,16 @@ def _conformance(ops, variables, plan, strategy, device_map, namer, grad_re, lay
             rel = [(o["op"], o["device"]) for o in compute if grad_re.search(o["op"])]
             rules.append(_rule("gradients", namer.spec(plan.gradients), rel))
         for layer, dev in (getattr(plan, "layers", None) or {}).items():
-            scope = (layer_scopes or {}).get(layer, layer)
-            lre = _layer_re(scope)
-            rel = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and not grad_re.search(o["op"])]
-            rules.append(_rule(f"layers.{layer}", namer.spec(dev), rel))
+            lre = _layer_re((layer_scopes or {}).get(layer, layer))
+            fwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and not grad_re.search(o["op"])]
+            # The layer's backward ops (gradients/.../<layer>/..._grad): a plan whose backward pass
+            # ignores the pins cannot score 1.
+            bwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and grad_re.search(o["op"])]
+            rule = _rule(f"layers.{layer}", namer.spec(dev), fwd + bwd)
+            for part, rel in (("forward", fwd), ("backward", bwd)):
+                sub = _rule(part, namer.spec(dev), rel)
+                rule[part] = {"relevant": sub["relevant"], "score": sub["score"], "observed": sub["observed"]}
+            rules.append(rule)
         if getattr(plan, "input", None):
             # An Identity the partitioner adds where a replica receives its batch (".../_27" on
             # the replica's device) forwards the copy; it does no input work.

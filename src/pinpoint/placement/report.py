@@ -267,6 +267,27 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
     )
     parts.append(_section("Conformance with the plan", what, body, "conformance"))
 
+    # --- model parallelism: one row per pinned layer
+    layer_rows = placement.get("layers") or []
+    if layer_rows:
+        def per_dev(counts: dict) -> str:
+            return ", ".join(f"{d}: {n:g}" for d, n in counts.items()) or "-"
+
+        rows, bad = [], set()
+        for i, r in enumerate(layer_rows):
+            off = set(r["forward_ops"]) | set(r["backward_ops"])
+            if off - {r["device"]}:
+                bad.add(i)
+            rows.append([r["layer"], r["device"], per_dev(r["forward_ops"]), per_dev(r["backward_ops"]),
+                         human_bytes(r["bytes_in"]), human_bytes(r["bytes_out"])])
+        parts.append(_section(
+            "Layers split across devices",
+            "Model parallelism at a glance: each pinned layer's device, where its forward and backward ops "
+            "ran per step, and the bytes its ops receive from and send to other devices per step (the "
+            "boundary activation out, its gradient back in). A row is red when some of its ops ran elsewhere.",
+            _table(["layer", "planned", "forward ops", "backward ops", "bytes in", "bytes out"], rows,
+                   bad_rows=bad), "layers"))
+
     # --- replica consistency
     if rc:
         per_var = rc.get("variables") or {}
@@ -328,7 +349,7 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         f'<a href="#{a}">{t}</a>'
         for a, t in [("summary", "summary"), ("devices", "devices"), ("ops", "ops"), ("transfers", "transfers"),
                      ("fallbacks", "fallbacks"), ("variables", "variables"), ("gradients", "gradients"),
-                     ("conformance", "conformance"), ("replicas", "replicas")]
+                     ("conformance", "conformance"), ("layers", "layers"), ("replicas", "replicas")]
     )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"

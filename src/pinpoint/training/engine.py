@@ -209,6 +209,7 @@ def train(
     pipeline = make_pipeline(cfg, ctx, state, start)
     trainer = Trainer(ctx.strategy, model, optimizer, pipeline, state.objective,
                       gradient_device=dm.physical(pin.gradients) if pin.gradients else None,
+                      backward_follows_layers=bool(pin.layers) and pin.layers_backward == "follow",
                       coordinator=ctx.coordinator, start_step=start, jit_compile=use_jit(cfg))
 
     num_params = int(sum(v.numpy().size for v in model.trainable_variables))

@@ -38,6 +38,7 @@ class Trainer:
         objective,
         *,
         gradient_device: str | None = None,
+        backward_follows_layers: bool = False,
         coordinator=None,
         start_step: int = 0,
         jit_compile: bool = False,
@@ -48,6 +49,8 @@ class Trainer:
         self.pipeline = pipeline  # InputPipeline (in memory) or StreamInput (tf.data)
         self.objective = objective
         self.gradient_device = gradient_device
+        # pinning.gradients wins: all gradients on its device.
+        self.backward_follows_layers = backward_follows_layers and gradient_device is None
         self.coordinator = coordinator
         self.global_batch = pipeline.global_batch
         self.step = start_step
@@ -71,9 +74,16 @@ class Trainer:
             # mixed_float16: the loss-scale optimizer scales up here and unscales in apply.
             scaled = self.optimizer.scale_loss(loss)
         variables = self.model.trainable_variables
-        # The backward pass: pinned to one device when train.pinning.gradients is set.
-        with tf.name_scope("gradients"), _device(self.gradient_device):
-            grads = tape.gradient(scaled, variables)
+        if self.backward_follows_layers:
+            # Model parallelism: graph-mode gradients (this runs inside the training tf.function)
+            # colocate every gradient op with its forward op, so each pinned layer's backward pass
+            # runs on the layer's device and activation gradients cross back between devices.
+            # tape.gradient would place them all by the device scope of this call instead.
+            grads = tf.gradients(scaled, tf_variables(variables), name="gradients")
+        else:
+            # The backward pass: pinned to one device when train.pinning.gradients is set.
+            with tf.name_scope("gradients"), _device(self.gradient_device):
+                grads = tape.gradient(scaled, variables)
         correct = (tf.reduce_sum(self.objective.correct(y, pred)) if self.objective.correct is not None
                    else tf.constant(0.0))
         return loss, correct, grads
