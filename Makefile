@@ -17,7 +17,7 @@ PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=8
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup run provision train report compile submit images lint mlflow-ui \
+.PHONY: help setup run provision train report example-data compile submit images lint mlflow-ui \
         system-deps test test-fast test-unit test-integration test-slow test-faults bench clean
 
 help: ## list the targets
@@ -44,6 +44,9 @@ train: $(STAMP) ## rerun one step: training -> placement.json, metrics.json, che
 
 report: $(STAMP) ## rerun one step: report.html and charts from runs/<name>/
 	$(BIN)/pinpoint report $(RUN_DIR)
+
+example-data: $(STAMP) ## write the worked example's TFRecords to examples/digits_cnn/data/ (examples/digits_cnn/README.md)
+	PYTHONPATH=examples/digits_cnn$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m digits_cnn.data examples/digits_cnn/data
 
 compile: $(STAMP) ## compile the kfp pipelines to YAML (settings from CONFIG; also placement_sweep.yaml)
 	$(BIN)/pinpoint compile --out $(PIPELINE_YAML) --config $(CONFIG)
