@@ -2,12 +2,15 @@
 
 Settings (kept equal to Pinpoint's so the ratio measures the training loops, not the setups):
 - model: `pinpoint.training.models.build_model` (same layers, seeds, initializers), built under
-  the same strategy's scope on the same devices (`pinpoint.devices.setup_devices` + `get_strategy`);
+  the same strategy's scope on the same devices (`pinpoint.devices.setup_devices` + `get_strategy`).
+  A user's model (`train.model: package.module:callable`) is built by the user's callable, with
+  the arguments Pinpoint passes it (`user_model`);
 - data: the same arrays (`load_arrays`), global batches of `train.batch_size` from a
   `tf.data` pipeline (shuffle, repeat, batch, prefetch): the idiomatic Keras input, which
-  `fit` splits across replicas (and across workers, DATA auto-sharding) itself;
-- loss: sparse categorical cross-entropy from logits, averaged over the global batch (the same
-  objective as Pinpoint's per-replica sum / global batch), metric: accuracy;
+  `fit` splits across replicas (and across workers, DATA auto-sharding) itself; `tfrecord:GLOB`
+  data: the same files, parsed with the config's feature spec (`tfrecord_input`);
+- loss: sparse categorical cross-entropy from logits (`train.from_logits`), averaged over the
+  global batch (the same objective as Pinpoint's per-replica sum / global batch), metric: accuracy;
 - optimizer: the same class and learning rate; `jit_compile` as Pinpoint decides for the config
   (`pinpoint.training.engine.use_jit`), so both sides use XLA or neither does;
 - `steps_per_execution = train.log_every`: Pinpoint runs `log_every` steps per tf.function call,
@@ -83,21 +86,28 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
     else:
         strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host)
         replica_devices = list(dm.replica_devices)
-    arrays = load_arrays(cfg)
     gb = cfg.train.batch_size
-    ds = (
-        tf.data.Dataset.from_tensor_slices((arrays.x, arrays.y))
-        .shuffle(len(arrays.x), seed=cfg.train.seed, reshuffle_each_iteration=True)
-        .repeat()
-        .batch(gb, drop_remainder=True)
-        .prefetch(tf.data.AUTOTUNE)
-    )
+    if cfg.train.streamed:
+        ds, input_shape, num_classes = tfrecord_input(cfg)
+    else:
+        arrays = load_arrays(cfg)
+        ds = (
+            tf.data.Dataset.from_tensor_slices((arrays.x, arrays.y))
+            .shuffle(len(arrays.x), seed=cfg.train.seed, reshuffle_each_iteration=True)
+            .repeat()
+            .batch(gb, drop_remainder=True)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+        input_shape, num_classes = (arrays.features,), arrays.num_classes
     keras.utils.set_random_seed(cfg.train.seed)
     with strategy.scope():
-        model = build_model(cfg.train.model, (arrays.features,), arrays.num_classes, seed=cfg.train.seed)
+        if cfg.train.builtin_model:
+            model = build_model(cfg.train.model, input_shape, num_classes, seed=cfg.train.seed)
+        else:
+            model = user_model(cfg, input_shape, num_classes)
         model.compile(
             optimizer=_optimizer(keras, cfg),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.train.from_logits),
             metrics=["accuracy"],
             jit_compile=jit_setting(cfg),
             steps_per_execution=steps_per_execution(cfg, multi_worker),
@@ -132,6 +142,59 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
         "steps_per_execution": steps_per_execution(cfg, multi_worker),
         "jit_compile": jit_setting(cfg),
     }
+
+
+def tfrecord_input(cfg):
+    """A `tfrecord:GLOB` source as a Keras user reads it: the files (sorted), parsed with the
+    config's feature spec (`train.features`, label `train.label_column`), shuffled with the
+    config's buffer and seed, repeated, in global batches, prefetched. Returns the dataset, one
+    example's input shape (a dict of shapes for several features) and `train.num_classes`."""
+    import tensorflow as tf
+
+    from pinpoint.config import file_source
+
+    t = cfg.train
+    kind, pattern = file_source(t.data) or ("", "")
+    if kind != "tfrecord":
+        raise ValueError(f"keras_peer: train.data: got {t.data!r}; the Keras peer reads tfrecord:GLOB or in-memory data")
+    files = sorted(tf.io.gfile.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"keras_peer: no file matches {pattern}")
+    spec = {name: tf.io.FixedLenFeature(list(f.shape), getattr(tf, f.dtype)) for name, f in t.features.items()}
+    shapes = {name: tuple(f.shape) for name, f in t.features.items() if name != t.label_column}
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, spec)
+        label = example.pop(t.label_column)
+        return (next(iter(example.values())) if len(example) == 1 else example), label
+
+    ds = (
+        tf.data.TFRecordDataset(files, num_parallel_reads=min(len(files), 8) if len(files) > 1 else None)
+        .map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        .shuffle(t.shuffle_buffer, seed=t.seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(t.batch_size, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    return ds, (next(iter(shapes.values())) if len(shapes) == 1 else shapes), t.num_classes
+
+
+def user_model(cfg, input_shape, num_classes):
+    """The user's `package.module:callable`, imported from `train.code_dir` and called as its
+    signature asks: `train.model_args` plus input_shape, num_classes and seed where it names them
+    (the arguments Pinpoint passes, so both sides build the same model)."""
+    import importlib
+    import inspect
+    import sys
+
+    t = cfg.train
+    if t.code_dir and t.code_dir not in sys.path:
+        sys.path.insert(0, t.code_dir)
+    module, _, name = t.model.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    params = inspect.signature(fn).parameters
+    offered = {"input_shape": input_shape, "num_classes": num_classes, "seed": t.seed}
+    return fn(**t.model_args, **{k: v for k, v in offered.items() if k in params and k not in t.model_args})
 
 
 def jit_setting(cfg) -> bool:

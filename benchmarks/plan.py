@@ -8,7 +8,11 @@ from pathlib import Path
 
 import yaml
 
-DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "configs" / "demo.yaml"
+# The worked example of the user-code contract (issue 13): the user's CNN on TFRecord files.
+EXAMPLE = ROOT / "examples" / "digits_cnn"
+OUT = ROOT / "benchmarks" / "out"  # run.py's default --out
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,15 @@ class Ratio:
 
 
 @dataclass(frozen=True)
+class Prepare:
+    """A command run once before a comparison's first round (e.g. writing the files it reads):
+    `python ARGV...` from the repository root, with `pythonpath` first on PYTHONPATH."""
+
+    argv: tuple[str, ...]
+    pythonpath: str = ""
+
+
+@dataclass(frozen=True)
 class Comparison:
     key: str
     title: str
@@ -53,6 +66,7 @@ class Comparison:
     note: str = ""
     skipped: str = ""  # why this comparison cannot run on this machine
     repeats: int | None = None  # rounds, when not Settings.repeats
+    prepare: Prepare | None = None
 
 
 def demo_config() -> dict:
@@ -72,8 +86,48 @@ def bench_config(name: str, *, strategy: str, devices: int, steps: int, batch: i
     return cfg
 
 
-def _pair(key: str, title: str, cfg: dict, s: Settings, *, note: str = "", skipped: str = "") -> Comparison:
-    common = {"config": cfg, "warmup_steps": s.warmup_steps, "peak": True}
+def user_model_config(name: str, *, steps: int, batch: int, data_dir: Path) -> dict:
+    """The worked example's config (its model, features, optimizer, learning rate), for one arm:
+    strategy none on 1 device without layer pinning (`fit` cannot pin layers), its TFRecord files
+    read from `data_dir` (written by the bench, not into the source tree), checkpoints and MLflow
+    off like the other Pinpoint-vs-Keras arms."""
+    cfg = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    t = cfg["train"]
+    cfg["name"] = name
+    cfg["cluster"].update(chief=1, workers=0, ps=0, evaluator=0, devices_per_worker=1)
+    t["pinning"] = {k: v for k, v in (t.get("pinning") or {}).items() if k != "layers"}
+    pattern = Path(t["data"].partition(":")[2]).name  # tfrecord:data/digits-*.tfrecord -> digits-*.tfrecord
+    t.update(strategy="none", steps=steps, batch_size=batch, checkpoint_every=0, code_dir=str(EXAMPLE),
+             data=f"tfrecord:{data_dir / pattern}")
+    cfg["tracking"] = dict(cfg.get("tracking") or {}, enabled=False, experiment="pinpoint-bench")
+    cfg["placement"] = dict(cfg.get("placement") or {}, enabled=True)
+    return cfg
+
+
+def _pair_user_model(s: Settings, b2: int, out: Path) -> Comparison:
+    data_dir = out.resolve() / "keras-user-model" / "data"
+    cfg = user_model_config("bench-user-model", steps=s.steps, batch=b2, data_dir=data_dir)
+    t = cfg["train"]
+    args = ", ".join(f"{k}={v}" for k, v in t.get("model_args", {}).items())
+    return _pair(
+        "keras-user-model", "worked example: the user's CNN on TFRecord files (examples/digits_cnn), strategy none, 1 device",
+        cfg, s,
+        note=(f"both sides build the model with the user's callable `{t['model']}` ({args}, seed {t['seed']}) and "
+              f"read the same TFRecord files (written by `digits_cnn.data.write_tfrecords` into the bench's output "
+              f"folder) with the example's feature spec; {t['optimizer']} at learning rate {t['learning_rate']}, "
+              f"global batch {b2}; Keras reads them with tf.data (parse, shuffle, repeat, batch, prefetch). "
+              "Strategy none on 1 device and no layer pinning on either side: the example's `pinning.layers` is "
+              "dropped, since `fit` cannot pin layers. XLA as Pinpoint decides for the config on both sides (a user "
+              "model: off unless `train.jit_compile: true`)."),
+        # No matmul peak: it serves MFU, whose FLOPs count knows Dense-only models (a few seconds per run).
+        peak=False,
+        prepare=Prepare(("-m", "digits_cnn.data", str(data_dir)), pythonpath=str(EXAMPLE)),
+    )
+
+
+def _pair(key: str, title: str, cfg: dict, s: Settings, *, note: str = "", skipped: str = "", peak: bool = True,
+          prepare: Prepare | None = None) -> Comparison:
+    common = {"config": cfg, "warmup_steps": s.warmup_steps, "peak": peak}
     return Comparison(
         key=key,
         title=title,
@@ -85,6 +139,7 @@ def _pair(key: str, title: str, cfg: dict, s: Settings, *, note: str = "", skipp
                       ">= 1" if key in ("keras-none", "keras-mirrored") else None),),
         note=note,
         skipped=skipped,
+        prepare=prepare,
     )
 
 
@@ -95,7 +150,7 @@ def _pair_mwm(s: Settings, b2: int) -> Comparison:
                            steps=max(s.steps // 2, 2 * s.warmup_steps), batch=b2), s)
 
 
-def build_plan(s: Settings) -> list[Comparison]:
+def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
     b2 = 2 * s.per_replica_batch
     need2 = "needs 2 GPUs; this machine has 1" if s.gpus == 1 else ""
     plan = [
@@ -143,6 +198,7 @@ def build_plan(s: Settings) -> list[Comparison]:
     ))
     # Order: the issue targets first (3.8, 4.6), so a stopped run still has them.
     plan.append(_pair_mwm(s, b2))
+    plan.append(_pair_user_model(s, b2, out))
     plan.append(Comparison(
         key="make-run",
         title="`make run` (pinpoint run configs/demo.yaml through kfp.local)",

@@ -73,11 +73,12 @@ def section_keras(plan: list[Comparison], results: Results) -> str:
             _settings(c, runs),
             str(_n(runs)),
         ])
+    notes = [f"- {c.title}: {c.note}" for c in plan if c.key.startswith("keras-") and c.note]
     return markdown_table(
         ["setup", "pinpoint train ex/s", "Keras fit ex/s", "ratio pinpoint/Keras", "issue 3.8",
          "MFU pinpoint / Keras", "XLA, steps per call (pinpoint / Keras)", "runs"],
         rows,
-    )
+    ) + ("\n" + "\n".join(notes) + "\n" if notes else "")
 
 
 def _first(recs: Sequence[dict], key: str):

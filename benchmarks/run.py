@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import machine_info
-from benchmarks.plan import Comparison, Settings, build_plan
+from benchmarks.plan import Comparison, Prepare, Settings, build_plan
 from benchmarks.worker import RESULT_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +52,24 @@ def run_worker(spec: dict, out: Path, timeout: float = RUN_TIMEOUT_S) -> dict:
     return record
 
 
+def run_prepare(prep: Prepare, log: Path, timeout: float = RUN_TIMEOUT_S) -> str | None:
+    """Run a comparison's preparation command once; None if it succeeded, else why not."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    if prep.pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (prep.pythonpath, env.get("PYTHONPATH")) if p)
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run([sys.executable, *prep.argv], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                                timeout=timeout, check=False).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    if rc == 0:
+        return None
+    tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-3:]
+    return f"prepare (python {' '.join(prep.argv)}) exit {rc}: {' / '.join(tail)[-400:]}"
+
+
 def _headline(rec: dict) -> str:
     if "error" in rec:
         return f"FAILED ({rec['error'][:160]})"
@@ -71,6 +90,12 @@ def run_comparison(comp: Comparison, repeats: int, out: Path, results: dict, log
     """Rounds of interleaved arms; returns {arm: [record per round]}."""
     runs: dict[str, list[dict]] = {}
     own = [a for a in comp.arms if not (a.reuse and a.reuse[0] in results and a.reuse[1] in results[a.reuse[0]])]
+    if comp.prepare is not None:
+        err = run_prepare(comp.prepare, out / comp.key / "prepare.log")
+        if err:
+            log(f"[{comp.key}] {err}")
+            return {a.name: [{"error": err, "log": str(out / comp.key / "prepare.log"), "process_wall_s": 0.0}]
+                    for a in own}
     for a in comp.arms:
         if a not in own:
             runs[a.name] = results[a.reuse[0]][a.reuse[1]][:repeats]
@@ -88,8 +113,6 @@ def run_comparison(comp: Comparison, repeats: int, out: Path, results: dict, log
 
 
 def _save(out: Path, machine: dict, command: str, s: Settings, elapsed: float, results: dict) -> dict:
-    import os
-
     machine = dict(machine, loadavg_at_end=[round(x, 2) for x in os.getloadavg()])
     raw = {"machine": machine, "command": command, "settings": s.__dict__, "elapsed_s": elapsed,
            "results": results}
@@ -114,7 +137,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=None, help="runs per arm (default 5; --quick: 1)")
     p.add_argument("--quick", action="store_true", help="1 repeat, few steps: checks the harness, not the numbers")
-    p.add_argument("--only", default="", help="comma-separated comparisons (keras-none, keras-mirrored, keras-mwm, overhead, scaling, make-run)")
+    p.add_argument("--only", default="", help="comma-separated comparisons (keras-none, keras-mirrored, keras-mwm, "
+                   "keras-user-model, overhead, scaling, make-run)")
     p.add_argument("--steps", type=int, default=None, help="steps of the Pinpoint-vs-Keras and scaling runs")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="raw results (git-ignored)")
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"), help="the markdown report")
@@ -142,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     machine = machine_info()
     s = settings_from(args, len(machine["gpus"]))
-    plan = build_plan(s)
+    plan = build_plan(s, Path(args.out))
     keys = [c.key for c in plan]
     only = [k.strip() for k in args.only.split(",") if k.strip()]
     bad = [k for k in only if k not in keys]

@@ -200,3 +200,62 @@ def test_overhead_capture_arms_get_more_rounds_than_the_mlflow_arm(monkeypatch, 
     runs = run.run_comparison(comp, comp.repeats, tmp_path, {}, log=lambda m: None)
     assert len(runs["capture-on"]) == len(runs["baseline"]) == 6
     assert len(runs["mlflow-on"]) == 2 and "r2-mlflow-on" not in calls
+
+
+def test_user_model_pair_runs_the_worked_example_without_layer_pinning(tmp_path):
+    """Issue 13: the worked example (examples/digits_cnn) against Keras fit, both arms on one
+    config derived from its config.yaml; the TFRecords are written under the bench's --out."""
+    from benchmarks.plan import EXAMPLE, Settings, build_plan
+    from pinpoint.config import config_from_dict
+
+    plan = build_plan(Settings(repeats=2, steps=400, warmup_steps=50), tmp_path)
+    comp = next(c for c in plan if c.key == "keras-user-model")
+    assert [a.name for a in comp.arms] == ["pinpoint", "keras"]
+    assert [a.spec["kind"] for a in comp.arms] == ["pinpoint", "keras"]
+    assert comp.arms[0].spec["config"] is comp.arms[1].spec["config"]  # one config, both sides
+    assert comp.ratios[0].target is None and comp.note and not comp.skipped
+    cfg = config_from_dict(comp.arms[0].spec["config"])
+    t = cfg.train
+    assert t.model == "digits_cnn.model:build_model" and t.code_dir == str(EXAMPLE)
+    assert t.strategy == "none" and cfg.cluster.devices_per_worker == 1 and not t.pinning.layers
+    data_dir = tmp_path.resolve() / "keras-user-model" / "data"
+    assert t.data == f"tfrecord:{data_dir}/digits-*.tfrecord"
+    assert set(t.features) == {"image", "label"} and t.num_classes == 10
+    assert (t.steps, t.batch_size, t.checkpoint_every, cfg.tracking.enabled) == (400, 64, 0, False)
+    assert comp.prepare.argv == ("-m", "digits_cnn.data", str(data_dir)) and comp.prepare.pythonpath == str(EXAMPLE)
+    assert (EXAMPLE / "digits_cnn" / "data.py").is_file()
+
+
+def test_prepare_runs_once_and_its_failure_fails_the_arms(monkeypatch, tmp_path):
+    import benchmarks.run as run
+    from benchmarks.plan import Arm, Comparison, Prepare
+
+    out = tmp_path / "p.txt"
+    ok = Prepare(("-c", f"import os; open({str(out)!r}, 'w').write(os.environ['PYTHONPATH'])"), pythonpath="/x/code")
+    assert run.run_prepare(ok, tmp_path / "ok.log") is None
+    assert out.read_text().split(":")[0] == "/x/code"
+    err = run.run_prepare(Prepare(("-c", "print('no data'); raise SystemExit(3)")), tmp_path / "bad.log")
+    assert "exit 3" in err and "no data" in err
+
+    calls = []
+    monkeypatch.setattr(run, "run_worker", lambda spec, out: calls.append(out.name) or {"process_wall_s": 9.0})
+    monkeypatch.setattr(run, "run_prepare", lambda prep, log: calls.append("prepare") or None)
+    comp = Comparison("c", "c", (Arm("a", "a"), Arm("b", "b")), prepare=ok)
+    runs = run.run_comparison(comp, 2, tmp_path, {}, log=lambda m: None)
+    assert calls == ["prepare", "r0-a", "r0-b", "r1-b", "r1-a"] and len(runs["a"]) == 2
+    monkeypatch.setattr(run, "run_prepare", lambda prep, log: "prepare exit 1: boom")
+    runs = run.run_comparison(comp, 2, tmp_path, {}, log=lambda m: None)
+    assert all(len(r) == 1 and "boom" in r[0]["error"] for r in runs.values())
+
+
+def test_render_lists_the_user_model_row_and_its_note():
+    from benchmarks.render import render_markdown
+
+    plan, results, raw = _fake_results()
+    results["keras-user-model"] = {"pinpoint": [{"examples_per_sec": 30.0, "jit_compile": False}] * 2,
+                                   "keras": [{"examples_per_sec": 20.0, "jit_compile": False,
+                                              "steps_per_execution": 10}] * 2}
+    md = render_markdown(plan, results, raw, None)
+    title = next(c.title for c in plan if c.key == "keras-user-model")
+    assert f"| {title} | 30 (30–30) | 20 (20–20) | 1.5 (1.5–1.5) | recorded | n/a / n/a | XLA off / off, 10 / 10 | 2 |" in md
+    assert f"- {title}: both sides build the model with the user's callable `digits_cnn.model:build_model`" in md

@@ -35,3 +35,23 @@ def test_quick_bench_runs_both_sides_and_writes_results(tmp_path):
     assert "| strategy none, 1 device |" in md and "met (target >= 1)" in md  # "met" or "NOT met"
     assert raw["machine"]["nproc"] >= 1 and raw["machine"]["tensorflow"] in md
     assert results.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.timeout(300)
+def test_quick_bench_runs_the_worked_example_against_keras(tmp_path):
+    """Issue 13: the user's model (examples/digits_cnn) on TFRecords the bench writes under --out."""
+    results = tmp_path / "RESULTS.md"
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "keras-user-model",
+         "--out", str(tmp_path / "out"), "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280, check=False,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert len(list((tmp_path / "out" / "keras-user-model" / "data").glob("digits-*.tfrecord"))) == 4
+    runs = json.loads((tmp_path / "out" / "results.json").read_text())["results"]["keras-user-model"]
+    pp, keras = runs["pinpoint"][0], runs["keras"][0]
+    for rec in (pp, keras):
+        assert rec["examples_per_sec"] > 0 and rec["steps_timed"] >= 20 and rec["jit_compile"] is False
+        assert rec["model_layers"] == [[512, 64], [64, 10]]  # the user's CNN: dense 8x8 -> pool -> 4*4*32
+    assert pp["replica_devices"] == keras["replica_devices"] and pp["num_params"] == 38282
+    assert "| worked example: the user's CNN on TFRecord files" in results.read_text()
