@@ -181,20 +181,14 @@ def tfrecord_input(cfg):
 
 def user_model(cfg, input_shape, num_classes):
     """The user's `package.module:callable`, imported from `train.code_dir` and called as its
-    signature asks: `train.model_args` plus input_shape, num_classes and seed where it names them
-    (the arguments Pinpoint passes, so both sides build the same model)."""
-    import importlib
-    import inspect
-    import sys
+    signature asks, through the same code Pinpoint uses (`pinpoint.usercode`): `train.model_args`
+    plus input_shape, num_classes and seed where it names them, so both sides build one model."""
+    from pinpoint import usercode
 
     t = cfg.train
-    if t.code_dir and t.code_dir not in sys.path:
-        sys.path.insert(0, t.code_dir)
-    module, _, name = t.model.partition(":")
-    fn = getattr(importlib.import_module(module), name)
-    params = inspect.signature(fn).parameters
+    fn = usercode.load_callable(cfg, "train.model", t.model)
     offered = {"input_shape": input_shape, "num_classes": num_classes, "seed": t.seed}
-    return fn(**t.model_args, **{k: v for k, v in offered.items() if k in params and k not in t.model_args})
+    return usercode.call(fn, "train.model", t.model, t.model_args, offered, "train.model_args")
 
 
 def jit_setting(cfg) -> bool:

@@ -4,7 +4,6 @@ by the user's layer names, resume with the same batches, mixed precision."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 from pinpoint.config import config_from_dict
+from tests.test_training import rule, train, var_devices
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -108,24 +108,6 @@ def make_cfg(code_dir, pinning=None, **train):
         "name": "u", "cluster": {"devices_per_worker": 2, "emulate": True},
         "train": base, "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
     })
-
-
-def train(cfg, out: Path):
-    from pinpoint.training import train_command
-
-    assert train_command(cfg, out) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
-    placement = json.loads((out / "placement.json").read_text())
-    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    return metrics, placement, log
-
-
-def rule(placement, name):
-    return next(r for r in placement["conformance"]["rules"] if r["rule"] == name)
-
-
-def var_devices(placement) -> dict[str, set]:
-    return {v["name"]: set(v["devices"]) for v in placement["variables"]}
 
 
 def write_digits_tfrecords(folder: Path, shards: int) -> None:
