@@ -105,22 +105,21 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
 def check_forward(cfg: Config, model, data, objective) -> None:
     """One forward pass and loss on two real examples: a model whose output does not fit the
     labels, or a loss that is not per-example, fails here in one line instead of mid-run."""
-    for x, y in data.eval_batches(2):
-        try:
-            per_example = objective.loss(y, model(x, training=False))
-        except Exception as err:  # noqa: BLE001 - user model/loss on user data: one line
-            last = str(err).strip().splitlines()
-            raise ConfigError(
-                f"config error: train.model: got {cfg.train.model!r}; its output does not fit the labels "
-                f"of train.data under loss '{cfg.train.loss}' ({type(err).__name__}: {last[-1] if last else ''}); "
-                "make the model's output match the labels (e.g. num_classes units for class ids)"
-            ) from None
-        if per_example.shape.rank != 1:
-            raise ConfigError(
-                f"config error: train.loss: got {cfg.train.loss!r}; it returned shape {list(per_example.shape)} "
-                "for a batch of 2; return one loss per example (shape [batch]), not a reduced value"
-            )
-        return
+    x, y = next(iter(data.eval_batches(2)))
+    try:
+        per_example = objective.loss(y, model(x, training=False))
+    except Exception as err:  # noqa: BLE001 - user model/loss on user data: one line
+        last = str(err).strip().splitlines()
+        raise ConfigError(
+            f"config error: train.model: got {cfg.train.model!r}; its output does not fit the labels "
+            f"of train.data under loss '{cfg.train.loss}' ({type(err).__name__}: {last[-1] if last else ''}); "
+            "make the model's output match the labels (e.g. num_classes units for class ids)"
+        ) from None
+    if per_example.shape.rank != 1:
+        raise ConfigError(
+            f"config error: train.loss: got {cfg.train.loss!r}; it returned shape {list(per_example.shape)} "
+            "for a batch of 2; return one loss per example (shape [batch]), not a reduced value"
+        )
 
 
 def make_pipeline(cfg: Config, ctx: TaskContext, state: TrainState, start_step: int = 0):
