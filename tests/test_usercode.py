@@ -267,3 +267,14 @@ def test_mixed_precision_trains_and_the_report_shows_the_casts(code_dir, tmp_pat
     # float32 variables are cast to the compute dtype on the device that computes.
     assert placement["precision"]["casts_by_device"]["/CPU:0"] >= 4
     assert metrics["precision"] == policy
+
+
+def test_a_split_user_model_computes_what_the_unsplit_one_does(code_dir, tmp_path):
+    """Model parallelism on the user's own model: forward and backward on each layer's device,
+    the same losses as without the split (same seed, same batches)."""
+    common = dict(model="userpkg.models:functional", data="userpkg.data:digits", num_classes=10, steps=20)
+    _, placement, split = train(make_cfg(code_dir, {"layers": {"hidden": "/GPU:0", "head": "/GPU:1"}}, **common),
+                                tmp_path / "split")
+    _, _, plain = train(make_cfg(code_dir, **common), tmp_path / "plain")
+    assert rule(placement, "layers.head")["backward"]["observed"] == {"/GPU:1": 3}
+    np.testing.assert_allclose([r["loss"] for r in split], [r["loss"] for r in plain], rtol=1e-5)
