@@ -12,13 +12,22 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 BATCH = 64
+PREDICT = """
+import json, sys
+import mlflow, numpy as np
+from sklearn.datasets import load_digits
+mlflow.set_tracking_uri(sys.argv[1])
+model = mlflow.pyfunc.load_model(f"runs:/{sys.argv[2]}/model")
+d = load_digits()
+logits = np.asarray(model.predict((d.images[:256] / 16.0).astype(np.float32)[..., None]))
+print(json.dumps([list(logits.shape), float(np.mean(np.argmax(logits, -1) == d.target[:256]))]))
+"""
 
 
 def test_worked_example_through_the_local_pipeline(live_mlflow, tmp_path):
@@ -60,15 +69,11 @@ def test_worked_example_through_the_local_pipeline(live_mlflow, tmp_path):
     exp = client.get_experiment_by_name("pinpoint")
     (train_run,) = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == "digits-cnn/train"]
     assert train_run.data.params["train.model"] == "digits_cnn.model:build_model"
-    mlflow.set_tracking_uri(live_mlflow.uri)
-    try:
-        model = mlflow.pyfunc.load_model(f"runs:/{train_run.info.run_id}/model")
-    finally:
-        mlflow.set_tracking_uri(None)
-    from sklearn.datasets import load_digits
-
-    x = (load_digits().images[:256] / 16.0).astype(np.float32)[..., None]
-    logits = np.asarray(model.predict(x))
-    assert logits.shape == (256, 10)
-    acc = float(np.mean(np.argmax(logits, -1) == load_digits().target[:256]))
+    # Load and predict in a fresh process: TensorFlow must not initialize in this one (the
+    # in-process tests configure logical devices before TF's first use).
+    predict = subprocess.run([sys.executable, "-c", PREDICT, live_mlflow.uri, train_run.info.run_id],
+                             capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert predict.returncode == 0, predict.stderr[-2000:]
+    shape, acc = json.loads(predict.stdout.strip().splitlines()[-1])
+    assert shape == [256, 10]
     assert acc > 0.3, acc  # 40 steps of SGD on the user's CNN: well above chance (0.1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.test_training import make_cfg, rule, train
+from tests.test_training import _three_logical_cpus, make_cfg, rule, train  # noqa: F401 (autouse fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
