@@ -7,8 +7,8 @@ Settings (kept equal to Pinpoint's so the ratio measures the training loops, not
   the arguments Pinpoint passes it (`user_model`);
 - data: the same arrays (`load_arrays`), global batches of `train.batch_size` from a
   `tf.data` pipeline (shuffle, repeat, batch, prefetch): the idiomatic Keras input, which
-  `fit` splits across replicas (and across workers, DATA auto-sharding) itself; `tfrecord:GLOB`
-  data: the same files, parsed with the config's feature spec (`tfrecord_input`);
+  `fit` splits across replicas (and across workers, DATA auto-sharding) itself; streamed data
+  (`tfrecord:GLOB` ...): the examples Pinpoint's own reader yields, in the same pipeline (`streamed_input`);
 - loss: sparse categorical cross-entropy from logits (`train.from_logits`), averaged over the
   global batch (the same objective as Pinpoint's per-replica sum / global batch), metric: accuracy;
 - optimizer: the same class and learning rate; `jit_compile` as Pinpoint decides for the config
@@ -88,7 +88,7 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
         replica_devices = list(dm.replica_devices)
     gb = cfg.train.batch_size
     if cfg.train.streamed:
-        ds, input_shape, num_classes = tfrecord_input(cfg)
+        ds, input_shape, num_classes = streamed_input(cfg)
     else:
         arrays = load_arrays(cfg)
         ds = (
@@ -144,39 +144,25 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
     }
 
 
-def tfrecord_input(cfg):
-    """A `tfrecord:GLOB` source as a Keras user reads it: the files (sorted), parsed with the
-    config's feature spec (`train.features`, label `train.label_column`), shuffled with the
-    config's buffer and seed, repeated, in global batches, prefetched. Returns the dataset, one
-    example's input shape (a dict of shapes for several features) and `train.num_classes`."""
+def streamed_input(cfg):
+    """A streamed source (e.g. `tfrecord:GLOB`) as a Keras user reads it: the examples Pinpoint's own
+    reader yields (the same files, parsed with the same feature spec), shuffled with the config's
+    buffer and seed, repeated, in global batches, prefetched. Returns the dataset, one example's
+    input shape and the number of classes."""
     import tensorflow as tf
 
-    from pinpoint.config import file_source
+    from pinpoint.training.data import load_data
 
     t = cfg.train
-    kind, pattern = file_source(t.data) or ("", "")
-    if kind != "tfrecord":
-        raise ValueError(f"keras_peer: train.data: got {t.data!r}; the Keras peer reads tfrecord:GLOB or in-memory data")
-    files = sorted(tf.io.gfile.glob(pattern))
-    if not files:
-        raise FileNotFoundError(f"keras_peer: no file matches {pattern}")
-    spec = {name: tf.io.FixedLenFeature(list(f.shape), getattr(tf, f.dtype)) for name, f in t.features.items()}
-    shapes = {name: tuple(f.shape) for name, f in t.features.items() if name != t.label_column}
-
-    def parse(record):
-        example = tf.io.parse_single_example(record, spec)
-        label = example.pop(t.label_column)
-        return (next(iter(example.values())) if len(example) == 1 else example), label
-
+    data = load_data(cfg)
     ds = (
-        tf.data.TFRecordDataset(files, num_parallel_reads=min(len(files), 8) if len(files) > 1 else None)
-        .map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        data.stream.examples()
         .shuffle(t.shuffle_buffer, seed=t.seed, reshuffle_each_iteration=True)
         .repeat()
         .batch(t.batch_size, drop_remainder=True)
         .prefetch(tf.data.AUTOTUNE)
     )
-    return ds, (next(iter(shapes.values())) if len(shapes) == 1 else shapes), t.num_classes
+    return ds, data.input_shape, data.num_classes
 
 
 def user_model(cfg, input_shape, num_classes):
