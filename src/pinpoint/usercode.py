@@ -92,6 +92,13 @@ def call(fn: Callable, field: str, path: str, kwargs: Mapping[str, Any], offered
         ) from None
 
 
+def no_files(data: str) -> ConfigError:
+    return ConfigError(
+        f"config error: train.data: got {data!r}; no file matches that pattern; check the path "
+        "(a relative path is resolved against the config file's folder)"
+    )
+
+
 def preflight(cfg: Config) -> None:
     """What can be checked without building anything: user modules import and name their
     callables, file sources match files. Run before a local cluster starts its processes."""
@@ -108,10 +115,7 @@ def preflight(cfg: Config) -> None:
         kind, where = src
         found = Path(where).is_dir() if kind == "images" else bool(glob.glob(where))
         if not found:
-            raise ConfigError(
-                f"config error: train.data: got {t.data!r}; no file matches that pattern; check the path "
-                "(a relative path is resolved against the config file's folder)"
-            )
+            raise no_files(t.data)
         if kind == "parquet" and t.strategy == "parameter_server":
             raise ConfigError(
                 f"config error: train.data: got {t.data!r}; parquet is read in Python (pyarrow), which "

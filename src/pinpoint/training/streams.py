@@ -68,8 +68,9 @@ def open_source(cfg: Config) -> Source:
 
     files = tuple(sorted(tf.io.gfile.glob(where)))
     if not files:
-        raise _fail("train.data", t.data, "no file matches that pattern; check the path "
-                    "(a relative path is resolved against the config file's folder)")
+        from pinpoint.usercode import no_files
+
+        raise no_files(t.data)
     return {"tfrecord": _tfrecord_source, "csv": _csv_source, "parquet": _parquet_source}[kind](cfg, files)
 
 
