@@ -126,3 +126,14 @@ def test_a_layer_split_gets_one_row_per_layer_and_a_red_row_when_its_backward_ra
     assert "/CPU:0: 4" in cells[1]
     bad = re.findall(r'<tr class="bad"', section)
     assert len(bad) == 1
+
+
+def test_a_layer_rule_shows_its_forward_and_backward_scores_apart():
+    p = _sample()
+    p["conformance"]["rules"] = [{"rule": "layers.head", "planned": "/GPU:1", "observed": {"/GPU:1": 3, "/CPU:0": 4},
+                                  "relevant": 7, "score": 0.4286, "violations": [], "violations_total": 4,
+                                  "forward": {"relevant": 3, "score": 1.0, "observed": {"/GPU:1": 3}},
+                                  "backward": {"relevant": 4, "score": 0.0, "observed": {"/CPU:0": 4}}}]
+    html = render_html(p, None, {}, "t")
+    section = html[html.index('<section id="conformance">'):]
+    assert "forward 1.00 (3), backward 0.00 (4)" in section[: section.index("</section>")]

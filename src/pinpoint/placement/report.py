@@ -246,14 +246,19 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         if s is not None and s < 1.0:
             bad.add(i)
         observed = ", ".join(f"{d}: {n}" for d, n in (r.get("observed") or {}).items())
+        # layers.<name>: the forward and backward passes scored apart (a layer's backward ops
+        # may ignore its pin while its forward ops obey it).
+        parts_ = [f"{part} {r[part]['score']:.2f} ({r[part]['relevant']})" for part in ("forward", "backward")
+                  if (r.get(part) or {}).get("score") is not None]
         rows.append([(f"[{r['task']}] " if r.get("task") else "") + r["rule"], r["planned"], observed or "-",
-                     r["relevant"], "n/a (no relevant ops)" if s is None else f"{s:.2f}"])
+                     r["relevant"], "n/a (no relevant ops)" if s is None else f"{s:.2f}", ", ".join(parts_) or "-"])
     vrows = [
         [(f"[{r['task']}] " if r.get("task") else "") + r["rule"], v["op"], v["placed"], r["planned"], v.get("why", "")]
         for r in rules for v in (r.get("violations") or [])[:20]
     ]
     body = _img(charts.get("conformance.png"), "conformance") + (
-        _table(["rule", "planned", "observed", "relevant ops", "score"], rows, bad_rows=bad, num_cols=(3, 4))
+        _table(["rule", "planned", "observed", "relevant ops", "score", "forward / backward (ops)"], rows,
+               bad_rows=bad, num_cols=(3, 4))
         if rules else "<p class='muted'>No pinning rules configured and no strategy rules apply.</p>"
     )
     if vrows:
@@ -312,9 +317,13 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         if pipe:
             shard = pipe.get("sharding") or {}
             rows.append(["input pipeline", f"{pipe.get('kind')} from {pipe.get('source')}", _dev(pipe.get("device", ""), phys)])
-            rows.append(["sharding", f"by {shard.get('by')}: worker {shard.get('worker')} of {shard.get('workers')}, "
-                         f"{shard.get('files')} file(s)", ""])
-            rows.append(["dataset ops", ", ".join(f"{k} x{v}" for k, v in (pipe.get("ops") or {}).items()), ""])
+            if shard.get("by") == "none":
+                rows.append(["sharding", "none (one worker reads everything)", ""])
+            else:
+                rows.append(["sharding", f"by {shard.get('by')}: worker {shard.get('worker')} of "
+                             f"{shard.get('workers')}, {shard.get('files')} file(s)", ""])
+            ops_ = {k: v for k, v in (pipe.get("ops") or {}).items() if not k.startswith("_")}
+            rows.append(["dataset ops", ", ".join(f"{k} x{v}" for k, v in ops_.items()), ""])
         if prec:
             casts = prec.get("casts_by_device") or {}
             rows.append(["precision", prec.get("policy"), ", ".join(f"{d}: {n} Cast" for d, n in casts.items())])
