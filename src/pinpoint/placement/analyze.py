@@ -169,6 +169,10 @@ def build_placement(
         seen_devices.update(v["update_devices"])
     devices = sorted((d for d in seen_devices if d), key=sort_key)
 
+    conformance = _conformance(
+        ops_detail, var_info["variables"], plan, strategy, device_map, namer, grad_re, layer_scopes,
+        re.compile(rf"(^|/){re.escape(input_scope)}(_\d+)?/"),
+    )
     placement = {
         "schema": SCHEMA_VERSION,
         "task": task,
@@ -194,12 +198,8 @@ def build_placement(
         },
         # The trainer builds the placement after its last step, so this is the end-of-training check.
         "replica_consistency": _safe_consistency(variables, values),
-        "conformance": _conformance(
-            ops_detail, var_info["variables"], plan, strategy, device_map, namer, grad_re, layer_scopes,
-            re.compile(rf"(^|/){re.escape(input_scope)}(_\d+)?/"),
-        ),
-        "layers": _layer_table(ops_detail, transfer_steps[0]["items"] if transfer_steps else [], plan, namer,
-                               grad_re, layer_scopes),
+        "conformance": conformance,
+        "layers": _layer_table(conformance, transfer_steps[0]["items"] if transfer_steps else [], plan, layer_scopes),
         "ops": ops_detail,
         "notes": _notes(captures, ops_detail, strategy),
         "explain": EXPLAIN,
@@ -448,20 +448,20 @@ def _transfers(cap, namer: Namer) -> dict:
     }
 
 
-def _layer_table(ops, items, plan, namer: Namer, grad_re, layer_scopes) -> list[dict]:
+def _layer_table(conformance: dict, items, plan, layer_scopes) -> list[dict]:
     """Model parallelism at a glance: per pinned layer, its device, forward and backward ops per
-    device, and the bytes its ops receive from and send to other devices each step."""
+    device (its `layers.<name>` rule's counts), and the bytes its ops receive from and send to
+    other devices each step."""
+    rules = {r["rule"]: r for r in conformance["rules"]}
     rows = []
-    for layer, dev in (getattr(plan, "layers", None) or {}).items():
+    for layer in getattr(plan, "layers", None) or {}:
+        rule = rules[f"layers.{layer}"]
         lre = _layer_re((layer_scopes or {}).get(layer, layer))
-        mine = [o for o in ops if o["type"] not in NOT_COMPUTE and lre.search(o["op"])]
-        fwd = Counter(o["device"] for o in mine if not grad_re.search(o["op"]))
-        bwd = Counter(o["device"] for o in mine if grad_re.search(o["op"]))
         out_b = sum(t["bytes"] or 0 for t in items if lre.search(t["tensor"]))
         in_b = sum(t["bytes"] or 0 for t in items
                    if not lre.search(t["tensor"]) and any(lre.search(c) for c in t.get("consumers", ())))
-        rows.append({"layer": layer, "device": namer.spec(dev), "forward_ops": dict(fwd), "backward_ops": dict(bwd),
-                     "bytes_in": in_b, "bytes_out": out_b})
+        rows.append({"layer": layer, "device": rule["planned"], "forward_ops": rule["forward"]["observed"],
+                     "backward_ops": rule["backward"]["observed"], "bytes_in": in_b, "bytes_out": out_b})
     return rows
 
 
