@@ -42,7 +42,8 @@ def add_code_dir(cfg: Config) -> str | None:
     return folder
 
 
-def _last_line(err: BaseException) -> str:
+def last_line(err: BaseException) -> str:
+    """'TypeName: last line of the message': what a one-line error quotes of an exception."""
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[-1]}" if text else type(err).__name__
 
@@ -58,7 +59,7 @@ def load_callable(cfg: Config, field: str, path: str) -> Callable:
     except Exception as err:  # noqa: BLE001 - any import failure of user code is one line
         raise ConfigError(
             f"config error: {field}: got {path!r}; module '{module_name}' does not import "
-            f"({_last_line(err)}); check the module path and train.code_dir ({folder})"
+            f"({last_line(err)}); check the module path and train.code_dir ({folder})"
         ) from None
     fn = getattr(module, attr, None)
     if fn is None:
@@ -87,7 +88,7 @@ def call(fn: Callable, field: str, path: str, kwargs: Mapping[str, Any], offered
         raise
     except Exception as err:  # noqa: BLE001 - the user's callable failed: one line, its message
         raise ConfigError(
-            f"config error: {field}: got {path!r}; the callable raised {_last_line(err)}; "
+            f"config error: {field}: got {path!r}; the callable raised {last_line(err)}; "
             f"fix it or its arguments ({args_field}: {dict(kwargs)}; also passed: {sorted(extra)})"
         ) from None
 

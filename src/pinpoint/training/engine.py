@@ -109,10 +109,11 @@ def check_forward(cfg: Config, model, data, objective) -> None:
     try:
         per_example = objective.loss(y, model(x, training=False))
     except Exception as err:  # noqa: BLE001 - user model/loss on user data: one line
-        last = str(err).strip().splitlines()
+        from pinpoint.usercode import last_line
+
         raise ConfigError(
             f"config error: train.model: got {cfg.train.model!r}; its output does not fit the labels "
-            f"of train.data under loss '{cfg.train.loss}' ({type(err).__name__}: {last[-1] if last else ''}); "
+            f"of train.data under loss '{cfg.train.loss}' ({last_line(err)}); "
             "make the model's output match the labels (e.g. num_classes units for class ids)"
         ) from None
     if per_example.shape.rank != 1:

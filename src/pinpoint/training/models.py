@@ -264,10 +264,11 @@ def _build(model: keras.Model, data) -> None:
     try:
         model(x, training=False)
     except Exception as err:  # noqa: BLE001 - the user's model failed on the data's shape
-        last = str(err).strip().splitlines()
+        from pinpoint.usercode import last_line
+
         raise ConfigError(
             f"config error: train.model: got {model.name!r}; calling it on one example of shape {shape} "
-            f"failed ({type(err).__name__}: {last[-1] if last else ''}); make the model take the data's features"
+            f"failed ({last_line(err)}); make the model take the data's features"
         ) from None
 
 

@@ -20,7 +20,6 @@ class Objective:
     name: str
     loss: Callable  # (y_true, y_pred) -> [batch] float32
     correct: Callable | None  # (y_true, y_pred) -> [batch] float32 (1 = right), None: loss only
-    integer_labels: bool  # sparse CE: labels are class ids
 
     @property
     def has_accuracy(self) -> bool:
@@ -69,7 +68,7 @@ def get_objective(cfg: Config) -> Objective:
         correct = None
     if t.metrics == ():
         correct = None  # metrics: [] -> the loss only
-    return Objective(t.loss, loss, correct, t.loss == "sparse_categorical_crossentropy")
+    return Objective(t.loss, loss, correct)
 
 
 def check_labels(cfg: Config, label_spec) -> None:
