@@ -14,16 +14,21 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.timeout(300)
-def test_quick_bench_runs_both_sides_and_writes_results(tmp_path):
+def _quick_bench(tmp_path: Path, comparison: str) -> tuple[dict, Path]:
+    """`benchmarks.run --quick --only COMPARISON` into tmp_path: (results.json, RESULTS.md path)."""
     results = tmp_path / "RESULTS.md"
     p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "keras-none",
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", comparison,
          "--out", str(tmp_path / "out"), "--results", str(results)],
         cwd=ROOT, capture_output=True, text=True, timeout=280, check=False,
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    raw = json.loads((tmp_path / "out" / "results.json").read_text())
+    return json.loads((tmp_path / "out" / "results.json").read_text()), results
+
+
+@pytest.mark.timeout(300)
+def test_quick_bench_runs_both_sides_and_writes_results(tmp_path):
+    raw, results = _quick_bench(tmp_path, "keras-none")
     runs = raw["results"]["keras-none"]
     pp, keras = runs["pinpoint"][0], runs["keras"][0]
     for rec in (pp, keras):
@@ -40,15 +45,9 @@ def test_quick_bench_runs_both_sides_and_writes_results(tmp_path):
 @pytest.mark.timeout(300)
 def test_quick_bench_runs_the_worked_example_against_keras(tmp_path):
     """Issue 13: the user's model (examples/digits_cnn) on TFRecords the bench writes under --out."""
-    results = tmp_path / "RESULTS.md"
-    p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "keras-user-model",
-         "--out", str(tmp_path / "out"), "--results", str(results)],
-        cwd=ROOT, capture_output=True, text=True, timeout=280, check=False,
-    )
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    raw, results = _quick_bench(tmp_path, "keras-user-model")
     assert len(list((tmp_path / "out" / "keras-user-model" / "data").glob("digits-*.tfrecord"))) == 4
-    runs = json.loads((tmp_path / "out" / "results.json").read_text())["results"]["keras-user-model"]
+    runs = raw["results"]["keras-user-model"]
     pp, keras = runs["pinpoint"][0], runs["keras"][0]
     for rec in (pp, keras):
         assert rec["examples_per_sec"] > 0 and rec["steps_timed"] >= 20 and rec["jit_compile"] is False
