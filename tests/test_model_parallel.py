@@ -35,10 +35,20 @@ def test_each_layers_backward_runs_where_the_layer_is_pinned(model, tmp_path):
     layers, boundary = SPLITS[model]
     common = dict(model=model, steps=20, checkpoint_every=20, batch_size=BATCH, learning_rate=0.05, jit_compile=False)
     split_metrics, placement, split_log = train(make_cfg("none", {"layers": layers}, **common), tmp_path / "split")
-    # Activations cross forward, their gradients cross back: exactly the boundary tensor each way.
+    # Activations cross forward, their gradients cross back: the boundary tensor each way. The
+    # rest between the two GPUs is what a GPU machine moves too: the logits to the loss and its
+    # gradient back (the loss has no device request: /GPU:0), and the optimizer's arithmetic
+    # (unrequested, /GPU:0) taking /GPU:1's weight gradients and sending the updates back.
     matrix = placement["transfers"]["matrix"]
-    assert matrix["/GPU:0"]["/GPU:1"]["bytes"] == boundary
-    assert matrix["/GPU:1"]["/GPU:0"]["bytes"] == boundary
+    gpu1_params = sum(v["bytes"] for v in placement["variables"] if v["devices"] == ["/GPU:1"])
+    logits = BATCH * 10 * 4
+    assert matrix["/GPU:0"]["/GPU:1"]["bytes"] == boundary + logits + gpu1_params
+    assert matrix["/GPU:1"]["/GPU:0"]["bytes"] == boundary + logits + gpu1_params
+    items = placement["transfers"]["largest"]
+    assert any(i["from"] == "/GPU:0" and i["to"] == "/GPU:1" and i["bytes"] == boundary
+               and not i["tensor"].startswith(("gradients/", "sgd/")) for i in items), items
+    assert any(i["from"] == "/GPU:1" and i["to"] == "/GPU:0" and i["bytes"] == boundary
+               and i["tensor"].startswith("gradients/") for i in items), items
     # Backward ops per device are those of the layers pinned there; every layer rule scores its
     # backward pass too, and all of it ran where the plan said.
     grads = placement["gradients"]["ops_by_device"]
@@ -67,12 +77,17 @@ def test_layers_backward_default_keeps_the_gradient_calls_placement_and_scores_i
     _, placement, _ = train(make_cfg("none", {"layers": layers, "layers_backward": "default"}, steps=20,
                                      jit_compile=False), tmp_path)
     grads = placement["gradients"]["ops_by_device"]
-    assert set(grads) == {"/CPU:0"}, grads  # tape.gradient's device scope: the host
-    r = rule(placement, "layers.dense_1")
+    # tape.gradient has no device scope: its ops go where a GPU machine's placer puts them.
+    assert set(grads) == {"/GPU:0"}, grads
+    # dense_2 is pinned to /GPU:1 but its backward pass ran on /GPU:0: scored as violations.
+    r = rule(placement, "layers.dense_2")
     assert r["forward"]["score"] == 1.0 and r["backward"]["score"] == 0.0
     assert r["score"] < 1.0
-    # Nothing flows back from /GPU:1 to /GPU:0: the activation gradient goes through the host.
-    assert "/GPU:0" not in placement["transfers"]["matrix"].get("/GPU:1", {})
+    assert rule(placement, "layers.dense_1")["backward"]["score"] == 1.0  # pinned where it ran
+    # No activation gradient crosses back from /GPU:1: the whole backward pass is on /GPU:0, so
+    # only forward values (activations, logits) leave /GPU:1.
+    back = [i for i in placement["transfers"]["largest"] if i["from"] == "/GPU:1" and i["bytes"]]
+    assert back and not any(i["tensor"].startswith("gradient") for i in back), back
 
 
 def test_pinning_gradients_overrides_following_the_layers(tmp_path):

@@ -77,7 +77,7 @@ def test_every_single_process_strategy_trains(strategy, tmp_path):
     devices = var_devices(placement)
     assert "dense_1/kernel" in devices
     expected = {
-        "none": {"/CPU:0"},  # default strategy: the runtime puts variables on the host
+        "none": {"/GPU:0"},  # default strategy: where a GPU machine's runtime creates them
         "one_device": {"/GPU:0"},
         "mirrored": {"/GPU:0", "/GPU:1"},  # one component per replica
         "central_storage": {"/CPU:0"},  # parameters on the host, compute on the replicas

@@ -14,12 +14,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from pinpoint.placement.naming import (
+    EMULATED_ATTR,
     LOOP_ATTR,
+    XLA_ATTR,
     Namer,
     matches,
     metric_key,
     normalize,
     sort_key,
+    split_prefix,
 )
 
 SCHEMA_VERSION = 1
@@ -54,7 +57,9 @@ EXPLAIN = {
     "the tensor each one reduces.",
     "fallbacks": "An op whose requested device differs from the device it ran on: with soft placement "
     "the placer moves an op when the requested device does not exist, has no kernel for the op, or the op "
-    "must be colocated with a resource (variable) on another device.",
+    "must be colocated with a resource (variable) on another device. Under GPU emulation an op that ran on "
+    "an emulated GPU but has no GPU kernel for its dtypes (TensorFlow's kernel registry) is listed as "
+    "predicted: a GPU machine would run it on the host.",
     "variables": "Where each variable lives (every mirrored component; central storage on the host; "
     "parameter-server tasks) and where its update ops (assign/apply) ran. An update always runs on the "
     "variable's device; its input is copied there first.",
@@ -97,13 +102,16 @@ def build_placement(
     seen_devices: set[str] = set()
     seen_physical: set[str] = set()
     fallbacks: dict[str, dict] = {}
+    predicted: dict[str, dict] = {}
     ops_detail: list[dict] = []
+    emulated_gpus = {normalize(p) for p in namer.aliases.values()} if getattr(device_map, "emulated", False) else set()
 
     for ci, cap in enumerate(captures):
         ops = Counter()
         types: dict[str, Counter] = defaultdict(Counter)
         grads = Counter()
         requested = requested_devices(cap)
+        defs = requested_defs(cap) if emulated_gpus else {}
         for g in cap.partition_graphs:
             for n in g.node:
                 dev = namer.spec(n.device)
@@ -131,6 +139,10 @@ def build_placement(
                             "placed_physical": normalize(n.device),
                         },
                     )
+                if emulated_gpus and n.name not in predicted:
+                    fb = _predicted_fallback(n, defs.get(n.name), req, namer, emulated_gpus)
+                    if fb is not None:
+                        predicted[n.name] = fb
         per_step_ops.append(ops)
         per_step_types.append(types)
         per_step_grads.append(grads)
@@ -170,9 +182,10 @@ def build_placement(
     devices = sorted((d for d in seen_devices if d), key=sort_key)
 
     conformance = _conformance(
-        ops_detail, var_info["variables"], plan, strategy, device_map, namer, grad_re, layer_scopes,
-        re.compile(rf"(^|/){re.escape(input_scope)}(_\d+)?/"),
+        _as_predicted(ops_detail, predicted), var_info["variables"], plan, strategy, device_map, namer,
+        grad_re, layer_scopes, re.compile(rf"(^|/){re.escape(input_scope)}(_\d+)?/"),
     )
+    _mark_predicted(conformance, predicted)
     placement = {
         "schema": SCHEMA_VERSION,
         "task": task,
@@ -188,7 +201,8 @@ def build_placement(
         },
         "transfers": _merge_transfer_steps(
             transfer_steps, [getattr(c, "steps", None) or [c.step] for c in captures]),
-        "fallbacks": sorted(fallbacks.values(), key=lambda f: f["op"]),
+        "fallbacks": sorted(fallbacks.values(), key=lambda f: f["op"])
+        + sorted(predicted.values(), key=lambda f: f["op"]),
         "variables": var_info["variables"],
         "variable_updates": var_info["updates"],
         "gradients": {
@@ -283,7 +297,8 @@ def headline_metrics(placement: dict) -> dict[str, float]:
     coll = (placement.get("transfers") or {}).get("collectives") or {}
     out["placement.collectives_per_step"] = float(sum(c.get("count", 0) for c in coll.values()))
     out["placement.collective_bytes_per_step"] = float(sum(c.get("input_bytes", 0) for c in coll.values()))
-    out["placement.fallbacks"] = float(len(placement.get("fallbacks") or []))
+    out["placement.fallbacks"] = float(len(placement.get("fallbacks") or []) - predicted_count(placement))
+    out["placement.predicted_fallbacks"] = float(predicted_count(placement))
     out["placement.devices"] = float(len(placement.get("devices") or []))
     out["placement.variables"] = float(len(placement.get("variables") or []))
     score = (placement.get("conformance") or {}).get("score")
@@ -313,19 +328,75 @@ def _mean_counter(counters: list[Counter]) -> dict:
 
 
 def requested_devices(cap) -> dict[str, str]:
-    """Node name -> requested device (pre-optimization NodeDef.device), when one was requested."""
+    """Node name -> requested device (pre-optimization NodeDef.device), when the user's code (or
+    a strategy) requested one: GPU emulation's own default requests are not counted."""
     if getattr(cap, "requested", None) is not None:
         return cap.requested
+    return {name: n.device for name, n in requested_defs(cap).items() if n.device and EMULATED_ATTR not in n.attr}
+
+
+def requested_defs(cap) -> dict:
+    """Node name -> pre-optimization NodeDef (the op type and attrs the code asked for)."""
+    if getattr(cap, "defs", None) is not None:
+        return cap.defs
     out = {}
     for pre in cap.requested_graphs:
         for n in pre.node:
-            if n.device:
-                out[n.name] = n.device
+            out[n.name] = n
         for f in pre.library.function:
             for n in f.node_def:
-                if n.device:
-                    out.setdefault(n.name, n.device)
+                out.setdefault(n.name, n)
     return out
+
+
+def predicted_count(placement: dict) -> int:
+    return sum(1 for f in placement.get("fallbacks") or [] if f.get("predicted"))
+
+
+def _predicted_fallback(node, pre, requested: str | None, namer: Namer, emulated_gpus: set) -> dict | None:
+    """A GPU machine's fallback for an op that ran on an emulated GPU, from the kernel registry."""
+    if node.op in BOOKKEEPING or pre is None or XLA_ATTR in node.attr:
+        return None
+    if node.op != pre.op and not node.op.startswith("_"):
+        return None  # grappler replaced it (e.g. constant-folded to a Const): not the op that ran
+    norm = normalize(node.device)
+    prefix, local = split_prefix(norm)
+    if local not in emulated_gpus:
+        return None
+    from pinpoint.kernels import missing_gpu_kernel
+
+    reason = missing_gpu_kernel(pre.op, pre.attr)
+    if reason is None:
+        return None
+    placed = namer.spec(node.device)
+    host = f"{prefix}/CPU:0"
+    return {
+        "op": node.name,
+        "op_type": pre.op,
+        "requested": namer.spec(requested) if requested else placed,
+        "requested_physical": normalize(requested) if requested else norm,
+        "placed": placed,
+        "placed_physical": norm,
+        "predicted": True,
+        "would_run_on": host,
+        "reason": f"{reason}: a GPU machine runs it on {host} (soft placement), here it ran on the emulated {placed}",
+    }
+
+
+def _as_predicted(ops: list[dict], predicted: dict) -> list[dict]:
+    """Ops as a GPU machine would place them: a predicted fallback on the host."""
+    if not predicted:
+        return ops
+    return [dict(o, device=predicted[o["op"]]["would_run_on"]) if o["op"] in predicted else o for o in ops]
+
+
+def _mark_predicted(conformance: dict, predicted: dict) -> None:
+    for rule in conformance.get("rules") or []:
+        for viol in rule.get("violations") or []:
+            fb = predicted.get(viol["op"])
+            if fb is not None:
+                viol["predicted"] = True
+                viol["why"] = fb["reason"].split(":")[0] + " (predicted fallback)"
 
 
 def _same_place(requested: str, placed: str) -> bool:

@@ -40,6 +40,8 @@ class CapturedGraphs:
     steps: list[int] = field(default_factory=list)
     # Node name -> requested device, when a view renamed the nodes (else read from the graphs).
     requested: dict[str, str] | None = None
+    # Node name -> pre-optimization NodeDef (op type and attrs), when a view renamed the nodes.
+    defs: dict[str, Any] | None = None
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:

@@ -85,7 +85,8 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
     ex = placement.get("explain") or {}
     phys = placement.get("physical_devices") or {}
     per = (placement.get("transfers") or {}).get("per_step") or {}
-    fallbacks = placement.get("fallbacks") or []
+    fallbacks = [f for f in placement.get("fallbacks") or [] if not f.get("predicted")]
+    predicted = [f for f in placement.get("fallbacks") or [] if f.get("predicted")]
     conf = placement.get("conformance") or {}
     rc = placement.get("replica_consistency") or None
     parts = []
@@ -98,6 +99,7 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         ("transfers / step", per.get("count", 0), False),
         ("bytes / step", human_bytes(per.get("bytes", 0)), False),
         ("fallbacks", len(fallbacks), bool(fallbacks)),
+        *([("predicted fallbacks", len(predicted), True)] if predicted else []),
         ("conformance", "n/a" if score is None else f"{score:.2f}", score is not None and score < 1.0),
         ("replica drift", "n/a" if drift is None else f"{drift:.3g}", bool(drift)),
     ]
@@ -202,6 +204,19 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         )
     else:
         body = '<p><span class="good">None: every op that requested a device ran on it.</span></p>'
+    if predicted:
+        rows = [
+            [(f"[{f['task']}] " if f.get("task") else "") + f["op"], f["op_type"], _dev(f["placed"], phys),
+             f.get("would_run_on", ""), f.get("reason", "").split(":")[0]]
+            for f in predicted
+        ]
+        body += (
+            f'<p class="what"><span class="bad">Predicted for a GPU machine: {len(predicted)} op(s) ran on an '
+            "emulated GPU here but have no GPU kernel for their dtypes (TensorFlow's kernel registry), so a "
+            "GPU machine runs them on the host and copies their inputs and outputs across.</span></p>"
+            + _table(["op", "type", "ran on (emulated)", "GPU machine: runs on", "why"], rows,
+                     bad_rows=set(range(len(rows))))
+        )
     parts.append(_section("Fallbacks", ex.get("fallbacks", ""), body, "fallbacks"))
 
     # --- variables

@@ -24,7 +24,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from pinpoint.placement.analyze import SENDS, TRANSPORT, requested_devices
 from pinpoint.placement.capture import CapturedGraphs
-from pinpoint.placement.naming import LOOP_ATTR
+from pinpoint.placement.naming import EMULATED_ATTR, LOOP_ATTR, XLA_ATTR
 
 CONTROL_FLOW = {"Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Switch", "RefSwitch",
                 "NextIteration", "RefNextIteration", "LoopCond"}
@@ -134,13 +134,17 @@ def per_step_view(captured: CapturedGraphs) -> CapturedGraphs:
         new_parts.append(part)
         per_call += n_call
 
-    requested = {}
+    requested, defs = {}, {}
     for pre in captured.requested_graphs:
         for f in pre.library.function:
             for nd in f.node_def:
-                if nd.device:
-                    requested.setdefault(names.function_node(nd.name), nd.device)
+                name = names.function_node(nd.name)
+                defs.setdefault(name, nd)
+                # GPU emulation's default requests are not the user's (see training.emulation).
+                if nd.device and EMULATED_ATTR not in nd.attr:
+                    requested.setdefault(name, nd.device)
     out.requested = requested
+    out.defs = defs
     out.shapes = {names.function_node(k): v for k, v in captured.shapes.items()}
     for k, v in captured.shapes.items():
         out.shapes.setdefault(k, v)
@@ -198,9 +202,20 @@ def _step_partition(g: graph_pb2.GraphDef, fr: dict, loop: str, names: _Names) -
                 m.input.append(r)
         if n.op in SENDS and n.input:
             tensor = _src(n.input[0])
-            if not names.is_body(tensor) and names.machinery.search(tensor):
+            if not names.is_body(tensor) and _is_machinery(tensor, nodes.get(tensor), names):
                 m.attr[LOOP_ATTR].b = True
     return out, per_call
+
+
+def _is_machinery(tensor: str, src, names: _Names) -> bool:
+    """A tensor of the loop itself: its condition, predicate and per-iteration control signal, its
+    Switch/Merge outputs, or a control edge's trigger (a Const the partitioner adds, ".../ctrl/_k")
+    leaving the loop's frame nodes. Loop-invariant inputs entering the body carry data: not these."""
+    if names.machinery.search(tensor):
+        return True
+    if src is None:
+        return False
+    return src.op in CONTROL_FLOW or (src.op == "Const" and "/ctrl/" in tensor)
 
 
 def _main_index(captured: CapturedGraphs) -> int:
@@ -232,12 +247,13 @@ def _expand_xla(captured: CapturedGraphs, library: dict) -> CapturedGraphs:
             m.CopyFrom(nd)
             m.name = prefix + nd.name
             m.device = call.device  # XLA compiles the whole function into one program for this device
+            m.attr[XLA_ATTR].b = True  # XLA's own kernels run it, not the kernel registry's
             del m.input[:]
             for inp in nd.input:
                 ctrl = inp.startswith("^")
                 base = inp.lstrip("^").split(":")[0]
                 m.input.append(("^" if ctrl else "") + prefix + base)
-            if nd.device:
+            if nd.device and EMULATED_ATTR not in nd.attr:
                 requested[m.name] = nd.device
     captured.requested = requested
     note = (f"{len(calls)} call(s) compiled by XLA: each runs as one program on its device, so its ops are "

@@ -88,11 +88,20 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
         + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
         + f"); {(placement.get('variable_updates') or {}).get('coverage', '')}"
     )
-    fb = placement.get("fallbacks") or []
+    all_fb = placement.get("fallbacks") or []
+    fb = [f for f in all_fb if not f.get("predicted")]
     lines.append(
         f"fallbacks  : {len(fb)}"
         + (": " + ", ".join(f"{f['op']} {f['requested']}->{f['placed']}" for f in fb[:3]) + (" ..." if len(fb) > 3 else "") if fb else "")
     )
+    pred = [f for f in all_fb if f.get("predicted")]
+    if pred:
+        # Under emulation: what a GPU machine would move to the host (no GPU kernel).
+        lines.append(
+            f"  predicted: {len(pred)} on a GPU machine: "
+            + ", ".join(f"{f['op']} ({f['op_type']}) {f['placed']}->{f['would_run_on']}" for f in pred[:3])
+            + (" ..." if len(pred) > 3 else "")
+        )
     pipe = placement.get("input_pipeline")
     if pipe:
         shard = pipe.get("sharding") or {}

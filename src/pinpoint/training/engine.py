@@ -70,6 +70,7 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
     import tensorflow as tf
 
     from pinpoint.training.data import check_divisible, load_data
+    from pinpoint.training.emulation import eager_default
     from pinpoint.training.models import make_model
     from pinpoint.training.objectives import get_objective
 
@@ -83,7 +84,9 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
     replicas = 1 if ctx.coordinator is not None else ctx.strategy.num_replicas_in_sync
     check_divisible(t.batch_size, replicas)
     layer_devices = {name: dm.physical(dev) for name, dev in pin.layers.items()}
-    with ctx.strategy.scope():
+    # Under GPU emulation with strategy `none`, state goes where a GPU machine's eager runtime
+    # creates it (/GPU:0), not on the host.
+    with eager_default(dm, t.strategy), ctx.strategy.scope():
         # Variables pinned: every variable (model and optimizer slots) is created here.
         with _device_scope(dm.physical(pin.variables) if pin.variables else None):
             model = make_model(cfg, data, layer_devices)
@@ -192,6 +195,7 @@ def train(
 
     from pinpoint.placement.capture import capture_call
     from pinpoint.training.checkpoints import Checkpoints, restore_prefix
+    from pinpoint.training.emulation import GpuPlacement
     from pinpoint.training.loop import Trainer
 
     t, pin, dm = cfg.train, cfg.train.pinning, ctx.device_map
@@ -210,7 +214,8 @@ def train(
     trainer = Trainer(ctx.strategy, model, optimizer, pipeline, state.objective,
                       gradient_device=dm.physical(pin.gradients) if pin.gradients else None,
                       backward_follows_layers=bool(pin.layers) and pin.layers_backward == "follow",
-                      coordinator=ctx.coordinator, start_step=start, jit_compile=use_jit(cfg))
+                      coordinator=ctx.coordinator, start_step=start, jit_compile=use_jit(cfg),
+                      placement_scope=GpuPlacement(dm, pin, soft_placement=pin.soft_placement))
 
     num_params = int(sum(v.numpy().size for v in model.trainable_variables))
     info = {

@@ -42,6 +42,7 @@ class Trainer:
         coordinator=None,
         start_step: int = 0,
         jit_compile: bool = False,
+        placement_scope=None,
     ):
         self.strategy = strategy
         self.model = model
@@ -62,6 +63,9 @@ class Trainer:
         # graphs captured when it is instantiated are the graphs of every step it runs.
         self._train_n = tf.function(self._train_n_py, input_signature=[
             tf.TensorSpec([], tf.int64, name="start"), tf.TensorSpec([], tf.int32, name="n")])
+        # Default placement for ops without a device request, entered while the step is traced
+        # (GPU emulation: where a GPU machine's placer would put them; see training.emulation).
+        self._placement_scope = placement_scope or contextlib.nullcontext
         self.calls = 0
         self._ps_iter = None
 
@@ -107,6 +111,10 @@ class Trainer:
         return self.strategy.reduce(sum_, loss, axis=None), self.strategy.reduce(sum_, correct, axis=None)
 
     def _train_n_py(self, start, n):
+        with self._placement_scope():
+            return self._train_n_body(start, n)
+
+    def _train_n_body(self, start, n):
         loss_sum = tf.constant(0.0)
         correct_sum = tf.constant(0.0)
         for i in tf.range(n):
@@ -127,8 +135,20 @@ class Trainer:
             self.calls += 1
             return self._ps_train_steps(n)
         t0 = time.perf_counter()
-        loss, acc = self._train_n(tf.constant(self.step, tf.int64), tf.constant(n, tf.int32))
+        with self._clean_refusal():
+            loss, acc = self._train_n(tf.constant(self.step, tf.int64), tf.constant(n, tf.int32))
         return self._finish_call(loss, acc, n, t0)
+
+    @contextlib.contextmanager
+    def _clean_refusal(self):
+        """The placement scope's own one-line error, not the tracer's rewrite of it."""
+        try:
+            yield
+        except Exception:
+            refusal = getattr(self._placement_scope, "refusal", None)
+            if refusal is not None:
+                raise refusal from None
+            raise
 
     def _finish_call(self, loss, acc, n: int, t0: float) -> dict[str, Any]:
         loss, acc = float(loss), float(acc)  # host sync once per call
@@ -145,8 +165,9 @@ class Trainer:
         if self.coordinator is not None or self.calls:
             raise RuntimeError("capture_steps must be the first call of a single-client trainer")
         t0 = time.perf_counter()
-        (loss, acc), captured = capture_call(
-            self._train_n, tf.constant(self.step, tf.int64), tf.constant(n, tf.int32), step=self.step)
+        with self._clean_refusal():
+            (loss, acc), captured = capture_call(
+                self._train_n, tf.constant(self.step, tf.int64), tf.constant(n, tf.int32), step=self.step)
         return captured, self._finish_call(loss, acc, n, t0)
 
     def capture_step(self, capture_call):

@@ -1,0 +1,121 @@
+"""Place ops under emulation the way TensorFlow's placer does on a GPU machine.
+
+With real GPUs the placer puts an op that has no device request on /GPU:0 when a GPU kernel
+accepts its dtypes, else on the host. Emulated GPUs are logical CPU devices, so without help
+those ops land on the host /CPU:0 (the runtime's default device). `gpu_placement` is a device
+function, TensorFlow's own mechanism for default placement, installed around the traced step:
+
+- an op with a device request keeps it (pins, strategy replica scopes);
+- an op that reads or writes a resource (other than a function call), or is colocated with
+  another op, gets none: the runtime colocates it with its variable (or group), as on a GPU
+  machine;
+- any other op goes to the emulated /GPU:0 when the kernel registry has a GPU kernel for
+  its type attributes (marked with EMULATED_ATTR, so the report does not mistake the request
+  for the user's), else stays unrequested and the runtime puts it on the host.
+
+With soft placement off, an op pinned to an emulated GPU that has no GPU kernel fails the
+trace, as its instantiation would fail on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+from pinpoint.devices import DeviceMap
+from pinpoint.errors import PlacementError
+from pinpoint.kernels import missing_gpu_kernel
+from pinpoint.placement.naming import EMULATED_ATTR, normalize, split_prefix
+
+# Function calls take variable handles as inputs but are not colocated with them: the call
+# goes to the default device like any op (an XLA-compiled call then runs there as one program).
+_CALLS = {"StatefulPartitionedCall", "PartitionedCall"}
+_GRAD_RE = re.compile(r"(^|/)(gradients(_\d+)?|gradient_tape)/")
+
+
+def default_device(dm: DeviceMap) -> str | None:
+    """The physical device a GPU machine's runtime would use for unrequested ops, under emulation."""
+    if not dm.emulated or "/GPU:0" not in dm.aliases:
+        return None
+    return "/device:" + dm.aliases["/GPU:0"].lstrip("/")
+
+
+def eager_default(dm: DeviceMap, strategy: str):
+    """Eager default device for state created outside a strategy's own placement (strategy
+    `none`): variables a GPU machine would create on /GPU:0."""
+    device = default_device(dm)
+    if device is None or strategy != "none":
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.device(device)
+
+
+class GpuPlacement:
+    """Callable returning the device-function scope for tracing a training step (a no-op without
+    emulation). `refusal` keeps the clean one-line error when soft placement is off: TensorFlow's
+    tracer rewrites an exception raised inside a trace into a multi-line message."""
+
+    def __init__(self, dm: DeviceMap, plan=None, *, soft_placement: bool = True):
+        self.dm, self.plan, self.soft_placement = dm, plan, soft_placement
+        self.device = default_device(dm)
+        self.refusal: PlacementError | None = None
+
+    def __call__(self):
+        if self.device is None:
+            return contextlib.nullcontext()
+        import tensorflow as tf
+        from tensorflow.core.framework import attr_value_pb2
+
+        dm, device = self.dm, self.device
+        emulated = {normalize(p) for p in dm.aliases.values()}
+        marker = attr_value_pb2.AttrValue(b=True)
+
+        def place(op) -> str:
+            if op.device:
+                if not self.soft_placement and split_prefix(normalize(op.device))[1] in emulated:
+                    self._refuse(op)
+                return op.device
+            if op.type == "Placeholder" or _colocated(op):
+                return ""
+            if op.type not in _CALLS and any(t.dtype == tf.resource for t in op.inputs):
+                return ""
+            if missing_gpu_kernel(op.type, op.node_def.attr) is not None:
+                return ""  # the real placer runs it on the host
+            op._set_attr(EMULATED_ATTR, marker)
+            return device
+
+        return tf.compat.v1.device(place)
+
+    def _refuse(self, op) -> None:
+        reason = missing_gpu_kernel(op.type, op.node_def.attr)
+        if reason is None:
+            return
+        spec = self.dm.spec(split_prefix(normalize(op.device))[1])
+        field = rule_for(op.name, op.device, self.plan, self.dm)
+        self.refusal = PlacementError(
+            f"{field}: op '{op.name}' is pinned to {spec} but a GPU machine has {reason} and "
+            "train.pinning.soft_placement is false, so it would fail there; enable soft_placement "
+            "(the op then runs on the host) or keep that op out of the GPU's device scope"
+        )
+        raise self.refusal
+
+
+def _colocated(op) -> bool:
+    return op.colocation_groups() != [b"loc:@" + op.name.encode()]
+
+
+def rule_for(op_name: str, device: str, plan, dm: DeviceMap) -> str:
+    """The config field whose device request placed this op (best match by scope and device)."""
+    where = split_prefix(normalize(device))[1]
+    same = lambda spec: bool(spec) and split_prefix(normalize(dm.physical(spec)))[1] == where  # noqa: E731
+    if plan is not None:
+        if same(plan.gradients) and _GRAD_RE.search(op_name):
+            return "train.pinning.gradients"
+        for layer, dev in (plan.layers or {}).items():
+            if same(dev) and re.search(rf"(^|/){re.escape(layer)}(_\d+)?/", op_name):
+                return f"train.pinning.layers.{layer}"
+        for fieldname in ("input", "variables", "gradients"):
+            if same(getattr(plan, fieldname)):
+                return f"train.pinning.{fieldname}"
+    return "train.strategy"
