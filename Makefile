@@ -17,7 +17,7 @@ PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=8
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup run provision train report example-data compile submit images lint mlflow-ui \
+.PHONY: help setup run provision train report example-data compile submit images docs lint mlflow-ui \
         system-deps test test-fast test-unit test-integration test-slow test-faults bench clean
 
 help: ## list the targets
@@ -57,6 +57,9 @@ submit: $(STAMP) ## submit to a Kubeflow cluster: make submit KFP_HOST=https://.
 
 images: ## build the component images (docker or podman); CODE_DIR=path [USER_IMAGE=name:tag] adds your code's image
 	$(if $(CODE_DIR),CODE_DIR="$(CODE_DIR)" $(if $(USER_IMAGE),USER_IMAGE="$(USER_IMAGE)")) bash docker/build.sh
+
+docs: $(STAMP) ## regenerate generated docs (the emulation fidelity table in docs/placement.md from tests/fidelity.yaml)
+	$(BIN)/python -m tests.fidelity --write
 
 lint: $(STAMP) ## hadolint on the Dockerfiles, ruff on the code
 	bash docker/lint.sh

@@ -55,10 +55,15 @@ def test_worked_example_through_the_local_pipeline(live_mlflow, tmp_path):
     assert metrics["model"] == "digits_cnn.model:build_model" and metrics["data"] == "tfrecord (4 files)"
     placement = json.loads((run / "placement.json").read_text())
     # The split as configured: the conv block on /GPU:0, the classifier on /GPU:1; flatten's
-    # 4x4x32 output crosses forward and its gradient crosses back, each step.
+    # 4x4x32 output crosses forward and its gradient crosses back, each step. So do the logits
+    # (to the loss, unpinned: /GPU:0) and the classifier's parameter set (weight gradients to the
+    # optimizer's unpinned arithmetic on /GPU:0, updates back), as on a GPU machine.
     boundary = BATCH * 4 * 4 * 32 * 4
-    assert placement["transfers"]["matrix"]["/GPU:0"]["/GPU:1"]["bytes"] == boundary
-    assert placement["transfers"]["matrix"]["/GPU:1"]["/GPU:0"]["bytes"] == boundary
+    logits = BATCH * 10 * 4
+    classifier = sum(v["bytes"] for v in placement["variables"] if v["devices"] == ["/GPU:1"])
+    assert classifier == (512 * 64 + 64 + 64 * 10 + 10) * 4  # dense 512->64 and head 64->10
+    assert placement["transfers"]["matrix"]["/GPU:0"]["/GPU:1"]["bytes"] == boundary + logits + classifier
+    assert placement["transfers"]["matrix"]["/GPU:1"]["/GPU:0"]["bytes"] == boundary + logits + classifier
     rows = {r["layer"]: r for r in placement["layers"]}
     assert set(rows["conv_1"]["backward_ops"]) == {"/GPU:0"} and set(rows["head"]["backward_ops"]) == {"/GPU:1"}
     assert placement["input_pipeline"]["device"] == "/CPU:0"

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from pinpoint.config import STRATEGIES
 from pinpoint.errors import ConfigError
 
-
 _strategies_made = 0
 
 
