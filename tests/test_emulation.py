@@ -164,3 +164,24 @@ def test_seed_scenario_moves_one_parameter_set_gpu1_to_gpu0_and_only_the_batch_t
     ops = placement["ops_by_device"]
     assert {o["device"] for o in placement["ops"] if o["type"] in ("MatMul", "_MklMatMul", "BiasAddGrad")} <= {"/GPU:0", "/GPU:1"}
     assert ops["/GPU:0"] > ops["/CPU:0"]
+
+
+@pytest.mark.parametrize("op_type, attrs, reason", [
+    ("MatMul", {"T": "float32"}, None),
+    ("PadV2", {"T": "float32", "Tpaddings": "int32"}, None),
+    ("PadV2", {"T": "int64", "Tpaddings": "int32"}, "no GPU kernel for PadV2 (T=int64, Tpaddings=int32)"),
+    ("RandomIndexShuffle", {"dtype": "int64", "Tseed": "int64"}, "no GPU kernel for RandomIndexShuffle (dtype=int64)"),
+    ("Unique", {"T": "float32", "out_idx": "int32"}, None),
+    ("UniqueV2", {"T": "int64", "Taxis": "int64", "out_idx": "int32"},
+     "no GPU kernel for UniqueV2 (T=int64, out_idx=int32)"),  # the attrs its kernels are registered on
+    ("VarHandleOp", {"dtype": "float32"}, None),  # a DEFAULT kernel: any device type
+    ("__inference_some_function_42", {}, None),  # not a kernel op: the runtime places its body
+])
+def test_the_kernel_registry_decides_which_ops_a_gpu_can_run(op_type, attrs, reason):
+    import tensorflow as tf
+    from tensorflow.core.framework import attr_value_pb2
+
+    from pinpoint.kernels import missing_gpu_kernel
+
+    values = {k: attr_value_pb2.AttrValue(type=tf.as_dtype(v).as_datatype_enum) for k, v in attrs.items()}
+    assert missing_gpu_kernel(op_type, values) == reason

@@ -86,6 +86,22 @@ def test_fallbacks_and_violations_highlighted():
     assert "Violations" not in html2
 
 
+def test_predicted_fallbacks_get_their_own_table_apart_from_observed_ones():
+    p = _sample()
+    p["fallbacks"] = [{"op": "shuffle/RandomIndexShuffle", "op_type": "RandomIndexShuffle", "requested": "/GPU:1",
+                       "requested_physical": "/CPU:2", "placed": "/GPU:1", "placed_physical": "/CPU:2",
+                       "predicted": True, "would_run_on": "/CPU:0",
+                       "reason": "no GPU kernel for RandomIndexShuffle (dtype=int64): a GPU machine runs it on /CPU:0"}]
+    html = render_html(p, None, {}, "t")
+    # No observed fallback: the observed table says so; the predicted one has its own rows.
+    assert "every op that requested a device ran on it" in html
+    assert "Predicted for a GPU machine: 1 op(s)" in html
+    assert re.search(r'<tr class="bad"><td>shuffle/RandomIndexShuffle</td><td>RandomIndexShuffle</td>'
+                     r'<td>/GPU:1 \(/CPU:2\)</td><td>/CPU:0</td><td>no GPU kernel for RandomIndexShuffle '
+                     r'\(dtype=int64\)</td>', html), "predicted fallback row missing"
+    assert "<b>1</b><span>predicted fallbacks</span>" in html
+
+
 def test_report_errors_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match="not found; run the previous step"):
         write_report(tmp_path)
