@@ -84,7 +84,7 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
             )
         replica_devices = list(strategy.extended.worker_devices)
     else:
-        strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host)
+        strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host, emulated=dm.emulated)
         replica_devices = list(dm.replica_devices)
     gb = cfg.train.batch_size
     if cfg.train.streamed:

@@ -27,6 +27,10 @@ def _scenario(name: str, scenarios: dict) -> str:
     spec = scenarios.get(name)
     if spec is None:
         return name
+    if "config" in spec:
+        train = yaml.safe_load((REPO / spec["config"]).read_text())["train"]
+        return _scenario(name, {name: {"strategy": train["strategy"], "pinning": {
+            k: v for k, v in (train.get("pinning") or {}).items() if k != "soft_placement"}}}) + f" ({spec['config']})"
     parts = [spec["strategy"]]
     for rule, dev in (spec.get("pinning") or {}).items():
         if isinstance(dev, dict):

@@ -111,7 +111,7 @@ def test_a_pinned_op_without_a_gpu_kernel_is_a_predicted_fallback_and_a_violatio
     # index_shuffle pads its int64 seed first: PadV2 has GPU kernels, but none for T=int64.
     assert sorted(predicted) == ["PadV2", "RandomIndexShuffle"]
     assert {(f["placed"], f["would_run_on"]) for f in predicted.values()} == {("/GPU:1", "/CPU:0")}
-    assert predicted["RandomIndexShuffle"]["reason"].startswith("no GPU kernel for RandomIndexShuffle (dtype=int64)")
+    assert predicted["RandomIndexShuffle"]["reason"].startswith("no GPU kernel for RandomIndexShuffle (Tseed=int64, dtype=int64)")
     assert predicted["PadV2"]["reason"].startswith("no GPU kernel for PadV2 (T=int64, Tpaddings=int32)")
     assert [f for f in placement["fallbacks"] if not f.get("predicted")] == []
     # It ran on the emulated /GPU:1 (observed) ...
@@ -170,10 +170,11 @@ def test_seed_scenario_moves_one_parameter_set_gpu1_to_gpu0_and_only_the_batch_t
     ("MatMul", {"T": "float32"}, None),
     ("PadV2", {"T": "float32", "Tpaddings": "int32"}, None),
     ("PadV2", {"T": "int64", "Tpaddings": "int32"}, "no GPU kernel for PadV2 (T=int64, Tpaddings=int32)"),
-    ("RandomIndexShuffle", {"dtype": "int64", "Tseed": "int64"}, "no GPU kernel for RandomIndexShuffle (dtype=int64)"),
+    ("RandomIndexShuffle", {"dtype": "int64", "Tseed": "int64"},
+     "no GPU kernel for RandomIndexShuffle (Tseed=int64, dtype=int64)"),
     ("Unique", {"T": "float32", "out_idx": "int32"}, None),
     ("UniqueV2", {"T": "int64", "Taxis": "int64", "out_idx": "int32"},
-     "no GPU kernel for UniqueV2 (T=int64, out_idx=int32)"),  # the attrs its kernels are registered on
+     "no GPU kernel for UniqueV2 (T=int64, Taxis=int64, out_idx=int32)"),
     ("VarHandleOp", {"dtype": "float32"}, None),  # a DEFAULT kernel: any device type
     ("__inference_some_function_42", {}, None),  # not a kernel op: the runtime places its body
 ])

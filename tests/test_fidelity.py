@@ -27,9 +27,11 @@ BATCH = 32
 
 def _train_section(name: str) -> dict:
     spec = dict(MATRIX["scenarios"][name])
-    return {"model": "mlp", "data": "digits", "steps": 12, "batch_size": BATCH, "learning_rate": 0.1,
-            "log_every": 6, "checkpoint_every": 0, "jit_compile": spec.pop("jit_compile", False),
-            "pinning": spec.pop("pinning", {}), **spec}
+    shrink = {"steps": 12, "log_every": 6, "checkpoint_every": 0}
+    if "config" in spec:  # a shipped config, shrunk to a few steps
+        return {**yaml.safe_load((fidelity.REPO / spec["config"]).read_text())["train"], **shrink}
+    return {"model": "mlp", "data": "digits", "batch_size": BATCH, "learning_rate": 0.1, **shrink,
+            "jit_compile": spec.pop("jit_compile", False), "pinning": spec.pop("pinning", {}), **spec}
 
 
 def _config(name: str, *, emulate: bool = True) -> dict:

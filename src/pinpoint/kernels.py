@@ -77,14 +77,16 @@ def missing_gpu_kernel(op_type: str, attrs: Mapping[str, Any]) -> str | None:
     for device_type, klabel, constraints in kernels:
         if device_type in GPU_TYPES and klabel == label and _accepts(op_type, attrs, constraints):
             return None
-    return f"no GPU kernel for {op_type}{_describe(op_type, attrs, kernels)}"
+    return f"no GPU kernel for {op_type}{_describe(op_type, attrs)}"
 
 
-def _describe(op_type: str, attrs: Mapping[str, Any], kernels) -> str:
-    """' (T=int64, out_idx=int32)': the type attributes the op's kernels are registered on."""
-    from tensorflow.python.framework import dtypes
+def _describe(op_type: str, attrs: Mapping[str, Any]) -> str:
+    """' (T=int64, out_idx=int32)': the op's type attributes (from its OpDef, so the text does not
+    depend on which kernel libraries happen to be loaded)."""
+    from tensorflow.python.framework import dtypes, op_def_registry
 
-    names = sorted({name for _, _, constraints in kernels for name, _ in constraints})
+    op_def = op_def_registry.get(op_type)
+    names = sorted(a.name for a in op_def.attr if a.type in ("type", "list(type)")) if op_def else []
     parts = []
     for name in names:
         got = _attr_types(op_type, attrs, name)

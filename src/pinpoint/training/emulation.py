@@ -93,8 +93,9 @@ class GpuPlacement:
             return
         spec = self.dm.spec(split_prefix(normalize(op.device))[1])
         field = rule_for(op.name, op.device, self.plan, self.dm)
+        name = re.sub(r"^while(_\d+)?/", "", op.name)  # the trainer's step loop, not the user's scope
         self.refusal = PlacementError(
-            f"{field}: op '{op.name}' is pinned to {spec} but a GPU machine has {reason} and "
+            f"{field}: op '{name}' is pinned to {spec} but a GPU machine has {reason} and "
             "train.pinning.soft_placement is false, so it would fail there; enable soft_placement "
             "(the op then runs on the host) or keep that op out of the GPU's device scope"
         )
