@@ -84,7 +84,11 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
             )
         replica_devices = list(strategy.extended.worker_devices)
     else:
-        strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host, emulated=dm.emulated)
+        # Not emulated=dm.emulated: Keras' multi-step loop puts each step in a tf.cond, and the
+        # collective all-reduce Pinpoint uses among emulated GPUs fails there ("You must feed a
+        # value for placeholder ... while/cond/Placeholder_1"). The peer keeps MirroredStrategy's
+        # reduction to the host, the strategy Keras can run on these devices.
+        strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host)
         replica_devices = list(dm.replica_devices)
     gb = cfg.train.batch_size
     if cfg.train.streamed:

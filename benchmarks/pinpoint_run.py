@@ -38,6 +38,9 @@ def _transfers(placement: dict | None) -> dict[str, Any]:
         "transfers_per_step": per_step.get("count"),
         "unsized_transfers_per_step": per_step.get("unsized"),
         "transfer_matrix": (placement.get("transfers") or {}).get("matrix"),
+        # Gradients all-reduced by collective ops (no _Send/_Recv): the bytes each device reduces.
+        "collective_bytes_per_step": sum(c.get("input_bytes", 0) for c in
+                                         ((placement.get("transfers") or {}).get("collectives") or {}).values()),
     }
 
 

@@ -141,11 +141,15 @@ def scaling_points(plan: list[Comparison], results: Results) -> list[dict[str, A
         n = a.spec["config"]["cluster"]["devices_per_worker"]
         pb = next((r["param_bytes"] for r in recs if r.get("param_bytes")), None)
         measured = summ(recs, "transfer_bytes_per_step")
+        coll = summ(recs, "collective_bytes_per_step")
         points.append({
             "devices": n,
             "eps": summ(recs, "examples_per_sec"),
             "mfu": summ(recs, "mfu", 100),
             "bytes": measured,
+            # Ring all-reduce on the wire, per device: 2(N-1)/N of the bytes each device reduces.
+            "collective_wire_per_device": (ring_allreduce_min_bytes(n, coll.median / n)
+                                           if coll and coll.median else 0),
             "param_bytes": pb,
             "ring_min_per_device": ring_allreduce_min_bytes(n, pb) if pb else None,
             "runs": len(recs),
@@ -160,10 +164,11 @@ def section_scaling(plan: list[Comparison], results: Results) -> str:
     rows = []
     for p in pts:
         n, b, ring = p["devices"], p["bytes"], p["ring_min_per_device"]
-        per_dev = b.median / n if b else None
+        wire = p.get("collective_wire_per_device") or 0
+        per_dev = b.median / n + wire if b else None
         rows.append([
             str(n), fmt_summary(p["eps"], 4), _pct(p["mfu"]),
-            fmt(b.median, 6) if b else "n/a", fmt(per_dev, 6),
+            fmt(b.median, 6) if b else "n/a", fmt(wire, 6), fmt(per_dev, 6),
             fmt(ring, 6) if ring is not None else "n/a",
             (fmt(per_dev / ring) + "x") if per_dev and ring else "n/a (nothing to reduce)",
             str(p["runs"]),
@@ -171,7 +176,8 @@ def section_scaling(plan: list[Comparison], results: Results) -> str:
     pb = next((p["param_bytes"] for p in pts if p["param_bytes"]), None)
     head = f"Parameter bytes P = {fmt(pb, 6)} (float32 trainable parameters).\n\n" if pb else ""
     return head + markdown_table(
-        ["devices", "ex/s", "MFU", "bytes crossing devices / step", "per device", "ring min 2(N-1)/N·P",
+        ["devices", "ex/s", "MFU", "_Send/_Recv bytes / step", "ring all-reduce / device", "per device",
+         "ring min 2(N-1)/N·P",
          "measured / min", "runs"],
         rows,
     )
@@ -250,9 +256,13 @@ SETTINGS = """\
 - Bytes crossing devices: from placement.json (the runtime's partition graphs, one step of the
   training loop's body; the loop's own predicate/control signal per device is not included):
   every _Send/_Recv pair, dtype size x static shape, including the input batch copied from the host
-  to each replica. On CPU devices Pinpoint's mirrored strategy reduces on the host
-  (`ReductionToOneDevice`): each replica sends its gradients to /CPU:0 and receives the sum, 2·P
-  per replica, against the ring all-reduce minimum of 2(N-1)/N·P per device.
+  to each replica. On emulated GPUs Pinpoint's mirrored strategy all-reduces the gradients with
+  TensorFlow's ring collective among the replica devices (the stand-in for a GPU machine's NCCL),
+  which uses no _Send/_Recv: its bytes on the wire per device are 2(N-1)/N of what each device
+  reduces (`transfers.collectives`), by construction of the ring; "per device" adds that to the
+  device's share of the _Send/_Recv bytes, against the ring all-reduce minimum of 2(N-1)/N·P. The
+  Keras peer keeps MirroredStrategy's reduction to the host: Keras' multi-step loop wraps each
+  step in a tf.cond, where the collective all-reduce fails.
 """
 
 
@@ -395,7 +405,7 @@ def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
     pts = [p for p in scaling_points(plan, results) if p["bytes"] and p["param_bytes"]]
     if pts:
         xs = list(range(len(pts)))
-        meas = [p["bytes"].median / p["devices"] / 1024 for p in pts]
+        meas = [(p["bytes"].median / p["devices"] + (p.get("collective_wire_per_device") or 0)) / 1024 for p in pts]
         ring = [p["ring_min_per_device"] / 1024 for p in pts]
         ax.bar([x - 0.2 for x in xs], meas, width=0.4, label="measured (all transfers / N)")
         ax.bar([x + 0.2 for x in xs], ring, width=0.4, label="ring all-reduce min 2(N-1)/N·P")

@@ -101,7 +101,7 @@ def _fake_results():
                      "mlflow-on": [rec(1.0, train_s=6.0), rec(1.0, train_s=7.0)]},
         "scaling": {"n1": [rec(50.0, transfer_bytes_per_step=100, param_bytes=1000)] * 2,
                     "n2": [rec(80.0, transfer_bytes_per_step=4000, param_bytes=1000)] * 2,
-                    "n4": [rec(90.0, transfer_bytes_per_step=9000, param_bytes=1000)] * 2},
+                    "n4": [rec(90.0, transfer_bytes_per_step=900, param_bytes=1000, collective_bytes_per_step=4000)] * 2},
         "make-run": {"make-run": [{"wall_s": 40.0, "first_step_s": 20.0, "first_logged_step": 10, "process_wall_s": 41},
                                   {"wall_s": 44.0, "first_step_s": 22.0, "first_logged_step": 10, "process_wall_s": 45}]},
     }
@@ -127,7 +127,10 @@ def test_render_markdown_reports_same_round_ratios_targets_and_failures():
     # capture on/off 1.02 and 1.06 -> median 1.04 -> NOT met (<= 1.03)
     assert "| capture on / off, train time | 1.04 (1.02–1.06) | 0.2 s (0.1–0.3) | 1 (1–1) | NOT met (target <= 1.03) |" in md
     # scaling: 2 devices, 4000 bytes -> 2000 per device vs ring min 1000 -> 2x
-    assert "| 2 | 80 (80–80) | n/a | 4,000 | 2,000 | 1,000 | 2x | 2 |" in md
+    assert "| 2 | 80 (80–80) | n/a | 4,000 | 0 | 2,000 | 1,000 | 2x | 2 |" in md
+    # 4 devices all-reducing by collectives (1000 B each): a ring sends 2*3/4*1000 = 1500 per device,
+    # plus 900/4 = 225 of _Send/_Recv -> 1725 per device, against the ring minimum 1500 -> 1.15x
+    assert "| 4 | 90 (90–90) | n/a | 900 | 1,500 | 1,725 | 1,500 | 1.15x | 2 |" in md
     assert "n/a (nothing to reduce)" in md  # one device
     assert "| make run | 42 (40–44) | 21 (20–22) | 2 |" in md
     assert "Command: `python -m benchmarks.run --repeats 2`" in md and "AMD EPYC" in md

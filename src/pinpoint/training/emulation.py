@@ -2,8 +2,8 @@
 
 With real GPUs the placer puts an op that has no device request on /GPU:0 when a GPU kernel
 accepts its dtypes, else on the host. Emulated GPUs are logical CPU devices, so without help
-those ops land on the host /CPU:0 (the runtime's default device). `gpu_placement` is a device
-function, TensorFlow's own mechanism for default placement, installed around the traced step:
+those ops land on the host /CPU:0 (the runtime's default device). `GpuPlacement` installs a
+device function, TensorFlow's own mechanism for default placement, around the traced step:
 
 - an op with a device request keeps it (pins, strategy replica scopes);
 - an op that reads or writes a resource (other than a function call), or is colocated with
