@@ -70,6 +70,7 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
 
     keras.config.disable_traceback_filtering()  # a failure in fit shows where it happened
     from pinpoint.training.data import load_arrays
+    from pinpoint.training.emulation import eager_default
     from pinpoint.training.models import build_model
     from pinpoint.training.strategies import get_strategy
 
@@ -104,7 +105,10 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
         )
         input_shape, num_classes = (arrays.features,), arrays.num_classes
     keras.utils.set_random_seed(cfg.train.seed)
-    with strategy.scope():
+    # Strategy none under emulation: Pinpoint places the model and its unrequested ops on the
+    # emulated /GPU:0 (where a GPU machine puts them); so does the peer, state and fit alike.
+    default = eager_default(dm, cfg.train.strategy)
+    with default, strategy.scope():
         if cfg.train.builtin_model:
             model = build_model(cfg.train.model, input_shape, num_classes, seed=cfg.train.seed)
         else:
@@ -126,7 +130,8 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
             _patch_multi_worker_log_reduction()
     timer = _timer_callback(keras, warmup_steps)
     t_fit = time.perf_counter()
-    hist = model.fit(ds, epochs=1, steps_per_epoch=cfg.train.steps, verbose=0, callbacks=[timer])
+    with eager_default(dm, cfg.train.strategy):
+        hist = model.fit(ds, epochs=1, steps_per_epoch=cfg.train.steps, verbose=0, callbacks=[timer])
     t_end = time.perf_counter()
     steps_timed = None if timer.t0 is None else timer.last_step - timer.first_step + 1
     secs = None if timer.t0 is None else timer.t1 - timer.t0

@@ -1,44 +1,21 @@
 """Which ops a GPU machine can run on its GPU: TensorFlow's own kernel registry.
 
 The wheel installed here registers its GPU kernels even on a machine without a GPU, with
-the dtype constraints of each kernel. An op has a GPU kernel when a kernel registered for
-device type GPU (or DEFAULT, TensorFlow's any-device kernels) accepts the op's type
-attributes. The placer makes exactly this check before it moves an op to the CPU.
+the dtype constraints of each kernel. The lookup is TensorFlow's own (`FindKernelDef`, via
+`TryFindKernelClass`): the op's NodeDef with a GPU device, its type attributes matched against
+each kernel's constraints, attr defaults filled in, kernel labels and DEVICE_DEFAULT kernels
+honoured, i.e. the check the placer makes before it moves an op to the CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Any
 
-GPU_TYPES = ("GPU", "DEFAULT")
-
-
-@lru_cache(maxsize=2048)
-def _kernels(op_type: str) -> tuple[tuple[str, str, tuple[tuple[str, frozenset[int]], ...]], ...]:
-    """(device type, label, ((attr, allowed dtype enums), ...)) per registered kernel."""
-    from tensorflow.python.framework import kernels
-
-    try:
-        registered = kernels.get_registered_kernels_for_op(op_type).kernel
-    except Exception:  # noqa: BLE001 - not a registered op (e.g. a function name): no answer
-        return ()
-    return tuple(
-        (k.device_type, k.label,
-         tuple((c.name, frozenset(c.allowed_values.list.type)) for c in k.constraint))
-        for k in registered
-    )
-
-
-@lru_cache(maxsize=2048)
-def _defaults(op_type: str) -> dict[str, Any]:
-    from tensorflow.python.framework import op_def_registry
-
-    op_def = op_def_registry.get(op_type)
-    if op_def is None:
-        return {}
-    return {a.name: a.default_value for a in op_def.attr if a.HasField("default_value")}
+_cache: dict[tuple, bool] = {}
 
 
 def _types(value) -> tuple[int, ...] | None:
@@ -51,45 +28,64 @@ def _types(value) -> tuple[int, ...] | None:
     return None
 
 
-def _attr_types(op_type: str, attrs: Mapping[str, Any], name: str) -> tuple[int, ...] | None:
-    if name in attrs:
-        return _types(attrs[name])
-    default = _defaults(op_type).get(name)
-    return _types(default) if default is not None else None
+@contextlib.contextmanager
+def _quiet_stderr():
+    """TensorFlow logs a multi-line warning to fd 2 for every lookup that finds no kernel; a miss
+    is an answer here, not a problem, so the lookup runs with fd 2 pointed at /dev/null."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
-def _accepts(op_type: str, attrs: Mapping[str, Any], constraints) -> bool:
-    for name, allowed in constraints:
-        got = _attr_types(op_type, attrs, name)
-        if got is None or any(t not in allowed for t in got):
-            return False
-    return True
+def has_kernel(op_type: str, attrs: Mapping[str, Any], device_type: str) -> bool:
+    """True when `device_type` ("GPU", "CPU") has a kernel for this op and these attrs."""
+    key = (op_type, device_type, tuple(sorted((k, _types(v) or v.SerializeToString()) for k, v in attrs.items()
+                                              if _types(v) is not None or k == "_kernel")))
+    found = _cache.get(key)
+    if found is None:
+        from tensorflow.core.framework import node_def_pb2
+        from tensorflow.python.util import _pywrap_kernel_registry
+
+        node = node_def_pb2.NodeDef(op=op_type, name="pinpoint_kernel_probe", device=f"/device:{device_type}:0")
+        for k, v in attrs.items():
+            node.attr[k].CopyFrom(v)
+        with _quiet_stderr():
+            found = bool(_pywrap_kernel_registry.TryFindKernelClass(node.SerializeToString()))
+        _cache[key] = found
+    return found
 
 
 def missing_gpu_kernel(op_type: str, attrs: Mapping[str, Any]) -> str | None:
-    """Why a GPU machine would run this op on the CPU ("no GPU kernel for RandomIndexShuffle
-    (T=int64)"), or None when a GPU kernel accepts it or the op is not a registered kernel op
-    (a function call, which the runtime places by its body)."""
-    kernels = _kernels(op_type)
-    if not kernels:
+    """Why a GPU machine would run this op on the CPU ("no GPU kernel for PadV2 (T=int64,
+    Tpaddings=int32)"), or None when a GPU kernel accepts it, or the op has no kernel on any
+    device (not a registered op, e.g. a function name, or an op a graph pass rewrites)."""
+    from tensorflow.python.framework import op_def_registry
+
+    if op_def_registry.get(op_type) is None or has_kernel(op_type, attrs, "GPU"):
         return None
-    label = attrs["_kernel"].s.decode() if "_kernel" in attrs else ""
-    for device_type, klabel, constraints in kernels:
-        if device_type in GPU_TYPES and klabel == label and _accepts(op_type, attrs, constraints):
-            return None
+    if not has_kernel(op_type, attrs, "CPU"):
+        return None
     return f"no GPU kernel for {op_type}{_describe(op_type, attrs)}"
 
 
 def _describe(op_type: str, attrs: Mapping[str, Any]) -> str:
-    """' (T=int64, out_idx=int32)': the op's type attributes (from its OpDef, so the text does not
-    depend on which kernel libraries happen to be loaded)."""
+    """' (T=int64, out_idx=int32)': the op's type attributes (from its OpDef, defaults filled in)."""
     from tensorflow.python.framework import dtypes, op_def_registry
 
     op_def = op_def_registry.get(op_type)
-    names = sorted(a.name for a in op_def.attr if a.type in ("type", "list(type)")) if op_def else []
     parts = []
-    for name in names:
-        got = _attr_types(op_type, attrs, name)
+    for a in sorted(op_def.attr, key=lambda a: a.name) if op_def else []:
+        if a.type not in ("type", "list(type)"):
+            continue
+        value = attrs[a.name] if a.name in attrs else (a.default_value if a.HasField("default_value") else None)
+        got = _types(value) if value is not None else None
         if got:
-            parts.append(f"{name}={','.join(dtypes.as_dtype(t).name for t in got)}")
+            parts.append(f"{a.name}={','.join(dtypes.as_dtype(t).name for t in got)}")
     return f" ({', '.join(parts)})" if parts else ""
