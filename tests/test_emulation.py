@@ -5,15 +5,16 @@ transfer matrix is a GPU machine's."""
 
 from __future__ import annotations
 
-import json
 import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from pinpoint.config import config_from_dict
 from pinpoint.errors import PlacementError
+from tests.test_training import _three_logical_cpus  # noqa: F401 (autouse fixture)
+from tests.test_training import make_cfg as training_cfg
+from tests.test_training import train as train_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -55,29 +56,14 @@ def code_dir(tmp_path_factory) -> Path:
 
 
 def make_cfg(pinning=None, code_dir=None, **train):
-    base = {"strategy": "none", "steps": 12, "batch_size": 32, "learning_rate": 0.1, "log_every": 6,
-            "checkpoint_every": 0, "jit_compile": False, "pinning": pinning or {}}
+    """A few steps of strategy none (the user's model when `code_dir` is given), XLA off."""
     if code_dir is not None:
-        base.update(model="gpufidelity.models:shuffled_mlp", code_dir=str(code_dir))
-    base.update(train)
-    return config_from_dict({
-        "name": "emu", "cluster": {"devices_per_worker": 2, "emulate": True},
-        "train": base, "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
-    })
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _three_logical_cpus():
-    from pinpoint.devices import setup_devices
-
-    setup_devices(make_cfg())
+        train.update(model="gpufidelity.models:shuffled_mlp", code_dir=str(code_dir))
+    return training_cfg("none", pinning, steps=12, log_every=6, checkpoint_every=0, jit_compile=False, **train)
 
 
 def train(cfg, out: Path) -> dict:
-    from pinpoint.training import train_command
-
-    assert train_command(cfg, out) == 0
-    return json.loads((out / "placement.json").read_text())
+    return train_run(cfg, out)[1]  # the placement
 
 
 def ops_of(placement, op_type) -> list[dict]:
