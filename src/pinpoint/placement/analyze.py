@@ -297,8 +297,9 @@ def headline_metrics(placement: dict) -> dict[str, float]:
     coll = (placement.get("transfers") or {}).get("collectives") or {}
     out["placement.collectives_per_step"] = float(sum(c.get("count", 0) for c in coll.values()))
     out["placement.collective_bytes_per_step"] = float(sum(c.get("input_bytes", 0) for c in coll.values()))
-    out["placement.fallbacks"] = float(len(placement.get("fallbacks") or []) - predicted_count(placement))
-    out["placement.predicted_fallbacks"] = float(predicted_count(placement))
+    observed, predicted = split_fallbacks(placement)
+    out["placement.fallbacks"] = float(len(observed))
+    out["placement.predicted_fallbacks"] = float(len(predicted))
     out["placement.devices"] = float(len(placement.get("devices") or []))
     out["placement.variables"] = float(len(placement.get("variables") or []))
     score = (placement.get("conformance") or {}).get("score")
@@ -349,8 +350,10 @@ def requested_defs(cap) -> dict:
     return out
 
 
-def predicted_count(placement: dict) -> int:
-    return sum(1 for f in placement.get("fallbacks") or [] if f.get("predicted"))
+def split_fallbacks(placement) -> tuple[list[dict], list[dict]]:
+    """(observed, predicted): what the runtime moved, and what a GPU machine would (emulation)."""
+    fallbacks = placement.get("fallbacks") or []
+    return [f for f in fallbacks if not f.get("predicted")], [f for f in fallbacks if f.get("predicted")]
 
 
 def _predicted_fallback(node, pre, requested: str | None, namer: Namer, emulated_gpus: set) -> dict | None:
@@ -379,7 +382,7 @@ def _predicted_fallback(node, pre, requested: str | None, namer: Namer, emulated
         "placed_physical": norm,
         "predicted": True,
         "would_run_on": host,
-        "reason": f"{reason}: a GPU machine runs it on {host} (soft placement), here it ran on the emulated {placed}",
+        "reason": reason,  # a GPU machine runs it on `would_run_on` (soft placement)
     }
 
 
@@ -396,7 +399,7 @@ def _mark_predicted(conformance: dict, predicted: dict) -> None:
             fb = predicted.get(viol["op"])
             if fb is not None:
                 viol["predicted"] = True
-                viol["why"] = fb["reason"].split(":")[0] + " (predicted fallback)"
+                viol["why"] = fb["reason"] + " (predicted fallback)"
 
 
 def _same_place(requested: str, placed: str) -> bool:

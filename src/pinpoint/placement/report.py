@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.errors import ConfigError
+from pinpoint.placement.analyze import split_fallbacks
 from pinpoint.placement.summary import format_summary, human_bytes
 from pinpoint.runfolder import (
     CONFIG_FILE,
@@ -85,8 +86,7 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
     ex = placement.get("explain") or {}
     phys = placement.get("physical_devices") or {}
     per = (placement.get("transfers") or {}).get("per_step") or {}
-    fallbacks = [f for f in placement.get("fallbacks") or [] if not f.get("predicted")]
-    predicted = [f for f in placement.get("fallbacks") or [] if f.get("predicted")]
+    fallbacks, predicted = split_fallbacks(placement)
     conf = placement.get("conformance") or {}
     rc = placement.get("replica_consistency") or None
     parts = []
@@ -207,7 +207,7 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
     if predicted:
         rows = [
             [(f"[{f['task']}] " if f.get("task") else "") + f["op"], f["op_type"], _dev(f["placed"], phys),
-             f.get("would_run_on", ""), f.get("reason", "").split(":")[0]]
+             f.get("would_run_on", ""), f.get("reason", "")]
             for f in predicted
         ]
         body += (

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pinpoint.placement.analyze import split_fallbacks
+
 
 def _first(metrics: Mapping[str, Any], *keys: str) -> float | None:
     for k in keys:
@@ -88,13 +90,11 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
         + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
         + f"); {(placement.get('variable_updates') or {}).get('coverage', '')}"
     )
-    all_fb = placement.get("fallbacks") or []
-    fb = [f for f in all_fb if not f.get("predicted")]
+    fb, pred = split_fallbacks(placement)
     lines.append(
         f"fallbacks  : {len(fb)}"
         + (": " + ", ".join(f"{f['op']} {f['requested']}->{f['placed']}" for f in fb[:3]) + (" ..." if len(fb) > 3 else "") if fb else "")
     )
-    pred = [f for f in all_fb if f.get("predicted")]
     if pred:
         # Under emulation: what a GPU machine would move to the host (no GPU kernel).
         lines.append(
