@@ -46,8 +46,15 @@ def _quiet_stderr():
 
 def has_kernel(op_type: str, attrs: Mapping[str, Any], device_type: str) -> bool:
     """True when `device_type` ("GPU", "CPU") has a kernel for this op and these attrs."""
-    key = (op_type, device_type, tuple(sorted((k, _types(v) or v.SerializeToString()) for k, v in attrs.items()
-                                              if _types(v) is not None or k == "_kernel")))
+    # Kernels are chosen by the type attributes and the `_kernel` label only: key on those.
+    chosen = []
+    for k, v in attrs.items():
+        types = _types(v)
+        if types is not None:
+            chosen.append((k, types))
+        elif k == "_kernel":
+            chosen.append((k, v.s))
+    key = (op_type, device_type, tuple(sorted(chosen)))
     found = _cache.get(key)
     if found is None:
         from tensorflow.core.framework import node_def_pb2

@@ -93,7 +93,7 @@ def build_placement(
     (an in-graph input pipeline)."""
     namer = Namer(device_map)
     captures = [c for c in captures if c is not None]
-    grad_re = re.compile(rf"(^|/)({re.escape(gradient_scope)}(_\d+)?|gradient_tape)/")
+    grad_re = gradient_re(gradient_scope)
 
     per_step_ops: list[Counter] = []
     per_step_types: list[dict[str, Counter]] = []
@@ -530,7 +530,7 @@ def _layer_table(conformance: dict, items, plan, layer_scopes) -> list[dict]:
     rows = []
     for layer in getattr(plan, "layers", None) or {}:
         rule = rules[f"layers.{layer}"]
-        lre = _layer_re((layer_scopes or {}).get(layer, layer))
+        lre = layer_re((layer_scopes or {}).get(layer, layer))
         out_b = sum(t["bytes"] or 0 for t in items if lre.search(t["tensor"]))
         in_b = sum(t["bytes"] or 0 for t in items
                    if not lre.search(t["tensor"]) and any(lre.search(c) for c in t.get("consumers", ())))
@@ -773,7 +773,12 @@ def _rule(name: str, planned: str, relevant: list[tuple[str, str]]) -> dict:
     }
 
 
-def _layer_re(layer: str):
+def gradient_re(scope: str = "gradients"):
+    """Backward-pass op names: the trainer's gradient scope (Keras may number it) or gradient_tape."""
+    return re.compile(rf"(^|/)({re.escape(scope)}(_\d+)?|gradient_tape)/")
+
+
+def layer_re(layer: str):
     # Keras 3 uniquifies scopes inside tf.function ("dense" -> "dense_1"), so accept a suffix.
     return re.compile(rf"(^|/){re.escape(layer)}(_\d+)?/")
 
@@ -790,14 +795,14 @@ def _conformance(ops, variables, plan, strategy, device_map, namer, grad_re, lay
             # rule wins over the variables rule for that layer: say so next to the violation.
             for viol in rule["violations"]:
                 for layer, dev in (getattr(plan, "layers", None) or {}).items():
-                    if _layer_re(layer).search(viol["op"] + "/") and matches(namer.spec(dev), viol["placed"]):
+                    if layer_re(layer).search(viol["op"] + "/") and matches(namer.spec(dev), viol["placed"]):
                         viol["why"] = f"created inside layers.{layer}'s device scope ({dev})"
             rules.append(rule)
         if getattr(plan, "gradients", None):
             rel = [(o["op"], o["device"]) for o in compute if grad_re.search(o["op"])]
             rules.append(_rule("gradients", namer.spec(plan.gradients), rel))
         for layer, dev in (getattr(plan, "layers", None) or {}).items():
-            lre = _layer_re((layer_scopes or {}).get(layer, layer))
+            lre = layer_re((layer_scopes or {}).get(layer, layer))
             fwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and not grad_re.search(o["op"])]
             # The layer's backward ops (gradients/.../<layer>/..._grad): a plan whose backward pass
             # ignores the pins cannot score 1.

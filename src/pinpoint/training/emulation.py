@@ -25,12 +25,13 @@ import re
 from pinpoint.devices import DeviceMap
 from pinpoint.errors import PlacementError
 from pinpoint.kernels import missing_gpu_kernel
+from pinpoint.placement.analyze import gradient_re, layer_re
 from pinpoint.placement.naming import EMULATED_ATTR, normalize, split_prefix
 
 # Function calls take variable handles as inputs but are not colocated with them: the call
 # goes to the default device like any op (an XLA-compiled call then runs there as one program).
 _CALLS = {"StatefulPartitionedCall", "PartitionedCall"}
-_GRAD_RE = re.compile(r"(^|/)(gradients(_\d+)?|gradient_tape)/")
+_GRAD_RE = gradient_re()
 
 
 def default_device(dm: DeviceMap) -> str | None:
@@ -73,7 +74,7 @@ class GpuPlacement:
 
         def place(op) -> str:
             if op.device:
-                if not self.soft_placement and split_prefix(normalize(op.device))[1] in emulated:
+                if not self.soft_placement and _local(op.device) in emulated:
                     self._refuse(op)
                 return op.device
             if op.type == "Placeholder" or _colocated(op):
@@ -91,7 +92,7 @@ class GpuPlacement:
         reason = missing_gpu_kernel(op.type, op.node_def.attr)
         if reason is None:
             return
-        spec = self.dm.spec(split_prefix(normalize(op.device))[1])
+        spec = self.dm.spec(_local(op.device))
         field = rule_for(op.name, op.device, self.plan, self.dm)
         name = re.sub(r"^while(_\d+)?/", "", op.name)  # the trainer's step loop, not the user's scope
         self.refusal = PlacementError(
@@ -102,19 +103,24 @@ class GpuPlacement:
         raise self.refusal
 
 
+def _local(device: str) -> str:
+    """'/job:worker/replica:0/task:1/device:CPU:1' -> '/CPU:1' (the device within its task)."""
+    return split_prefix(normalize(device))[1]
+
+
 def _colocated(op) -> bool:
     return op.colocation_groups() != [b"loc:@" + op.name.encode()]
 
 
 def rule_for(op_name: str, device: str, plan, dm: DeviceMap) -> str:
     """The config field whose device request placed this op (best match by scope and device)."""
-    where = split_prefix(normalize(device))[1]
-    same = lambda spec: bool(spec) and split_prefix(normalize(dm.physical(spec)))[1] == where  # noqa: E731
+    where = _local(device)
+    same = lambda spec: bool(spec) and _local(dm.physical(spec)) == where  # noqa: E731
     if plan is not None:
         if same(plan.gradients) and _GRAD_RE.search(op_name):
             return "train.pinning.gradients"
         for layer, dev in (plan.layers or {}).items():
-            if same(dev) and re.search(rf"(^|/){re.escape(layer)}(_\d+)?/", op_name):
+            if same(dev) and layer_re(layer).search(op_name):
                 return f"train.pinning.layers.{layer}"
         for fieldname in ("input", "variables", "gradients"):
             if same(getattr(plan, fieldname)):
