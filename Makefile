@@ -27,8 +27,8 @@ help: ## list the targets
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "uv==$(UV_VERSION)"
-	$(BIN)/uv pip install -q --python $(PY) -r requirements.lock
-	$(BIN)/uv pip install -q --python $(PY) --no-deps -e .
+	$(BIN)/uv pip install -q --compile-bytecode --python $(PY) -r requirements.lock
+	$(BIN)/uv pip install -q --compile-bytecode --python $(PY) --no-deps -e .
 	touch $(STAMP)
 
 setup: $(STAMP) ## create .venv from requirements.lock (the other targets do it for you)

@@ -303,3 +303,39 @@ def test_credentials_in_the_uri_never_reach_the_run_folder(tmp_path, monkeypatch
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     with pytest.raises(ConfigError, match="pass --uri"):
         _stored_uri(stored)
+
+
+def _api_requests(server) -> int:
+    """REST calls the real server has answered so far (its access log)."""
+    return sum(1 for line in server.log.read_text(errors="ignore").splitlines() if "/api/2.0/mlflow/" in line)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_5000_steps_send_a_bounded_number_of_requests_and_every_value(live_mlflow, tmp_path):
+    """Metrics go out once per tracking.metrics_interval_s in log_batch calls, whatever the step
+    rate: 5,000 steps logged faster than any training loop (4 metrics each, over ~3 s) cost
+    about one request per interval plus one per 1,000 values, and every step's value arrives."""
+    import math
+
+    cfg = make_cfg(live_mlflow.uri)
+    interval = cfg.tracking.metrics_interval_s
+    values = 4 * 5000
+    with open_step_run(cfg, "train", tmp_path, system_metrics=False) as run:
+        run_id = run.run_id
+        before = _api_requests(live_mlflow)
+        hook = run.hook()
+        t0 = time.monotonic()
+        for step in range(1, 5001):
+            hook.on_step_end(step, {"loss": 1.0 / step, "accuracy": step / 5000, "examples_per_sec": 1e5,
+                                    "step_time": 1e-4})
+            if step % 1000 == 0:
+                time.sleep(0.6)  # several send intervals go by during the run
+        elapsed = time.monotonic() - t0
+    requests = _api_requests(live_mlflow) - before
+    # The per-step design this replaced made one request per logged step: 5,000 here.
+    passes = math.ceil(elapsed / interval) + 1  # + the last pass at the run's end
+    assert requests <= passes + math.ceil(values / 1000) + 2, (requests, elapsed)  # + end_run, its flush
+    c = client(live_mlflow.uri)
+    assert steps_of(c, run_id, "loss") == list(range(1, 5001))
+    assert steps_of(c, run_id, "step_time") == list(range(1, 5001))

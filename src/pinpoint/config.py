@@ -305,6 +305,10 @@ class TrackingConfig(_Frozen):
     enabled: bool = True
     uri: Optional[str] = None  # None: local store inside the repo (mlruns/); else a server URI
     experiment: str = "pinpoint"
+    # Seconds between two sends of the journaled metrics (every step's values, batched): the
+    # request rate to the server is bounded by time, not by steps per second.
+    metrics_interval_s: float = Field(1.0, gt=0, le=300)
+    log_model: bool = True  # log the final model (MLflow keras flavor) at the end of training
 
 
 class Config(_Frozen):

@@ -11,6 +11,14 @@ from pinpoint.tracking.run import (
 )
 from pinpoint.tracking.uri import local_store, resolve_tracking_uri
 
+
+def warm_tracking(cfg) -> None:
+    """Start cfg's sender process now: it imports MLflow and opens the store (no run, no write)
+    while this process starts TensorFlow, and the step run that follows takes it."""
+    from pinpoint.tracking.process import warm
+
+    warm(resolve_tracking_uri(cfg))
+
 __all__ = [
     "NullStepRun",
     "StepRun",
@@ -20,4 +28,5 @@ __all__ = [
     "open_step_run",
     "resolve_tracking_uri",
     "start_parent_run",
+    "warm_tracking",
 ]

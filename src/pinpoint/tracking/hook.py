@@ -105,12 +105,5 @@ class TrackingHook(Hook):
         log = self.run_dir / TRAIN_LOG
         if log.is_file():
             self.run.log_artifact(log)
-        if model is not None:
-            try:
-                self.run.log_model(model, "model")
-            except Exception as err:  # noqa: BLE001 - a model that cannot be saved must not fail training
-                from pinpoint.tracking.spool import warn
-
-                first = (str(err).strip().splitlines() or [""])[0][:200]
-                warn(f"could not save the final model for MLflow: {type(err).__name__}: {first}")
-        self.run.flush(timeout=60)
+        if model is not None and self.run.logs_model:
+            self.run.log_model(model, "model")  # in the background; the run's close waits for it

@@ -34,13 +34,27 @@ class SavedModelPredictor(mlflow.pyfunc.PythonModel):
         return self._model.serve(tf.constant(x, dtype=tf.float32)).numpy()
 
 
+def requirements() -> list[str]:
+    """The model's pip requirements: the versions this process trained with. Given explicitly,
+    because MLflow's inference loads the model again in a new Python process (~10 s)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    reqs = []
+    for dist in ("mlflow", "tensorflow", "keras", "numpy"):
+        try:
+            reqs.append(f"{dist}=={version(dist)}")
+        except PackageNotFoundError:
+            continue
+    return reqs
+
+
 def save_keras_model(model, path: str | Path) -> Path:
     """Save `model` at `path` as an MLflow model (keras flavor, else SavedModel pyfunc)."""
     import mlflow.keras
 
     path = Path(path)
     try:
-        mlflow.keras.save_model(model, str(path))
+        mlflow.keras.save_model(model, str(path), pip_requirements=requirements())
         return path
     except (NotImplementedError, TypeError, ValueError):
         shutil.rmtree(path, ignore_errors=True)  # half-written keras flavor: start again
@@ -50,7 +64,7 @@ def save_keras_model(model, path: str | Path) -> Path:
         # MLflow nudges towards type hints for validation; the model takes a plain float array.
         warnings.simplefilter("ignore", UserWarning)
         mlflow.pyfunc.save_model(str(path), python_model=SavedModelPredictor(),
-                                 artifacts={"saved_model": str(export)})
+                                 artifacts={"saved_model": str(export)}, pip_requirements=requirements())
     shutil.rmtree(export, ignore_errors=True)
     return path
 

@@ -2,7 +2,8 @@
 
 `open_step_run` never raises because the tracking server is down: the run is created when the
 server answers (immediately in the normal case), everything is journaled under
-<run_dir>/.mlflow-spool/ first and sent from a background thread.
+<run_dir>/.mlflow-spool/ first and sent by a sender process (process.py), so this process never
+imports MLflow for a step's metrics, params or artifacts (the final model's export does).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from pinpoint.tracking.process import SenderProcess
+from pinpoint.tracking.process import take as take_sender
 from pinpoint.tracking.sender import (
     LOCAL_ID_TAG,
     PARENT_TAG,
     PIPELINE_TAG,
-    Sender,
     _client,
     brief,
     find_run_by_local_id,
@@ -37,6 +39,7 @@ STEP_TAG = "pinpoint.step"
 # end_parent_run(run_id, status) needs no config.
 _PARENTS: dict[str, tuple[str, str]] = {}
 FLUSH_TIMEOUT_S = 120.0  # how long the end of a step waits for the sender before leaving a spool
+RUN_ID_WAIT_S = 60.0  # how long asking for the run id waits for the first attempt to create it
 
 
 class NullStepRun:
@@ -44,6 +47,7 @@ class NullStepRun:
 
     run_id = None
     enabled = False
+    logs_model = False
 
     def hook(self):
         from pinpoint.training.hooks import Hook
@@ -62,49 +66,67 @@ class NullStepRun:
 
 
 class StepRun:
-    """A run whose records are journaled locally and sent asynchronously (see sender.py)."""
+    """A run whose records are journaled locally and sent by a sender process (process.py)."""
 
     enabled = True
 
-    def __init__(self, spool: Spool, *, system_metrics: bool = False, node_id: str | None = None,
-                 uri: str | None = None):
+    def __init__(self, spool: Spool, sender: SenderProcess, *, system_metrics: bool = False,
+                 node_id: str | None = None, interval: float = 1.0, log_model: bool = True):
         self.spool = spool
         self._local_id = spool.meta["local_id"]
-        self._sender = Sender(spool, uri=uri)
+        self._sender = sender
+        self._interval = interval
         self._step = 0
         self._sys = None
         self._system_metrics = system_metrics
         self._node_id = node_id
         self._closed = False
+        self.logs_model = log_model  # tracking.log_model: the hook logs the final model
+        self._exports: list[threading.Thread] = []
+        self._stop_writer = threading.Event()
+        self._writer: threading.Thread | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def _start(self) -> None:
-        # One synchronous attempt so that in the normal case run_id is the server's id at once;
-        # on an outage this fails fast (low HTTP retries) and the run is created later.
-        self._sender.pending.extend(self.spool.read_new())
-        self._sender.drain_once()
-        self._sender.start()
+        # The run is created by the sender process: training waits neither for MLflow's import,
+        # the store nor the server (an outage spools and creates the run later).
+        self._sender.open(self.spool.folder, self._interval)
+        self._writer = threading.Thread(target=self._write_journal, name="pinpoint-journal", daemon=True)
+        self._writer.start()
         if self._system_metrics:
             from pinpoint.tracking.sysmetrics import SystemMetricsSampler
 
             self._sys = SystemMetricsSampler(self, node_id=self._node_id)
             self._sys.start()
 
+    def _write_journal(self) -> None:
+        """Buffered metric records reach the journal (and so the sender) once per interval."""
+        while not self._stop_writer.wait(self._interval):
+            self.spool.write_buffered()
+
     @property
     def run_id(self) -> str:
-        """The MLflow run id; `local-...` while the server has not created the run yet."""
+        """The MLflow run id; `local-...` while the server has not created the run yet. Asking
+        waits for the sender's first attempt to create it (only callers that need the id pay)."""
+        if self._sender.run_id is None:
+            self._sender.tried_create.wait(RUN_ID_WAIT_S)
         return self._sender.run_id or self._local_id
 
+    def unsent(self) -> int:
+        """Records journaled (or buffered) that the server has not confirmed yet."""
+        return self.spool.count() - self._sender.acked
+
     def flush(self, timeout: float = 30.0) -> bool:
-        """Wake the sender and wait until everything journaled so far is sent; False after
-        `timeout` s or as soon as a send attempt fails (server down: the spool keeps it)."""
+        """Send everything logged so far now; False after `timeout` s or as soon as a send
+        attempt fails (server down: the spool keeps it)."""
         import time
 
         failures = self._sender.failures
+        self.spool.write_buffered()
         self._sender.wake(force=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.spool.unacked_count() == 0:
+            if self.unsent() == 0:
                 return True
             if self._sender.failures > failures or not self._sender.alive:
                 return False
@@ -117,13 +139,15 @@ class StepRun:
         self._closed = True
         if self._sys is not None:
             self._sys.stop()
+        for export in self._exports:  # the model is part of the run: wait for its export
+            export.join()
         self.spool.append("end_run", status=status, end_time=now_ms())
+        self._stop_writer.set()
         done = self._sender.close(FLUSH_TIMEOUT_S)
         if done:
             self.spool.remove()
         else:
-            left = self.spool.unacked_count()
-            warn(f"{left} MLflow record(s) of run {self.run_id} could not be sent to "
+            warn(f"{self.unsent()} MLflow record(s) of run {self.run_id} could not be sent to "
                  f"{redact(self._sender.uri)}; they are kept in {self.spool.folder}; send them with "
                  f"`pinpoint upload-spool {self.spool.folder}`")
         return done
@@ -134,12 +158,10 @@ class StepRun:
 
         if params:
             self.spool.append("params", params={str(k): _text(v) for k, v in params.items()})
-            self._sender.wake()
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         if tags:
             self.spool.append("tags", tags={str(k): str(v) for k, v in tags.items()})
-            self._sender.wake()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         if step is None:
@@ -153,8 +175,8 @@ class StepRun:
             except (TypeError, ValueError):
                 continue  # not a number: not a metric
         if rows:
+            # In memory until the sender's next pass (no disk write or request per step).
             self.spool.append("metrics", metrics=rows)
-            self._sender.wake()
 
     def log_artifact(self, path, artifact_path: str | None = None) -> None:
         src = Path(path)
@@ -180,7 +202,6 @@ class StepRun:
             is_dir=src.is_dir(),
             ref=rid,
         )
-        self._sender.wake()
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
         """Write `data` as JSON to artifact_file (e.g. 'placement.json' or 'x/y.json')."""
@@ -191,12 +212,23 @@ class StepRun:
             self.log_artifact(p, None if parent == "." else parent)
 
     def log_model(self, model, artifact_path: str = "model") -> None:
-        """Save a Keras model in MLflow's keras flavor (pyfunc-loadable) and log it."""
-        from pinpoint.tracking.model import save_keras_model
+        """Save a Keras model in MLflow's keras flavor (pyfunc-loadable) and log it, in a
+        background thread; `close` waits for it. A model that cannot be saved is a warning."""
 
-        with tempfile.TemporaryDirectory() as tmp:
-            path = save_keras_model(model, Path(tmp) / artifact_path)
-            self.log_artifacts(path, artifact_path)
+        def export():
+            from pinpoint.tracking.model import save_keras_model
+
+            try:
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = save_keras_model(model, Path(tmp) / artifact_path)
+                    self.log_artifacts(path, artifact_path)
+            except Exception as err:  # noqa: BLE001 - a model that cannot be saved must not fail training
+                first = (str(err).strip().splitlines() or [""])[0][:200]
+                warn(f"could not save the final model for MLflow: {type(err).__name__}: {first}")
+
+        thread = threading.Thread(target=export, name="pinpoint-mlflow-model", daemon=True)
+        self._exports.append(thread)
+        thread.start()
 
     def hook(self):
         from pinpoint.tracking.hook import TrackingHook
@@ -234,7 +266,7 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
         "pid": os.getpid(),
         "host": socket.gethostname(),
     }
-    spool = Spool.create(folder, meta)
+    spool = Spool.create(folder, meta, buffered=True)
     tags = {
         LOCAL_ID_TAG: local_id,
         STEP_TAG: step,
@@ -246,12 +278,17 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
                  parent_run_id=parent_run_id, pipeline=cfg.name)
     if system_metrics is None:
         system_metrics = step == "train"
-    run = StepRun(spool, system_metrics=system_metrics, node_id=node_id, uri=uri)
+    run = StepRun(spool, take_sender(uri), system_metrics=system_metrics, node_id=node_id,
+                  interval=cfg.tracking.metrics_interval_s, log_model=cfg.tracking.log_model)
     from pinpoint.tracking.params import config_params
 
     run.log_params(config_params(cfg))
     run._start()
-    _adopt_orphans(Path(run_dir), exclude=folder)
+    orphans = _orphans(Path(run_dir), exclude=folder)
+    if orphans:
+        # What a previous process in this run folder (a restarted chief) journaled but could
+        # not send: the sender process sends it, and ends that run KILLED.
+        run._sender.send("adopt", folders=[str(f) for f in orphans])
     status = "FINISHED"
     try:
         yield run
@@ -282,32 +319,27 @@ def _orphaned(spool_folder: Path) -> bool:
     return False
 
 
-def _adopt_orphans(run_dir: Path, exclude: Path) -> None:
-    """Send, in the background, what a previous process in this run folder journaled but could
-    not send before it died (a restarted chief); its run is ended KILLED."""
-    from pinpoint.tracking.sender import replay
+def _orphans(run_dir: Path, exclude: Path) -> list[Path]:
     from pinpoint.tracking.spool import find_spools
 
-    orphans = [f for f in find_spools(run_dir) if f != exclude and _orphaned(f)]
-    if not orphans:
-        return
+    return [f for f in find_spools(run_dir) if f != exclude and _orphaned(f)]
 
-    def adopt():
-        for folder in orphans:
-            spool = Spool(folder)
-            if not _has_end(spool):
-                spool.append("end_run", status="KILLED", end_time=now_ms())
-            ok, sent, run_id = replay(spool)
-            if ok:
-                spool.remove()
-                warn(f"sent {sent} MLflow record(s) left by an earlier process to run {run_id}")
 
-    threading.Thread(target=adopt, name="pinpoint-mlflow-orphans", daemon=True).start()
+def adopt_spool(folder: Path) -> None:
+    """Replay an orphaned spool (its writer is gone) and end its run KILLED."""
+    from pinpoint.tracking.sender import replay
+
+    spool = Spool(folder)
+    if not _has_end(spool):
+        spool.append("end_run", status="KILLED", end_time=now_ms())
+    ok, sent, run_id = replay(spool)
+    if ok:
+        spool.remove()
+        warn(f"sent {sent} MLflow record(s) left by an earlier process to run {run_id}")
 
 
 def _has_end(spool: Spool) -> bool:
-    spool._read_offset = 0
-    return any(r["op"] == "end_run" for r in spool.read_new())
+    return any(r["op"] == "end_run" for r in spool.records())
 
 
 def start_parent_run(cfg, run_name: str | None = None, *, uri: str | None = None) -> str:

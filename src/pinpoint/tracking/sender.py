@@ -1,5 +1,9 @@
 """Sends a spool's records to MLflow from a background thread; the training step never waits.
 
+Rate: the thread makes one pass every `interval` seconds (tracking.metrics_interval_s), and a
+pass sends all pending metrics in as few log_batch calls as MLflow allows (1000 metrics each),
+so the number of requests depends on time, not on steps per second. flush/close force a pass.
+
 Exactly once: metrics go through log_batch with their original step and timestamp; after any
 failed request (which may have reached the server before the connection dropped) and in a replay,
 the (key, step) pairs already on the server are read with get_metric_history and skipped.
@@ -35,12 +39,25 @@ class Transient(Exception):
     """The server could not be reached (or answered 5xx): keep the records and retry later."""
 
 
-def _client(uri: str):
-    from mlflow.tracking import MlflowClient
+_CLIENTS: dict[str, Any] = {}
+_CLIENTS_LOCK = threading.Lock()
 
-    configure_http()
-    prepare_store(uri)
-    return MlflowClient(tracking_uri=uri)
+
+def _client(uri: str):
+    """One MlflowClient per URI and process, its store opened (a sqlite store's schema check
+    and an `import mlflow` cost seconds: the sender process pays them while TensorFlow starts)."""
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(uri)
+        if client is None:
+            from mlflow.tracking import MlflowClient
+
+            configure_http()
+            prepare_store(uri)
+            client = MlflowClient(tracking_uri=uri)
+            if uri.startswith("sqlite:"):
+                client.get_experiment_by_name("Default")  # opens the store (schema check) now
+            _CLIENTS[uri] = client
+        return client
 
 
 def _classify(err: Exception) -> Exception:
@@ -128,11 +145,14 @@ class Sender:
     """Drains a spool into MLflow. `start()` runs it in a daemon thread; `drain_once()` is one pass."""
 
     def __init__(self, spool: Spool, uri: str | None = None, *, retry_interval: float = 2.0,
-                 replay: bool = False):
+                 replay: bool = False, interval: float = 1.0, on_event=None):
         self.spool = spool
         meta = spool.meta
         self.uri = uri or _stored_uri(meta["uri"])
-        self.retry_interval = retry_interval
+        self.retry_interval = max(retry_interval, interval)
+        self.interval = interval
+        self.tried_create = threading.Event()  # set after the first attempt to create the run
+        self._on_event = on_event or (lambda kind, **fields: None)  # process.py relays these
         self.pending: list[dict[str, Any]] = spool.pending() if replay else []
         self.run_id: str | None = meta.get("run_id")
         self.uncertain = replay  # a request may have landed before we lost track: dedupe
@@ -158,7 +178,8 @@ class Sender:
         return self._thread is not None and self._thread.is_alive()
 
     def wake(self, force: bool = False) -> None:
-        """New records (or force=True: a flush) -- while offline only force/close retry early."""
+        """A pass now, before the interval is over (a flush); force=True also retries at once
+        while offline."""
         if force:
             self._force = True
         self._wake.set()
@@ -200,7 +221,8 @@ class Sender:
                 if not self.pending:
                     return
                 continue
-            self._wake.wait(0.5)
+            # The next pass: after `interval`, whatever the step rate (flush/close cut it short).
+            self._wake.wait(self.interval)
             self._wake.clear()
 
     # ---- sending -------------------------------------------------------------------------
@@ -217,11 +239,14 @@ class Sender:
                 chunk = self._next_chunk()
                 self._send(chunk)
                 self.spool.ack(chunk)
-                del self.pending[: len(chunk)]
+                self._on_event("acked", n=len(chunk))
+                sent = {id(r) for r in chunk}
+                self.pending = [r for r in self.pending if id(r) not in sent]
                 self.sent += len(chunk)
         except Transient as err:
             self.uncertain = True
             self.failures += 1
+            self._on_event("failure")
             if not self.offline:
                 self.offline = True
                 warn(f"MLflow tracking server {redact(self.uri)} unreachable ({err}); spooling to "
@@ -235,6 +260,10 @@ class Sender:
         return True
 
     def _next_chunk(self) -> list[dict[str, Any]]:
+        """The next request's records: one record, or consecutive params/tags records, or the
+        pending metrics records up to the log_batch limit. Metrics are gathered across the
+        artifact/params/tags records between them (their steps and timestamps travel with them,
+        so the order of arrival does not matter), never across the run's start or end."""
         first = self.pending[0]
         if first["op"] not in ("metrics", "params", "tags"):
             return [first]
@@ -243,6 +272,8 @@ class Sender:
         chunk, size = [], 0
         for r in self.pending:
             if r["op"] != first["op"]:
+                if first["op"] == "metrics" and r["op"] not in ("create_run", "end_run"):
+                    continue
                 break
             n = len(r[field])
             if chunk and size + n > limit:
@@ -269,10 +300,18 @@ class Sender:
             warn(f"MLflow refused {op} record(s) for run {self.run_id}: {str(err).splitlines()[0][:300]}; skipped")
 
     def _create_run(self, rec: dict[str, Any]) -> None:
-        if self.run_id:
-            return
-        c = self.client
         try:
+            if self.run_id:
+                return
+            self._create_run_once(rec)
+        finally:
+            if not self.tried_create.is_set():
+                self.tried_create.set()
+                self._on_event("tried")
+
+    def _create_run_once(self, rec: dict[str, Any]) -> None:
+        try:
+            c = self.client
             exp_id = get_or_create_experiment(c, rec["experiment"], self.uri)
             run_id = find_run_by_local_id(c, exp_id, rec["local_id"])
             if run_id is None:

@@ -3,6 +3,8 @@
 Layout of a spool folder (`<run_dir>/.mlflow-spool/<step>-<local_id>/`):
   meta.json      tracking URI, experiment, run name, parent, local id, server run id once created
   journal.jsonl  one JSON record per line (create_run, params, tags, metrics, artifact, end_run)
+                 (a buffered spool keeps metric records in memory until the sender's next pass
+                 or the next other record, e.g. a checkpoint: see `Spool.append`)
   acked.txt      ids of records the server has confirmed
   blobs/<id>/    snapshot (hard link or copy) of each logged file, so rotation or deletion of the
                  original (old checkpoints) cannot lose it before it is uploaded
@@ -38,25 +40,29 @@ def warn(msg: str) -> None:
 class Spool:
     """Append-only journal + acks of one run. Appends are thread-safe and never touch the network."""
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, *, buffered: bool = False):
         self.folder = Path(folder)
+        self.buffered = buffered
         self._lock = threading.Lock()
         self._seq = 0
         self._acked: set[str] = set()
+        self._ids: set[str] = set()  # ids journaled or buffered: unacked = ids - acked
+        self._buffer: list[dict[str, Any]] = []
         self._read_offset = 0
         if (self.folder / JOURNAL).exists():
-            self._seq = sum(1 for _ in self._lines())
+            self._ids = {json.loads(line)["id"] for line in self._lines()}
+            self._seq = len(self._ids)
         if (self.folder / ACKED).exists():
             self._acked = set((self.folder / ACKED).read_text().split())
 
     # ---- creation / metadata -------------------------------------------------------------
     @classmethod
-    def create(cls, folder: str | Path, meta: dict[str, Any]) -> Spool:
+    def create(cls, folder: str | Path, meta: dict[str, Any], *, buffered: bool = False) -> Spool:
         f = Path(folder)
         (f / BLOBS).mkdir(parents=True, exist_ok=True)
         atomic_write_json(f / META, meta)
         (f / JOURNAL).touch()
-        return cls(f)
+        return cls(f, buffered=buffered)
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -70,13 +76,33 @@ class Spool:
 
     # ---- journal -------------------------------------------------------------------------
     def append(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Journal one record. A buffered spool keeps metric records in memory (no disk write on
+        the training thread per step); they reach the journal at the sender's next pass
+        (`write_buffered`, every tracking.metrics_interval_s) or with the next other record,
+        which is written through at once. A checkpoint's artifact record is such a record: a
+        crash loses at most the metrics logged since the last checkpoint and the last pass,
+        and a restart redoes (and logs again) every step after that checkpoint."""
         with self._lock:
             self._seq += 1
             record = {"id": f"{self.meta_local_id}:{self._seq}", "op": op, **fields}
-            with open(self.folder / JOURNAL, "a") as f:
-                f.write(json.dumps(record) + "\n")
-                f.flush()
+            self._ids.add(record["id"])
+            self._buffer.append(record)
+            if not (self.buffered and op == "metrics"):
+                self._write_locked()
         return record
+
+    def write_buffered(self) -> None:
+        """Write the buffered records to the journal in one append (the sender's thread)."""
+        with self._lock:
+            self._write_locked()
+
+    def _write_locked(self) -> None:
+        if not self._buffer:
+            return
+        text = "".join(json.dumps(r) + "\n" for r in self._buffer)
+        self._buffer.clear()
+        with open(self.folder / JOURNAL, "a") as f:
+            f.write(text)
 
     @property
     def meta_local_id(self) -> str:
@@ -104,7 +130,9 @@ class Spool:
                     yield line
 
     def read_new(self) -> list[dict[str, Any]]:
-        """Complete records appended since the last call (the sender's cursor)."""
+        """Complete records appended since the last call (the sender's cursor); buffered records
+        are journaled first, so nothing is sent that is not on disk."""
+        self.write_buffered()
         out = []
         with open(self.folder / JOURNAL) as f:
             f.seek(self._read_offset)
@@ -114,12 +142,17 @@ class Spool:
                     break  # a half-written line: read it next time
                 self._read_offset += len(line.encode())
                 out.append(json.loads(line))
+                self._ids.add(out[-1]["id"])  # another process's journal (process.py) grows
         return out
 
     def pending(self) -> list[dict[str, Any]]:
         """All records not acknowledged yet, in order (for a replay in a new process)."""
+        return [r for r in self.records() if r["id"] not in self._acked]
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every journaled record from the start; the sender's cursor then stands at the end."""
         self._read_offset = 0
-        return [r for r in self.read_new() if r["id"] not in self._acked]
+        return self.read_new()
 
     # ---- acks ----------------------------------------------------------------------------
     def ack(self, records: list[dict[str, Any]]) -> None:
@@ -135,8 +168,14 @@ class Spool:
     def is_acked(self, record_id: str) -> bool:
         return record_id in self._acked
 
+    def count(self) -> int:
+        """Records appended by this object or read from the journal."""
+        with self._lock:
+            return len(self._ids)
+
     def unacked_count(self) -> int:
-        return sum(1 for line in self._lines() if json.loads(line)["id"] not in self._acked)
+        with self._lock:
+            return len(self._ids - self._acked)
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -44,6 +44,10 @@ def train_command(
         return run_local_cluster(cfg, ensure_dir(out_dir), parent_run_id=parent_run_id,
                                  resume_from_run=resume_from_run)
 
+    if cfg.tracking.enabled:
+        from pinpoint.tracking import warm_tracking
+
+        warm_tracking(cfg)  # MLflow's import and store open while TensorFlow starts
     from pinpoint.devices import setup_devices
 
     dm = setup_devices(cfg)  # before TensorFlow initializes anything

@@ -1,0 +1,184 @@
+"""The MLflow sender in its own process, so tracking takes nothing from the training process.
+
+Importing MLflow and opening its store is ~2 s of pure Python; run as a thread, it competes
+with the training loop for the interpreter lock (tracing, the step loop). The training process
+only appends to the spool's journal (see spool.py); this child process reads the journal, sends
+it (sender.Sender) and writes the acks. It is started early (`SenderProcess.start`, before
+TensorFlow is imported) so MLflow is ready when training begins, and talks over two pipes:
+
+  parent -> child (stdin, one JSON line each)   open {spool, interval}, flush, adopt {folders}, close {timeout}
+  child -> parent (stdout, one JSON line each)  ready, tried, run {run_id}, acked {n}, failure, closed {done}
+
+The tracking URI (which may hold credentials) reaches the child in its environment, never on
+its command line. The child ignores SIGINT (Ctrl-C ends the run KILLED through the parent) and
+finishes (a last pass, then exit) when its stdin closes: the parent exited or was killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+URI_ENV = "PINPOINT_SENDER_URI"
+
+
+class SenderProcess:
+    """Parent side: the child's state as its events report it (same surface as a Sender)."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self.run_id: str | None = None
+        self.failures = 0
+        self.acked = 0
+        self.tried_create = threading.Event()
+        self.closed = threading.Event()
+        self.done = False
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._on_run_created = None
+
+    def start(self) -> SenderProcess:
+        # MLflow's INFO lines (the sqlite store's table checks on every open) stay out of the
+        # training's output; its warnings still show.
+        env = dict(os.environ, **{URI_ENV: self.uri})
+        env.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+        # Same process group: a launcher that kills the task's group takes the sender with it
+        # (the spool keeps everything for the next process or `pinpoint upload-spool`).
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from pinpoint.tracking.process import main; sys.exit(main())"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
+        )
+        threading.Thread(target=self._read_events, name="pinpoint-mlflow-events", daemon=True).start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _read_events(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            kind = event.get("event")
+            if kind == "run":
+                self.run_id = event["run_id"]
+                if self._on_run_created:
+                    self._on_run_created(self.run_id)
+            elif kind == "tried":
+                self.tried_create.set()
+            elif kind == "acked":
+                self.acked += int(event["n"])
+            elif kind == "failure":
+                self.failures += 1
+            elif kind == "closed":
+                self.done = bool(event.get("done"))
+                self.closed.set()
+        # The child is gone (closed, or died): nobody waits on it any more.
+        self.tried_create.set()
+        self.closed.set()
+
+    def send(self, cmd: str, **fields: Any) -> bool:
+        with self._lock:
+            if not self.alive or self._proc.stdin is None:
+                return False
+            try:
+                self._proc.stdin.write(json.dumps({"cmd": cmd, **fields}) + "\n")
+                self._proc.stdin.flush()
+                return True
+            except (BrokenPipeError, OSError, ValueError):
+                return False
+
+    def open(self, spool_folder: Path, interval: float, on_run_created=None) -> None:
+        self._on_run_created = on_run_created
+        self.send("open", spool=str(spool_folder), interval=interval)
+
+    def wake(self, force: bool = False) -> None:
+        self.send("flush")
+
+    def close(self, timeout: float) -> bool:
+        """Ask for a last pass and wait up to `timeout` s; True when everything was sent."""
+        if self.send("close", timeout=timeout):
+            self.closed.wait(timeout + 5)
+        if self._proc is not None:
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        return self.done
+
+
+_WARM: dict[str, SenderProcess] = {}
+
+
+def warm(uri: str) -> None:
+    """Start a sender process for `uri` now (it imports MLflow and opens the store while this
+    process starts TensorFlow); the next `take(uri)` gets it."""
+    if uri not in _WARM or not _WARM[uri].alive:
+        _WARM[uri] = SenderProcess(uri).start()
+
+
+def take(uri: str) -> SenderProcess:
+    """A started sender process for `uri`: the warm one if any, else a new one."""
+    proc = _WARM.pop(uri, None)
+    return proc if proc is not None and proc.alive else SenderProcess(uri).start()
+
+
+# ---- the child ------------------------------------------------------------------------------
+def _emit(event: str, **fields: Any) -> None:
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    from pinpoint.tracking.sender import Sender, _client
+    from pinpoint.tracking.spool import Spool
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    uri = os.environ.pop(URI_ENV)
+    try:
+        _client(uri)  # MLflow's import and the store, before the parent needs them
+    except Exception:  # noqa: BLE001, S110 - the sender reports an unreachable server itself
+        pass
+    _emit("ready")
+    sender: Sender | None = None
+    for line in sys.stdin:
+        msg = json.loads(line)
+        cmd = msg["cmd"]
+        if cmd == "open":
+            sender = Sender(Spool(msg["spool"]), uri=uri, interval=float(msg["interval"]),
+                            on_event=lambda kind, **f: _emit(kind, **f))
+            sender.start(on_run_created=lambda run_id: _emit("run", run_id=run_id))
+        elif cmd == "flush" and sender is not None:
+            sender.wake(force=True)
+        elif cmd == "adopt":
+            threading.Thread(target=_adopt, args=(msg["folders"],), daemon=True).start()
+        elif cmd == "close":
+            done = sender.close(float(msg["timeout"])) if sender is not None else True
+            _emit("closed", done=done)
+            return 0
+    # stdin closed without a close: the parent is gone. One last pass; the spool keeps the rest.
+    if sender is not None:
+        sender.close(30.0)
+    return 0
+
+
+def _adopt(folders: list[str]) -> None:
+    """Send what earlier processes of this run folder journaled but could not send; their runs
+    end KILLED (see run._adopt_orphans)."""
+    from pinpoint.tracking.run import adopt_spool
+
+    for folder in folders:
+        adopt_spool(Path(folder))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
