@@ -46,6 +46,7 @@ class Ratio:
     den: str
     metric: str
     target: str | None = None  # e.g. ">= 1" (issue 3.8) or "<= 1.03" (issue 4.6)
+    difference: bool = False  # num - den (e.g. seconds of fixed cost) instead of num / den
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ class Comparison:
     skipped: str = ""  # why this comparison cannot run on this machine
     repeats: int | None = None  # rounds, when not Settings.repeats
     prepare: Prepare | None = None
+    # A real `mlflow server` runs for the comparison; arms whose tracking.uri is SERVER_URI use it.
+    mlflow_server: bool = False
+
+
+SERVER_URI = "@mlflow-server@"  # replaced by the comparison's server address (run.py)
 
 
 def demo_config() -> dict:
@@ -171,16 +177,15 @@ def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
     plan.append(Comparison(
         key="overhead",
         title=f"placement capture and MLflow logging, {s.overhead_steps}-step mirrored runs",
-        arms=(overhead("capture-on", True, False), overhead("baseline", False, False),
-              overhead("mlflow-on", False, True)),
+        arms=(overhead("capture-on", True, False), overhead("baseline", False, False)),
         ratios=(
             Ratio("capture on / off, train time", "capture-on", "baseline", "train_s", "<= 1.03"),
-            Ratio("MLflow on / off, train time", "mlflow-on", "baseline", "train_s"),
         ),
         note="baseline: capture off, MLflow off; each other arm turns one of them on",
         skipped=need2,
         repeats=s.repeats * s.overhead_repeat_factor,
     ))
+    plan.append(tracking_comparison(s, b2, out))
     arms = []
     for n in s.scaling_devices:
         if s.gpus and n > s.gpus:
@@ -205,3 +210,54 @@ def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
         arms=(Arm("make-run", "make run", {"kind": "make_run", "config_path": str(DEMO)}),),
     ))
     return plan
+
+
+def tracking_comparison(s: Settings, b2: int, out: Path) -> Comparison:
+    """Issue 15.4: what MLflow tracking costs a demo run (mirrored on 2 devices, checkpoints every
+    100 steps, placement capture on as by default), with a local sqlite store and with a real
+    `mlflow server` over HTTP, with and without the final model. Runs of `steps` steps (the
+    steady-state window of a 500-step run is ~0.15 s here, too short to compare throughput)
+    and twice the rounds: five arms, small differences."""
+
+    def arm(name: str, label: str, uri: str | None, log_model: bool = False, mfu: bool = False) -> Arm:
+        cfg = bench_config(f"bench-trk-{name}", strategy="mirrored", devices=2, steps=s.steps,
+                           batch=b2, tracking=uri is not None, checkpoint_every=100)
+        if uri is not None:
+            cfg["tracking"].update(uri=uri, log_model=log_model)
+        # mfu: after the clock stops, the matmul peak is measured and MFU logged into the run.
+        return Arm(name, label, {"kind": "pinpoint", "config": cfg, "peak": mfu, "log_mfu": mfu,
+                                 "warmup_steps": s.warmup_steps})
+
+    store = f"sqlite:///{(out.resolve() / 'tracking' / 'mlruns' / 'mlflow.db')}"
+    return Comparison(
+        key="tracking",
+        title=f"MLflow tracking, {s.steps}-step demo runs (mirrored, 2 devices)",
+        arms=(arm("off", "tracking off", None),
+              arm("local", "local store, no model", store),
+              arm("local-model", "local store, with the model", store, log_model=True, mfu=True),
+              arm("server", "mlflow server, no model", SERVER_URI),
+              arm("server-model", "mlflow server, with the model", SERVER_URI, log_model=True)),
+        ratios=(
+            Ratio("local store: steady ex/s on / off", "local", "off", "examples_per_sec", ">= 0.98"),
+            Ratio("local store: fixed cost, train time on - off (s)", "local", "off", "train_s", "<= 2",
+                  difference=True),
+            Ratio("local store: model export, train time with - without the model (s)", "local-model", "local",
+                  "train_s", difference=True),
+            Ratio("mlflow server: steady ex/s on / off", "server", "off", "examples_per_sec", ">= 0.98"),
+            Ratio("mlflow server: fixed cost, train time on - off (s)", "server", "off", "train_s", "<= 2",
+                  difference=True),
+            Ratio("mlflow server: model export, train time with - without the model (s)", "server-model",
+                  "server", "train_s", difference=True),
+        ),
+        note=("train time: `train_command` with TensorFlow imported, as in the capture rows. As `pinpoint train` "
+              "does, the worker starts the MLflow sender process before importing TensorFlow (MLflow's import and "
+              "the store's opening run on the other core meanwhile); the process wall difference includes "
+              "whatever of that is not hidden. Model export: the extra train time of logging the final model, "
+              "which the end of the step waits for."),
+        mlflow_server=True,
+        repeats=2 * s.repeats,
+        # The local store exists before the first round, as after a user's first run (creating
+        # its tables takes seconds once; opening it, ~1 s each time, is in every arm's figure).
+        prepare=Prepare(("-c", "import sys; from mlflow.tracking import MlflowClient; "
+                         "MlflowClient(sys.argv[1]).search_experiments()", store)),
+    )

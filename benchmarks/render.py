@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -33,6 +34,15 @@ def ratio_summary(results: Results, comp: str, num: str, den: str, metric: str) 
     a, b = values(runs[num], metric), values(runs[den], metric)
     n = min(len(a), len(b))
     return summarize(paired_ratios(a[:n], b[:n]))
+
+
+def compare_summary(results: Results, comp: str, rt) -> Summary | None:
+    """A Ratio's same-round values: num / den, or num - den for a difference."""
+    if not rt.difference:
+        return ratio_summary(results, comp, rt.num, rt.den, rt.metric)
+    runs = results.get(comp) or {}
+    a, b = values(runs.get(rt.num, []), rt.metric), values(runs.get(rt.den, []), rt.metric)
+    return summarize([None if x is None or y is None else x - y for x, y in zip(a, b)])
 
 
 def target_met(s: Summary | None, target: str | None) -> str:
@@ -100,7 +110,7 @@ def section_targets(plan: list[Comparison], results: Results) -> str:
         for rt in c.ratios:
             if not rt.target:
                 continue
-            r = ratio_summary(results, c.key, rt.num, rt.den, rt.metric)
+            r = compare_summary(results, c.key, rt)
             verdict = target_met(r, rt.target) if c.key in results else "not run"
             lines.append(f"- {c.title}: {rt.label} = {fmt_summary(r)}: **{verdict}**")
     return "\n".join(lines) + "\n" if lines else "none\n"
@@ -128,6 +138,28 @@ def section_overhead(plan: list[Comparison], results: Results) -> str:
     out += "\n" + markdown_table(
         ["ratio (same round)", "train time", "train time difference", "process wall", "target"], ratio_rows)
     return out
+
+
+def section_tracking(plan: list[Comparison], results: Results) -> str:
+    """Issue 15.4: tracking on/off (local store, real server), with and without the model."""
+    comp = next((c for c in plan if c.key == "tracking"), None)
+    if comp is None or comp.key not in results:
+        return "not run\n"
+    runs = results[comp.key]
+    arm_rows = [[a.label, fmt_summary(summ(runs.get(a.name, []), "train_s")),
+                 fmt_summary(summ(runs.get(a.name, []), "examples_per_sec"), 4),
+                 fmt_summary(summ(runs.get(a.name, []), "process_wall_s")), str(len(runs.get(a.name, [])))]
+                for a in comp.arms]
+    out = markdown_table(["arm", "train time s (train_command)", "steady ex/s", "process wall s", "runs"], arm_rows)
+    rows = []
+    for rt in comp.ratios:
+        r = compare_summary(results, comp.key, rt)
+        wall = (compare_summary(results, comp.key, dataclasses.replace(rt, metric="process_wall_s"))
+                if rt.difference else None)
+        rows.append([rt.label, fmt_summary(r, 3, " s" if rt.difference else ""),
+                     fmt_summary(wall, 3, " s") if wall else "", target_met(r, rt.target) or "recorded"])
+    out += "\n" + markdown_table(["same round", "value", "process wall difference", "target"], rows)
+    return out + (f"\n{comp.note}\n" if comp.note else "")
 
 
 def scaling_points(plan: list[Comparison], results: Results) -> list[dict[str, Any]]:
@@ -252,7 +284,7 @@ SETTINGS = """\
   2·in·out except for the first layer, plus bias) x global batch, over the steady step time, over
   the matmul peak measured in the same process on the run's replica devices (1024² float32
   matmul chains on every device at once; 4096² on GPUs). Logical CPU devices share the machine's
-  cores, so their joint peak is the machine's. Runs with MLflow on log it as `mfu`.
+  cores, so their joint peak is the machine's. The tracking rows' runs with the model log it as `mfu`.
 - Bytes crossing devices: from placement.json (the runtime's partition graphs, one step of the
   training loop's body; the loop's own predicate/control signal per device is not included):
   every _Send/_Recv pair, dtype size x static shape, including the input batch copied from the host
@@ -301,8 +333,10 @@ def render_markdown(plan: list[Comparison], results: Results, raw: dict, chart_n
         section_targets(plan, results),
         "## Pinpoint against Keras `model.fit` (steady-state examples/sec)\n",
         section_keras(plan, results),
-        "## Placement capture and MLflow logging\n",
+        "## Placement capture\n",
         section_overhead(plan, results),
+        "## MLflow tracking cost\n",
+        section_tracking(plan, results),
         "## Scaling: examples/sec and bytes crossing devices per step\n",
         section_scaling(plan, results),
         "## Model FLOPs utilization\n",
@@ -357,7 +391,7 @@ def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
     labels, meds, lo, hi, targets = [], [], [], [], []
     for c in plan:
         for rt in c.ratios:
-            r = ratio_summary(results, c.key, rt.num, rt.den, rt.metric)
+            r = None if rt.difference else ratio_summary(results, c.key, rt.num, rt.den, rt.metric)
             if r is None:
                 continue
             name = c.key.replace("keras-", "") if c.key.startswith("keras-") else ""

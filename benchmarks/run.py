@@ -8,6 +8,7 @@ sides alike. Ratios are taken within a round, then summarized (median, min, max)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import machine_info
-from benchmarks.plan import Comparison, Prepare, Settings, build_plan
+from benchmarks.plan import SERVER_URI, Comparison, Prepare, Settings, build_plan
 from benchmarks.worker import RESULT_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,8 +87,31 @@ def _headline(rec: dict) -> str:
     return ", ".join(parts)
 
 
+def _with_server(spec: dict, uri: str) -> dict:
+    """The arm's spec with SERVER_URI (its tracking.uri placeholder) replaced by `uri`."""
+    text = json.dumps(spec)
+    return json.loads(text.replace(json.dumps(SERVER_URI), json.dumps(uri)))
+
+
 def run_comparison(comp: Comparison, repeats: int, out: Path, results: dict, log=print) -> dict:
     """Rounds of interleaved arms; returns {arm: [record per round]}."""
+    if comp.mlflow_server:
+        from benchmarks.mlflow_server import mlflow_server
+
+        try:
+            with mlflow_server(out / comp.key / "server") as uri:
+                log(f"[{comp.key}] mlflow server at {uri}")
+                arms = tuple(dataclasses.replace(a, spec=_with_server(a.spec, uri)) for a in comp.arms)
+                return _run_rounds(dataclasses.replace(comp, arms=arms, mlflow_server=False), repeats, out,
+                                   results, log)
+        except RuntimeError as err:
+            log(f"[{comp.key}] {err}")
+            return {a.name: [{"error": str(err), "log": str(out / comp.key / "server" / "server.log"),
+                              "process_wall_s": 0.0}] for a in comp.arms}
+    return _run_rounds(comp, repeats, out, results, log)
+
+
+def _run_rounds(comp: Comparison, repeats: int, out: Path, results: dict, log=print) -> dict:
     runs: dict[str, list[dict]] = {}
     own = [a for a in comp.arms if not (a.reuse and a.reuse[0] in results and a.reuse[1] in results[a.reuse[0]])]
     if comp.prepare is not None:
@@ -138,7 +162,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="runs per arm (default 5; --quick: 1)")
     p.add_argument("--quick", action="store_true", help="1 repeat, few steps: checks the harness, not the numbers")
     p.add_argument("--only", default="", help="comma-separated comparisons (keras-none, keras-mirrored, keras-mwm, "
-                   "keras-user-model, overhead, scaling, make-run)")
+                   "keras-user-model, overhead, tracking, scaling, make-run)")
     p.add_argument("--steps", type=int, default=None, help="steps of the Pinpoint-vs-Keras and scaling runs")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="raw results (git-ignored)")
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"), help="the markdown report")

@@ -97,8 +97,12 @@ def _fake_results():
                                         rec(84.0, transfer_bytes_per_step=4000, param_bytes=1000)],
                            "keras": [{"error": "exit 1: boom", "log": "x.log", "process_wall_s": 1.0}, rec(80.0)]},
         "overhead": {"capture-on": [rec(1.0, train_s=5.1), rec(1.0, train_s=5.3)],
-                     "baseline": [rec(1.0, train_s=5.0), rec(1.0, train_s=5.0)],
-                     "mlflow-on": [rec(1.0, train_s=6.0), rec(1.0, train_s=7.0)]},
+                     "baseline": [rec(1.0, train_s=5.0), rec(1.0, train_s=5.0)]},
+        "tracking": {"off": [rec(100.0, train_s=5.0), rec(100.0, train_s=5.0)],
+                     "local": [rec(99.0, train_s=6.0), rec(97.0, train_s=8.5)],
+                     "local-model": [rec(99.0, train_s=7.0), rec(97.0, train_s=9.5)],
+                     "server": [rec(100.0, train_s=6.5), rec(100.0, train_s=6.5)],
+                     "server-model": [rec(100.0, train_s=8.0), rec(100.0, train_s=8.0)]},
         "scaling": {"n1": [rec(50.0, transfer_bytes_per_step=100, param_bytes=1000)] * 2,
                     "n2": [rec(80.0, transfer_bytes_per_step=4000, param_bytes=1000)] * 2,
                     "n4": [rec(90.0, transfer_bytes_per_step=900, param_bytes=1000, collective_bytes_per_step=4000)] * 2},
@@ -126,6 +130,12 @@ def test_render_markdown_reports_same_round_ratios_targets_and_failures():
     assert "keras-mirrored/keras round 1: exit 1: boom" in md
     # capture on/off 1.02 and 1.06 -> median 1.04 -> NOT met (<= 1.03)
     assert "| capture on / off, train time | 1.04 (1.02–1.06) | 0.2 s (0.1–0.3) | 1 (1–1) | NOT met (target <= 1.03) |" in md
+    # tracking: steady 0.99 and 0.97 -> median 0.98 met; fixed cost 1 s and 3.5 s -> median 2.25 s NOT met
+    assert "| local store: steady ex/s on / off | 0.98 (0.97–0.99) |  | met (target >= 0.98) |" in md
+    assert "| local store: fixed cost, train time on - off (s) | 2.25 s (1–3.5) | 0 s (0–0) | NOT met (target <= 2) |" in md
+    assert "| local store: model export, train time with - without the model (s) | 1 s (1–1) | 0 s (0–0) | recorded |" in md
+    assert "| mlflow server: fixed cost, train time on - off (s) | 1.5 s (1.5–1.5) | 0 s (0–0) | met (target <= 2) |" in md
+    assert "local store: fixed cost, train time on - off (s) = 2.25 (1–3.5): **NOT met (target <= 2)**" in md
     # scaling: 2 devices, 4000 bytes -> 2000 per device vs ring min 1000 -> 2x
     assert "| 2 | 80 (80–80) | n/a | 4,000 | 0 | 2,000 | 1,000 | 2x | 2 |" in md
     # 4 devices all-reducing by collectives (1000 B each): a ring sends 2*3/4*1000 = 1500 per device,
@@ -189,20 +199,51 @@ def test_results_md_carries_the_fault_suite_table(tmp_path):
     assert "SIGKILL worker" in text and "metrics lost: 0" in text
 
 
-def test_overhead_capture_arms_get_more_rounds_than_the_mlflow_arm(monkeypatch, tmp_path):
+def test_overhead_capture_arms_get_more_rounds_and_a_capped_arm_only_its_own(monkeypatch, tmp_path):
     """The capture on/off pair runs repeat_factor x repeats rounds (a ~2% effect in ~10% noise);
-    the MLflow arm only the first `repeats`, so its same-round ratio pairs with baseline rounds."""
+    an arm with max_rounds runs only the first rounds, so its same-round ratio pairs with them."""
+    import dataclasses
+
     import benchmarks.run as run
-    from benchmarks.plan import Settings, build_plan
+    from benchmarks.plan import Arm, Settings, build_plan
 
     s = Settings(repeats=2, overhead_repeat_factor=3)
     comp = next(c for c in build_plan(s) if c.key == "overhead")
     assert comp.repeats == 6
+    comp = dataclasses.replace(comp, arms=(*comp.arms, Arm("capped", "capped", {}, max_rounds=2)))
     calls = []
     monkeypatch.setattr(run, "run_worker", lambda spec, out: calls.append(out.name) or {"train_s": 1.0, "process_wall_s": 9.0})
     runs = run.run_comparison(comp, comp.repeats, tmp_path, {}, log=lambda m: None)
     assert len(runs["capture-on"]) == len(runs["baseline"]) == 6
-    assert len(runs["mlflow-on"]) == 2 and "r2-mlflow-on" not in calls
+    assert len(runs["capped"]) == 2 and "r2-capped" not in calls
+
+
+def test_tracking_arms_get_the_comparisons_own_mlflow_server(monkeypatch, tmp_path):
+    """The server arms' tracking.uri placeholder becomes the address of a real `mlflow server`
+    started for the comparison (and stopped after it); the local-store arms keep their sqlite URI."""
+    import urllib.request
+
+    import benchmarks.run as run
+    from benchmarks.plan import SERVER_URI, Settings, build_plan
+
+    comp = next(c for c in build_plan(Settings(repeats=1), tmp_path) if c.key == "tracking")
+    seen = {}
+
+    def worker(spec, out):
+        uri = spec["config"]["tracking"]["uri"]
+        if uri and uri.startswith("http"):
+            with urllib.request.urlopen(f"{uri}/health", timeout=5) as r:
+                seen[out.name] = (uri, r.status)
+        else:
+            seen[out.name] = (uri, None)
+        return {"train_s": 1.0, "process_wall_s": 9.0}
+
+    monkeypatch.setattr(run, "run_worker", worker)
+    run.run_comparison(comp, 1, tmp_path, {}, log=lambda m: None)
+    assert seen["r0-server"][1] == 200 and seen["r0-server"][0] != SERVER_URI
+    assert seen["r0-local"][0].startswith("sqlite:///") and seen["r0-off"][0] is None
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{seen['r0-server'][0]}/health", timeout=2)  # stopped with the comparison
 
 
 def test_user_model_pair_runs_the_worked_example_without_layer_pinning(tmp_path):
