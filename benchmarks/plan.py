@@ -149,6 +149,17 @@ def _pair(key: str, title: str, cfg: dict, s: Settings, *, note: str = "", skipp
     )
 
 
+def _pair_builtin(s: Settings, b2: int, model: str) -> Comparison:
+    """Issue 15.8: a bigger built-in than the 17k-parameter MLP, same data (digits), strategy none
+    on 1 device; both sides build it with `build_model` and use Pinpoint's XLA choice."""
+    cfg = bench_config(f"bench-{model}", strategy="none", devices=1, steps=s.steps, batch=b2)
+    cfg["train"]["model"] = model
+    return _pair(f"keras-{model}", f"built-in `{model}` on digits, strategy none, 1 device", cfg, s,
+                 note=(f"the `{model}` built-in (`pinpoint.training.models.build_model`, same seed) on both sides; "
+                       "digits, sgd, global batch as above. No MFU: the FLOPs count knows Dense layers only."),
+                 peak=False)
+
+
 def _pair_mwm(s: Settings, b2: int) -> Comparison:
     return _pair("keras-mwm", "multi_worker_mirrored, 2 local workers (chief + 1 worker, 1 device each)",
               # Half the steps: a step across two processes takes several times longer.
@@ -204,6 +215,7 @@ def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
     # Order: the issue targets first (3.8, 4.6), so a stopped run still has them.
     plan.append(_pair_mwm(s, b2))
     plan.append(_pair_user_model(s, b2, out))
+    plan += [_pair_builtin(s, b2, name) for name in ("cnn", "transformer")]
     plan.append(Comparison(
         key="make-run",
         title="`make run` (pinpoint run configs/demo.yaml through kfp.local)",
