@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 URI_ENV = "PINPOINT_SENDER_URI"
+NICENESS = 10
 
 
 class SenderProcess:
@@ -143,6 +144,8 @@ def main() -> int:
     from pinpoint.tracking.spool import Spool
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Background work: the training's threads come first when both want a core.
+    os.nice(NICENESS)
     uri = os.environ.pop(URI_ENV)
     try:
         _client(uri)  # MLflow's import and the store, before the parent needs them
