@@ -209,6 +209,16 @@ class PlacementConfig(_Frozen):
     enabled: bool = True
     warmup_steps: int = Field(3, ge=1)
     sample_steps: int = Field(1, ge=1, le=100)
+    # Time per device over the sampled steps: they run as their own call under TensorFlow's
+    # profiler (placement.json `timing`, the trace in <run>/profile/). Off: nothing extra runs.
+    timing: bool = False
+
+    @model_validator(mode="after")
+    def _timing_needs_capture(self) -> "PlacementConfig":
+        if self.timing and not self.enabled:
+            _fail("placement.timing", True, "set placement.enabled: true (timing is measured on the sampled "
+                  "steps and attributed with their graphs) or set placement.timing: false")
+        return self
 
 
 class FeatureSpec(_Frozen):

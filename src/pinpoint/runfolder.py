@@ -19,6 +19,7 @@ METRICS = "metrics.json"
 CHECKPOINTS = "checkpoints"
 REPORT_HTML = "report.html"
 TRAIN_LOG = "train_log.jsonl"
+PROFILE = "profile"  # placement.timing: the TensorFlow profiler trace (TensorBoard logdir)
 
 
 def ensure_dir(path: str | Path, field: str = "--out") -> Path:

@@ -68,6 +68,14 @@ EXPLAIN = {
     "variable at the end of training; synchronous training keeps it at 0.",
     "conformance": "Each pinning rule: planned device versus the devices the relevant ops really ran "
     "on. Score = fraction of relevant ops on the planned device.",
+    "timing": "placement.timing: the sampled steps ran as one call under TensorFlow's profiler; each "
+    "kernel event of the trace is attributed to its device through the partition graphs. busy = union of "
+    "the device's op intervals (ops overlap on the inter-op threads; work nested inside an op's event, "
+    "such as a receiving device's kernels run by a _Send's callback, is not the op's); transfer = union "
+    "of its _Send/_Recv and collective intervals (a collective includes waiting for its peers; a receive's "
+    "wait for its producer is not counted); compute = busy - transfer; idle_share = 1 - busy / wall, wall "
+    "= first op start to last op end of the call. Wall-clock times: with emulation the devices share the "
+    "host's cores.",
 }
 
 
@@ -308,6 +316,13 @@ def headline_metrics(placement: dict) -> dict[str, float]:
     rc = placement.get("replica_consistency") or {}
     if rc.get("max_abs_diff") is not None:
         out["placement.replica_drift"] = float(rc["max_abs_diff"])
+    timing = placement.get("timing") or {}
+    if timing.get("wall_ms") is not None:
+        out["placement.timing.wall_ms"] = float(timing["wall_ms"])
+    for dev, t in (timing.get("devices") or {}).items():
+        for field in ("busy_ms", "compute_ms", "transfer_ms", "idle_share"):
+            if t.get(field) is not None:
+                out[f"placement.timing.{metric_key(dev)}.{field}"] = float(t[field])
     return out
 
 

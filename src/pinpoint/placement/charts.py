@@ -193,12 +193,44 @@ def variable_bytes(placement: dict, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
+def time_per_device(placement: dict, path: Path) -> Path | None:
+    """placement.timing: one stacked bar per device over the timed window (compute, transfers, idle)."""
+    timing = placement.get("timing") or {}
+    devs = timing.get("devices") or {}
+    wall = timing.get("wall_ms") or 0
+    if not devs or not wall:
+        return None
+    plt = _plt()
+    phys = placement.get("physical_devices") or {}
+    devices = list(devs)
+    compute = [devs[d].get("compute_ms", 0) for d in devices]
+    moved = [devs[d].get("transfer_ms", 0) for d in devices]
+    idle = [max(0.0, wall - devs[d].get("busy_ms", 0)) for d in devices]
+    fig, ax = plt.subplots(figsize=(9.5, 1.4 + 0.55 * len(devices)))
+    y = list(range(len(devices)))
+    ax.barh(y, compute, color="#4c78a8", label="compute")
+    ax.barh(y, moved, left=compute, color="#f58518", label="transfers (_Send/_Recv, collectives)")
+    ax.barh(y, idle, left=[c + m for c, m in zip(compute, moved)], color="#e0e0e0", label="idle")
+    for i, d in enumerate(devices):
+        ax.text(wall * 1.01, i, f"busy {devs[d].get('busy_ms', 0):.3f} ms", va="center", fontsize=8)
+    ax.set_yticks(y, [_label(d, phys).replace("\n", " ") for d in devices], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, wall * 1.3)
+    ax.set_xlabel("ms of the timed window")
+    steps = timing.get("steps") or []
+    ax.set_title(f"Time per device over {len(steps)} timed step(s), {wall:.3f} ms wall", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.spines[["top", "right"]].set_visible(False)
+    return _save(plt, fig, path)
+
+
 CHARTS = {
     "ops_heatmap.png": ops_heatmap,
     "transfer_matrix.png": transfer_matrix,
     "ops_per_device.png": ops_per_device,
     "conformance.png": conformance,
     "variable_bytes.png": variable_bytes,
+    "time_per_device.png": time_per_device,
 }
 
 

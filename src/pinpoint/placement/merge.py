@@ -174,6 +174,22 @@ def merge_placements(placements: list[dict]) -> dict:
     }
     if placements[0].get("input_pipeline"):  # the chief's; each task's own is under tasks.<task>
         merged["input_pipeline"] = placements[0]["input_pipeline"]
+    timed = [p for p in placements if p.get("timing")]
+    if timed:  # each task timed its own devices (names keep job/task); idle is against its own wall
+        walls = [p["timing"]["wall_ms"] for p in timed if p["timing"].get("wall_ms") is not None]
+        devs = {d: t for p in timed for d, t in (p["timing"].get("devices") or {}).items()}
+        merged["timing"] = {
+            "steps": timed[0]["timing"].get("steps", []),
+            "wall_ms": max(walls) if walls else None,
+            "step_ms": None,
+            "devices": {d: devs[d] for d in sorted(devs, key=sort_key)},
+            "notes": [f"[{p.get('task', '?')}] {n}" for p in timed for n in p["timing"].get("notes") or []],
+            "tasks": {p.get("task", "?"): {k: p["timing"].get(k) for k in ("steps", "wall_ms", "step_ms", "trace")}
+                      for p in timed},
+        }
+        traces = [p["timing"]["trace"] for p in timed if p["timing"].get("trace")]
+        if traces:
+            merged["timing"]["trace"] = traces[0].split("/")[0]  # profile/ holds every task's folder
     if placements[0].get("precision"):
         merged["precision"] = {
             "policy": placements[0]["precision"].get("policy"),

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.errors import ConfigError
-from pinpoint.placement.analyze import split_fallbacks
+from pinpoint.placement.analyze import EXPLAIN, split_fallbacks
 from pinpoint.placement.summary import format_summary, human_bytes
 from pinpoint.runfolder import (
     CONFIG_FILE,
@@ -190,6 +190,10 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
             "transfers",
         )
     )
+
+    # --- time per device (placement.timing)
+    if placement.get("timing"):
+        parts.append(_timing_section(placement["timing"], ex.get("timing") or EXPLAIN["timing"], phys, charts))
 
     # --- fallbacks
     if fallbacks:
@@ -374,6 +378,7 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         for a, t in [("summary", "summary"), ("devices", "devices"), ("ops", "ops"), ("transfers", "transfers"),
                      ("fallbacks", "fallbacks"), ("variables", "variables"), ("gradients", "gradients"),
                      ("conformance", "conformance"), ("layers", "layers"), ("replicas", "replicas")]
+        + ([("timing", "time")] if placement.get("timing") else [])
     )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
@@ -382,6 +387,32 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         f"{_e(placement.get('task'))} &middot; where every op, variable and gradient actually ran</p></header>"
         f"<main><p>{nav}</p>{''.join(parts)}</main></body></html>\n"
     )
+
+
+def _timing_section(timing: dict, what: str, phys: dict, charts: dict[str, Path]) -> str:
+    devs = timing.get("devices") or {}
+    notes = "".join(f"<p><b>Note:</b> {_e(n)}</p>" for n in timing.get("notes") or [])
+    if not devs:
+        return _section("Time per device", what, notes or "<p class='muted'>Not measured.</p>", "timing")
+    steps = timing.get("steps") or []
+    head = (f"<p>Timed steps {_e(steps)}: {timing.get('wall_ms')} ms wall"
+            + (f" ({timing['step_ms']} ms per step)" if timing.get("step_ms") is not None else "")
+            + (f"; the trace is in <code>{_e(timing['trace'])}/</code>: open it with "
+               f"<code>tensorboard --logdir {_e(timing['trace'])}</code> (Profile tab)" if timing.get("trace") else "")
+            + ".</p>")
+    rows = [[_dev(d, phys), t.get("busy_ms"), t.get("compute_ms"), t.get("transfer_ms"),
+             f"{100 * t.get('transfer_share', 0):.1f}%",
+             "n/a" if t.get("idle_share") is None else f"{100 * t['idle_share']:.1f}%", t.get("ops")]
+            for d, t in devs.items()]
+    top = [[_dev(d, phys), o["op"], o["type"], o["ms"], o["count"]] for d, t in devs.items() for o in t.get("top_ops") or []]
+    return _section(
+        "Time per device", what,
+        head + _img(charts.get("time_per_device.png"), "time per device")
+        + _table(["device", "busy ms", "compute ms", "transfer ms", "transfers / busy", "idle", "op runs"], rows,
+                 num_cols=(1, 2, 3, 4, 5, 6))
+        + "<p class='what'>Top ops by time on each device (their own time, summed over the timed steps):</p>"
+        + _table(["device", "op", "type", "ms", "runs"], top, num_cols=(3, 4)) + notes,
+        "timing")
 
 
 def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:

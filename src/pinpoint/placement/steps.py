@@ -115,6 +115,13 @@ class _Names:
         return name if i < 0 else name[: i + 1] + name[i + len(self.inner):]
 
 
+def display_names(captured: CapturedGraphs):
+    """Raw node name (as the executor ran it) -> the name one step's op has ("mlp/dense/MatMul")."""
+    partitions = captured.partition_graphs
+    loop = _training_loop(partitions, [frames(g) for g in partitions])
+    return _Names(loop).display if loop is not None else (lambda name: name)
+
+
 def per_step_view(captured: CapturedGraphs) -> CapturedGraphs:
     """The captured graphs of one step: the training loop's body, with XLA calls expanded."""
     partitions = captured.partition_graphs

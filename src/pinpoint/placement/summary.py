@@ -27,6 +27,27 @@ def human_bytes(n: float | None) -> str:
     return f"{n:.1f} GiB"
 
 
+def timing_lines(timing: Mapping[str, Any]) -> list[str]:
+    """placement.timing: the timed window, then one line per device (busy, transfers, idle, top op)."""
+    devices = timing.get("devices") or {}
+    if not devices:
+        why = "; ".join(timing.get("notes") or []) or "no op found in the trace"
+        return [f"time       : {why}"]
+    steps = timing.get("steps") or []
+    span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}" if steps else "?"
+    trace = f"; trace in {timing['trace']}/ (TensorBoard)" if timing.get("trace") else ""
+    lines = [f"time       : {span} timed, {timing.get('wall_ms', 0):.3f} ms wall{trace}"]
+    for dev, t in devices.items():
+        top = (t.get("top_ops") or [{}])[0]
+        idle = t.get("idle_share")
+        lines.append(
+            f"  {dev:<9}: busy {t['busy_ms']:.3f} ms ({100 * t.get('transfer_share', 0):.0f}% transfers)"
+            + (f", idle {100 * idle:.0f}%" if idle is not None else "")
+            + (f"; top {top['op']} ({top['type']}) {top['ms']:.3f} ms" if top else "")
+        )
+    return lines
+
+
 def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, Any] | None) -> str:
     """10-15 lines: final loss/accuracy, throughput, ops per device, transfers, fallbacks,
     conformance and replica drift."""
@@ -80,6 +101,8 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
     )[:3]
     if top:
         lines.append("  busiest  : " + ", ".join(f"{s}->{d} {human_bytes(b)}" for s, d, b in top))
+    if placement.get("timing"):
+        lines.extend(timing_lines(placement["timing"]))
     vars_ = placement.get("variables") or []
     by_dev: dict[str, int] = {}
     for v in vars_:

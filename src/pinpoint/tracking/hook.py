@@ -87,6 +87,10 @@ class TrackingHook(Hook):
         step = int(placement.get("step", 0) or 0) if isinstance(placement.get("step"), (int, float)) else 0
         self.run.log_metrics(placement_metrics(placement), step=step)
         self.run.log_dict(dict(placement), PLACEMENT)
+        # placement.timing: the profiler trace, a TensorBoard logdir (`tensorboard --logdir profile`).
+        trace = (placement.get("timing") or {}).get("trace")
+        if trace and (self.run_dir / trace).is_dir():
+            self.run.log_artifacts(self.run_dir / trace, trace)
 
     def on_train_end(self, summary: Mapping[str, Any], model: Any = None) -> None:
         # Run-level numbers (final_*, eval_*, steady-state throughput) at the last step; renamed

@@ -18,6 +18,7 @@ from pinpoint.runfolder import (
     CHECKPOINTS,
     METRICS,
     PLACEMENT,
+    PROFILE,
     TRAIN_LOG,
     atomic_write_json,
     atomic_write_text,
@@ -238,6 +239,10 @@ def train(
     # parameter_server: one sampled step is run from the coordinator (see Trainer.capture_step).
     loop_capture = pc.enabled and ctx.coordinator is None
     loop_captured = None
+    # placement.timing: the sampled steps capture_at.. run as their own call (the function's
+    # second: no tracing in it) under TensorFlow's profiler (see placement.timing).
+    timing_pending = loop_capture and pc.timing
+    timed: dict | None = None
     captures: list = []
     log_path = out_dir / TRAIN_LOG
     bar = _progress(ctx.is_chief, start, t.steps)
@@ -257,16 +262,23 @@ def train(
                 capture_at += 1
                 n = 1
             else:
-                ps_stop = capture_at if not loop_capture else None
+                ps_stop = capture_at if not loop_capture or timing_pending else None
                 stop = _next_stop(step, t.steps, (t.log_every, t.checkpoint_every), ps_stop)
+                profiled = timing_pending and trainer.calls > 0 and step >= capture_at
+                if profiled:
+                    stop = min(stop, step + pc.sample_steps)
                 n = stop - step
                 if loop_capture and trainer.calls == 0:
                     loop_captured, m = trainer.capture_steps(n, capture_call)
+                elif profiled:
+                    m, timed = _profiled_steps(trainer, n, out_dir, ctx)
+                    timing_pending = False
                 else:
                     m = trainer.train_steps(n)
                 if not state.objective.has_accuracy:
                     m.pop("accuracy", None)
-                if trainer.calls > 1:  # the first call includes tracing
+                # The first call includes tracing; the profiled call the profiler's own cost.
+                if trainer.calls > 1 and not profiled:
                     steady_examples += n * pipeline.global_batch
                     steady_time += m["step_time"] * n
             last = m
@@ -301,6 +313,8 @@ def train(
     placement = None
     if captures:
         placement = _placement(cfg, ctx, trainer, captures)
+        if pc.timing:
+            placement["timing"] = _timing(ctx, loop_captured, timed)
         name = PLACEMENT if not ctx.multi_worker else f"placement-{ctx.role}-{ctx.index}.json"
         if ctx.is_chief or ctx.multi_worker:
             atomic_write_json(out_dir / name, placement)
@@ -344,6 +358,40 @@ def _truncate_log(path: Path, start: int) -> None:
         except (ValueError, KeyError, TypeError):
             continue  # a torn last line from a killed writer
     atomic_write_text(path, "".join(k + "\n" for k in kept))
+
+
+def _profiled_steps(trainer, n: int, out_dir: Path, ctx: TaskContext) -> tuple[dict, dict]:
+    """Run n steps under TensorFlow's profiler, the trace in the run folder's profile/ folder."""
+    from pinpoint.placement.timing import profile_call
+
+    rel = PROFILE if not ctx.multi_worker else f"{PROFILE}/{ctx.role}-{ctx.index}"
+    first = trainer.step
+    m, xplane, why = profile_call(lambda: trainer.train_steps(n), out_dir / rel)
+    return m, {"steps": list(range(first, first + n)), "xplane": xplane, "why": why, "trace": rel}
+
+
+def _timing(ctx: TaskContext, loop_captured, timed: dict | None) -> dict:
+    """placement.json's `timing` section from the profiled call's trace (see placement.timing)."""
+    from pinpoint.placement.naming import Namer
+    from pinpoint.placement.steps import display_names
+    from pinpoint.placement.timing import not_measured, timing_from_trace
+
+    if loop_captured is None:
+        return not_measured("not measured under parameter_server: its steps run as closures in the "
+                            "workers' runtimes, out of this process's profiler")
+    if timed is None:
+        return not_measured("not measured: training ended before the sampled steps ran as their own call")
+    if timed["xplane"] is None:
+        return dict(not_measured(f"not measured: {timed['why']}"), steps=timed["steps"])
+    try:
+        timing = timing_from_trace(timed["xplane"], loop_captured.partition_graphs, Namer(ctx.device_map),
+                                   display=display_names(loop_captured), steps=timed["steps"])
+    except Exception as err:  # noqa: BLE001 - an unreadable trace must not fail a finished run
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        return dict(not_measured(f"not measured: the trace could not be read ({type(err).__name__}: {first})"),
+                    steps=timed["steps"], trace=timed["trace"])
+    timing["trace"] = timed["trace"]
+    return timing
 
 
 def _placement(cfg: Config, ctx: TaskContext, trainer, captures) -> dict:

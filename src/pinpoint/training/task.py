@@ -52,6 +52,11 @@ def run_task(
         from pinpoint.provision.tfconfig import training_tf_config
 
         os.environ["TF_CONFIG"] = json.dumps(training_tf_config(parsed))
+    chief = role == "chief" or (role == "worker" and index == 0 and "chief" not in parsed.get("cluster", {}))
+    if cfg.tracking.enabled and chief and role != "evaluator":
+        from pinpoint.tracking import warm_tracking
+
+        warm_tracking(cfg)  # the task that tracks: MLflow's sender starts while TensorFlow does
     dm = setup_devices(cfg)  # before TensorFlow initializes anything
     if role == "evaluator":
         return run_evaluator(cfg, out, dm)

@@ -1,0 +1,304 @@
+"""Time per device: how long each device was busy over the sampled steps, and with what.
+
+With `placement.timing: true` the trainer runs the sampled steps as one call of its training
+function (never its first, captured call, so no tracing is in it) under TensorFlow's
+own profiler (`tf.profiler.experimental`). The profiler writes an XSpace trace
+(`<run>/profile/plugins/profile/<time>/<host>.xplane.pb`, which TensorBoard's profile plugin
+opens); this module reads it back.
+
+What the trace holds, checked on TensorFlow 2.21 with logical CPU devices: one `/host:CPU`
+plane whose lines are threads (the inter-op pool, the collective executor, Python). Logical
+devices share those threads, so a line is not a device. Every kernel the executor runs is an
+event named "<node name>:<op type>", and node names are unique within the captured partition
+graphs, which say each node's device: that is how an event is attributed to a device.
+Receives (`_Recv`/`_HostRecv`) are asynchronous: only their start is an event (the wait for the
+producer is not work and is not counted). A collective (CollectiveReduceV2...) is one event
+from its start to its completion, which includes waiting for its peers, as a GPU's NCCL kernel
+time does. (`context.enable_run_metadata()` step stats would be cheaper to read, but TF 2.x
+records none for a tf.function call: checked, `step_stats.dev_stats` stays empty.)
+
+Busy = the union of a device's op intervals (not their sum: ops of one device overlap on the
+inter-op threads). transfer = the union of its _Send/_Recv and collective intervals;
+compute = busy - transfer; idle share = 1 - busy / wall, wall being the traced window from the
+first op's start to the last op's end.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pinpoint.placement.naming import Namer, sort_key
+
+TOP_OPS = 5
+RECVS = {"_Recv", "_HostRecv"}
+TRANSFER_TYPES = RECVS | {"_Send", "_HostSend"}
+_COLLECTIVE_RE = re.compile(r"^(Collective\w+|Nccl\w+|_Nccl\w+)$")
+_ASYNC_START = "ExecutorState::ProcessAsync::Start"
+_EXECUTOR = ("ExecutorState::", "ExecutorDoneCallback")
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    """One kernel execution from the trace: the node name the executor ran, its op type, and
+    its interval in picoseconds (the trace's unit)."""
+
+    name: str
+    type: str
+    start_ps: int
+    dur_ps: int
+    # The op's own time when other work ran nested inside its event (see _exclusive); None: all of it.
+    spans: tuple[tuple[int, int], ...] | None = None
+
+    def own(self) -> tuple[tuple[int, int], ...]:
+        return self.spans if self.spans is not None else ((self.start_ps, self.start_ps + self.dur_ps),)
+
+
+def is_transfer(op_type: str) -> bool:
+    return op_type in TRANSFER_TYPES or bool(_COLLECTIVE_RE.match(op_type))
+
+
+# ----------------------------------------------------------------------------------------------
+# taking the trace
+
+
+def profile_call(fn: Callable[[], Any], logdir: Path) -> tuple[Any, Path | None, str | None]:
+    """Run fn() under tf.profiler.experimental writing to logdir; return (result, the
+    .xplane.pb it wrote or None, why not or None)."""
+    import tensorflow as tf
+
+    logdir = Path(logdir)
+    logdir.mkdir(parents=True, exist_ok=True)
+    before = set(logdir.glob("plugins/profile/*/*.xplane.pb"))
+    try:
+        # Default options: host tracer level 2 (every kernel), device tracer on, Python tracer off.
+        # (Passing ProfilerOptions makes TF 2.21 log "... expects an i value" per option.)
+        tf.profiler.experimental.start(str(logdir))
+    except Exception as err:  # noqa: BLE001 - e.g. a profiler session the user's code started
+        return fn(), None, f"the profiler did not start ({_first_line(err)})"
+    try:
+        result = fn()
+    finally:
+        try:
+            tf.profiler.experimental.stop()
+        except Exception:  # noqa: BLE001, S110 - the call's own error (if any) is the one to raise
+            pass
+    new = sorted(set(logdir.glob("plugins/profile/*/*.xplane.pb")) - before, key=lambda p: p.stat().st_mtime)
+    if not new:
+        return result, None, f"the profiler wrote no .xplane.pb under {logdir}"
+    return result, new[-1], None
+
+
+def _first_line(err: BaseException) -> str:
+    return ((str(err).strip().splitlines() or [""])[0])[:200] or type(err).__name__
+
+
+# ----------------------------------------------------------------------------------------------
+# reading it
+
+
+def read_xspace(path: Path):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    xs = xplane_pb2.XSpace()
+    xs.ParseFromString(Path(path).read_bytes())
+    return xs
+
+
+def op_events(xspace) -> tuple[list[OpEvent], list[str]]:
+    """Kernel executions on the host plane's threads, and notes on what the trace held."""
+    events: list[OpEvent] = []
+    notes: list[str] = []
+    for plane in xspace.planes:
+        if plane.name.startswith("/device:GPU"):
+            note = ("the trace has GPU device planes: the times here are the runtime's op events on the "
+                    "host threads (for a GPU op, its launch); GPU kernel time is in the trace (TensorBoard)")
+            if note not in notes:
+                notes.append(note)
+        if plane.name != "/host:CPU":
+            continue
+        stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+        for line in plane.lines:
+            base = line.timestamp_ns * 1000
+            ops: list[OpEvent] = []
+            foreign: list[tuple[int, int]] = []  # executor work: other nodes' kernels and callbacks
+            for e in line.events:
+                meta = plane.event_metadata.get(e.metadata_id)
+                if meta is None:
+                    continue
+                start = base + e.offset_ps
+                kind = meta.display_name
+                if kind and meta.name.endswith(":" + kind):  # "<node>:<type>": a kernel's Compute
+                    ops.append(OpEvent(meta.name[: -len(kind) - 1], kind, start, e.duration_ps))
+                    foreign.append((start, start + e.duration_ps))
+                elif meta.name.startswith(_EXECUTOR):
+                    foreign.append((start, start + e.duration_ps))
+                    if meta.name == _ASYNC_START:  # an asynchronous kernel: only receives lack a kernel event
+                        stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
+                        if stats.get("kernel_type") in RECVS and stats.get("name"):
+                            ops.append(OpEvent(stats["name"], stats["kernel_type"], start, e.duration_ps))
+            events.extend(_exclusive(ops, foreign))
+    return events, notes
+
+
+def _exclusive(ops: list[OpEvent], foreign: list[tuple[int, int]]) -> list[OpEvent]:
+    """Each op's own time on its thread: its interval minus the executor work nested in it. A
+    local _Send hands its tensor to a waiting receive, whose callback goes on to run the
+    receiving device's next kernels inline, inside the _Send's event; that time is theirs."""
+    import bisect
+
+    foreign = sorted(foreign)
+    starts = [s for s, _ in foreign]
+    out = []
+    for op in ops:
+        s, e = op.start_ps, op.start_ps + op.dur_ps
+        i = bisect.bisect_right(starts, s)
+        inner = []
+        while i < len(foreign) and foreign[i][0] < e:
+            fs, fe = foreign[i]
+            if fe <= e and (fs, fe) != (s, e):
+                inner.append((fs, fe))
+            i += 1
+        # also events starting exactly at s but shorter (nested at the very start)
+        j = bisect.bisect_left(starts, s)
+        while j < len(foreign) and foreign[j][0] == s:
+            if foreign[j][1] < e:
+                inner.append(foreign[j])
+            j += 1
+        if not inner:
+            out.append(op)
+            continue
+        spans, cur = [], s
+        for fs, fe in sorted(inner):
+            if fs > cur:
+                spans.append((cur, fs))
+            cur = max(cur, fe)
+        if cur < e:
+            spans.append((cur, e))
+        out.append(OpEvent(op.name, op.type, s, op.dur_ps, tuple(spans)))
+    return out
+
+
+def _stat(s, names: dict) -> Any:
+    kind = s.WhichOneof("value")
+    value = getattr(s, kind) if kind else None
+    return names.get(value) if kind == "ref_value" else value
+
+
+def node_devices(partition_graphs: Iterable, namer: Namer) -> dict[str, str]:
+    """Node name -> spec device from the partition graphs the runtime ran (a name seen on two
+    devices, in two functions, is left out: its events cannot be attributed)."""
+    out: dict[str, str] = {}
+    clash: set[str] = set()
+    for g in partition_graphs:
+        for n in g.node:
+            dev = namer.spec(n.device)
+            if not dev:
+                continue
+            if out.setdefault(n.name, dev) != dev:
+                clash.add(n.name)
+    for name in clash:
+        out.pop(name, None)
+    return out
+
+
+def union_ps(intervals: list[tuple[int, int]]) -> int:
+    """Length of the union of [start, end) intervals."""
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _ms(ps: float) -> float:
+    return round(ps / 1e9, 3)
+
+
+def device_timing(
+    events: list[OpEvent],
+    devices: dict[str, str],
+    *,
+    display: Callable[[str], str] | None = None,
+    steps: list[int] | None = None,
+    top: int = TOP_OPS,
+) -> dict:
+    """The `timing` section from kernel events and the node -> device map (see module doc)."""
+    display = display or (lambda s: s)
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    transfer: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    counts: dict[str, int] = defaultdict(int)
+    per_op: dict[str, dict[tuple[str, str], list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    unattributed = [0, 0]
+    t0, t1 = None, None
+    for ev in events:
+        dev = devices.get(ev.name)
+        if dev is None:
+            unattributed[0] += 1
+            unattributed[1] += ev.dur_ps
+            continue
+        own = ev.own()
+        t0 = ev.start_ps if t0 is None else min(t0, ev.start_ps)
+        t1 = ev.start_ps + ev.dur_ps if t1 is None else max(t1, ev.start_ps + ev.dur_ps)
+        spans[dev].extend(own)
+        if is_transfer(ev.type):
+            transfer[dev].extend(own)
+        counts[dev] += 1
+        cell = per_op[dev][(display(ev.name), ev.type)]
+        cell[0] += sum(e - s for s, e in own)
+        cell[1] += 1
+    wall = (t1 - t0) if t0 is not None else 0
+    out_devices = {}
+    for dev in sorted(spans, key=sort_key):
+        busy = union_ps(spans[dev])
+        moved = union_ps(transfer[dev])
+        ranked = sorted(per_op[dev].items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
+        out_devices[dev] = {
+            "busy_ms": _ms(busy),
+            "compute_ms": _ms(busy - moved),
+            "transfer_ms": _ms(moved),
+            "transfer_share": round(moved / busy, 4) if busy else 0.0,
+            "idle_share": round(max(0.0, 1 - busy / wall), 4) if wall else None,
+            "ops": counts[dev],
+            "top_ops": [{"op": op, "type": kind, "ms": _ms(ps), "count": n} for (op, kind), (ps, n) in ranked],
+        }
+    n_steps = len(steps) if steps else 0
+    return {
+        "steps": list(steps or []),
+        "wall_ms": _ms(wall),
+        "step_ms": _ms(wall / n_steps) if n_steps else None,
+        "devices": out_devices,
+        "unattributed": {"events": unattributed[0], "ms": _ms(unattributed[1])},
+    }
+
+
+def timing_from_trace(
+    xplane: Path,
+    partition_graphs: Iterable,
+    namer: Namer,
+    *,
+    display: Callable[[str], str] | None = None,
+    steps: list[int] | None = None,
+) -> dict:
+    """Read the trace and build the `timing` section (without `trace`, set by the caller)."""
+    events, notes = op_events(read_xspace(xplane))
+    timing = device_timing(events, node_devices(partition_graphs, namer), display=display, steps=steps)
+    if not timing["devices"]:
+        notes.append("no op of the captured training function was found in the trace")
+    timing["notes"] = notes
+    return timing
+
+
+def not_measured(reason: str) -> dict:
+    """The `timing` section when nothing was timed."""
+    return {"steps": [], "wall_ms": None, "step_ms": None, "devices": {}, "notes": [reason]}
