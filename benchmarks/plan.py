@@ -217,6 +217,7 @@ def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
         arms=tuple(arms),
         skipped="" if len(arms) > 1 else "needs at least 2 devices",
     ))
+    plan.append(allreduce_comparison(s))  # after scaling: its runs are the auto arms'
     # Order: the issue targets first (3.8, 4.6), so a stopped run still has them.
     plan.append(_pair_mwm(s, b2))
     plan.append(_pair_user_model(s, b2, out))
@@ -277,4 +278,38 @@ def tracking_comparison(s: Settings, b2: int, out: Path) -> Comparison:
         # its tables takes seconds once; opening it, ~1 s each time, is in every arm's figure).
         prepare=Prepare(("-c", "import sys; from mlflow.tracking import MlflowClient; "
                          "MlflowClient(sys.argv[1]).search_experiments()", store)),
+    )
+
+
+ALL_REDUCE_RUNNABLE = ("ring", "reduce_to_host", "hierarchical_copy")  # here; nccl needs real GPUs
+
+
+def allreduce_comparison(s: Settings) -> Comparison:
+    """Issue 15.6: train.all_reduce, each choice that runs on this machine, mirrored on the scaling
+    comparison's multi-device counts (same config otherwise). The choice `auto` makes on this
+    machine (ring among emulated GPUs, NCCL among real ones) reuses the scaling arm's runs."""
+    choices = ALL_REDUCE_RUNNABLE + (("nccl",) if s.gpus else ())
+    auto = "nccl" if s.gpus else "ring"
+    arms = []
+    for n in s.scaling_devices:
+        if n < 2 or (s.gpus and n > s.gpus):
+            continue
+        # hierarchical_copy is refused for an odd device count (it reduces two equal halves).
+        for choice in (c for c in choices if not (c == "hierarchical_copy" and n % 2)):
+            cfg = bench_config(f"bench-ar-{choice.replace('_', '-')}-{n}", strategy="mirrored", devices=n,
+                               steps=s.steps, batch=s.per_replica_batch * n)
+            cfg["train"]["all_reduce"] = choice
+            if choice == "nccl":
+                cfg["cluster"]["emulate"] = False  # refused under emulation; the real GPUs run either way
+            arms.append(Arm(f"{choice}-n{n}", f"{choice}, {n} devices",
+                            {"kind": "pinpoint", "config": cfg, "warmup_steps": s.warmup_steps, "peak": False},
+                            reuse=("scaling", f"n{n}") if choice == auto else None))
+    return Comparison(
+        key="allreduce",
+        title=f"train.all_reduce: mirrored, {s.per_replica_batch} examples per replica",
+        arms=tuple(arms),
+        note=(f"{auto} is what `auto` does here: its rows are the scaling runs. "
+              + ("" if s.gpus else "nccl is not run: it needs real GPUs (refused at config load under emulation); ")
+              + "hierarchical_copy needs an even device count (refused otherwise)."),
+        skipped="" if arms else "needs at least 2 devices",
     )

@@ -162,9 +162,9 @@ def section_tracking(plan: list[Comparison], results: Results) -> str:
     return out + (f"\n{comp.note}\n" if comp.note else "")
 
 
-def scaling_points(plan: list[Comparison], results: Results) -> list[dict[str, Any]]:
-    """Per device count: examples/sec, measured bytes per step and the ring minimum."""
-    comp = next((c for c in plan if c.key == "scaling"), None)
+def bytes_points(plan: list[Comparison], results: Results, key: str) -> list[dict[str, Any]]:
+    """Per arm of comparison `key`: examples/sec, measured bytes per step and the ring minimum."""
+    comp = next((c for c in plan if c.key == key), None)
     if comp is None or comp.key not in results:
         return []
     points = []
@@ -175,6 +175,8 @@ def scaling_points(plan: list[Comparison], results: Results) -> list[dict[str, A
         measured = summ(recs, "transfer_bytes_per_step")
         coll = summ(recs, "collective_bytes_per_step")
         points.append({
+            "arm": a.name,
+            "all_reduce": a.spec["config"]["train"].get("all_reduce", "auto"),
             "devices": n,
             "eps": summ(recs, "examples_per_sec"),
             "mfu": summ(recs, "mfu", 100),
@@ -189,22 +191,30 @@ def scaling_points(plan: list[Comparison], results: Results) -> list[dict[str, A
     return points
 
 
+def scaling_points(plan: list[Comparison], results: Results) -> list[dict[str, Any]]:
+    """Per device count: examples/sec, measured bytes per step and the ring minimum."""
+    return bytes_points(plan, results, "scaling")
+
+
+def _bytes_cells(p: dict[str, Any]) -> list[str]:
+    """_Send/_Recv bytes per step, collective wire bytes per device, per device (the collective
+    wire bytes + the device's share of the _Send/_Recv bytes), ring minimum, measured / minimum."""
+    n, b, ring = p["devices"], p["bytes"], p["ring_min_per_device"]
+    wire = p.get("collective_wire_per_device") or 0
+    per_dev = b.median / n + wire if b else None
+    return [
+        fmt(b.median, 6) if b else "n/a", fmt(wire, 6), fmt(per_dev, 6),
+        fmt(ring, 6) if ring is not None else "n/a",
+        (fmt(per_dev / ring) + "x") if per_dev and ring else ("n/a (nothing to reduce)" if ring == 0 else "n/a"),
+    ]
+
+
 def section_scaling(plan: list[Comparison], results: Results) -> str:
     pts = scaling_points(plan, results)
     if not pts:
         return "not run\n"
-    rows = []
-    for p in pts:
-        n, b, ring = p["devices"], p["bytes"], p["ring_min_per_device"]
-        wire = p.get("collective_wire_per_device") or 0
-        per_dev = b.median / n + wire if b else None
-        rows.append([
-            str(n), fmt_summary(p["eps"], 4), _pct(p["mfu"]),
-            fmt(b.median, 6) if b else "n/a", fmt(wire, 6), fmt(per_dev, 6),
-            fmt(ring, 6) if ring is not None else "n/a",
-            (fmt(per_dev / ring) + "x") if per_dev and ring else "n/a (nothing to reduce)",
-            str(p["runs"]),
-        ])
+    rows = [[str(p["devices"]), fmt_summary(p["eps"], 4), _pct(p["mfu"]), *_bytes_cells(p), str(p["runs"])]
+            for p in pts]
     pb = next((p["param_bytes"] for p in pts if p["param_bytes"]), None)
     head = f"Parameter bytes P = {fmt(pb, 6)} (float32 trainable parameters).\n\n" if pb else ""
     return head + markdown_table(
@@ -213,6 +223,21 @@ def section_scaling(plan: list[Comparison], results: Results) -> str:
          "measured / min", "runs"],
         rows,
     )
+
+
+def section_allreduce(plan: list[Comparison], results: Results) -> str:
+    """Issue 15.6: each train.all_reduce choice run here, its bytes against the ring minimum."""
+    comp = next((c for c in plan if c.key == "allreduce"), None)
+    pts = bytes_points(plan, results, "allreduce")
+    if comp is None or not pts:
+        return f"skipped: {comp.skipped}\n" if comp is not None and comp.skipped else "not run\n"
+    rows = [[p["all_reduce"], str(p["devices"]), fmt_summary(p["eps"], 4), *_bytes_cells(p), str(p["runs"])]
+            for p in sorted(pts, key=lambda p: p["devices"]) if p["runs"]]  # arms not run: no row
+    return markdown_table(
+        ["choice", "devices", "ex/s", "_Send/_Recv bytes / step", "collective wire bytes / device", "per device",
+         "ring min 2(N-1)/N·P", "measured / min", "runs"],
+        rows,
+    ) + (f"\n{comp.note}\n" if comp.note else "")
 
 
 def section_mfu(plan: list[Comparison], results: Results) -> str:
@@ -295,6 +320,13 @@ SETTINGS = """\
   device's share of the _Send/_Recv bytes, against the ring all-reduce minimum of 2(N-1)/N·P. The
   Keras peer keeps MirroredStrategy's reduction to the host: Keras' multi-step loop wraps each
   step in a tf.cond, where the collective all-reduce fails.
+- All-reduce choice: the scaling runs' config with `train.all_reduce` set, each choice TensorFlow
+  can run on this machine. `reduce_to_host` (ReductionToOneDevice to /CPU:0) and
+  `hierarchical_copy` (HierarchicalCopyAllReduce: each half of the devices sums on its first device,
+  the two sums are added, the result copied back) move the gradients with _Send/_Recv, so their
+  bytes are all in the _Send/_Recv column (for `reduce_to_host` the host's copies back to the
+  replicas included); `ring` uses collectives (wire bytes by construction, as above). Per device:
+  the collective wire bytes plus the _Send/_Recv bytes over the N replicas.
 """
 
 
@@ -326,7 +358,7 @@ def render_markdown(plan: list[Comparison], results: Results, raw: dict, chart_n
         "Generated by the harness (`make bench`); do not edit by hand.\n",
         (f"Command: `{raw['command']}` (what `make bench` runs; {raw['elapsed_s'] / 60:.1f} min, "
          f"{s['repeats']} run(s) per arm ({s['repeats'] * s.get('overhead_repeat_factor', 1)} for capture on/off), "
-         f"{s['steps']} steps per Pinpoint-vs-Keras and scaling run, half that for multi-worker; "
+         f"{s['steps']} steps per Pinpoint-vs-Keras, scaling and all-reduce run, half that for multi-worker; "
          f"steady state after step {s['warmup_steps']}).\n"),
         machine,
         "## Targets\n",
@@ -339,6 +371,8 @@ def render_markdown(plan: list[Comparison], results: Results, raw: dict, chart_n
         section_tracking(plan, results),
         "## Scaling: examples/sec and bytes crossing devices per step\n",
         section_scaling(plan, results),
+        "## All-reduce choice (`train.all_reduce`)\n",
+        section_allreduce(plan, results),
         "## Model FLOPs utilization\n",
         section_mfu(plan, results),
         "## `make run`\n",

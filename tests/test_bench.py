@@ -303,3 +303,55 @@ def test_render_lists_the_user_model_row_and_its_note():
     title = next(c.title for c in plan if c.key == "keras-user-model")
     assert f"| {title} | 30 (30–30) | 20 (20–20) | 1.5 (1.5–1.5) | recorded | n/a / n/a | XLA off / off, 10 / 10 | 2 |" in md
     assert f"- {title}: both sides build the model with the user's callable `digits_cnn.model:build_model`" in md
+
+
+def test_allreduce_arms_are_each_runnable_choice_and_reuse_the_scaling_runs_for_auto():
+    """Issue 15.6: on emulated GPUs ring (what auto does) reuses the scaling arm; nccl is not run."""
+    from benchmarks.plan import Settings, build_plan
+    from pinpoint.config import config_from_dict
+
+    plan = build_plan(Settings(repeats=2))
+    keys = [c.key for c in plan]
+    assert keys.index("scaling") < keys.index("allreduce")  # its runs exist when allreduce starts
+    comp = plan[keys.index("allreduce")]
+    arms = {(a.spec["config"]["train"]["all_reduce"], a.spec["config"]["cluster"]["devices_per_worker"]): a
+            for a in comp.arms}
+    assert set(arms) == {(c, n) for c in ("ring", "reduce_to_host", "hierarchical_copy") for n in (2, 4)}
+    assert {k: a.reuse for k, a in arms.items() if a.reuse} == {("ring", 2): ("scaling", "n2"),
+                                                                ("ring", 4): ("scaling", "n4")}
+    for a in comp.arms:
+        config_from_dict(a.spec["config"])  # every arm's config loads
+
+
+def test_allreduce_arms_on_a_gpu_machine_add_nccl_as_auto():
+    from benchmarks.plan import Settings, build_plan
+    from pinpoint.config import config_from_dict
+
+    comp = next(c for c in build_plan(Settings(repeats=1, gpus=2)) if c.key == "allreduce")
+    nccl = [a for a in comp.arms if a.spec["config"]["train"]["all_reduce"] == "nccl"]
+    assert [a.reuse for a in nccl] == [("scaling", "n2")]  # 4 devices: more than the machine has
+    assert config_from_dict(nccl[0].spec["config"]).cluster.emulate is False
+
+
+def test_allreduce_table_puts_each_choice_next_to_the_ring_minimum():
+    from benchmarks.plan import Settings, build_plan
+    from benchmarks.render import render_markdown
+
+    plan = build_plan(Settings(repeats=2))
+    _, _, raw = _fake_results()
+    rec = lambda eps, sr, coll=0: {"examples_per_sec": eps, "process_wall_s": 9.0, "param_bytes": 1000,
+                                   "transfer_bytes_per_step": sr, "collective_bytes_per_step": coll}
+    results = {"allreduce": {
+        "ring-n2": [rec(80.0, 100, 2000)] * 2,  # ring: 2*1/2*1000 on the wire + 100/2
+        "reduce_to_host-n2": [rec(120.0, 4100)] * 2,  # P up and P back per replica + 100
+        "hierarchical_copy-n2": [rec(150.0, 2100)] * 2,
+        "hierarchical_copy-n4": [rec(160.0, 6400)] * 2,  # 6 copies of P + 400 over 4 replicas
+    }}
+    md = render_markdown(plan, results, raw, None)
+    section = md.split("## All-reduce choice (`train.all_reduce`)")[1].split("\n## ")[0]
+    assert "| ring | 2 | 80 (80–80) | 100 | 1,000 | 1,050 | 1,000 | 1.05x | 2 |" in section
+    assert "| reduce_to_host | 2 | 120 (120–120) | 4,100 | 0 | 2,050 | 1,000 | 2.05x | 2 |" in section
+    assert "| hierarchical_copy | 2 | 150 (150–150) | 2,100 | 0 | 1,050 | 1,000 | 1.05x | 2 |" in section
+    assert "| hierarchical_copy | 4 | 160 (160–160) | 6,400 | 0 | 1,600 | 1,500 | 1.07x | 2 |" in section
+    assert "ring is what `auto` does here" in section
+    assert "| ring | 4 |" not in section  # an arm not run has no row

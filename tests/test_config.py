@@ -115,3 +115,50 @@ def test_yaml_is_loaded_safely(tmp_path):
 def test_missing_file():
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("no/such.yaml")
+
+
+# ---- train.all_reduce ---------------------------------------------------------------------------
+
+def _all_reduce(choice, strategy="mirrored", **cluster):
+    c = {"chief": 1, "workers": 1 if strategy == "multi_worker_mirrored" else 0, "devices_per_worker": 2}
+    c.update(cluster)
+    return {"name": "x", "cluster": c, "train": {"strategy": strategy, "all_reduce": choice}}
+
+
+ALL_REDUCE_REFUSED = [
+    (_all_reduce("ring", "central_storage"), "strategy 'central_storage' does not all-reduce"),
+    (_all_reduce("reduce_to_host", "one_device"), "strategy 'one_device' does not all-reduce"),
+    (_all_reduce("ring", "none"), "use strategy mirrored or multi_worker_mirrored"),
+    (_all_reduce("hierarchical_copy", "multi_worker_mirrored"), "collectives only"),
+    (_all_reduce("reduce_to_host", "multi_worker_mirrored"), "collectives only"),
+    (_all_reduce("nccl"), "NCCL needs real GPUs; emulated GPUs are CPU devices: use ring"),
+    (_all_reduce("nccl", "multi_worker_mirrored"), "NCCL needs real GPUs"),
+    (_all_reduce("nccl", emulate=False, device_type="CPU"), "NCCL needs GPUs and the replicas are CPUs"),
+    (_all_reduce("hierarchical_copy", devices_per_worker=3), "drops the last one of 3"),
+    (_all_reduce("all_gather"), "all_gather"),
+]
+
+
+@pytest.mark.parametrize("data,hint", ALL_REDUCE_REFUSED,
+                         ids=[f"{d['train']['strategy']}-{d['train']['all_reduce']}-{i}"
+                              for i, (d, _) in enumerate(ALL_REDUCE_REFUSED)])
+def test_all_reduce_tensorflow_cannot_run_is_refused_in_one_line(data, hint):
+    with pytest.raises(ConfigError) as exc:
+        config_from_dict(data)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("config error: train.all_reduce: got ")
+    assert hint in msg, msg
+
+
+@pytest.mark.parametrize("data", [
+    _all_reduce("ring"), _all_reduce("reduce_to_host"), _all_reduce("hierarchical_copy"),
+    _all_reduce("hierarchical_copy", devices_per_worker=4), _all_reduce("nccl", emulate=False),
+    _all_reduce("ring", "multi_worker_mirrored"), _all_reduce("nccl", "multi_worker_mirrored", emulate=False),
+    _all_reduce("auto", "parameter_server", workers=1, ps=1, devices_per_worker=1),
+], ids=lambda d: f"{d['train']['strategy']}-{d['train']['all_reduce']}-{d['cluster']['devices_per_worker']}")
+def test_all_reduce_combinations_tensorflow_can_run_load(data):
+    assert config_from_dict(data).train.all_reduce == data["train"]["all_reduce"]
+
+
+def test_all_reduce_defaults_to_auto():
+    assert config_from_dict({"name": "x"}).train.all_reduce == "auto"

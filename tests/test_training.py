@@ -68,7 +68,7 @@ def compute_ops(placement, pattern):
 @pytest.mark.parametrize("strategy", ["none", "one_device", "mirrored", "central_storage"])
 def test_every_single_process_strategy_trains(strategy, tmp_path):
     metrics, placement, log = train(make_cfg(strategy), tmp_path)
-    assert [r["step"] for r in log] == [10, 20, 30, 40]
+    assert [r["step"] for r in log] == [1, 10, 20, 30, 40]
     assert log[-1]["loss"] < 0.92 * log[0]["loss"], log
     assert metrics["steps"] == 40 and metrics["strategy"] == strategy
     assert metrics["examples_per_sec"] > 0
@@ -248,3 +248,76 @@ def test_xla_fast_path_under_mirrored_trains_and_is_recorded(tmp_path):
     assert var_devices(placement)["dense_1/kernel"] == {"/GPU:0", "/GPU:1"}
     with pytest.raises(ConfigError, match="train.jit_compile: got True; 'central_storage' keeps variables"):
         make_cfg("central_storage", jit_compile=True)
+
+
+# ---- train.all_reduce on 2 emulated GPUs ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def all_reduce_runs(tmp_path_factory):
+    """Each runnable choice trained once (mirrored, 2 emulated GPUs, 20 steps): placement, log."""
+    cache: dict[str, tuple] = {}
+
+    def get(choice: str):
+        if choice not in cache:
+            cfg = make_cfg("mirrored", all_reduce=choice, steps=20, checkpoint_every=0)
+            _metrics, placement, log = train(cfg, tmp_path_factory.mktemp(choice))
+            cache[choice] = placement, log
+        return cache[choice]
+
+    return get
+
+
+def _param_bytes(placement) -> int:
+    """Bytes of one replica's trainable parameters: what one gradient all-reduce reduces."""
+    return sum(v["bytes"] for v in placement["variables"] if v["name"].endswith(("kernel", "bias")))
+
+
+def _sent(placement, src, dst) -> int:
+    return placement["transfers"]["matrix"].get(src, {}).get(dst, {}).get("bytes", 0)
+
+
+def test_all_reduce_ring_is_a_collective_among_the_replicas_with_no_gradient_to_the_host(all_reduce_runs):
+    p, _ = all_reduce_runs("ring")
+    coll = {d: c["input_bytes"] for d, c in p["transfers"]["collectives"].items()}
+    assert coll == {"/GPU:0": _param_bytes(p), "/GPU:1": _param_bytes(p)}
+    for d in ("/GPU:0", "/GPU:1"):
+        assert _sent(p, d, "/CPU:0") <= 16, p["transfers"]["matrix"][d]  # scalars (loss, metric) only
+
+
+def test_all_reduce_reduce_to_host_sends_every_replicas_gradients_to_the_host_and_back(all_reduce_runs):
+    p, _ = all_reduce_runs("reduce_to_host")
+    pb = _param_bytes(p)
+    assert p["transfers"]["collectives"] == {}
+    for d in ("/GPU:0", "/GPU:1"):
+        assert pb <= _sent(p, d, "/CPU:0") <= pb + 32, p["transfers"]["matrix"][d]  # gradients + scalars
+        assert _sent(p, "/CPU:0", d) >= pb  # the reduced gradients (and the input batch) come back
+
+
+def test_all_reduce_hierarchical_copy_copies_between_the_replicas_not_through_the_host(all_reduce_runs):
+    p, _ = all_reduce_runs("hierarchical_copy")
+    pb = _param_bytes(p)
+    assert p["transfers"]["collectives"] == {}
+    # 2 devices: /GPU:1's gradients to /GPU:0, which sums and copies the result back.
+    assert _sent(p, "/GPU:1", "/GPU:0") == pb
+    assert pb <= _sent(p, "/GPU:0", "/GPU:1") <= pb + 16
+    for d in ("/GPU:0", "/GPU:1"):
+        assert _sent(p, d, "/CPU:0") <= 16
+
+
+def test_every_all_reduce_choice_trains_the_same_model(all_reduce_runs):
+    losses = {c: [r["loss"] for r in all_reduce_runs(c)[1]] for c in ("ring", "reduce_to_host", "hierarchical_copy")}
+    assert losses["ring"] == pytest.approx(losses["reduce_to_host"], rel=1e-4) == losses["hierarchical_copy"], losses
+
+
+def test_all_reduce_nccl_without_a_gpu_fails_in_one_line_before_training(tmp_path):
+    from pinpoint.training import train_command
+
+    cfg = config_from_dict({
+        "name": "t", "cluster": {"devices_per_worker": 2, "emulate": False},
+        "train": {"strategy": "mirrored", "all_reduce": "nccl", "steps": 4}, "tracking": {"enabled": False},
+    })
+    with pytest.raises(ConfigError, match=r"^config error: train.all_reduce: got 'nccl' but the replicas are /CPU:0 "
+                                          r"\(no GPU here\); NCCL needs real GPUs: use ring or auto$"):
+        train_command(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

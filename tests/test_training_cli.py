@@ -49,3 +49,25 @@ def test_task_flag_needs_role_index_and_tf_config(tmp_path):
     proc = _train(tmp_path, cfg, "--task", "worker:0")
     assert proc.returncode == 2 and "TF_CONFIG is not set" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_hierarchical_copy_on_four_devices_counts_every_copy_between_the_replicas(tmp_path):
+    """4 emulated GPUs (a fresh process: the in-process tests have 2): two halves sum on /GPU:0
+    and /GPU:2, the sums meet on /GPU:0, the result goes back: 2(N-1) = 6 copies of the
+    parameters. The graph optimizer merges the sums into a node with no traced shape; it is sized
+    from its inputs."""
+    import json
+
+    proc = _train(tmp_path, {
+        "name": "x", "cluster": {"devices_per_worker": 4},
+        "train": {"strategy": "mirrored", "all_reduce": "hierarchical_copy", "steps": 12, "batch_size": 64,
+                  "log_every": 4, "checkpoint_every": 0},
+        "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
+    })
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    p = json.loads((tmp_path / "out" / "placement.json").read_text())
+    params = sum(v["bytes"] for v in p["variables"] if v["name"].endswith(("kernel", "bias")))
+    t = p["transfers"]
+    between = sum(c["bytes"] for s, row in t["matrix"].items() for d, c in row.items() if "/GPU" in s and "/GPU" in d)
+    assert (t["per_step"]["unsized"], t["collectives"]) == (0, {})
+    assert 6 * params <= between <= 6 * params + 64, (between, params)  # + a few scalars

@@ -37,7 +37,7 @@ def test_multi_worker_mirrored_trains_on_every_emulated_gpu_of_every_task(tmp_pa
                   "log_every": 10, "checkpoint_every": 20, "max_restarts": 0},
         "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
     })
-    assert [r["step"] for r in log] == [10, 20, 30, 40]
+    assert [r["step"] for r in log] == [1, 10, 20, 30, 40]
     assert log[-1]["loss"] < 0.92 * log[0]["loss"]
     assert metrics["num_replicas"] == 4  # 2 tasks x 2 emulated GPUs
     # Every variable has one copy on each emulated GPU of each task.
@@ -61,7 +61,7 @@ def test_parameter_server_keeps_variables_on_the_ps_and_trains(tmp_path):
                   "log_every": 10, "checkpoint_every": 20, "max_restarts": 0},
         "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
     })
-    assert [r["step"] for r in log] == [10, 20, 30, 40]
+    assert [r["step"] for r in log] == [1, 10, 20, 30, 40]
     assert log[-1]["loss"] < 0.92 * log[0]["loss"]
     for v in placement["variables"]:
         if v["name"].startswith(("dense_", "head")):

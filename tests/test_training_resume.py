@@ -47,9 +47,9 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     assert a.keys() == b.keys() and len(a) > 10
     for key in a:
         np.testing.assert_allclose(a[key], b[key], atol=1e-6, err_msg=key)
-    # Each logged step appears once, even though the process ran twice.
+    # Each logged step appears once, even though the process ran twice (step 1: the run's first).
     steps = [json.loads(line)["step"] for line in (parts / "train_log.jsonl").read_text().splitlines()]
-    assert steps == [10, 20, 30]
+    assert steps == [1, 10, 20, 30]
 
 
 def test_rerun_of_a_finished_run_says_nothing_to_train(tmp_path, capsys):

@@ -132,6 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if argv is None:
+        # The process's entry point (`pinpoint ...`, `python -m pinpoint.cli`), which exits next:
+        # the objects alive now leave the cyclic garbage collector, so interpreter exit does not
+        # walk them all to free memory the OS takes back anyway (~1.5 s with TensorFlow loaded,
+        # ~0.8 s with MLflow and kfp). Reference counting still frees them; the files are closed.
+        import gc
+
+        gc.freeze()
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.fn(args) or 0)

@@ -40,6 +40,9 @@ MODEL_LAYERS = {
     "transformer": ("embed", "block_0", "block_1", "pool", "head"),
 }
 MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+# train.all_reduce: TensorFlow's cross-device ops (mirrored) / collective implementation
+# (multi_worker_mirrored) for the gradient all-reduce (training/strategies.py maps them).
+ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduce_to_host", "ring")
 
 # A TensorFlow device string: optional job/replica/task prefix, then TYPE:index.
 DEVICE_RE = re.compile(
@@ -271,6 +274,10 @@ class TrainConfig(_Frozen):
     # on for a built-in model under none/one_device when no variables/gradients/layers pinning
     # needs per-op placement; off for a user model unless set to true.
     jit_compile: Optional[bool] = None
+    # How gradients are all-reduced across replicas (mirrored, multi_worker_mirrored); see
+    # ALL_REDUCE. auto: ring among emulated GPUs, reduce to the host among CPUs, NCCL on real GPUs
+    # (mirrored); TensorFlow's choice (multi_worker_mirrored).
+    all_reduce: Literal[ALL_REDUCE] = "auto"  # type: ignore[valid-type]
 
     @field_validator("model")
     @classmethod
@@ -345,6 +352,7 @@ class Config(_Frozen):
         _check_strategy_vs_cluster(self)
         _check_pinning_vs_strategy(self)
         _check_data(self)
+        _check_all_reduce(self)
         return self
 
     # ---- derived -----------------------------------------------------------------
@@ -476,6 +484,31 @@ def _check_data(cfg: Config) -> None:
                                     "binary_crossentropy"):
         _fail("train.metrics", list(t.metrics), f"accuracy needs a classification loss, not '{t.loss}'; "
               "use metrics: [] (loss only) or a cross-entropy loss")
+
+
+def _check_all_reduce(cfg: Config) -> None:
+    """train.all_reduce combinations TensorFlow cannot run, refused before anything starts."""
+    a, s, c = cfg.train.all_reduce, cfg.train.strategy, cfg.cluster
+    if a == "auto":
+        return
+    if s not in ("mirrored", "multi_worker_mirrored"):
+        _fail("train.all_reduce", a, f"strategy '{s}' does not all-reduce gradients across replicas; "
+              "remove it (auto) or use strategy mirrored or multi_worker_mirrored")
+    if s == "multi_worker_mirrored" and a in ("hierarchical_copy", "reduce_to_host"):
+        _fail("train.all_reduce", a, "multi_worker_mirrored all-reduces with collectives only (TensorFlow's "
+              "CommunicationOptions: ring or NCCL); use ring, auto or, on real GPUs, nccl")
+    if a == "nccl" and (c.device_type == "CPU" or c.devices_per_worker == 0):
+        _fail("train.all_reduce", a, "NCCL needs GPUs and the replicas are CPUs (cluster.device_type); "
+              "use ring or auto")
+    if a == "nccl" and c.emulate:
+        _fail("train.all_reduce", a, "NCCL needs real GPUs; emulated GPUs are CPU devices: use ring (what NCCL's "
+              "exchange is emulated with) or auto, or set cluster.emulate: false on a GPU machine")
+    n = c.devices_per_worker
+    if a == "hierarchical_copy" and n > 1 and n % 2:
+        # TensorFlow sums two halves of n // 2 devices (DGX-1 topology): with an odd count the
+        # last replica's gradients are silently left out (measured: 3 devices sum 1+2, not 1+2+3).
+        _fail("train.all_reduce", a, f"hierarchical_copy reduces two equal halves of the devices and drops "
+              f"the last one of {n}; use an even cluster.devices_per_worker, ring or reduce_to_host")
 
 
 def _pinned_devices(p: PinningConfig):

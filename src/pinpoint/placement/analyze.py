@@ -433,7 +433,13 @@ def _dtype_size(enum: int) -> int | None:
     return dt.size
 
 
-def _shape_of(name: str, index: int, cap, nodes: dict) -> list[int] | None:
+# Ops whose one output has the shape of each of their data inputs. A node the graph optimizer made
+# has no traced shape (ArithmeticOptimizer's AddOpsRewrite_AddN merges hierarchical_copy's
+# AddN(AddN(a, b), c) into one), but its inputs have one.
+_SAME_SHAPE = {"AddN", "Identity", "Snapshot"}
+
+
+def _shape_of(name: str, index: int, cap, nodes: dict, depth: int = 0) -> list[int] | None:
     outs = cap.shapes.get(name)
     if outs and index < len(outs) and outs[index][1] is not None:
         return outs[index][1]
@@ -451,6 +457,13 @@ def _shape_of(name: str, index: int, cap, nodes: dict) -> list[int] | None:
             shp = n.attr["_output_shapes"].list.shape[index]
             if not shp.unknown_rank:
                 return [d.size for d in shp.dim]
+        if n.op in _SAME_SHAPE and index == 0 and depth < 8:
+            for inp in n.input:
+                if not inp.startswith("^"):
+                    iname, _, idx = inp.partition(":")
+                    shape = _shape_of(iname, int(idx or 0), cap, nodes, depth + 1)
+                    if shape is not None:
+                        return shape
     return None
 
 

@@ -440,13 +440,20 @@ def report_command(run_dir, *, parent_run_id: str | None = None) -> int:
     from pinpoint.placement.analyze import headline_metrics
 
     run_dir = Path(run_dir)
-    out, charts, placement = write_report(run_dir)
+    cfg = None
     cfg_path = run_dir / CONFIG_FILE
     if cfg_path.is_file():
         from pinpoint.config import load_config
-        from pinpoint.tracking import open_step_run
 
         cfg = load_config(cfg_path)
+        if cfg.tracking.enabled:
+            from pinpoint.tracking import warm_tracking
+
+            warm_tracking(cfg)  # MLflow's import and store open in the sender while the charts render
+    out, charts, placement = write_report(run_dir)
+    if cfg is not None:
+        from pinpoint.tracking import open_step_run
+
         with open_step_run(cfg, "report", run_dir, parent_run_id=parent_run_id) as run:
             run.log_metrics(headline_metrics(placement))
             run.log_artifact(run_dir / PLACEMENT)

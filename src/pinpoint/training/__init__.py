@@ -54,7 +54,8 @@ def train_command(
     from pinpoint.training import engine
     from pinpoint.training.strategies import get_strategy
 
-    strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host, emulated=dm.emulated)
+    strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host, emulated=dm.emulated,
+                            all_reduce=cfg.train.all_reduce)
     ctx = engine.TaskContext(strategy=strategy, device_map=dm)
     state = engine.build_state(cfg, ctx)  # bad user code or data fails here: nothing written yet
     return train_tracked(cfg, ensure_dir(out_dir), ctx, resume_from_run=resume_from_run,

@@ -26,6 +26,10 @@ from pinpoint.runfolder import (
 from pinpoint.training.hooks import Hook, HookList
 
 EVAL_LIMIT = 4096  # examples used for the final accuracy (cheap even for large synthetic sets)
+# train_log.jsonl (and the step metrics) hold this step, then every train.log_every steps: a run
+# that starts from step 0 runs its first step as a call of its own, so its record's `time` is
+# when the first training step completed (tracing included), not when step log_every did.
+FIRST_LOGGED_STEP = 1
 
 
 @dataclass
@@ -239,8 +243,8 @@ def train(
     # parameter_server: one sampled step is run from the coordinator (see Trainer.capture_step).
     loop_capture = pc.enabled and ctx.coordinator is None
     loop_captured = None
-    # placement.timing: the sampled steps capture_at.. run as their own call (the function's
-    # second: no tracing in it) under TensorFlow's profiler (see placement.timing).
+    # placement.timing: the sampled steps capture_at.. run as their own call (a later one than
+    # the first: no tracing in it) under TensorFlow's profiler (see placement.timing).
     timing_pending = loop_capture and pc.timing
     timed: dict | None = None
     captures: list = []
@@ -264,6 +268,10 @@ def train(
             else:
                 ps_stop = capture_at if not loop_capture or timing_pending else None
                 stop = _next_stop(step, t.steps, (t.log_every, t.checkpoint_every), ps_stop)
+                if step == 0:
+                    # The run's first step is a call of its own and is logged (FIRST_LOGGED_STEP):
+                    # train_log.jsonl then says when training really started (after the tracing).
+                    stop = FIRST_LOGGED_STEP
                 profiled = timing_pending and trainer.calls > 0 and step >= capture_at
                 if profiled:
                     stop = min(stop, step + pc.sample_steps)
@@ -284,7 +292,7 @@ def train(
             last = m
             bar.update(n)
             step = trainer.step
-            if step % t.log_every == 0 or step == t.steps:
+            if step % t.log_every == 0 or step == t.steps or step == FIRST_LOGGED_STEP:
                 record = {"step": step, **{k: round(v, 6) for k, v in m.items()}, "time": time.time()}
                 if log_file:
                     log_file.write(json.dumps(record) + "\n")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pinpoint.config import STRATEGIES
+from pinpoint.config import ALL_REDUCE, STRATEGIES
 from pinpoint.errors import ConfigError
 
 _strategies_made = 0
@@ -20,8 +20,66 @@ def _collective_keys():
     return cross_device_utils.CollectiveKeys(group_key_start=1 + 1000 * _strategies_made)
 
 
+def communication_options(all_reduce: str = "auto", timeout_seconds: float | None = None):
+    """multi_worker_mirrored's collective options for train.all_reduce: ring -> RING, nccl -> NCCL,
+    auto -> AUTO (TensorFlow picks: NCCL among GPUs, ring otherwise)."""
+    import tensorflow as tf
+
+    impl = tf.distribute.experimental.CommunicationImplementation
+    choice = {"auto": impl.AUTO, "ring": impl.RING, "nccl": impl.NCCL}.get(all_reduce)
+    if choice is None:
+        raise ConfigError(f"config error: train.all_reduce: got {all_reduce!r}; multi_worker_mirrored "
+                          "all-reduces with collectives only: use ring, nccl or auto")
+    return tf.distribute.experimental.CommunicationOptions(implementation=choice, timeout_seconds=timeout_seconds)
+
+
+def require_gpus(devices: Sequence[str]) -> None:
+    if not devices or any("GPU" not in d.upper() for d in devices):
+        raise ConfigError(
+            f"config error: train.all_reduce: got 'nccl' but the replicas are {', '.join(devices)} (no GPU here); "
+            "NCCL needs real GPUs: use ring or auto"
+        )
+
+
+def _mirrored_ops(all_reduce: str, devices: list[str], host: str, emulated: bool):
+    """MirroredStrategy's cross-device ops for train.all_reduce (None: TensorFlow's default)."""
+    import tensorflow as tf
+
+    if all_reduce == "auto":
+        if emulated and len(devices) > 1:
+            # A GPU machine all-reduces mirrored gradients with NCCL: a collective among the GPUs,
+            # nothing through the host. NCCL does not exist for CPUs; TensorFlow's own collective
+            # all-reduce (ring) among the emulated devices is the same exchange.
+            all_reduce = "ring"
+        elif all("CPU" in d for d in devices):
+            # NCCL does not exist for CPUs; reduce on the host, which is also where the
+            # emulated replicas' memory lives (a copy per replica either way).
+            all_reduce = "reduce_to_host"
+        else:
+            return None  # real GPUs: TensorFlow's default, NCCL
+    if all_reduce == "ring":
+        from tensorflow.python.distribute import collective_util, cross_device_ops
+
+        ring = collective_util.Options(implementation=collective_util.CommunicationImplementation.RING)
+        return cross_device_ops.CollectiveAllReduce(devices=devices, group_size=len(devices), options=ring,
+                                                    collective_keys=_collective_keys())
+    if all_reduce == "reduce_to_host":
+        return tf.distribute.ReductionToOneDevice(reduce_to_device=host)
+    if all_reduce == "hierarchical_copy":
+        if len(devices) > 1 and len(devices) % 2:
+            # It sums two halves of len // 2 devices (DGX-1 topology): the last one would be left out.
+            raise ConfigError(f"config error: train.all_reduce: got 'hierarchical_copy' with {len(devices)} replica "
+                              "devices; it reduces two equal halves and would drop the last one: use an even number "
+                              "of devices, ring or reduce_to_host")
+        return tf.distribute.HierarchicalCopyAllReduce()
+    if all_reduce == "nccl":
+        require_gpus(devices)
+        return tf.distribute.NcclAllReduce()
+    raise ConfigError(f"config error: train.all_reduce: got {all_reduce!r}; use one of {', '.join(ALL_REDUCE)}")
+
+
 def get_strategy(name: str, devices: Sequence[str], *, cluster_resolver=None, host: str = "/CPU:0",
-                 emulated: bool = False):
+                 emulated: bool = False, all_reduce: str = "auto"):
     """The strategy `name` over physical `devices` (this task's replica devices).
 
     none                   TensorFlow's default strategy (no distribution; placement is yours)
@@ -32,6 +90,7 @@ def get_strategy(name: str, devices: Sequence[str], *, cluster_resolver=None, ho
     parameter_server       variables on ps tasks, steps scheduled on workers by a ClusterCoordinator
 
     `emulated`: the devices are logical CPUs standing in for GPUs (cluster.emulate).
+    `all_reduce` (train.all_reduce): the gradient all-reduce of mirrored and multi_worker_mirrored.
     """
     import tensorflow as tf
 
@@ -41,28 +100,17 @@ def get_strategy(name: str, devices: Sequence[str], *, cluster_resolver=None, ho
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy(devices[0])
     if name == "mirrored":
-        if emulated and len(devices) > 1:
-            # A GPU machine all-reduces mirrored gradients with NCCL: a collective among the GPUs,
-            # nothing through the host. NCCL does not exist for CPUs; TensorFlow's own collective
-            # all-reduce (ring) among the emulated devices is the same exchange.
-            from tensorflow.python.distribute import collective_util, cross_device_ops
-
-            ring = collective_util.Options(implementation=collective_util.CommunicationImplementation.RING)
-            ops = cross_device_ops.CollectiveAllReduce(devices=devices, group_size=len(devices), options=ring,
-                                                       collective_keys=_collective_keys())
-            return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
-        if all("CPU" in d for d in devices):
-            # NCCL does not exist for CPUs; reduce on the host, which is also where the
-            # emulated replicas' memory lives (a copy per replica either way).
-            ops = tf.distribute.ReductionToOneDevice(reduce_to_device=host)
-            return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
-        return tf.distribute.MirroredStrategy(devices)
+        ops = _mirrored_ops(all_reduce, devices, host, emulated)
+        return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
     if name == "central_storage":
         return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device=host)
     if name == "multi_worker_mirrored":
         if cluster_resolver is None:
             raise ConfigError("config error: train.strategy: multi_worker_mirrored needs a cluster (TF_CONFIG); run it through `pinpoint train` without --task")
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver)
+        if all_reduce == "nccl":
+            require_gpus(devices)
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver,
+                                                         communication_options=communication_options(all_reduce))
     if name == "parameter_server":
         if cluster_resolver is None:
             raise ConfigError("config error: train.strategy: parameter_server needs a cluster (TF_CONFIG); run it through `pinpoint train` without --task")

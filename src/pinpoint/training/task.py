@@ -135,11 +135,13 @@ def _mwms_task(cfg, out, dm, role, index, resume_from_run, parent_run_id) -> int
 
     from pinpoint.tracking import open_step_run
     from pinpoint.training import engine, fetch_resume
+    from pinpoint.training.strategies import communication_options, require_gpus
 
     timeout = os.environ.get("PINPOINT_COLLECTIVE_TIMEOUT")  # set by the launcher
-    options = tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=float(timeout) if timeout else None
-    )
+    # train.all_reduce: the collectives' implementation (ring, NCCL or TensorFlow's choice).
+    if cfg.train.all_reduce == "nccl":
+        require_gpus(dm.replica_devices)
+    options = communication_options(cfg.train.all_reduce, float(timeout) if timeout else None)
     with _emulated_local_devices(dm):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_resolver(), communication_options=options)
     replicas = tuple(strategy.extended.worker_devices)
