@@ -172,6 +172,7 @@ def test_provision_logs_to_mlflow(tmp_path):
     run = client.get_run(summary["run_id"])
     assert run.data.params["strategy"] == "multi_worker_mirrored"
     assert run.data.params["replicas.worker"] == "1" and run.data.params["feasibility"] == "feasible"
+    assert run.data.params["config_digest"] == cfg.digest()  # once, with the config's params
     names = {a.path for a in client.list_artifacts(summary["run_id"])}
     assert {"cluster_spec.json", PLACEMENT_PLAN, "manifests"} <= names
     manifests = {a.path for a in client.list_artifacts(summary["run_id"], "manifests")}

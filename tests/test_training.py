@@ -58,6 +58,20 @@ def rule(placement, name):
     return rules[name]
 
 
+def test_the_first_training_step_is_logged_when_it_completes(tmp_path):
+    """train_log.jsonl's first record is step 1, written as soon as the run's first call (one
+    step, tracing included) returned: `make run`'s time to the first training step is its `time`."""
+    metrics, placement, log = train(make_cfg("mirrored", steps=20, checkpoint_every=0), tmp_path)
+    first, tenth = log[0], log[1]
+    assert (first["step"], tenth["step"]) == (1, 10)
+    assert first["time"] <= tenth["time"]
+    # The first call ran exactly one step: its time per step is the whole call's (the tracing),
+    # far more than a step of the next call (steps 2..10, no tracing).
+    assert first["examples_per_sec"] == pytest.approx(32 / first["step_time"], rel=1e-3)
+    assert first["step_time"] > 5 * tenth["step_time"]
+    assert metrics["steps"] == 20 and placement["captured_steps"] == [2]
+
+
 def compute_ops(placement, pattern):
     import re
 
