@@ -38,9 +38,10 @@ def provision_cluster(
         data["name"] = f"{data['name']}-{label}"
         out = out / label
     cfg = run_step(config_from_dict, data, "config_yaml")
-    run_step(provision, cfg, out, parent_run_id=parent_run_id or None)
+    # The digest of the config provision wrote (its namespace resolved), which the train step checks.
+    digest = run_step(provision, cfg, out, parent_run_id=parent_run_id or None)["config_digest"]
     shutil.copyfile(out / "cluster_spec.json", cluster_spec.path)
-    cluster_spec.metadata["config_digest"] = cfg.digest()
+    cluster_spec.metadata["config_digest"] = digest
     cluster_spec.metadata["run_dir"] = str(out)
     outputs = namedtuple("ProvisionOutputs", ["config_digest", "run_dir"])
-    return outputs(cfg.digest(), str(out))
+    return outputs(digest, str(out))

@@ -19,6 +19,7 @@ DATA = Path(__file__).parent / "data" / "provision"
 
 
 def _cfg(strategy="multi_worker_mirrored", tracking=False, **cluster):
+    cluster = {"workers": 1, **cluster} if strategy == "multi_worker_mirrored" else cluster
     return config_from_dict({"name": "job", "cluster": cluster, "train": {"strategy": strategy},
                              "tracking": {"enabled": tracking}})
 
@@ -107,9 +108,12 @@ def test_provision_writes_the_run_folder(tmp_path):
     summary = provision(cfg, out, nodes=DATA / "nodes-ok.yaml")
     assert summary["feasibility"] == "feasible"
     assert summary["tasks"] == ["chief:0", "worker:0", "worker:1", "evaluator:0"]
-    assert load_config(out / "config.yaml").digest() == cfg.digest()
+    # The run folder's config names the namespace it resolved (no service-account file here).
+    written = load_config(out / "config.yaml")
+    assert (cfg.cluster.namespace, written.cluster.namespace) == (None, "default")
+    assert written.digest() == summary["config_digest"] != cfg.digest()
     spec = json.loads((out / "cluster_spec.json").read_text())
-    assert spec["config_digest"] == cfg.digest() and spec["flavor"] == "tfjob"
+    assert spec["config_digest"] == summary["config_digest"] and spec["flavor"] == "tfjob"
     assert [t["task"] for t in spec["tasks"]] == summary["tasks"]
     assert all(json.loads(t["tf_config_json"]) == t["tf_config"] for t in spec["tasks"])
     assert spec["restart"]["retry_exit_code"] == 138
@@ -172,7 +176,7 @@ def test_provision_logs_to_mlflow(tmp_path):
     run = client.get_run(summary["run_id"])
     assert run.data.params["strategy"] == "multi_worker_mirrored"
     assert run.data.params["replicas.worker"] == "1" and run.data.params["feasibility"] == "feasible"
-    assert run.data.params["config_digest"] == cfg.digest()  # once, with the config's params
+    assert run.data.params["config_digest"] == summary["config_digest"]  # once, with the config's params
     names = {a.path for a in client.list_artifacts(summary["run_id"])}
     assert {"cluster_spec.json", PLACEMENT_PLAN, "manifests"} <= names
     manifests = {a.path for a in client.list_artifacts(summary["run_id"], "manifests")}

@@ -19,7 +19,7 @@ TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSch
 
 
 def _cfg(strategy="multi_worker_mirrored", **cluster):
-    base = {"emulate": False, "gpu_type": "A100", "tolerations": TOLERATE_GPU}
+    base = {"workers": 1, "emulate": False, "gpu_type": "A100", "tolerations": TOLERATE_GPU}
     return config_from_dict({"name": "job", "cluster": {**base, **cluster}, "train": {"strategy": strategy}})
 
 

@@ -50,7 +50,7 @@ def tfjob_validator():
 
 
 def _cfg(flavor, strategy="multi_worker_mirrored", **cluster):
-    base = {"emulate": False, "gpu_type": "NVIDIA-A100-SXM4-80GB", "flavor": flavor,
+    base = {"workers": 1, "emulate": False, "gpu_type": "NVIDIA-A100-SXM4-80GB", "flavor": flavor,
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "node_selector": {"topology.kubernetes.io/zone": "zone-a"}}
     return config_from_dict({"name": "job", "cluster": {**base, **cluster},
@@ -58,7 +58,7 @@ def _cfg(flavor, strategy="multi_worker_mirrored", **cluster):
 
 
 TOPOLOGIES = {
-    "single": ("mirrored", dict(devices_per_worker=2)),
+    "single": ("mirrored", dict(workers=0, devices_per_worker=2)),
     "multiworker": ("multi_worker_mirrored", dict(chief=1, workers=2, evaluator=1, devices_per_worker=2)),
     "ps": ("parameter_server", dict(chief=1, workers=2, ps=2, runs_volume_claim="runs-rwx")),
     "emulated": ("multi_worker_mirrored", dict(workers=1, emulate=True, gpu_type=None, cluster_domain="cluster.local")),

@@ -113,18 +113,39 @@ class ClusterConfig(_Frozen):
     tolerations: tuple[Toleration, ...] = ()
     node_selector: dict[str, str] = Field(default_factory=dict)
     image: str = "pinpoint-cpu:latest"
-    namespace: str = "default"
+    # Secrets of type kubernetes.io/dockerconfigjson the pods pull cluster.image with.
+    image_pull_secrets: tuple[str, ...] = ()
+    # None: the namespace of the pod that runs the step (its service-account namespace file), or
+    # 'default' outside a cluster; resolved once by provision (pinpoint.provision.namespace).
+    namespace: Optional[str] = None
     port: int = Field(2222, ge=1024, le=65535)
     cluster_domain: Optional[str] = None
     flavor: Literal["tfjob", "plain"] = "tfjob"
     # PersistentVolumeClaim (ReadWriteMany) mounted at /runs so checkpoints survive pod restarts;
     # None: an emptyDir (a restarted pod resumes only from checkpoints logged to MLflow).
     runs_volume_claim: Optional[str] = None
+    # How long a pod may stay unschedulable before the launch step gives up (a GPU node pool
+    # scaling up from zero takes minutes).
+    unschedulable_grace_s: float = Field(600.0, ge=0)
+    # activeDeadlineSeconds of the TFJob/Jobs (the cluster stops a run that outlives its launcher)
+    # and the launch step's own timeout.
+    deadline_s: int = Field(86400, ge=60)
+    # ttlSecondsAfterFinished: finished TFJobs/Jobs (and their pods' logs) are removed after this.
+    ttl_after_finished_s: int = Field(3600, ge=0)
+    # Secret holding the MLflow connection (keys tracking-uri, username, password; each
+    # optional), given to the training pods as it is to the pipeline's steps. None: no Secret.
+    mlflow_secret: Optional[str] = "mlflow-credentials"
+    # All-or-nothing scheduling, so half a job cannot hold GPUs while the rest waits:
+    # 'kueue' labels the TFJob with cluster.queue (Kueue admits it as one workload);
+    # 'operator' sets the TFJob's runPolicy.schedulingPolicy.minAvailable (the Training
+    # Operator started with a gang scheduler: Volcano or scheduler-plugins).
+    gang: Literal["off", "kueue", "operator"] = "off"
+    queue: Optional[str] = None  # Kueue LocalQueue (gang: kueue) or the gang scheduler's queue
 
     @field_validator("namespace")
     @classmethod
-    def _dns(cls, v: str) -> str:
-        if not DNS1123_RE.match(v) or len(v) > 63:
+    def _dns(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and (not DNS1123_RE.match(v) or len(v) > 63):
             raise ValueError(
                 f"'{v}' is not a DNS-1123 label; use lower-case letters, digits and '-' (max 63)"
             )
@@ -153,11 +174,19 @@ class ClusterConfig(_Frozen):
             raise ValueError(f"'{v}' is not a DNS domain; write it like 'cluster.local' (no leading dot)")
         return v
 
-    @field_validator("runs_volume_claim")
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _secrets(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not DNS1123_SUBDOMAIN_RE.match(name) or len(name) > 253:
+                raise ValueError(f"'{name}' is not a Secret name; use lower-case letters, digits, '-' and '.'")
+        return v
+
+    @field_validator("runs_volume_claim", "mlflow_secret", "queue")
     @classmethod
     def _claim(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and (not DNS1123_SUBDOMAIN_RE.match(v) or len(v) > 253):
-            raise ValueError(f"'{v}' is not a PersistentVolumeClaim name; use lower-case letters, digits, '-' and '.'")
+            raise ValueError(f"'{v}' is not a Kubernetes object name; use lower-case letters, digits, '-' and '.'")
         return v
 
     @property
@@ -353,6 +382,7 @@ class Config(_Frozen):
         _check_pinning_vs_strategy(self)
         _check_data(self)
         _check_all_reduce(self)
+        _check_scheduling(self)
         return self
 
     # ---- derived -----------------------------------------------------------------
@@ -406,6 +436,26 @@ def _check_strategy_vs_cluster(cfg: Config) -> None:
         )
     if s in ("mirrored", "central_storage") and c.devices_per_worker < 1:
         _fail("cluster.devices_per_worker", c.devices_per_worker, f"'{s}' needs at least one device")
+    if s == "multi_worker_mirrored" and c.chief + c.workers + c.evaluator == 1:
+        # The Training Operator sets no TF_CONFIG for a job of one replica, so a one-task
+        # collective group would start without a cluster; refused the same way in both flavours.
+        _fail("cluster.workers", c.workers, "multi_worker_mirrored with a single task has no peers (and the "
+              "Training Operator gives a one-replica TFJob no TF_CONFIG); use strategy mirrored for one "
+              "process, or add workers")
+
+
+def _check_scheduling(cfg: Config) -> None:
+    """Gang scheduling needs one object that holds every replica: a TFJob."""
+    c = cfg.cluster
+    if c.gang == "kueue" and not c.queue:
+        _fail("cluster.queue", None, "gang: kueue admits the job through a Kueue LocalQueue; set cluster.queue "
+              "to its name")
+    roles = [r for r, n in (("chief", c.chief), ("worker", c.workers), ("ps", c.ps), ("evaluator", c.evaluator)) if n]
+    if c.gang != "off" and c.flavor == "plain" and len(roles) > 1:
+        _fail("cluster.gang", c.gang, f"the plain flavour makes one Job per role ({', '.join(roles)}), which a "
+              "scheduler admits one at a time; use flavor: tfjob for all-or-nothing scheduling")
+    if c.gang == "operator" and c.flavor == "plain":
+        _fail("cluster.gang", c.gang, "schedulingPolicy is the Training Operator's; use flavor: tfjob or gang: kueue")
 
 
 def _check_pinning_vs_strategy(cfg: Config) -> None:

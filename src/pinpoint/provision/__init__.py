@@ -107,8 +107,11 @@ def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, parent_run_i
     a previous provision's outputs in the folder are left as they were.
     """
     from pinpoint.provision.manifests import build_manifests
+    from pinpoint.provision.namespace import with_namespace
     from pinpoint.provision.spec import build_tasks, cluster_spec
 
+    # The run folder's config names its namespace, so every later step and pod uses the same one.
+    cfg = with_namespace(cfg)
     tasks = build_tasks(cfg)
     files = build_manifests(cfg, tasks)
     spec = cluster_spec(cfg, tasks)
@@ -130,6 +133,7 @@ def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, parent_run_i
         "feasibility": plan["status"],
         "tasks": [t.name for t in tasks],
         "run_id": run_id,
+        "config_digest": cfg.digest(),  # of the config written to the run folder (namespace resolved)
         "warnings": image_warnings(cfg),
     }
 

@@ -18,6 +18,7 @@ import json
 import yaml
 
 from pinpoint.config import MULTI_PROCESS_STRATEGIES, Config, config_to_yaml
+from pinpoint.provision.namespace import namespace_of
 from pinpoint.provision.spec import RETRYABLE_EXIT_CODES, Task
 from pinpoint.provision.tfconfig import TFJOB_REPLICA_TYPES, role_counts, task_list
 
@@ -42,7 +43,7 @@ def configmap(cfg: Config) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": f"{cfg.name}-config", "namespace": cfg.cluster.namespace, "labels": labels(cfg)},
+        "metadata": {"name": f"{cfg.name}-config", "namespace": namespace_of(cfg.cluster), "labels": labels(cfg)},
         "data": {"config.yaml": config_to_yaml(cfg)},
     }
 
@@ -161,7 +162,7 @@ def tfjob(cfg: Config, tasks: list[Task]) -> dict:
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",
-        "metadata": {"name": cfg.name, "namespace": cfg.cluster.namespace, "labels": labels(cfg)},
+        "metadata": {"name": cfg.name, "namespace": namespace_of(cfg.cluster), "labels": labels(cfg)},
         "spec": {
             "runPolicy": {
                 # ps (and parameter_server workers) serve forever; remove them when the chief is done.
@@ -177,7 +178,7 @@ def _service(cfg: Config, name: str, selector: dict[str, str]) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "namespace": cfg.cluster.namespace, "labels": labels(cfg)},
+        "metadata": {"name": name, "namespace": namespace_of(cfg.cluster), "labels": labels(cfg)},
         "spec": {
             "clusterIP": "None",
             # Peers dial each other while starting, before every pod is Ready.
@@ -206,7 +207,7 @@ def plain_job(cfg: Config, task: Task, replicas: int) -> dict:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": f"{cfg.name}-{task.role}", "namespace": cfg.cluster.namespace, "labels": labels(cfg)},
+        "metadata": {"name": f"{cfg.name}-{task.role}", "namespace": namespace_of(cfg.cluster), "labels": labels(cfg)},
         "spec": {
             "completionMode": "Indexed",
             "completions": replicas,

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from pinpoint.config import MULTI_PROCESS_STRATEGIES, Config
 from pinpoint.errors import ProvisionError
+from pinpoint.provision.namespace import namespace_of
 from pinpoint.provision.quantity import parse_quantity
 from pinpoint.provision.tfconfig import (
     TFJOB_REPLICA_TYPES,
@@ -167,7 +168,7 @@ def build_tasks(cfg: Config) -> list[Task]:
             role=r,
             index=i,
             replica_type=TFJOB_REPLICA_TYPES[r],
-            host=k8s_host(cfg.name, r, i, c.namespace, c.cluster_domain, c.port),
+            host=k8s_host(cfg.name, r, i, namespace_of(c), c.cluster_domain, c.port),
             resources=role_resources(cfg, r),
             tf_config=tf_config(cluster, r, i),
             devices=role_devices(cfg, r),
@@ -185,7 +186,7 @@ def cluster_spec(cfg: Config, tasks: list[Task]) -> dict:
         "strategy": cfg.train.strategy,
         "multi_process": cfg.train.strategy in MULTI_PROCESS_STRATEGIES,
         "flavor": c.flavor,
-        "namespace": c.namespace,
+        "namespace": namespace_of(c),
         "port": c.port,
         "cluster_domain": c.cluster_domain,
         "emulated": c.emulate,
@@ -213,7 +214,7 @@ def _notes(cfg: Config) -> list[str]:
     if c.flavor == "plain" and cfg.train.strategy == "parameter_server":
         notes.append(
             "parameter_server ps/worker tasks serve until stopped: when the chief Job completes, delete the rest "
-            f"with `kubectl delete jobs -n {c.namespace} -l app.kubernetes.io/instance={cfg.name}`"
+            f"with `kubectl delete jobs -n {namespace_of(c)} -l app.kubernetes.io/instance={cfg.name}`"
         )
     if cfg.train.strategy in MULTI_PROCESS_STRATEGIES and not c.runs_volume_claim:
         notes.append(

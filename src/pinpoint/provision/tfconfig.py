@@ -21,6 +21,7 @@ import json
 from typing import Callable
 
 from pinpoint.config import ClusterConfig
+from pinpoint.provision.namespace import namespace_of
 
 # Order in which tasks are listed (chief first: it is task 0 of the collective group).
 ROLES = ("chief", "worker", "ps", "evaluator")
@@ -74,7 +75,7 @@ def k8s_host(name: str, role: str, index: int, namespace: str, domain: str | Non
 def k8s_cluster(name: str, c: ClusterConfig) -> dict[str, list[str]]:
     """The cluster dict the Training Operator generates for this topology (evaluator included)."""
     return cluster_dict(
-        c, lambda r, i: k8s_host(name, r, i, c.namespace, c.cluster_domain, c.port), include_evaluator=True
+        c, lambda r, i: k8s_host(name, r, i, namespace_of(c), c.cluster_domain, c.port), include_evaluator=True
     )
 
 
