@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components import DEFAULT_IMAGE
+from pinpoint.runfolder import RUNS_MOUNT
 
-RUNS_MOUNT = "/runs"
 MLFLOW_SECRET_KEYS = {
     # Secret data key -> environment variable the MLflow client reads.
     "tracking-uri": "MLFLOW_TRACKING_URI",

@@ -154,8 +154,8 @@ def test_pod_details(flavor):
         else:
             assert spec["restartPolicy"] == "Never" and spec["subdomain"] == "job"
             rules = owner["podFailurePolicy"]["rules"]
-            assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "tensorflow", "operator": "NotIn",
-                                                                   "values": [130, 137, 138, 143]}}
+            assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "tensorflow", "operator": "In",
+                                                                   "values": list(range(1, 128))}}
             assert owner["completionMode"] == "Indexed" and owner["backoffLimitPerIndex"] == 3
             assert owner["completions"] == owner["parallelism"] == {"chief": 1, "worker": 2, "ps": 1}[role]
     # parameter_server: only workers compute; they get the GPUs and the GPU type selector.

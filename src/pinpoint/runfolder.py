@@ -19,6 +19,8 @@ METRICS = "metrics.json"
 CHECKPOINTS = "checkpoints"
 REPORT_HTML = "report.html"
 TRAIN_LOG = "train_log.jsonl"
+# Where the run folders' volume is mounted in every pipeline step and training pod on Kubernetes.
+RUNS_MOUNT = "/runs"
 PROFILE = "profile"  # placement.timing: the TensorFlow profiler trace (TensorBoard logdir)
 
 

@@ -17,13 +17,12 @@ from typing import Any, Callable
 import yaml
 
 from pinpoint.errors import ProvisionError, TrainingFailed
+from pinpoint.provision.spec import is_retryable_exit_code
 from pinpoint.runfolder import MANIFESTS_DIR
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 ROLE_LABEL = "pinpoint.dev/role"
 CONTAINER = "tensorflow"
-# Exit codes after which the controller recreates the pod (see pinpoint.provision.manifests).
-RETRYABLE_EXIT_CODES = (130, 137, 138, 143)
 IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
 # Kinds in creation order: what pods need (config, DNS names) exists before the pods do.
 CREATE_ORDER = {"ConfigMap": 0, "Secret": 0, "Service": 1, "Job": 2, "TFJob": 2}
@@ -234,7 +233,7 @@ class Launcher:
                         "raise cluster.memory or lower train.batch_size"
                     )
             term = cs.state.terminated if cs.state else None
-            if term and term.exit_code not in (0, *RETRYABLE_EXIT_CODES):
+            if term and term.exit_code != 0 and not is_retryable_exit_code(term.exit_code):
                 return (
                     f"pod {name}: container {cs.name} exited with code {term.exit_code}"
                     f"{' (' + term.reason + ')' if term.reason and term.reason != 'Error' else ''}; see its log above"

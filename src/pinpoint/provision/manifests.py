@@ -19,7 +19,7 @@ import yaml
 
 from pinpoint.config import MULTI_PROCESS_STRATEGIES, Config, config_to_yaml
 from pinpoint.provision.namespace import namespace_of
-from pinpoint.provision.spec import RETRYABLE_EXIT_CODES, Task
+from pinpoint.provision.spec import Task
 from pinpoint.provision.tfconfig import TFJOB_REPLICA_TYPES, role_counts, task_list
 
 CONTAINER = "tensorflow"  # the Training Operator finds the TF container and its port by these names
@@ -215,13 +215,13 @@ def plain_job(cfg: Config, task: Task, replicas: int) -> dict:
             "backoffLimitPerIndex": cfg.train.max_restarts,
             "podFailurePolicy": {
                 "rules": [
-                    # Same split as TFJob's ExitCode policy: only signals/138 are retried.
+                    # Same split as TFJob's ExitCode policy: codes >= 128 are retried.
                     {
                         "action": "FailJob",
                         "onExitCodes": {
                             "containerName": CONTAINER,
-                            "operator": "NotIn",
-                            "values": list(RETRYABLE_EXIT_CODES),
+                            "operator": "In",
+                            "values": list(range(1, 128)),
                         },
                     },
                     # Preemption or node drain: recreate without counting a failure.

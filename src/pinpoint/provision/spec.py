@@ -26,9 +26,14 @@ from pinpoint.provision.tfconfig import (
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-# Exit codes the Training Operator's ExitCode policy restarts (kubeflow common IsRetryableExitCode):
-# SIGINT, SIGKILL, SIGUSR1 (user-defined retryable), SIGTERM. Everything else is permanent.
-RETRYABLE_EXIT_CODES = (130, 137, 138, 143)
+# The Training Operator's ExitCode policy recreates a pod whose container exited with a code
+# >= 128 (a signal, or 128+n chosen by the task; IsRetryableExitCode since release 1.7); any
+# code below is permanent (1 an error, 2 bad input...). The plain Jobs' podFailurePolicy
+# encodes the same split.
+def is_retryable_exit_code(code: int) -> bool:
+    return code >= 128
+
+
 # The exit code a task should use for "retry me" (e.g. a peer of the collective group vanished).
 RETRY_EXIT_CODE = 138
 
@@ -194,7 +199,7 @@ def cluster_spec(cfg: Config, tasks: list[Task]) -> dict:
         "roles": role_counts(c),
         "cluster": tasks[0].tf_config["cluster"] if tasks else {},
         "restart": {
-            "retryable_exit_codes": list(RETRYABLE_EXIT_CODES),
+            "retryable_exit_codes": ">= 128",
             "retry_exit_code": RETRY_EXIT_CODE,
             "max_restarts": cfg.train.max_restarts,
         },
