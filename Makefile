@@ -69,7 +69,9 @@ mlflow-ui: $(STAMP) ## serve the local MLflow store on http://127.0.0.1:5000 (lo
 	  --host 127.0.0.1 --port $(MLFLOW_PORT)
 
 # pytest exits 5 when a tier selects no test; an empty tier is not a failure.
-TIER = run_tier() { $(PYTEST) -m "$$1" tests $(PYTEST_ARGS) || [ $$? -eq 5 ]; }; run_tier
+TIER = run_tier() { m="$$1"; shift; $(PYTEST) -m "$$m" tests $(PYTEST_ARGS) "$$@" || [ $$? -eq 5 ]; }; run_tier
+# The fault suite's rows for the reliability table (make bench reads them from there).
+RELIABILITY := --reliability-out runs/reliability.json
 
 system-deps: ## install the Debian packages the test tiers need (chromium, podman, ...)
 	bash scripts/system-deps.sh
@@ -77,7 +79,7 @@ system-deps: ## install the Debian packages the test tiers need (chromium, podma
 test: $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
 	@$(TIER) "unit"
 	@$(TIER) "integration and not slow"
-	@$(TIER) "slow"
+	@$(TIER) "slow" $(RELIABILITY)
 
 test-fast: test-unit ## quick iteration: unit tests only
 
@@ -88,10 +90,10 @@ test-integration: $(STAMP) system-deps ## integration tier (real TF, real mlflow
 	@$(TIER) "integration and not slow"
 
 test-slow: $(STAMP) system-deps ## slow tier (multi-process clusters, images, faults)
-	@$(TIER) "slow"
+	@$(TIER) "slow" $(RELIABILITY)
 
 test-faults: $(STAMP) system-deps ## the fault-injection suite
-	$(PYTEST) tests/test_faults.py
+	$(PYTEST) tests/test_faults.py $(RELIABILITY)
 
 bench: $(STAMP) ## benchmarks side by side with Keras -> benchmarks/RESULTS.md (BENCH_ARGS="--quick", "--repeats 7", "--only overhead")
 	@# Bytecode for pinpoint as an installed package has it (pip compiles at install; an editable

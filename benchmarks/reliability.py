@@ -1,6 +1,7 @@
-"""Reliability table for RESULTS.md from the fault suite's benchmarks/out/reliability.json.
+"""Reliability table for RESULTS.md from the fault suite's runs/reliability.json.
 
-`make test-faults` writes one row per injected fault; `python -m benchmarks.reliability`
+`make test` and `make test-faults` write one row per injected fault there (pytest
+--reliability-out); `python -m benchmarks.reliability`
 prints (or with --out, writes) the markdown table.
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from benchmarks.table import markdown_table
 
-DEFAULT_IN = Path(__file__).resolve().parent / "out" / "reliability.json"
+DEFAULT_IN = Path(__file__).resolve().parents[1] / "runs" / "reliability.json"
 HEADERS = ["fault injected", "strategy", "injected at step", "recovered", "restarts",
            "detected after (s)", "resumed from step", "steps redone", "metrics lost", "total (s)"]
 

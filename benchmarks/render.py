@@ -350,12 +350,12 @@ SETTINGS = """\
 
 
 def section_reliability(path: Path | None = None) -> str:
-    """The fault suite's table (`make test-faults` writes benchmarks/out/reliability.json)."""
+    """The fault suite's table (`make test` / `make test-faults` write runs/reliability.json)."""
     from benchmarks.reliability import DEFAULT_IN, reliability_table
 
     path = path or DEFAULT_IN
     if not path.is_file():
-        return "not run: `make test-faults` (part of `make test`) writes `benchmarks/out/reliability.json`.\n"
+        return "not run: `make test-faults` (part of `make test`) writes `runs/reliability.json`.\n"
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
     return (f"From the fault suite (`tests/test_faults.py`, real local clusters), run {when}:\n\n"
             + reliability_table(json.loads(path.read_text())))

@@ -18,6 +18,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_addoption(parser):
+    # The fault suite's rows for the reliability table: `make test`/`make test-faults` pass
+    # runs/reliability.json (what `make bench` reads); without it they go to a temp folder.
+    parser.addoption("--reliability-out", default=None, help="where test_faults.py writes reliability.json")
+
+
+@pytest.fixture(scope="session")
+def reliability_file(request, tmp_path_factory) -> Path:
+    given = request.config.getoption("--reliability-out")
+    return Path(given).resolve() if given else tmp_path_factory.mktemp("reliability") / "reliability.json"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -122,3 +134,37 @@ def live_mlflow(mlflow_server):
     yield mlflow_server
     if mlflow_server.proc is None or not mlflow_server.healthy():
         mlflow_server.start()
+
+
+# ---- podman and the CPU image (test_images.py, test_k8s_containers.py) -------------------------
+PODMAN_SETUP = REPO / "docker" / "podman-setup.sh"
+PODMAN_SOCKET = Path("/run/pinpoint-podman/podman.sock")
+CPU_IMAGE = "localhost/pinpoint-cpu:0.1.0"
+
+
+def _podman_service_answers() -> bool:
+    return PODMAN_SOCKET.exists() and subprocess.run(
+        ["curl", "-s", "--unix-socket", str(PODMAN_SOCKET), "http://d/_ping"], capture_output=True, text=True
+    ).stdout == "OK"
+
+
+@pytest.fixture(scope="session")
+def cpu_image():
+    """podman set up, the CPU image (CPU_IMAGE) built from the working tree once per session (or its
+    cached layers reused); yields the environment with DOCKER_HOST on podman's socket. Stops the
+    podman service afterwards if it started it."""
+    if os.geteuid() != 0:
+        pytest.skip("podman here runs as root only (no user namespaces)")
+    was_running = _podman_service_answers()
+    proc = subprocess.run(["bash", str(PODMAN_SETUP)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = {**os.environ, "DOCKER_HOST": proc.stdout.strip().splitlines()[-1].split("=", 1)[1]}
+    try:
+        proc = subprocess.run(["bash", str(REPO / "docker" / "build.sh")],
+                              env={**env, "ENGINE": "podman", "IMAGES": "cpu"},
+                              capture_output=True, text=True, timeout=1800, cwd=REPO)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        yield env
+    finally:
+        if not was_running:
+            subprocess.run(["bash", str(PODMAN_SETUP), "stop"], timeout=60)

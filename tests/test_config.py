@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from pinpoint.config import config_from_dict, load_config, parse_device
 from pinpoint.errors import ConfigError
@@ -30,7 +31,7 @@ def test_every_example_config_is_valid(path):
 
 def test_config_is_frozen():
     cfg = config_from_dict({"name": "x"})
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.name = "y"  # type: ignore[misc]
 
 

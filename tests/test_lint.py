@@ -8,7 +8,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.unit
+# Integration tier: ruff over the whole tree and hadolint take longer than a unit test should.
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_make_lint_passes():
     proc = subprocess.run(["bash", "docker/lint.sh"], cwd=ROOT, capture_output=True, text=True)

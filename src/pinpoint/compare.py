@@ -11,16 +11,12 @@ from pinpoint.runfolder import METRICS, PLACEMENT, atomic_write_json, ensure_dir
 
 COMPARISON_JSON = "comparison.json"
 COMPARISON_PNG = "comparison.png"
-# Keys metrics.json may carry the throughput under (first found wins).
-SPEED_KEYS = ("examples_per_sec", "mean_examples_per_sec", "throughput")
 
 
 def _speed(metrics: dict) -> float | None:
-    for key in SPEED_KEYS:
-        value = metrics.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return None
+    """metrics.json's steady-state examples/sec (the training engine writes it)."""
+    value = metrics.get("examples_per_sec")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _obeyed(placement: dict, min_score: float) -> tuple[bool, float | None, int]:
@@ -49,7 +45,7 @@ def compare_runs(run_dirs: list[Path], *, min_score: float = 1.0) -> dict[str, A
                 "run_dir": str(d),
                 "strategy": placement.get("strategy"),
                 "examples_per_sec": _speed(metrics),
-                "final_loss": metrics.get("final_loss", metrics.get("loss")),
+                "final_loss": metrics.get("final_loss"),
                 "conformance": score,
                 "violations": violations,
                 "obeyed": obeyed,

@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from pinpoint.errors import ConfigError
 
@@ -400,7 +401,9 @@ class Config(_Frozen):
 
 
 def _fail(field: str, value: Any, fix: str) -> None:
-    raise ValueError(f"@{field}@ got {value!r}; {fix}")
+    """A cross-field check failed: the error carries the field it names (pydantic would
+    otherwise report the model itself as the location)."""
+    raise PydanticCustomError("pinpoint_field", "{fix}", {"field": field, "value": repr(value), "fix": fix})
 
 
 def _check_strategy_vs_cluster(cfg: Config) -> None:
@@ -572,30 +575,22 @@ def _pinned_devices(p: PinningConfig):
         yield "train.pinning.visible_devices", device
 
 
-_FIXES = {
-    "extra_forbidden": "remove it (unknown key) or check its spelling",
-    "missing": "add it",
-}
-
-
 def _one_line(err: ValidationError) -> str:
     e = err.errors()[0]
+    if e["type"] == "pinpoint_field":  # a cross-field check (_fail)
+        ctx = e["ctx"]
+        return f"config error: {ctx['field']}: got {ctx['value']}; {ctx['fix']}"
     loc = ".".join(str(p) for p in e["loc"] if p not in ("function-after",))
     msg = e["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
-    if msg.startswith("@"):
-        # Raised by a cross-field check: '@field@ got X; fix'
-        field, rest = msg[1:].split("@", 1)
-        return f"config error: {field}: {rest.strip()}"
-    fix = _FIXES.get(e["type"], "")
     value = e.get("input")
     if e["type"] == "missing":
         return f"config error: {loc}: missing; add it"
     if e["type"] == "extra_forbidden":
         return f"config error: {loc}: unknown key (value {value!r}); remove it or check its spelling"
     shown = repr(value) if not isinstance(value, dict) else "a mapping"
-    return f"config error: {loc}: got {shown}; {msg}{'; ' + fix if fix else ''}"
+    return f"config error: {loc}: got {shown}; {msg}"
 
 
 def config_from_dict(data: Any, source: str = "config") -> Config:

@@ -23,3 +23,15 @@ class TrainingFailed(PinpointError):
     """Training failed for good (e.g. a local cluster exhausted its restarts)."""
 
     exit_code = 3
+
+
+# The exit code of a task that lost a peer of its cluster: >= 128, so the Training Operator's
+# ExitCode policy (and the plain Jobs' podFailurePolicy, and the local launcher) recreate the
+# task and the group restarts from the latest checkpoint. 138 = 128 + SIGUSR1, "retry me".
+RETRY_EXIT_CODE = 138
+
+
+class PeerLost(PinpointError):
+    """A collective or a remote call failed because another task of the cluster went away."""
+
+    exit_code = RETRY_EXIT_CODE

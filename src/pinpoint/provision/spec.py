@@ -10,7 +10,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from pinpoint.config import MULTI_PROCESS_STRATEGIES, Config
-from pinpoint.errors import ProvisionError
+from pinpoint.errors import RETRY_EXIT_CODE, ProvisionError
 from pinpoint.provision.namespace import namespace_of
 from pinpoint.provision.quantity import parse_quantity
 from pinpoint.provision.tfconfig import (
@@ -34,8 +34,6 @@ def is_retryable_exit_code(code: int) -> bool:
     return code >= 128
 
 
-# The exit code a task should use for "retry me" (e.g. a peer of the collective group vanished).
-RETRY_EXIT_CODE = 138
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pinpoint.config import Config
 from pinpoint.devices import DeviceMap, setup_devices
-from pinpoint.errors import ConfigError
+from pinpoint.errors import RETRY_EXIT_CODE, ConfigError, PeerLost
 from pinpoint.runfolder import CHECKPOINTS, METRICS
 
 EVAL_LOG = "eval_log.jsonl"
@@ -60,11 +60,45 @@ def run_task(
     dm = setup_devices(cfg)  # before TensorFlow initializes anything
     if role == "evaluator":
         return run_evaluator(cfg, out, dm)
-    if cfg.train.strategy == "parameter_server":
-        if role in ("worker", "ps"):
-            return _serve(role, index)
-        return _ps_chief(cfg, out, dm, resume_from_run, parent_run_id)
-    return _mwms_task(cfg, out, dm, role, index, resume_from_run, parent_run_id)
+    try:
+        if cfg.train.strategy == "parameter_server":
+            if role in ("worker", "ps"):
+                return _serve(role, index)
+            return _ps_chief(cfg, out, dm, resume_from_run, parent_run_id)
+        return _mwms_task(cfg, out, dm, role, index, resume_from_run, parent_run_id)
+    except Exception as err:
+        if _peer_lost(err):
+            # Exit with the retry code, not 1: on Kubernetes an exit code below 128 fails the
+            # whole job for good, while the group could restart from its last checkpoint.
+            raise PeerLost(
+                f"{role}:{index} lost a peer of the cluster ({type(err).__name__}: {_first_line(err)}); "
+                f"exiting with {RETRY_EXIT_CODE} so the group restarts from the latest checkpoint"
+            ) from None
+        raise
+
+
+# Status codes of a collective or remote call whose peer went away (killed, partitioned,
+# preempted): the coordination service reports UNAVAILABLE, an aborted collective CANCELLED or
+# ABORTED, a collective past PINPOINT_COLLECTIVE_TIMEOUT DEADLINE_EXCEEDED.
+_PEER_LOST_CODES = ("UNAVAILABLE", "ABORTED", "CANCELLED", "DEADLINE_EXCEEDED")
+
+
+def _peer_lost(err: BaseException) -> bool:
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not isinstance(err, tf.errors.OpError):
+        return False
+    return any(err.error_code == getattr(tf.errors, code) for code in _PEER_LOST_CODES)
+
+
+_CAUSE_WORDS = ("unhealthy", "aborted", "timed out", "deadline", "unavailable", "connect", "socket", "cancel")
+
+
+def _first_line(err: BaseException) -> str:
+    """The line of a TensorFlow error that says what happened (its first line is often only
+    'Graph execution error:')."""
+    lines = [ln.strip() for ln in (getattr(err, "message", None) or str(err)).splitlines() if ln.strip()]
+    cause = next((ln for ln in lines if any(w in ln.lower() for w in _CAUSE_WORDS)), lines[-1] if lines else "")
+    return cause[:200]
 
 
 def _resolver():
