@@ -96,7 +96,7 @@ def test_pinned_variables_and_gradients(tf):
     assert p["conformance"]["score"] == 1.0
     assert p["fallbacks"] == []
     # headline metrics are MLflow-safe keys
-    from pinpoint.placement.analyze import headline_metrics
+    from pinpoint.placement.metrics import headline_metrics
 
     hm = headline_metrics(p)
     assert hm["placement.transfer_bytes_per_step"] == per["bytes"]
@@ -187,7 +187,7 @@ def test_model_split_moves_activations(tf):
 def test_mirrored_components_and_no_drift(tf):
     """MirroredStrategy: one component per replica device, updates on each, no drift after
     synchronous steps; a deliberately perturbed component shows up as drift."""
-    from pinpoint.placement.analyze import replica_consistency
+    from pinpoint.placement.variables import replica_consistency
 
     strategy = tf.distribute.MirroredStrategy(["/CPU:1", "/CPU:2"])
     with strategy.scope():

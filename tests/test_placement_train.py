@@ -66,7 +66,7 @@ def test_train_mirrored_writes_placement_and_report(tmp_path):
     assert p["transfers"]["per_step"]["count"] > 0 and p["transfers"]["per_step"]["unsized"] == 0
     assert len(p["transfers"]["steps"]) == 2
     assert p["fallbacks"] == []
-    from pinpoint.placement.analyze import headline_metrics
+    from pinpoint.placement.metrics import headline_metrics
 
     hm = headline_metrics(p)
     assert hm["placement.replica_drift"] == 0.0 and hm["placement.ops.GPU_1"] > 0

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pinpoint.placement.analyze import headline_metrics
 from pinpoint.placement.merge import merge_placements
+from pinpoint.placement.metrics import headline_metrics, metrics_step
 from pinpoint.placement.naming import Namer, matches, metric_key, normalize
 from pinpoint.placement.summary import format_summary
 
@@ -53,6 +53,12 @@ def test_headline_metrics_keys_are_mlflow_safe():
             "placement.transfer_bytes_per_step", "placement.fallbacks", "placement.conformance"} <= set(hm)
     assert hm["placement.conformance"] == _sample()["conformance"]["score"]
     assert metric_key("/job:worker/task:1/GPU:0") == "worker_1_GPU_0"
+
+
+def test_placement_metrics_belong_to_the_last_captured_step():
+    assert metrics_step(_sample()) == _sample()["captured_steps"][-1] == 3
+    assert metrics_step({"captured_steps": [2, 3, 4]}) == 4
+    assert metrics_step({"captured_steps": []}) == metrics_step({}) == 0
 
 
 def test_summary_is_short_and_has_the_numbers():
@@ -124,15 +130,15 @@ def test_variables_rule_violation_names_the_layer_rule():
     import re as _re
 
     from pinpoint.config import PinningConfig
-    from pinpoint.placement.analyze import _conformance
+    from pinpoint.placement.conformance import check_conformance
 
     variables = [
         {"name": "dense_1/kernel", "devices": ["/GPU:0"], "components": [{"device": "/GPU:0"}]},
         {"name": "head/kernel", "devices": ["/GPU:1"], "components": [{"device": "/GPU:1"}]},
     ]
     plan = PinningConfig(variables="/GPU:0", layers={"head": "/GPU:1"})
-    conf = _conformance([], variables, plan, "none", None, Namer(None), _re.compile("gradients/"), None,
-                        _re.compile("input/"))
+    conf = check_conformance([], variables, plan, "none", None, Namer(None), _re.compile("gradients/"), None,
+                             _re.compile("input/"))
     rule = next(r for r in conf["rules"] if r["rule"] == "variables")
     assert rule["score"] == 0.5
     assert rule["violations"] == [{"op": "head/kernel", "placed": "/GPU:1",

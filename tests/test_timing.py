@@ -50,7 +50,7 @@ def test_the_device_with_more_work_is_busier_and_the_trace_is_in_the_run_folder(
     assert t["trace"] == "profile"
     traces = list((tmp_path / "on" / "profile").glob("plugins/profile/*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
-    from pinpoint.placement.analyze import headline_metrics
+    from pinpoint.placement.metrics import headline_metrics
 
     hm = headline_metrics(placement)
     assert hm["placement.timing.GPU_1.busy_ms"] == heavy["busy_ms"]

@@ -117,10 +117,10 @@ def test_disabled_or_not_chief_is_a_noop(tmp_path):
 
 @pytest.mark.unit
 def test_placement_metrics_are_the_headline_numbers():
-    from pinpoint.tracking.hook import placement_metrics
+    from pinpoint.placement.metrics import headline_metrics
 
-    m = placement_metrics({"ops_by_device": {"/GPU:0": 12, "/GPU:1": 10},
-                           "transfers": {"per_step": {"count": 3, "bytes": 96}}, "fallbacks": []})
+    m = headline_metrics({"ops_by_device": {"/GPU:0": 12, "/GPU:1": 10},
+                          "transfers": {"per_step": {"count": 3, "bytes": 96}}, "fallbacks": []})
     assert m["placement.transfers_per_step"] == 3.0 and m["placement.fallbacks"] == 0.0
     assert any(k.startswith("placement.ops.") for k in m)
     assert all(isinstance(v, float) for v in m.values())

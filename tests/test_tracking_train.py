@@ -130,3 +130,41 @@ def test_real_training_survives_server_restart_and_resumes_from_run(live_mlflow,
     runs = c.search_runs([exp.experiment_id], filter_string="tags.`pinpoint.resumed_from_run` = '" + run_id + "'")
     assert len(runs) == 1
     assert min(m.step for m in c.get_metric_history(runs[0].info.run_id, "loss")) > STEPS
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_placement_metrics_are_logged_at_the_captured_step(tmp_path):
+    """A real `pinpoint train` tracked to a local MLflow store (sqlite): every placement.* metric
+    holds one point, at the last step placement.json says was captured (not at step 0), and the run's
+    placement.json artifact is the run folder's."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    experiment = f"placement-step-{uuid.uuid4().hex[:8]}"
+    cfg = {
+        "name": "trk-placement-step",
+        "cluster": {"chief": 1, "workers": 0, "devices_per_worker": 2, "device_type": "GPU", "emulate": True},
+        "train": {"strategy": "mirrored", "model": "mlp", "data": "synthetic", "synthetic_examples": 256,
+                  "batch_size": 32, "steps": 8, "log_every": 4, "checkpoint_every": 0},
+        "placement": {"warmup_steps": 2, "sample_steps": 2},
+        "tracking": {"uri": uri, "experiment": experiment, "log_model": False},
+    }
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    res = subprocess.run([PINPOINT, "train", str(tmp_path / "cfg.yaml"), "--out", str(out)], check=False,
+                         capture_output=True, text=True, env=env(), timeout=540)
+    assert res.returncode == 0, res.stderr[-3000:]
+    placement = json.loads((out / "placement.json").read_text())
+    assert placement["captured_steps"] == [2, 3]
+
+    c = MlflowClient(uri)
+    (run,) = c.search_runs([c.get_experiment_by_name(experiment).experiment_id],
+                           filter_string="tags.`pinpoint.step` = 'train'")
+    keys = [k for k in run.data.metrics if k.startswith("placement.")]
+    assert "placement.ops.GPU_0" in keys and "placement.transfers_per_step" in keys
+    for key in keys:
+        history = c.get_metric_history(run.info.run_id, key)
+        assert [m.step for m in history] == [3], key  # once, at the last captured step
+    logged = json.loads(Path(c.download_artifacts(run.info.run_id, "placement.json", str(tmp_path))).read_text())
+    assert logged["captured_steps"] == placement["captured_steps"]

@@ -10,13 +10,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pinpoint.placement.analyze import (
-    EXPLAIN,
-    FINGERPRINT_SAMPLES,
-    SCHEMA_VERSION,
-    _num,
-)
 from pinpoint.placement.naming import sort_key
+from pinpoint.placement.schema import EXPLAIN, SCHEMA_VERSION, json_number
+from pinpoint.placement.variables import FINGERPRINT_SAMPLES
 
 
 def _sum_into(dst: dict, src: dict) -> None:
@@ -25,7 +21,7 @@ def _sum_into(dst: dict, src: dict) -> None:
 
 
 def _sorted(d: dict) -> dict:
-    return {k: _num(d[k]) for k in sorted(d, key=sort_key)}
+    return {k: json_number(d[k]) for k in sorted(d, key=sort_key)}
 
 
 def merge_placements(placements: list[dict]) -> dict:
@@ -134,14 +130,14 @@ def merge_placements(placements: list[dict]) -> dict:
         "ops_by_device": _sorted(ops),
         "op_types_by_device": {d: dict(sorted(types[d].items())) for d in sorted(types, key=sort_key)},
         "transfers": {
-            "per_step": {k: _num(v) for k, v in per_step.items()},
+            "per_step": {k: json_number(v) for k, v in per_step.items()},
             "matrix": {
                 s: {d: dict(c) for d, c in sorted(row.items(), key=lambda kv: sort_key(kv[0]))}
                 for s, row in sorted(matrix.items(), key=lambda kv: sort_key(kv[0]))
             },
             "collectives": {d: collectives[d] for d in sorted(collectives, key=sort_key)},
             "largest": sorted(largest, key=lambda t: -(t.get("bytes") or 0))[:25],
-            "loop_control": {k: _num(v) for k, v in loop_control.items()},
+            "loop_control": {k: json_number(v) for k, v in loop_control.items()},
         },
         "fallbacks": fallbacks,
         "variables": list(variables.values()),
@@ -155,7 +151,7 @@ def merge_placements(placements: list[dict]) -> dict:
         "gradients": {
             "scope": (placements[0].get("gradients") or {}).get("scope", ""),
             "ops_by_device": _sorted(grads),
-            "total": _num(sum(grads.values())),
+            "total": json_number(sum(grads.values())),
         },
         "replica_consistency": (
             {"checked": rc_checked, "max_abs_diff": max(rc_vars.values()) if rc_vars else 0.0, "variables": rc_vars,

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.errors import ConfigError
-from pinpoint.placement.analyze import EXPLAIN, split_fallbacks
+from pinpoint.placement.conformance import split_fallbacks
+from pinpoint.placement.schema import EXPLAIN
 from pinpoint.placement.summary import format_summary, human_bytes
 from pinpoint.runfolder import (
     CONFIG_FILE,
@@ -437,7 +438,7 @@ def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:
 
 def report_command(run_dir, *, parent_run_id: str | None = None) -> int:
     """CLI entry: write the report, log headline metrics and the files to MLflow (if configured)."""
-    from pinpoint.placement.analyze import headline_metrics
+    from pinpoint.placement.metrics import headline_metrics
 
     run_dir = Path(run_dir)
     cfg = None

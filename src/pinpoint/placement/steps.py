@@ -22,9 +22,10 @@ from collections import Counter, defaultdict, deque
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from pinpoint.placement.analyze import SENDS, TRANSPORT, requested_devices
 from pinpoint.placement.capture import CapturedGraphs
+from pinpoint.placement.conformance import requested_devices
 from pinpoint.placement.naming import EMULATED_ATTR, LOOP_ATTR, XLA_ATTR
+from pinpoint.placement.transfers import SENDS, TRANSPORT
 
 CONTROL_FLOW = {"Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Switch", "RefSwitch",
                 "NextIteration", "RefNextIteration", "LoopCond"}

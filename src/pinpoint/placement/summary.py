@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pinpoint.placement.analyze import split_fallbacks
+from pinpoint.placement.conformance import split_fallbacks
 
 
 def _first(metrics: Mapping[str, Any], *keys: str) -> float | None:

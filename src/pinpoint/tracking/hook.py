@@ -8,49 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pinpoint.placement.metrics import headline_metrics, metrics_step
 from pinpoint.runfolder import CLUSTER_SPEC, METRICS, PLACEMENT, TRAIN_LOG
 from pinpoint.tracking.checkpoints import artifact_dir, checkpoint_files
 from pinpoint.training.hooks import Hook
 
 STEP_METRICS = ("loss", "accuracy", "examples_per_sec", "step_time")
-
-
-def numeric_leaves(data: Any, prefix: str, depth: int = 3) -> dict[str, float]:
-    """Numbers (bools as 0/1) in a nested dict, keyed 'prefix/a/b'; lists are skipped."""
-    out: dict[str, float] = {}
-    if depth < 0 or not isinstance(data, Mapping):
-        return out
-    for key, value in data.items():
-        name = f"{prefix}/{key}"
-        if isinstance(value, (bool, int, float)):
-            out[name] = float(value)
-        elif isinstance(value, Mapping):
-            out.update(numeric_leaves(value, name, depth - 1))
-    return {k: v for k, v in out.items() if _metric_name_ok(k)}
-
-
-def _metric_name_ok(name: str) -> bool:
-    return len(name) <= 250 and all(c.isalnum() or c in "_-. /:" for c in name)
-
-
-def placement_metrics(placement: Mapping[str, Any]) -> dict[str, float]:
-    """Placement metrics: numbers under placement['summary'] (and ['metrics'] if present), else
-    the top-level numbers, as 'placement/<name>'."""
-    try:
-        from pinpoint.placement.analyze import headline_metrics
-
-        picked = {k: v for k, v in headline_metrics(dict(placement)).items() if _metric_name_ok(k)}
-        if picked:
-            return picked
-    except Exception:  # noqa: BLE001, S110 - an unexpected placement shape: fall back to its numbers
-        pass
-    picked: dict[str, float] = {}
-    for section in ("summary", "metrics", "counts", "transfers"):
-        if isinstance(placement.get(section), Mapping):
-            picked.update(numeric_leaves(placement[section], "placement"))
-    if not picked:
-        picked = numeric_leaves({k: v for k, v in placement.items() if not isinstance(v, Mapping)}, "placement")
-    return picked
 
 
 class TrackingHook(Hook):
@@ -84,8 +47,8 @@ class TrackingHook(Hook):
             self.run.log_artifact(f, artifact_dir(step))
 
     def on_placement(self, placement: Mapping[str, Any]) -> None:
-        step = int(placement.get("step", 0) or 0) if isinstance(placement.get("step"), (int, float)) else 0
-        self.run.log_metrics(placement_metrics(placement), step=step)
+        # The placement metrics (the report logs the same ones) at the step they were captured at.
+        self.run.log_metrics(headline_metrics(placement), step=metrics_step(placement))
         self.run.log_dict(dict(placement), PLACEMENT)
         # placement.timing: the profiler trace, a TensorBoard logdir (`tensorboard --logdir profile`).
         trace = (placement.get("timing") or {}).get("trace")

@@ -25,7 +25,7 @@ import re
 from pinpoint.devices import DeviceMap
 from pinpoint.errors import PlacementError
 from pinpoint.kernels import missing_gpu_kernel
-from pinpoint.placement.analyze import gradient_re, layer_re
+from pinpoint.placement.conformance import gradient_re, layer_re
 from pinpoint.placement.naming import EMULATED_ATTR, normalize, split_prefix
 
 # Function calls take variable handles as inputs but are not colocated with them: the call

@@ -323,11 +323,8 @@ def train(
         placement = _placement(cfg, ctx, trainer, captures)
         if pc.timing:
             placement["timing"] = _timing(ctx, loop_captured, timed)
-        name = PLACEMENT if not ctx.multi_worker else f"placement-{ctx.role}-{ctx.index}.json"
-        if ctx.is_chief or ctx.multi_worker:
-            atomic_write_json(out_dir / name, placement)
-        if not ctx.multi_worker:
-            hook.on_placement(placement)
+        if ctx.multi_worker:  # this task's view; the chief merges them, finish() writes placement.json
+            atomic_write_json(out_dir / f"placement-{ctx.role}-{ctx.index}.json", placement)
 
     final = evaluate(model, state.data, state.objective)
     metrics = {
@@ -424,8 +421,10 @@ def _placement(cfg: Config, ctx: TaskContext, trainer, captures) -> dict:
 
 
 def finish(cfg: Config, out_dir: Path, result: dict, *, placement: dict | None = None) -> dict:
-    """Chief only: write metrics.json (and a merged placement.json), tell the hooks, print a summary."""
+    """Chief only: write placement.json (the cluster's merged `placement`, else this process's own)
+    and metrics.json, tell the hooks, print a summary. placement.json's only writer."""
     metrics = result["metrics"]
+    placement = placement if placement is not None else result.get("placement")
     if placement is not None:
         atomic_write_json(out_dir / PLACEMENT, placement)
         result["hook"].on_placement(placement)

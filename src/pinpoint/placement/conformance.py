@@ -1,0 +1,217 @@
+"""Did the plan hold: each pinning rule's planned device against the devices the relevant ops and
+variables really ran on, the requests behind each op, fallbacks (observed, and predicted under GPU
+emulation from the kernel registry), and the per-layer table of model parallelism."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+
+from pinpoint.placement.naming import EMULATED_ATTR, XLA_ATTR, Namer, matches, normalize, sort_key, split_prefix
+from pinpoint.placement.transfers import BOOKKEEPING
+
+# Ops that say nothing about where the work ran (constants, control grouping).
+NOT_COMPUTE = BOOKKEEPING | {"Const", "NoOp"}
+INPUT_RE = re.compile(r"(IteratorGetNext\w*|MultiDeviceIterator\w*|OptionalGetValue|OptionalHasValue|\w*Dataset(V\d)?)$")
+
+
+def requested_devices(cap) -> dict[str, str]:
+    """Node name -> requested device (pre-optimization NodeDef.device), when the user's code (or
+    a strategy) requested one: GPU emulation's own default requests are not counted."""
+    if getattr(cap, "requested", None) is not None:
+        return cap.requested
+    return {name: n.device for name, n in requested_defs(cap).items() if n.device and EMULATED_ATTR not in n.attr}
+
+
+def requested_defs(cap) -> dict:
+    """Node name -> pre-optimization NodeDef (the op type and attrs the code asked for)."""
+    if getattr(cap, "defs", None) is not None:
+        return cap.defs
+    out = {}
+    for pre in cap.requested_graphs:
+        for n in pre.node:
+            out[n.name] = n
+        for f in pre.library.function:
+            for n in f.node_def:
+                out.setdefault(n.name, n)
+    return out
+
+
+def split_fallbacks(placement) -> tuple[list[dict], list[dict]]:
+    """(observed, predicted): what the runtime moved, and what a GPU machine would (emulation)."""
+    fallbacks = placement.get("fallbacks") or []
+    return [f for f in fallbacks if not f.get("predicted")], [f for f in fallbacks if f.get("predicted")]
+
+
+def predicted_fallback(node, pre, requested: str | None, namer: Namer, emulated_gpus: set) -> dict | None:
+    """A GPU machine's fallback for an op that ran on an emulated GPU, from the kernel registry."""
+    if node.op in BOOKKEEPING or pre is None or XLA_ATTR in node.attr:
+        return None
+    if node.op != pre.op and not node.op.startswith("_"):
+        return None  # grappler replaced it (e.g. constant-folded to a Const): not the op that ran
+    norm = normalize(node.device)
+    prefix, local = split_prefix(norm)
+    if local not in emulated_gpus:
+        return None
+    from pinpoint.kernels import missing_gpu_kernel
+
+    reason = missing_gpu_kernel(pre.op, pre.attr)
+    if reason is None:
+        return None
+    placed = namer.spec(node.device)
+    host = f"{prefix}/CPU:0"
+    return {
+        "op": node.name,
+        "op_type": pre.op,
+        "requested": namer.spec(requested) if requested else placed,
+        "requested_physical": normalize(requested) if requested else norm,
+        "placed": placed,
+        "placed_physical": norm,
+        "predicted": True,
+        "would_run_on": host,
+        "reason": reason,  # a GPU machine runs it on `would_run_on` (soft placement)
+    }
+
+
+def as_predicted(ops: list[dict], predicted: dict) -> list[dict]:
+    """Ops as a GPU machine would place them: a predicted fallback on the host."""
+    if not predicted:
+        return ops
+    return [dict(o, device=predicted[o["op"]]["would_run_on"]) if o["op"] in predicted else o for o in ops]
+
+
+def mark_predicted(conformance: dict, predicted: dict) -> None:
+    """Label each rule violation that is a predicted fallback (a GPU machine's host op) as such."""
+    for rule in conformance.get("rules") or []:
+        for viol in rule.get("violations") or []:
+            fb = predicted.get(viol["op"])
+            if fb is not None:
+                viol["predicted"] = True
+                viol["why"] = fb["reason"] + " (predicted fallback)"
+
+
+def _rule(name: str, planned: str, relevant: list[tuple[str, str]]) -> dict:
+    """relevant: (op or variable, placed device) pairs."""
+    observed = Counter(dev for _, dev in relevant)
+    ok = sum(1 for _, dev in relevant if matches(planned, dev))
+    violations = [{"op": op, "placed": dev} for op, dev in relevant if not matches(planned, dev)]
+    return {
+        "rule": name,
+        "planned": planned,
+        "observed": {d: observed[d] for d in sorted(observed, key=sort_key)},
+        "relevant": len(relevant),
+        "score": round(ok / len(relevant), 4) if relevant else None,
+        "violations": violations[:50],
+        "violations_total": len(violations),
+    }
+
+
+def gradient_re(scope: str = "gradients"):
+    """Backward-pass op names: the trainer's gradient scope (Keras may number it) or gradient_tape."""
+    return re.compile(rf"(^|/)({re.escape(scope)}(_\d+)?|gradient_tape)/")
+
+
+def layer_re(layer: str):
+    # Keras 3 uniquifies scopes inside tf.function ("dense" -> "dense_1"), so accept a suffix.
+    return re.compile(rf"(^|/){re.escape(layer)}(_\d+)?/")
+
+
+def check_conformance(ops, variables, plan, strategy, device_map, namer, grad_re, layer_scopes, input_re) -> dict:
+    """placement.json's `conformance`: one rule per pin of the plan and per strategy expectation
+    (planned device, observed devices, score, violations); `score` is the mean of the rules'."""
+    rules = []
+    compute = [o for o in ops if o["type"] not in NOT_COMPUTE]
+    is_input = lambda o: bool(INPUT_RE.match(o["type"]) or input_re.search(o["op"]))
+    if plan is not None:
+        if getattr(plan, "variables", None):
+            rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
+            rule = _rule("variables", namer.spec(plan.variables), rel)
+            # A layer's variables are created inside the layer's device scope, so a layers.<name>
+            # rule wins over the variables rule for that layer: say so next to the violation.
+            for viol in rule["violations"]:
+                for layer, dev in (getattr(plan, "layers", None) or {}).items():
+                    if layer_re(layer).search(viol["op"] + "/") and matches(namer.spec(dev), viol["placed"]):
+                        viol["why"] = f"created inside layers.{layer}'s device scope ({dev})"
+            rules.append(rule)
+        if getattr(plan, "gradients", None):
+            rel = [(o["op"], o["device"]) for o in compute if grad_re.search(o["op"])]
+            rules.append(_rule("gradients", namer.spec(plan.gradients), rel))
+        for layer, dev in (getattr(plan, "layers", None) or {}).items():
+            lre = layer_re((layer_scopes or {}).get(layer, layer))
+            fwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and not grad_re.search(o["op"])]
+            # The layer's backward ops (gradients/.../<layer>/..._grad): a plan whose backward pass
+            # ignores the pins cannot score 1.
+            bwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and grad_re.search(o["op"])]
+            rule = _rule(f"layers.{layer}", namer.spec(dev), fwd + bwd)
+            for part, rel in (("forward", fwd), ("backward", bwd)):
+                sub = _rule(part, namer.spec(dev), rel)
+                rule[part] = {"relevant": sub["relevant"], "score": sub["score"], "observed": sub["observed"]}
+            rules.append(rule)
+        if getattr(plan, "input", None):
+            # An Identity the partitioner adds where a replica receives its batch (".../_27" on
+            # the replica's device) forwards the copy; it does no input work.
+            rel = [(o["op"], o["device"]) for o in compute if is_input(o) and o["type"] != "Identity"]
+            rules.append(_rule("input", namer.spec(plan.input), rel))
+    replicas = [namer.spec(d) for d in (getattr(device_map, "replica_devices", None) or [])]
+    if strategy in ("mirrored", "multi_worker_mirrored") and replicas:
+        # One component of every variable on every replica device.
+        missing, present = [], []
+        for v in variables:
+            devs = set(v["devices"])
+            for r in replicas:
+                (present if any(matches(r, d) for d in devs) else missing).append((v["name"], r))
+        rule = {
+            "rule": "strategy.variables_mirrored",
+            "planned": ", ".join(replicas),
+            "observed": {},
+            "relevant": len(missing) + len(present),
+            "score": round(len(present) / (len(missing) + len(present)), 4) if (missing or present) else None,
+            "violations": [{"op": n, "placed": f"no component on {r}"} for n, r in missing][:50],
+            "violations_total": len(missing),
+        }
+        rules.append(rule)
+        # Replica i's compute on replica device i: MirroredStrategy names replica i>0 ops
+        # "replica_i/..." and replica 0's the same without prefix. The input pipeline is excluded:
+        # where it runs is the `input` rule's business (usually the host).
+        names = {o["op"] for o in compute}
+        rel_by_replica: dict[int, list] = defaultdict(list)
+        for o in compute:
+            if is_input(o):
+                continue
+            m = re.match(r"^replica_(\d+)/(.*)$", o["op"])
+            if m:
+                rel_by_replica[int(m.group(1))].append((o["op"], o["device"]))
+            elif f"replica_1/{o['op']}" in names:
+                rel_by_replica[0].append((o["op"], o["device"]))
+        for i, dev in enumerate(replicas):
+            if rel_by_replica.get(i):
+                rules.append(_rule(f"strategy.replica_{i}_compute", dev, rel_by_replica[i]))
+    elif strategy == "central_storage":
+        host = namer.spec(getattr(device_map, "host", None) or "/CPU:0")
+        rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
+        rules.append(_rule("strategy.variables_on_host", host, rel))
+    elif strategy == "one_device" and replicas:
+        rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
+        rules.append(_rule("strategy.variables_on_device", replicas[0], rel))
+    elif strategy == "parameter_server":
+        rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
+        rules.append(_rule("strategy.variables_on_ps", "/job:ps", rel))
+    scored = [r["score"] for r in rules if r["score"] is not None]
+    return {"score": round(sum(scored) / len(scored), 4) if scored else None, "rules": rules}
+
+
+def layer_table(conformance: dict, items, plan, layer_scopes) -> list[dict]:
+    """Model parallelism at a glance: per pinned layer, its device, forward and backward ops per
+    device (its `layers.<name>` rule's counts), and the bytes its ops receive from and send to
+    other devices each step."""
+    rules = {r["rule"]: r for r in conformance["rules"]}
+    rows = []
+    for layer in getattr(plan, "layers", None) or {}:
+        rule = rules[f"layers.{layer}"]
+        lre = layer_re((layer_scopes or {}).get(layer, layer))
+        out_b = sum(t["bytes"] or 0 for t in items if lre.search(t["tensor"]))
+        in_b = sum(t["bytes"] or 0 for t in items
+                   if not lre.search(t["tensor"]) and any(lre.search(c) for c in t.get("consumers", ())))
+        rows.append({"layer": layer, "device": rule["planned"], "forward_ops": rule["forward"]["observed"],
+                     "backward_ops": rule["backward"]["observed"], "bytes_in": in_b, "bytes_out": out_b})
+    return rows

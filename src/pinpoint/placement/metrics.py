@@ -1,0 +1,51 @@
+"""The placement metrics MLflow gets: the one place they are chosen, for the training run
+(pinpoint.tracking.hook) and `pinpoint report` alike."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pinpoint.placement.conformance import split_fallbacks
+from pinpoint.placement.naming import metric_key
+
+
+def headline_metrics(placement: Mapping[str, Any]) -> dict[str, float]:
+    """MLflow-safe headline numbers: placement.ops.GPU_0, placement.transfers_per_step, ..."""
+    out: dict[str, float] = {}
+    for dev, n in (placement.get("ops_by_device") or {}).items():
+        out[f"placement.ops.{metric_key(dev)}"] = float(n)
+    for dev, n in ((placement.get("gradients") or {}).get("ops_by_device") or {}).items():
+        out[f"placement.gradient_ops.{metric_key(dev)}"] = float(n)
+    per_step = (placement.get("transfers") or {}).get("per_step") or {}
+    out["placement.transfers_per_step"] = float(per_step.get("count", 0))
+    out["placement.transfer_bytes_per_step"] = float(per_step.get("bytes", 0))
+    coll = (placement.get("transfers") or {}).get("collectives") or {}
+    out["placement.collectives_per_step"] = float(sum(c.get("count", 0) for c in coll.values()))
+    out["placement.collective_bytes_per_step"] = float(sum(c.get("input_bytes", 0) for c in coll.values()))
+    observed, predicted = split_fallbacks(placement)
+    out["placement.fallbacks"] = float(len(observed))
+    out["placement.predicted_fallbacks"] = float(len(predicted))
+    out["placement.devices"] = float(len(placement.get("devices") or []))
+    out["placement.variables"] = float(len(placement.get("variables") or []))
+    score = (placement.get("conformance") or {}).get("score")
+    if score is not None:
+        out["placement.conformance"] = float(score)
+    rc = placement.get("replica_consistency") or {}
+    if rc.get("max_abs_diff") is not None:
+        out["placement.replica_drift"] = float(rc["max_abs_diff"])
+    timing = placement.get("timing") or {}
+    if timing.get("wall_ms") is not None:
+        out["placement.timing.wall_ms"] = float(timing["wall_ms"])
+    for dev, t in (timing.get("devices") or {}).items():
+        for field in ("busy_ms", "compute_ms", "transfer_ms", "idle_share"):
+            if t.get(field) is not None:
+                out[f"placement.timing.{metric_key(dev)}.{field}"] = float(t[field])
+    return out
+
+
+def metrics_step(placement: Mapping[str, Any]) -> int:
+    """The training step the placement metrics belong to: the last captured step (placement.json's
+    `captured_steps`), 0 when no step was captured."""
+    steps = placement.get("captured_steps") or []
+    return int(steps[-1]) if steps else 0

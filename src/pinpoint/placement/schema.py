@@ -1,0 +1,47 @@
+"""The placement.json format: its schema version, the text explaining each field, and how its
+counts and per-step means are written."""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+EXPLAIN = {
+    "devices": "Devices that executed at least one op (spec names; with emulation each spec GPU "
+    "is a logical CPU device, shown alongside).",
+    "ops_by_device": "Ops executed per step on each device, read from the partition graphs the runtime "
+    "ran (not from op.device, which is only the request). _Send/_Recv/_Arg/_Retval are not counted.",
+    "transfers": "Every edge between ops on different devices becomes a _Send/_Recv pair; each pair "
+    "is one transfer. Bytes = dtype size x static shape; transfers whose shape could not be resolved "
+    "(grappler-renamed nodes, dynamic shapes) are counted but not sized. The trainer's multi-step loop "
+    "also sends its predicate and a control signal to each device every step: counted apart as "
+    "loop_control.",
+    "collectives": "Collective ops (all-reduce, all-gather) exchange data between replicas through "
+    "their own channels (rings, NCCL, gRPC), not through _Send/_Recv; counted per device with the size of "
+    "the tensor each one reduces.",
+    "fallbacks": "An op whose requested device differs from the device it ran on: with soft placement "
+    "the placer moves an op when the requested device does not exist, has no kernel for the op, or the op "
+    "must be colocated with a resource (variable) on another device. Under GPU emulation an op that ran on "
+    "an emulated GPU but has no GPU kernel for its dtypes (TensorFlow's kernel registry) is listed as "
+    "predicted: a GPU machine would run it on the host.",
+    "variables": "Where each variable lives (every mirrored component; central storage on the host; "
+    "parameter-server tasks) and where its update ops (assign/apply) ran. An update always runs on the "
+    "variable's device; its input is copied there first.",
+    "gradients": "Backward-pass ops (name scopes 'gradients/' and 'gradient_tape/') per device.",
+    "replica_consistency": "Largest absolute difference between the components of each mirrored "
+    "variable at the end of training; synchronous training keeps it at 0.",
+    "conformance": "Each pinning rule: planned device versus the devices the relevant ops really ran "
+    "on. Score = fraction of relevant ops on the planned device.",
+    "timing": "placement.timing: the sampled steps ran as one call under TensorFlow's profiler; each "
+    "kernel event of the trace is attributed to its device through the partition graphs. busy = union of "
+    "the device's op intervals (ops overlap on the inter-op threads; work nested inside an op's event, "
+    "such as a receiving device's kernels run by a _Send's callback, is not the op's); transfer = union "
+    "of its _Send/_Recv and collective intervals (a collective includes waiting for its peers; a receive's "
+    "wait for its producer is not counted); compute = busy - transfer; idle_share = 1 - busy / wall, wall "
+    "= first op start to last op end of the call. Wall-clock times: with emulation the devices share the "
+    "host's cores.",
+}
+
+
+def json_number(x: float):
+    """A count or a mean as placement.json writes it: an int when whole, else 2 decimals."""
+    return int(x) if float(x).is_integer() else round(float(x), 2)

@@ -1,0 +1,192 @@
+"""Cross-device transfers of a captured step: every _Send/_Recv pair between devices (sized from
+dtype x static shape), the trainer loop's own control signals, and the collectives; then the
+mean over the captured steps."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from pinpoint.placement.naming import LOOP_ATTR, Namer, normalize, sort_key
+from pinpoint.placement.schema import json_number
+
+# Bookkeeping nodes: how data moves between partitions and in/out of a function. Not "ops that
+# ran" for counting purposes (transfers are counted separately, from the _Send side).
+SENDS = {"_Send", "_HostSend"}
+TRANSPORT = SENDS | {"_Recv", "_HostRecv"}
+BOOKKEEPING = TRANSPORT | {"_Arg", "_Retval", "_DeviceArg", "_DeviceRetval"}
+COLLECTIVE_RE = re.compile(r"^(Collective\w+|NcclAllReduce|_NcclReduceSend|_NcclBroadcastSend)$")
+
+
+def _dtype_size(enum: int) -> int | None:
+    from tensorflow.python.framework import dtypes
+
+    try:
+        dt = dtypes.as_dtype(enum)
+    except (TypeError, ValueError):
+        return None
+    if dt in (dtypes.string, dtypes.resource, dtypes.variant):
+        return None
+    return dt.size
+
+
+# Ops whose one output has the shape of each of their data inputs. A node the graph optimizer made
+# has no traced shape (ArithmeticOptimizer's AddOpsRewrite_AddN merges hierarchical_copy's
+# AddN(AddN(a, b), c) into one), but its inputs have one.
+_SAME_SHAPE = {"AddN", "Identity", "Snapshot"}
+
+
+def _shape_of(name: str, index: int, cap, nodes: dict, depth: int = 0) -> list[int] | None:
+    outs = cap.shapes.get(name)
+    if outs and index < len(outs) and outs[index][1] is not None:
+        return outs[index][1]
+    ext = cap.arg_values.get(name)  # a function argument: the captured tensor it was fed
+    if ext is not None and getattr(ext, "dtype", None) is not None and ext.dtype.name not in ("resource", "variant"):
+        try:
+            return [int(d) for d in ext.shape]
+        except (TypeError, ValueError):
+            pass
+    n = nodes.get(name)
+    if n is not None:
+        if n.op == "Const" and "value" in n.attr:
+            return [d.size for d in n.attr["value"].tensor.tensor_shape.dim]
+        if "_output_shapes" in n.attr and index < len(n.attr["_output_shapes"].list.shape):
+            shp = n.attr["_output_shapes"].list.shape[index]
+            if not shp.unknown_rank:
+                return [d.size for d in shp.dim]
+        if n.op in _SAME_SHAPE and index == 0 and depth < 8:
+            for inp in n.input:
+                if not inp.startswith("^"):
+                    iname, _, idx = inp.partition(":")
+                    shape = _shape_of(iname, int(idx or 0), cap, nodes, depth + 1)
+                    if shape is not None:
+                        return shape
+    return None
+
+
+def step_transfers(cap, namer: Namer) -> dict:
+    """One step's cross-device transfers, counted on the sending side."""
+    nodes = {}
+    for pre in cap.requested_graphs:
+        for n in pre.node:
+            nodes.setdefault(n.name, n)
+    for g in cap.partition_graphs:
+        for n in g.node:
+            nodes[n.name] = n
+    # Which ops consume each transferred tensor: the nodes reading the matching _Recv.
+    consumers: dict[str, list[str]] = defaultdict(list)
+    for g in cap.partition_graphs:
+        recvs = {n.name: n.attr["tensor_name"].s.decode() for n in g.node if n.op in TRANSPORT - SENDS}
+        for n in g.node:
+            for i in n.input:
+                key = recvs.get(i.lstrip("^").split(":")[0])
+                if key and n.op not in BOOKKEEPING:
+                    consumers[key].append(n.name)
+    count = nbytes = sized = 0
+    matrix: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
+    items = []
+    loop = {"count": 0, "bytes": 0}
+    for g in cap.partition_graphs:
+        for n in g.node:
+            if n.op not in SENDS:
+                continue
+            src = normalize(n.attr["send_device"].s.decode())
+            dst = normalize(n.attr["recv_device"].s.decode())
+            if src == dst:
+                continue
+            if n.attr[LOOP_ATTR].b:
+                # The multi-step loop's own predicate/control signal to each device: a real
+                # per-step transfer, but the trainer's, not the model's; reported apart.
+                loop["count"] += 1
+                dsize = _dtype_size(n.attr["T"].type) if "T" in n.attr else None
+                loop["bytes"] += dsize or 0
+                continue
+            count += 1
+            s, d = namer.spec(src), namer.spec(dst)
+            cell = matrix[s][d]
+            cell["count"] += 1
+            inp = n.input[0].lstrip("^") if n.input else ""
+            name, _, idx = inp.partition(":")
+            size = None
+            dsize = _dtype_size(n.attr["T"].type) if "T" in n.attr else None
+            shape = _shape_of(name, int(idx or 0), cap, nodes) if name else None
+            if dsize is not None and shape is not None and all(x is not None and x >= 0 for x in shape):
+                size = dsize
+                for x in shape:
+                    size *= x
+                sized += 1
+                nbytes += size
+                cell["bytes"] += size
+            items.append({"tensor": inp, "from": s, "to": d, "bytes": size,
+                          "consumers": consumers.get(n.attr["tensor_name"].s.decode(), [])})
+    # Collective ops (all-reduce, all-gather, broadcast) move data between replicas outside the
+    # _Send/_Recv pairs (ring/NCCL/gRPC); counted separately with the size of their input.
+    coll: dict[str, dict[str, int]] = defaultdict(lambda: {"count": 0, "bytes": 0})
+    for g in cap.partition_graphs:
+        for n in g.node:
+            if not COLLECTIVE_RE.match(n.op) or not n.input:
+                continue
+            dev = namer.spec(n.device)
+            coll[dev]["count"] += 1
+            name, _, idx = n.input[0].lstrip("^").partition(":")
+            shape = _shape_of(name, int(idx or 0), cap, nodes)
+            dsize = _dtype_size(n.attr["T"].type) if "T" in n.attr else None
+            if shape is not None and dsize is not None and all(x is not None and x >= 0 for x in shape):
+                size = dsize
+                for x in shape:
+                    size *= x
+                coll[dev]["bytes"] += size
+    return {
+        "count": count,
+        "bytes": nbytes,
+        "sized": sized,
+        "matrix": {s: dict(row) for s, row in matrix.items()},
+        "items": items,
+        "collectives": {d: dict(c) for d, c in coll.items()},
+        "loop_control": loop,
+    }
+
+
+def merge_transfer_steps(steps: list[dict], step_ids: list[list[int]] | None = None) -> dict:
+    """Mean over the captures; `steps` lists every captured step (a capture of a multi-step
+    function stands for each step it ran in the sample window: they executed the same graphs)."""
+    n = max(len(steps), 1)
+    matrix: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
+    for st in steps:
+        for s, row in st["matrix"].items():
+            for d, cell in row.items():
+                matrix[s][d]["count"] += cell["count"]
+                matrix[s][d]["bytes"] += cell["bytes"]
+    matrix_out = {
+        s: {d: {"count": json_number(c["count"] / n), "bytes": json_number(c["bytes"] / n)} for d, c in sorted(row.items(), key=lambda kv: sort_key(kv[0]))}
+        for s, row in sorted(matrix.items(), key=lambda kv: sort_key(kv[0]))
+    }
+    count = sum(st["count"] for st in steps)
+    coll: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "bytes": 0})
+    for st in steps:
+        for d, c in st.get("collectives", {}).items():
+            coll[d]["count"] += c["count"]
+            coll[d]["bytes"] += c["bytes"]
+    largest = sorted(
+        (it for it in (steps[0]["items"] if steps else [])), key=lambda it: -(it["bytes"] or 0)
+    )[:25]
+    return {
+        "per_step": {
+            "count": json_number(count / n),
+            "bytes": json_number(sum(st["bytes"] for st in steps) / n),
+            "sized": json_number(sum(st["sized"] for st in steps) / n),
+            "unsized": json_number((count - sum(st["sized"] for st in steps)) / n),
+        },
+        "matrix": matrix_out,
+        "collectives": {
+            d: {"count": json_number(c["count"] / n), "input_bytes": json_number(c["bytes"] / n)}
+            for d, c in sorted(coll.items(), key=lambda kv: sort_key(kv[0]))
+        },
+        "steps": [{"step": sid, "count": st["count"], "bytes": st["bytes"], "sized": st["sized"]}
+                  for st, ids in zip(steps, step_ids or [[None]] * len(steps), strict=True) for sid in ids],
+        "loop_control": {
+            "count": json_number(sum(st.get("loop_control", {}).get("count", 0) for st in steps) / n),
+            "bytes": json_number(sum(st.get("loop_control", {}).get("bytes", 0) for st in steps) / n),
+        },
+        "largest": largest,
+    }

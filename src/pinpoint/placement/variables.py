@@ -1,0 +1,227 @@
+"""The model's and optimizer's variables: where each one's components live, where its update ops
+(assign/apply) ran, a fingerprint of its value, and how far its mirrored copies drifted apart."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+
+from pinpoint.placement.naming import Namer, normalize, sort_key
+
+UPDATE_RE = re.compile(
+    r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$"
+)
+# Ops that pass a resource handle through unchanged (followed when attributing an update).
+_PASS_THROUGH = {"Identity", "IdentityN", "_Recv", "_HostRecv"}
+
+
+def _read(component, cache: dict | None):
+    """The component's value as numpy, read once per analysis (consistency and fingerprints)."""
+    import numpy as np
+
+    if cache is None:
+        return np.asarray(component.numpy())
+    key = id(component)
+    if key not in cache:
+        cache[key] = np.asarray(component.numpy())
+    return cache[key]
+
+
+def replica_consistency(variables: list, cache: dict | None = None) -> dict:
+    """Max |component_i - component_0| for every variable with more than one local component."""
+    import numpy as np
+
+    per_var: dict[str, float] = {}
+    for v in _dedupe(variables):
+        comps = _components(_unwrap(v))
+        if len(comps) < 2:
+            continue
+        base = _read(comps[0], cache)
+        diff = 0.0
+        for c in comps[1:]:
+            arr = _read(c, cache)
+            if arr.size:
+                diff = max(diff, float(np.max(np.abs(arr.astype(np.float64) - base.astype(np.float64)))))
+        per_var[_var_name(v)] = diff
+    return {
+        "checked": len(per_var),
+        "max_abs_diff": max(per_var.values()) if per_var else 0.0,
+        "variables": per_var,
+    }
+
+
+def safe_consistency(variables: list, cache: dict | None = None) -> dict | None:
+    """placement.json's replica_consistency: None without mirrored variables, the error if unreadable."""
+    try:
+        rc = replica_consistency(variables, cache)
+    except Exception as err:  # noqa: BLE001 - e.g. remote components that cannot be read here
+        return {"checked": 0, "max_abs_diff": None, "variables": {}, "error": str(err).splitlines()[0][:200]}
+    return rc if rc["checked"] else None
+
+
+def _unwrap(v):
+    """Keras 3 variables wrap a tf.Variable (or a distributed one) in `_value`."""
+    import tensorflow as tf
+
+    if not isinstance(v, tf.Variable) and getattr(v, "_value", None) is not None:
+        return v._value
+    return v
+
+
+def _var_name(v) -> str:
+    path = getattr(v, "path", None)
+    if isinstance(path, str) and path:
+        return path
+    name = getattr(v, "name", "") or ""
+    return name.removesuffix(":0")
+
+
+def _components(v) -> list:
+    """The per-device tf.Variables behind v (mirrored/sharded/aggregating), or [v]."""
+    vals = getattr(v, "values", None)
+    if isinstance(vals, (tuple, list)) and vals:
+        return list(vals)
+    shards = getattr(v, "variables", None)
+    if type(v).__name__ == "ShardedVariable" and shards:
+        return list(shards)
+    inner = getattr(v, "_v", None)  # AggregatingVariable (central storage)
+    if inner is not None:
+        return [inner]
+    return [v]
+
+
+def _kind(v) -> str:
+    t = type(v).__name__
+    return {
+        "MirroredVariable": "mirrored",
+        "SyncOnReadVariable": "sync_on_read",
+        "AggregatingVariable": "central_storage",
+        "ShardedVariable": "sharded",
+    }.get(t, "variable")
+
+
+def _dedupe(variables: Iterable) -> list:
+    seen, out = set(), []
+    for v in variables or []:
+        key = id(_unwrap(v))
+        if key not in seen:
+            seen.add(key)
+            out.append(v)
+    return out
+
+
+FINGERPRINT_SAMPLES = 32
+
+
+def _fingerprint(component, cache: dict | None = None) -> dict | None:
+    """A few evenly spaced values and the sum of a variable, so the chief can compare the copies
+    that different tasks hold (cross-task replica drift) without shipping whole tensors."""
+    import numpy as np
+
+    try:
+        arr = np.asarray(_read(component, cache), dtype=np.float64).ravel()
+    except Exception:  # noqa: BLE001 - non-numeric or unreadable here
+        return None
+    if arr.size == 0:
+        return {"sum": 0.0, "sample": []}
+    idx = np.unique(np.linspace(0, arr.size - 1, min(FINGERPRINT_SAMPLES, arr.size)).astype(int))
+    return {"sum": float(arr.sum()), "sample": [float(x) for x in arr[idx]]}
+
+
+def _resource_source(name: str, nodes: dict) -> str | None:
+    """Follow a resource input back through pass-through ops to its _Arg (or VarHandleOp)."""
+    for _ in range(20):
+        n = nodes.get(name)
+        if n is None:
+            return None
+        if n.op in ("_Arg", "VarHandleOp"):
+            return n.name
+        if n.op in _PASS_THROUGH and n.input:
+            name = n.input[0].lstrip("^").split(":")[0]
+            continue
+        return None
+    return None
+
+
+def analyze_variables(variables: list, captures: list, namer: Namer, cache: dict | None = None) -> dict:
+    """placement.json's `variables` (components, devices, update devices, fingerprint) and
+    `variable_updates` (how the update ops were attributed), as {"variables", "updates"}."""
+    import numpy as np
+
+    out = []
+    handle_to_var: dict[int, int] = {}
+    shared_to_var: dict[str, int] = {}
+    for i, v in enumerate(_dedupe(variables)):
+        inner = _unwrap(v)
+        comps = _components(inner)
+        shape = [int(d) if d is not None else None for d in inner.shape.as_list()] if inner.shape.rank is not None else None
+        dsize = inner.dtype.size if inner.dtype.is_numpy_compatible else 0
+        nbytes = int(dsize * int(np.prod(shape))) if shape is not None and None not in shape else None
+        comp_info = []
+        for c in comps:
+            dev = namer.spec(getattr(c, "device", "") or "")
+            comp_info.append({"device": dev, "physical": normalize(getattr(c, "device", "") or "")})
+            handle = getattr(c, "handle", None)
+            if handle is not None:
+                handle_to_var[id(handle)] = i
+                try:
+                    shared_to_var[c._shared_name] = i
+                except AttributeError:
+                    pass
+        out.append(
+            {
+                "name": _var_name(v),
+                "kind": _kind(inner),
+                "shape": shape,
+                "dtype": inner.dtype.name,
+                "bytes": nbytes,
+                "components": comp_info,
+                "devices": sorted({c["device"] for c in comp_info if c["device"]}, key=sort_key),
+                "update_devices": [],
+                "update_ops": 0,
+                "fingerprint": _fingerprint(comps[0], cache),
+            }
+        )
+
+    update_devs: dict[int, set] = defaultdict(set)
+    update_ops: Counter = Counter()
+    total_updates = unattributed = 0
+    for ci, cap in enumerate(captures):
+        for g in cap.partition_graphs:
+            nodes = {n.name: n for n in g.node}
+            for n in g.node:
+                if not UPDATE_RE.match(n.op) or not n.input:
+                    continue
+                src = _resource_source(n.input[0].lstrip("^").split(":")[0], nodes)
+                idx = None
+                if src is not None:
+                    ext = cap.arg_values.get(src)
+                    if ext is not None:
+                        idx = handle_to_var.get(id(ext))
+                    elif nodes[src].op == "VarHandleOp":
+                        idx = shared_to_var.get(nodes[src].attr["shared_name"].s.decode())
+                if ci == 0:
+                    total_updates += 1
+                    if idx is None:
+                        unattributed += 1
+                    else:
+                        update_ops[idx] += 1
+                if idx is not None:
+                    update_devs[idx].add(namer.spec(n.device))
+    for i, info in enumerate(out):
+        info["update_devices"] = sorted(update_devs.get(i, ()), key=sort_key)
+        info["update_ops"] = update_ops.get(i, 0)
+    attributed = sum(1 for info in out if info["update_devices"])
+    return {
+        "variables": out,
+        "updates": {
+            "method": "each assign/apply op's resource input is followed to its function argument, "
+            "whose captured value is the handle of one variable component",
+            "update_ops": total_updates,
+            "unattributed_ops": unattributed,
+            "variables_with_updates": attributed,
+            "variables": len(out),
+            "coverage": f"updates attributed for {attributed}/{len(out)} variables",
+        },
+    }
