@@ -9,14 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components import DEFAULT_IMAGE
+from pinpoint.config import ClusterConfig
+
+# The Secret's keys are the library's: the training pods (manifests) read the same Secret.
+from pinpoint.provision.podenv import MLFLOW_SECRET_KEYS, uri_has_credentials
 from pinpoint.runfolder import RUNS_MOUNT
 
-MLFLOW_SECRET_KEYS = {
-    # Secret data key -> environment variable the MLflow client reads.
-    "tracking-uri": "MLFLOW_TRACKING_URI",
-    "username": "MLFLOW_TRACKING_USERNAME",
-    "password": "MLFLOW_TRACKING_PASSWORD",
-}
+__all__ = ["MLFLOW_SECRET_KEYS", "RUNS_MOUNT", "PipelineSettings", "Toleration", "local_settings", "settings_from_config"]
 
 
 @dataclass(frozen=True)
@@ -54,21 +53,25 @@ def local_settings() -> PipelineSettings:
 
 
 DEFAULT_RUNS_PVC = "pinpoint-runs"
-DEFAULT_MLFLOW_SECRET = "mlflow-credentials"
+# The config's default Secret (cluster.mlflow_secret), for a pipeline compiled without a config.
+DEFAULT_MLFLOW_SECRET = ClusterConfig.model_fields["mlflow_secret"].default
 
 
-def settings_from_config(cfg, *, mlflow_secret: str = DEFAULT_MLFLOW_SECRET) -> PipelineSettings:
+def settings_from_config(cfg) -> PipelineSettings:
     """Settings for a Kubernetes cluster, from a pinpoint Config. The steps share the run folder
-    through the PVC cluster.runs_volume_claim (default 'pinpoint-runs', ReadWriteMany)."""
+    through the PVC cluster.runs_volume_claim (default 'pinpoint-runs', ReadWriteMany) and read
+    MLflow's connection from the Secret cluster.mlflow_secret, as the training pods do."""
     runs_pvc = cfg.cluster.runs_volume_claim or DEFAULT_RUNS_PVC
+    mlflow_secret = cfg.cluster.mlflow_secret or ""
     from pinpoint.config import config_to_yaml
     from pinpoint.errors import ConfigError
 
-    if cfg.tracking.uri and "@" in cfg.tracking.uri.split("//", 1)[-1].split("/", 1)[0]:
+    if uri_has_credentials(cfg.tracking.uri):
         # The config becomes a default in the compiled YAML: credentials must come from the Secret.
+        where = f"the Kubernetes Secret '{mlflow_secret}'" if mlflow_secret else "a Secret named by cluster.mlflow_secret"
         raise ConfigError(
             "config error: tracking.uri: got a URI with credentials; remove the user:password part "
-            f"and put them in the Kubernetes Secret '{mlflow_secret}' (keys username, password)"
+            f"and put them in {where} (keys username, password)"
         )
     c = cfg.cluster
     multi_process = cfg.train.strategy in ("multi_worker_mirrored", "parameter_server")

@@ -20,7 +20,8 @@ def configure_step(task, settings: PipelineSettings, *, display_name: str, cache
             kubernetes.mount_pvc(task, pvc_name=settings.runs_pvc, mount_path=RUNS_MOUNT)
         if settings.mlflow_secret:
             # Only the Secret's name and keys go into the compiled YAML; the kubelet injects the
-            # values at run time. optional=True: a cluster without the Secret uses the config's URI.
+            # values at run time. optional=True: a cluster without the Secret uses the config's URI
+            # (KFP backend >= 2.15.0 honours it; older drivers refuse the field, see README.md).
             kubernetes.use_secret_as_env(
                 task,
                 secret_name=settings.mlflow_secret,

@@ -103,8 +103,11 @@ CASES = [
     Case("nodes-missing-file", PROV + ["--nodes", "{tmp}/nodes.yaml"], cluster(), ("--nodes", "nodes.yaml")),
     Case("nodes-malformed", PROV + ["--nodes", str(DATA / "nodes-malformed.yaml")], cluster(), ("nodes",)),
     Case("nodes-too-small", PROV + ["--nodes", str(DATA / "nodes-small-gpu.yaml")],
-         {**cluster(devices_per_worker=8, emulate=False, gpu_type="A100"), "train": base(strategy="mirrored")["train"]},
+         {**cluster(devices_per_worker=8, emulate=False, gpu_type="A100", image="registry.example.com/pinpoint-gpu:1"),
+          "train": base(strategy="mirrored")["train"]},
          ("needs 8",)),
+    # --- Kubernetes manifests ------------------------------------------------------------------
+    Case("rbac-bad-service-account", PROV + ["--rbac", "Bad_SA"], cluster(), ("--rbac", "'Bad_SA'", "pipeline-runner")),
     # --- pinning -----------------------------------------------------------------------------
     Case("pin-vars-under-mirrored", PROV, base(strategy="mirrored", pinning={"variables": "/GPU:0"}),
          ("train.pinning.variables", "every replica")),
@@ -127,7 +130,7 @@ CASES = [
          files={"d.npz": {"features": np.zeros((4, 3))}}, subprocess=True),
     # --- user code and streamed data (train.model / train.data callables, file sources) ------
     Case("user-module-missing", TRAIN, base(model="nopkg.models:build"),
-         ("train.model", "does not import", "No module named 'nopkg'", "train.code_dir"), subprocess=True),
+         ("train.model", "no module 'nopkg.models'", "train.code_dir"), subprocess=True),
     Case("user-module-import-error", TRAIN, base(model="upkg.broken:build"),
          ("train.model", "does not import", "No module named 'not_installed_lib'"), files=USER_FILES, subprocess=True),
     Case("user-callable-missing", TRAIN, base(model="upkg.m:nope"),

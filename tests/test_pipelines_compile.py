@@ -217,3 +217,31 @@ def test_compile_cli_bad_config_is_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert not list(tmp_path.glob("*.yaml"))
+
+
+def test_the_steps_secret_is_the_configs_mlflow_secret(tmp_path):
+    """settings_from_config names the Secret cluster.mlflow_secret (the one the training pods read);
+    None: no secretAsEnv at all."""
+    from pinpoint.config import load_config
+    from pipelines.compile import compile_training
+    from pipelines.settings import settings_from_config
+
+    text = GOLDEN_CONFIG.read_text().replace("  chief: 1\n", "  chief: 1\n  mlflow_secret: team-mlflow\n")
+    (tmp_path / "c.yaml").write_text(text)
+    settings = settings_from_config(load_config(tmp_path / "c.yaml"))
+    assert settings.mlflow_secret == "team-mlflow"
+    _, platform = _docs(compile_training(settings, tmp_path / "p.yaml"))
+    assert {e["secretAsEnv"][0]["secretName"] for e in platform.values()} == {"team-mlflow"}
+    (tmp_path / "n.yaml").write_text(text.replace("mlflow_secret: team-mlflow", "mlflow_secret: null"))
+    settings = settings_from_config(load_config(tmp_path / "n.yaml"))
+    assert settings.mlflow_secret == ""
+    _, platform = _docs(compile_training(settings, tmp_path / "pn.yaml"))
+    assert [name for name, e in platform.items() if "secretAsEnv" in e] == []
+
+
+def test_the_steps_and_the_pods_read_the_same_secret_keys():
+    from pinpoint.provision.podenv import MLFLOW_SECRET_KEYS
+    from pipelines import settings, tasks
+
+    assert settings.MLFLOW_SECRET_KEYS is MLFLOW_SECRET_KEYS and tasks.MLFLOW_SECRET_KEYS is MLFLOW_SECRET_KEYS
+    assert settings.DEFAULT_MLFLOW_SECRET == "mlflow-credentials"

@@ -16,6 +16,9 @@ from pinpoint.provision.spec import build_tasks
 
 ROOT = Path(__file__).parent.parent
 DATA = Path(__file__).parent / "data" / "provision"
+IMAGE = "registry.example.com/pinpoint-gpu:0.1.0"
+NO_CLAIM = ("cluster.runs_volume_claim: got None; multi-process runs on Kubernetes share checkpoints through a "
+            "ReadWriteMany claim; set it to get manifests/")
 
 
 def _cfg(strategy="multi_worker_mirrored", tracking=False, **cluster):
@@ -45,6 +48,14 @@ CONFIG_TRAPS = [
     ({"cluster": {"port": 15001}}, "cluster.port: got 15001; port 15001 is reserved (Istio outbound)"),
     ({"cluster": {"port": 80}}, "cluster.port: got 80"),
     ({"cluster": {"memory": "4GB"}}, "cluster.memory: got '4GB'; '4GB' is not a Kubernetes quantity"),
+    # One task of multi_worker_mirrored: the operator gives a one-replica TFJob no TF_CONFIG; the
+    # plain flavour is refused by the same check (at load, before any manifest).
+    ({"cluster": {"chief": 1, "workers": 0, "flavor": "tfjob"}},
+     "cluster.workers: got 0; multi_worker_mirrored with a single task has no peers"),
+    ({"cluster": {"chief": 1, "workers": 0, "flavor": "plain"}},
+     "cluster.workers: got 0; multi_worker_mirrored with a single task has no peers"),
+    ({"cluster": {"chief": 0, "workers": 1, "flavor": "plain", "runs_volume_claim": "runs-rwx"}},
+     "cluster.workers: got 1; multi_worker_mirrored with a single task has no peers"),
 ]
 
 
@@ -102,7 +113,7 @@ def test_nodes_and_kubeconfig_together_are_refused(tmp_path):
 # ---- outputs -----------------------------------------------------------------------------------
 @pytest.mark.unit
 def test_provision_writes_the_run_folder(tmp_path):
-    cfg = _cfg(workers=2, evaluator=1, emulate=False, devices_per_worker=2,
+    cfg = _cfg(workers=2, evaluator=1, emulate=False, devices_per_worker=2, image=IMAGE, runs_volume_claim="runs-rwx",
                tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
     out = tmp_path / "run"
     summary = provision(cfg, out, nodes=DATA / "nodes-ok.yaml")
@@ -117,6 +128,7 @@ def test_provision_writes_the_run_folder(tmp_path):
     assert [t["task"] for t in spec["tasks"]] == summary["tasks"]
     assert all(json.loads(t["tf_config_json"]) == t["tf_config"] for t in spec["tasks"])
     assert spec["restart"]["retry_exit_code"] == 138
+    assert spec["pod_run_dir"] == summary["pod_run_dir"] == "/runs/job"  # a folder outside /runs: the name
     plan = json.loads((out / PLACEMENT_PLAN).read_text())
     assert {p["task"] for p in plan["placements"]} == set(summary["tasks"])
     assert sorted(p.name for p in (out / "manifests").iterdir()) == ["configmap.yaml", "tfjob.yaml"]
@@ -134,7 +146,7 @@ def test_provision_writes_the_run_folder(tmp_path):
 
 @pytest.mark.unit
 def test_infeasible_inventory_writes_nothing(tmp_path):
-    cfg = _cfg(workers=2, emulate=False, gpu_type="A100", devices_per_worker=4)
+    cfg = _cfg(workers=2, emulate=False, gpu_type="A100", devices_per_worker=4, image=IMAGE, runs_volume_claim="rwx")
     provision(cfg, tmp_path)  # an earlier, unchecked provision of the same folder
     before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
     with pytest.raises(ProvisionError, match="need 12 x nvidia.com/gpu of type A100 in total"):
@@ -167,7 +179,7 @@ def test_provision_logs_to_mlflow(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = config_from_dict({"name": "tracked", "cluster": {"workers": 1},
+    cfg = config_from_dict({"name": "tracked", "cluster": {"workers": 1, "runs_volume_claim": "runs-rwx"},
                             "train": {"strategy": "multi_worker_mirrored"},
                             "tracking": {"enabled": True, "uri": uri, "experiment": "provision-test"}})
     summary = provision(cfg, tmp_path / "run", nodes=DATA / "nodes-ok.yaml")
@@ -209,3 +221,87 @@ def test_user_code_on_a_stock_image_is_warned_about_and_a_user_image_is_not():
     (line,) = image_warnings(cfg("localhost/pinpoint-cpu:0.1.0"))
     assert line.startswith("cluster.image: got 'localhost/pinpoint-cpu:0.1.0'") and "CODE_DIR=/src/code" in line
     assert image_warnings(cfg("registry.example/team/pinpoint-user:1.2")) == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("flavor", ["tfjob", "plain"])
+def test_multi_process_without_a_claim_writes_no_manifests(tmp_path, flavor):
+    """Each pod would get its own emptyDir (no shared checkpoint): no manifests/, one line why."""
+    from pinpoint.provision.spec import cluster_spec
+
+    out = tmp_path / "run"
+    provision(_cfg(workers=1, flavor=flavor, runs_volume_claim="rwx"), out)  # an earlier provision with a claim
+    assert (out / "manifests").is_dir()
+    cfg = _cfg(workers=1, flavor=flavor)
+    summary = provision(cfg, out)
+    assert summary["warnings"] == [NO_CLAIM] and summary["manifests"] == [] and summary["pod_run_dir"] is None
+    assert not (out / "manifests").exists()  # the earlier manifests are not launched with this config
+    spec = json.loads((out / "cluster_spec.json").read_text())
+    assert NO_CLAIM in spec["notes"] and spec["pod_run_dir"] is None
+    assert NO_CLAIM in cluster_spec(cfg, build_tasks(cfg))["notes"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    single = _cfg("mirrored", flavor=flavor)
+    assert NO_CLAIM not in provision(single, tmp_path / "single")["warnings"]  # its own emptyDir is enough
+
+
+@pytest.mark.unit
+def test_cluster_spec_says_codes_1_to_127_are_permanent_and_who_counts_restarts():
+    from pinpoint.provision.spec import cluster_spec
+
+    cfg = _cfg(workers=1, runs_volume_claim="rwx")
+    restart = cluster_spec(cfg, build_tasks(cfg))["restart"]
+    assert (restart["retryable_exit_codes"], restart["permanent_exit_codes"]) == (">= 128", "1..127")
+    assert "launch step" in restart["max_restarts_enforced_by"] and "backoffLimit" in restart["max_restarts_enforced_by"]
+    assert "IsRetryableExitCode" in restart["retried_by"]
+
+
+@pytest.mark.unit
+def test_the_sweep_variants_of_one_run_dir_get_distinct_pod_folders(tmp_path):
+    """provision() on two variant folders (tmp dirs: outside /runs, so each pod folder is the name)."""
+    names = {}
+    for variant in ("narrow", "wide"):
+        cfg = _cfg(workers=1, runs_volume_claim="rwx").model_copy(update={"name": f"job-{variant}"})
+        summary = provision(cfg, tmp_path / "sweep" / variant)
+        (tfjob,) = yaml.safe_load_all((tmp_path / "sweep" / variant / "manifests" / "tfjob.yaml").read_text())
+        for replica in tfjob["spec"]["tfReplicaSpecs"].values():
+            (c,) = replica["template"]["spec"]["containers"]
+            assert c["command"][c["command"].index("--out") + 1] == summary["pod_run_dir"]
+            assert {"name": "runs", "mountPath": summary["pod_run_dir"], "subPath": f"job-{variant}"} in c["volumeMounts"]
+        names[variant] = summary["pod_run_dir"]
+    assert names == {"narrow": "/runs/job-narrow", "wide": "/runs/job-wide"}
+
+
+@pytest.mark.unit
+def test_rbac_option_writes_the_launch_role_outside_manifests(tmp_path):
+    from pinpoint.cli import main
+    from pinpoint.provision.rbac import rbac_yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"name": "job", "cluster": {"workers": 1, "namespace": "team-a",
+                                                               "runs_volume_claim": "rwx"},
+                                    "train": {"strategy": "multi_worker_mirrored"}, "tracking": {"enabled": False}}))
+    out = tmp_path / "out"
+    assert main(["provision", str(path), "--out", str(out), "--rbac", "default-editor"]) == 0
+    assert (out / "rbac.yaml").read_text() == rbac_yaml("team-a", "default-editor")
+    assert sorted(p.name for p in (out / "manifests").iterdir()) == ["configmap.yaml", "tfjob.yaml"]
+    # Without cluster.namespace: the namespace provision resolved (no service-account file here).
+    summary = provision(_cfg(workers=1, runs_volume_claim="rwx"), tmp_path / "default", rbac="pipeline-runner")
+    assert Path(summary["rbac"]).read_text() == rbac_yaml("default", "pipeline-runner")
+
+
+@pytest.mark.unit
+def test_a_bad_rbac_service_account_is_one_line_and_writes_nothing(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        provision(_cfg(workers=1, runs_volume_claim="rwx"), tmp_path / "out", rbac="Pipeline Runner")
+    assert str(err.value) == ("--rbac: got 'Pipeline Runner'; give a ServiceAccount name (lower-case letters, digits, "
+                              "'-' and '.'), e.g. pipeline-runner or default-editor")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.unit
+def test_repo_configs_still_provision(tmp_path):
+    for name in ("demo", "multiworker", "ps"):
+        summary = provision(load_config(ROOT / "configs" / f"{name}.yaml"), tmp_path / name)
+        multi = name != "demo"
+        assert (summary["manifests"] == []) is multi
+        assert (NO_CLAIM in summary["warnings"]) is multi

@@ -85,8 +85,9 @@ def test_training_tf_config_drops_only_the_evaluator():
 
 def _plain_env(cfg, role):
     """The env a plain-flavour pod of `role` gets from its Job manifest (fieldRefs resolved by hand)."""
-    files = build_manifests(cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"flavor": "plain"})}),
-                            build_tasks(cfg))
+    # Multi-process manifests need the shared claim (a pod's own emptyDir would hold no checkpoint).
+    plain = cfg.cluster.model_copy(update={"flavor": "plain", "runs_volume_claim": "runs-rwx"})
+    files = build_manifests(cfg.model_copy(update={"cluster": plain}), build_tasks(cfg))
     (job,) = files[f"job-{role}.yaml"]
     (container,) = job["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e["value"] for e in container["env"] if "value" in e}, container

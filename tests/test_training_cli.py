@@ -71,3 +71,29 @@ def test_hierarchical_copy_on_four_devices_counts_every_copy_between_the_replica
     between = sum(c["bytes"] for s, row in t["matrix"].items() for d, c in row.items() if "/GPU" in s and "/GPU" in d)
     assert (t["per_step"]["unsized"], t["collectives"]) == (0, {})
     assert 6 * params <= between <= 6 * params + 64, (between, params)  # + a few scalars
+
+
+NOISE = ("cpu_feature_guard", "oneDNN", "cuda", "absl::InitializeLog", "UserWarning", "Downloading artifacts")
+
+
+def test_a_run_starts_quietly_and_verbose_shows_the_libraries_logs(tmp_path):
+    """By default none of TensorFlow's, CUDA's or MLflow's start-up lines reach the terminal
+    (the run's own lines do); `--verbose` shows them. MLflow tracking on: model logging included."""
+    cfg = {"name": "quiet", "train": {"steps": 6},
+           "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "quiet"}}
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_CPP_MIN_LOG_LEVEL", "PYTHONWARNINGS")}
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+
+    def run(*extra):
+        proc = subprocess.run([sys.executable, "-m", "pinpoint.cli", "train", str(config), "--out",
+                               str(tmp_path / f"out{len(extra)}"), *extra],
+                              check=False, capture_output=True, text=True, env=env, timeout=170)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout + proc.stderr
+
+    quiet = run()
+    assert [n for n in NOISE if n in quiet] == []
+    assert "step 6/6" in quiet and "== pinpoint summary" in quiet
+    verbose = run("--verbose")
+    assert "oneDNN custom operations are on" in verbose  # TensorFlow's own start-up line on x86

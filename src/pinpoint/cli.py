@@ -32,12 +32,15 @@ def cmd_provision(args) -> int:
 
     cfg = load_config(args.config)
     out = Path(args.out) if args.out else _default_out(args.config)
-    summary = provision(cfg, out, nodes=args.nodes, kubeconfig=args.kubeconfig, parent_run_id=args.parent_run_id)
+    summary = provision(cfg, out, nodes=args.nodes, kubeconfig=args.kubeconfig, parent_run_id=args.parent_run_id,
+                        rbac=args.rbac)
     for warning in summary["warnings"]:
         print(f"pinpoint: warning: {warning}", file=sys.stderr)
+    manifests = f"{out}/manifests/ ({cfg.cluster.flavor})" if summary["manifests"] else "no manifests/"
+    rbac = f", {summary['rbac']}" if summary["rbac"] else ""
     print(
         f"pinpoint: {len(summary['tasks'])} task(s) ({', '.join(summary['tasks'])}) -> {out}/cluster_spec.json, "
-        f"{out}/manifests/ ({cfg.cluster.flavor}); feasibility: {summary['feasibility']}"
+        f"{manifests}{rbac}; feasibility: {summary['feasibility']}"
     )
     return 0
 
@@ -98,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="run folder (default runs/<name>)")
     s.add_argument("--nodes", help="node inventory YAML for the feasibility check")
     s.add_argument("--kubeconfig", help="read the node inventory from this cluster instead")
+    s.add_argument("--rbac", metavar="SERVICE_ACCOUNT",
+                   help="also write <out>/rbac.yaml: the Role + RoleBinding the pipeline's launch step needs, for "
+                        "this ServiceAccount in the run's namespace (pipeline-runner; default-editor in a profile)")
     s.add_argument("--parent-run-id", help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_provision)
 
@@ -128,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("dir", help="a run folder (or a spool folder)")
     s.add_argument("--uri", help="tracking URI (default: the one recorded in the spool)")
     s.set_defaults(fn=cmd_upload_spool)
+
+    # Accepted before or after the command (`pinpoint --verbose train ...`, `pinpoint train ... -v`).
+    verbose_help = "show TensorFlow's, CUDA's and MLflow's start-up logs and warnings (hidden by default)"
+    p.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
+    for command in sub.choices.values():
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
     return p
 
 
@@ -147,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        if argv is None:  # the process's entry point: its environment is ours to set
+            from pinpoint.quiet import quiet_start
+
+            quiet_start(args.verbose)
         return int(args.fn(args) or 0)
     except PinpointError as err:
         print(f"pinpoint: {err}", file=sys.stderr)

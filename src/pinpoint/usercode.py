@@ -7,6 +7,7 @@ import error's or the callable's own last line) and the fix. Nothing is imported
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -46,6 +47,21 @@ def last_line(err: BaseException) -> str:
     """'TypeName: last line of the message': what a one-line error quotes of an exception."""
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[-1]}" if text else type(err).__name__
+
+
+def _check_findable(cfg: Config, field: str, path: str) -> None:
+    """A module that is not there at all, found without importing anything."""
+    module_name = path.partition(":")[0]
+    folder = add_code_dir(cfg)
+    try:
+        found = importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError) as err:  # a parent package that is missing or broken
+        found = not isinstance(err, ModuleNotFoundError)
+    if not found:
+        raise ConfigError(
+            f"config error: {field}: got {path!r}; no module '{module_name}' in train.code_dir ({folder}) or the "
+            "installed packages; check the module path and train.code_dir"
+        )
 
 
 def load_callable(cfg: Config, field: str, path: str) -> Callable:
@@ -100,17 +116,26 @@ def no_files(data: str) -> ConfigError:
     )
 
 
+def uses_user_code(cfg: Config) -> bool:
+    t = cfg.train
+    return any(is_import_path(v) for v in (t.model, t.data, t.loss))
+
+
 def preflight(cfg: Config) -> None:
-    """What can be checked without building anything: user modules import and name their
-    callables, file sources match files. Run before a local cluster starts its processes."""
+    """What can be checked without building anything: file sources match files, user modules
+    exist (both before anything imports TensorFlow), then import and name their callables.
+    Run before a local cluster starts its processes."""
     import glob
 
     from pinpoint.config import file_source
 
     t = cfg.train
-    for field, value in (("train.model", t.model), ("train.data", t.data), ("train.loss", t.loss)):
-        if is_import_path(value):
-            load_callable(cfg, field, value)
+    paths = [(f, v) for f, v in (("train.model", t.model), ("train.data", t.data), ("train.loss", t.loss))
+             if is_import_path(v)]
+    for field, value in paths:
+        _check_findable(cfg, field, value)
+    for field, value in paths:
+        load_callable(cfg, field, value)
     src = file_source(t.data)
     if src:
         kind, where = src

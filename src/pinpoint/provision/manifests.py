@@ -1,26 +1,44 @@
 """Kubernetes manifests for a cluster spec: a TFJob, or plain Services + Indexed Jobs.
 
-Both flavours run the same container (`pinpoint train /config/config.yaml --out /runs/<name>
+Both flavours run the same container (`pinpoint train /config/config.yaml --out /runs/<rel>
 --task <role>:<index>`) with the same TF_CONFIG: the TFJob's comes from the Training Operator,
 the plain one from `pinpoint.provision.podenv`, which rebuilds the operator's JSON from the
 Indexed Job's completion index.
 
+Run folder: the pods mount cluster.runs_volume_claim with `subPath: <rel>` at `/runs/<rel>` and
+write there, where <rel> is the provisioned run folder relative to RUNS_MOUNT (/runs) when it is
+under it (the pipeline's steps, which mount the same claim at /runs), else the run's name
+(`pod_run_rel`). So a step's run_dir, a custom one or a sweep variant's '<run_dir>/<variant>',
+is exactly the folder its pods write.
+
 Restart semantics: a multi-worker collective cannot continue with a replaced member, so a task
 that loses a peer exits with RETRY_EXIT_CODE (138) and is recreated, and the group restarts from
-the latest checkpoint; configuration and code errors (exit 1, 2, 3...) are permanent. TFJob's
-`ExitCode` policy and the plain Jobs' podFailurePolicy both encode exactly that split.
+the latest checkpoint on the shared claim. Exit codes >= 128 are retried (the Training
+Operator's ExitCode policy, IsRetryableExitCode since release 1.7; the plain Jobs'
+podFailurePolicy); codes 1..127 (configuration and code errors) are permanent. The operator does
+not count ExitCode recreations against runPolicy.backoffLimit, so train.max_restarts is enforced
+by the launch step (pinpoint.k8s.launch), which counts each replica's pod recreations.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 
 import yaml
 
 from pinpoint.config import MULTI_PROCESS_STRATEGIES, Config, config_to_yaml
+from pinpoint.errors import ProvisionError
 from pinpoint.provision.namespace import namespace_of
-from pinpoint.provision.spec import Task
+from pinpoint.provision.podenv import (
+    COLLECTIVE_TIMEOUT_ENV,
+    DEFAULT_COLLECTIVE_TIMEOUT,
+    MLFLOW_SECRET_KEYS,
+    uri_has_credentials,
+)
+from pinpoint.provision.spec import NO_CLAIM_LINE, Task
 from pinpoint.provision.tfconfig import TFJOB_REPLICA_TYPES, role_counts, task_list
+from pinpoint.runfolder import RUNS_MOUNT
 
 CONTAINER = "tensorflow"  # the Training Operator finds the TF container and its port by these names
 PORT_NAME = "tfjob-port"
@@ -29,6 +47,58 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 ROLE_LABEL = "pinpoint.dev/role"
 UID = 1000  # the non-root user of the pinpoint images
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+EXAMPLE_REGISTRY = "registry.example.com"
+
+
+def pod_run_rel(out_dir, name: str, runs_mount: str = RUNS_MOUNT) -> str:
+    """The pods' run folder relative to the claim's root: `out_dir` relative to `runs_mount`
+    when it is under it (where the pipeline's steps mount the claim), else `name` (a folder
+    elsewhere, e.g. `pinpoint provision --out runs/x` on a laptop for kubectl apply).
+    Pure: `out_dir` is an absolute path string, nothing is read from the file system."""
+    path = posixpath.normpath(str(out_dir))
+    root = posixpath.normpath(runs_mount)
+    if posixpath.isabs(path) and path != root and path.startswith(root.rstrip("/") + "/"):
+        return posixpath.relpath(path, root)
+    return name
+
+
+def pod_run_dir(rel: str, runs_mount: str = RUNS_MOUNT) -> str:
+    """The folder the pods write (their --out): the claim's `rel` folder, mounted at the same path."""
+    return f"{posixpath.normpath(runs_mount)}/{rel}"
+
+
+def is_unqualified_image(image: str) -> bool:
+    """True for an image name without a registry host ('pinpoint-cpu:latest', 'team/app:1'):
+    the first path component of a qualified name has a '.' or ':' or is 'localhost'."""
+    first, sep, _ = image.partition("/")
+    return not sep or not ("." in first or ":" in first or first == "localhost")
+
+
+def unqualified_image_fix(image: str) -> str:
+    repo = image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
+    return f"push it to a registry and use {EXAMPLE_REGISTRY}/{repo}:TAG"
+
+
+def check_manifest_inputs(cfg: Config) -> None:
+    """What makes manifests wrong or unsafe, refused with one line each."""
+    c = cfg.cluster
+    if cfg.train.strategy in MULTI_PROCESS_STRATEGIES and not c.runs_volume_claim:
+        raise ProvisionError(NO_CLAIM_LINE)
+    if uri_has_credentials(cfg.tracking.uri):
+        # The ConfigMap embeds config.yaml: a password in tracking.uri would be readable by anyone
+        # who can read ConfigMaps (and printed by every pod). The value itself is never echoed.
+        where = f"the Kubernetes Secret '{c.mlflow_secret}'" if c.mlflow_secret else "a Secret named by cluster.mlflow_secret"
+        raise ProvisionError(
+            "tracking.uri: got a URI with credentials (user:password@host); the manifests' ConfigMap embeds the "
+            f"config, so remove them from the URI and put them in {where} (keys username, password)"
+        )
+    if not c.emulate and is_unqualified_image(c.image):
+        raise ProvisionError(
+            f"cluster.image: got {c.image!r}, a name without a registry host, which the nodes of a real "
+            f"(emulate: false) cluster can only run if it was preloaded on each of them (imagePullPolicy "
+            f"IfNotPresent); {unqualified_image_fix(c.image)}"
+        )
 
 
 def labels(cfg: Config) -> dict[str, str]:
@@ -48,8 +118,9 @@ def configmap(cfg: Config) -> dict:
     }
 
 
-def _command(cfg: Config, role: str, plain: bool) -> list[str]:
-    cmd = ["pinpoint", "train", "/config/config.yaml", "--out", f"/runs/{cfg.name}"]
+def _command(cfg: Config, role: str, plain: bool, run_dir: str) -> list[str]:
+    # '$$' is a literal '$' after the kubelet's $(VAR) expansion of the command.
+    cmd = ["pinpoint", "train", "/config/config.yaml", "--out", run_dir.replace("$", "$$")]
     if cfg.train.strategy in MULTI_PROCESS_STRATEGIES:
         # $(VAR) is expanded by the kubelet from the container's env.
         cmd += ["--task", f"{role}:$(PINPOINT_TASK_INDEX)"]
@@ -66,7 +137,16 @@ def _env(cfg: Config, task: Task, plain: bool) -> list[dict]:
         {"name": "PINPOINT_TASK_INDEX", "valueFrom": {"fieldRef": {"fieldPath": index_path}}},
         # The root filesystem is read-only: caches (Keras, matplotlib) go to the /tmp emptyDir.
         {"name": "HOME", "value": "/tmp"},
+        # How long a collective waits for a lost peer before the task exits to be recreated.
+        {"name": COLLECTIVE_TIMEOUT_ENV, "value": str(DEFAULT_COLLECTIVE_TIMEOUT)},
     ]
+    if cfg.cluster.mlflow_secret:
+        # The Secret the pipeline's steps read, by name and key only (optional: a cluster without
+        # it uses tracking.uri); the kubelet injects the values, nothing stores them.
+        env += [
+            {"name": var, "valueFrom": {"secretKeyRef": {"name": cfg.cluster.mlflow_secret, "key": key, "optional": True}}}
+            for key, var in MLFLOW_SECRET_KEYS.items()
+        ]
     if plain:
         env += [
             {"name": "PINPOINT_TASK_ROLE", "value": task.role},
@@ -75,8 +155,11 @@ def _env(cfg: Config, task: Task, plain: bool) -> list[dict]:
     return env
 
 
-def pod_template(cfg: Config, task: Task, *, plain: bool) -> dict:
-    """The pod of one role (every replica of a role is identical but for its index)."""
+def pod_template(cfg: Config, task: Task, *, plain: bool, run_rel: str | None = None) -> dict:
+    """The pod of one role (every replica of a role is identical but for its index); it writes
+    the run folder /runs/<run_rel> (default: the run's name)."""
+    rel = run_rel or cfg.name
+    run_dir = pod_run_dir(rel)
     c, res = cfg.cluster, task.resources
     limits: dict[str, object] = {"cpu": res.cpu, "memory": res.memory}
     if res.gpus:
@@ -84,11 +167,13 @@ def pod_template(cfg: Config, task: Task, *, plain: bool) -> dict:
     node_selector = dict(c.node_selector)
     if res.gpu_type:
         node_selector[c.gpu_type_label] = res.gpu_type
-    runs = (
-        {"name": "runs", "persistentVolumeClaim": {"claimName": c.runs_volume_claim}}
-        if c.runs_volume_claim
-        else {"name": "runs", "emptyDir": {}}
-    )
+    if c.runs_volume_claim:
+        runs = {"name": "runs", "persistentVolumeClaim": {"claimName": c.runs_volume_claim}}
+        # Only the run's folder of the claim, at the path the steps see it under /runs.
+        runs_mount = {"name": "runs", "mountPath": run_dir, "subPath": rel}
+    else:  # single-process only (check_manifest_inputs): the pod's own folder
+        runs = {"name": "runs", "emptyDir": {}}
+        runs_mount = {"name": "runs", "mountPath": run_dir}
     spec: dict = {
         "securityContext": {
             "runAsNonRoot": True,
@@ -102,7 +187,7 @@ def pod_template(cfg: Config, task: Task, *, plain: bool) -> dict:
                 "name": CONTAINER,
                 "image": c.image,
                 "imagePullPolicy": "IfNotPresent",
-                "command": _command(cfg, task.role, plain),
+                "command": _command(cfg, task.role, plain, run_dir),
                 "env": _env(cfg, task, plain),
                 "ports": [{"name": PORT_NAME, "containerPort": c.port, "protocol": "TCP"}],
                 # requests == limits for cpu/memory: Guaranteed QoS, so a busy node does not
@@ -116,7 +201,7 @@ def pod_template(cfg: Config, task: Task, *, plain: bool) -> dict:
                 "volumeMounts": [
                     {"name": "dshm", "mountPath": "/dev/shm"},
                     {"name": "config", "mountPath": "/config", "readOnly": True},
-                    {"name": "runs", "mountPath": "/runs"},
+                    runs_mount,
                     {"name": "tmp", "mountPath": "/tmp"},
                 ],
             }
@@ -129,6 +214,8 @@ def pod_template(cfg: Config, task: Task, *, plain: bool) -> dict:
             {"name": "tmp", "emptyDir": {}},
         ],
     }
+    if c.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": name} for name in c.image_pull_secrets]
     if node_selector:
         spec["nodeSelector"] = node_selector
     if c.tolerations:
@@ -147,28 +234,50 @@ def _first_tasks(tasks: list[Task]) -> dict[str, Task]:
     return first
 
 
-def tfjob(cfg: Config, tasks: list[Task]) -> dict:
-    """A kubeflow.org/v1 TFJob for the Training Operator 1.x."""
-    counts = role_counts(cfg.cluster)
+def _workload_labels(cfg: Config) -> dict[str, str]:
+    """The TFJob's/Job's labels: with gang: kueue, the LocalQueue that admits it as one workload."""
+    out = labels(cfg)
+    if cfg.cluster.gang == "kueue":
+        out[KUEUE_QUEUE_LABEL] = cfg.cluster.queue
+    return out
+
+
+def tfjob(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict:
+    """A kubeflow.org/v1 TFJob for the Training Operator 1.x (schema of release 1.9)."""
+    c = cfg.cluster
+    counts = role_counts(c)
     replica_specs = {
         TFJOB_REPLICA_TYPES[role]: {
             "replicas": counts[role],
-            # ExitCode: 130/137/138/143 recreate the pod, any other failure fails the job.
+            # ExitCode: a container exit code >= 128 (a signal, RETRY_EXIT_CODE 138) recreates the
+            # pod (IsRetryableExitCode, operator >= 1.7); 1..127 fails the job for good. These
+            # recreations do not count against backoffLimit: the launch step enforces
+            # train.max_restarts by counting them.
             "restartPolicy": "ExitCode",
-            "template": pod_template(cfg, task, plain=False),
+            "template": pod_template(cfg, task, plain=False, run_rel=run_rel),
         }
         for role, task in _first_tasks(tasks).items()
     }
+    run_policy: dict = {
+        # ps (and parameter_server workers) serve forever; remove them when the chief is done.
+        "cleanPodPolicy": "Running",
+        "backoffLimit": cfg.train.max_restarts,
+        # The cluster stops a run that outlives its launcher, and removes it once finished.
+        "activeDeadlineSeconds": c.deadline_s,
+        "ttlSecondsAfterFinished": c.ttl_after_finished_s,
+    }
+    if c.gang == "operator":
+        # All-or-nothing: the gang scheduler (Volcano, scheduler-plugins) binds every replica or none.
+        policy: dict = {"minAvailable": sum(counts.values())}
+        if c.queue:
+            policy["queue"] = c.queue
+        run_policy["schedulingPolicy"] = policy
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",
-        "metadata": {"name": cfg.name, "namespace": namespace_of(cfg.cluster), "labels": labels(cfg)},
+        "metadata": {"name": cfg.name, "namespace": namespace_of(c), "labels": _workload_labels(cfg)},
         "spec": {
-            "runPolicy": {
-                # ps (and parameter_server workers) serve forever; remove them when the chief is done.
-                "cleanPodPolicy": "Running",
-                "backoffLimit": cfg.train.max_restarts,
-            },
+            "runPolicy": run_policy,
             "tfReplicaSpecs": replica_specs,
         },
     }
@@ -199,23 +308,32 @@ def plain_services(cfg: Config) -> list[dict]:
     return docs
 
 
-def plain_job(cfg: Config, task: Task, replicas: int) -> dict:
+def plain_job(cfg: Config, task: Task, replicas: int, run_rel: str | None = None) -> dict:
     """One Indexed Job per role; pod hostnames are `<job>-<index>` = `<name>-<role>-<index>`."""
-    template = pod_template(cfg, task, plain=True)
+    template = pod_template(cfg, task, plain=True, run_rel=run_rel)
     template["spec"]["restartPolicy"] = "Never"  # required by podFailurePolicy
     template["spec"]["subdomain"] = cfg.name
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": f"{cfg.name}-{task.role}", "namespace": namespace_of(cfg.cluster), "labels": labels(cfg)},
+        # gang: kueue is only allowed with a single role (config.py), so this Job is the whole run.
+        "metadata": {"name": f"{cfg.name}-{task.role}", "namespace": namespace_of(cfg.cluster),
+                     "labels": _workload_labels(cfg)},
         "spec": {
             "completionMode": "Indexed",
             "completions": replicas,
             "parallelism": replicas,
             "backoffLimitPerIndex": cfg.train.max_restarts,
+            "activeDeadlineSeconds": cfg.cluster.deadline_s,
+            "ttlSecondsAfterFinished": cfg.cluster.ttl_after_finished_s,
+            # Rules are evaluated in order and the first match wins.
             "podFailurePolicy": {
                 "rules": [
-                    # Same split as TFJob's ExitCode policy: codes >= 128 are retried.
+                    # Preemption or node drain first: recreate without counting a failure, whatever
+                    # code the disrupted container exited with (a preempted task may exit 1).
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    # Same split as TFJob's ExitCode policy: 1..127 permanent, >= 128 retried
+                    # (counted by backoffLimitPerIndex = train.max_restarts).
                     {
                         "action": "FailJob",
                         "onExitCodes": {
@@ -224,8 +342,6 @@ def plain_job(cfg: Config, task: Task, replicas: int) -> dict:
                             "values": list(range(1, 128)),
                         },
                     },
-                    # Preemption or node drain: recreate without counting a failure.
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 ]
             },
             "template": template,
@@ -233,16 +349,19 @@ def plain_job(cfg: Config, task: Task, replicas: int) -> dict:
     }
 
 
-def build_manifests(cfg: Config, tasks: list[Task]) -> dict[str, list[dict]]:
-    """File name -> documents, for cfg.cluster.flavor."""
+def build_manifests(cfg: Config, tasks: list[Task], *, run_rel: str | None = None) -> dict[str, list[dict]]:
+    """File name -> documents, for cfg.cluster.flavor; the pods write /runs/<run_rel> on the
+    claim (default: the run's name, see `pod_run_rel`). ProvisionError (one line) for what
+    check_manifest_inputs refuses."""
+    check_manifest_inputs(cfg)
     files = {"configmap.yaml": [configmap(cfg)]}
     if cfg.cluster.flavor == "tfjob":
-        files["tfjob.yaml"] = [tfjob(cfg, tasks)]
+        files["tfjob.yaml"] = [tfjob(cfg, tasks, run_rel)]
     else:
         files["services.yaml"] = plain_services(cfg)
         counts = role_counts(cfg.cluster)
         for role, task in _first_tasks(tasks).items():
-            files[f"job-{role}.yaml"] = [plain_job(cfg, task, counts[role])]
+            files[f"job-{role}.yaml"] = [plain_job(cfg, task, counts[role], run_rel)]
     return files
 
 

@@ -15,6 +15,26 @@ from typing import Mapping
 
 from pinpoint.provision.tfconfig import tf_config, to_json
 
+# The one Secret of MLflow connection settings, read by the pipeline's steps (kfp secretAsEnv)
+# and by the training pods (secretKeyRef): Secret data key -> environment variable the MLflow
+# client reads. Every key is optional (a cluster without the Secret uses tracking.uri).
+MLFLOW_SECRET_KEYS = {
+    "tracking-uri": "MLFLOW_TRACKING_URI",
+    "username": "MLFLOW_TRACKING_USERNAME",
+    "password": "MLFLOW_TRACKING_PASSWORD",
+}
+# Seconds a collective may wait for its peers before the task exits with RETRY_EXIT_CODE
+# (PINPOINT_COLLECTIVE_TIMEOUT): the local launcher's default, given to the pods as well.
+DEFAULT_COLLECTIVE_TIMEOUT = 120
+COLLECTIVE_TIMEOUT_ENV = "PINPOINT_COLLECTIVE_TIMEOUT"
+
+
+def uri_has_credentials(uri: str | None) -> bool:
+    """True if a URI carries a user (and password) before its host: 'http://alice:pw@host'."""
+    if not uri:
+        return False
+    return "@" in uri.split("//", 1)[-1].split("/", 1)[0]
+
 
 def tf_config_from_env(env: Mapping[str, str]) -> str:
     """The TF_CONFIG JSON for the pod described by `env`; ValueError naming the bad variable."""

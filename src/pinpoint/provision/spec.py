@@ -28,11 +28,21 @@ _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # The Training Operator's ExitCode policy recreates a pod whose container exited with a code
 # >= 128 (a signal, or 128+n chosen by the task; IsRetryableExitCode since release 1.7); any
-# code below is permanent (1 an error, 2 bad input...). The plain Jobs' podFailurePolicy
-# encodes the same split.
+# code 1..127 is permanent (1 an error, 2 bad input...). The plain Jobs' podFailurePolicy
+# encodes the same split. Neither counts these recreations the way train.max_restarts means
+# (TFJob's backoffLimit ignores ExitCode restarts): the launch step enforces it by counting
+# each replica's pod recreations.
 def is_retryable_exit_code(code: int) -> bool:
     return code >= 128
 
+
+# A multi-process run without cluster.runs_volume_claim gets no manifests: every pod would get its
+# own emptyDir, so the evaluator would never see a checkpoint and a recreated pod would start at
+# step 0 (pods do not restore from MLflow). Provision's warning and cluster_spec note.
+NO_CLAIM_LINE = (
+    "cluster.runs_volume_claim: got None; multi-process runs on Kubernetes share checkpoints through a "
+    "ReadWriteMany claim; set it to get manifests/"
+)
 
 
 
@@ -180,8 +190,9 @@ def build_tasks(cfg: Config) -> list[Task]:
     ]
 
 
-def cluster_spec(cfg: Config, tasks: list[Task]) -> dict:
-    """The content of cluster_spec.json."""
+def cluster_spec(cfg: Config, tasks: list[Task], *, pod_run_dir: str | None = None) -> dict:
+    """The content of cluster_spec.json; pod_run_dir: the folder the manifests' pods write
+    (their --out, on the claim), None when no manifests are written."""
     c = cfg.cluster
     return {
         "name": cfg.name,
@@ -196,10 +207,16 @@ def cluster_spec(cfg: Config, tasks: list[Task]) -> dict:
         "devices_per_replica": cfg.replica_devices(),
         "roles": role_counts(c),
         "cluster": tasks[0].tf_config["cluster"] if tasks else {},
+        "pod_run_dir": pod_run_dir,
         "restart": {
             "retryable_exit_codes": ">= 128",
+            "permanent_exit_codes": "1..127",
             "retry_exit_code": RETRY_EXIT_CODE,
             "max_restarts": cfg.train.max_restarts,
+            "retried_by": "the Training Operator's ExitCode policy (IsRetryableExitCode, release >= 1.7) or the "
+                          "plain Jobs' podFailurePolicy (DisruptionTarget ignored first, then FailJob on 1..127)",
+            "max_restarts_enforced_by": "the launch step, counting each replica's pod recreations (TFJob "
+                                        "backoffLimit does not count ExitCode restarts)",
         },
         "notes": _notes(cfg),
         "tasks": [t.to_json() for t in tasks],
@@ -220,8 +237,5 @@ def _notes(cfg: Config) -> list[str]:
             f"with `kubectl delete jobs -n {namespace_of(c)} -l app.kubernetes.io/instance={cfg.name}`"
         )
     if cfg.train.strategy in MULTI_PROCESS_STRATEGIES and not c.runs_volume_claim:
-        notes.append(
-            "/runs is an emptyDir per pod: a recreated pod resumes only from checkpoints logged to MLflow; set "
-            "cluster.runs_volume_claim to a ReadWriteMany claim to share the run folder"
-        )
+        notes.append(NO_CLAIM_LINE)
     return notes

@@ -29,14 +29,19 @@ def train_command(
     Single-process strategies run here; multi-process ones start a local cluster (one process
     per task), and `task="worker:1"` runs one task of such a cluster (TF_CONFIG from the env).
     """
+    from pinpoint.quiet import import_tensorflow
+
     if task is not None:
         from pinpoint.training.task import run_task
 
         role, index = parse_task(task)
+        import_tensorflow()
         return run_task(cfg, ensure_dir(out_dir), role, index, resume_from_run=resume_from_run,
                         parent_run_id=parent_run_id)
-    from pinpoint.usercode import preflight
+    from pinpoint.usercode import preflight, uses_user_code
 
+    if uses_user_code(cfg):
+        import_tensorflow()  # the user's modules import it: quietly, before they do
     preflight(cfg)  # user modules and files, before any folder or process exists
     if cfg.train.strategy in MULTI_PROCESS_STRATEGIES:
         from pinpoint.training.launcher import run_local_cluster
@@ -50,6 +55,7 @@ def train_command(
         warm_tracking(cfg)  # MLflow's import and store open while TensorFlow starts
     from pinpoint.devices import setup_devices
 
+    import_tensorflow()
     dm = setup_devices(cfg)  # before TensorFlow initializes anything
     from pinpoint.training import engine
     from pinpoint.training.strategies import get_strategy

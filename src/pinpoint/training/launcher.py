@@ -41,6 +41,7 @@ from pathlib import Path
 
 from pinpoint.config import Config, config_to_yaml
 from pinpoint.errors import TrainingFailed
+from pinpoint.provision.podenv import DEFAULT_COLLECTIVE_TIMEOUT  # shared with the Kubernetes pods
 from pinpoint.runfolder import (
     CHECKPOINTS,
     CONFIG_FILE,
@@ -55,7 +56,6 @@ LAUNCHER_FILE = "launcher.json"
 # Exit code of a PinpointError (bad config, impossible placement): the same inputs fail the same
 # way again, so a restart would only waste time.
 USER_ERROR_EXIT = 2
-DEFAULT_COLLECTIVE_TIMEOUT = 120
 _PR_SET_PDEATHSIG = 1
 
 

@@ -1,0 +1,64 @@
+"""A quiet start: third-party start-up noise stays off the terminal unless `--verbose`.
+
+On a machine without a GPU, importing TensorFlow prints CPU-feature, oneDNN and CUDA-probe lines
+(one of them at ERROR level: the failed cuInit), and logging a model with MLflow prints warnings
+and a download progress bar; none of it is about the user's run. Set in the process environment
+before TensorFlow or MLflow is imported, so the task and sender processes a run starts inherit it.
+A variable the user set themselves is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import warnings
+
+# Set by `--verbose` (and inherited by the processes a run starts): show everything.
+VERBOSE_ENV = "PINPOINT_VERBOSE"
+
+QUIET_ENV = {
+    # 3: TensorFlow's C++ log shows FATAL only; TensorFlow's real failures reach Python as
+    # exceptions, which Pinpoint reports in one line.
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    "MLFLOW_LOGGING_LEVEL": "ERROR",  # model-signature and pickling advice, migration INFO lines
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    # Python warnings from the libraries (e.g. MLflow's "Add type hints" UserWarning), in this
+    # process and the ones it starts.
+    "PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning,ignore::DeprecationWarning",
+}
+
+
+def quiet_start(verbose: bool) -> None:
+    """Keep start-up noise off (the default), or show everything with verbose=True."""
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"
+        return
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    for category in (UserWarning, FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+
+
+def import_tensorflow() -> None:
+    """Import TensorFlow once for this process. Unless verbose, what its C++ libraries print while
+    they load (before TF_CPP_MIN_LOG_LEVEL applies: the absl, oneDNN and CUDA-driver lines) is
+    captured from file descriptor 2 and shown only if the import fails."""
+    if "tensorflow" in sys.modules or os.environ.get(VERBOSE_ENV) == "1":
+        import tensorflow  # noqa: F401
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    failed = True
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+
+            failed = False
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if failed:
+                captured.seek(0)
+                sys.stderr.write(captured.read().decode(errors="replace"))
