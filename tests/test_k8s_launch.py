@@ -1,7 +1,12 @@
 """The Kubernetes launch path (pinpoint.k8s.launch, the real `kubernetes` client) against
-FakeKubeApiServer, a FAKE API server: create -> watch -> failure -> cleanup."""
+FakeKubeApiServer, a FAKE API server: create -> watch -> failure -> cleanup; the checks before
+creating (namespace, run folder on the claim, ReadWriteMany claim), ownerReferences to the
+launcher pod, 409 handling, 403 lines, retries of transient API errors and SIGTERM.
+The watcher's own behaviours are in test_k8s_watch.py."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -10,16 +15,17 @@ from tests.fakes.kube_api import FakeKubeApiServer
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
-def _config(flavor: str = "tfjob", image: str = "registry.example/pinpoint-cpu:0.1.0"):
+def _config(flavor: str = "tfjob", image: str = "registry.example/pinpoint-cpu:0.1.0", name: str = "k8s-test",
+            cluster: dict | None = None, train: dict | None = None):
     from pinpoint.config import config_from_dict
 
     return config_from_dict(
         {
-            "name": "k8s-test",
+            "name": name,
             "cluster": {"chief": 1, "workers": 1, "devices_per_worker": 1, "flavor": flavor, "image": image,
                         "runs_volume_claim": "shared-runs",
-                        "namespace": "team-a", "memory": "3Gi"},
-            "train": {"strategy": "multi_worker_mirrored", "steps": 2},
+                        "namespace": "team-a", "memory": "3Gi", **(cluster or {})},
+            "train": {"strategy": "multi_worker_mirrored", "steps": 2, **(train or {})},
             "tracking": {"enabled": False},
         }
     )
@@ -43,7 +49,8 @@ def _launch(fake, cfg, out, parent_run_id=None, **opts):
 
     lines: list[str] = []
     options = LaunchOptions(poll_seconds=0.01, unschedulable_grace_seconds=0, image_pull_grace_seconds=0.2,
-                            timeout_seconds=20, log=lines.append)
+                            timeout_seconds=20, failed_create_grace_seconds=0, operator_grace_seconds=5,
+                            retry_base_seconds=0.01, log=lines.append)
     for k, v in opts.items():
         setattr(options, k, v)
     try:
@@ -144,16 +151,6 @@ def test_unschedulable_waits_for_the_grace_period(run_dir):
         _assert_cleaned_up(fake)
 
 
-def test_leftover_objects_of_an_earlier_attempt_are_replaced(run_dir):
-    cfg, out = run_dir("tfjob")
-    with FakeKubeApiServer("success") as fake:
-        fake.objects[("ConfigMap", "team-a", "k8s-test-config")] = {"metadata": {"name": "k8s-test-config"}}
-        rc, lines = _launch(fake, cfg, out)
-        assert rc == 0
-        assert any("exists (an earlier attempt); replacing it" in line for line in lines)
-        assert fake.objects == {}
-
-
 def test_missing_tfjob_crd_is_explained_and_configmap_removed(run_dir):
     from pinpoint.errors import TrainingFailed
 
@@ -170,7 +167,7 @@ def test_forbidden_names_the_rbac_fix(run_dir):
     from pinpoint.errors import TrainingFailed
 
     cfg, out = run_dir("tfjob")
-    with FakeKubeApiServer("success", forbid=("ConfigMap",)) as fake:
+    with FakeKubeApiServer("success", forbid={("create", "configmaps")}) as fake:
         with pytest.raises(TrainingFailed) as err:
             _launch(fake, cfg, out)
         assert "forbidden" in str(err.value) and "service account" in str(err.value)
@@ -188,8 +185,10 @@ def test_unreachable_api_server_is_one_line(run_dir):
     from pinpoint.k8s.launch import LaunchOptions, launch_manifests
 
     with pytest.raises(TrainingFailed) as err:
-        launch_manifests(client, out, cfg.name, cfg.cluster.namespace, LaunchOptions(log=lambda s: None))
+        launch_manifests(client, out, cfg.name, cfg.cluster.namespace,
+                         LaunchOptions(log=lambda s: None, retry_base_seconds=0.01))
     assert "\n" not in str(err.value) and "unreachable" in str(err.value)
+    assert "after 5 attempts to create configmaps in namespace team-a" in str(err.value)
 
 
 def test_no_manifests_is_a_clear_error(tmp_path):
@@ -209,3 +208,455 @@ def test_kubernetes_launch_needs_a_shared_run_folder(tmp_path):
                             "train": {"strategy": "multi_worker_mirrored"}, "tracking": {"enabled": False}})
     with pytest.raises(ConfigError, match="cluster.runs_volume_claim"):
         launch_training(cfg, tmp_path)
+
+
+# ---- launch_training: namespace, run folder on the claim, the claim itself ----------------------
+LAUNCHER_POD = "pipeline-step-7x2kq"
+
+
+@pytest.fixture
+def outside_a_pod(monkeypatch, tmp_path):
+    """No service-account namespace file: the step does not run in a pod."""
+    import pinpoint.provision.namespace as namespace
+
+    monkeypatch.setattr(namespace, "SA_NAMESPACE_FILE", tmp_path / "no-sa-namespace-file")
+    monkeypatch.setenv("HOSTNAME", LAUNCHER_POD)
+
+
+@pytest.fixture
+def in_a_pod(monkeypatch, tmp_path):
+    """The step runs in pod LAUNCHER_POD of namespace team-a (its service-account namespace file)."""
+    import pinpoint.provision.namespace as namespace
+
+    sa = tmp_path / "sa-namespace"
+    sa.write_text("team-a\n")
+    monkeypatch.setattr(namespace, "SA_NAMESPACE_FILE", sa)
+    monkeypatch.setenv("HOSTNAME", LAUNCHER_POD)
+    return sa
+
+
+def _on_claim(tmp_path, *parts, flavor="tfjob", **overrides):
+    """A run folder provisioned at <claim root>/<parts...>/<name>; the claim root stands for /runs."""
+    from pinpoint.provision import provision
+
+    cfg = _config(flavor, name=parts[-1] if parts else "k8s-test", **overrides)
+    root = tmp_path / "claim"
+    out = root.joinpath(*parts) if parts else root / cfg.name
+    provision(cfg, out)
+    return cfg, root, out
+
+
+def _train_options(lines, **kw):
+    from pinpoint.k8s.launch import LaunchOptions
+
+    return LaunchOptions(poll_seconds=0.01, image_pull_grace_seconds=0.2, failed_create_grace_seconds=0,
+                         operator_grace_seconds=5, retry_base_seconds=0.01, log=lines.append, **kw)
+
+
+def test_namespace_other_than_the_pods_is_refused(tmp_path, monkeypatch, outside_a_pod):
+    import pinpoint.provision.namespace as namespace
+    from pinpoint.errors import ConfigError
+    from pinpoint.k8s.launch import launch_training
+
+    cfg, root, out = _on_claim(tmp_path)
+    sa = tmp_path / "sa-namespace"
+    sa.write_text("team-b\n")
+    monkeypatch.setattr(namespace, "SA_NAMESPACE_FILE", sa)
+    with FakeKubeApiServer("success") as fake:
+        with pytest.raises(ConfigError) as err:
+            launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root, options=_train_options([]))
+        assert str(err.value) == (
+            "cluster.namespace: got 'team-a' but this step runs in namespace 'team-b', where its service account "
+            "has its permissions; remove cluster.namespace or set it to 'team-b'"
+        )
+        assert fake.requests == []
+
+
+def test_run_folder_outside_the_claim_mount_is_refused(tmp_path, outside_a_pod):
+    from pinpoint.errors import ConfigError
+    from pinpoint.k8s.launch import launch_training
+
+    cfg, root, _ = _on_claim(tmp_path)
+    elsewhere = tmp_path / "elsewhere" / cfg.name
+    with FakeKubeApiServer("success") as fake:
+        with pytest.raises(ConfigError) as err:
+            launch_training(cfg, elsewhere, api_client=fake.api_client(), runs_mount=root, options=_train_options([]))
+        assert str(err.value) == (
+            f"run_dir: got '{elsewhere}', outside {root} where this step and the training pods mount "
+            f"cluster.runs_volume_claim 'shared-runs' (the pods could not write there); put the run folder under "
+            f"{root}/, e.g. {root}/k8s-test"
+        )
+        assert fake.requests == []
+
+
+@pytest.mark.parametrize("cluster, tracking_uri, expected", [
+    ({"image": "pinpoint-gpu:latest", "emulate": False, "devices_per_worker": 1,
+      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}, None,
+     "cluster.image: got 'pinpoint-gpu:latest', a name without a registry host"),
+    ({}, "https://u:secret-pw@mlflow.example.com", "tracking.uri: got a URI with credentials (user:password@host)"),
+], ids=["unqualified-image-real-gpu", "credentials-in-uri"])
+def test_what_provision_only_warned_about_stops_the_launch(tmp_path, outside_a_pod, cluster, tracking_uri, expected):
+    """Provision writes the folder without manifests and a warning (a local run still works);
+    the launch step refuses with the same line before calling the API."""
+    from pinpoint.config import config_from_dict
+    from pinpoint.errors import ProvisionError
+    from pinpoint.k8s.launch import launch_training
+    from pinpoint.provision import provision
+
+    base = _config(cluster=cluster).model_dump(mode="json")
+    base["tracking"] = {"enabled": False, **({"uri": tracking_uri} if tracking_uri else {})}
+    cfg = config_from_dict(base)
+    root = tmp_path / "claim"
+    summary = provision(cfg, root / cfg.name)
+    assert summary["manifests"] == [] and [w.split(",")[0].split(";")[0] for w in summary["warnings"]] == [
+        expected.split(",")[0].split(";")[0]]
+    with FakeKubeApiServer("success") as fake:
+        with pytest.raises(ProvisionError) as err:
+            launch_training(cfg, root / cfg.name, api_client=fake.api_client(), runs_mount=root,
+                            options=_train_options([]))
+        assert str(err.value).startswith(expected) and str(err.value) == summary["warnings"][0]
+        assert "secret-pw" not in str(err.value)
+        assert fake.requests == []
+
+
+@pytest.mark.parametrize(
+    "modes, expected",
+    [
+        (None, "cluster.runs_volume_claim: PersistentVolumeClaim team-a/shared-runs not found; create it "
+               "(accessModes: [ReadWriteMany]) in namespace team-a or fix the name"),
+        (["ReadWriteOnce"], "cluster.runs_volume_claim: PersistentVolumeClaim team-a/shared-runs has accessModes "
+                            "['ReadWriteOnce']; multi_worker_mirrored runs pods on several nodes that all mount it; "
+                            "use a ReadWriteMany claim (NFS, CephFS, Filestore, EFS...)"),
+    ],
+)
+def test_the_claim_must_exist_and_be_read_write_many(tmp_path, outside_a_pod, modes, expected):
+    from pinpoint.errors import ConfigError
+    from pinpoint.k8s.launch import launch_training
+
+    cfg, root, out = _on_claim(tmp_path)
+    with FakeKubeApiServer("success") as fake:
+        if modes:
+            fake.add_pvc("team-a", "shared-runs", modes)
+        with pytest.raises(ConfigError) as err:
+            launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root, options=_train_options([]))
+        assert str(err.value) == expected
+        assert fake.created == []
+
+
+def test_training_on_the_claim_succeeds_and_pods_write_the_run_folder(tmp_path, outside_a_pod):
+    from pinpoint.k8s.launch import launch_training
+
+    cfg, root, out = _on_claim(tmp_path)
+    lines: list[str] = []
+    with FakeKubeApiServer("success", pvc_root=root) as fake:
+        fake.add_pvc("team-a", "shared-runs", ["ReadWriteMany"])
+        assert launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root,
+                               options=_train_options(lines)) == 0
+        _assert_cleaned_up(fake)
+    assert (out / "placement.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "scenario, overrides, expected",
+    [
+        ("peer_lost", {"train": {"max_restarts": 0}},
+         "pod k8s-test-worker-0 (worker:0): restarted 1 times, more than train.max_restarts=0; see its log above for "
+         "why it keeps exiting with a retryable code (>= 128), fix that or raise train.max_restarts"),
+        ("unschedulable", {"cluster": {"unschedulable_grace_s": 0}},
+         "pod k8s-test-chief-0: cannot be scheduled for 0s (0/3 nodes are available: 3 Insufficient nvidia.com/gpu.); "
+         "request fewer GPUs/CPU/memory per replica (cluster.*), fix node_selector/tolerations, or add nodes"),
+    ],
+)
+def test_launch_training_takes_its_limits_from_the_config(tmp_path, outside_a_pod, scenario, overrides, expected):
+    from pinpoint.errors import TrainingFailed
+    from pinpoint.k8s.launch import LaunchOptions, launch_training
+
+    cfg, root, out = _on_claim(tmp_path, **overrides)
+    with FakeKubeApiServer(scenario) as fake:
+        fake.add_pvc("team-a", "shared-runs", ["ReadWriteMany"])
+        # The options' own values are replaced by the config's.
+        options = _train_options([])
+        options.max_restarts, options.unschedulable_grace_seconds = 99, 3600
+        with pytest.raises(TrainingFailed) as err:
+            launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root, options=options)
+        assert str(err.value) == expected
+        _assert_cleaned_up(fake)
+    assert (LaunchOptions().max_restarts, options.max_restarts) == (None, 99)  # the caller's object is not changed
+
+
+def test_launch_training_times_out_after_cluster_deadline(tmp_path, outside_a_pod):
+    from pinpoint.errors import TrainingFailed
+    from pinpoint.k8s.launch import launch_training
+
+    cfg, root, out = _on_claim(tmp_path, cluster={"deadline_s": 60})
+    with FakeKubeApiServer("hang") as fake:
+        fake.add_pvc("team-a", "shared-runs", ["ReadWriteMany"])
+        options = _train_options([], clock=lambda: fake.pod_lists * 30.0)  # 30 s per poll
+        with pytest.raises(TrainingFailed) as err:
+            launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root, options=options)
+        assert str(err.value) == (
+            "kubernetes: k8s-test did not finish within 60s (pods: k8s-test-chief-0=Running, "
+            "k8s-test-worker-0=Running); raise cluster.deadline_s or look at the pod logs"
+        )
+        assert fake.pod_lists == 4
+        _assert_cleaned_up(fake)
+
+
+def test_pods_write_where_the_steps_read_for_a_nested_run_folder(tmp_path, monkeypatch, outside_a_pod):
+    """Steps read /runs/sweep/variant-a; the pods must write there too (not /runs/<name>). The
+    provision and launch steps see the claim at `root` here (tests cannot write /runs)."""
+    from pinpoint.k8s.launch import launch_training
+    from pinpoint.provision import manifests
+
+    root = tmp_path / "claim"
+    pod_run_rel = manifests.pod_run_rel  # the provision step, with the claim mounted at `root`
+    monkeypatch.setattr(manifests, "pod_run_rel", lambda out_dir, name: pod_run_rel(out_dir, name, str(root)))
+    cfg, root, out = _on_claim(tmp_path, "sweep", "variant-a")
+    with FakeKubeApiServer("success", pvc_root=root) as fake:
+        fake.add_pvc("team-a", "shared-runs", ["ReadWriteMany"])
+        assert launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root,
+                               options=_train_options([])) == 0
+    assert json.loads((root / "sweep" / "variant-a" / "placement.json").read_text())["pod"].startswith("variant-a-")
+
+
+# ---- owner references: the garbage collector removes a dead step's objects ---------------------
+def test_objects_are_owned_by_the_launcher_pod_and_collected_with_it(tmp_path, in_a_pod):
+    from pinpoint.k8s.launch import launch_training
+
+    cfg, root, out = _on_claim(tmp_path)
+    with FakeKubeApiServer("success") as fake:
+        uid = fake.add_pod("team-a", LAUNCHER_POD)
+        fake.add_pvc("team-a", "shared-runs", ["ReadWriteMany"])
+        assert launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root,
+                               options=_train_options([], keep=True)) == 0
+        assert [k[0] for k in fake.objects] == ["ConfigMap", "TFJob"]
+        for obj in fake.objects.values():
+            assert obj["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": LAUNCHER_POD,
+                                                           "uid": uid, "blockOwnerDeletion": False,
+                                                           "controller": False}]
+        assert fake.pods  # the TFJob's pods, kept (keep=True)
+        fake.delete_pod("team-a", LAUNCHER_POD)
+        assert fake.objects == {}
+        assert fake.pods == {}
+        assert sorted(fake.collected) == sorted(fake.created)
+
+
+def test_outside_a_pod_objects_have_no_owner(tmp_path, outside_a_pod):
+    from pinpoint.k8s.launch import launch_training
+
+    cfg, root, out = _on_claim(tmp_path)
+    with FakeKubeApiServer("success") as fake:
+        fake.add_pod("team-a", LAUNCHER_POD)  # HOSTNAME names a pod, but no namespace file: not in a pod
+        fake.add_pvc("team-a", "shared-runs", ["ReadWriteMany"])
+        assert launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root,
+                               options=_train_options([], keep=True)) == 0
+        assert len(fake.objects) == 2
+        assert [obj["metadata"].get("ownerReferences") for obj in fake.objects.values()] == [None, None]
+
+
+def test_hostname_that_is_no_pod_gives_no_owner(tmp_path, in_a_pod):
+    from pinpoint.k8s.launch import launch_training
+
+    cfg, root, out = _on_claim(tmp_path)
+    lines: list[str] = []
+    with FakeKubeApiServer("success") as fake:  # no pod named LAUNCHER_POD
+        fake.add_pvc("team-a", "shared-runs", ["ReadWriteMany"])
+        assert launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root,
+                               options=_train_options(lines, keep=True)) == 0
+        assert [obj["metadata"].get("ownerReferences") for obj in fake.objects.values()] == [None, None]
+    assert (f"[k8s] pod team-a/{LAUNCHER_POD} not found; the created objects get no ownerReference") in lines
+
+
+# ---- 409: a dead attempt's leftovers are replaced, a live run's objects are left alone ---------
+@pytest.mark.parametrize("owner_phase", ["Succeeded", "Failed", "gone"])
+def test_leftover_of_a_dead_attempt_is_replaced(run_dir, owner_phase):
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("success") as fake:
+        fake.add_pod("team-a", "pipeline-step-old", phase="Running" if owner_phase == "gone" else owner_phase)
+        fake.add_object("TFJob", "team-a", "k8s-test", owner_pod="pipeline-step-old")
+        if owner_phase == "gone":
+            del fake.launcher_pods[("team-a", "pipeline-step-old")]
+        rc, lines = _launch(fake, cfg, out)
+        assert rc == 0
+        assert (f"[k8s] TFJob team-a/k8s-test is left over by a dead attempt (launcher pod pipeline-step-old "
+                f"{owner_phase}); replacing it") in lines
+        assert fake.objects == {}
+        assert fake.deleted == [("TFJob", "team-a", "k8s-test"), *reversed(fake.created)]
+        assert [k[0] for k in fake.created] == ["ConfigMap", "TFJob"]
+
+
+@pytest.mark.parametrize(
+    "owner, owned",
+    [("running", "owned by pod pipeline-step-other, Running"), (None, "no launcher pod owns it")],
+)
+def test_name_taken_by_another_run_is_refused_and_left_alone(run_dir, owner, owned):
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("success") as fake:
+        fake.add_pod("team-a", "pipeline-step-other", phase="Running")
+        theirs = fake.add_object("TFJob", "team-a", "k8s-test",
+                                 owner_pod="pipeline-step-other" if owner else None)
+        with pytest.raises(TrainingFailed) as err:
+            _launch(fake, cfg, out)
+        assert str(err.value) == (
+            f"kubernetes: TFJob team-a/k8s-test already exists ({owned}) — another run uses this name; wait for it, "
+            "delete it with `kubectl delete tfjob -n team-a k8s-test`, or give this run its own name"
+        )
+        assert fake.objects == {("TFJob", "team-a", "k8s-test"): theirs}
+        assert fake.created == [("ConfigMap", "team-a", "k8s-test-config")]
+        assert fake.deleted == [("ConfigMap", "team-a", "k8s-test-config")]
+
+
+# ---- 403: the line names the verb and the resource ----------------------------------------------
+@pytest.mark.parametrize(
+    "verb, resource",
+    [("create", "tfjobs"), ("list", "pods"), ("get", "pods/log"), ("get", "tfjobs"), ("list", "events")],
+)
+def test_forbidden_call_names_verb_and_resource(run_dir, verb, resource):
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("success", forbid={(verb, resource)}) as fake:
+        with pytest.raises(TrainingFailed) as err:
+            _launch(fake, cfg, out)
+        assert str(err.value) == (
+            f"kubernetes: forbidden to {verb} {resource} in namespace team-a; apply docker/rbac.yaml (Role + "
+            f"RoleBinding for the pipeline's service account) or grant its service account '{verb}' on "
+            f"'{resource}' there"
+        )
+        assert fake.objects == {}
+
+
+# ---- transient API errors are retried ----------------------------------------------------------
+def test_transient_api_errors_are_retried(run_dir):
+    cfg, out = run_dir("tfjob")
+    flaky = {"POST tfjobs": 2, "GET pods": (3, "reset"), "GET pods/log": (1, 503), "GET tfjobs": (1, "timeout"),
+             "DELETE configmaps": (1, 502)}
+    with FakeKubeApiServer("success", flaky=flaky) as fake:
+        fake.hang_seconds = 1.0
+        rc, lines = _launch(fake, cfg, out, request_timeout_seconds=0.3)
+        assert rc == 0
+        assert [line.split(": ", 1)[0] for line in lines if "; retry " in line] == [
+            "[k8s] create tfjobs in namespace team-a",
+            "[k8s] create tfjobs in namespace team-a",
+            "[k8s] list pods in namespace team-a",
+            "[k8s] list pods in namespace team-a",
+            "[k8s] list pods in namespace team-a",
+            "[k8s] get tfjobs k8s-test in namespace team-a",
+            "[k8s] get pods/log k8s-test-chief-0 in namespace team-a",
+            "[k8s] delete configmaps k8s-test-config in namespace team-a",
+        ]
+        assert any("get tfjobs k8s-test in namespace team-a: " in line and "Read timed out. (read timeout=0.3)" in line
+                   for line in lines)
+        assert fake.requests.count(("POST", "/apis/kubeflow.org/v1/namespaces/team-a/tfjobs")) == 3
+        assert "[k8s-test-chief-0] done" in lines
+        _assert_cleaned_up(fake)
+
+
+@pytest.mark.parametrize(
+    "flaky, expected",
+    [
+        ({"GET pods": (100, 503)}, "kubernetes: list pods in namespace team-a failed 5 times (last: HTTP 503 "
+                                   "Service Unavailable); the API server is overloaded or restarting; retry the step later"),
+        ({"POST tfjobs": (100, 500)}, "kubernetes: create tfjobs in namespace team-a failed 5 times (last: HTTP 500 "
+                                      "Internal Server Error); the API server is overloaded or restarting; retry the "
+                                      "step later"),
+    ],
+)
+def test_a_failing_endpoint_ends_in_one_line_after_the_retries(run_dir, flaky, expected):
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("success", flaky=flaky) as fake:
+        with pytest.raises(TrainingFailed) as err:
+            _launch(fake, cfg, out)
+        assert str(err.value) == expected
+        assert fake.objects == {}
+
+
+# ---- SIGTERM: clean up, exit 143 ---------------------------------------------------------------
+SIGTERM_SCRIPT = """
+import sys
+from pathlib import Path
+from kubernetes import client
+from components._common import run_step
+from pinpoint.k8s.launch import LaunchOptions, launch_manifests
+
+conf = client.Configuration()
+conf.host = sys.argv[1]
+conf.retries = 0
+run_step(launch_manifests, client.ApiClient(conf), Path(sys.argv[2]), "k8s-test", "team-a",
+         LaunchOptions(poll_seconds=0.05, retry_base_seconds=0.01))
+"""
+
+
+def test_sigterm_cleans_up_and_exits_143(run_dir):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("hang") as fake:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "src")])}
+        proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT, fake.url, str(out)], cwd=repo, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 40
+            while fake.pod_lists < 3 and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+            assert fake.pod_lists >= 3, "the launch never got to watching its pods"
+            assert len(fake.objects) == 2
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 143
+        assert stderr.strip().splitlines()[-1] == (
+            "pinpoint: kubernetes: k8s-test stopped by SIGTERM (run terminated or pod evicted); deleted 2 object(s)"
+        )
+        assert "[k8s] cleaned up 2 object(s)" in stdout
+        _assert_cleaned_up(fake)
+
+
+def test_sigterm_handler_is_restored(run_dir):
+    import signal
+
+    cfg, out = run_dir("tfjob")
+    before = signal.getsignal(signal.SIGTERM)
+    with FakeKubeApiServer("success") as fake:
+        rc, _ = _launch(fake, cfg, out)
+    assert rc == 0
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_fake_claim_follows_the_pods_mount_and_out(tmp_path, outside_a_pod):
+    """The fake's claim emulation reads the pod spec, whatever the manifests say: with the pods'
+    runs mount rewritten by hand (subPath = the run folder relative to /runs, mounted at /runs/<rel>,
+    --out /runs/<rel>), placement.json lands in the nested run folder on the claim."""
+    import yaml
+
+    from pinpoint.k8s.launch import launch_training
+
+    cfg, root, out = _on_claim(tmp_path, "sweep", "variant-a")
+    manifest = out / "manifests" / "tfjob.yaml"
+    doc = yaml.safe_load(manifest.read_text())
+    for spec in doc["spec"]["tfReplicaSpecs"].values():
+        container = spec["template"]["spec"]["containers"][0]
+        cmd = container["command"]
+        cmd[cmd.index("--out") + 1] = "/runs/sweep/variant-a"
+        for mount in container["volumeMounts"]:
+            if mount["name"] == "runs":
+                mount.update(mountPath="/runs/sweep/variant-a", subPath="sweep/variant-a")
+    manifest.write_text(yaml.safe_dump(doc))
+    with FakeKubeApiServer("success", pvc_root=root) as fake:
+        fake.add_pvc("team-a", "shared-runs", ["ReadWriteMany"])
+        assert launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root,
+                               options=_train_options([])) == 0
+    assert json.loads((root / "sweep" / "variant-a" / "placement.json").read_text())["pod"].startswith("variant-a-")
+    assert not (root / "variant-a").exists()

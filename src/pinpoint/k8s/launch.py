@@ -1,41 +1,76 @@
-"""Run a provisioned cluster on Kubernetes: create the run folder's manifests, watch the pods,
-stream their logs, turn pod failures into one clear line, and always clean up.
+"""Run a provisioned cluster on Kubernetes: create the run folder's manifests, watch the pods and
+the TFJob/Jobs, stream the pods' logs, turn failures into one clear line, and always clean up.
 
-Failures recognised (each a one-line TrainingFailed naming the pod, the reason and a fix):
-image pull errors, OOMKilled containers, unschedulable pods (after a grace period, so a cluster
-autoscaler can add a node), permanent container exits, and the overall timeout.
+Refused before anything is created (one line each): a cluster.namespace other than the step
+pod's; cluster.runs_volume_claim unset; a run folder outside RUNS_MOUNT (/runs, where the steps
+and the pods mount the claim); for multi-process strategies, a claim that does not exist or is
+not ReadWriteMany; a name taken by another run's live objects (an object of the same name owned
+by a launcher pod that is still Running, or by no launcher pod). Leftovers of a dead attempt
+(owner pod gone, Succeeded or Failed) are deleted and recreated.
+
+Failures recognised while running (each a one-line TrainingFailed naming the object, the reason
+and a fix): image pull errors, container config errors (CreateContainerConfigError), pods failed
+before a container ran (e.g. Evicted), OOMKilled containers, unschedulable pods (after a grace period,
+so a cluster autoscaler can add a node), permanent container exits (codes 1-127; codes >= 128 are
+retried by the operator/podFailurePolicy), a replica restarted more than train.max_restarts
+times, a TFJob or Job with condition Failed (BackoffLimitExceeded, FailedIndexes,
+PodFailurePolicy, DeadlineExceeded, TFJobFailed...), pods that cannot be created (FailedCreate
+Events, e.g. an exceeded ResourceQuota, after a grace period), a TFJob the Training Operator never
+picks up, a TFJob/Job deleted by someone else while running, the overall timeout
+(cluster.deadline_s), API answers 403 (naming the verb and resource to grant) or other
+unexpected statuses (naming the call), an unreachable API server or transient errors (429/5xx,
+timeouts, reset connections) that outlast the retries, and SIGTERM (the step's pod is deleted or
+evicted: exit 143 after cleaning up). The watch loop is pinpoint.k8s.watch, the API calls and
+their retries pinpoint.k8s.api.
+
+Inside a pod, every object created gets an ownerReference to the step's pod, so the garbage
+collector removes the TFJob/Jobs if the step's pod goes away without cleaning up.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import yaml
 
-from pinpoint.errors import ProvisionError, TrainingFailed
-from pinpoint.provision.spec import is_retryable_exit_code
-from pinpoint.runfolder import MANIFESTS_DIR
+from pinpoint.errors import ConfigError, ProvisionError, TrainingFailed
+from pinpoint.k8s.api import KubeApi, api_message, first_line
+from pinpoint.k8s.watch import ROLE_LABEL, Watcher
+from pinpoint.provision.namespace import namespace_of, pod_namespace
+from pinpoint.runfolder import MANIFESTS_DIR, RUNS_MOUNT
 
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-ROLE_LABEL = "pinpoint.dev/role"
-CONTAINER = "tensorflow"
-IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
 # Kinds in creation order: what pods need (config, DNS names) exists before the pods do.
 CREATE_ORDER = {"ConfigMap": 0, "Secret": 0, "Service": 1, "Job": 2, "TFJob": 2}
+LAUNCH_ID_ANNOTATION = "pinpoint.dev/launch-id"
+SIGTERM_EXIT_CODE = 143
 
 
 @dataclass
 class LaunchOptions:
     poll_seconds: float = 2.0
-    timeout_seconds: float = 24 * 3600.0
-    unschedulable_grace_seconds: float = 120.0
+    timeout_seconds: float = 24 * 3600.0  # launch_training: cluster.deadline_s
+    unschedulable_grace_seconds: float = 120.0  # launch_training: cluster.unschedulable_grace_s
     image_pull_grace_seconds: float = 30.0
+    failed_create_grace_seconds: float = 60.0  # FailedCreate Events (quota...) tolerated this long
+    operator_grace_seconds: float = 120.0  # a TFJob without status and pods after this: no operator
+    max_restarts: int | None = None  # per replica; None: not enforced; launch_training: train.max_restarts
+    retry_attempts: int = 5  # per API call, on 429/5xx/timeouts/connection errors
+    retry_base_seconds: float = 0.5  # backoff: base, 2*base, 4*base...
+    request_timeout_seconds: float = 30.0
+    # The pod running this step (created objects get an ownerReference to it); None: none.
+    # launch_training: $HOSTNAME when a service-account namespace file exists.
+    owner_pod: str | None = None
     keep: bool = False  # leave the objects for debugging (they are still listed)
     log: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+    clock: Callable[[], float] = time.monotonic
 
 
 @dataclass(frozen=True)
@@ -44,6 +79,19 @@ class Created:
     name: str
     namespace: str
     api_version: str
+    uid: str = ""
+    primary: bool = False  # its completion means the run is done (the TFJob, the chief's Job)
+    created_at: float = 0.0
+
+
+class StoppedBySignal(TrainingFailed):
+    """SIGTERM (the step's pod deleted or evicted): cleaned up, exit 128 + 15."""
+
+    exit_code = SIGTERM_EXIT_CODE
+
+
+class _SigTerm(BaseException):
+    pass
 
 
 def load_manifests(run_dir: Path) -> list[dict]:
@@ -78,97 +126,138 @@ def api_client_from_env(kubeconfig: str | None = None):
     return client.ApiClient()
 
 
+def launcher_pod_name(sa_namespace_file: Path | None = None) -> str | None:
+    """$HOSTNAME (a pod's name) when this process runs in a pod, else None. Read at call time."""
+    if pod_namespace(sa_namespace_file) is None:
+        return None
+    return os.environ.get("HOSTNAME") or None
+
+
+def _role_of(doc: dict) -> str | None:
+    return ((doc["spec"].get("template") or {}).get("metadata", {}).get("labels") or {}).get(ROLE_LABEL)
+
+
+def _expected_pods(docs: list[dict]) -> int:
+    n = 0
+    for d in docs:
+        if d["kind"] == "TFJob":
+            n += sum(s.get("replicas", 1) for s in d["spec"]["tfReplicaSpecs"].values())
+        elif d["kind"] == "Job":
+            n += d["spec"].get("parallelism", d["spec"].get("completions", 1))
+    return n
+
+
 class Launcher:
     """Create -> watch -> (fail) -> clean up, against one namespace."""
 
     def __init__(self, api_client, name: str, namespace: str, options: LaunchOptions | None = None):
-        from kubernetes import client
-
-        self.core = client.CoreV1Api(api_client)
-        self.batch = client.BatchV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
         self.name, self.namespace = name, namespace
         self.opts = options or LaunchOptions()
+        self.api = KubeApi(api_client, namespace, attempts=self.opts.retry_attempts,
+                           base_delay=self.opts.retry_base_seconds,
+                           request_timeout=self.opts.request_timeout_seconds, log=self.opts.log)
         self.created: list[Created] = []
-        self._log_offsets: dict[str, int] = {}
-        self._first_seen: dict[str, float] = {}
+        self.launch_id = uuid.uuid4().hex
+        self.owner: dict | None = None
+
+    # ---- owner ---------------------------------------------------------------------
+    def resolve_owner(self) -> None:
+        """The ownerReference of the step's pod (opts.owner_pod), if the API knows that pod."""
+        if not self.opts.owner_pod:
+            return
+        pod = self.api.read_pod(self.opts.owner_pod)
+        if pod is None:
+            self.opts.log(f"[k8s] pod {self.namespace}/{self.opts.owner_pod} not found; "
+                          "the created objects get no ownerReference")
+            return
+        self.owner = {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid,
+                      "blockOwnerDeletion": False, "controller": False}
 
     # ---- create / delete -----------------------------------------------------------
-    def _create_one(self, doc: dict) -> None:
-        kind, ns = doc["kind"], doc["metadata"].get("namespace") or self.namespace
-        name = doc["metadata"]["name"]
-        if kind == "ConfigMap":
-            self.core.create_namespaced_config_map(ns, doc)
-        elif kind == "Secret":
-            self.core.create_namespaced_secret(ns, doc)
-        elif kind == "Service":
-            self.core.create_namespaced_service(ns, doc)
-        elif kind == "Job":
-            self.batch.create_namespaced_job(ns, doc)
-        elif kind == "TFJob":
-            group, version = doc["apiVersion"].split("/")
-            self.custom.create_namespaced_custom_object(group, version, ns, "tfjobs", doc)
-        self.created.append(Created(kind, name, ns, doc["apiVersion"]))
+    def _create_one(self, doc: dict, primary: bool) -> None:
+        from kubernetes.client.rest import ApiException
+
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        ns = doc["metadata"].get("namespace") or self.namespace
+        try:
+            obj = self.api.create(doc, ns, handle=(404, 409, 422))
+        except ApiException as err:
+            if err.status == 409:
+                self._already_exists(doc, ns, primary)
+                return
+            raise TrainingFailed(_create_error(doc, ns, err)) from None
+        self._record(doc, ns, obj, primary)
         self.opts.log(f"[k8s] created {kind} {ns}/{name}")
 
-    def create(self, docs: list[dict]) -> None:
+    def _record(self, doc: dict, ns: str, obj: dict, primary: bool) -> None:
+        uid = (obj.get("metadata") or {}).get("uid") or ""
+        self.created.append(Created(doc["kind"], doc["metadata"]["name"], ns, doc["apiVersion"], uid, primary,
+                                    self.opts.clock()))
+
+    def _already_exists(self, doc: dict, ns: str, primary: bool) -> None:
+        """409: replace a dead attempt's leftover; refuse (and leave alone) anything else."""
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        existing = self._get(kind, name, ns)
+        if existing is None:  # deleted meanwhile
+            return self._create_one(doc, primary)
+        meta = existing.get("metadata") or {}
+        if (meta.get("annotations") or {}).get(LAUNCH_ID_ANNOTATION) == self.launch_id:
+            self._record(doc, ns, existing, primary)  # ours: a retried create that had succeeded
+            return None
+        ref = next((r for r in meta.get("ownerReferences") or [] if r.get("kind") == "Pod"), None)
+        state = "is this one"
+        if ref is None:
+            owned = "no launcher pod owns it"
+        elif self.owner and ref.get("uid") == self.owner["uid"]:
+            owned = None  # an earlier attempt in this very pod
+        else:
+            pod = self.api.read_pod(ref["name"], ns)
+            phase = pod.status.phase if pod is not None and pod.metadata.uid == ref.get("uid") else None
+            owned = f"owned by pod {ref['name']}, {phase}" if phase not in (None, "Succeeded", "Failed") else None
+            state = phase or "gone"
+        if owned or ref is None:
+            raise TrainingFailed(
+                f"kubernetes: {kind} {ns}/{name} already exists ({owned}) — another run uses this name; wait for it, "
+                f"delete it with `kubectl delete {kind.lower()} -n {ns} {name}`, or give this run its own name"
+            )
+        self.opts.log(f"[k8s] {kind} {ns}/{name} is left over by a dead attempt (launcher pod {ref['name']} "
+                      f"{state}); replacing it")
+        self.api.delete(kind, name, ns)
+        self._wait_gone(kind, name, ns)
+        obj = self.api.create(doc, ns)
+        self._record(doc, ns, obj, primary)
+        self.opts.log(f"[k8s] created {kind} {ns}/{name}")
+        return None
+
+    def _get(self, kind: str, name: str, ns: str) -> dict | None:
         from kubernetes.client.rest import ApiException
 
-        for doc in docs:
-            try:
-                self._create_one(doc)
-            except ApiException as err:
-                if err.status == 409:
-                    # Left over by an interrupted earlier attempt of this run: replace it.
-                    self.opts.log(f"[k8s] {doc['kind']} {doc['metadata']['name']} exists (an earlier attempt); replacing it")
-                    self._delete(Created(doc["kind"], doc["metadata"]["name"],
-                                         doc["metadata"].get("namespace") or self.namespace, doc["apiVersion"]))
-                    self._wait_gone(doc["kind"], doc["metadata"]["name"])
-                    self._create_one(doc)
-                else:
-                    raise TrainingFailed(_create_error(doc, err)) from None
-
-    def _delete(self, obj: Created) -> None:
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
-
-        # Background propagation: the Job/TFJob's pods are removed by the garbage collector.
-        body = client.V1DeleteOptions(propagation_policy="Background")
         try:
-            if obj.kind == "ConfigMap":
-                self.core.delete_namespaced_config_map(obj.name, obj.namespace, body=body)
-            elif obj.kind == "Secret":
-                self.core.delete_namespaced_secret(obj.name, obj.namespace, body=body)
-            elif obj.kind == "Service":
-                self.core.delete_namespaced_service(obj.name, obj.namespace, body=body)
-            elif obj.kind == "Job":
-                self.batch.delete_namespaced_job(obj.name, obj.namespace, body=body)
-            elif obj.kind == "TFJob":
-                group, version = obj.api_version.split("/")
-                self.custom.delete_namespaced_custom_object(group, version, obj.namespace, "tfjobs", obj.name, body=body)
-        except ApiException as err:
-            if err.status != 404:
-                raise
+            return self.api.get(kind, name, ns)
+        except ApiException:
+            return None
 
-    def _wait_gone(self, kind: str, name: str, timeout: float = 60.0) -> None:
-        from kubernetes.client.rest import ApiException
+    def create(self, docs: list[dict]) -> None:
+        workloads = [d for d in docs if d["kind"] in ("TFJob", "Job")]
+        roles = {_role_of(d) for d in workloads}
+        primary_role = "chief" if "chief" in roles else "worker"
+        for doc in docs:
+            doc = {**doc, "metadata": {**doc["metadata"]}}
+            meta = doc["metadata"]
+            meta["annotations"] = {**(meta.get("annotations") or {}), LAUNCH_ID_ANNOTATION: self.launch_id}
+            if self.owner:
+                meta["ownerReferences"] = [*(meta.get("ownerReferences") or []), dict(self.owner)]
+            primary = doc["kind"] == "TFJob" or (doc["kind"] == "Job" and _role_of(doc) == primary_role)
+            self._create_one(doc, primary)
 
+    def _wait_gone(self, kind: str, name: str, ns: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                if kind == "TFJob":
-                    self.custom.get_namespaced_custom_object("kubeflow.org", "v1", self.namespace, "tfjobs", name)
-                elif kind == "Job":
-                    self.batch.read_namespaced_job(name, self.namespace)
-                elif kind == "Service":
-                    self.core.read_namespaced_service(name, self.namespace)
-                else:
-                    self.core.read_namespaced_config_map(name, self.namespace)
-            except ApiException as err:
-                if err.status == 404:
-                    return
-                raise
+            if self._get(kind, name, ns) is None:
+                return
             time.sleep(self.opts.poll_seconds)
+        raise TrainingFailed(f"kubernetes: {kind} {ns}/{name} still exists {timeout:.0f}s after deleting it "
+                             f"(a finalizer?); check `kubectl get {kind.lower()} -n {ns} {name} -o yaml`")
 
     def cleanup(self) -> list[Created]:
         """Delete everything this launcher created, newest first; never raises."""
@@ -178,103 +267,17 @@ class Launcher:
         deleted = []
         for obj in reversed(self.created):
             try:
-                self._delete(obj)
+                self.api.delete(obj.kind, obj.name, obj.namespace)
                 deleted.append(obj)
             except Exception as err:  # noqa: BLE001 - cleanup must try every object
-                self.opts.log(f"[k8s] could not delete {obj.kind} {obj.namespace}/{obj.name}: {str(err).splitlines()[0][:160]}")
+                self.opts.log(f"[k8s] could not delete {obj.kind} {obj.namespace}/{obj.name}: {first_line(err)[:160]}")
         self.opts.log(f"[k8s] cleaned up {len(deleted)} object(s)")
         return deleted
 
     # ---- watch ---------------------------------------------------------------------
-    def pods(self) -> list:
-        return self.core.list_namespaced_pod(self.namespace, label_selector=f"{INSTANCE_LABEL}={self.name}").items
-
-    def stream_logs(self, pod) -> None:
-        """Print the new part of a started pod's log, each line prefixed with the pod name."""
-        from kubernetes.client.rest import ApiException
-
-        if pod.status.phase not in ("Running", "Succeeded", "Failed"):
-            return
-        name = pod.metadata.name
-        try:
-            text = self.core.read_namespaced_pod_log(name, self.namespace, container=CONTAINER)
-        except ApiException:
-            return  # the container may not have started yet; the next poll retries
-        start = self._log_offsets.get(name, 0)
-        if len(text) < start:  # a recreated pod with the same name: start over
-            start = 0
-        new = text[start:]
-        complete = new.rsplit("\n", 1)[0] + "\n" if "\n" in new else ""
-        for line in complete.splitlines():
-            self.opts.log(f"[{name}] {line}")
-        self._log_offsets[name] = start + len(complete)
-
-    def diagnose(self, pod, now: float) -> str | None:
-        """One line if this pod shows a failure that will not fix itself, else None."""
-        name, status = pod.metadata.name, pod.status
-        self._first_seen.setdefault(name, now)
-        age = now - self._first_seen[name]
-        for cs in status.container_statuses or []:
-            waiting = cs.state.waiting if cs.state else None
-            if waiting and waiting.reason in IMAGE_PULL_REASONS:
-                if waiting.reason != "ErrImagePull" or age >= self.opts.image_pull_grace_seconds:
-                    return (
-                        f"pod {name}: image '{cs.image}' cannot be pulled ({waiting.reason}: "
-                        f"{_first_line(waiting.message)}); push it to a registry the cluster can reach or fix cluster.image"
-                    )
-            if waiting and waiting.reason == "CreateContainerConfigError":
-                return f"pod {name}: container config error ({_first_line(waiting.message)}); check the ConfigMap/Secret it mounts"
-            for state in (cs.state, cs.last_state):
-                term = state.terminated if state else None
-                if term and term.reason == "OOMKilled":
-                    limit = _memory_limit(pod)
-                    return (
-                        f"pod {name}: container {cs.name} was OOMKilled (memory limit {limit}); "
-                        "raise cluster.memory or lower train.batch_size"
-                    )
-            term = cs.state.terminated if cs.state else None
-            if term and term.exit_code != 0 and not is_retryable_exit_code(term.exit_code):
-                return (
-                    f"pod {name}: container {cs.name} exited with code {term.exit_code}"
-                    f"{' (' + term.reason + ')' if term.reason and term.reason != 'Error' else ''}; see its log above"
-                )
-        for cond in status.conditions or []:
-            if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
-                if age >= self.opts.unschedulable_grace_seconds:
-                    return (
-                        f"pod {name}: cannot be scheduled for {age:.0f}s ({_first_line(cond.message)}); "
-                        "request fewer GPUs/CPU/memory per replica (cluster.*), fix node_selector/tolerations, or add nodes"
-                    )
-        if status.phase == "Failed" and not status.container_statuses:
-            return f"pod {name}: failed ({status.reason or 'unknown'}: {_first_line(status.message)})"
-        return None
-
-    def wait(self) -> None:
-        """Until the chief (or, without one, every worker) succeeded; raise TrainingFailed on a failure."""
-        deadline = time.monotonic() + self.opts.timeout_seconds
-        seen_roles: set[str] = set()
-        while True:
-            now = time.monotonic()
-            pods = self.pods()
-            for pod in pods:
-                self.stream_logs(pod)
-            for pod in pods:
-                reason = self.diagnose(pod, now)
-                if reason:
-                    raise TrainingFailed(reason)
-            by_role: dict[str, list] = {}
-            for pod in pods:
-                by_role.setdefault((pod.metadata.labels or {}).get(ROLE_LABEL, "worker"), []).append(pod)
-            seen_roles |= set(by_role)
-            primary = by_role.get("chief") or by_role.get("worker") or []
-            if primary and all(p.status.phase == "Succeeded" for p in primary):
-                return
-            if now > deadline:
-                raise TrainingFailed(
-                    f"kubernetes: {self.name} did not finish within {self.opts.timeout_seconds:.0f}s "
-                    f"(pods: {_phases(pods)}); raise the timeout or look at the pod logs"
-                )
-            time.sleep(self.opts.poll_seconds)
+    def wait(self, expected_pods: int) -> None:
+        workloads = [c for c in self.created if c.kind in ("TFJob", "Job")]
+        Watcher(self.api, self.name, self.opts, workloads, expected_pods).wait()
 
 
 def with_parent_run(doc: dict, parent_run_id: str | None) -> dict:
@@ -297,75 +300,114 @@ def with_parent_run(doc: dict, parent_run_id: str | None) -> dict:
 
 def launch_manifests(api_client, run_dir: Path, name: str, namespace: str,
                      options: LaunchOptions | None = None, *, parent_run_id: str | None = None) -> int:
-    """Create the run folder's manifests, wait for the chief, clean up; 0 or TrainingFailed."""
+    """Create the run folder's manifests, wait for the chief, clean up; 0 or TrainingFailed.
+    In the main thread, SIGTERM cleans up and raises StoppedBySignal (exit code 143)."""
     from kubernetes.client.rest import ApiException
-    from urllib3.exceptions import HTTPError
 
     docs = [with_parent_run(d, parent_run_id) for d in load_manifests(run_dir)]
     launcher = Launcher(api_client, name, namespace, options)
+    state = {"cleaning": False}
+
+    def on_sigterm(signum, frame):
+        if not state["cleaning"]:
+            state["cleaning"] = True
+            raise _SigTerm()
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
     try:
-        launcher.create(docs)
-        launcher.wait()
-        launcher.opts.log(f"[k8s] {name}: training finished")
-        return 0
-    except HTTPError as err:
-        host = getattr(api_client.configuration, "host", "?")
-        raise TrainingFailed(
-            f"kubernetes: API server {host} unreachable ({_first_line(getattr(err, 'reason', None) or err)[:160]}); "
-            "check the kubeconfig/in-cluster credentials and the network"
-        ) from None
-    except ApiException as err:
-        raise TrainingFailed(f"kubernetes: HTTP {err.status} {err.reason} while watching {name}; "
-                             "check the service account's permissions (pods, pods/log)") from None
+        try:
+            launcher.resolve_owner()
+            launcher.create(docs)
+            launcher.wait(_expected_pods(docs))
+            launcher.opts.log(f"[k8s] {name}: training finished")
+            return 0
+        except _SigTerm:
+            deleted = launcher.cleanup()
+            raise StoppedBySignal(f"kubernetes: {name} stopped by SIGTERM (run terminated or pod evicted); "
+                                  f"deleted {len(deleted)} object(s)") from None
+        except ApiException as err:  # a status a caller let through and did not handle
+            raise TrainingFailed(f"kubernetes: HTTP {err.status} {err.reason} while running {name} "
+                                 f"({api_message(err)[:160]}); check the service account's permissions") from None
+        finally:
+            if not state["cleaning"]:
+                state["cleaning"] = True
+                launcher.cleanup()
     finally:
-        launcher.cleanup()
+        if main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def check_run_folder(run_dir: Path, runs_mount: str | Path, claim: str, name: str) -> Path:
+    """The run folder must be on the claim (under runs_mount), where the training pods write."""
+    root, path = Path(runs_mount).resolve(), Path(run_dir).resolve()
+    if root not in path.parents:
+        raise ConfigError(
+            f"run_dir: got '{run_dir}', outside {runs_mount} where this step and the training pods mount "
+            f"cluster.runs_volume_claim '{claim}' (the pods could not write there); put the run folder under "
+            f"{runs_mount}/, e.g. {runs_mount}/{name}"
+        )
+    return path
+
+
+def check_claim(api: KubeApi, claim: str, strategy: str) -> None:
+    """A multi-process run's pods land on several nodes: the claim must be ReadWriteMany."""
+    pvc = api.read_pvc(claim)
+    ns = api.namespace
+    if pvc is None:
+        raise ConfigError(
+            f"cluster.runs_volume_claim: PersistentVolumeClaim {ns}/{claim} not found; create it "
+            f"(accessModes: [ReadWriteMany]) in namespace {ns} or fix the name"
+        )
+    modes = list(pvc.spec.access_modes or []) if pvc.spec else []
+    if "ReadWriteMany" not in modes:
+        raise ConfigError(
+            f"cluster.runs_volume_claim: PersistentVolumeClaim {ns}/{claim} has accessModes {modes}; {strategy} "
+            "runs pods on several nodes that all mount it; use a ReadWriteMany claim (NFS, CephFS, Filestore, EFS...)"
+        )
 
 
 def launch_training(cfg, run_dir, *, parent_run_id: str | None = None, kubeconfig: str | None = None,
-                    options: LaunchOptions | None = None) -> int:
-    """The pipeline's train step with launch='kubernetes' (in-cluster credentials in a pod)."""
-    from pinpoint.errors import ConfigError
+                    options: LaunchOptions | None = None, api_client=None, runs_mount: str | Path = RUNS_MOUNT) -> int:
+    """The pipeline's train step with launch='kubernetes' (in-cluster credentials in a pod).
+    cfg sets the options' max_restarts, unschedulable grace and timeout; api_client and
+    runs_mount are for tests (default: credentials from the environment, /runs)."""
+    from pinpoint.config import MULTI_PROCESS_STRATEGIES
+    from pinpoint.provision.manifests import check_manifest_inputs
 
-    if not cfg.cluster.runs_volume_claim:
+    namespace = namespace_of(cfg.cluster)
+    claim = cfg.cluster.runs_volume_claim
+    if not claim:
         raise ConfigError(
             "config error: cluster.runs_volume_claim: got None; the training pods must write the run folder "
             "to a PVC this step also mounts; set cluster.runs_volume_claim (ReadWriteMany)"
         )
-    return launch_manifests(api_client_from_env(kubeconfig), Path(run_dir), cfg.name, cfg.cluster.namespace, options,
-                            parent_run_id=parent_run_id)
+    # What provision only warned about (it still serves local runs) stops a launch: credentials
+    # the ConfigMap would carry, an image a real cluster cannot pull.
+    check_manifest_inputs(cfg)
+    run_dir = check_run_folder(Path(run_dir), runs_mount, claim, cfg.name)
+    opts = options or LaunchOptions()
+    opts = replace(opts, max_restarts=cfg.train.max_restarts,
+                   unschedulable_grace_seconds=cfg.cluster.unschedulable_grace_s,
+                   timeout_seconds=float(cfg.cluster.deadline_s),
+                   owner_pod=opts.owner_pod or launcher_pod_name())
+    client = api_client or api_client_from_env(kubeconfig)
+    if cfg.train.strategy in MULTI_PROCESS_STRATEGIES:
+        check_claim(KubeApi(client, namespace, attempts=opts.retry_attempts, base_delay=opts.retry_base_seconds,
+                            request_timeout=opts.request_timeout_seconds, log=opts.log),
+                    claim, cfg.train.strategy)
+    return launch_manifests(client, run_dir, cfg.name, namespace, opts, parent_run_id=parent_run_id)
 
 
 # ---- helpers ------------------------------------------------------------------------
-def _first_line(text: Any) -> str:
-    return (str(text or "").strip().splitlines() or [""])[0][:200]
-
-
-def _memory_limit(pod) -> str:
-    for c in pod.spec.containers if pod.spec else []:
-        limits = (c.resources.limits if c.resources else None) or {}
-        if "memory" in limits:
-            return str(limits["memory"])
-    return "unset"
-
-
-def _phases(pods) -> str:
-    return ", ".join(f"{p.metadata.name}={p.status.phase}" for p in pods) or "none created"
-
-
-def _create_error(doc: dict, err) -> str:
+def _create_error(doc: dict, ns: str, err) -> str:
     kind, name = doc["kind"], doc["metadata"]["name"]
-    ns = doc["metadata"].get("namespace", "?")
-    if err.status == 403:
-        return (f"kubernetes: forbidden to create {kind} {ns}/{name}; grant the pipeline's service account "
-                f"create/watch/delete on {kind.lower()}s and pods/log in namespace {ns}")
     if err.status == 404 and kind == "TFJob":
         return ("kubernetes: the TFJob resource (kubeflow.org/v1 tfjobs) is not installed; install the Kubeflow "
                 "Training Operator or set cluster.flavor: plain")
     if err.status == 404:
         return f"kubernetes: namespace '{ns}' not found while creating {kind} {name}; create it or fix cluster.namespace"
-    if err.status == 422:
-        return f"kubernetes: {kind} {ns}/{name} rejected as invalid ({_first_line(err.body)[:160]}); rerun provision"
-    return f"kubernetes: creating {kind} {ns}/{name} failed with HTTP {err.status} {err.reason}"
+    return f"kubernetes: {kind} {ns}/{name} rejected as invalid ({api_message(err)[:160]}); rerun provision"
 
 
 if __name__ == "__main__":  # pragma: no cover - manual use: python -m pinpoint.k8s.launch RUN_DIR

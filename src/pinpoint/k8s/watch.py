@@ -1,0 +1,278 @@
+"""Watch a launched run until it is done: its pods (logs, failures, restarts), its TFJob/Jobs'
+status conditions and the Events of its workloads. Every failure is one TrainingFailed line.
+
+Grace timers are keyed by pod UID: the Training Operator recreates a pod under the same name,
+and a recreated pod starts a fresh timer (and its own log stream).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from pinpoint.errors import TrainingFailed
+from pinpoint.k8s.api import KubeApi, first_line
+from pinpoint.provision.spec import is_retryable_exit_code
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pinpoint.k8s.launch import Created, LaunchOptions
+
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+ROLE_LABEL = "pinpoint.dev/role"
+INDEX_LABELS = ("training.kubeflow.org/replica-index", "batch.kubernetes.io/job-completion-index")
+CONTAINER = "tensorflow"
+IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
+FAILED_CREATE_REASONS = ("FailedCreate", "FailedCreatePod")
+# Seconds of log re-read before the previous read (latency, clock steps); duplicates are dropped.
+LOG_OVERLAP_SECONDS = 5
+JOB_FAILED_FIXES = {
+    "BackoffLimitExceeded": "its pods failed more often than spec.backoffLimit; see the pod logs above",
+    "FailedIndexes": "an index failed more often than backoffLimitPerIndex (train.max_restarts); see the pod "
+                     "logs above, fix the cause or raise train.max_restarts",
+    "PodFailurePolicy": "a container exited with a permanent code (1-127), which fails the Job; see the pod logs above",
+    "DeadlineExceeded": "it ran longer than activeDeadlineSeconds; raise cluster.deadline_s",
+}
+
+
+@dataclass
+class _LogStream:
+    last: tuple[int, int] | None = None  # (epoch seconds, nanoseconds) of the last line printed
+    read_at: float | None = None  # time.time() of the previous read
+    done: bool = False
+
+
+@dataclass
+class _Replica:
+    uids: list[str] = field(default_factory=list)
+    restarts: dict[str, int] = field(default_factory=dict)  # uid -> containers' restartCount
+
+    def count(self) -> int:
+        return len(self.uids) - 1 + sum(self.restarts.values())
+
+
+def parse_timestamp(text: str) -> tuple[int, int] | None:
+    """RFC3339(Nano) -> (epoch seconds, nanoseconds); None if it is not one."""
+    try:
+        if text.endswith("Z"):
+            text = text[:-1] + "+00:00"
+        head, frac, offset = text[:19], "", text[19:]
+        if offset.startswith("."):
+            digits = len(offset) - len(offset[1:].lstrip("0123456789"))
+            frac, offset = offset[1:digits], offset[digits:]
+        seconds = int(datetime.fromisoformat(head + (offset or "+00:00")).timestamp())
+        return seconds, int((frac + "000000000")[:9])
+    except ValueError:
+        return None
+
+
+class Watcher:
+    def __init__(self, api: KubeApi, name: str, opts: "LaunchOptions", workloads: list["Created"],
+                 expected_pods: int):
+        self.api, self.name, self.opts = api, name, opts
+        self.namespace = api.namespace
+        self.workloads = workloads
+        self.expected_pods = expected_pods
+        self.streams: dict[str, _LogStream] = {}
+        self.first_seen: dict[str, float] = {}  # pod uid -> when first seen
+        self.failed_create_since: dict[str, float] = {}  # workload uid -> first FailedCreate seen
+        self.replicas: dict[tuple[str, str], _Replica] = {}
+
+    # ---- pods --------------------------------------------------------------------------
+    def pods(self) -> list:
+        pods = self.api.list_pods(f"{INSTANCE_LABEL}={self.name}")
+        owners = {w.uid for w in self.workloads if w.uid}
+        if not owners:
+            return pods
+        # Only this launch's pods: not those of a dead attempt still terminating.
+        return [p for p in pods if any(ref.uid in owners for ref in p.metadata.owner_references or [])]
+
+    def stream_logs(self, pod) -> None:
+        """Print the lines of a started pod's log not printed yet, each prefixed with the pod name.
+        Reads only the recent part (sinceSeconds) after the first read, and drops lines at or
+        before the last timestamp printed for this pod UID."""
+        if pod.status.phase not in ("Running", "Succeeded", "Failed"):
+            return
+        uid, name = pod.metadata.uid, pod.metadata.name
+        stream = self.streams.setdefault(uid, _LogStream())
+        if stream.done:
+            return
+        started = time.time()
+        since = None
+        if stream.read_at is not None:
+            since = max(1, math.ceil(started - stream.read_at) + LOG_OVERLAP_SECONDS)
+        text = self.api.read_log(name, CONTAINER, since)
+        if text is None:
+            return  # not started yet (or already gone); the next poll retries
+        stream.read_at = started
+        complete = text.rsplit("\n", 1)[0] + "\n" if "\n" in text else ""
+        for raw in complete.splitlines():
+            stamp, _, line = raw.partition(" ")
+            ts = parse_timestamp(stamp)
+            if ts is None:
+                ts, line = stream.last or (0, 0), raw
+            elif stream.last is not None and ts <= stream.last:
+                continue
+            stream.last = ts
+            self.opts.log(f"[{name}] {line}")
+        stream.done = pod.status.phase in ("Succeeded", "Failed")
+
+    def diagnose(self, pod, now: float) -> str | None:
+        """One line if this pod shows a failure that will not fix itself, else None."""
+        name, status = pod.metadata.name, pod.status
+        age = now - self.first_seen.setdefault(pod.metadata.uid, now)
+        for cs in status.container_statuses or []:
+            waiting = cs.state.waiting if cs.state else None
+            if waiting and waiting.reason in IMAGE_PULL_REASONS:
+                if waiting.reason != "ErrImagePull" or age >= self.opts.image_pull_grace_seconds:
+                    return (
+                        f"pod {name}: image '{cs.image}' cannot be pulled ({waiting.reason}: "
+                        f"{first_line(waiting.message)}); push it to a registry the cluster can reach or fix cluster.image"
+                    )
+            if waiting and waiting.reason == "CreateContainerConfigError":
+                return f"pod {name}: container config error ({first_line(waiting.message)}); check the ConfigMap/Secret it mounts"
+            for state in (cs.state, cs.last_state):
+                term = state.terminated if state else None
+                if term and term.reason == "OOMKilled":
+                    return (
+                        f"pod {name}: container {cs.name} was OOMKilled (memory limit {_memory_limit(pod)}); "
+                        "raise cluster.memory or lower train.batch_size"
+                    )
+            term = cs.state.terminated if cs.state else None
+            if term and term.exit_code != 0 and not is_retryable_exit_code(term.exit_code):
+                return (
+                    f"pod {name}: container {cs.name} exited with code {term.exit_code}"
+                    f"{' (' + term.reason + ')' if term.reason and term.reason != 'Error' else ''}; see its log above"
+                )
+        for cond in status.conditions or []:
+            if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+                if age >= self.opts.unschedulable_grace_seconds:
+                    return (
+                        f"pod {name}: cannot be scheduled for {age:.0f}s ({first_line(cond.message)}); "
+                        "request fewer GPUs/CPU/memory per replica (cluster.*), fix node_selector/tolerations, or add nodes"
+                    )
+        if status.phase == "Failed" and not status.container_statuses:
+            return f"pod {name}: failed ({status.reason or 'unknown'}: {first_line(status.message)})"
+        return None
+
+    def count_restarts(self, pods) -> str | None:
+        """Restarts per replica (role, index): pods recreated (new UIDs) plus container restarts."""
+        if self.opts.max_restarts is None:
+            return None
+        for pod in sorted(pods, key=lambda p: p.metadata.name):
+            labels = pod.metadata.labels or {}
+            role = labels.get(ROLE_LABEL, "worker")
+            index = next((labels[k] for k in INDEX_LABELS if k in labels), None)
+            if index is None:
+                index = (pod.metadata.annotations or {}).get(INDEX_LABELS[1], pod.metadata.name)
+            replica = self.replicas.setdefault((role, index), _Replica())
+            uid = pod.metadata.uid
+            if uid not in replica.uids:
+                replica.uids.append(uid)
+            restarts = sum(cs.restart_count or 0 for cs in pod.status.container_statuses or [])
+            replica.restarts[uid] = max(replica.restarts.get(uid, 0), restarts)
+            if replica.count() > self.opts.max_restarts:
+                return (
+                    f"pod {pod.metadata.name} ({role}:{index}): restarted {replica.count()} times, more than "
+                    f"train.max_restarts={self.opts.max_restarts}; see its log above for why it keeps exiting with a "
+                    "retryable code (>= 128), fix that or raise train.max_restarts"
+                )
+        return None
+
+    # ---- workloads ------------------------------------------------------------------------
+    def workload_state(self, now: float, pods) -> tuple[bool, str | None]:
+        """(primary workload finished, failure line) from the TFJob/Jobs' status and Events."""
+        from kubernetes.client.rest import ApiException
+
+        done = False
+        for w in self.workloads:
+            try:
+                obj = self.api.get(w.kind, w.name, w.namespace)
+            except ApiException:  # 404
+                return done, (f"kubernetes: {w.kind} {w.namespace}/{w.name} was deleted while running (by someone "
+                              "else, or a TTL); rerun the step")
+            conditions = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+            types = {c.get("type"): c for c in conditions}
+            ref = f"{w.kind} {w.namespace}/{w.name}"
+            if "Failed" in types:
+                c = types["Failed"]
+                fix = JOB_FAILED_FIXES.get(c.get("reason"), "see the pod logs above") if w.kind == "Job" else \
+                    "see the pod logs above"
+                return done, f"kubernetes: {ref} failed ({c.get('reason')}: {first_line(c.get('message'))}); {fix}"
+            if w.primary and ("Complete" in types or "Succeeded" in types):
+                done = True
+            if w.kind == "TFJob" and not conditions and not pods:
+                age = now - w.created_at
+                if age >= self.opts.operator_grace_seconds:
+                    return done, (
+                        f"kubernetes: the Training Operator does not seem to run (no status on TFJob {w.namespace}/"
+                        f"{w.name} after {age:.0f}s); check `kubectl get pods -n kubeflow`, or set cluster.flavor: plain"
+                    )
+            line = self._failed_create(w, now, pods)
+            if line:
+                return done, line
+        return done, None
+
+    def _failed_create(self, w: "Created", now: float, pods) -> str | None:
+        if not w.uid:
+            return None
+        events = [e for e in self.api.list_events(w.uid) if e.reason in FAILED_CREATE_REASONS]
+        if not events or len(pods) >= self.expected_pods:
+            self.failed_create_since.pop(w.uid, None)
+            return None
+        since = self.failed_create_since.setdefault(w.uid, now)
+        if now - since < self.opts.failed_create_grace_seconds:
+            return None
+        latest = max(events, key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp or ""))
+        message = first_line(latest.message)[:300]
+        fix = (f"free or raise the ResourceQuota (`kubectl describe resourcequota -n {w.namespace}`) or request "
+               "fewer resources per replica (cluster.*)") if "exceeded quota" in message else \
+            "fix what the message names (quota, admission policy, service account)"
+        return f"kubernetes: {w.kind} {w.namespace}/{w.name} cannot create its pods ({latest.reason}: {message}); {fix}"
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def wait(self) -> None:
+        """Until the chief (or, without one, every worker) succeeded; raise TrainingFailed on a failure."""
+        clock = self.opts.clock
+        deadline = clock() + self.opts.timeout_seconds
+        while True:
+            now = clock()
+            pods = self.pods()
+            for pod in pods:
+                self.stream_logs(pod)
+            for pod in pods:
+                reason = self.diagnose(pod, now)
+                if reason:
+                    raise TrainingFailed(reason)
+            reason = self.count_restarts(pods)
+            if reason:
+                raise TrainingFailed(reason)
+            done, reason = self.workload_state(now, pods)
+            if reason:
+                raise TrainingFailed(reason)
+            by_role: dict[str, list] = {}
+            for pod in pods:
+                by_role.setdefault((pod.metadata.labels or {}).get(ROLE_LABEL, "worker"), []).append(pod)
+            primary = by_role.get("chief") or by_role.get("worker") or []
+            if done or (primary and all(p.status.phase == "Succeeded" for p in primary)):
+                return
+            if now > deadline:
+                raise TrainingFailed(
+                    f"kubernetes: {self.name} did not finish within {self.opts.timeout_seconds:.0f}s "
+                    f"(pods: {_phases(pods)}); raise cluster.deadline_s or look at the pod logs"
+                )
+            time.sleep(self.opts.poll_seconds)
+
+
+def _memory_limit(pod) -> str:
+    for c in pod.spec.containers if pod.spec else []:
+        limits = (c.resources.limits if c.resources else None) or {}
+        if "memory" in limits:
+            return str(limits["memory"])
+    return "unset"
+
+
+def _phases(pods) -> str:
+    return ", ".join(f"{p.metadata.name}={p.status.phase}" for p in pods) or "none created"

@@ -1,0 +1,226 @@
+"""The launch step's watcher (pinpoint.k8s.watch) against FakeKubeApiServer, a FAKE API server:
+restarts per replica, TFJob/Job conditions, FailedCreate Events, a missing Training Operator,
+grace timers keyed by pod UID, and incremental log streaming."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fakes.kube_api import FakeKubeApiServer
+from tests.test_k8s_launch import _assert_cleaned_up, _config, _launch
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    from pinpoint.provision import provision
+
+    def make(flavor="tfjob"):
+        cfg = _config(flavor)
+        out = tmp_path / cfg.name
+        provision(cfg, out)
+        return cfg, out
+
+    return make
+
+
+def _pod_lines(lines, pod):
+    return [line for line in lines if line.startswith(f"[{pod}] ")]
+
+
+# ---- restarts (the operator's ExitCode policy recreates a pod that exits >= 128) ---------------
+@pytest.mark.parametrize("flavor", ["tfjob", "plain"])
+def test_restarts_beyond_max_restarts_fail_with_one_line(run_dir, flavor):
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir(flavor)
+    with FakeKubeApiServer("peer_lost") as fake:
+        with pytest.raises(TrainingFailed) as err:
+            _launch(fake, cfg, out, max_restarts=2)
+        message = str(err.value)
+        pod = message.split(" ", 2)[1]
+        # TFJob: the operator reuses the name (new uid); a Job makes a new pod name for the index.
+        assert pod == "k8s-test-worker-0" if flavor == "tfjob" else pod.startswith("k8s-test-worker-0-")
+        assert message == (
+            f"pod {pod} (worker:0): restarted 3 times, more than train.max_restarts=2; see its log above for why it "
+            "keeps exiting with a retryable code (>= 128), fix that or raise train.max_restarts"
+        )
+        assert len(fake.pod_uids) == 2 + 3  # chief, worker, and the worker recreated 3 times
+        _assert_cleaned_up(fake)
+
+
+def test_restarts_within_the_budget_succeed_and_each_log_line_is_printed_once(run_dir):
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("peer_lost_once") as fake:
+        rc, lines = _launch(fake, cfg, out, max_restarts=1)
+        assert rc == 0
+        assert len(fake.pod_uids) == 3  # the worker was recreated once, under the same name
+        worker = _pod_lines(lines, "k8s-test-worker-0")
+        assert worker == [
+            "[k8s-test-worker-0] k8s-test-worker-0 starting",
+            "[k8s-test-worker-0] step 1 loss 2.30",
+            "[k8s-test-worker-0] peer lost; exiting 138 to be restarted",
+            "[k8s-test-worker-0] k8s-test-worker-0 starting (attempt 2)",
+            "[k8s-test-worker-0] step 1 loss 2.30",
+            "[k8s-test-worker-0] step 2 loss 1.10",
+            "[k8s-test-worker-0] done",
+        ]
+        assert _pod_lines(lines, "k8s-test-chief-0") == [
+            "[k8s-test-chief-0] k8s-test-chief-0 starting",
+            "[k8s-test-chief-0] step 1 loss 2.30",
+            "[k8s-test-chief-0] done",
+        ]
+        _assert_cleaned_up(fake)
+
+
+def test_log_reads_after_the_first_are_incremental(run_dir):
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("hang") as fake:
+        from pinpoint.errors import TrainingFailed
+
+        with pytest.raises(TrainingFailed):
+            _launch(fake, cfg, out, timeout_seconds=0.5)
+        reads = [q for m, p, q in fake.queries if p == "/api/v1/namespaces/team-a/pods/k8s-test-chief-0/log"]
+        assert len(reads) >= 3
+        assert all(q.get("timestamps") in ("true", "True") for q in reads)
+        assert "sinceSeconds" not in reads[0]
+        assert all(int(q["sinceSeconds"]) <= 6 for q in reads[1:])
+        # Every line the pod wrote is printed exactly once, though each read returns some again.
+        chief_uid = fake.pod_uids[0]
+        written = [f"[k8s-test-chief-0] {line}" for _, line in fake.logs[chief_uid]]
+    assert len(written) >= 4
+    assert _pod_lines(_launch.lines, "k8s-test-chief-0") == written
+
+
+# ---- the TFJob's / Jobs' status conditions -----------------------------------------------------
+def test_job_failed_by_backoff_limit_per_index_ends_with_its_line(run_dir):
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir("plain")
+    with FakeKubeApiServer("failed_indexes") as fake:
+        with pytest.raises(TrainingFailed) as err:
+            _launch(fake, cfg, out, max_restarts=5)
+        assert str(err.value) == (
+            "kubernetes: Job team-a/k8s-test-worker failed (FailedIndexes: Job has failed indexes); an index failed "
+            "more often than backoffLimitPerIndex (train.max_restarts); see the pod logs above, fix the cause or "
+            "raise train.max_restarts"
+        )
+        _assert_cleaned_up(fake)
+
+
+def test_tfjob_failed_condition_ends_with_its_line(run_dir):
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("tfjob_failed") as fake:
+        with pytest.raises(TrainingFailed) as err:
+            _launch(fake, cfg, out, max_restarts=5)
+        assert str(err.value) == (
+            "kubernetes: TFJob team-a/k8s-test failed (TFJobFailed: TFJob team-a/k8s-test has failed because 1 Worker "
+            "replica(s) failed.); see the pod logs above"
+        )
+        _assert_cleaned_up(fake)
+
+
+# ---- Events: pods that cannot be created -------------------------------------------------------
+@pytest.mark.parametrize(
+    "flavor, obj, reason, pod",
+    [("tfjob", "TFJob team-a/k8s-test", "FailedCreatePod", "k8s-test-chief-0"),
+     ("plain", "Job team-a/k8s-test-chief", "FailedCreate", "k8s-test-chief-0-x7k2p")],
+)
+def test_failed_create_quota_event_ends_with_a_line_quoting_it(run_dir, flavor, obj, reason, pod):
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir(flavor)
+    with FakeKubeApiServer("quota") as fake:
+        with pytest.raises(TrainingFailed) as err:
+            _launch(fake, cfg, out)
+        assert str(err.value) == (
+            f'kubernetes: {obj} cannot create its pods ({reason}: Error creating: pods "{pod}" is forbidden: '
+            "exceeded quota: gpu-quota, requested: nvidia.com/gpu=4, used: nvidia.com/gpu=4, limited: "
+            "nvidia.com/gpu=4); free or raise the ResourceQuota (`kubectl describe resourcequota -n team-a`) or "
+            "request fewer resources per replica (cluster.*)"
+        )
+        _assert_cleaned_up(fake)
+
+
+def test_failed_create_waits_for_its_grace_period(run_dir):
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("quota") as fake:
+        with pytest.raises(TrainingFailed) as err:
+            _launch(fake, cfg, out, failed_create_grace_seconds=3600, timeout_seconds=0.3)
+        assert str(err.value).startswith("kubernetes: k8s-test did not finish within 0s (pods: none created)")
+        _assert_cleaned_up(fake)
+
+
+# ---- a TFJob nobody picks up -------------------------------------------------------------------
+def test_missing_training_operator_is_one_line(run_dir):
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("no_operator") as fake:
+        with pytest.raises(TrainingFailed) as err:
+            _launch(fake, cfg, out, operator_grace_seconds=0)
+        assert str(err.value) == (
+            "kubernetes: the Training Operator does not seem to run (no status on TFJob team-a/k8s-test after 0s); "
+            "check `kubectl get pods -n kubeflow`, or set cluster.flavor: plain"
+        )
+        _assert_cleaned_up(fake)
+
+
+def test_missing_operator_waits_for_its_grace_period(run_dir):
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("no_operator") as fake:
+        with pytest.raises(TrainingFailed) as err:
+            _launch(fake, cfg, out, operator_grace_seconds=3600, timeout_seconds=0.3)
+        assert str(err.value).startswith("kubernetes: k8s-test did not finish within 0s (pods: none created)")
+
+
+# ---- grace timers are keyed by pod UID ---------------------------------------------------------
+@pytest.mark.parametrize("grace, fails", [(35, False), (15, True)])
+def test_a_recreated_pod_with_the_same_name_gets_a_fresh_unschedulable_timer(run_dir, grace, fails):
+    """Each pod UID is unschedulable for at most 20 s (fake clock: 10 s per pod list) while the name
+    is for 50 s: a 35 s grace never fires, a 15 s grace does."""
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("unschedulable_recreated") as fake:
+        opts = dict(unschedulable_grace_seconds=grace, timeout_seconds=10_000, clock=lambda: fake.pod_lists * 10.0)
+        if fails:
+            with pytest.raises(TrainingFailed) as err:
+                _launch(fake, cfg, out, **opts)
+            assert str(err.value).startswith("pod k8s-test-chief-0: cannot be scheduled for 20s (0/3 nodes are "
+                                             "available: 3 Insufficient nvidia.com/gpu.)")
+            assert len(fake.pod_uids) == 2
+        else:
+            rc, _ = _launch(fake, cfg, out, **opts)
+            assert rc == 0
+            assert len(fake.pod_uids) == 4  # both pods recreated once under their names
+        _assert_cleaned_up(fake)
+
+
+def test_workload_deleted_by_someone_else_is_one_line(run_dir):
+    from pinpoint.errors import TrainingFailed
+
+    cfg, out = run_dir("tfjob")
+    with FakeKubeApiServer("hang") as fake:
+        list_pods = fake._list_pods
+
+        def list_then_delete(ns, query):  # `kubectl delete tfjob` from elsewhere, after the 3rd pod list
+            items = list_pods(ns, query)
+            if fake.pod_lists == 3:
+                fake._remove(("TFJob", "team-a", "k8s-test"))
+            return items
+
+        fake._list_pods = list_then_delete
+        with pytest.raises(TrainingFailed) as err:
+            _launch(fake, cfg, out)
+        assert str(err.value) == ("kubernetes: TFJob team-a/k8s-test was deleted while running (by someone else, "
+                                  "or a TTL); rerun the step")
+        assert fake.objects == {}
+        assert fake.pod_lists == 3
