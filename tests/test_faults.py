@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS, CKPT_EVERY, LOG_EVERY = 240, 40, 10
 FAULT_AT = 100  # inject once the chief has logged this step: checkpoint 80 exists, 20+ steps to redo
 # Generous for a loaded 2-core machine (a TF process takes 10-40 s to start), still bounded.
-LIMITS = {"startup_timeout": 300.0, "stall_timeout": 60.0, "collective_timeout": 30, "grace": 5.0}
+# No collective timeout (the default): a dead or cut-off peer is detected by the tasks themselves.
+LIMITS = {"startup_timeout": 300.0, "stall_timeout": 60.0, "grace": 5.0}
 
 
 def _cfg(strategy="multi_worker_mirrored", *, max_restarts=2, **cluster):
@@ -219,7 +220,7 @@ def test_out_of_restarts_fails_fast_with_one_clear_line(tmp_path, reliability_fi
     inj.start()
     t0 = time.time()
     proc = subprocess.run(
-        [sys.executable, "-m", "pinpoint.cli", "train", str(cfg_path), "--out", str(out)],
+        [sys.executable, "-m", "pinpoint.cli", "train", str(cfg_path), "--out", str(out), "--verbose"],
         check=False, capture_output=True, text=True, timeout=400, cwd=ROOT,
     )
     total = time.time() - t0
@@ -230,6 +231,7 @@ def test_out_of_restarts_fails_fast_with_one_clear_line(tmp_path, reliability_fi
     assert last.startswith("pinpoint: local cluster failed: worker:0 died (signal SIGKILL)"), last
     assert "train.max_restarts=0" in last
     assert "Traceback" not in proc.stderr  # task output (and its tracebacks) goes to stdout, prefixed
+    # --verbose: the tasks' TensorFlow start-up lines too, so both tasks have output to prefix.
     assert "[chief:0] " in proc.stdout and "[worker:0] " in proc.stdout
     # Bounded: the group is torn down within seconds of the death (grace + polling), not minutes.
     assert time.time() - inj.injected_at < 60

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import CPU_IMAGE, REPO
 
 DOCKERFILES = [REPO / "docker" / "Dockerfile.cpu", REPO / "docker" / "Dockerfile.gpu"]
 # The user image (docker/build.sh with CODE_DIR): FROM the Pinpoint CPU image, whose tag build.sh
 # passes; it has its own rules below rather than the pinned-registry-base ones.
 USER_DOCKERFILE = REPO / "docker" / "Dockerfile.user"
 BUILD_SH = REPO / "docker" / "build.sh"
-IMAGE = "localhost/pinpoint-cpu:0.1.0"
+IMAGE = CPU_IMAGE
 
 
 def _hadolint() -> str | None:
@@ -140,35 +140,8 @@ def test_dockerignore_keeps_the_context_small_and_secret_free():
 # ---- slow: real image builds with podman ---------------------------------------------------
 
 
-SETUP = REPO / "docker" / "podman-setup.sh"
-SOCKET = Path("/run/pinpoint-podman/podman.sock")
-
-
-def _service_answers() -> bool:
-    return SOCKET.exists() and subprocess.run(
-        ["curl", "-s", "--unix-socket", str(SOCKET), "http://d/_ping"], capture_output=True, text=True
-    ).stdout == "OK"
-
-
-@pytest.fixture(scope="module")
-def cpu_image():
-    """podman set up, the CPU image built (or its cached layers reused); yields the environment
-    with DOCKER_HOST on podman's socket. Stops the podman service afterwards if it started it."""
-    if os.geteuid() != 0:
-        pytest.skip("podman here runs as root only (no user namespaces)")
-    was_running = _service_answers()
-    proc = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    env = {**os.environ, "DOCKER_HOST": proc.stdout.strip().splitlines()[-1].split("=", 1)[1]}
-    try:
-        proc = subprocess.run(["bash", str(REPO / "docker" / "build.sh")],
-                              env={**env, "ENGINE": "podman", "IMAGES": "cpu"},
-                              capture_output=True, text=True, timeout=1800, cwd=REPO)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-        yield env
-    finally:
-        if not was_running:
-            subprocess.run(["bash", str(SETUP), "stop"], timeout=60)
+# The `cpu_image` fixture (podman set up, the CPU image built once per session) is in conftest.py,
+# shared with test_k8s_containers.py.
 
 
 def _small_config(path: Path, name: str, uri: str) -> Path:

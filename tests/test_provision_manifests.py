@@ -54,12 +54,13 @@ def tfjob_validator():
 IMAGE = "registry.example.com/pinpoint-gpu:0.1.0"
 
 
-def _cfg(flavor, strategy="multi_worker_mirrored", tracking=None, **cluster):
+def _cfg(flavor, strategy="multi_worker_mirrored", tracking=None, train_extra=None, **cluster):
     base = {"workers": 1, "emulate": False, "gpu_type": "NVIDIA-A100-SXM4-80GB", "flavor": flavor,
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "node_selector": {"topology.kubernetes.io/zone": "zone-a"}, "image": IMAGE,
             "runs_volume_claim": "runs-rwx"}
-    data = {"name": "job", "cluster": {**base, **cluster}, "train": {"strategy": strategy, "max_restarts": 3}}
+    data = {"name": "job", "cluster": {**base, **cluster},
+            "train": {"strategy": strategy, "max_restarts": 3, **(train_extra or {})}}
     if tracking:
         data["tracking"] = tracking
     return config_from_dict(data)
@@ -339,16 +340,20 @@ def _env(template):
 
 @pytest.mark.parametrize("flavor", ["tfjob", "plain"])
 def test_pods_read_mlflow_from_the_steps_secret_and_get_the_collective_timeout(flavor):
-    from pinpoint.provision.podenv import DEFAULT_COLLECTIVE_TIMEOUT, MLFLOW_SECRET_KEYS
-    from pinpoint.training import launcher
+    from pinpoint.provision.podenv import MLFLOW_SECRET_KEYS
+    from pinpoint.training.launcher import task_specs
     from pipelines import settings
 
     assert settings.MLFLOW_SECRET_KEYS is MLFLOW_SECRET_KEYS  # one table for steps and pods
-    assert launcher.DEFAULT_COLLECTIVE_TIMEOUT is DEFAULT_COLLECTIVE_TIMEOUT
-    for _, _, template in _pod_specs(_docs(_cfg(flavor, mlflow_secret="team-mlflow"))):
+    # train.collective_timeout_s reaches the pods as it reaches the local tasks; off: neither has it.
+    timed = _cfg(flavor, mlflow_secret="team-mlflow", train_extra={"collective_timeout_s": 90})
+    local = {s.env.get("PINPOINT_COLLECTIVE_TIMEOUT") for s in task_specs(timed, Path("/tmp/unused"))}
+    assert local == {"90"}
+    for _, _, template in _pod_specs(_docs(_cfg(flavor))):
+        assert "PINPOINT_COLLECTIVE_TIMEOUT" not in _env(template)
+    for _, _, template in _pod_specs(_docs(timed)):
         env = _env(template)
-        assert env["PINPOINT_COLLECTIVE_TIMEOUT"] == {"name": "PINPOINT_COLLECTIVE_TIMEOUT",
-                                                      "value": str(DEFAULT_COLLECTIVE_TIMEOUT)}
+        assert env["PINPOINT_COLLECTIVE_TIMEOUT"] == {"name": "PINPOINT_COLLECTIVE_TIMEOUT", "value": "90"}
         for key, var in MLFLOW_SECRET_KEYS.items():
             assert env[var] == {"name": var, "valueFrom": {"secretKeyRef": {"name": "team-mlflow", "key": key,
                                                                             "optional": True}}}
@@ -465,11 +470,11 @@ def test_gang_kueue_labels_the_workload(tfjob_validator):
 LAUNCH_CALLS = [
     ("", "configmaps", "create"), ("", "configmaps", "get"), ("", "configmaps", "delete"),
     ("", "services", "create"), ("", "services", "get"), ("", "services", "delete"),
-    *[("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete")],
-    *[("kubeflow.org", "tfjobs", v) for v in ("create", "get", "list", "watch", "delete")],
-    ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
+    *[("batch", "jobs", v) for v in ("create", "get", "delete")],
+    *[("kubeflow.org", "tfjobs", v) for v in ("create", "get", "delete")],
+    ("", "pods", "get"), ("", "pods", "list"),
     ("", "pods/log", "get"),
-    ("", "events", "get"), ("", "events", "list"), ("", "events", "watch"),
+    ("", "events", "list"),
     ("", "persistentvolumeclaims", "get"),
 ]
 

@@ -122,8 +122,9 @@ class ClusterConfig(_Frozen):
     port: int = Field(2222, ge=1024, le=65535)
     cluster_domain: Optional[str] = None
     flavor: Literal["tfjob", "plain"] = "tfjob"
-    # PersistentVolumeClaim (ReadWriteMany) mounted at /runs so checkpoints survive pod restarts;
-    # None: an emptyDir (a restarted pod resumes only from checkpoints logged to MLflow).
+    # PersistentVolumeClaim (ReadWriteMany) holding the run folders: the pipeline steps mount it at
+    # /runs, the training pods the run's own folder (subPath), so checkpoints are shared and survive
+    # pod restarts. Required for multi-process strategies on Kubernetes; None: an emptyDir per pod.
     runs_volume_claim: Optional[str] = None
     # How long a pod may stay unschedulable before the launch step gives up (a GPU node pool
     # scaling up from zero takes minutes).
@@ -298,6 +299,12 @@ class TrainConfig(_Frozen):
     checkpoint_every: int = Field(100, ge=0)
     keep_checkpoints: int = Field(3, ge=1)
     max_restarts: int = Field(2, ge=0)
+    # multi_worker_mirrored: abort an all-reduce that waits longer than this for its peers (the
+    # task exits 138 and the group restarts), for a peer that hangs without dying. Off by default:
+    # TensorFlow holds one sleeping thread per collective for the whole timeout (collectives per
+    # second x timeout threads), and a peer that dies or is cut off is detected without it (the
+    # coordination service's heartbeats). Given to the local tasks and the pods alike.
+    collective_timeout_s: Optional[int] = Field(None, ge=1)
     seed: int = 0
     log_every: int = Field(10, ge=1)
     # XLA for each replica's forward+backward on the fast path. None = auto (like Keras fit):

@@ -31,9 +31,8 @@ from pinpoint.config import MULTI_PROCESS_STRATEGIES, Config, config_to_yaml
 from pinpoint.errors import ProvisionError
 from pinpoint.provision.namespace import namespace_of
 from pinpoint.provision.podenv import (
-    COLLECTIVE_TIMEOUT_ENV,
-    DEFAULT_COLLECTIVE_TIMEOUT,
     MLFLOW_SECRET_KEYS,
+    collective_timeout_env,
     uri_has_credentials,
 )
 from pinpoint.provision.spec import NO_CLAIM_LINE, Task
@@ -137,8 +136,8 @@ def _env(cfg: Config, task: Task, plain: bool) -> list[dict]:
         {"name": "PINPOINT_TASK_INDEX", "valueFrom": {"fieldRef": {"fieldPath": index_path}}},
         # The root filesystem is read-only: caches (Keras, matplotlib) go to the /tmp emptyDir.
         {"name": "HOME", "value": "/tmp"},
-        # How long a collective waits for a lost peer before the task exits to be recreated.
-        {"name": COLLECTIVE_TIMEOUT_ENV, "value": str(DEFAULT_COLLECTIVE_TIMEOUT)},
+        # train.collective_timeout_s, as the local launcher gives it to its tasks (if set).
+        *({"name": k, "value": v} for k, v in collective_timeout_env(cfg).items()),
     ]
     if cfg.cluster.mlflow_secret:
         # The Secret the pipeline's steps read, by name and key only (optional: a cluster without

@@ -23,10 +23,14 @@ MLFLOW_SECRET_KEYS = {
     "username": "MLFLOW_TRACKING_USERNAME",
     "password": "MLFLOW_TRACKING_PASSWORD",
 }
-# Seconds a collective may wait for its peers before the task exits with RETRY_EXIT_CODE
-# (PINPOINT_COLLECTIVE_TIMEOUT): the local launcher's default, given to the pods as well.
-DEFAULT_COLLECTIVE_TIMEOUT = 120
+# train.collective_timeout_s as the tasks read it (set by the local launcher and the manifests).
 COLLECTIVE_TIMEOUT_ENV = "PINPOINT_COLLECTIVE_TIMEOUT"
+
+
+def collective_timeout_env(cfg) -> dict[str, str]:
+    """The tasks' environment for train.collective_timeout_s: nothing when it is off."""
+    t = cfg.train.collective_timeout_s
+    return {COLLECTIVE_TIMEOUT_ENV: str(t)} if t else {}
 
 
 def uri_has_credentials(uri: str | None) -> bool:

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pinpoint.config import Config, config_to_yaml
-from pinpoint.errors import TrainingFailed
-from pinpoint.provision.podenv import DEFAULT_COLLECTIVE_TIMEOUT  # shared with the Kubernetes pods
+from pinpoint.errors import RETRY_EXIT_CODE, TrainingFailed
+from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV, collective_timeout_env  # as the pods get it
 from pinpoint.runfolder import (
     CHECKPOINTS,
     CONFIG_FILE,
@@ -225,12 +225,13 @@ def task_specs(
     host: str = "127.0.0.1",
     task_hosts: Mapping[str, str] | None = None,
     task_prefix: Mapping[str, Sequence[str]] | None = None,
-    collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT,
+    collective_timeout: int | None = None,
 ) -> list[TaskSpec]:
     """One TaskSpec per task of cfg.cluster, on fresh free ports.
 
     `task_hosts` gives some tasks another address than `host` (e.g. a task in its own network
-    namespace); `task_prefix` runs a task's command under a wrapper (e.g. `ip netns exec NS`).
+    namespace); `task_prefix` runs a task's command under a wrapper (e.g. `ip netns exec NS`);
+    `collective_timeout` overrides train.collective_timeout_s.
     """
     from pinpoint.provision.local import local_tasks
 
@@ -260,7 +261,8 @@ def task_specs(
         env = {
             **(extra_env or {}),
             "TF_CONFIG": json.dumps(tf_config),
-            "PINPOINT_COLLECTIVE_TIMEOUT": str(int(collective_timeout)),
+            **(collective_timeout_env(cfg) if collective_timeout is None
+               else {COLLECTIVE_TIMEOUT_ENV: str(int(collective_timeout))}),
         }
         specs.append(TaskSpec(t.name, tuple(argv), env, task_hosts.get(t.name, host), t.port))
     return specs
@@ -331,7 +333,7 @@ def run_local_cluster(
     task_prefix: Mapping[str, Sequence[str]] | None = None,
     startup_timeout: float = 300.0,
     stall_timeout: float = 300.0,
-    collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT,
+    collective_timeout: int | None = None,
     grace: float = 10.0,
     finish_timeout: float = 120.0,
 ) -> int:
@@ -468,7 +470,9 @@ def _supervise(group: ProcessGroup, out: Path, startup_timeout: float, stall_tim
     while True:
         time.sleep(0.2)
         exits = {e.name: e for e in group.poll()}
-        bad = [e for e in exits.values() if e.returncode != 0]
+        # A task that exited with the retry code only lost a peer: charge the failure to the peer
+        # (killed, crashed) when both ended within this poll.
+        bad = sorted((e for e in exits.values() if e.returncode != 0), key=lambda e: e.returncode == RETRY_EXIT_CODE)
         if bad and chief_done_at is None:
             return bad[0].describe(), bad[0]
         if chief_done_at is None:
