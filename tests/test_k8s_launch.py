@@ -7,6 +7,7 @@ The watcher's own behaviours are in test_k8s_watch.py."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -660,3 +661,52 @@ def test_fake_claim_follows_the_pods_mount_and_out(tmp_path, outside_a_pod):
                                options=_train_options([])) == 0
     assert json.loads((root / "sweep" / "variant-a" / "placement.json").read_text())["pod"].startswith("variant-a-")
     assert not (root / "variant-a").exists()
+
+
+# ---- RBAC: docker/rbac.yaml grants exactly the calls the launch step makes ---------------------
+_PATH = re.compile(r"^/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)/namespaces/[^/]+/(?P<res>[a-z]+)(?:/(?P<name>[^/]+))?"
+                   r"(?P<sub>/log)?$")
+
+
+def _rbac_calls(requests) -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of each request the fake API server recorded."""
+    calls = set()
+    for method, path in requests:
+        m = _PATH.match(path)
+        assert m, path
+        resource = m["res"] + ("/log" if m["sub"] else "")
+        verb = {"POST": "create", "DELETE": "delete"}.get(method) or ("get" if m["name"] else "list")
+        calls.add((m["group"] or "", resource, verb))
+    return calls
+
+
+@pytest.mark.parametrize("flavor", ["tfjob", "plain"])
+def test_rbac_yaml_grants_exactly_what_the_launch_step_calls(tmp_path, in_a_pod, flavor):
+    """Every path a launch takes (in a pod: owner lookup; a dead attempt's leftover replaced; the
+    claim checked; pods watched and their logs read; events read; cleanup) against the role the
+    generator writes (docker/rbac.yaml is its output): nothing missing, nothing extra."""
+    from pinpoint.k8s.launch import launch_training
+    from pinpoint.provision.rbac import rbac_docs
+
+    cfg, root, out = _on_claim(tmp_path, flavor=flavor)
+    leftovers = [("ConfigMap", "k8s-test-config"),
+                 *([("TFJob", "k8s-test")] if flavor == "tfjob" else [("Service", "k8s-test"), ("Job", "k8s-test-worker")])]
+    with FakeKubeApiServer("success", pvc_root=root) as fake:
+        fake.add_pod("team-a", LAUNCHER_POD)
+        fake.add_pod("team-a", "pipeline-step-old", phase="Failed")
+        for kind, name in leftovers:
+            fake.add_object(kind, "team-a", name, owner_pod="pipeline-step-old")
+        fake.add_pvc("team-a", "shared-runs", ["ReadWriteMany"])
+        assert launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root,
+                               options=_train_options([])) == 0
+        used = _rbac_calls(fake.requests)
+    role, _ = rbac_docs("team-a", "pipeline-runner")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    # The other flavour's workload kind is granted too (one role serves both).
+    other = {("batch", "jobs", v) for v in ("create", "get", "delete")} if flavor == "tfjob" else \
+        {("kubeflow.org", "tfjobs", v) for v in ("create", "get", "delete")}
+    if flavor == "tfjob":
+        other |= {("", "services", v) for v in ("create", "get", "delete")}  # plain's headless Services
+    extra, missing = sorted(granted - (used | other)), sorted((used | other) - granted)
+    assert (extra, missing) == ([], []), f"extra {extra}, missing {missing}"

@@ -17,15 +17,16 @@ from pinpoint.errors import ConfigError
 
 RBAC_FILE = "rbac.yaml"
 ROLE_NAME = "pinpoint-launch"
-# (API group, resources, verbs): what pinpoint.k8s.launch calls, nothing more.
+# (API group, resources, verbs): what pinpoint.k8s.launch calls, nothing more (a test runs every
+# path of a launch against the fake API server and compares its requests with these rules).
 RULES = (
     ("", ("configmaps", "services"), ("create", "get", "delete")),
-    ("batch", ("jobs",), ("create", "get", "list", "watch", "delete")),
-    ("kubeflow.org", ("tfjobs",), ("create", "get", "list", "watch", "delete")),
-    ("", ("pods",), ("get", "list", "watch")),
+    ("batch", ("jobs",), ("create", "get", "delete")),  # get: status conditions, a leftover's owner
+    ("kubeflow.org", ("tfjobs",), ("create", "get", "delete")),
+    ("", ("pods",), ("get", "list")),  # list: the run's pods; get: the launcher pod (ownerReference)
     ("", ("pods/log",), ("get",)),
-    ("", ("events",), ("get", "list", "watch")),
-    ("", ("persistentvolumeclaims",), ("get",)),
+    ("", ("events",), ("list",)),  # FailedCreate / quota refusals of the run's objects
+    ("", ("persistentvolumeclaims",), ("get",)),  # the claim is ReadWriteMany
 )
 
 _HEADER = """\
