@@ -420,6 +420,33 @@ def test_pods_write_where_the_steps_read_for_a_nested_run_folder(tmp_path, monke
     assert json.loads((root / "sweep" / "variant-a" / "placement.json").read_text())["pod"].startswith("variant-a-")
 
 
+def test_a_sweep_on_kubernetes_gets_every_variants_placement(tmp_path, monkeypatch, outside_a_pod):
+    """placement_sweep's variants as its provision step derives them (name '<name>-<variant>',
+    folder '<run_dir>/<variant>'), launched one after the other on one claim: each variant's pods
+    write its own placement.json where the compare step reads it."""
+    from pinpoint.config import config_from_dict
+    from pinpoint.k8s.launch import launch_training
+    from pinpoint.provision import manifests, provision
+
+    root = tmp_path / "claim"
+    pod_run_rel = manifests.pod_run_rel
+    monkeypatch.setattr(manifests, "pod_run_rel", lambda out_dir, name: pod_run_rel(out_dir, name, str(root)))
+    base = _config().model_dump(mode="json")
+    variants = {"ring": {"all_reduce": "ring"}, "auto": {"all_reduce": "auto"}}
+    with FakeKubeApiServer("success", pvc_root=root) as fake:
+        fake.add_pvc("team-a", "shared-runs", ["ReadWriteMany"])
+        for label, overrides in variants.items():
+            cfg = config_from_dict({**base, "name": f"{base['name']}-{label}", "train": {**base["train"], **overrides}})
+            out = root / "k8s-test-sweep" / label
+            provision(cfg, out)
+            assert launch_training(cfg, out, api_client=fake.api_client(), runs_mount=root,
+                                   options=_train_options([])) == 0
+        assert (fake.objects, fake.pods) == ({}, {})  # each launch cleaned up after itself
+    written = {label: json.loads((root / "k8s-test-sweep" / label / "placement.json").read_text())["pod"]
+               for label in variants}
+    assert [pod.rsplit("-", 2)[0] for pod in written.values()] == ["k8s-test-ring", "k8s-test-auto"]
+
+
 # ---- owner references: the garbage collector removes a dead step's objects ---------------------
 def test_objects_are_owned_by_the_launcher_pod_and_collected_with_it(tmp_path, in_a_pod):
     from pinpoint.k8s.launch import launch_training
