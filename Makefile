@@ -14,7 +14,6 @@ RUN_DIR ?= runs/$(NAME)
 PIPELINE_YAML ?= pipelines/training_pipeline.yaml
 MLFLOW_PORT ?= 5000
 PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=8
-export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED := 1
 
 .PHONY: help setup run provision train report example-data compile submit images docs lint mlflow-ui \

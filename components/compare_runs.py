@@ -16,10 +16,10 @@ def compare_runs(
     import shutil
     from pathlib import Path
 
-    from pinpoint.compare import compare_command
+    from pinpoint.compare import COMPARISON_JSON, COMPARISON_PNG, compare_command
 
     result = run_step(compare_command, [Path(d) for d in run_dirs], Path(out_dir), parent_run_id=parent_run_id or None)
-    shutil.copyfile(Path(out_dir) / "comparison.json", comparison.path)
-    shutil.copyfile(Path(out_dir) / "comparison.png", chart.path)
+    shutil.copyfile(Path(out_dir) / COMPARISON_JSON, comparison.path)
+    shutil.copyfile(Path(out_dir) / COMPARISON_PNG, chart.path)
     comparison.metadata["best"] = result.get("best") or ""
     return result.get("best") or ""

@@ -23,6 +23,7 @@ def provision_cluster(
 
     from pinpoint.config import config_from_dict
     from pinpoint.provision import provision
+    from pinpoint.runfolder import CLUSTER_SPEC
 
     data = yaml.safe_load(config_yaml)
     out = Path(run_dir)
@@ -40,7 +41,7 @@ def provision_cluster(
     cfg = run_step(config_from_dict, data, "config_yaml")
     # The digest of the config provision wrote (its namespace resolved), which the train step checks.
     digest = run_step(provision, cfg, out, parent_run_id=parent_run_id or None)["config_digest"]
-    shutil.copyfile(out / "cluster_spec.json", cluster_spec.path)
+    shutil.copyfile(out / CLUSTER_SPEC, cluster_spec.path)
     cluster_spec.metadata["config_digest"] = digest
     cluster_spec.metadata["run_dir"] = str(out)
     outputs = namedtuple("ProvisionOutputs", ["config_digest", "run_dir"])

@@ -14,7 +14,8 @@ def report(
     from pathlib import Path
 
     from pinpoint.placement.report import report_command
+    from pinpoint.runfolder import REPORT_HTML
 
     out = Path(run_dir)
     run_step(report_command, out, parent_run_id=parent_run_id or None)
-    shutil.copyfile(out / "report.html", report_html.path)
+    shutil.copyfile(out / REPORT_HTML, report_html.path)

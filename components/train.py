@@ -20,14 +20,15 @@ def train(
     from pathlib import Path
 
     from pinpoint.config import load_config
+    from pinpoint.runfolder import CONFIG_FILE, METRICS, PLACEMENT
 
     out = Path(run_dir)
-    cfg = run_step(load_config, out / "config.yaml")
+    cfg = run_step(load_config, out / CONFIG_FILE)
     if cfg.digest() != config_digest:
         # The provision step's output is keyed by the config digest (and may be cached):
         # training a different config than the one provisioned would mislabel the run.
         fail(
-            f"run_dir: {out}/config.yaml has digest {cfg.digest()} but provision produced "
+            f"run_dir: {out / CONFIG_FILE} has digest {cfg.digest()} but provision produced "
             f"{config_digest}; rerun the whole pipeline (the run folder changed between steps)"
         )
     if launch == "kubernetes":
@@ -47,10 +48,10 @@ def train(
     else:
         fail(f"launch: got {launch!r}; use 'local' or 'kubernetes'")
 
-    summary = json.loads((out / "metrics.json").read_text())
+    summary = json.loads((out / METRICS).read_text())
     for key, value in summary.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             metrics.log_metric(key, float(value))
-    shutil.copyfile(out / "placement.json", placement.path)
+    shutil.copyfile(out / PLACEMENT, placement.path)
     placement.metadata["config_digest"] = config_digest
     return str(out)

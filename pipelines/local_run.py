@@ -2,10 +2,17 @@
 
 The MLflow parent run is opened here (the pipeline's steps log child runs under it) and closed
 with the pipeline's status; at the end the placement summary is printed.
+
+kfp's own INFO logging is trimmed unless verbose (`pinpoint run --verbose`, PINPOINT_VERBOSE=1):
+the steps' executor lines ("[KFP Executor ... INFO]: ..."), the "Streamed logs:" headers and
+each task's dump of its outputs go; each step's start and status, whatever a step prints itself,
+warnings and errors stay.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import sys
 import warnings
@@ -14,10 +21,15 @@ from pathlib import Path
 UI_HINT = "Open the MLflow UI: make mlflow-ui (http://127.0.0.1:5000)"
 
 
-def run_local(config_path: str | Path, runs_root: str | Path = Path("runs")) -> int:
-    """Run provision -> train -> report for `config_path` into `<runs_root>/<name>/`; return an exit code."""
+def run_local(config_path: str | Path, runs_root: str | Path = Path("runs"), *, verbose: bool | None = None) -> int:
+    """Run provision -> train -> report for `config_path` into `<runs_root>/<name>/`; return an exit code.
+    verbose (default: PINPOINT_VERBOSE=1, which `pinpoint --verbose` sets) keeps all of kfp's logging."""
     from pinpoint.config import config_to_yaml, load_config
+    from pinpoint.quiet import VERBOSE_ENV
     from pinpoint.runfolder import ensure_dir
+
+    if verbose is None:
+        verbose = os.environ.get(VERBOSE_ENV) == "1"
 
     cfg = load_config(config_path)
     root = ensure_dir(Path(runs_root).absolute(), field="--runs-root")
@@ -32,6 +44,7 @@ def run_local(config_path: str | Path, runs_root: str | Path = Path("runs")) -> 
             run_dir=run_dir,
             parent_run_id=parent_run_id,
             pipeline_root=root / ".kfp-outputs",
+            verbose=verbose,
         )
         ok = not failed_step
         status = "FINISHED" if ok else "FAILED"
@@ -66,7 +79,8 @@ def _build_pipeline():
     return build_training_pipeline()
 
 
-def _run_pipeline(pipeline, *, config_yaml: str, run_dir: Path, parent_run_id: str, pipeline_root: Path) -> str:
+def _run_pipeline(pipeline, *, config_yaml: str, run_dir: Path, parent_run_id: str, pipeline_root: Path,
+                  verbose: bool = False) -> str:
     """Run the pipeline with kfp.local's SubprocessRunner in this interpreter; return the failed
     step's name, or '' on success."""
     from kfp import local
@@ -84,8 +98,12 @@ def _run_pipeline(pipeline, *, config_yaml: str, run_dir: Path, parent_run_id: s
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
         # Retries and resource limits are for Kubernetes; kfp.local ignores them (and says so).
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
-        quiet = _HideExecutorInput(sys.stdout)
+        quiet = _HideExecutorInput(sys.stdout, verbose=verbose)
         sys.stdout = quiet
+        # kfp.local logs through the root logger (its level reset to INFO for every message).
+        kfp_filter = None if verbose else _KfpInfoFilter()
+        if kfp_filter is not None:
+            logging.getLogger().addFilter(kfp_filter)
         try:
             pipeline(config_yaml=config_yaml, run_dir=str(run_dir), parent_run_id=parent_run_id)
         except RuntimeError as err:
@@ -96,19 +114,39 @@ def _run_pipeline(pipeline, *, config_yaml: str, run_dir: Path, parent_run_id: s
             failed = re.search(r"Inner task failed: (.*?)\.?$", text)
             return failed.group(1).strip("'") if failed else "unknown"
         finally:
+            if kfp_filter is not None:
+                logging.getLogger().removeFilter(kfp_filter)
             quiet.flush()
             sys.stdout = quiet.target
     return ""
 
 
+class _KfpInfoFilter(logging.Filter):
+    """Drops kfp.local's INFO records that repeat what the run folder holds: the "Streamed logs:"
+    header, each task's outputs (artifact URIs and metadata) and the workspace clean-up. Every
+    other record (a task's start and status, retries, skips, warnings, errors) passes."""
+
+    HIDDEN = re.compile(r"^(Streamed logs:|Task \S+ (outputs:|has no outputs)|Cleaned up workspace:)")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        return not self.HIDDEN.match(re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage()))
+
+
 class _HideExecutorInput:
     """A stdout filter for the steps' logs: kfp's executor dumps its whole input as JSON (~80
-    lines per step, the config included); keep one line instead. Everything else passes."""
+    lines per step, the config included); keep one line instead (verbose) or none. Unless
+    verbose, the executor's INFO lines ("[KFP Executor <time> INFO]: ...": which module it loads,
+    where it wrote its output, and the INFO records of the libraries a step uses) and blank lines
+    go too. Everything else passes: what the step prints, warnings, errors, tracebacks."""
 
     MARKER = "Got executor_input:"
+    EXECUTOR_INFO = re.compile(r"^\s*\[KFP Executor (?:[^\]]* )?INFO\]: ")
 
-    def __init__(self, target):
+    def __init__(self, target, *, verbose: bool):
         self.target = target
+        self.verbose = verbose
         self._buffer = ""
         self._skip_indent: int | None = None  # indent of the JSON's opening brace while skipping
         self._expect_open = False
@@ -135,6 +173,8 @@ class _HideExecutorInput:
         if self.MARKER in line:
             self._expect_open = True
             line = line.replace(self.MARKER, "Got executor_input (omitted).")
+        if not self.verbose and (not stripped or self.EXECUTOR_INFO.match(line)):
+            return
         self.target.write(line)
 
     def flush(self) -> None:

@@ -44,7 +44,7 @@ def submit(host: str, config_path: str, *, experiment: str | None = None, namesp
            run_name: str | None = None, sweep: bool = False) -> str:
     """Submit and return the run URL."""
     from pinpoint.config import load_config
-    from pipelines.compile import compile_sweep, compile_training
+    from pipelines.compile import SWEEP_FILE, TRAINING_FILE, compile_sweep, compile_training
     from pipelines.settings import settings_from_config
 
     host = check_host(host)
@@ -52,10 +52,10 @@ def submit(host: str, config_path: str, *, experiment: str | None = None, namesp
     settings = settings_from_config(cfg)
     with tempfile.TemporaryDirectory(prefix="pinpoint-submit-") as tmp:
         if sweep:
-            package = compile_sweep(settings, Path(tmp) / "placement_sweep.yaml")
+            package = compile_sweep(settings, Path(tmp) / SWEEP_FILE)
             arguments = {"runs_root": f"{settings.default_run_dir}-sweep"}
         else:
-            package = compile_training(settings, Path(tmp) / "training_pipeline.yaml")
+            package = compile_training(settings, Path(tmp) / TRAINING_FILE)
             arguments = {"run_dir": settings.default_run_dir}
         try:
             import warnings

@@ -121,13 +121,13 @@ def test_placement_sweep_picks_the_fastest_run_that_obeyed_its_plan(live_mlflow,
 
 
 @pytest.mark.unit
-def test_step_logs_hide_only_the_executor_input_dump():
+def test_verbose_step_logs_hide_only_the_executor_input_dump():
     import io
 
     from pipelines.local_run import _HideExecutorInput
 
     out = io.StringIO()
-    quiet = _HideExecutorInput(out)
+    quiet = _HideExecutorInput(out, verbose=True)
     dump = json.dumps({"inputs": {"parameterValues": {"config_yaml": "a: {b: 1}\n}"}}}, indent=4)
     print("    [KFP Executor INFO]: Got executor_input:", file=quiet)
     for line in dump.splitlines():
@@ -144,3 +144,76 @@ def test_step_logs_hide_only_the_executor_input_dump():
         "    not json after all",
         "no newline yet",
     ]
+
+
+@pytest.mark.unit
+def test_step_logs_drop_the_executors_info_lines_and_keep_the_steps_own_lines_and_errors():
+    import io
+
+    from pipelines.local_run import _HideExecutorInput
+
+    out = io.StringIO()
+    quiet = _HideExecutorInput(out, verbose=False)
+    lines = [
+        "    [KFP Executor 2026-11-23 10:11:18,729 INFO]: Looking for component `train` in --component_module_path x",
+        "    [KFP Executor 2026-11-23 10:11:18,731 INFO]: Got executor_input:",
+        "    {",
+        '        "inputs": {}',
+        "    }",
+        "    [KFP Executor 2026-11-23 10:11:24,808 INFO]: Using MirroredStrategy with devices ('/CPU:1', '/CPU:2')",
+        "    pinpoint: resuming from checkpoint step 300",
+        "    [KFP Executor 2026-11-23 10:11:25,001 WARNING]: something a library warns about",
+        "    [KFP Executor 2026-11-23 10:11:25,002 ERROR]: something that failed",
+        "    Traceback (most recent call last):",
+        "    ",
+        "    [KFP Executor 2026-11-23 10:11:27,962 INFO]: Wrote executor output file to /tmp/executor_output.json.",
+        "",
+    ]
+    for line in lines:
+        print(line, file=quiet)
+    quiet.flush()
+    assert out.getvalue().splitlines() == [
+        "    pinpoint: resuming from checkpoint step 300",
+        "    [KFP Executor 2026-11-23 10:11:25,001 WARNING]: something a library warns about",
+        "    [KFP Executor 2026-11-23 10:11:25,002 ERROR]: something that failed",
+        "    Traceback (most recent call last):",
+    ]
+
+
+@pytest.mark.unit
+def test_kfp_local_info_filter_drops_only_the_outputs_dump_and_headers():
+    import logging
+
+    from pipelines.local_run import _KfpInfoFilter
+
+    def record(level, msg):
+        return logging.LogRecord("root", level, __file__, 1, msg, None, None)
+
+    keep = _KfpInfoFilter().filter
+    assert keep(record(logging.INFO, "Executing task \x1b[96m'train'\x1b[0m"))
+    assert keep(record(logging.INFO, "Task \x1b[96m'train'\x1b[0m finished with status \x1b[92mSUCCESS\x1b[0m"))
+    assert keep(record(logging.INFO, "Task train failed (attempt 1/3); retrying"))
+    assert keep(record(logging.ERROR, "Task \x1b[96m'train'\x1b[0m outputs: shown at ERROR"))
+    assert not keep(record(logging.INFO, "Streamed logs:\n"))
+    assert not keep(record(logging.INFO, "Task \x1b[96m'train'\x1b[0m outputs:\n    Output: '/runs/demo'"))
+    assert not keep(record(logging.INFO, "Task \x1b[96m'report'\x1b[0m has no outputs"))
+    assert not keep(record(logging.INFO, "Cleaned up workspace: /tmp/ws"))
+
+
+@pytest.mark.unit
+def test_run_and_compile_reach_the_cli_through_the_entry_point_group_only():
+    import ast
+
+    from pinpoint.cli import COMMANDS_GROUP, build_parser
+    from pipelines.commands import cmd_compile, cmd_run
+
+    assert build_parser().parse_args(["run", "configs/demo.yaml"]).fn is cmd_run
+    assert build_parser().parse_args(["compile", "--out", "x.yaml", "-v"]).fn is cmd_compile
+    declared = (REPO / "pyproject.toml").read_text()
+    assert f'[project.entry-points."{COMMANDS_GROUP}"]' in declared
+    # The library never imports the repository's kfp packages (they register themselves).
+    for path in (REPO / "src" / "pinpoint").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] in ("pipelines", "components", "kfp") for n in names), path

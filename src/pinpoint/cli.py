@@ -2,6 +2,8 @@
 
 Each step reads its inputs from and writes its outputs to a run folder (`runs/<name>/`).
 Heavy imports (TensorFlow, MLflow, kfp) happen inside the commands, never at import time.
+The kfp-facing commands (`run`, `compile`) are not the library's: the repository's kfp package
+registers them through the `pinpoint.commands` entry-point group (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ import sys
 from pathlib import Path
 
 from pinpoint.errors import ConfigError, PinpointError
+
+# Entry-point group of commands other packages add to the CLI (see add_registered_commands).
+COMMANDS_GROUP = "pinpoint.commands"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,30 +71,24 @@ def cmd_report(args) -> int:
     return report_command(Path(args.dir), parent_run_id=args.parent_run_id)
 
 
-def cmd_run(args) -> int:
-    from pinpoint.config import load_config
-    from pinpoint.usercode import preflight
-
-    # Fail fast, before kfp starts anything or the provision step writes the run folder.
-    preflight(load_config(args.config))
-    # kfp lives outside the library: the pipelines package owns the local run.
-    from pipelines.local_run import run_local
-
-    return run_local(args.config, runs_root=Path(args.runs_root))
-
-
-def cmd_compile(args) -> int:
-    from pipelines.compile import compile_all
-
-    for path in compile_all(Path(args.out), args.config):
-        print(f"wrote {path}")
-    return 0
-
-
 def cmd_upload_spool(args) -> int:
     from pinpoint.tracking.spool import upload_spool_command
 
     return upload_spool_command(Path(args.dir), uri=args.uri)
+
+
+def add_registered_commands(sub) -> None:
+    """Commands other packages add (`pinpoint run` and `pinpoint compile` come from the repo's
+    kfp package): each entry point in the COMMANDS_GROUP group names a callable that takes the
+    subparsers and adds one command whose defaults set `fn(args) -> int`."""
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            add = entry.load()
+        except ImportError:  # an install without that package (e.g. an image without pipelines/)
+            continue
+        add(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,20 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--parent-run-id", help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_report)
 
-    s = sub.add_parser("run", help="the local pipeline (kfp.local): provision -> train -> report")
-    s.add_argument("config")
-    s.add_argument("--runs-root", default="runs")
-    s.set_defaults(fn=cmd_run)
-
-    s = sub.add_parser("compile", help="compile the kfp pipelines to YAML")
-    s.add_argument("--out", required=True, help="output file or folder")
-    s.add_argument("--config", help="compile in this config's cluster settings (image, GPUs, tolerations)")
-    s.set_defaults(fn=cmd_compile)
-
     s = sub.add_parser("upload-spool", help="send MLflow data spooled while the server was down")
     s.add_argument("dir", help="a run folder (or a spool folder)")
     s.add_argument("--uri", help="tracking URI (default: the one recorded in the spool)")
     s.set_defaults(fn=cmd_upload_spool)
+
+    add_registered_commands(sub)
 
     # Accepted before or after the command (`pinpoint --verbose train ...`, `pinpoint train ... -v`).
     verbose_help = "show TensorFlow's, CUDA's and MLflow's start-up logs and warnings (hidden by default)"

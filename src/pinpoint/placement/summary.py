@@ -8,12 +8,9 @@ from typing import Any
 from pinpoint.placement.conformance import split_fallbacks
 
 
-def _first(metrics: Mapping[str, Any], *keys: str) -> float | None:
-    for k in keys:
-        v = metrics.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-    return None
+def _number(metrics: Mapping[str, Any], key: str) -> float | None:
+    v = metrics.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def human_bytes(n: float | None) -> str:
@@ -53,12 +50,12 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
     conformance and replica drift."""
     placement = placement or {}
     metrics = metrics or {}
-    final = metrics.get("final") if isinstance(metrics.get("final"), Mapping) else metrics
     lines = ["== pinpoint summary " + "=" * 40]
-    loss = _first(final, "loss", "final_loss")
-    acc = _first(final, "accuracy", "final_accuracy", "acc")
-    eps = _first(final, "examples_per_sec", "mean_examples_per_sec")
-    steps = _first(metrics, "steps", "global_step", "step")
+    # metrics.json's keys (pinpoint.training.engine; its "loss" is the loss function's name).
+    loss = _number(metrics, "final_loss")
+    acc = _number(metrics, "final_accuracy")
+    eps = _number(metrics, "examples_per_sec")
+    steps = _number(metrics, "steps")
     parts = []
     if steps is not None:
         parts.append(f"steps {steps:.0f}")

@@ -97,10 +97,8 @@ def _write_manifests(out: Path, files: dict[str, list[dict]]) -> list[Path]:
 
 
 def _track(cfg: Config, out: Path, spec: dict, plan: dict, parent_run_id: str | None) -> str | None:
-    try:
-        from pinpoint.tracking import open_step_run
-    except ImportError:  # tracking not installed in this image: provisioning still works
-        return None
+    from pinpoint.tracking import open_step_run
+
     gpus = {t["role"]: t["resources"]["gpus"] for t in spec["tasks"]}
     with open_step_run(cfg, "provision", out, parent_run_id=parent_run_id) as run:
         run.log_params(
