@@ -2,7 +2,7 @@
 
 import pytest
 
-from pinpoint.devices import DeviceMap
+from pinpoint.device_names import DeviceMap
 
 pytestmark = pytest.mark.unit
 

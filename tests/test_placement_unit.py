@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from pinpoint.device_names import DeviceMap, matches, normalize
 from pinpoint.placement.merge import merge_placements
 from pinpoint.placement.metrics import headline_metrics, metrics_step
-from pinpoint.placement.naming import Namer, matches, metric_key, normalize
+from pinpoint.placement.naming import metric_key
 from pinpoint.placement.summary import format_summary
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -28,11 +29,11 @@ def test_normalize_and_spec_names():
     assert normalize("/job:worker/replica:0/task:1/device:GPU:0") == "/job:worker/task:1/GPU:0"
     assert normalize("/device:GPU:0") == "/GPU:0"
     assert normalize("") == ""
-    namer = Namer(type("DM", (), {"aliases": {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}})())
-    assert namer.spec("/job:localhost/replica:0/task:0/device:CPU:2") == "/GPU:1"
-    assert namer.spec("/job:worker/replica:0/task:1/device:CPU:1") == "/job:worker/task:1/GPU:0"
-    assert namer.spec("/job:localhost/replica:0/task:0/device:CPU:0") == "/CPU:0"
-    assert namer.physical("/GPU:1") == "/CPU:2"
+    namer = DeviceMap.of(type("DM", (), {"aliases": {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}})())
+    assert namer.canonical_spec("/job:localhost/replica:0/task:0/device:CPU:2") == "/GPU:1"
+    assert namer.canonical_spec("/job:worker/replica:0/task:1/device:CPU:1") == "/job:worker/task:1/GPU:0"
+    assert namer.canonical_spec("/job:localhost/replica:0/task:0/device:CPU:0") == "/CPU:0"
+    assert namer.canonical_physical("/GPU:1") == "/CPU:2"
 
 
 def test_matches_only_what_the_plan_specifies():
@@ -137,7 +138,7 @@ def test_variables_rule_violation_names_the_layer_rule():
         {"name": "head/kernel", "devices": ["/GPU:1"], "components": [{"device": "/GPU:1"}]},
     ]
     plan = PinningConfig(variables="/GPU:0", layers={"head": "/GPU:1"})
-    conf = check_conformance([], variables, plan, "none", None, Namer(None), _re.compile("gradients/"), None,
+    conf = check_conformance([], variables, plan, "none", None, DeviceMap.of(None), _re.compile("gradients/"), None,
                              _re.compile("input/"))
     rule = next(r for r in conf["rules"] if r["rule"] == "variables")
     assert rule["score"] == 0.5

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from pinpoint.device_names import DeviceMap
 from pinpoint.placement.merge import merge_placements
 from pinpoint.placement.metrics import headline_metrics
-from pinpoint.placement.naming import Namer
 from pinpoint.placement.summary import format_summary, timing_lines
 from pinpoint.placement.timing import OpEvent, device_timing, timing_from_trace, union_ps
 
@@ -77,7 +77,7 @@ def _graphs():
 def test_trace_is_read_per_device_busy_as_a_union_without_nested_work(tmp_path):
     path = tmp_path / "host.xplane.pb"
     path.write_bytes(_xspace().SerializeToString())
-    t = timing_from_trace(path, _graphs(), Namer(None), steps=[3, 4])
+    t = timing_from_trace(path, _graphs(), DeviceMap.of(None), steps=[3, 4])
     assert t["steps"] == [3, 4] and t["wall_ms"] == 0.5 and t["step_ms"] == 0.25
     g0, g1 = t["devices"]["/GPU:0"], t["devices"]["/GPU:1"]
     # GPU:0: MatMul and AddV2 overlap -> union [0, 150] (not 200); the _Send's own time is 20 us

@@ -1,78 +1,21 @@
-"""Device setup: emulated GPUs, visible devices, soft placement, and spec <-> physical names.
+"""Device setup: emulated GPUs, visible devices and soft placement (the TensorFlow side).
 
 A spec is written for the target cluster (``/GPU:0``, ``/GPU:1``). On a CPU-only machine with
 ``cluster.emulate: true`` each ``/GPU:i`` becomes logical CPU device ``/CPU:{i+1}``; ``/CPU:0``
 stays the host, so central storage and input pipelines stay distinguishable from the "GPUs".
 Everything here must run before TensorFlow initializes its devices (first op, first strategy).
+Device names and the spec <-> physical mapping are pinpoint.device_names.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-from dataclasses import dataclass, field
 
-from pinpoint.config import Config, parse_device
+from pinpoint.config import Config, pinned_devices
+from pinpoint.device_names import HOST, DeviceMap, emulation_aliases, local_name, parse_device
 from pinpoint.errors import PlacementError
 
 log = logging.getLogger("pinpoint.devices")
-
-HOST = "/CPU:0"
-# prefix (job/replica/task), separator ("/device:" or "/"), type, index
-_SPLIT_RE = re.compile(r"^(.*?)(/device:|/)(CPU|GPU|TPU):(\d+)$")
-
-
-@dataclass(frozen=True)
-class DeviceMap:
-    """How spec device names map onto the devices this process really has."""
-
-    aliases: dict[str, str]  # spec "/GPU:i" -> physical "/CPU:i+1" (emulation only)
-    replica_devices: tuple[str, ...]  # physical devices the strategy trains on
-    spec_replica_devices: tuple[str, ...]  # the same, in spec names
-    host: str = HOST
-    emulated: bool = False
-    fallbacks: dict[str, str] = field(default_factory=dict)  # spec device -> where it ran instead
-    visible: dict[str, str] = field(default_factory=dict)  # visible_devices renumbering
-    local_devices: tuple[str, ...] = ()  # every logical device of this process
-
-    def physical(self, spec_device: str) -> str:
-        """The device to put in tf.device() for a spec device (job prefixes kept)."""
-        m = _SPLIT_RE.match(spec_device)
-        if not m:
-            return spec_device
-        prefix, _sep, dtype, idx = m.groups()
-        short = self.aliases.get(f"/{dtype}:{idx}") or self.fallbacks.get(f"/{dtype}:{idx}")
-        return prefix + short if short else spec_device
-
-    def spec(self, physical_device: str) -> str:
-        """The spec name of a physical device; accepts full names ('/job:.../device:CPU:1')."""
-        m = _SPLIT_RE.match(physical_device or "")
-        if not m:
-            return physical_device
-        prefix, sep, dtype, idx = m.groups()
-        reverse = {v: k for k, v in self.aliases.items()}
-        short = reverse.get(f"/{dtype}:{idx}")
-        if not short:
-            return physical_device
-        _, _, sdtype, sidx = parse_device(short)
-        return f"{prefix}{sep}{sdtype}:{sidx}"
-
-    def to_json(self) -> dict:
-        return {
-            "device_aliases": dict(self.aliases),
-            "replica_devices": list(self.replica_devices),
-            "spec_replica_devices": list(self.spec_replica_devices),
-            "host": self.host,
-            "emulated": self.emulated,
-            "fallbacks": dict(self.fallbacks),
-            "visible_devices": dict(self.visible),
-            "local_devices": list(self.local_devices),
-        }
-
-
-def _short(name: str) -> str:
-    m = _SPLIT_RE.match(name)
-    return f"/{m.group(3)}:{m.group(4)}" if m else name
 
 
 def _configure_logical_cpus(tf, count: int) -> int:
@@ -143,7 +86,7 @@ def setup_devices(cfg: Config) -> DeviceMap:
         elif c.emulate:
             emulated = True
             cpu_count = _configure_logical_cpus(tf, len(spec_gpus) + 1)
-            aliases = {f"/GPU:{i}": f"/CPU:{i + 1}" for i in spec_gpus}
+            aliases = emulation_aliases(spec_gpus)
             replica = [aliases[f"/GPU:{i}"] for i in spec_gpus]
         elif pin.soft_placement:
             fallbacks = {f"/GPU:{i}": HOST for i in spec_gpus}
@@ -154,7 +97,7 @@ def setup_devices(cfg: Config) -> DeviceMap:
             replica = [HOST]
         else:
             raise PlacementError(
-                f"cluster.device_type: GPU requested but this machine has no GPU (devices: {HOST}); "
+                f"cluster.device_type: got GPU, but this machine has no GPU (devices: {HOST}); "
                 "set cluster.emulate: true, enable train.pinning.soft_placement, or use device_type: CPU"
             )
         spec_replica = [f"/GPU:{i}" for i in spec_gpus]
@@ -184,16 +127,14 @@ def setup_devices(cfg: Config) -> DeviceMap:
 
 def check_pinned_devices(cfg: Config, dm: DeviceMap) -> None:
     """Every pinned device must exist here; soft placement on: warn (TF falls back), off: fail."""
-    from pinpoint.config import _pinned_devices
-
     pin = cfg.train.pinning
-    for fieldname, device in _pinned_devices(pin):
+    for fieldname, device in pinned_devices(pin):
         if fieldname.endswith("visible_devices"):
             continue
         job, _, _, _ = parse_device(device)
         if job is not None and job != "localhost":
             continue  # a remote task's device: checked by that task
-        physical = _short(dm.physical(device))
+        physical = local_name(dm.physical(device))
         if physical in dm.local_devices:
             continue
         devices = ", ".join(dm.spec(d) if dm.spec(d) != d else d for d in dm.local_devices)
@@ -204,6 +145,6 @@ def check_pinned_devices(cfg: Config, dm: DeviceMap) -> None:
             )
         else:
             raise PlacementError(
-                f"{fieldname}: {device} does not exist on this machine (devices: {devices}); "
+                f"{fieldname}: got {device}, which does not exist on this machine (devices: {devices}); "
                 "enable train.pinning.soft_placement or pick an existing device"
             )

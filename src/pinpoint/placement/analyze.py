@@ -16,6 +16,7 @@ import re
 from collections import Counter, defaultdict
 from typing import Any
 
+from pinpoint.device_names import DeviceMap, matches, normalize, sort_key
 from pinpoint.placement.conformance import (
     as_predicted,
     check_conformance,
@@ -26,7 +27,6 @@ from pinpoint.placement.conformance import (
     requested_defs,
     requested_devices,
 )
-from pinpoint.placement.naming import Namer, matches, normalize, sort_key
 from pinpoint.placement.schema import EXPLAIN, SCHEMA_VERSION, json_number
 from pinpoint.placement.transfers import BOOKKEEPING, merge_transfer_steps, step_transfers
 from pinpoint.placement.variables import analyze_variables, safe_consistency
@@ -48,7 +48,7 @@ def build_placement(
 
     Input-pipeline ops are dataset/iterator op types plus ops under the `input_scope` name scope
     (an in-graph input pipeline)."""
-    namer = Namer(device_map)
+    namer = DeviceMap.of(device_map)
     captures = [c for c in captures if c is not None]
     grad_re = gradient_re(gradient_scope)
 
@@ -71,7 +71,7 @@ def build_placement(
         defs = requested_defs(cap) if emulated_gpus else {}
         for g in cap.partition_graphs:
             for n in g.node:
-                dev = namer.spec(n.device)
+                dev = namer.canonical_spec(n.device)
                 if dev:
                     seen_devices.add(dev)
                     seen_physical.add(normalize(n.device))
@@ -90,7 +90,7 @@ def build_placement(
                         {
                             "op": n.name,
                             "op_type": n.op,
-                            "requested": namer.spec(req),
+                            "requested": namer.canonical_spec(req),
                             "requested_physical": normalize(req),
                             "placed": dev,
                             "placed_physical": normalize(n.device),
@@ -124,7 +124,7 @@ def build_placement(
                 "op_type": "*",
                 "requested": spec,
                 "requested_physical": spec,
-                "placed": namer.spec(instead),
+                "placed": namer.canonical_spec(instead),
                 "placed_physical": normalize(instead),
                 "reason": "requested device does not exist on this machine; redirected at device setup "
                 "(soft placement)",
@@ -149,7 +149,7 @@ def build_placement(
         "strategy": strategy,
         "captured_steps": [s for c in captures for s in (getattr(c, "steps", None) or [c.step])],
         "devices": devices,
-        "physical_devices": {d: namer.physical(d) for d in devices},
+        "physical_devices": {d: namer.canonical_physical(d) for d in devices},
         "device_aliases": dict(namer.aliases),
         "ops_by_device": _mean_counter(per_step_ops),
         "op_types_by_device": {

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 
-from pinpoint.placement.naming import EMULATED_ATTR, XLA_ATTR, Namer, matches, normalize, sort_key, split_prefix
+from pinpoint.device_names import DeviceMap, matches, normalize, sort_key, split_prefix
+from pinpoint.placement.naming import EMULATED_ATTR, XLA_ATTR
 from pinpoint.placement.transfers import BOOKKEEPING
 
 # Ops that say nothing about where the work ran (constants, control grouping).
@@ -43,7 +44,7 @@ def split_fallbacks(placement) -> tuple[list[dict], list[dict]]:
     return [f for f in fallbacks if not f.get("predicted")], [f for f in fallbacks if f.get("predicted")]
 
 
-def predicted_fallback(node, pre, requested: str | None, namer: Namer, emulated_gpus: set) -> dict | None:
+def predicted_fallback(node, pre, requested: str | None, namer: DeviceMap, emulated_gpus: set) -> dict | None:
     """A GPU machine's fallback for an op that ran on an emulated GPU, from the kernel registry."""
     if node.op in BOOKKEEPING or pre is None or XLA_ATTR in node.attr:
         return None
@@ -58,12 +59,12 @@ def predicted_fallback(node, pre, requested: str | None, namer: Namer, emulated_
     reason = missing_gpu_kernel(pre.op, pre.attr)
     if reason is None:
         return None
-    placed = namer.spec(node.device)
+    placed = namer.canonical_spec(node.device)
     host = f"{prefix}/CPU:0"
     return {
         "op": node.name,
         "op_type": pre.op,
-        "requested": namer.spec(requested) if requested else placed,
+        "requested": namer.canonical_spec(requested) if requested else placed,
         "requested_physical": normalize(requested) if requested else norm,
         "placed": placed,
         "placed_physical": norm,
@@ -125,34 +126,34 @@ def check_conformance(ops, variables, plan, strategy, device_map, namer, grad_re
     if plan is not None:
         if getattr(plan, "variables", None):
             rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
-            rule = _rule("variables", namer.spec(plan.variables), rel)
+            rule = _rule("variables", namer.canonical_spec(plan.variables), rel)
             # A layer's variables are created inside the layer's device scope, so a layers.<name>
             # rule wins over the variables rule for that layer: say so next to the violation.
             for viol in rule["violations"]:
                 for layer, dev in (getattr(plan, "layers", None) or {}).items():
-                    if layer_re(layer).search(viol["op"] + "/") and matches(namer.spec(dev), viol["placed"]):
+                    if layer_re(layer).search(viol["op"] + "/") and matches(namer.canonical_spec(dev), viol["placed"]):
                         viol["why"] = f"created inside layers.{layer}'s device scope ({dev})"
             rules.append(rule)
         if getattr(plan, "gradients", None):
             rel = [(o["op"], o["device"]) for o in compute if grad_re.search(o["op"])]
-            rules.append(_rule("gradients", namer.spec(plan.gradients), rel))
+            rules.append(_rule("gradients", namer.canonical_spec(plan.gradients), rel))
         for layer, dev in (getattr(plan, "layers", None) or {}).items():
             lre = layer_re((layer_scopes or {}).get(layer, layer))
             fwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and not grad_re.search(o["op"])]
             # The layer's backward ops (gradients/.../<layer>/..._grad): a plan whose backward pass
             # ignores the pins cannot score 1.
             bwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and grad_re.search(o["op"])]
-            rule = _rule(f"layers.{layer}", namer.spec(dev), fwd + bwd)
+            rule = _rule(f"layers.{layer}", namer.canonical_spec(dev), fwd + bwd)
             for part, rel in (("forward", fwd), ("backward", bwd)):
-                sub = _rule(part, namer.spec(dev), rel)
+                sub = _rule(part, namer.canonical_spec(dev), rel)
                 rule[part] = {"relevant": sub["relevant"], "score": sub["score"], "observed": sub["observed"]}
             rules.append(rule)
         if getattr(plan, "input", None):
             # An Identity the partitioner adds where a replica receives its batch (".../_27" on
             # the replica's device) forwards the copy; it does no input work.
             rel = [(o["op"], o["device"]) for o in compute if is_input(o) and o["type"] != "Identity"]
-            rules.append(_rule("input", namer.spec(plan.input), rel))
-    replicas = [namer.spec(d) for d in (getattr(device_map, "replica_devices", None) or [])]
+            rules.append(_rule("input", namer.canonical_spec(plan.input), rel))
+    replicas = [namer.canonical_spec(d) for d in (getattr(device_map, "replica_devices", None) or [])]
     if strategy in ("mirrored", "multi_worker_mirrored") and replicas:
         # One component of every variable on every replica device.
         missing, present = [], []
@@ -187,7 +188,7 @@ def check_conformance(ops, variables, plan, strategy, device_map, namer, grad_re
             if rel_by_replica.get(i):
                 rules.append(_rule(f"strategy.replica_{i}_compute", dev, rel_by_replica[i]))
     elif strategy == "central_storage":
-        host = namer.spec(getattr(device_map, "host", None) or "/CPU:0")
+        host = namer.canonical_spec(getattr(device_map, "host", None) or "/CPU:0")
         rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
         rules.append(_rule("strategy.variables_on_host", host, rel))
     elif strategy == "one_device" and replicas:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pinpoint.placement.naming import sort_key
+from pinpoint.device_names import sort_key
 from pinpoint.placement.schema import EXPLAIN, SCHEMA_VERSION, json_number
 from pinpoint.placement.variables import FINGERPRINT_SAMPLES
 

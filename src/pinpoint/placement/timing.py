@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinpoint.placement.naming import Namer, sort_key
+from pinpoint.device_names import DeviceMap, sort_key
 
 TOP_OPS = 5
 RECVS = {"_Recv", "_HostRecv"}
@@ -189,14 +189,14 @@ def _stat(s, names: dict) -> Any:
     return names.get(value) if kind == "ref_value" else value
 
 
-def node_devices(partition_graphs: Iterable, namer: Namer) -> dict[str, str]:
+def node_devices(partition_graphs: Iterable, namer: DeviceMap) -> dict[str, str]:
     """Node name -> spec device from the partition graphs the runtime ran (a name seen on two
     devices, in two functions, is left out: its events cannot be attributed)."""
     out: dict[str, str] = {}
     clash: set[str] = set()
     for g in partition_graphs:
         for n in g.node:
-            dev = namer.spec(n.device)
+            dev = namer.canonical_spec(n.device)
             if not dev:
                 continue
             if out.setdefault(n.name, dev) != dev:
@@ -285,7 +285,7 @@ def device_timing(
 def timing_from_trace(
     xplane: Path,
     partition_graphs: Iterable,
-    namer: Namer,
+    namer: DeviceMap,
     *,
     display: Callable[[str], str] | None = None,
     steps: list[int] | None = None,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from pinpoint.placement.naming import LOOP_ATTR, Namer, normalize, sort_key
+from pinpoint.device_names import DeviceMap, normalize, sort_key
+from pinpoint.placement.naming import LOOP_ATTR
 from pinpoint.placement.schema import json_number
 
 # Bookkeeping nodes: how data moves between partitions and in/out of a function. Not "ops that
@@ -64,7 +65,7 @@ def _shape_of(name: str, index: int, cap, nodes: dict, depth: int = 0) -> list[i
     return None
 
 
-def step_transfers(cap, namer: Namer) -> dict:
+def step_transfers(cap, namer: DeviceMap) -> dict:
     """One step's cross-device transfers, counted on the sending side."""
     nodes = {}
     for pre in cap.requested_graphs:
@@ -102,7 +103,7 @@ def step_transfers(cap, namer: Namer) -> dict:
                 loop["bytes"] += dsize or 0
                 continue
             count += 1
-            s, d = namer.spec(src), namer.spec(dst)
+            s, d = namer.canonical_spec(src), namer.canonical_spec(dst)
             cell = matrix[s][d]
             cell["count"] += 1
             inp = n.input[0].lstrip("^") if n.input else ""
@@ -126,7 +127,7 @@ def step_transfers(cap, namer: Namer) -> dict:
         for n in g.node:
             if not COLLECTIVE_RE.match(n.op) or not n.input:
                 continue
-            dev = namer.spec(n.device)
+            dev = namer.canonical_spec(n.device)
             coll[dev]["count"] += 1
             name, _, idx = n.input[0].lstrip("^").partition(":")
             shape = _shape_of(name, int(idx or 0), cap, nodes)

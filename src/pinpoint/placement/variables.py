@@ -7,7 +7,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
-from pinpoint.placement.naming import Namer, normalize, sort_key
+from pinpoint.device_names import DeviceMap, normalize, sort_key
 
 UPDATE_RE = re.compile(
     r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$"
@@ -144,7 +144,7 @@ def _resource_source(name: str, nodes: dict) -> str | None:
     return None
 
 
-def analyze_variables(variables: list, captures: list, namer: Namer, cache: dict | None = None) -> dict:
+def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: dict | None = None) -> dict:
     """placement.json's `variables` (components, devices, update devices, fingerprint) and
     `variable_updates` (how the update ops were attributed), as {"variables", "updates"}."""
     import numpy as np
@@ -160,7 +160,7 @@ def analyze_variables(variables: list, captures: list, namer: Namer, cache: dict
         nbytes = int(dsize * int(np.prod(shape))) if shape is not None and None not in shape else None
         comp_info = []
         for c in comps:
-            dev = namer.spec(getattr(c, "device", "") or "")
+            dev = namer.canonical_spec(getattr(c, "device", "") or "")
             comp_info.append({"device": dev, "physical": normalize(getattr(c, "device", "") or "")})
             handle = getattr(c, "handle", None)
             if handle is not None:
@@ -208,7 +208,7 @@ def analyze_variables(variables: list, captures: list, namer: Namer, cache: dict
                     else:
                         update_ops[idx] += 1
                 if idx is not None:
-                    update_devs[idx].add(namer.spec(n.device))
+                    update_devs[idx].add(namer.canonical_spec(n.device))
     for i, info in enumerate(out):
         info["update_devices"] = sorted(update_devs.get(i, ()), key=sort_key)
         info["update_ops"] = update_ops.get(i, 0)
