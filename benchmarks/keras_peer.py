@@ -77,7 +77,7 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
     if multi_worker:
         # Exactly how `pinpoint train --task` builds it: emulated GPUs (logical CPUs 1..n) are
         # handed to the strategy as this task's local devices.
-        from pinpoint.training.task import _emulated_local_devices
+        from pinpoint.training.strategies import emulated_local_devices as _emulated_local_devices
 
         with _emulated_local_devices(dm):
             strategy = tf.distribute.MultiWorkerMirroredStrategy(

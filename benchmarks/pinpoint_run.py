@@ -87,7 +87,7 @@ def pinpoint_train(spec: dict) -> dict[str, Any]:
 
     from benchmarks.worker import _mfu_fields
     from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
-    from pinpoint.training import train_command
+    from pinpoint.training.command import train_command
 
     out = Path(spec["out"])
     started_ms = int(time.time() * 1000)

@@ -36,7 +36,7 @@ def train(
 
         run_step(launch_training, cfg, out, parent_run_id=parent_run_id or None)
     elif launch == "local":
-        from pinpoint.training import train_command
+        from pinpoint.training.command import train_command
 
         run_step(
             train_command,

@@ -117,7 +117,7 @@ def test_a_pinned_op_without_a_gpu_kernel_is_a_predicted_fallback_and_a_violatio
 
 def test_soft_placement_off_fails_like_a_gpu_machine_naming_op_rule_and_fix(code_dir, tmp_path):
     cfg = make_cfg({"layers": {"shuffle": "/GPU:1"}, "soft_placement": False}, code_dir=code_dir)
-    from pinpoint.training import train_command
+    from pinpoint.training.command import train_command
 
     with pytest.raises(PlacementError) as err:
         train_command(cfg, tmp_path)

@@ -143,7 +143,7 @@ def placements(tmp_path_factory):
     """Each checked scenario trained once, in-process, on the 3-logical-CPU layout."""
     from pinpoint.config import config_from_dict
     from pinpoint.devices import setup_devices
-    from pinpoint.training import train_command
+    from pinpoint.training.command import train_command
 
     setup_devices(config_from_dict(_config("none")))
     cache: dict[str, dict] = {}

@@ -39,7 +39,7 @@ def _three_logical_cpus():
 
 
 def train(cfg, out: Path):
-    from pinpoint.training import train_command
+    from pinpoint.training.command import train_command
 
     assert train_command(cfg, out) == 0
     metrics = json.loads((out / "metrics.json").read_text())
@@ -178,7 +178,7 @@ def test_unknown_layer_name_lists_the_valid_ones():
     with pytest.raises(ConfigError) as err:  # at config load, before anything runs
         make_cfg("none", {"layers": {"dense_9": "/GPU:0"}})
     assert "train.pinning.layers.dense_9" in str(err.value) and "dense_1, dense_2, head" in str(err.value)
-    with pytest.raises(ConfigError, match=r"train.pinning.layers.block_7: .* valid names: embed, block_0"):
+    with pytest.raises(ConfigError, match=r"train.pinning.layers.block_7: got .block_7., .* use one of: embed, block_0"):
         build_model("transformer", (64,), 10, {"block_7": "/CPU:1"})
 
 
@@ -192,13 +192,13 @@ def test_config_knows_the_real_layer_names(model):
 
 
 def test_missing_device_with_soft_placement_off_fails_in_one_line(tmp_path):
-    from pinpoint.training import train_command
+    from pinpoint.training.command import train_command
 
     cfg = make_cfg("none", {"gradients": "/CPU:7", "soft_placement": False})
     with pytest.raises(PlacementError) as err:
         train_command(cfg, tmp_path)
     msg = str(err.value)
-    assert msg.startswith("train.pinning.gradients: /CPU:7 does not exist on this machine")
+    assert msg.startswith("train.pinning.gradients: got /CPU:7, which does not exist on this machine")
     assert "enable train.pinning.soft_placement" in msg and "\n" not in msg
     assert not (tmp_path / "metrics.json").exists()
 
@@ -217,7 +217,7 @@ def test_missing_device_with_soft_placement_on_falls_back_and_is_reported(tmp_pa
 
 
 def test_batch_not_divisible_by_replicas(tmp_path):
-    from pinpoint.training import train_command
+    from pinpoint.training.command import train_command
 
     with pytest.raises(ConfigError, match="train.batch_size: got 33; it must be divisible by the 2 replicas"):
         train_command(make_cfg("mirrored", batch_size=33), tmp_path)
@@ -236,7 +236,7 @@ def test_visible_devices_limit_the_emulated_gpus(tmp_path):
 
 def test_gpu_spec_without_emulation_follows_soft_placement(tmp_path):
     from pinpoint.devices import setup_devices
-    from pinpoint.training import train_command
+    from pinpoint.training.command import train_command
 
     def cfg(soft):
         return config_from_dict({
@@ -246,7 +246,7 @@ def test_gpu_spec_without_emulation_follows_soft_placement(tmp_path):
             "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
         })
 
-    with pytest.raises(PlacementError, match="cluster.device_type: GPU requested but this machine has no GPU"):
+    with pytest.raises(PlacementError, match="cluster.device_type: got GPU, but this machine has no GPU"):
         setup_devices(cfg(False))
     assert train_command(cfg(True), tmp_path) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
@@ -325,13 +325,13 @@ def test_every_all_reduce_choice_trains_the_same_model(all_reduce_runs):
 
 
 def test_all_reduce_nccl_without_a_gpu_fails_in_one_line_before_training(tmp_path):
-    from pinpoint.training import train_command
+    from pinpoint.training.command import train_command
 
     cfg = config_from_dict({
         "name": "t", "cluster": {"devices_per_worker": 2, "emulate": False},
         "train": {"strategy": "mirrored", "all_reduce": "nccl", "steps": 4}, "tracking": {"enabled": False},
     })
-    with pytest.raises(ConfigError, match=r"^config error: train.all_reduce: got 'nccl' but the replicas are /CPU:0 "
+    with pytest.raises(ConfigError, match=r"^train.all_reduce: got 'nccl' but the replicas are /CPU:0 "
                                           r"\(no GPU here\); NCCL needs real GPUs: use ring or auto$"):
         train_command(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()

@@ -57,10 +57,10 @@ def test_csv_missing_label_column_names_field_columns_and_fix(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_arrays(_cfg(data=str(p)))
     msg = str(err.value)
-    assert "train.label_column: 'label' not in" in msg and "['a', 'b']" in msg and "set label_column" in msg
+    assert "train.label_column: got 'label', which is not among" in msg and "['a', 'b']" in msg and "set label_column" in msg
     assert "\n" not in msg
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(ConfigError, match="train.data: file .* does not exist"):
+    with pytest.raises(ConfigError, match="train.data: got '.*', which does not exist"):
         load_arrays(_cfg(data=str(tmp_path / "nope.csv")))

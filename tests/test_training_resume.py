@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def _train(cfg, out):
-    from pinpoint.training import train_command
+    from pinpoint.training.command import train_command
 
     assert train_command(cfg, out) == 0
     return json.loads((out / "metrics.json").read_text())

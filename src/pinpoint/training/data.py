@@ -91,7 +91,7 @@ def load_data(cfg: Config) -> Data:
 def check_divisible(global_batch: int, num_replicas: int) -> None:
     if global_batch % num_replicas:
         raise ConfigError(
-            f"config error: train.batch_size: got {global_batch}; it must be divisible by the "
+            f"train.batch_size: got {global_batch}; it must be divisible by the "
             f"{num_replicas} replicas; use a multiple of {num_replicas}"
         )
 
@@ -108,13 +108,13 @@ def load_arrays(cfg: Config) -> Arrays:
         return synthetic(cfg.train.synthetic_examples, seed=1234)
     path = Path(src)
     if not path.is_file():
-        raise ConfigError(f"config error: train.data: file '{src}' does not exist; give an existing .npz or .csv file")
+        raise ConfigError(f"train.data: got '{src}', which does not exist; give an existing .npz or .csv file")
     if src.endswith(".npz"):
         with np.load(path) as f:
             missing = [k for k in ("x", "y") if k not in f.files]
             if missing:
                 raise ConfigError(
-                    f"config error: train.data: '{src}' has arrays {sorted(f.files)}, not 'x' and 'y'; "
+                    f"train.data: got '{src}' with arrays {sorted(f.files)}, not 'x' and 'y'; "
                     "save features as x and labels as y (np.savez(path, x=..., y=...))"
                 )
             x, y = f["x"], f["y"]
@@ -123,9 +123,9 @@ def load_arrays(cfg: Config) -> Arrays:
     x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
     y = np.asarray(y).astype(np.int64).reshape(-1)
     if len(x) != len(y) or len(x) == 0:
-        raise ConfigError(f"config error: train.data: '{src}' has {len(x)} rows of features and {len(y)} labels; they must match and be non-empty")
+        raise ConfigError(f"train.data: '{src}' has {len(x)} rows of features and {len(y)} labels; they must match and be non-empty")
     if y.min() < 0:
-        raise ConfigError(f"config error: train.data: '{src}' has negative labels; labels must be 0..K-1")
+        raise ConfigError(f"train.data: '{src}' has negative labels; labels must be 0..K-1")
     return Arrays(x, y.astype(np.int32), int(y.max()) + 1, str(path))
 
 
@@ -135,17 +135,17 @@ def _read_csv(path: Path, label_column: str):
     with path.open(newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
-        raise ConfigError(f"config error: train.data: '{path}' is empty; give a CSV with a header row")
+        raise ConfigError(f"train.data: '{path}' is empty; give a CSV with a header row")
     header, body = rows[0], rows[1:]
     if label_column not in header:
         raise ConfigError(
-            f"config error: train.label_column: {label_column!r} not in {path} columns {header}; set label_column"
+            f"train.label_column: got {label_column!r}, which is not among {path}'s columns {header}; set label_column"
         )
     li = header.index(label_column)
     try:
         data = np.array([[float(v) for v in r] for r in body if r], dtype=np.float64)
     except ValueError as err:
-        raise ConfigError(f"config error: train.data: '{path}' has a non-numeric value ({err}); use numbers only") from None
+        raise ConfigError(f"train.data: '{path}' has a non-numeric value ({err}); use numbers only") from None
     return np.delete(data, li, axis=1), data[:, li]
 
 

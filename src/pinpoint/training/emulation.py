@@ -22,11 +22,11 @@ from __future__ import annotations
 import contextlib
 import re
 
-from pinpoint.devices import DeviceMap
+from pinpoint.device_names import DeviceMap, normalize, split_prefix
 from pinpoint.errors import PlacementError
 from pinpoint.kernels import missing_gpu_kernel
 from pinpoint.placement.conformance import gradient_re, layer_re
-from pinpoint.placement.naming import EMULATED_ATTR, normalize, split_prefix
+from pinpoint.placement.naming import EMULATED_ATTR
 
 # Function calls take variable handles as inputs but are not colocated with them: the call
 # goes to the default device like any op (an XLA-compiled call then runs there as one program).

@@ -129,7 +129,7 @@ def _layers(name: str, features: int, num_classes: int, seed: int) -> list[keras
         side = math.isqrt(features)
         if side * side != features:
             raise ConfigError(
-                f"config error: train.model: got 'cnn' but the data has {features} features, "
+                f"train.model: got 'cnn' but the data has {features} features, "
                 "not a square image; use model 'mlp' or 'transformer'"
             )
         init = lambda s: keras.initializers.GlorotUniform(seed + s)
@@ -151,7 +151,7 @@ def _layers(name: str, features: int, num_classes: int, seed: int) -> list[keras
             keras.layers.GlobalAveragePooling1D(name="pool"),
             _dense(num_classes, "head", seed + 30),
         ]
-    raise ConfigError(f"config error: train.model: got {name!r}; use one of mlp, cnn, transformer")
+    raise ConfigError(f"train.model: got {name!r}; use one of mlp, cnn, transformer")
 
 
 def layer_names(name: str, features: int = 64, num_classes: int = 10) -> list[str]:
@@ -176,8 +176,8 @@ def build_model(
     for layer in layer_devices:
         if layer not in valid:
             raise ConfigError(
-                f"config error: train.pinning.layers.{layer}: no layer named {layer!r} in model "
-                f"'{name}'; valid names: {', '.join(valid)}"
+                f"train.pinning.layers.{layer}: got {layer!r}, which is no layer of model "
+                f"'{name}'; use one of: {', '.join(valid)}"
             )
     model = PinnedModel(stack, layer_devices, name=name)
     model.build_all(tuple(input_shape))
@@ -190,7 +190,7 @@ def output_units(cfg, data) -> int:
     if t.loss in ("sparse_categorical_crossentropy", "categorical_crossentropy") or not t.builtin_model:
         if data.num_classes is None:
             raise ConfigError(
-                f"config error: train.num_classes: got None; the data ({data.source}) does not tell how many "
+                f"train.num_classes: got None; the data ({data.source}) does not tell how many "
                 "classes there are; set train.num_classes"
             )
         return data.num_classes
@@ -204,7 +204,7 @@ def make_model(cfg, data, layer_devices: Mapping[str, str]) -> keras.Model:
     if t.builtin_model:
         if isinstance(data.input_shape, dict):
             raise ConfigError(
-                f"config error: train.model: got {t.model!r} but the data has several features "
+                f"train.model: got {t.model!r} but the data has several features "
                 f"({', '.join(data.input_shape)}); built-in models take one tensor: use your own model"
             )
         return build_model(t.model, data.input_shape, output_units(cfg, data), layer_devices, seed=t.seed)
@@ -231,7 +231,7 @@ def build_user_model(cfg, data, layer_devices: Mapping[str, str]) -> keras.Model
         model = usercode.call(fn, "train.model", t.model, t.model_args, offered, "train.model_args")
         if not isinstance(model, keras.Model):
             raise ConfigError(
-                f"config error: train.model: got {t.model!r}; the callable returned a {type(model).__name__}, "
+                f"train.model: got {t.model!r}; the callable returned a {type(model).__name__}, "
                 "not a keras.Model; return a functional, Sequential or subclassed keras.Model"
             )
         if not model.built:
@@ -240,8 +240,8 @@ def build_user_model(cfg, data, layer_devices: Mapping[str, str]) -> keras.Model
     unknown = [name for name in layer_devices if name not in names]
     if unknown:
         raise ConfigError(
-            f"config error: train.pinning.layers.{unknown[0]}: no layer named {unknown[0]!r} in model "
-            f"'{t.model}'; its layers: {', '.join(names)}"
+            f"train.pinning.layers.{unknown[0]}: got {unknown[0]!r}, which is no layer of model "
+            f"'{t.model}'; use one of its layers: {', '.join(names)}"
         )
     for layer in model._flatten_layers(include_self=False, recursive=True):
         if layer.name in layer_devices:
@@ -267,7 +267,7 @@ def _build(model: keras.Model, data) -> None:
         from pinpoint.usercode import last_line
 
         raise ConfigError(
-            f"config error: train.model: got {model.name!r}; calling it on one example of shape {shape} "
+            f"train.model: got {model.name!r}; calling it on one example of shape {shape} "
             f"failed ({last_line(err)}); make the model take the data's features"
         ) from None
 

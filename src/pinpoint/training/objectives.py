@@ -78,13 +78,13 @@ def check_labels(cfg: Config, label_spec) -> None:
     source = f"the labels of train.data ({t.data}) are {dtype.name}{list(shape) if shape.rank else ''}"
     if t.loss == "sparse_categorical_crossentropy" and not dtype.is_integer:
         raise ConfigError(
-            f"config error: train.loss: got '{t.loss}' but {source}; it needs integer class ids: "
+            f"train.loss: got '{t.loss}' but {source}; it needs integer class ids: "
             "cast the labels to int, or use loss 'mse'/'mae' for a regression, or 'categorical_crossentropy' for one-hot labels"
         )
     if t.loss == "categorical_crossentropy" and (shape.rank != 1 or not (dtype.is_floating or dtype.is_integer)):
         raise ConfigError(
-            f"config error: train.loss: got '{t.loss}' but {source}; it needs one-hot label vectors "
+            f"train.loss: got '{t.loss}' but {source}; it needs one-hot label vectors "
             "(shape [num_classes]); use 'sparse_categorical_crossentropy' for class ids"
         )
     if t.loss in ("binary_crossentropy", "mse", "mae") and not (dtype.is_floating or dtype.is_integer):
-        raise ConfigError(f"config error: train.loss: got '{t.loss}' but {source}; it needs numeric labels")
+        raise ConfigError(f"train.loss: got '{t.loss}' but {source}; it needs numeric labels")

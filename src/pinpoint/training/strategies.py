@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from pinpoint.config import ALL_REDUCE, STRATEGIES
@@ -28,7 +29,7 @@ def communication_options(all_reduce: str = "auto", timeout_seconds: float | Non
     impl = tf.distribute.experimental.CommunicationImplementation
     choice = {"auto": impl.AUTO, "ring": impl.RING, "nccl": impl.NCCL}.get(all_reduce)
     if choice is None:
-        raise ConfigError(f"config error: train.all_reduce: got {all_reduce!r}; multi_worker_mirrored "
+        raise ConfigError(f"train.all_reduce: got {all_reduce!r}; multi_worker_mirrored "
                           "all-reduces with collectives only: use ring, nccl or auto")
     return tf.distribute.experimental.CommunicationOptions(implementation=choice, timeout_seconds=timeout_seconds)
 
@@ -36,9 +37,41 @@ def communication_options(all_reduce: str = "auto", timeout_seconds: float | Non
 def require_gpus(devices: Sequence[str]) -> None:
     if not devices or any("GPU" not in d.upper() for d in devices):
         raise ConfigError(
-            f"config error: train.all_reduce: got 'nccl' but the replicas are {', '.join(devices)} (no GPU here); "
+            f"train.all_reduce: got 'nccl' but the replicas are {', '.join(devices)} (no GPU here); "
             "NCCL needs real GPUs: use ring or auto"
         )
+
+
+@contextlib.contextmanager
+def _local_devices(devices: Sequence[str], emulated: bool):
+    """Make MultiWorkerMirroredStrategy train on this task's emulated GPUs `devices`.
+
+    TF picks a worker's local devices from its GPU count, which is 0 on a CPU-only machine, so
+    it would use one replica on CPU:0. With emulation the spec's GPUs are logical CPUs 1..n:
+    hand those to the strategy instead, so each task has devices_per_worker replicas.
+    """
+    if not emulated or len(devices) < 1:
+        yield
+        return
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
+    cls = cars.CollectiveAllReduceExtended
+    original = cls._initialize_local_devices
+    local = [d.split(":")[-1] for d in devices]
+
+    def patched(self, cluster_resolver, worker_device):
+        return tuple(f"{worker_device}/device:CPU:{i}" for i in local), "CPU"
+
+    cls._initialize_local_devices = patched
+    try:
+        yield
+    finally:
+        cls._initialize_local_devices = original
+
+
+def emulated_local_devices(dm):
+    """_local_devices for a DeviceMap `dm` (a MultiWorkerMirroredStrategy built outside get_strategy)."""
+    return _local_devices(dm.replica_devices, dm.emulated)
 
 
 def _mirrored_ops(all_reduce: str, devices: list[str], host: str, emulated: bool):
@@ -68,18 +101,18 @@ def _mirrored_ops(all_reduce: str, devices: list[str], host: str, emulated: bool
     if all_reduce == "hierarchical_copy":
         if len(devices) > 1 and len(devices) % 2:
             # It sums two halves of len // 2 devices (DGX-1 topology): the last one would be left out.
-            raise ConfigError(f"config error: train.all_reduce: got 'hierarchical_copy' with {len(devices)} replica "
+            raise ConfigError(f"train.all_reduce: got 'hierarchical_copy' with {len(devices)} replica "
                               "devices; it reduces two equal halves and would drop the last one: use an even number "
                               "of devices, ring or reduce_to_host")
         return tf.distribute.HierarchicalCopyAllReduce()
     if all_reduce == "nccl":
         require_gpus(devices)
         return tf.distribute.NcclAllReduce()
-    raise ConfigError(f"config error: train.all_reduce: got {all_reduce!r}; use one of {', '.join(ALL_REDUCE)}")
+    raise ConfigError(f"train.all_reduce: got {all_reduce!r}; use one of {', '.join(ALL_REDUCE)}")
 
 
 def get_strategy(name: str, devices: Sequence[str], *, cluster_resolver=None, host: str = "/CPU:0",
-                 emulated: bool = False, all_reduce: str = "auto"):
+                 emulated: bool = False, all_reduce: str = "auto", collective_timeout: float | None = None):
     """The strategy `name` over physical `devices` (this task's replica devices).
 
     none                   TensorFlow's default strategy (no distribution; placement is yours)
@@ -89,8 +122,10 @@ def get_strategy(name: str, devices: Sequence[str], *, cluster_resolver=None, ho
     multi_worker_mirrored  mirrored across tasks (needs `cluster_resolver`), collective all-reduce
     parameter_server       variables on ps tasks, steps scheduled on workers by a ClusterCoordinator
 
-    `emulated`: the devices are logical CPUs standing in for GPUs (cluster.emulate).
+    `emulated`: the devices are logical CPUs standing in for GPUs (cluster.emulate); under
+    multi_worker_mirrored they become this task's local devices (see emulated_local_devices).
     `all_reduce` (train.all_reduce): the gradient all-reduce of mirrored and multi_worker_mirrored.
+    `collective_timeout`: seconds a multi_worker_mirrored collective may wait for a peer (None: forever).
     """
     import tensorflow as tf
 
@@ -106,13 +141,16 @@ def get_strategy(name: str, devices: Sequence[str], *, cluster_resolver=None, ho
         return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device=host)
     if name == "multi_worker_mirrored":
         if cluster_resolver is None:
-            raise ConfigError("config error: train.strategy: multi_worker_mirrored needs a cluster (TF_CONFIG); run it through `pinpoint train` without --task")
+            raise ConfigError("train.strategy: multi_worker_mirrored needs a cluster (TF_CONFIG); run it through `pinpoint train` without --task")
+        # train.all_reduce: the collectives' implementation (ring, NCCL or TensorFlow's choice).
         if all_reduce == "nccl":
             require_gpus(devices)
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver,
-                                                         communication_options=communication_options(all_reduce))
+        options = communication_options(all_reduce, collective_timeout)
+        with _local_devices(devices, emulated):
+            return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver,
+                                                             communication_options=options)
     if name == "parameter_server":
         if cluster_resolver is None:
-            raise ConfigError("config error: train.strategy: parameter_server needs a cluster (TF_CONFIG); run it through `pinpoint train` without --task")
+            raise ConfigError("train.strategy: parameter_server needs a cluster (TF_CONFIG); run it through `pinpoint train` without --task")
         return tf.distribute.experimental.ParameterServerStrategy(cluster_resolver)
-    raise ConfigError(f"config error: train.strategy: got {name!r}; use one of {', '.join(STRATEGIES)}")
+    raise ConfigError(f"train.strategy: got {name!r}; use one of {', '.join(STRATEGIES)}")

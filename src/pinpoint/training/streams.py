@@ -51,7 +51,7 @@ class Source:
 
 
 def _fail(field: str, value: Any, fix: str) -> ConfigError:
-    return ConfigError(f"config error: {field}: got {value!r}; {fix}")
+    return ConfigError(f"{field}: got {value!r}; {fix}")
 
 
 def open_source(cfg: Config) -> Source:

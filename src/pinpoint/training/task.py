@@ -8,7 +8,6 @@ The evaluator runs side-car evaluation of the checkpoints the chief writes.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -17,7 +16,8 @@ import time
 from pathlib import Path
 
 from pinpoint.config import Config
-from pinpoint.devices import DeviceMap, setup_devices
+from pinpoint.device_names import DeviceMap
+from pinpoint.devices import setup_devices
 from pinpoint.errors import RETRY_EXIT_CODE, ConfigError, PeerLost
 from pinpoint.runfolder import CHECKPOINTS, METRICS
 
@@ -39,13 +39,13 @@ def run_task(
     tf_config = os.environ.get("TF_CONFIG")
     if not tf_config:
         raise ConfigError(
-            "argument error: --task: TF_CONFIG is not set; run `pinpoint train CONFIG` without --task "
+            "--task: TF_CONFIG is not set; run `pinpoint train CONFIG` without --task "
             "(the local launcher sets TF_CONFIG for each task)"
         )
     parsed = json.loads(tf_config)
     task = parsed.get("task", {})
     if (task.get("type"), int(task.get("index", -1))) != (role, index):
-        raise ConfigError(f"argument error: --task: got {role}:{index} but TF_CONFIG says {task}; make them agree")
+        raise ConfigError(f"--task: got {role}:{index} but TF_CONFIG says {task}; make them agree")
     if "evaluator" in parsed.get("cluster", {}):
         # The Training Operator lists the evaluator in every task's cluster dict, but it runs no
         # server: a strategy that tried to connect to it would hang. TF expects it left out.
@@ -122,8 +122,9 @@ def _serve(role: str, index: int) -> int:
 def _ps_chief(cfg, out, dm, resume_from_run, parent_run_id) -> int:
     import tensorflow as tf
 
-    from pinpoint.training import engine, train_tracked
+    from pinpoint.training import engine
     from pinpoint.training.strategies import get_strategy
+    from pinpoint.training.tracked import train_tracked
 
     strategy = get_strategy("parameter_server", dm.replica_devices, cluster_resolver=_resolver())
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
@@ -137,47 +138,15 @@ def _ps_chief(cfg, out, dm, resume_from_run, parent_run_id) -> int:
     return train_tracked(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id)
 
 
-@contextlib.contextmanager
-def _emulated_local_devices(dm: DeviceMap):
-    """Make MultiWorkerMirroredStrategy train on this task's emulated GPUs.
-
-    TF picks a worker's local devices from its GPU count, which is 0 on a CPU-only machine, so
-    it would use one replica on CPU:0. With emulation the spec's GPUs are logical CPUs 1..n:
-    hand those to the strategy instead, so each task has devices_per_worker replicas.
-    """
-    if not dm.emulated or len(dm.replica_devices) < 1:
-        yield
-        return
-    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
-
-    cls = cars.CollectiveAllReduceExtended
-    original = cls._initialize_local_devices
-    local = [d.split(":")[-1] for d in dm.replica_devices]
-
-    def patched(self, cluster_resolver, worker_device):
-        return tuple(f"{worker_device}/device:CPU:{i}" for i in local), "CPU"
-
-    cls._initialize_local_devices = patched
-    try:
-        yield
-    finally:
-        cls._initialize_local_devices = original
-
-
 def _mwms_task(cfg, out, dm, role, index, resume_from_run, parent_run_id) -> int:
-    import tensorflow as tf
-
-    from pinpoint.tracking import open_step_run
-    from pinpoint.training import engine, fetch_resume
-    from pinpoint.training.strategies import communication_options, require_gpus
+    from pinpoint.training import engine
+    from pinpoint.training.strategies import get_strategy
+    from pinpoint.training.tracked import train_tracked
 
     timeout = os.environ.get("PINPOINT_COLLECTIVE_TIMEOUT")  # set by the launcher
-    # train.all_reduce: the collectives' implementation (ring, NCCL or TensorFlow's choice).
-    if cfg.train.all_reduce == "nccl":
-        require_gpus(dm.replica_devices)
-    options = communication_options(cfg.train.all_reduce, float(timeout) if timeout else None)
-    with _emulated_local_devices(dm):
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_resolver(), communication_options=options)
+    strategy = get_strategy("multi_worker_mirrored", dm.replica_devices, cluster_resolver=_resolver(),
+                            emulated=dm.emulated, all_reduce=cfg.train.all_reduce,
+                            collective_timeout=float(timeout) if timeout else None)
     replicas = tuple(strategy.extended.worker_devices)
     prefix = f"/job:{role}/task:{index}"
     dm = dataclasses.replace(
@@ -190,14 +159,9 @@ def _mwms_task(cfg, out, dm, role, index, resume_from_run, parent_run_id) -> int
     ctx = engine.TaskContext(strategy=strategy, device_map=dm, role=role, index=index,
                              is_chief=is_chief, multi_worker=True,
                              extra_info={"task_device_prefix": prefix})
-    with open_step_run(cfg, "train", out, parent_run_id=parent_run_id, is_chief=is_chief) as run:
-        resume = fetch_resume(cfg, out, resume_from_run, task=f"{role}-{index}")
-        result = engine.train(cfg, out, ctx, hooks=[run.hook()], resume_prefix=resume,
-                              resumed_from_run=resume_from_run)
-        if is_chief:
-            merged = _merge_worker_placements(cfg, out) if cfg.placement.enabled else None
-            engine.finish(cfg, out, result, placement=merged)
-    return 0
+    merged = (lambda: _merge_worker_placements(cfg, out)) if cfg.placement.enabled else None
+    return train_tracked(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id,
+                         cluster_placement=merged)
 
 
 def _training_tasks(cfg: Config) -> list[str]:
@@ -207,12 +171,8 @@ def _training_tasks(cfg: Config) -> list[str]:
 
 def _merge_worker_placements(cfg: Config, out: Path) -> dict | None:
     """Wait for every training task's placement-<role>-<index>.json and merge them."""
+    from pinpoint.placement.merge import merge_placements
     from pinpoint.runfolder import read_json
-
-    try:
-        from pinpoint.placement.merge import merge_placements
-    except ImportError:  # placement merging not available: keep the chief's own view
-        merge_placements = lambda ps: ps[0]
 
     files = [out / f"placement-{t}.json" for t in _training_tasks(cfg)]
     deadline = time.monotonic() + PLACEMENT_WAIT

@@ -1,9 +1,11 @@
-"""Hooks: what the training loop tells the outside world. The loop only takes steps;
-checkpoints are its own, but logging, tracking and summaries live in hooks."""
+"""The hook protocol: what a training run tells the outside world (logging, the progress bar,
+checkpoints, tracking). Neutral ground: training calls hooks, tracking implements one, and
+neither imports the other for it. Imports nothing from pinpoint."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class Hook:

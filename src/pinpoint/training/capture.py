@@ -1,0 +1,149 @@
+"""A run's placement capture: which trainer call stops where and is captured or profiled
+(`CapturePlan`), and placement.json's content from what was captured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pinpoint.config import Config
+from pinpoint.runfolder import PROFILE
+
+# train_log.jsonl (and the step metrics) hold this step, then every train.log_every steps: a run
+# that starts from step 0 runs its first step as a call of its own, so its record's `time` is
+# when the first training step completed (tracing included), not when step log_every did.
+FIRST_LOGGED_STEP = 1
+
+# What the next trainer call does (CapturePlan.next_call).
+TRAIN, CAPTURE_STEP, CAPTURE_STEPS, PROFILED = "train", "capture_step", "capture_steps", "profiled"
+
+
+def _next_stop(step: int, total: int, every: tuple[int, ...], capture_at: int | None) -> int:
+    stops = [total]
+    for e in every:
+        if e > 0:
+            stops.append((step // e + 1) * e)
+    if capture_at is not None and capture_at > step:
+        stops.append(capture_at)
+    return min(stops)
+
+
+@dataclass
+class CapturePlan:
+    """When the next trainer call stops, and whether it is captured or profiled.
+
+    Single-client strategies: the first call of the multi-step function is run with graph
+    collection on (it instantiates the function anyway; every later step runs the same graphs),
+    and the graphs are reported for the sampled steps capture_at.. once they ran.
+    parameter_server: one sampled step is run from the coordinator (see Trainer.capture_step).
+    placement.timing: the sampled steps capture_at.. run as their own call (a later one than the
+    first: no tracing in it) under TensorFlow's profiler (see placement.timing).
+    """
+
+    capture_at: int | None
+    sample_steps: int
+    loop_capture: bool  # graphs collected by the first call (not parameter_server)
+    timing_pending: bool  # the profiled call is still to come
+    timing: bool
+    captures: list = field(default_factory=list)
+    loop_captured: Any = None
+    timed: dict | None = None
+
+    @classmethod
+    def for_run(cls, cfg: Config, start: int, coordinator) -> CapturePlan:
+        pc = cfg.placement
+        loop_capture = pc.enabled and coordinator is None
+        return cls(capture_at=start + pc.warmup_steps if pc.enabled else None, sample_steps=pc.sample_steps,
+                   loop_capture=loop_capture, timing_pending=loop_capture and pc.timing, timing=pc.timing)
+
+    def next_call(self, step: int, calls: int, total: int, every: tuple[int, ...]) -> tuple[str, int]:
+        """(what the call does, how many steps it takes) for a trainer at `step` after `calls` calls."""
+        if (not self.loop_capture and self.capture_at is not None and step == self.capture_at
+                and len(self.captures) < self.sample_steps):
+            return CAPTURE_STEP, 1
+        ps_stop = self.capture_at if not self.loop_capture or self.timing_pending else None
+        stop = _next_stop(step, total, every, ps_stop)
+        if step == 0:
+            # The run's first step is a call of its own and is logged (FIRST_LOGGED_STEP):
+            # train_log.jsonl then says when training really started (after the tracing).
+            stop = FIRST_LOGGED_STEP
+        profiled = self.timing_pending and calls > 0 and step >= self.capture_at
+        if profiled:
+            stop = min(stop, step + self.sample_steps)
+        if self.loop_capture and calls == 0:
+            return CAPTURE_STEPS, stop - step
+        return (PROFILED if profiled else TRAIN), stop - step
+
+    def add_capture(self, captured) -> None:
+        self.captures.append(captured)
+        self.capture_at += 1
+
+    def add_profile(self, timed: dict) -> None:
+        self.timed = timed
+        self.timing_pending = False
+
+    def sampled(self, last_step: int) -> list:
+        """The captures for the sampled steps that ran (the loop capture cut to them)."""
+        if self.loop_captured is not None and last_step > self.capture_at:
+            from pinpoint.placement.steps import per_step_view
+
+            self.loop_captured.steps = list(range(self.capture_at, min(self.capture_at + self.sample_steps, last_step)))
+            return [per_step_view(self.loop_captured)]
+        return self.captures
+
+
+def profiled_steps(trainer, n: int, out_dir: Path, ctx) -> tuple[dict, dict]:
+    """Run n steps under TensorFlow's profiler, the trace in the run folder's profile/ folder."""
+    from pinpoint.placement.timing import profile_call
+
+    rel = PROFILE if not ctx.multi_worker else f"{PROFILE}/{ctx.role}-{ctx.index}"
+    first = trainer.step
+    m, xplane, why = profile_call(lambda: trainer.train_steps(n), out_dir / rel)
+    return m, {"steps": list(range(first, first + n)), "xplane": xplane, "why": why, "trace": rel}
+
+
+def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
+    """placement.json's `timing` section from the profiled call's trace (see placement.timing)."""
+    from pinpoint.device_names import DeviceMap
+    from pinpoint.placement.steps import display_names
+    from pinpoint.placement.timing import not_measured, timing_from_trace
+
+    if loop_captured is None:
+        return not_measured("not measured under parameter_server: its steps run as closures in the "
+                            "workers' runtimes, out of this process's profiler")
+    if timed is None:
+        return not_measured("not measured: training ended before the sampled steps ran as their own call")
+    if timed["xplane"] is None:
+        return dict(not_measured(f"not measured: {timed['why']}"), steps=timed["steps"])
+    try:
+        timing = timing_from_trace(timed["xplane"], loop_captured.partition_graphs, DeviceMap.of(ctx.device_map),
+                                   display=display_names(loop_captured), steps=timed["steps"])
+    except Exception as err:  # noqa: BLE001 - an unreadable trace must not fail a finished run
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        return dict(not_measured(f"not measured: the trace could not be read ({type(err).__name__}: {first})"),
+                    steps=timed["steps"], trace=timed["trace"])
+    timing["trace"] = timed["trace"]
+    return timing
+
+
+def placement_report(cfg: Config, ctx, trainer, captures) -> dict:
+    """placement.json's content (without `timing`) from the captured steps."""
+    from pinpoint.placement.analyze import build_placement
+
+    placement = build_placement(
+        captures, variables=trainer.variables(), plan=cfg.train.pinning, strategy=cfg.train.strategy,
+        device_map=ctx.device_map, task=ctx.task, gradient_scope="gradients",
+    )
+    placement.setdefault("device_aliases", dict(ctx.device_map.aliases))
+    placement.setdefault("device_map", ctx.device_map.to_json())
+    describe = getattr(trainer.pipeline, "describe", None)
+    if describe is not None:  # a tf.data pipeline: its ops run inside the iterator, on its device
+        placement["input_pipeline"] = {**describe(), "device": ctx.device_map.spec(trainer.pipeline.device)}
+    placement["precision"] = {
+        "policy": cfg.train.precision,
+        # Casts between float32 variables and float16/bfloat16 compute, per device.
+        "casts_by_device": {d: types["Cast"] for d, types in (placement.get("op_types_by_device") or {}).items()
+                            if types.get("Cast")},
+    }
+    return placement

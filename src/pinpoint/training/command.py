@@ -1,0 +1,69 @@
+"""`pinpoint train`: one process, a local cluster, or one task of a cluster (--task)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pinpoint.config import MULTI_PROCESS_STRATEGIES, Config
+from pinpoint.errors import ConfigError
+from pinpoint.runfolder import ensure_dir
+
+
+def parse_task(task: str) -> tuple[str, int]:
+    role, _, index = task.partition(":")
+    if role not in ("chief", "worker", "ps", "evaluator") or not index.isdigit():
+        raise ConfigError(f"--task: got {task!r}; use ROLE:INDEX such as 'worker:1'")
+    return role, int(index)
+
+
+def train_command(
+    cfg: Config,
+    out_dir: str | Path,
+    *,
+    task: str | None = None,
+    resume_from_run: str | None = None,
+    parent_run_id: str | None = None,
+) -> int:
+    """Train with cfg; write placement.json, metrics.json, checkpoints/ and train_log.jsonl to out_dir.
+
+    Single-process strategies run here; multi-process ones start a local cluster (one process
+    per task), and `task="worker:1"` runs one task of such a cluster (TF_CONFIG from the env).
+    """
+    from pinpoint.quiet import import_tensorflow
+
+    if task is not None:
+        from pinpoint.training.task import run_task
+
+        role, index = parse_task(task)
+        import_tensorflow()
+        return run_task(cfg, ensure_dir(out_dir), role, index, resume_from_run=resume_from_run,
+                        parent_run_id=parent_run_id)
+    from pinpoint.usercode import preflight, uses_user_code
+
+    if uses_user_code(cfg):
+        import_tensorflow()  # the user's modules import it: quietly, before they do
+    preflight(cfg)  # user modules and files, before any folder or process exists
+    if cfg.train.strategy in MULTI_PROCESS_STRATEGIES:
+        from pinpoint.training.launcher import run_local_cluster
+
+        return run_local_cluster(cfg, ensure_dir(out_dir), parent_run_id=parent_run_id,
+                                 resume_from_run=resume_from_run)
+
+    if cfg.tracking.enabled:
+        from pinpoint.tracking import warm_tracking
+
+        warm_tracking(cfg)  # MLflow's import and store open while TensorFlow starts
+    from pinpoint.devices import setup_devices
+
+    import_tensorflow()
+    dm = setup_devices(cfg)  # before TensorFlow initializes anything
+    from pinpoint.training import engine
+    from pinpoint.training.strategies import get_strategy
+    from pinpoint.training.tracked import train_tracked
+
+    strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host, emulated=dm.emulated,
+                            all_reduce=cfg.train.all_reduce)
+    ctx = engine.TaskContext(strategy=strategy, device_map=dm)
+    state = engine.build_state(cfg, ctx)  # bad user code or data fails here: nothing written yet
+    return train_tracked(cfg, ensure_dir(out_dir), ctx, resume_from_run=resume_from_run,
+                         parent_run_id=parent_run_id, state=state)
