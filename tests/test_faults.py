@@ -24,7 +24,7 @@ import pytest
 
 from pinpoint.config import config_from_dict, config_to_yaml
 from pinpoint.errors import RETRY_EXIT_CODE
-from pinpoint.runfolder import METRICS, atomic_write_json
+from pinpoint.runfolder import METRICS, atomic_write_json, latest_checkpoint_step
 from pinpoint.training.faults import (
     NetnsLink,
     current_attempt,
@@ -35,7 +35,7 @@ from pinpoint.training.faults import (
     wait_for,
     wait_for_step,
 )
-from pinpoint.training.launcher import latest_checkpoint_step, run_local_cluster
+from pinpoint.training.launcher import run_local_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, CKPT_EVERY, LOG_EVERY = 240, 40, 10

@@ -30,7 +30,7 @@ import pytest
 from pinpoint.config import config_from_dict
 from pinpoint.errors import RETRY_EXIT_CODE
 from pinpoint.provision import provision
-from pinpoint.training.launcher import last_logged_step, latest_checkpoint_step
+from pinpoint.runfolder import last_logged_step, latest_checkpoint_step
 from tests.conftest import CPU_IMAGE
 from tests.k8s_pods import Converter, Pod, Unsupported, dns_names, expand, indexed_job_pods, load_docs, out_dir_arg
 

@@ -13,15 +13,10 @@ import pytest
 
 from pinpoint.config import config_from_dict
 from pinpoint.errors import TrainingFailed
+from pinpoint.runfolder import checkpoint_name, checkpoint_step, last_logged_step, latest_checkpoint_step
 from pinpoint.training import launcher
-from pinpoint.training.launcher import (
-    Exit,
-    ProcessGroup,
-    TaskSpec,
-    last_logged_step,
-    latest_checkpoint_step,
-    task_specs,
-)
+from pinpoint.training.launcher import task_specs
+from pinpoint.training.supervise import Exit, ProcessGroup, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,6 +81,10 @@ def test_run_folder_readers(tmp_path):
     for name in ("ckpt-10.index", "ckpt-30.index", "ckpt-30.data-00000-of-00001", "ckpt-x.index"):
         (ck / name).write_text("")
     assert latest_checkpoint_step(tmp_path) == 30
+    # One parser for every form of a checkpoint's name: index file, prefix, MLflow artifact folder.
+    assert [checkpoint_step(n) for n in ("ckpt-30.index", str(ck / "ckpt-30"), "checkpoints/ckpt-30")] == [30] * 3
+    assert [checkpoint_step(n) for n in ("ckpt-30.data-00000-of-00001", "checkpoint", "ckpt-x.index", "xckpt-3")] == [None] * 4
+    assert checkpoint_name(30) == "ckpt-30"
     (tmp_path / "train_log.jsonl").write_text('{"step": 5}\n{"step": 15}\n{"step": 2')  # torn last line
     assert last_logged_step(tmp_path) == 15
 
@@ -144,7 +143,7 @@ def test_tasks_die_with_a_killed_launcher(tmp_path):
     # A launcher killed with SIGKILL cannot clean up; the kernel must kill its tasks for it.
     code = textwrap.dedent(f"""
         import sys, time
-        from pinpoint.training.launcher import ProcessGroup, TaskSpec
+        from pinpoint.training.supervise import ProcessGroup, TaskSpec
         g = ProcessGroup([TaskSpec("worker:0", (sys.executable, "-c", "import time; time.sleep(120)"))])
         g.start()
         open({str(tmp_path / 'pid')!r}, 'w').write(str(g.pids['worker:0']))
@@ -188,13 +187,13 @@ FAST = {"grace": 1.0, "startup_timeout": 60.0, "stall_timeout": 60.0}
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_user_error_exit_code_is_propagated_without_restart(tmp_path, capfd):
-    crash = _as("import sys; print('pinpoint: config error: x: got 1; fix it', flush=True); sys.exit(2)")
+    crash = _as("import sys; print('pinpoint: x: got 1; fix it', flush=True); sys.exit(2)")
     rc = launcher.run_local_cluster(_cfg(train={"max_restarts": 3}), tmp_path, task_prefix={"chief:0": crash}, **FAST)
     assert rc == 2
     rec = json.loads((tmp_path / "launcher.json").read_text())
     assert rec["status"] == "failed" and len(rec["attempts"]) == 1
     out = capfd.readouterr().out
-    assert "[chief:0] pinpoint: config error: x: got 1; fix it" in out
+    assert "[chief:0] pinpoint: x: got 1; fix it" in out
     assert "not restarting" in out
 
 

@@ -97,7 +97,7 @@ def test_spool_journal_acks_and_pending(tmp_path):
 
 @pytest.mark.unit
 def test_upload_spool_bad_dir_is_one_line_error(tmp_path, capsys):
-    with pytest.raises(ConfigError, match="upload-spool: DIR"):
+    with pytest.raises(ConfigError, match=r"^upload-spool DIR: got '.*missing', which is not a folder; pass a run folder"):
         upload_spool_command(tmp_path / "missing")
     assert upload_spool_command(tmp_path) == 0
     assert "nothing to upload" in capsys.readouterr().out

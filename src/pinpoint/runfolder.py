@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,10 @@ TRAIN_LOG = "train_log.jsonl"
 # Where the run folders' volume is mounted in every pipeline step and training pod on Kubernetes.
 RUNS_MOUNT = "/runs"
 PROFILE = "profile"  # placement.timing: the TensorFlow profiler trace (TensorBoard logdir)
+# A checkpoint in OUT/checkpoints is the files ckpt-<step>.index and ckpt-<step>.data-*; its
+# prefix (and its MLflow artifact folder) is ckpt-<step>.
+CHECKPOINT_BASENAME = "ckpt"
+_CHECKPOINT_RE = re.compile(rf"{CHECKPOINT_BASENAME}-(\d+)(?:\.index)?")
 
 
 def ensure_dir(path: str | Path, field: str = "--out") -> Path:
@@ -30,9 +35,9 @@ def ensure_dir(path: str | Path, field: str = "--out") -> Path:
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigError(f"{field}: cannot create '{p}' ({err.strerror}); choose a writable folder") from None
+        raise ConfigError(f"{field}: got '{p}', which cannot be created ({err.strerror}); choose a writable folder") from None
     if not os.access(p, os.W_OK):
-        raise ConfigError(f"{field}: '{p}' is not writable; choose a writable folder")
+        raise ConfigError(f"{field}: got '{p}', which is not writable; choose a writable folder")
     return p
 
 
@@ -71,8 +76,55 @@ def atomic_write_json(path: str | Path, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def read_json(path: str | Path, field: str = "DIR") -> Any:
+def read_json(path: str | Path, field: str = "run_dir") -> Any:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"{field}: '{p}' not found; run the previous step first (see `make help`)")
+        raise ConfigError(f"{field}: got '{p}', which does not exist; run the previous step first (see `make help`)")
     return json.loads(p.read_text())
+
+
+# ---- checkpoints (the one place that knows their file names; never imports TensorFlow) ------
+def checkpoint_name(step: int) -> str:
+    """The name of the checkpoint of `step`: its prefix's last component, `ckpt-<step>`."""
+    return f"{CHECKPOINT_BASENAME}-{int(step)}"
+
+
+def checkpoint_step(name: str | Path) -> int | None:
+    """The step of a checkpoint from its name: a prefix or MLflow artifact folder (`.../ckpt-40`)
+    or its index file (`.../ckpt-40.index`); only the last path component counts. None for any
+    other name (a data shard, the `checkpoint` state file, `ckpt-x.index`)."""
+    m = _CHECKPOINT_RE.fullmatch(Path(name).name)
+    return int(m.group(1)) if m else None
+
+
+def checkpoint_indexes(directory: str | Path) -> list[tuple[int, Path]]:
+    """(step, index file) of every checkpoint in `directory` (e.g. OUT/checkpoints), newest first;
+    read from the file names, not from TF's `checkpoint` state file (which may be stale)."""
+    found = []
+    for p in Path(directory).glob(f"{CHECKPOINT_BASENAME}-*.index"):
+        step = checkpoint_step(p.name)
+        if step is not None:
+            found.append((step, p))
+    return sorted(found, reverse=True)
+
+
+def latest_checkpoint_step(run_dir: str | Path) -> int | None:
+    """The step of the newest checkpoint of a run folder (OUT/checkpoints/ckpt-<step>.index), or None."""
+    found = checkpoint_indexes(Path(run_dir) / CHECKPOINTS)
+    return found[0][0] if found else None
+
+
+def last_logged_step(run_dir: str | Path) -> int | None:
+    """The highest step in OUT/train_log.jsonl (ignores a torn last line), or None."""
+    best = None
+    path = Path(run_dir) / TRAIN_LOG
+    if not path.is_file():
+        return None
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and (best is None or step > best):
+            best = step
+    return best

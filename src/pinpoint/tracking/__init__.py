@@ -2,13 +2,8 @@
 so that a tracking-server outage neither stops training nor loses anything."""
 
 from pinpoint.tracking.checkpoints import fetch_checkpoint
-from pinpoint.tracking.run import (
-    NullStepRun,
-    StepRun,
-    end_parent_run,
-    open_step_run,
-    start_parent_run,
-)
+from pinpoint.tracking.parent import end_parent_run, start_parent_run
+from pinpoint.tracking.run import NullStepRun, StepRun, open_step_run
 from pinpoint.tracking.uri import local_store, resolve_tracking_uri
 
 

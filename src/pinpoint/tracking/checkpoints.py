@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from pinpoint.errors import ConfigError
+from pinpoint.runfolder import checkpoint_name, checkpoint_step
 
 CKPT_ARTIFACT_DIR = "checkpoints"
-_STEP_RE = re.compile(r"ckpt-(\d+)$")
 
 
 def checkpoint_files(prefix: str | Path) -> list[Path]:
@@ -23,17 +22,18 @@ def checkpoint_files(prefix: str | Path) -> list[Path]:
 
 
 def artifact_dir(step: int) -> str:
-    return f"{CKPT_ARTIFACT_DIR}/ckpt-{int(step)}"
+    """The MLflow artifact folder of the checkpoint of `step`: checkpoints/ckpt-<step>."""
+    return f"{CKPT_ARTIFACT_DIR}/{checkpoint_name(step)}"
 
 
 def fetch_checkpoint(run_id: str, cfg, dest_dir: str | Path, *, uri: str | None = None) -> Path:
     """Download the latest checkpoint (highest step) logged in MLflow run `run_id` into dest_dir;
     return its prefix (for tf.train.Checkpoint.restore / tf.train.load_checkpoint)."""
-    from pinpoint.tracking.sender import _client
+    from pinpoint.tracking.sender import mlflow_client
     from pinpoint.tracking.uri import redact, resolve_tracking_uri
 
     uri = uri or resolve_tracking_uri(cfg)
-    client = _client(uri)
+    client = mlflow_client(uri)
     try:
         client.get_run(run_id)
     except Exception as err:  # noqa: BLE001
@@ -42,11 +42,8 @@ def fetch_checkpoint(run_id: str, cfg, dest_dir: str | Path, *, uri: str | None 
             f"--resume-from-run: run '{run_id}' not found at {redact(uri)} ({first}); "
             "pass a run id from the MLflow UI, with tracking.uri/MLFLOW_TRACKING_URI pointing at its server"
         ) from None
-    steps = []
-    for info in client.list_artifacts(run_id, CKPT_ARTIFACT_DIR):
-        m = _STEP_RE.search(info.path)
-        if info.is_dir and m:
-            steps.append(int(m.group(1)))
+    steps = [step for info in client.list_artifacts(run_id, CKPT_ARTIFACT_DIR)
+             if info.is_dir and (step := checkpoint_step(info.path)) is not None]
     if not steps:
         raise ConfigError(
             f"--resume-from-run: run '{run_id}' has no checkpoints logged under {CKPT_ARTIFACT_DIR}/; "

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pinpoint.hooks import Hook
 from pinpoint.placement.metrics import headline_metrics, metrics_step
 from pinpoint.runfolder import CLUSTER_SPEC, METRICS, PLACEMENT, TRAIN_LOG
 from pinpoint.tracking.checkpoints import artifact_dir, checkpoint_files
-from pinpoint.training.hooks import Hook
 
 STEP_METRICS = ("loss", "accuracy", "examples_per_sec", "step_time")
 

@@ -19,11 +19,12 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         if isinstance(value, Mapping) and value:
             out.update(flatten(value, name + "."))
         else:
-            out[name] = _text(value)
+            out[name] = param_value(value)
     return out
 
 
-def _text(value: Any) -> str:
+def param_value(value: Any) -> str:
+    """One MLflow param value: a string as is, anything else as JSON, cut to MAX_PARAM_LEN."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text[:MAX_PARAM_LEN]
 

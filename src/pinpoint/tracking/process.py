@@ -140,7 +140,7 @@ def _emit(event: str, **fields: Any) -> None:
 
 
 def main() -> int:
-    from pinpoint.tracking.sender import Sender, _client
+    from pinpoint.tracking.sender import Sender, mlflow_client
     from pinpoint.tracking.spool import Spool
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -148,7 +148,7 @@ def main() -> int:
     os.nice(NICENESS)
     uri = os.environ.pop(URI_ENV)
     try:
-        _client(uri)  # MLflow's import and the store, before the parent needs them
+        mlflow_client(uri)  # MLflow's import and the store, before the parent needs them
     except Exception:  # noqa: BLE001, S110 - the sender reports an unreachable server itself
         pass
     _emit("ready")
@@ -176,7 +176,7 @@ def main() -> int:
 
 def _adopt(folders: list[str]) -> None:
     """Send what earlier processes of this run folder journaled but could not send; their runs
-    end KILLED (see run._adopt_orphans)."""
+    end KILLED (see run.open_step_run and run.adopt_spool)."""
     from pinpoint.tracking.run import adopt_spool
 
     for folder in folders:

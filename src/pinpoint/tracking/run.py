@@ -1,4 +1,5 @@
-"""One MLflow run per pipeline step (a child of the pipeline's parent run), written through a spool.
+"""One MLflow run per pipeline step (a child of the pipeline's parent run, parent.py), written
+through a spool.
 
 `open_step_run` never raises because the tracking server is down: the run is created when the
 server answers (immediately in the normal case), everything is journaled under
@@ -21,23 +22,11 @@ from typing import Any
 
 from pinpoint.tracking.process import SenderProcess
 from pinpoint.tracking.process import take as take_sender
-from pinpoint.tracking.sender import (
-    LOCAL_ID_TAG,
-    PARENT_TAG,
-    PIPELINE_TAG,
-    _client,
-    brief,
-    find_run_by_local_id,
-    get_or_create_experiment,
-    now_ms,
-)
+from pinpoint.tracking.sender import LOCAL_ID_TAG, PARENT_TAG, PIPELINE_TAG, new_local_id, now_ms
 from pinpoint.tracking.spool import SPOOL_DIR, Spool, warn
 from pinpoint.tracking.uri import configure_http, redact, resolve_tracking_uri
 
 STEP_TAG = "pinpoint.step"
-# parent run id -> (URI, experiment) it was started with in this process, so that
-# end_parent_run(run_id, status) needs no config.
-_PARENTS: dict[str, tuple[str, str]] = {}
 FLUSH_TIMEOUT_S = 120.0  # how long the end of a step waits for the sender before leaving a spool
 RUN_ID_WAIT_S = 60.0  # how long asking for the run id waits for the first attempt to create it
 
@@ -50,7 +39,7 @@ class NullStepRun:
     logs_model = False
 
     def hook(self):
-        from pinpoint.training.hooks import Hook
+        from pinpoint.hooks import Hook
 
         return Hook()
 
@@ -154,10 +143,10 @@ class StepRun:
 
     # ---- logging (journal only: never touches the network) ----------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:
-        from pinpoint.tracking.params import _text
+        from pinpoint.tracking.params import param_value
 
         if params:
-            self.spool.append("params", params={str(k): _text(v) for k, v in params.items()})
+            self.spool.append("params", params={str(k): param_value(v) for k, v in params.items()})
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         if tags:
@@ -236,10 +225,6 @@ class StepRun:
         return TrackingHook(self)
 
 
-def _local_id() -> str:
-    return f"local-{uuid.uuid4().hex}"
-
-
 @contextlib.contextmanager
 def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, is_chief: bool = True,
                   system_metrics: bool | None = None, node_id: str | None = None,
@@ -251,7 +236,7 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
         return
     configure_http()
     uri = uri or resolve_tracking_uri(cfg)
-    local_id = _local_id()
+    local_id = new_local_id()
     folder = Path(run_dir) / SPOOL_DIR / f"{step}-{local_id[len('local-'):][:12]}"
     meta = {
         # Credentials in the URI (user:password@) stay in memory, never in the run folder.
@@ -342,59 +327,4 @@ def _has_end(spool: Spool) -> bool:
     return any(r["op"] == "end_run" for r in spool.records())
 
 
-def start_parent_run(cfg, run_name: str | None = None, *, uri: str | None = None) -> str:
-    """Create the parent run of a pipeline run (tag pinpoint.pipeline=<name>); returns its id.
-    If the server is unreachable, returns a `local-...` id: the first step that reaches the server
-    creates the parent with that id as its pinpoint.local_id tag."""
-    configure_http()
-    uri = uri or resolve_tracking_uri(cfg)
-    local_id = _local_id()
-    try:
-        client = _client(uri)
-        exp_id = get_or_create_experiment(client, cfg.tracking.experiment, uri)
-        run = client.create_run(
-            exp_id,
-            run_name=run_name or cfg.name,
-            tags={PIPELINE_TAG: cfg.name, LOCAL_ID_TAG: local_id, "pinpoint.config_digest": cfg.digest()},
-        )
-        from mlflow.entities import Param
-
-        from pinpoint.tracking.params import config_params
-
-        params = [Param(k, v) for k, v in config_params(cfg).items()]
-        for i in range(0, len(params), 100):
-            client.log_batch(run.info.run_id, params=params[i : i + 100])
-        _PARENTS[run.info.run_id] = (uri, cfg.tracking.experiment)
-        return run.info.run_id
-    except Exception as err:  # noqa: BLE001 - tracking must never stop a pipeline
-        warn(f"MLflow tracking server {redact(uri)} unreachable ({brief(err)}); "
-             f"the pipeline's parent run will be created by its first step that reaches it")
-        _PARENTS[local_id] = (uri, cfg.tracking.experiment)
-        return local_id
-
-
-def end_parent_run(run_id: str | None, status: str = "FINISHED", *, cfg=None, uri: str | None = None) -> None:
-    """Mark the parent run FINISHED/FAILED/KILLED; warns (never raises) if it cannot."""
-    if not run_id:
-        return
-    configure_http()
-    known_uri, experiment = _PARENTS.get(run_id, (None, None))
-    if cfg is not None:
-        known_uri, experiment = resolve_tracking_uri(cfg), cfg.tracking.experiment
-    uri = uri or known_uri or resolve_tracking_uri(None)
-    try:
-        client = _client(uri)
-        if run_id.startswith("local-"):
-            # Started while the server was down: a step may have created it since.
-            exp = client.get_experiment_by_name(experiment) if experiment else None
-            found = exp and find_run_by_local_id(client, exp.experiment_id, run_id)
-            if not found:
-                warn(f"parent run {run_id} was never created on the server; nothing to end")
-                return
-            run_id = found
-        client.set_terminated(run_id, status)
-    except Exception as err:  # noqa: BLE001
-        warn(f"could not end MLflow parent run {run_id} at {redact(uri)}: {str(err).splitlines()[0][:200]}")
-
-
-__all__ = ["PARENT_TAG", "NullStepRun", "StepRun", "end_parent_run", "open_step_run", "start_parent_run"]
+__all__ = ["PARENT_TAG", "STEP_TAG", "NullStepRun", "StepRun", "adopt_spool", "open_step_run"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from typing import Any
 
 from pinpoint.errors import ConfigError
@@ -43,9 +44,10 @@ _CLIENTS: dict[str, Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
-def _client(uri: str):
-    """One MlflowClient per URI and process, its store opened (a sqlite store's schema check
-    and an `import mlflow` cost seconds: the sender process pays them while TensorFlow starts)."""
+def mlflow_client(uri: str):
+    """The MlflowClient of `uri`: one per URI and process, shared by every caller (sender, parent
+    run, checkpoint fetch), its store opened (a sqlite store's schema check and an `import mlflow`
+    cost seconds: the sender process pays them while TensorFlow starts)."""
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(uri)
         if client is None:
@@ -229,7 +231,7 @@ class Sender:
     @property
     def client(self):
         if self._client is None:
-            self._client = _client(self.uri)
+            self._client = mlflow_client(self.uri)
         return self._client
 
     def drain_once(self) -> bool:
@@ -399,4 +401,10 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-__all__ = ["Sender", "Transient", "now_ms", "replay"]
+def new_local_id() -> str:
+    """A fresh `local-<hex>` id for a run not created on the server yet; the run carries it as
+    its LOCAL_ID_TAG so that whoever reaches the server first can find it (find_run_by_local_id)."""
+    return f"local-{uuid.uuid4().hex}"
+
+
+__all__ = ["Sender", "Transient", "mlflow_client", "new_local_id", "now_ms", "replay"]

@@ -149,9 +149,14 @@ class Spool:
         """All records not acknowledged yet, in order (for a replay in a new process)."""
         return [r for r in self.records() if r["id"] not in self._acked]
 
+    def rewind(self) -> None:
+        """Move the sender's cursor back to the journal's start: the next `read_new` returns
+        every journaled record again."""
+        self._read_offset = 0
+
     def records(self) -> list[dict[str, Any]]:
         """Every journaled record from the start; the sender's cursor then stands at the end."""
-        self._read_offset = 0
+        self.rewind()
         return self.read_new()
 
     # ---- acks ----------------------------------------------------------------------------
@@ -209,7 +214,7 @@ def upload_spool_command(folder: str | Path, uri: str | None = None) -> int:
 
     f = Path(folder)
     if not f.is_dir():
-        raise ConfigError(f"upload-spool: DIR '{f}' is not a folder; pass a run folder such as runs/demo")
+        raise ConfigError(f"upload-spool DIR: got '{f}', which is not a folder; pass a run folder such as runs/demo")
     spools = find_spools(f)
     if not spools:
         print(f"pinpoint: nothing to upload in {f} (no {SPOOL_DIR}/ with pending records)")

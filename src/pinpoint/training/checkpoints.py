@@ -8,14 +8,14 @@ the others write to a temporary folder that is deleted right after.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 from pathlib import Path
 
 import tensorflow as tf
 
+from pinpoint.runfolder import CHECKPOINT_BASENAME, checkpoint_indexes, checkpoint_step
+
 log = logging.getLogger("pinpoint.checkpoints")
-_STEP_RE = re.compile(r"ckpt-(\d+)\.index$")
 
 
 class Checkpoints:
@@ -25,7 +25,8 @@ class Checkpoints:
         self.is_chief = is_chief
         # Non-chief workers save to a private temp folder (deleted after every save).
         self.save_dir = self.directory if is_chief else self.directory / f".tmp-{task.replace(':', '-')}"
-        self.manager = tf.train.CheckpointManager(checkpoint, str(self.save_dir), max_to_keep=keep, checkpoint_name="ckpt")
+        self.manager = tf.train.CheckpointManager(checkpoint, str(self.save_dir), max_to_keep=keep,
+                                                  checkpoint_name=CHECKPOINT_BASENAME)
 
     def save(self, step: int) -> str | None:
         """Save at `step`; return the prefix on the chief, None elsewhere.
@@ -47,12 +48,7 @@ class Checkpoints:
 def candidates(directory: Path) -> list[tuple[int, str]]:
     """(step, prefix) of every checkpoint in `directory`, newest first (from the files, not from
     the 'checkpoint' state file, which may itself be stale or damaged)."""
-    out = []
-    for p in Path(directory).glob("ckpt-*.index"):
-        m = _STEP_RE.search(p.name)
-        if m:
-            out.append((int(m.group(1)), str(p)[: -len(".index")]))
-    return sorted(out, reverse=True)
+    return [(step, str(index)[: -len(".index")]) for step, index in checkpoint_indexes(directory)]
 
 
 def verify(prefix: str) -> None:
@@ -82,5 +78,4 @@ def restore_prefix(checkpoint: tf.train.Checkpoint, prefix: str) -> int:
     """Restore one given checkpoint (e.g. fetched from MLflow); return its step."""
     verify(prefix)
     checkpoint.restore(prefix).expect_partial()
-    m = re.search(r"ckpt-(\d+)$", prefix)
-    return int(m.group(1)) if m else 0
+    return checkpoint_step(prefix) or 0
