@@ -22,8 +22,8 @@ def provision_cluster(
     import yaml
 
     from pinpoint.config import config_from_dict
-    from pinpoint.provision import provision
     from pinpoint.runfolder import CLUSTER_SPEC
+    from pinpoint.steps.provision import provision_step
 
     data = yaml.safe_load(config_yaml)
     out = Path(run_dir)
@@ -40,7 +40,7 @@ def provision_cluster(
         out = out / label
     cfg = run_step(config_from_dict, data, "config_yaml")
     # The digest of the config provision wrote (its namespace resolved), which the train step checks.
-    digest = run_step(provision, cfg, out, parent_run_id=parent_run_id or None)["config_digest"]
+    digest = run_step(provision_step, cfg, out, parent_run_id=parent_run_id or None)["config_digest"]
     shutil.copyfile(out / CLUSTER_SPEC, cluster_spec.path)
     cluster_spec.metadata["config_digest"] = digest
     cluster_spec.metadata["run_dir"] = str(out)

@@ -13,8 +13,8 @@ def report(
     import shutil
     from pathlib import Path
 
-    from pinpoint.placement.report import report_command
     from pinpoint.runfolder import REPORT_HTML
+    from pinpoint.steps.report import report_command
 
     out = Path(run_dir)
     run_step(report_command, out, parent_run_id=parent_run_id or None)

@@ -70,7 +70,7 @@ def settings_from_config(cfg) -> PipelineSettings:
         # The config becomes a default in the compiled YAML: credentials must come from the Secret.
         where = f"the Kubernetes Secret '{mlflow_secret}'" if mlflow_secret else "a Secret named by cluster.mlflow_secret"
         raise ConfigError(
-            "config error: tracking.uri: got a URI with credentials; remove the user:password part "
+            "tracking.uri: got a URI with credentials; remove the user:password part "
             f"and put them in {where} (keys username, password)"
         )
     c = cfg.cluster
@@ -83,7 +83,7 @@ def settings_from_config(cfg) -> PipelineSettings:
     if launch == "kubernetes" and not c.runs_volume_claim:
         # The TFJob's pods write placement.json/metrics.json where the pipeline's steps read them.
         raise ConfigError(
-            "config error: cluster.runs_volume_claim: got None; on Kubernetes the training pods and the "
+            "cluster.runs_volume_claim: got None; on Kubernetes the training pods and the "
             "pipeline steps share the run folder through a ReadWriteMany PVC; set cluster.runs_volume_claim: "
             f"{DEFAULT_RUNS_PVC} (and create that claim)"
         )

@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pinpoint.cli import argparse_line
 from pinpoint.errors import ConfigError, PinpointError
 
 
@@ -20,7 +21,7 @@ class SubmitError(PinpointError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"argument error: {message}; see `python -m pipelines.submit --help`")
+        raise ConfigError(argparse_line(message, "python -m pipelines.submit"))
 
 
 def build_parser() -> argparse.ArgumentParser:

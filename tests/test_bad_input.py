@@ -5,6 +5,7 @@ need TensorFlow (devices, layers, data files) run `pinpoint` as a real subproces
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -72,7 +73,7 @@ TRAIN = ["train", "{cfg}", "--out", "{out}"]
 CASES = [
     # --- the config file itself ------------------------------------------------------------
     Case("malformed-yaml", PROV, "name: x\ntrain: {strategy: [\n", ("malformed YAML", "line")),
-    Case("top-level-list", PROV, "- name: x\n", ("top level must be a mapping",)),
+    Case("top-level-list", PROV, "- name: x\n", ("got a list at the top level",)),
     Case("missing-file", ["provision", "{tmp}/nope.yaml", "--out", "{out}"], None, ("does not exist", "configs/demo.yaml")),
     Case("unknown-key", PROV, {**base(), "trian": {}}, ("trian", "unknown key")),
     Case("unknown-strategy", PROV, base(strategy="horovod"), ("train.strategy", "horovod", "mirrored")),
@@ -152,7 +153,7 @@ CASES = [
          ("train.pinning.layers.dense_9", "hidden", "head"), files=USER_FILES, subprocess=True),
     # --- CLI arguments -----------------------------------------------------------------------
     Case("unknown-command", ["fly", "{cfg}"], base(), ("invalid choice", "pinpoint --help")),
-    Case("missing-config-arg", ["train"], None, ("required: config", "pinpoint train --help")),
+    Case("missing-config-arg", ["train"], None, ("config: got nothing (required)", "pinpoint train --help")),
     Case("bad-task-arg", TRAIN + ["--task", "boss"], base(), ("--task", "ROLE:INDEX")),
     Case("unwritable-out", ["provision", "{cfg}", "--out", "/proc/pinpoint-out"], base(), ("--out", "writable")),
     Case("report-without-train", ["report", "{tmp}/empty"], None, ("placement.json", "run the previous step"), files={"empty/.keep": ""}),
@@ -183,11 +184,17 @@ def _materialise(case: Case, tmp: Path) -> tuple[list[str], Path]:
     return [sub(a) for a in case.argv], out
 
 
+# A config value or an argument: "got X"; a run's finding (e.g. feasibility): what was found.
+ONE_FORMAT = re.compile(r"^pinpoint: (?P<field>[\w.\-\[\]/<>@]+( [A-Z]+)?): (got .+|(?<=feasibility: ).+); .+$")
+
+
 def _assert_one_line(rc: int, stderr: str, case: Case, out: Path, report_dir_made: bool = False):
     assert rc != 0, f"{case.id}: exit code 0"
     assert "Traceback" not in stderr, stderr
     lines = [ln for ln in stderr.splitlines() if ln.startswith("pinpoint:")]
     assert len(lines) == 1, f"{case.id}: expected one 'pinpoint:' line, got:\n{stderr}"
+    # One format for every error: "pinpoint: <field>: <what was received>; <the fix>".
+    assert ONE_FORMAT.match(lines[0]), f"{case.id}: {lines[0]!r} is not 'pinpoint: <field>: got ...; <fix>'"
     for needle in case.expect:
         assert needle in lines[0], f"{case.id}: {needle!r} not in {lines[0]!r}"
     if not report_dir_made:

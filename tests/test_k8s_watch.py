@@ -6,23 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests import test_k8s_launch
 from tests.fakes.kube_api import FakeKubeApiServer
-from tests.test_k8s_launch import _assert_cleaned_up, _config, _launch
+from tests.test_k8s_launch import _assert_cleaned_up, _launch
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-def run_dir(tmp_path):
-    from pinpoint.provision import provision
-
-    def make(flavor="tfjob"):
-        cfg = _config(flavor)
-        out = tmp_path / cfg.name
-        provision(cfg, out)
-        return cfg, out
-
-    return make
+run_dir = test_k8s_launch.run_dir  # the same provisioned run folder fixture
 
 
 def _pod_lines(lines, pod):

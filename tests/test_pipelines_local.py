@@ -89,7 +89,7 @@ def test_run_with_a_bad_config_fails_before_kfp_starts(tmp_path):
     bad.write_text("name: Bad_Name\n")
     proc = _pinpoint("run", str(bad), "--runs-root", str(tmp_path / "runs"), cwd=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("pinpoint: config error: name")
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("pinpoint: name")
     assert not (tmp_path / "runs").exists()
 
 
@@ -132,14 +132,14 @@ def test_verbose_step_logs_hide_only_the_executor_input_dump():
     print("    [KFP Executor INFO]: Got executor_input:", file=quiet)
     for line in dump.splitlines():
         print("    " + line, file=quiet)
-    print("    pinpoint: config error: train.steps: got 0; use >= 1", file=quiet)
+    print("    pinpoint: train.steps: got 0; use >= 1", file=quiet)
     print("    [KFP Executor INFO]: Got executor_input:", file=quiet)
     print("    not json after all", file=quiet)  # never swallow a line that does not open the dump
     quiet.write("no newline yet")
     quiet.flush()
     assert out.getvalue().splitlines() == [
         "    [KFP Executor INFO]: Got executor_input (omitted).",
-        "    pinpoint: config error: train.steps: got 0; use >= 1",
+        "    pinpoint: train.steps: got 0; use >= 1",
         "    [KFP Executor INFO]: Got executor_input (omitted).",
         "    not json after all",
         "no newline yet",

@@ -169,7 +169,7 @@ def test_cli_reports_one_line_and_exit_code(tmp_path):
                           "--nodes", str(DATA / "nodes-small-gpu.yaml")], capture_output=True, text=True, timeout=120)
     assert run.returncode == PinpointError.exit_code
     assert run.stderr == ("pinpoint: feasibility: chief needs 8 x nvidia.com/gpu of type A100; "
-                          "the largest matching node has 4\n")
+                          "the largest matching node has 4; request less per replica (cluster.*) or add a larger node\n")
 
 
 @pytest.mark.integration
@@ -178,11 +178,13 @@ def test_provision_logs_to_mlflow(tmp_path):
     """The provision step run: params, cluster_spec.json, placement plan and manifests as artifacts."""
     from mlflow.tracking import MlflowClient
 
+    from pinpoint.steps.provision import provision_step
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = config_from_dict({"name": "tracked", "cluster": {"workers": 1, "runs_volume_claim": "runs-rwx"},
                             "train": {"strategy": "multi_worker_mirrored"},
                             "tracking": {"enabled": True, "uri": uri, "experiment": "provision-test"}})
-    summary = provision(cfg, tmp_path / "run", nodes=DATA / "nodes-ok.yaml")
+    summary = provision_step(cfg, tmp_path / "run", nodes=DATA / "nodes-ok.yaml")
     assert summary["run_id"]
     client = MlflowClient(uri)
     run = client.get_run(summary["run_id"])

@@ -98,10 +98,10 @@ def test_node_selector_is_honoured():
 
 @pytest.mark.parametrize("text,message", [
     ("nodes: []\n", "has no 'nodes:' list"),
-    ("nodes:\n  - {name: a, cpu: '1'}\n", "nodes[0]: missing 'memory'"),
+    ("nodes:\n  - {name: a, cpu: '1'}\n", "nodes[0].memory: got nothing (missing)"),
     ("nodes:\n  - {name: a, cpu: '1', memory: 1Gi, gpu: 2}\n", "unknown key 'gpu'"),
     ("nodes:\n  - {name: a, cpu: '1', memory: 1Gi, taints: [{key: k, effect: Never}]}\n", "taint"),
-    ("nodes:\n  - {name: a, cpu: '1', memory: 1Gi}\n  - {name: a, cpu: '1', memory: 1Gi}\n", "appears twice"),
+    ("nodes:\n  - {name: a, cpu: '1', memory: 1Gi}\n  - {name: a, cpu: '1', memory: 1Gi}\n", "got node name 'a' twice"),
     ("nodes: [unclosed\n", "not valid YAML"),
 ])
 def test_bad_inventory_files(tmp_path, text, message):

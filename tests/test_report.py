@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from pinpoint.errors import ConfigError
-from pinpoint.placement.report import render_html, report_command, write_report
+from pinpoint.placement.report import render_html, write_report
+from pinpoint.steps.report import report_command
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -103,12 +104,13 @@ def test_predicted_fallbacks_get_their_own_table_apart_from_observed_ones():
 
 
 def test_report_errors_are_one_line(tmp_path):
-    with pytest.raises(ConfigError, match="not found; run the previous step"):
+    # One format: the field, the value received, the fix.
+    with pytest.raises(ConfigError, match=r"^run_dir: got '.*placement\.json', which does not exist; run the previous step"):
         write_report(tmp_path)
-    with pytest.raises(ConfigError, match="is not a folder"):
+    with pytest.raises(ConfigError, match=r"^run_dir: got '.*missing', which is not a folder; pass a trained run folder"):
         write_report(tmp_path / "missing")
     (tmp_path / "placement.json").write_text("[]")
-    with pytest.raises(ConfigError, match="is not a placement file"):
+    with pytest.raises(ConfigError, match=r"^run_dir: got '.*', whose placement\.json is not a placement file; re-run"):
         write_report(tmp_path)
     assert not (tmp_path / "report.html").exists()
 

@@ -20,7 +20,7 @@ SAMPLE = Path(__file__).parent / "data" / "placement-sample.json"
 def test_report_logs_metrics_and_artifacts(tmp_path, live_mlflow):
     import mlflow
 
-    from pinpoint.placement.report import report_command
+    from pinpoint.steps.report import report_command
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

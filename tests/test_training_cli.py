@@ -34,7 +34,7 @@ def test_gpu_request_without_gpu_and_soft_placement_off(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = _pinpoint_lines(proc.stderr)
     assert lines == [
-        ("pinpoint: cluster.device_type: GPU requested but this machine has no GPU (devices: /CPU:0); "
+        ("pinpoint: cluster.device_type: got GPU, but this machine has no GPU (devices: /CPU:0); "
         "set cluster.emulate: true, enable train.pinning.soft_placement, or use device_type: CPU")
     ]
     assert "Traceback" not in proc.stderr

@@ -22,7 +22,19 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument as one line (and exit 2) like every other error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"argument error: {message}; see `{self.prog} --help`")
+        raise ConfigError(argparse_line(message, self.prog))
+
+
+def argparse_line(message: str, prog: str) -> str:
+    """argparse's message in the one format, 'field: got X; do Y'."""
+    import re
+
+    if m := re.match(r"argument ([^:]+): (.*)", message):
+        field, what = m.groups()
+        return f"{field.split('/')[-1]}: got {what}; see `{prog} --help`"
+    if m := re.match(r"the following arguments are required: (.*)", message):
+        return f"{m.group(1)}: got nothing (required); pass it, see `{prog} --help`"
+    return f"{prog}: got {message}; see `{prog} --help`"
 
 
 def _default_out(config_path: str) -> Path:
@@ -33,12 +45,12 @@ def _default_out(config_path: str) -> Path:
 
 def cmd_provision(args) -> int:
     from pinpoint.config import load_config
-    from pinpoint.provision import provision
+    from pinpoint.steps.provision import provision_step
 
     cfg = load_config(args.config)
     out = Path(args.out) if args.out else _default_out(args.config)
-    summary = provision(cfg, out, nodes=args.nodes, kubeconfig=args.kubeconfig, parent_run_id=args.parent_run_id,
-                        rbac=args.rbac)
+    summary = provision_step(cfg, out, nodes=args.nodes, kubeconfig=args.kubeconfig, rbac=args.rbac,
+                             parent_run_id=args.parent_run_id)
     for warning in summary["warnings"]:
         print(f"pinpoint: warning: {warning}", file=sys.stderr)
     manifests = f"{out}/manifests/ ({cfg.cluster.flavor})" if summary["manifests"] else "no manifests/"
@@ -52,7 +64,7 @@ def cmd_provision(args) -> int:
 
 def cmd_train(args) -> int:
     from pinpoint.config import load_config
-    from pinpoint.training import train_command
+    from pinpoint.training.command import train_command
 
     cfg = load_config(args.config)
     out = Path(args.out) if args.out else _default_out(args.config)
@@ -66,7 +78,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from pinpoint.placement.report import report_command
+    from pinpoint.steps.report import report_command
 
     return report_command(Path(args.dir), parent_run_id=args.parent_run_id)
 

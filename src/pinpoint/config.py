@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from pinpoint.device_names import parse_device
 from pinpoint.errors import ConfigError
 
 STRATEGIES = (
@@ -45,10 +46,6 @@ MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 # (multi_worker_mirrored) for the gradient all-reduce (training/strategies.py maps them).
 ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduce_to_host", "ring")
 
-# A TensorFlow device string: optional job/replica/task prefix, then TYPE:index.
-DEVICE_RE = re.compile(
-    r"^(/job:[a-z][a-z0-9_]*(/replica:\d+)?(/task:\d+)?)?(/device:|/)(CPU|GPU|TPU):(\d+)$"
-)
 DNS1123_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # A Kubernetes resource quantity (cpu "500m", "2"; memory "4Gi", "512M", "1e9").
@@ -58,23 +55,6 @@ QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[e
 RESERVED_PORTS = {15000: "Istio admin", 15001: "Istio outbound", 15004: "Istio debug",
                   15006: "Istio inbound", 15008: "Istio HBONE", 15020: "Istio merged metrics",
                   15021: "Istio health", 15053: "Istio DNS", 15090: "Istio Prometheus"}
-
-
-def parse_device(value: str) -> tuple[str | None, int | None, str, int]:
-    """Split a device string into (job, task, type, index); raise ValueError if malformed."""
-    m = DEVICE_RE.match(value)
-    if not m:
-        raise ValueError(
-            f"'{value}' is not a TensorFlow device string; write it like '/GPU:0', '/CPU:0' "
-            "or '/job:ps/task:0/CPU:0'"
-        )
-    job = task = None
-    if m.group(1):
-        jm = re.match(r"/job:([a-z0-9_]+)", m.group(1))
-        job = jm.group(1) if jm else None
-        tm = re.search(r"/task:(\d+)", m.group(1))
-        task = int(tm.group(1)) if tm else None
-    return job, task, m.group(5), int(m.group(6))
 
 
 def _check_device(value: Optional[str]) -> Optional[str]:
@@ -512,7 +492,7 @@ def _check_pinning_vs_strategy(cfg: Config) -> None:
         )
     # Device indices must exist in the requested topology (jobs other than localhost are checked
     # by the launcher, which knows the cluster).
-    for field, device in _pinned_devices(p):
+    for field, device in pinned_devices(p):
         job, _, dtype, idx = parse_device(device)
         if job is not None:
             continue
@@ -571,7 +551,8 @@ def _check_all_reduce(cfg: Config) -> None:
               f"the last one of {n}; use an even cluster.devices_per_worker, ring or reduce_to_host")
 
 
-def _pinned_devices(p: PinningConfig):
+def pinned_devices(p: PinningConfig):
+    """(config field, device) of every device string in train.pinning."""
     for field in ("variables", "gradients", "input"):
         value = getattr(p, field)
         if value:
@@ -586,23 +567,24 @@ def _one_line(err: ValidationError) -> str:
     e = err.errors()[0]
     if e["type"] == "pinpoint_field":  # a cross-field check (_fail)
         ctx = e["ctx"]
-        return f"config error: {ctx['field']}: got {ctx['value']}; {ctx['fix']}"
+        return f"{ctx['field']}: got {ctx['value']}; {ctx['fix']}"
     loc = ".".join(str(p) for p in e["loc"] if p not in ("function-after",))
     msg = e["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     value = e.get("input")
     if e["type"] == "missing":
-        return f"config error: {loc}: missing; add it"
+        return f"{loc}: got nothing (a required key); add it"
     if e["type"] == "extra_forbidden":
-        return f"config error: {loc}: unknown key (value {value!r}); remove it or check its spelling"
+        return f"{loc}: got an unknown key (value {value!r}); remove it or check its spelling"
     shown = repr(value) if not isinstance(value, dict) else "a mapping"
-    return f"config error: {loc}: got {shown}; {msg}"
+    return f"{loc}: got {shown}; {msg}"
 
 
 def config_from_dict(data: Any, source: str = "config") -> Config:
     if not isinstance(data, dict):
-        raise ConfigError(f"config error: {source}: top level must be a mapping with 'name', 'cluster', 'train', 'tracking'")
+        raise ConfigError(f"{source}: got a {type(data).__name__} at the top level; write a mapping with 'name', "
+                          "'cluster', 'train', 'tracking'")
     try:
         return Config.model_validate(data)
     except ValidationError as err:
@@ -613,13 +595,13 @@ def load_config(path: str | Path) -> Config:
     """Read and validate a YAML config (safe loader); raise ConfigError with one line."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config error: CONFIG: file '{p}' does not exist; pass a YAML file such as configs/demo.yaml")
+        raise ConfigError(f"CONFIG: got '{p}', which does not exist; pass a YAML file such as configs/demo.yaml")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"config error: {p}: malformed YAML{where}; fix the syntax") from None
+        raise ConfigError(f"CONFIG: got '{p}', malformed YAML{where}; fix the syntax") from None
     return resolve_paths(config_from_dict(data, str(p)), p.resolve().parent)
 
 

@@ -33,7 +33,7 @@ def add_code_dir(cfg: Config) -> str | None:
     if folder:
         if not Path(folder).is_dir():
             raise ConfigError(
-                f"config error: train.code_dir: got '{folder}', which is not a folder; "
+                f"train.code_dir: got '{folder}', which is not a folder; "
                 "point it at the folder that holds your package (default: the config file's folder)"
             )
         if sys.path[:1] != [folder]:
@@ -59,7 +59,7 @@ def _check_findable(cfg: Config, field: str, path: str) -> None:
         found = not isinstance(err, ModuleNotFoundError)
     if not found:
         raise ConfigError(
-            f"config error: {field}: got {path!r}; no module '{module_name}' in train.code_dir ({folder}) or the "
+            f"{field}: got {path!r}; no module '{module_name}' in train.code_dir ({folder}) or the "
             "installed packages; check the module path and train.code_dir"
         )
 
@@ -67,14 +67,14 @@ def _check_findable(cfg: Config, field: str, path: str) -> None:
 def load_callable(cfg: Config, field: str, path: str) -> Callable:
     """The callable named by `path` ('package.module:name'), imported from the code folder."""
     if not is_import_path(path):
-        raise ConfigError(f"config error: {field}: got {path!r}; write it as 'package.module:callable'")
+        raise ConfigError(f"{field}: got {path!r}; write it as 'package.module:callable'")
     module_name, _, attr = path.partition(":")
     folder = add_code_dir(cfg)
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001 - any import failure of user code is one line
         raise ConfigError(
-            f"config error: {field}: got {path!r}; module '{module_name}' does not import "
+            f"{field}: got {path!r}; module '{module_name}' does not import "
             f"({last_line(err)}); check the module path and train.code_dir ({folder})"
         ) from None
     fn = getattr(module, attr, None)
@@ -82,11 +82,11 @@ def load_callable(cfg: Config, field: str, path: str) -> Callable:
         names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
                        and getattr(v, "__module__", None) == module.__name__)
         raise ConfigError(
-            f"config error: {field}: got {path!r}; module '{module_name}' has no attribute '{attr}'; "
+            f"{field}: got {path!r}; module '{module_name}' has no attribute '{attr}'; "
             f"fix the name (callables defined there: {', '.join(names) or 'none'})"
         )
     if not callable(fn):
-        raise ConfigError(f"config error: {field}: got {path!r}; '{attr}' is a {type(fn).__name__}, not a callable")
+        raise ConfigError(f"{field}: got {path!r}; '{attr}' is a {type(fn).__name__}, not a callable")
     return fn
 
 
@@ -104,14 +104,14 @@ def call(fn: Callable, field: str, path: str, kwargs: Mapping[str, Any], offered
         raise
     except Exception as err:  # noqa: BLE001 - the user's callable failed: one line, its message
         raise ConfigError(
-            f"config error: {field}: got {path!r}; the callable raised {last_line(err)}; "
+            f"{field}: got {path!r}; the callable raised {last_line(err)}; "
             f"fix it or its arguments ({args_field}: {dict(kwargs)}; also passed: {sorted(extra)})"
         ) from None
 
 
 def no_files(data: str) -> ConfigError:
     return ConfigError(
-        f"config error: train.data: got {data!r}; no file matches that pattern; check the path "
+        f"train.data: got {data!r}; no file matches that pattern; check the path "
         "(a relative path is resolved against the config file's folder)"
     )
 
@@ -144,6 +144,6 @@ def preflight(cfg: Config) -> None:
             raise no_files(t.data)
         if kind == "parquet" and t.strategy == "parameter_server":
             raise ConfigError(
-                f"config error: train.data: got {t.data!r}; parquet is read in Python (pyarrow), which "
+                f"train.data: got {t.data!r}; parquet is read in Python (pyarrow), which "
                 "parameter_server's workers cannot run; convert it to tfrecord or csv, or use multi_worker_mirrored"
             )

@@ -379,7 +379,7 @@ def launch_training(cfg, run_dir, *, parent_run_id: str | None = None, kubeconfi
     claim = cfg.cluster.runs_volume_claim
     if not claim:
         raise ConfigError(
-            "config error: cluster.runs_volume_claim: got None; the training pods must write the run folder "
+            "cluster.runs_volume_claim: got None; the training pods must write the run folder "
             "to a PVC this step also mounts; set cluster.runs_volume_claim (ReadWriteMany)"
         )
     # What provision only warned about (it still serves local runs) stops a launch: credentials

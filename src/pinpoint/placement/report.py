@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ from pinpoint.placement.conformance import split_fallbacks
 from pinpoint.placement.schema import EXPLAIN
 from pinpoint.placement.summary import format_summary, human_bytes
 from pinpoint.runfolder import (
-    CONFIG_FILE,
     METRICS,
     PLACEMENT,
     REPORT_HTML,
@@ -422,11 +420,12 @@ def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise ConfigError(f"DIR: '{run_dir}' is not a folder; pass a trained run folder such as runs/demo")
+        raise ConfigError(f"run_dir: got '{run_dir}', which is not a folder; pass a trained run folder such as runs/demo")
     placement = read_json(run_dir / PLACEMENT)
     if not isinstance(placement, dict) or "ops_by_device" not in placement:
         raise ConfigError(
-            f"DIR: '{run_dir / PLACEMENT}' is not a placement file; re-run `pinpoint train` with placement.enabled: true"
+            f"run_dir: got '{run_dir}', whose {PLACEMENT} is not a placement file; re-run `pinpoint train` with "
+            "placement.enabled: true"
         )
     metrics_path = run_dir / METRICS
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else None
@@ -434,33 +433,3 @@ def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:
     title = f"Pinpoint placement report: {run_dir.resolve().name}"
     out = atomic_write_text(run_dir / REPORT_HTML, render_html(placement, metrics, charts, title))
     return out, charts, placement
-
-
-def report_command(run_dir, *, parent_run_id: str | None = None) -> int:
-    """CLI entry: write the report, log headline metrics and the files to MLflow (if configured)."""
-    from pinpoint.placement.metrics import headline_metrics
-
-    run_dir = Path(run_dir)
-    cfg = None
-    cfg_path = run_dir / CONFIG_FILE
-    if cfg_path.is_file():
-        from pinpoint.config import load_config
-
-        cfg = load_config(cfg_path)
-        if cfg.tracking.enabled:
-            from pinpoint.tracking import warm_tracking
-
-            warm_tracking(cfg)  # MLflow's import and store open in the sender while the charts render
-    out, charts, placement = write_report(run_dir)
-    if cfg is not None:
-        from pinpoint.tracking import open_step_run
-
-        with open_step_run(cfg, "report", run_dir, parent_run_id=parent_run_id) as run:
-            run.log_metrics(headline_metrics(placement))
-            run.log_artifact(run_dir / PLACEMENT)
-            run.log_artifact(out)
-            if charts:
-                run.log_artifacts(run_dir / CHARTS_DIR, artifact_path=CHARTS_DIR)
-    print(f"report: {out}", file=sys.stderr)
-    print(f"charts: {', '.join(str(p) for p in charts.values()) or 'none'}", file=sys.stderr)
-    return 0

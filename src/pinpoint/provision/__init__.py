@@ -96,33 +96,7 @@ def _write_manifests(out: Path, files: dict[str, list[dict]]) -> list[Path]:
     return [final / name for name in files]
 
 
-def _track(cfg: Config, out: Path, spec: dict, plan: dict, parent_run_id: str | None) -> str | None:
-    from pinpoint.tracking import open_step_run
-
-    gpus = {t["role"]: t["resources"]["gpus"] for t in spec["tasks"]}
-    with open_step_run(cfg, "provision", out, parent_run_id=parent_run_id) as run:
-        run.log_params(
-            {
-                "strategy": cfg.train.strategy,
-                "flavor": cfg.cluster.flavor,
-                "namespace": cfg.cluster.namespace,
-                "tasks": len(spec["tasks"]),
-                **{f"replicas.{r}": n for r, n in spec["roles"].items()},
-                **{f"gpus_per_replica.{r}": n for r, n in gpus.items()},
-                "emulated": cfg.cluster.emulate,
-                "feasibility": plan["status"],
-                # config_digest: logged with the config's params (a key twice in one batch makes
-                # MLflow refuse the whole batch)
-            }
-        )
-        run.log_artifact(out / CLUSTER_SPEC)
-        run.log_artifact(out / PLACEMENT_PLAN)
-        if (out / MANIFESTS_DIR).is_dir():
-            run.log_artifacts(out / MANIFESTS_DIR, artifact_path=MANIFESTS_DIR)
-        return run.run_id
-
-
-def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, parent_run_id=None, rbac=None) -> dict:
+def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, rbac=None) -> dict:
     """Write the run folder's provisioning outputs (see the module doc) and return a summary.
     rbac: a ServiceAccount name; also write rbac.yaml (the launch step's Role + RoleBinding for
     that account in the run's namespace).
@@ -170,7 +144,6 @@ def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, parent_run_i
         written = _write_manifests(out, files)
     if rbac_text is not None:
         atomic_write_text(out / RBAC_FILE, rbac_text)
-    run_id = _track(cfg, out, spec, plan, parent_run_id)
     return {
         "cluster_spec": str(out / CLUSTER_SPEC),
         "manifests": [str(p) for p in written],
@@ -179,7 +152,6 @@ def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, parent_run_i
         "placement_plan": str(out / PLACEMENT_PLAN),
         "feasibility": plan["status"],
         "tasks": [t.name for t in tasks],
-        "run_id": run_id,
         "config_digest": cfg.digest(),  # of the config written to the run folder (namespace resolved)
         "warnings": warnings,
     }

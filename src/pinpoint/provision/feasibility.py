@@ -99,6 +99,7 @@ def _single_replica_check(need: _Need, eligible: list[Node], excluded: list[str]
             f"feasibility: {role} needs {what} whose taints it tolerates; none of the {n_nodes} node(s) qualifies: "
             + "; ".join(excluded[:4])
             + ("; ..." if len(excluded) > 4 else "")
+            + "; fix cluster.node_selector/tolerations/gpu_type or the inventory"
         )
     for r in _ordered(need.amounts):
         largest = max(n.allocatable.get(r, 0.0) for n in eligible)
@@ -106,12 +107,14 @@ def _single_replica_check(need: _Need, eligible: list[Node], excluded: list[str]
             # GPUs: "has 4"; cpu and memory keep their unit: "has 32Gi memory".
             shown = f"{largest:g}" if r not in ("cpu", "memory") else _describe(r, largest, need)
             raise ProvisionError(
-                f"feasibility: {role} needs {_describe(r, need.amounts[r], need)}; the largest matching node has {shown}"
+                f"feasibility: {role} needs {_describe(r, need.amounts[r], need)}; the largest matching node has {shown}; "
+                "request less per replica (cluster.*) or add a larger node"
             )
     if not any(_fits(n.allocatable, need.amounts) for n in eligible):
         wants = " + ".join(_describe(r, need.amounts[r], need) for r in _ordered(need.amounts))
         raise ProvisionError(
-            f"feasibility: {role} needs {wants} on one node; no matching node has all of them at once"
+            f"feasibility: {role} needs {wants} on one node; no matching node has all of them at once; "
+            "request less per replica (cluster.*) or add a larger node"
         )
 
 

@@ -50,30 +50,34 @@ class Node:
         }
 
 
-def _amount(where: str, value: Any) -> float:
+def _amount(where: str, value: Any, source: str) -> float:
     try:
         return float(parse_quantity(value))
     except ValueError:
-        raise ProvisionError(f"{where}: got {value!r}; write a Kubernetes quantity like '8', '500m' or '64Gi'") from None
+        raise ProvisionError(
+            f"{where}: got {value!r} in {source}; write a Kubernetes quantity like '8', '500m' or '64Gi'"
+        ) from None
 
 
 def node_from_dict(d: Any, i: int, *, gpu_resource: str, gpu_type_label: str, source: str) -> Node:
-    where = f"{source}: nodes[{i}]"
+    # Fields are named like config fields: nodes[<index>] until the node has a name, then nodes[<name>].
+    where = f"nodes[{i}]"
     if not isinstance(d, dict):
-        raise ProvisionError(f"{where}: got {d!r}; each node is a mapping with name, gpus, cpu, memory")
+        raise ProvisionError(f"{where}: got {d!r} in {source}; each node is a mapping with name, gpus, cpu, memory")
     unknown = set(d) - _NODE_KEYS
     if unknown:
-        raise ProvisionError(f"{where}: unknown key {sorted(unknown)[0]!r}; use {', '.join(sorted(_NODE_KEYS))}")
+        raise ProvisionError(f"{where}: got an unknown key {sorted(unknown)[0]!r} in {source}; "
+                             f"use {', '.join(sorted(_NODE_KEYS))}")
     for key in ("name", "cpu", "memory"):
         if key not in d:
-            raise ProvisionError(f"{where}: missing '{key}'; add it")
+            raise ProvisionError(f"{where}.{key}: got nothing (missing) in {source}; add it")
     name = str(d["name"])
-    where = f"{source}: node {name}"
-    alloc = {"cpu": _amount(f"{where}: cpu", d["cpu"]), "memory": _amount(f"{where}: memory", d["memory"])}
+    where = f"nodes[{name}]"
+    alloc = {"cpu": _amount(f"{where}.cpu", d["cpu"], source), "memory": _amount(f"{where}.memory", d["memory"], source)}
     for key, value in (d.get("allocatable") or {}).items():
-        alloc[str(key)] = _amount(f"{where}: allocatable.{key}", value)
+        alloc[str(key)] = _amount(f"{where}.allocatable.{key}", value, source)
     if d.get("gpus"):
-        alloc[str(d.get("gpu_resource") or gpu_resource)] = _amount(f"{where}: gpus", d["gpus"])
+        alloc[str(d.get("gpu_resource") or gpu_resource)] = _amount(f"{where}.gpus", d["gpus"], source)
     labels = {str(k): str(v) for k, v in (d.get("labels") or {}).items()}
     if d.get("gpu_type") is not None:
         labels[gpu_type_label] = str(d["gpu_type"])
@@ -81,7 +85,7 @@ def node_from_dict(d: Any, i: int, *, gpu_resource: str, gpu_type_label: str, so
     for t in d.get("taints") or ():
         if not isinstance(t, dict) or "key" not in t or t.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
             raise ProvisionError(
-                f"{where}: taint {t!r}; write it as {{key: K, value: V, effect: NoSchedule|PreferNoSchedule|NoExecute}}"
+                f"{where}.taints: got {t!r} in {source}; write it as {{key: K, value: V, effect: NoSchedule|PreferNoSchedule|NoExecute}}"
             )
         taints.append(Taint(str(t["key"]), t["effect"], None if t.get("value") is None else str(t["value"])))
     if d.get("unschedulable"):
@@ -92,13 +96,13 @@ def node_from_dict(d: Any, i: int, *, gpu_resource: str, gpu_type_label: str, so
 def load_inventory(path: str | Path, *, gpu_resource: str, gpu_type_label: str) -> list[Node]:
     p = Path(path)
     if not p.is_file():
-        raise ProvisionError(f"--nodes: file '{p}' does not exist; pass a node inventory such as configs/nodes-example.yaml")
+        raise ProvisionError(f"--nodes: got '{p}', which does not exist; pass a node inventory such as configs/nodes-example.yaml")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError:
-        raise ProvisionError(f"--nodes: '{p}' is not valid YAML; fix the syntax") from None
+        raise ProvisionError(f"--nodes: got '{p}', which is not valid YAML; fix the syntax") from None
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list) or not data["nodes"]:
-        raise ProvisionError(f"--nodes: '{p}' has no 'nodes:' list; see configs/nodes-example.yaml")
+        raise ProvisionError(f"--nodes: got '{p}', which has no 'nodes:' list; see configs/nodes-example.yaml")
     nodes = [
         node_from_dict(d, i, gpu_resource=gpu_resource, gpu_type_label=gpu_type_label, source=str(p))
         for i, d in enumerate(data["nodes"])
@@ -106,7 +110,7 @@ def load_inventory(path: str | Path, *, gpu_resource: str, gpu_type_label: str) 
     names = [n.name for n in nodes]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise ProvisionError(f"--nodes: node name {dup[0]!r} appears twice in '{p}'; node names are unique")
+        raise ProvisionError(f"--nodes: got node name {dup[0]!r} twice in '{p}'; give every node its own name")
     return nodes
 
 
@@ -115,7 +119,7 @@ def node_from_v1(v1node: Any) -> Node:
     unschedulable taint the scheduler applies)."""
     meta, spec, status = v1node.metadata, v1node.spec, v1node.status
     name = meta.name
-    alloc = {str(k): _amount(f"node {name}: allocatable.{k}", v) for k, v in ((status and status.allocatable) or {}).items()}
+    alloc = {str(k): _amount(f"nodes[{name}].allocatable.{k}", v, "the cluster") for k, v in ((status and status.allocatable) or {}).items()}
     alloc.setdefault("cpu", 0.0)
     alloc.setdefault("memory", 0.0)
     taints = [
@@ -165,10 +169,10 @@ def inventory_from_cluster(kubeconfig: str | Path, *, subtract_running: bool = T
     try:
         from kubernetes import client, config
     except ImportError:  # pragma: no cover - kubernetes is in requirements.lock
-        raise ProvisionError("--kubeconfig: the 'kubernetes' package is missing; pip install kubernetes") from None
+        raise ProvisionError("--kubeconfig: got no 'kubernetes' package to read it with; pip install kubernetes") from None
     p = Path(kubeconfig)
     if not p.is_file():
-        raise ProvisionError(f"--kubeconfig: file '{p}' does not exist; pass a kubeconfig file")
+        raise ProvisionError(f"--kubeconfig: got '{p}', which does not exist; pass a kubeconfig file")
     try:
         api = client.CoreV1Api(config.new_client_from_config(config_file=str(p)))
         items = api.list_node(_request_timeout=30).items
@@ -179,7 +183,7 @@ def inventory_from_cluster(kubeconfig: str | Path, *, subtract_running: bool = T
             "or pass --nodes FILE"
         ) from None
     if not items:
-        raise ProvisionError(f"--kubeconfig: the cluster of '{p}' has no nodes; pass --nodes FILE instead")
+        raise ProvisionError(f"--kubeconfig: got '{p}', whose cluster has no nodes; pass --nodes FILE instead")
     nodes = [node_from_v1(n) for n in items]
     if subtract_running:
         try:
@@ -187,6 +191,6 @@ def inventory_from_cluster(kubeconfig: str | Path, *, subtract_running: bool = T
         except client.ApiException as err:
             if err.status in (401, 403):
                 return nodes  # may not list pods: judge by allocatable alone
-            raise ProvisionError(f"--kubeconfig: cannot list pods ({err.status} {err.reason}); retry or pass --nodes FILE") from None
+            raise ProvisionError(f"--kubeconfig: got HTTP {err.status} {err.reason} listing the pods; retry or pass --nodes FILE") from None
         nodes = subtract_pods(nodes, pods)
     return nodes

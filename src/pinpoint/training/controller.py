@@ -146,7 +146,7 @@ class Controller:
         t, trainer, plan = self.cfg.train, run.trainer, run.plan
         kind, n = plan.next_call(trainer.step, trainer.calls, total, (t.log_every, t.checkpoint_every))
         if kind == CAPTURE_STEP:
-            captured, m = trainer.capture_step(capture_call)
+            captured, m = trainer.capture_step()
             plan.add_capture(captured)
             return n, m
         if kind == CAPTURE_STEPS:

@@ -170,12 +170,12 @@ class Trainer:
                 self._train_n, tf.constant(self.step, tf.int64), tf.constant(n, tf.int32), step=self.step)
         return captured, self._finish_call(loss, acc, n, t0)
 
-    def capture_step(self, capture_call):
+    def capture_step(self):
         """parameter_server: run one real step from the coordinator with graph collection on
         (see _ps_capture); return (captured, metrics)."""
         if self.coordinator is None:
             raise RuntimeError("capture_step is for parameter_server; other strategies use capture_steps")
-        return self._ps_capture(capture_call)
+        return self._ps_capture()
 
     def variables(self) -> list:
         """Keras variables (placement names them by their Keras path, e.g. a subclassed model's
@@ -237,7 +237,7 @@ class Trainer:
         examples = n * self.pipeline.per_replica
         return {"loss": loss, "accuracy": acc, "step_time": dt / n, "examples_per_sec": examples / dt}
 
-    def _ps_capture(self, capture_call):
+    def _ps_capture(self):
         # A closure scheduled by the ClusterCoordinator is instantiated by the worker's own
         # runtime, so the coordinator never sees its partition graphs. Running one real step from
         # here with its ops placed on worker 0 lets this runtime place and partition it: compute

@@ -1,0 +1,39 @@
+"""The report step: report.html and the charts from a trained run folder, logged to MLflow."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pinpoint.placement.report import CHARTS_DIR, write_report
+from pinpoint.runfolder import CONFIG_FILE, PLACEMENT
+
+
+def report_command(run_dir, *, parent_run_id: str | None = None) -> int:
+    """CLI entry: write the report, log headline metrics and the files to MLflow (if configured)."""
+    from pinpoint.placement.metrics import headline_metrics, metrics_step
+
+    run_dir = Path(run_dir)
+    cfg = None
+    cfg_path = run_dir / CONFIG_FILE
+    if cfg_path.is_file():
+        from pinpoint.config import load_config
+
+        cfg = load_config(cfg_path)
+        if cfg.tracking.enabled:
+            from pinpoint.tracking import warm_tracking
+
+            warm_tracking(cfg)  # MLflow's import and store open in the sender while the charts render
+    out, charts, placement = write_report(run_dir)
+    if cfg is not None:
+        from pinpoint.tracking import open_step_run
+
+        with open_step_run(cfg, "report", run_dir, parent_run_id=parent_run_id) as run:
+            run.log_metrics(headline_metrics(placement), step=metrics_step(placement))  # the captured step
+            run.log_artifact(run_dir / PLACEMENT)
+            run.log_artifact(out)
+            if charts:
+                run.log_artifacts(run_dir / CHARTS_DIR, artifact_path=CHARTS_DIR)
+    print(f"report: {out}", file=sys.stderr)
+    print(f"charts: {', '.join(str(p) for p in charts.values()) or 'none'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,82 @@
+"""Imports point down: a module of the library imports only modules of its own layer or of a
+lower one (docs/architecture.md draws these layers). Every import counts, also the ones inside a
+function: importing lazily makes an import cheap, not a dependency go away."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "pinpoint"
+
+# Lowest first. A name is a top-level module or package of pinpoint.
+LAYERS = [
+    ("foundation", {"__init__", "errors", "quiet", "hooks", "runfolder"}),
+    ("config", {"device_names", "config"}),
+    ("machine", {"devices", "kernels", "usercode"}),
+    ("analysis", {"placement", "provision"}),
+    ("tracking", {"tracking"}),
+    ("execution", {"training", "k8s", "compare", "steps"}),
+    ("entry", {"cli"}),
+]
+LAYER_OF = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
+
+
+def _unit(module: str) -> str:
+    """pinpoint.training.engine -> training; pinpoint -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports() -> list[tuple[str, str, int]]:
+    """(importing module, imported pinpoint module, line) for every import in src/pinpoint."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        module = "pinpoint." + ".".join(path.relative_to(SRC).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module]
+            else:
+                continue
+            found += [(module.removesuffix(".__init__"), t, node.lineno) for t in targets
+                      if t == "pinpoint" or t.startswith("pinpoint.")]
+    return found
+
+
+def test_every_module_belongs_to_a_layer():
+    units = {_unit("pinpoint." + ".".join(p.relative_to(SRC).with_suffix("").parts)) for p in SRC.rglob("*.py")}
+    assert sorted(units - set(LAYER_OF)) == [], "add the new module to LAYERS (and docs/architecture.md)"
+
+
+def test_imports_point_down():
+    upward = [f"{src} (line {line}) imports {dst}: layer {LAYERS[LAYER_OF[_unit(dst)]][0]} is above "
+              f"{LAYERS[LAYER_OF[_unit(src)]][0]}"
+              for src, dst, line in _imports() if LAYER_OF[_unit(dst)] > LAYER_OF[_unit(src)]]
+    assert upward == []
+
+
+def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
+    """Negative control: a foundation module importing the trainer is reported."""
+    fake = tmp_path / "pinpoint"
+    fake.mkdir()
+    (fake / "errors.py").write_text("def f():\n    from pinpoint.training import controller\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    assert [(s, d) for s, d, _ in _imports()] == [("pinpoint.errors", "pinpoint.training")]
+    assert LAYER_OF[_unit("pinpoint.training")] > LAYER_OF[_unit("pinpoint.errors")]
+
+
+def test_the_library_never_imports_the_repositorys_kfp_side():
+    others = sorted({(src, t) for path in SRC.rglob("*.py")
+                     for src in ["pinpoint." + ".".join(path.relative_to(SRC).with_suffix("").parts)]
+                     for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, (ast.Import, ast.ImportFrom))
+                     for t in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""])
+                     if t.split(".")[0] in ("pipelines", "components", "kfp")})
+    assert others == []
