@@ -278,12 +278,13 @@ def test_real_multi_worker_cluster_with_evaluator_through_the_cli(tmp_path):
     cfg_path.write_text(config_to_yaml(cfg))
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "pinpoint.cli", "train", str(cfg_path), "--out", str(out)],
+        [sys.executable, "-m", "pinpoint.cli", "train", str(cfg_path), "--out", str(out), "--verbose"],
         check=False, capture_output=True, text=True, timeout=560, cwd=ROOT,
     )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-2000:])
     lines = proc.stdout.splitlines()
-    # Every task's output arrives whole-line and prefixed with its name.
+    # Every task's output (--verbose: TensorFlow's start-up lines too, so the worker and the
+    # evaluator have some) arrives whole-line and prefixed with its name.
     for name in ("chief:0", "worker:0", "evaluator:0"):
         assert any(ln.startswith(f"[{name}] ") for ln in lines), name
     assert all(ln.startswith("[") for ln in lines if ln.strip())
