@@ -81,7 +81,8 @@ def test_a_run_starts_quietly_and_verbose_shows_the_libraries_logs(tmp_path):
     (the run's own lines do); `--verbose` shows them. MLflow tracking on: model logging included."""
     cfg = {"name": "quiet", "train": {"steps": 6},
            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "quiet"}}
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_CPP_MIN_LOG_LEVEL", "PYTHONWARNINGS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CONFIG", "TF_CPP_MIN_LOG_LEVEL", "PYTHONWARNINGS", "PINPOINT_VERBOSE")}
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(cfg))
 

@@ -30,8 +30,9 @@ QUIET_ENV = {
 
 
 def quiet_start(verbose: bool) -> None:
-    """Keep start-up noise off (the default), or show everything with verbose=True."""
-    if verbose:
+    """Keep start-up noise off (the default), or show everything with verbose=True (or when the
+    process that started this one was verbose: the tasks of a `pinpoint train --verbose` cluster)."""
+    if verbose or os.environ.get(VERBOSE_ENV) == "1":
         os.environ[VERBOSE_ENV] = "1"
         return
     for key, value in QUIET_ENV.items():
