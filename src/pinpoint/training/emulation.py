@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import re
 
-from pinpoint.device_names import DeviceMap, normalize, split_prefix
+from pinpoint.device_names import DeviceMap, local_name, normalize
 from pinpoint.errors import PlacementError
 from pinpoint.kernels import missing_gpu_kernel
 from pinpoint.placement.conformance import gradient_re, layer_re
@@ -74,7 +74,7 @@ class GpuPlacement:
 
         def place(op) -> str:
             if op.device:
-                if not self.soft_placement and _local(op.device) in emulated:
+                if not self.soft_placement and local_name(op.device) in emulated:
                     self._refuse(op)
                 return op.device
             if op.type == "Placeholder" or _colocated(op):
@@ -92,7 +92,7 @@ class GpuPlacement:
         reason = missing_gpu_kernel(op.type, op.node_def.attr)
         if reason is None:
             return
-        spec = self.dm.spec(_local(op.device))
+        spec = self.dm.spec(local_name(op.device))
         field = rule_for(op.name, op.device, self.plan, self.dm)
         name = re.sub(r"^while(_\d+)?/", "", op.name)  # the trainer's step loop, not the user's scope
         self.refusal = PlacementError(
@@ -103,19 +103,14 @@ class GpuPlacement:
         raise self.refusal
 
 
-def _local(device: str) -> str:
-    """'/job:worker/replica:0/task:1/device:CPU:1' -> '/CPU:1' (the device within its task)."""
-    return split_prefix(normalize(device))[1]
-
-
 def _colocated(op) -> bool:
     return op.colocation_groups() != [b"loc:@" + op.name.encode()]
 
 
 def rule_for(op_name: str, device: str, plan, dm: DeviceMap) -> str:
     """The config field whose device request placed this op (best match by scope and device)."""
-    where = _local(device)
-    same = lambda spec: bool(spec) and _local(dm.physical(spec)) == where  # noqa: E731
+    where = local_name(device)
+    same = lambda spec: bool(spec) and local_name(dm.physical(spec)) == where  # noqa: E731
     if plan is not None:
         if same(plan.gradients) and _GRAD_RE.search(op_name):
             return "train.pinning.gradients"

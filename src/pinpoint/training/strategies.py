@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Sequence
 
 from pinpoint.config import ALL_REDUCE, STRATEGIES
+from pinpoint.device_names import parse_name
 from pinpoint.errors import ConfigError
 
 _strategies_made = 0
@@ -57,7 +58,7 @@ def _local_devices(devices: Sequence[str], emulated: bool):
 
     cls = cars.CollectiveAllReduceExtended
     original = cls._initialize_local_devices
-    local = [d.split(":")[-1] for d in devices]
+    local = [parse_name(d)[3] for d in devices]  # the logical CPU indices standing in for the GPUs
 
     def patched(self, cluster_resolver, worker_device):
         return tuple(f"{worker_device}/device:CPU:{i}" for i in local), "CPU"
