@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pinpoint"
 
 # Lowest first. A name is a top-level module or package of pinpoint.
 LAYERS = [
-    ("foundation", {"__init__", "errors", "quiet", "hooks", "runfolder"}),
+    ("foundation", {"__init__", "errors", "quiet", "hooks", "runfolder", "signals"}),
     ("config", {"device_names", "config"}),
     ("machine", {"devices", "kernels", "usercode"}),
     ("analysis", {"placement", "provision"}),

@@ -30,9 +30,7 @@ collector removes the TFJob/Jobs if the step's pod goes away without cleaning up
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -46,6 +44,7 @@ from pinpoint.k8s.api import KubeApi, api_message, first_line
 from pinpoint.k8s.watch import ROLE_LABEL, Watcher
 from pinpoint.provision.namespace import namespace_of, pod_namespace
 from pinpoint.runfolder import MANIFESTS_DIR, RUNS_MOUNT
+from pinpoint.signals import Terminated, sigterm_raises
 
 # Kinds in creation order: what pods need (config, DNS names) exists before the pods do.
 CREATE_ORDER = {"ConfigMap": 0, "Secret": 0, "Service": 1, "Job": 2, "TFJob": 2}
@@ -88,10 +87,6 @@ class StoppedBySignal(TrainingFailed):
     """SIGTERM (the step's pod deleted or evicted): cleaned up, exit 128 + 15."""
 
     exit_code = SIGTERM_EXIT_CODE
-
-
-class _SigTerm(BaseException):
-    pass
 
 
 def load_manifests(run_dir: Path) -> list[dict]:
@@ -306,23 +301,14 @@ def launch_manifests(api_client, run_dir: Path, name: str, namespace: str,
 
     docs = [with_parent_run(d, parent_run_id) for d in load_manifests(run_dir)]
     launcher = Launcher(api_client, name, namespace, options)
-    state = {"cleaning": False}
-
-    def on_sigterm(signum, frame):
-        if not state["cleaning"]:
-            state["cleaning"] = True
-            raise _SigTerm()
-
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
-    try:
+    with sigterm_raises() as guard:
         try:
             launcher.resolve_owner()
             launcher.create(docs)
             launcher.wait(_expected_pods(docs))
             launcher.opts.log(f"[k8s] {name}: training finished")
             return 0
-        except _SigTerm:
+        except Terminated:
             deleted = launcher.cleanup()
             raise StoppedBySignal(f"kubernetes: {name} stopped by SIGTERM (run terminated or pod evicted); "
                                   f"deleted {len(deleted)} object(s)") from None
@@ -330,12 +316,9 @@ def launch_manifests(api_client, run_dir: Path, name: str, namespace: str,
             raise TrainingFailed(f"kubernetes: HTTP {err.status} {err.reason} while running {name} "
                                  f"({api_message(err)[:160]}); check the service account's permissions") from None
         finally:
-            if not state["cleaning"]:
-                state["cleaning"] = True
+            if guard.armed:  # not cleaned up above: do it now, and let no SIGTERM interrupt it
+                guard.disarm()
                 launcher.cleanup()
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def check_run_folder(run_dir: Path, runs_mount: str | Path, claim: str, name: str) -> Path:

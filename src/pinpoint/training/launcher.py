@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,6 +49,7 @@ from pinpoint.runfolder import (
     last_logged_step,
     latest_checkpoint_step,
 )
+from pinpoint.signals import Terminated, sigterm_raises
 from pinpoint.training.supervise import Emitter, ProcessGroup, TaskSpec, watch_attempt
 
 TASKS_FILE = "tasks.json"
@@ -126,10 +125,6 @@ def _checkpointed_since(out_dir: Path, since: float) -> bool:
     return False
 
 
-class _Stop(Exception):
-    """SIGTERM received by the launcher."""
-
-
 def run_local_cluster(
     cfg: Config,
     out_dir: str | Path,
@@ -162,103 +157,95 @@ def run_local_cluster(
     def say(msg: str) -> None:
         emitter.line("launcher", msg)
 
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = None
-    if in_main:
-        def _on_term(signum, frame):
-            raise _Stop()
-        previous = signal.signal(signal.SIGTERM, _on_term)
-
     attempt = 0
     launched = time.time()
-    try:
-        while True:
-            attempt += 1
-            # Restore from the MLflow run until this launch has written a checkpoint of its own
-            # (a group that died before its first checkpoint must not start from scratch).
-            from_run = None if _checkpointed_since(out, launched) else resume_from_run
-            specs = task_specs(
-                cfg, out, parent_run_id=parent_run_id, resume_from_run=from_run,
-                extra_env=extra_env, host=host, task_hosts=task_hosts, task_prefix=task_prefix,
-                collective_timeout=collective_timeout,
-            )
-            resume_step = latest_checkpoint_step(out)
-            group = ProcessGroup(specs, cwd=os.getcwd(), emitter=emitter)
-            started = time.time()
-            failure = None
-            try:
-                group.start()
-                tasks_doc = {
+    # SIGTERM (the run or the pod stopped): every task is stopped by the attempt's finally.
+    with sigterm_raises():
+        try:
+            while True:
+                attempt += 1
+                # Restore from the MLflow run until this launch has written a checkpoint of its own
+                # (a group that died before its first checkpoint must not start from scratch).
+                from_run = None if _checkpointed_since(out, launched) else resume_from_run
+                specs = task_specs(
+                    cfg, out, parent_run_id=parent_run_id, resume_from_run=from_run,
+                    extra_env=extra_env, host=host, task_hosts=task_hosts, task_prefix=task_prefix,
+                    collective_timeout=collective_timeout,
+                )
+                resume_step = latest_checkpoint_step(out)
+                group = ProcessGroup(specs, cwd=os.getcwd(), emitter=emitter)
+                started = time.time()
+                failure = None
+                try:
+                    group.start()
+                    tasks_doc = {
+                        "attempt": attempt,
+                        "started": started,
+                        "tasks": {s.name: {"pid": group.pids[s.name], "host": s.host, "port": s.port} for s in specs},
+                    }
+                    atomic_write_json(out / TASKS_FILE, tasks_doc)
+                    record["attempts"].append({"attempt": attempt, "started": started, "resume_step": resume_step})
+                    atomic_write_json(out / LAUNCHER_FILE, record)
+                    say(
+                        f"attempt {attempt}: started {', '.join(f'{s.name} (pid {group.pids[s.name]}, {s.host}:{s.port})' for s in specs)}"
+                        + (f"; resuming from checkpoint step {resume_step}" if resume_step is not None else "")
+                    )
+                    failure = watch_attempt(group, out, startup_timeout, stall_timeout, finish_timeout, say,
+                                            servers_only=cfg.train.strategy == "parameter_server")
+                finally:
+                    detected = time.time()
+                    # A broken group is killed at once: the checkpoint holds everything worth keeping,
+                    # and an MWMS task ignores SIGTERM anyway (TF's coordination service takes it as a
+                    # preemption notice and keeps waiting in the collective).
+                    killed = group.stop(grace=0.0 if failure is not None else grace)
+                    stopped = time.time()
+                record["attempts"][-1].update(ended=stopped, stop_s=round(stopped - detected, 2), sigkilled=killed)
+                if failure is None:
+                    record["status"] = "succeeded"
+                    atomic_write_json(out / LAUNCHER_FILE, record)
+                    say(f"done after {attempt} attempt(s)")
+                    return 0
+                reason, exit_ = failure
+                record["failures"].append({
                     "attempt": attempt,
-                    "started": started,
-                    "tasks": {s.name: {"pid": group.pids[s.name], "host": s.host, "port": s.port} for s in specs},
-                }
-                atomic_write_json(out / TASKS_FILE, tasks_doc)
-                record["attempts"].append({"attempt": attempt, "started": started, "resume_step": resume_step})
+                    "task": exit_.name if exit_ else None,
+                    "returncode": exit_.returncode if exit_ else None,
+                    "reason": reason,
+                    "last_logged_step": last_logged_step(out),
+                    "checkpoint_step": latest_checkpoint_step(out),
+                    "time": detected,
+                })
+                last_words = group.last_words(exit_.name) if exit_ else ""
+                if exit_ is not None and exit_.returncode == USER_ERROR_EXIT:
+                    record["status"] = "failed"
+                    atomic_write_json(out / LAUNCHER_FILE, record)
+                    say(f"{reason}: not restarting (the same inputs would fail the same way)")
+                    return USER_ERROR_EXIT
+                restarts = attempt - 1
+                if restarts >= max_restarts:
+                    record["status"] = "failed"
+                    atomic_write_json(out / LAUNCHER_FILE, record)
+                    raise TrainingFailed(
+                        f"local cluster failed: {reason} on attempt {attempt} "
+                        f"(train.max_restarts={max_restarts} restart(s) used)"
+                        + (f"; its last output: {last_words}" if last_words else "")
+                        + "; see the [task] lines above, or raise train.max_restarts"
+                    )
                 atomic_write_json(out / LAUNCHER_FILE, record)
+                ckpt = latest_checkpoint_step(out)
                 say(
-                    f"attempt {attempt}: started {', '.join(f'{s.name} (pid {group.pids[s.name]}, {s.host}:{s.port})' for s in specs)}"
-                    + (f"; resuming from checkpoint step {resume_step}" if resume_step is not None else "")
+                    f"restart {restarts + 1}/{max_restarts} after {reason}; "
+                    + (f"resuming from checkpoint step {ckpt}" if ckpt is not None else "no checkpoint yet, starting over")
                 )
-                failure = watch_attempt(group, out, startup_timeout, stall_timeout, finish_timeout, say,
-                                        servers_only=cfg.train.strategy == "parameter_server")
-            finally:
-                detected = time.time()
-                # A broken group is killed at once: the checkpoint holds everything worth keeping,
-                # and an MWMS task ignores SIGTERM anyway (TF's coordination service takes it as a
-                # preemption notice and keeps waiting in the collective).
-                killed = group.stop(grace=0.0 if failure is not None else grace)
-                stopped = time.time()
-            record["attempts"][-1].update(ended=stopped, stop_s=round(stopped - detected, 2), sigkilled=killed)
-            if failure is None:
-                record["status"] = "succeeded"
-                atomic_write_json(out / LAUNCHER_FILE, record)
-                say(f"done after {attempt} attempt(s)")
-                return 0
-            reason, exit_ = failure
-            record["failures"].append({
-                "attempt": attempt,
-                "task": exit_.name if exit_ else None,
-                "returncode": exit_.returncode if exit_ else None,
-                "reason": reason,
-                "last_logged_step": last_logged_step(out),
-                "checkpoint_step": latest_checkpoint_step(out),
-                "time": detected,
-            })
-            last_words = group.last_words(exit_.name) if exit_ else ""
-            if exit_ is not None and exit_.returncode == USER_ERROR_EXIT:
-                record["status"] = "failed"
-                atomic_write_json(out / LAUNCHER_FILE, record)
-                say(f"{reason}: not restarting (the same inputs would fail the same way)")
-                return USER_ERROR_EXIT
-            restarts = attempt - 1
-            if restarts >= max_restarts:
-                record["status"] = "failed"
-                atomic_write_json(out / LAUNCHER_FILE, record)
-                raise TrainingFailed(
-                    f"local cluster failed: {reason} on attempt {attempt} "
-                    f"(train.max_restarts={max_restarts} restart(s) used)"
-                    + (f"; its last output: {last_words}" if last_words else "")
-                    + "; see the [task] lines above, or raise train.max_restarts"
-                )
+        except KeyboardInterrupt:
+            # Every task is already stopped (the attempt's finally); the CLI reports the interrupt.
+            record["status"] = "interrupted"
             atomic_write_json(out / LAUNCHER_FILE, record)
-            ckpt = latest_checkpoint_step(out)
-            say(
-                f"restart {restarts + 1}/{max_restarts} after {reason}; "
-                + (f"resuming from checkpoint step {ckpt}" if ckpt is not None else "no checkpoint yet, starting over")
-            )
-    except KeyboardInterrupt:
-        # Every task is already stopped (the attempt's finally); the CLI reports the interrupt.
-        record["status"] = "interrupted"
-        atomic_write_json(out / LAUNCHER_FILE, record)
-        raise
-    except _Stop:
-        record["status"] = "interrupted"
-        atomic_write_json(out / LAUNCHER_FILE, record)
-        raise TrainingFailed("local cluster stopped by SIGTERM; every task was stopped") from None
-    finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+            raise
+        except Terminated:
+            record["status"] = "interrupted"
+            atomic_write_json(out / LAUNCHER_FILE, record)
+            raise TrainingFailed("local cluster stopped by SIGTERM; every task was stopped") from None
 
 
 __all__ = [
