@@ -16,12 +16,12 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pinpoint"
 
 # Lowest first. A name is a top-level module or package of pinpoint.
 LAYERS = [
-    ("foundation", {"__init__", "errors", "quiet", "hooks", "runfolder", "signals"}),
+    ("foundation", {"__init__", "errors", "quiet", "hooks", "runfolder", "signals", "userlog"}),
     ("config", {"device_names", "config"}),
     ("machine", {"devices", "kernels", "usercode"}),
     ("analysis", {"placement", "provision"}),
     ("tracking", {"tracking"}),
-    ("execution", {"training", "k8s", "compare", "steps"}),
+    ("execution", {"training", "trace", "k8s", "compare", "steps"}),
     ("entry", {"cli"}),
 ]
 LAYER_OF = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}

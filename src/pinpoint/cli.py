@@ -83,6 +83,24 @@ def cmd_report(args) -> int:
     return report_command(Path(args.dir), parent_run_id=args.parent_run_id)
 
 
+def cmd_trace(args) -> int:
+    from pinpoint.trace.program import Program
+    from pinpoint.trace.session import trace_command
+
+    if args.module:
+        program = Program(args.module, list(args.program), module=True)
+    elif args.program:
+        program = Program(args.program[0], list(args.program[1:]))
+    else:
+        raise ConfigError("SCRIPT: got nothing; pass a Python file (pinpoint trace train.py ARGS) or -m MODULE")
+    if args.gpus is not None and args.gpus < 0:
+        raise ConfigError(f"--gpus: got {args.gpus}; pass 0 or more GPUs to emulate")
+    if args.log_every < 1:
+        raise ConfigError(f"--log-every: got {args.log_every}; pass 1 or more batches")
+    return trace_command(program, out=args.out, gpus=args.gpus, tracking=not args.no_tracking,
+                         log_every=args.log_every)
+
+
 def cmd_upload_spool(args) -> int:
     from pinpoint.tracking.spool import upload_spool_command
 
@@ -131,6 +149,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--parent-run-id", help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_report)
 
+    s = sub.add_parser("trace", help="run your own TensorFlow program unchanged and report where its ops ran",
+                       usage="pinpoint trace [--out DIR] [--gpus N] [--no-tracking] (SCRIPT.py | -m MODULE) [ARGS...]")
+    s.add_argument("--out", help="run folder (default runs/<script name>)")
+    s.add_argument("--gpus", type=int, help="GPUs the program is written for; emulated on logical CPUs when "
+                                            "the machine has fewer")
+    s.add_argument("--no-tracking", action="store_true", help="no MLflow run")
+    s.add_argument("--log-every", type=int, default=10, help="send Keras' batch logs every N batches (10)")
+    s.add_argument("-m", dest="module", metavar="MODULE", help="run a module as `python -m MODULE` would")
+    s.add_argument("program", nargs=argparse.REMAINDER, help="SCRIPT.py and its arguments (or the module's arguments)")
+    s.set_defaults(fn=cmd_trace)
+
     s = sub.add_parser("upload-spool", help="send MLflow data spooled while the server was down")
     s.add_argument("dir", help="a run folder (or a spool folder)")
     s.add_argument("--uri", help="tracking URI (default: the one recorded in the spool)")
@@ -159,9 +188,35 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+_TRACE_VALUED = {"--out", "--gpus", "--log-every"}
+
+
+def split_trace_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`pinpoint [opts] trace [trace opts] (SCRIPT | -m MODULE) ARGS...`: everything after the
+    script or module belongs to the program, options included (as with `python`)."""
+    if "trace" not in argv:
+        return argv, []
+    i = argv.index("trace") + 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m":
+            return argv[: i + 2], argv[i + 2:]
+        if a in _TRACE_VALUED:
+            i += 2
+            continue
+        if a.startswith("-") and a != "-":
+            i += 1
+            continue
+        return argv[: i + 1], argv[i + 1:]
+    return argv, []
+
+
 def _main(argv: list[str] | None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        front, program_args = split_trace_argv(list(sys.argv[1:] if argv is None else argv))
+        args = build_parser().parse_args(front)
+        if args.command == "trace":
+            args.program = [*args.program, *program_args]
         if argv is None:  # the process's entry point: its environment is ours to set
             from pinpoint.quiet import quiet_start
 

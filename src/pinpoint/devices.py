@@ -18,7 +18,7 @@ from pinpoint.errors import PlacementError
 log = logging.getLogger("pinpoint.devices")
 
 
-def _configure_logical_cpus(tf, count: int) -> int:
+def configure_logical_cpus(tf, count: int) -> int:
     cpus = tf.config.list_physical_devices("CPU")
     try:
         tf.config.set_logical_device_configuration(
@@ -85,7 +85,7 @@ def setup_devices(cfg: Config) -> DeviceMap:
             replica = [f"/GPU:{i}" for i in spec_gpus]
         elif c.emulate:
             emulated = True
-            cpu_count = _configure_logical_cpus(tf, len(spec_gpus) + 1)
+            cpu_count = configure_logical_cpus(tf, len(spec_gpus) + 1)
             aliases = emulation_aliases(spec_gpus)
             replica = [aliases[f"/GPU:{i}"] for i in spec_gpus]
         elif pin.soft_placement:
@@ -104,7 +104,7 @@ def setup_devices(cfg: Config) -> DeviceMap:
     else:
         count = max(n, 1)
         if count > 1:
-            cpu_count = _configure_logical_cpus(tf, count)
+            cpu_count = configure_logical_cpus(tf, count)
         replica = [f"/CPU:{i}" for i in range(count)]
         spec_replica = list(replica)
 

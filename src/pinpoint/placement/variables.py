@@ -225,3 +225,7 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
             "coverage": f"updates attributed for {attributed}/{len(out)} variables",
         },
     }
+
+
+# The same rules, public for pinpoint.trace (which meets a program's variables outside a run).
+unwrap, components, kind_of, var_name = _unwrap, _components, _kind, _var_name

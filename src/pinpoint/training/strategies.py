@@ -75,7 +75,7 @@ def emulated_local_devices(dm):
     return _local_devices(dm.replica_devices, dm.emulated)
 
 
-def _mirrored_ops(all_reduce: str, devices: list[str], host: str, emulated: bool):
+def mirrored_ops(all_reduce: str, devices: list[str], host: str, emulated: bool):
     """MirroredStrategy's cross-device ops for train.all_reduce (None: TensorFlow's default)."""
     import tensorflow as tf
 
@@ -136,7 +136,7 @@ def get_strategy(name: str, devices: Sequence[str], *, cluster_resolver=None, ho
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy(devices[0])
     if name == "mirrored":
-        ops = _mirrored_ops(all_reduce, devices, host, emulated)
+        ops = mirrored_ops(all_reduce, devices, host, emulated)
         return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
     if name == "central_storage":
         return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device=host)

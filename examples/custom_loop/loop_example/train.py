@@ -1,0 +1,107 @@
+"""Model parallelism by hand: `dense_1` on /GPU:0, `head` on /GPU:1, the gradients computed
+under `tf.device('/GPU:0')`, one `tf.function` per training step.
+
+Plain TensorFlow: `pinpoint.log` is the only Pinpoint call, and it does nothing when the program
+runs without Pinpoint. Run it as a script, under `pinpoint trace --gpus 2`, or as the pipeline's
+train step through `entrypoint(ctx)` (config.yaml).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import keras
+import tensorflow as tf
+from sklearn.datasets import load_digits
+
+try:
+    from pinpoint import log
+except ImportError:  # running without Pinpoint installed
+    def log(step, **metrics):
+        pass
+
+
+def dataset(batch_size: int) -> tf.data.Dataset:
+    digits = load_digits()
+    x = (digits.data / 16.0).astype("float32")
+    y = digits.target.astype("int32")
+    return (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2048, seed=0).repeat()
+            .batch(batch_size, drop_remainder=True).prefetch(2))
+
+
+class SplitModel:
+    """Two Dense layers, each built (its variables created) on its own GPU."""
+
+    def __init__(self, hidden: int = 128, classes: int = 10, seed: int = 0):
+        keras.utils.set_random_seed(seed)
+        with tf.device("/GPU:0"):
+            self.dense_1 = keras.layers.Dense(hidden, activation="relu", name="dense_1")
+            self.dense_1.build((None, 64))
+        with tf.device("/GPU:1"):
+            self.head = keras.layers.Dense(classes, name="head")
+            self.head.build((None, hidden))
+        self.variables = self.dense_1.trainable_variables + self.head.trainable_variables
+
+    def __call__(self, x):
+        with tf.device("/GPU:0"):
+            h = self.dense_1(x)
+        with tf.device("/GPU:1"):  # h crosses GPU:0 -> GPU:1 here
+            return self.head(h)
+
+
+def make_train_step(model: SplitModel, optimizer):
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x))
+        with tf.device("/GPU:0"):  # every gradient op on GPU:0
+            grads = tape.gradient(loss, model.variables)
+        optimizer.apply_gradients(zip(grads, model.variables))
+        return loss
+
+    return train_step
+
+
+def train(steps: int, batch_size: int, learning_rate: float, *, checkpoint=None, log_every: int = 10) -> float:
+    """`checkpoint(**trackables)` (Pinpoint's ctx.checkpoint) returns (the step to start from, a
+    save(step) function); without it the loop starts at 0 and saves nothing."""
+    model = SplitModel()
+    optimizer = keras.optimizers.SGD(learning_rate)
+    optimizer.build(model.variables)
+    step_fn = make_train_step(model, optimizer)
+    start, save = (0, None)
+    if checkpoint is not None:
+        start, save = checkpoint(dense_1=model.dense_1, head=model.head, optimizer=optimizer)
+    loss = float("nan")
+    it = iter(dataset(batch_size))
+    for step in range(start + 1, steps + 1):
+        x, y = next(it)
+        loss = float(step_fn(x, y)) if step % log_every == 0 or step == steps else step_fn(x, y)
+        if step % log_every == 0 or step == steps:
+            log(step, loss=loss)
+            print(f"step {step}/{steps}: loss {loss:.4f}", flush=True)
+        if save is not None and (step % 50 == 0 or step == steps):
+            save(step)
+    return float(loss)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--learning-rate", type=float, default=0.1)
+    args = p.parse_args(argv)
+    train(args.steps, args.batch_size, args.learning_rate)
+
+
+def entrypoint(ctx) -> None:
+    """The Pinpoint train step: checkpoints in the run folder, resumed after a restart."""
+    args = ctx.args or {}
+    train(int(args.get("steps", 200)), int(args.get("batch_size", 32)), float(args.get("learning_rate", 0.1)),
+          checkpoint=ctx.checkpoint)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Digits classifier trained with `model.fit` under `tf.distribute.MirroredStrategy()`.
+
+Plain TensorFlow: nothing here imports Pinpoint. Run it as a script, under `pinpoint trace`,
+or as the pipeline's train step through `entrypoint(ctx)` (config.yaml).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import keras
+import tensorflow as tf
+from sklearn.datasets import load_digits
+
+
+def dataset(batch_size: int, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+    """scikit-learn's digits as a repeated, shuffled, batched tf.data pipeline."""
+    digits = load_digits()
+    x = (digits.data / 16.0).astype("float32")
+    y = digits.target.astype("int32")
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    return ds.shuffle(2048, seed=0).repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def build_model() -> keras.Model:
+    return keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(128, activation="relu", name="hidden"),
+        keras.layers.Dense(10, name="logits"),
+    ], name="digits_mlp")
+
+
+def compile_model(model: keras.Model, learning_rate: float) -> keras.Model:
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def fit(strategy, *, epochs: int, steps_per_epoch: int, batch_size: int, learning_rate: float,
+        callbacks=(), initial_epoch: int = 0, input_context=None):
+    with strategy.scope():
+        model = compile_model(build_model(), learning_rate)
+    history = model.fit(dataset(batch_size, input_context), epochs=epochs, steps_per_epoch=steps_per_epoch,
+                        callbacks=list(callbacks), initial_epoch=initial_epoch, verbose=2)
+    return model, history
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--steps-per-epoch", type=int, default=50)
+    p.add_argument("--batch-size", type=int, default=64, help="global batch size")
+    p.add_argument("--learning-rate", type=float, default=0.1)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    strategy = tf.distribute.MirroredStrategy()  # every GPU this machine has
+    print(f"training on {strategy.num_replicas_in_sync} replica(s)")
+    _, history = fit(strategy, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
+                     batch_size=args.batch_size, learning_rate=args.learning_rate)
+    print(f"final loss {history.history['loss'][-1]:.4f}, accuracy {history.history['accuracy'][-1]:.3f}")
+
+
+def entrypoint(ctx) -> None:
+    """The Pinpoint train step: the platform builds the strategy, owns checkpoints and MLflow."""
+    args = parse_args(ctx.args)
+    callbacks = ctx.callbacks()
+    fit(ctx.strategy, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, batch_size=args.batch_size,
+        learning_rate=args.learning_rate, callbacks=callbacks, initial_epoch=ctx.initial_epoch)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""placement.json for a traced program: the training function's placement (the same sections
+as Pinpoint's own loop), plus `functions` (every captured function) and `eager` (eager ops per
+device and eager copies), with conformance by requested device: the plan is what the program
+asked for in its own `tf.device` scopes."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from typing import Any
+
+from pinpoint.device_names import DeviceMap, local_name, matches, normalize, sort_key
+from pinpoint.placement.analyze import build_placement
+from pinpoint.placement.conformance import BOOKKEEPING, NOT_COMPUTE, requested_devices
+from pinpoint.placement.schema import json_number
+from pinpoint.placement.transfers import step_transfers
+
+# What Keras (3) and common custom loops call their training function.
+TRAIN_NAMES = re.compile(r"(^|_)(train_function|one_step_on_iterator|multi_step_on_iterator|one_step_on_data|"
+                         r"train_step|distributed_train_step|train)($|_)")
+_APPLY_RE = re.compile(r"^(ResourceApply\w+|ResourceSparseApply\w+|Apply\w+|AssignSubVariableOp)$")
+
+
+def _stats(record, namer: DeviceMap) -> dict:
+    """One function's row: ops per call (per device), transfers and their bytes per call."""
+    cap = record.capture
+    ops: Counter = Counter()
+    updates = 0
+    for g in cap.partition_graphs if cap else []:
+        for n in g.node:
+            if n.op in BOOKKEEPING:
+                continue
+            ops[namer.canonical_spec(n.device)] += 1
+            updates += bool(_APPLY_RE.match(n.op))
+    tr = step_transfers(cap, namer) if cap else {"count": 0, "bytes": 0, "collectives": {}}
+    return {
+        "name": record.python_name,
+        "concrete": record.name,
+        "kind": record.kind,
+        "calls": record.calls,
+        "ops_per_call": sum(ops.values()),
+        "ops_by_device": {d: ops[d] for d in sorted(ops, key=sort_key)},
+        "transfers_per_call": tr["count"],
+        "transfer_bytes_per_call": tr["bytes"],
+        "collectives_per_call": sum(c["count"] for c in tr["collectives"].values()),
+        "variable_updates": updates,
+    }
+
+
+def pick_training(rows: list[dict]) -> dict | None:
+    """The training function: one that updates variables, preferring the names Keras and custom
+    loops give it, then the most calls; else the most-called function."""
+    if not rows:
+        return None
+    updating = [r for r in rows if r["variable_updates"]]
+    pool = updating or rows
+    return max(pool, key=lambda r: (bool(TRAIN_NAMES.search(r["name"])), r["calls"], r["ops_per_call"]))
+
+
+def strategy_of(variables: list) -> str:
+    """The strategy the program trained with, read off its variables."""
+    from pinpoint.placement.variables import kind_of, unwrap
+
+    kinds = Counter(kind_of(unwrap(v)) for v in variables)
+    devices = [str(getattr(unwrap(v), "device", "") or "") for v in variables]
+    if kinds.get("mirrored") or kinds.get("sync_on_read"):
+        comps = [c for v in variables for c in (getattr(unwrap(v), "values", None) or ())]
+        jobs = {normalize(getattr(c, "device", "")).split("/task")[0] for c in comps}
+        return "multi_worker_mirrored" if any("/job:worker" in j or "/job:chief" in j for j in jobs) else "mirrored"
+    if kinds.get("central_storage"):
+        return "central_storage"
+    if any("/job:ps" in d for d in devices):
+        return "parameter_server"
+    return "none"
+
+
+def replica_devices(variables: list, dm: DeviceMap) -> tuple[str, ...]:
+    """The mirrored variables' component devices (the strategy's replicas), in order."""
+    from pinpoint.placement.variables import unwrap
+
+    for v in variables:
+        vals = getattr(unwrap(v), "values", None)
+        if isinstance(vals, (tuple, list)) and len(vals) > 1:
+            return tuple(normalize(c.device) for c in vals)
+    return dm.replica_devices
+
+
+def requested_rules(cap, namer: DeviceMap) -> list[dict]:
+    """One conformance rule per device the program requested in its own scopes: the ops that
+    asked for it against where they ran."""
+    if cap is None:
+        return []
+    requested = requested_devices(cap)
+    placed = {}
+    types = {}
+    for g in cap.partition_graphs:
+        for n in g.node:
+            placed[n.name] = n.device
+            types[n.name] = n.op
+    by_device: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for op, req in requested.items():
+        if op not in placed or types[op] in NOT_COMPUTE:
+            continue
+        by_device[namer.canonical_spec(req)].append((op, namer.canonical_spec(placed[op])))
+    rules = []
+    for dev in sorted(by_device, key=sort_key):
+        rel = by_device[dev]
+        ok = sum(1 for _, p in rel if matches(dev, p))
+        bad = [{"op": op, "placed": p} for op, p in rel if not matches(dev, p)]
+        observed = Counter(p for _, p in rel)
+        rules.append({"rule": f"tf.device {dev}", "planned": dev,
+                      "observed": {d: observed[d] for d in sorted(observed, key=sort_key)},
+                      "relevant": len(rel), "score": round(ok / len(rel), 4) if rel else None,
+                      "violations": bad[:50], "violations_total": len(bad)})
+    return rules
+
+
+def eager_section(eager, namer: DeviceMap, default_device: str) -> dict:
+    """placement.json's `eager`: ops per device and op type, cross-device copies (source ->
+    destination, count, bytes, the ops that needed them), and requests the runtime did not meet."""
+    spec = namer.canonical_spec
+    copies = []
+    for (src, dst), c in sorted(eager.copies.items(), key=lambda kv: -kv[1]["bytes"]):
+        copies.append({"from": spec(src), "to": spec(dst), "count": c["count"], "bytes": c["bytes"],
+                       "ops": dict(c["ops"].most_common(10))})
+    moved = [{"op_type": t, "requested": spec(r), "ran": spec(d), "count": n}
+             for (t, r, d), n in sorted(eager.moved.items(), key=lambda kv: -kv[1])]
+    return {
+        "ops": eager.total,
+        "predicted_fallbacks": eager_predicted(eager, namer),
+        "ops_by_device": {spec(d): n for d, n in sorted(eager.ops.items(), key=lambda kv: sort_key(spec(kv[0])))},
+        "op_types_by_device": {spec(d): dict(t.most_common(25)) for d, t in eager.op_types.items()},
+        "copies": copies,
+        "copy_bytes": sum(c["bytes"] for c in copies),
+        "not_where_requested": moved,
+        "default_device": spec(default_device) if default_device else None,
+    }
+
+
+def attr_values(op_type: str, attrs) -> dict:
+    """An op callback's attrs (name, value, name, value, ...) as AttrValues (type attrs only: all a
+    kernel lookup keys on)."""
+    from tensorflow.core.framework import attr_value_pb2
+    from tensorflow.python.framework import op_def_registry
+
+    op_def = op_def_registry.get(op_type)
+    if op_def is None or not attrs:
+        return {}
+    kinds = {a.name: a.type for a in op_def.attr}
+    out = {}
+    for name, value in zip(attrs[::2], attrs[1::2]):
+        kind = kinds.get(name)
+        if kind == "type":
+            out[name] = attr_value_pb2.AttrValue(type=int(value))
+        elif kind == "list(type)":
+            out[name] = attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(type=[int(v) for v in value]))
+    return out
+
+
+def eager_predicted(eager, namer: DeviceMap) -> list[dict]:
+    """Eager ops that ran on an emulated GPU but have no GPU kernel for their dtypes: a GPU
+    machine runs them on the host."""
+    from pinpoint.kernels import missing_gpu_kernel
+
+    if not namer.emulated:
+        return []
+    emulated = {normalize(p) for p in namer.aliases.values()}
+    out = []
+    for (device, op_type), attrs in eager.attrs.items():
+        if local_name(device) not in emulated:
+            continue
+        why = missing_gpu_kernel(op_type, attr_values(op_type, attrs))
+        if why:
+            out.append({"op_type": op_type, "ran_on": namer.canonical_spec(device), "would_run_on": "/CPU:0",
+                        "count": eager.op_types[device][op_type], "reason": why})
+    return sorted(out, key=lambda f: -f["count"])
+
+
+def _outside_strategy(placement: dict) -> None:
+    """Under mirrored, a plain variable (created outside the strategy's scope, e.g. Keras' own
+    counters) is a finding, not a broken mirror: the variables_mirrored rule checks the
+    distributed ones and the plain ones are named in a note."""
+    rules = placement["conformance"]["rules"]
+    plain = [v for v in placement["variables"] if v["kind"] == "variable"]
+    rule = next((r for r in rules if r["rule"] == "strategy.variables_mirrored"), None)
+    if rule is None or not plain:
+        return
+    names = {v["name"] for v in plain}
+    replicas = [d.strip() for d in rule["planned"].split(",") if d.strip()]
+    present = sum(1 for v in placement["variables"] if v["name"] not in names
+                  for r in replicas if any(matches(r, d) for d in v["devices"]))
+    bad = [x for x in rule["violations"] if x["op"] not in names]
+    total = present + len(bad)
+    rule.update(relevant=total, violations=bad, violations_total=len(bad),
+                score=round(present / total, 4) if total else None)
+    where = Counter(d for v in plain for d in v["devices"])
+    placement["notes"].append(
+        f"{len(plain)} plain variable(s) outside the strategy (created outside its scope): "
+        + ", ".join(f"{n} on {d}" for d, n in sorted(where.items())))
+
+
+def _eager_variable_updates(placement: dict, recorder, namer: DeviceMap) -> None:
+    """Variables updated by eager ops (a `v.assign(...)` outside any tf.function): their update
+    devices from what the eager runtime ran."""
+    from pinpoint.placement.variables import components, unwrap, var_name
+
+    by_handle = recorder.eager.updates
+    if not by_handle:
+        return
+    rows = {v["name"]: v for v in placement["variables"]}
+    for var in recorder.variables():
+        comps = components(unwrap(var))
+        devs = set()
+        for c in comps:
+            devs |= {namer.canonical_spec(d) for d in by_handle.get(id(getattr(c, "handle", None)), ())}
+        row = rows.get(var_name(var))
+        if row is not None and devs:
+            row["eager_update_devices"] = sorted(devs, key=sort_key)
+            row["update_devices"] = sorted(set(row["update_devices"]) | devs, key=sort_key)
+
+
+def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()) -> dict:
+    """placement.json's content for a traced program."""
+    namer = DeviceMap.of(dm)
+    records = [r for r in recorder.functions.values() if r.capture is not None]
+    rows = [_stats(r, namer) for r in records]
+    train = pick_training(rows)
+    by_name = {r.name: r for r in records}
+    variables = recorder.variables()
+    strategy = strategy_of(variables)
+    replicas = replica_devices(variables, dm)
+    view = DeviceMap(aliases=dm.aliases, replica_devices=replicas,
+                     spec_replica_devices=tuple(namer.canonical_spec(d) for d in replicas),
+                     host=dm.host, emulated=dm.emulated, local_devices=dm.local_devices)
+    cap = by_name[train["concrete"]].capture if train else None
+    placement = build_placement([cap] if cap else [], variables=variables, plan=None, strategy=strategy,
+                                device_map=view, task="chief:0")
+    placement["captured_steps"] = [1] if cap else []
+    _outside_strategy(placement)
+    rules = requested_rules(cap, namer)
+    conf = placement["conformance"]
+    conf["rules"] = rules + conf["rules"]
+    scored = [r["score"] for r in conf["rules"] if r["score"] is not None]
+    conf["score"] = round(sum(scored) / len(scored), 4) if scored else None
+    _eager_variable_updates(placement, recorder, namer)
+    for r in rows:
+        r["training"] = r is train
+    rows.sort(key=lambda r: (not r["training"], -r["calls"], r["name"]))
+    placement["functions"] = rows
+    placement["training_function"] = train["name"] if train else None
+    placement["eager"] = eager_section(recorder.eager, namer, recorder.default_device)
+    placement["program"] = program
+    placement["device_map"] = dm.to_json()
+    placement["notes"] = [n for n in placement["notes"] if not n.startswith("no step was captured")] + list(notes)
+    if not records:
+        placement["notes"].append("the program ran no tf.function and no Session.run: only its eager ops are shown")
+    placement["explain"] = dict(placement["explain"], **EXPLAIN_TRACE)
+    return placement
+
+
+EXPLAIN_TRACE = {
+    "functions": "Every tf.function (and tf.compat.v1 Session.run signature) the program ran: calls, and per "
+    "call the ops per device, transfers and their bytes, from the partition graphs of its first call (every "
+    "later call runs the same graphs). The training function (it updates variables; Keras' train function "
+    "first) is the one the ops, transfers and conformance sections describe.",
+    "eager": "Ops the program ran eagerly, outside any function: the device each one ran on (its outputs'; an "
+    "op that writes a variable runs on the variable's device), and every input the eager runtime copied to "
+    "that device first (source -> destination, bytes).",
+    "conformance_trace": "Rules 'tf.device X': the ops of the training function that the program's own "
+    "device scopes (or its strategy) requested on X, against where they ran.",
+}
+
+
+def trace_metrics(recorder, placement: dict, *, exit_code: int, seconds: float, keras: dict | None) -> dict:
+    """metrics.json for a traced program."""
+    train = next((f for f in placement.get("functions", []) if f.get("training")), None)
+    out: dict[str, Any] = {
+        "program": placement.get("program"),
+        "exit_code": exit_code,
+        "seconds": json_number(seconds),
+        "strategy": placement.get("strategy"),
+        "steps": train["calls"] if train else 0,
+        "training_function": train["name"] if train else None,
+        "functions": len(placement.get("functions", [])),
+        "eager_ops": recorder.eager.total,
+    }
+    if keras:
+        out.update(keras)
+    return out
+
+
+def eager_devices(eager) -> list[str]:
+    return sorted({local_name(d) for d in eager.ops}, key=sort_key)

@@ -1,0 +1,198 @@
+"""Make an unchanged program's GPU names mean emulated GPUs (logical CPU devices).
+
+A program written for N GPUs spells them `/GPU:i` in `tf.device`, asks
+`tf.config.list_logical_devices("GPU")`, and builds `MirroredStrategy()` on the GPUs it finds.
+On a CPU-only machine `emulate(n)` gives the process n+1 logical CPUs (`/CPU:0` stays the host,
+`/CPU:i+1` stands in for `/GPU:i`, as configs do) and `GpuNames` makes every spelling follow:
+
+- device strings: TensorFlow parses every device request (`tf.device`, Keras device scopes,
+  strategy device lists, `tf.DeviceSpec` strings) through `DeviceSpecV2._string_to_components`;
+  a GPU there is translated to its logical CPU, so the runtime, the graphs and the report all see
+  one consistent physical name, which the DeviceMap shows as the GPU again;
+- device listings: `list_logical_devices("GPU")` / `list_physical_devices("GPU")` list the n GPUs;
+  memory growth and GPU virtual-device settings are accepted and recorded (see `ignored`);
+- `MirroredStrategy()` with TensorFlow's default cross-device ops all-reduces with a collective
+  among the emulated GPUs (the stand-in for NCCL), as `train.all_reduce: auto` does;
+- `MultiWorkerMirroredStrategy` takes the emulated GPUs as each task's local devices;
+- `default_scope()`: ops with no device request run on the emulated `/GPU:0`, where a GPU
+  machine's runtime puts them (entered around the program).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from pinpoint.device_names import DeviceMap, emulation_aliases
+
+GPU = "GPU"
+
+
+def emulate(n: int) -> DeviceMap:
+    """n emulated GPUs on logical CPUs 1..n (before TensorFlow initializes its devices)."""
+    import tensorflow as tf
+
+    from pinpoint.devices import configure_logical_cpus
+
+    configure_logical_cpus(tf, n + 1)
+    aliases = emulation_aliases(range(n))
+    return DeviceMap(aliases=aliases, replica_devices=tuple(aliases[f"/GPU:{i}"] for i in range(n)),
+                     spec_replica_devices=tuple(f"/GPU:{i}" for i in range(n)), emulated=True,
+                     local_devices=tuple(f"/CPU:{i}" for i in range(n + 1)))
+
+
+def real_gpus(n: int) -> DeviceMap:
+    """The machine's own GPUs (nothing emulated)."""
+    import tensorflow as tf
+
+    have = len(tf.config.list_physical_devices(GPU))
+    devices = tuple(f"/GPU:{i}" for i in range(min(n, have) if n else have))
+    return DeviceMap(aliases={}, replica_devices=devices or ("/CPU:0",), spec_replica_devices=devices or ("/CPU:0",),
+                     local_devices=("/CPU:0", *devices))
+
+
+def device_map_for(gpus: int | None) -> DeviceMap:
+    """Emulate `gpus` GPUs when the machine has fewer; else use the real ones."""
+    import tensorflow as tf
+
+    if gpus and len(tf.config.list_physical_devices(GPU)) < gpus:
+        return emulate(gpus)
+    return real_gpus(gpus or 0)
+
+
+class GpuNames:
+    """The patches that make GPU names mean the emulated GPUs; `install()` / `uninstall()`."""
+
+    def __init__(self, dm: DeviceMap):
+        self.dm = dm
+        self.n = len(dm.spec_replica_devices)
+        self.ignored: list[str] = []  # program settings emulation accepted but cannot follow
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    # ---- patches ---------------------------------------------------------------------------
+    def install(self) -> GpuNames:
+        if not self.dm.emulated:
+            return self
+        from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+        from tensorflow.python.distribute import mirrored_strategy
+        from tensorflow.python.eager import context
+        from tensorflow.python.framework import device_spec
+
+        spec_cls = device_spec.DeviceSpecV2
+        parse = spec_cls._string_to_components
+        n = self.n
+
+        def string_to_components(spec=None):
+            job, replica, task, dtype, index = parse(spec)
+            if dtype == GPU:
+                # /GPU:i is logical CPU i+1; "/GPU" (any GPU) is the first one, as on a GPU machine.
+                return job, replica, task, "CPU", (index if index is not None else 0) + 1
+            return job, replica, task, dtype, index
+
+        self._patch(spec_cls, "_string_to_components", staticmethod(string_to_components))
+        device_spec._STRING_TO_COMPONENTS_CACHE.clear()
+        context._device_parsing_cache.clear()
+
+        ctx_cls = context.Context
+        list_logical, list_physical = ctx_cls.list_logical_devices, ctx_cls.list_physical_devices
+        from tensorflow.python.eager.context import LogicalDevice, PhysicalDevice
+
+        def logical(ctx, device_type=None):
+            found = list_logical(ctx, device_type)
+            if device_type == GPU:
+                return [LogicalDevice(name=f"/device:GPU:{i}", device_type=GPU) for i in range(n)]
+            return found
+
+        def physical(ctx, device_type=None):
+            found = list_physical(ctx, device_type)
+            if device_type == GPU:
+                return [PhysicalDevice(name=f"/physical_device:GPU:{i}", device_type=GPU) for i in range(n)]
+            return found
+
+        self._patch(ctx_cls, "list_logical_devices", logical)
+        self._patch(ctx_cls, "list_physical_devices", physical)
+        self._patch(ctx_cls, "num_gpus", lambda ctx: n)
+        self._accept(ctx_cls, "set_memory_growth", "memory growth")
+        self._accept(ctx_cls, "set_logical_device_configuration", "GPU virtual devices (memory_limit)")
+        self._accept(ctx_cls, "set_visible_devices", "visible GPUs")
+        get_growth = ctx_cls.get_memory_growth
+        self._patch(ctx_cls, "get_memory_growth",
+                    lambda ctx, dev: False if _is_gpu(dev) else get_growth(ctx, dev))
+
+        extended = mirrored_strategy.MirroredExtended
+        init = extended.__init__
+        dm = self.dm
+
+        def mirrored_init(ext, container_strategy, devices=None, cross_device_ops=None):
+            if cross_device_ops is None:
+                cross_device_ops = _emulated_all_reduce(devices, dm)
+            init(ext, container_strategy, devices=devices, cross_device_ops=cross_device_ops)
+
+        self._patch(extended, "__init__", mirrored_init)
+        local = [int(p.rsplit(":", 1)[1]) for p in dm.replica_devices]
+
+        def mwms_local_devices(ext, cluster_resolver, worker_device):
+            # TF picks a worker's local devices from its GPU count: hand it the emulated GPUs,
+            # as CPUs (the collectives then use the ring, NCCL needs real GPUs).
+            return tuple(f"{worker_device}/device:CPU:{i}" for i in local), "CPU"
+
+        self._patch(cars.CollectiveAllReduceExtended, "_initialize_local_devices", mwms_local_devices)
+        return self
+
+    def _accept(self, cls, name: str, what: str) -> None:
+        original = getattr(cls, name)
+
+        def accept(ctx, dev, *args, **kwargs):
+            devs = dev if isinstance(dev, (list, tuple)) else [dev]
+            if any(_is_gpu(d) for d in devs):
+                note = f"{name}: {what} of the emulated GPUs is accepted but not applied"
+                if note not in self.ignored:
+                    self.ignored.append(note)
+                return None
+            return original(ctx, dev, *args, **kwargs)
+
+        self._patch(cls, name, accept)
+
+    def _patch(self, owner, name: str, value) -> None:
+        self._undo.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, value)
+
+    def uninstall(self) -> None:
+        for owner, name, value in reversed(self._undo):
+            setattr(owner, name, value)
+        self._undo.clear()
+
+    # ---- the default device ----------------------------------------------------------------
+    def default_scope(self):
+        """Unrequested ops on the emulated /GPU:0, as a GPU machine's runtime places them.
+
+        A device scope around the program: eager ops and the calls of tf.functions (whose
+        unrequested ops run on the call's device) go there; ops that read a variable follow the
+        variable. Ops with no GPU kernel still run there (a logical CPU runs anything): the
+        report lists them as predicted fallbacks from TensorFlow's kernel registry.
+        """
+        if not self.dm.emulated or not self.n:
+            return contextlib.nullcontext()
+        import tensorflow as tf
+
+        return tf.device("/device:" + self.dm.aliases["/GPU:0"].lstrip("/"))
+
+
+def _is_gpu(dev) -> bool:
+    return getattr(dev, "device_type", None) == GPU
+
+
+def _emulated_all_reduce(devices, dm: DeviceMap):
+    """MirroredStrategy's default cross-device ops on emulated GPUs: the ring collective (None
+    when a device is not an emulated GPU: TensorFlow's own choice)."""
+    from tensorflow.python.distribute import device_util, mirrored_strategy
+
+    from pinpoint.device_names import local_name
+    from pinpoint.training.strategies import mirrored_ops
+
+    names = list(devices) if devices else [d.name for d in mirrored_strategy.all_local_devices()]
+    physical = [device_util.canonicalize(d) for d in names]
+    emulated = {p.lstrip("/") for p in dm.aliases.values()}
+    if len(physical) < 2 or any(local_name(p).lstrip("/") not in emulated for p in physical):
+        return None
+    return mirrored_ops("auto", physical, dm.host, emulated=True)

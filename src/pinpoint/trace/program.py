@@ -1,0 +1,116 @@
+"""Run a program the way `python SCRIPT ARGS` / `python -m MODULE ARGS` would, in this process:
+`sys.argv`, `__main__`, `sys.path[0]`, its exit code; an exception is shown as Python shows it
+with Pinpoint's own frames left out."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from pinpoint.errors import ConfigError
+
+_OWN = (str(Path(__file__).resolve().parents[1]), os.path.dirname(runpy.__file__) + os.sep + "runpy.py")
+
+FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
+
+
+@dataclass
+class Program:
+    """A script path or a module name, and its arguments."""
+
+    target: str
+    args: list[str]
+    module: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.target.rsplit(".", 1)[-1] if self.module else Path(self.target).stem
+
+    def check(self) -> None:
+        """The script exists / the module can be found: one line otherwise (nothing has run)."""
+        if self.module:
+            sys.path.insert(0, os.getcwd())  # as `python -m` does
+            try:
+                found = importlib.util.find_spec(self.target)
+            except (ImportError, ValueError) as err:
+                found = None
+                why = f" ({type(err).__name__}: {err})"
+            else:
+                why = ""
+            finally:
+                sys.path.pop(0)
+            if found is None:
+                raise ConfigError(f"-m: got {self.target!r}, which does not import{why}; check the module "
+                                  "name and that its package is on sys.path (run from its folder or install it)")
+            return
+        path = Path(self.target)
+        if not path.is_file():
+            raise ConfigError(f"SCRIPT: got {self.target!r}, which does not exist; pass the path of a Python "
+                              "file (or -m MODULE)")
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    status: str  # FINISHED, FAILED or KILLED
+    error: BaseException | None = None
+
+
+def run(program: Program, on_end=None) -> Outcome:
+    """Run `program` as __main__; its exit code and how it ended. `on_end()` is called when the
+    program ended, while its module's objects are still alive. The caller's sys.argv and
+    sys.path are restored afterwards."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    try:
+        if program.module:
+            sys.argv = [program.target, *program.args]
+            sys.path.insert(0, os.getcwd())
+            namespace = runpy.run_module(program.target, run_name="__main__", alter_sys=True)
+        else:
+            script = str(Path(program.target).resolve())
+            sys.argv = [program.target, *program.args]
+            sys.path.insert(0, os.path.dirname(script))
+            namespace = runpy.run_path(script, run_name="__main__")
+        if on_end is not None:
+            on_end()
+        del namespace
+        return Outcome(0, FINISHED)
+    except BaseException as err:  # noqa: BLE001 - every way a program ends is an outcome
+        if on_end is not None:
+            on_end()  # the traceback keeps the program's frames alive
+        return _outcome(err)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def _outcome(err: BaseException) -> Outcome:
+    try:
+        raise err
+    except SystemExit as exit_:
+        code = exit_.code
+        if code is None:
+            code = 0
+        elif not isinstance(code, int):
+            print(code, file=sys.stderr)  # as Python does with sys.exit("message")
+            code = 1
+        return Outcome(code, FINISHED if code == 0 else FAILED)
+    except KeyboardInterrupt as err:
+        return Outcome(130, KILLED, err)
+    except BaseException as err:  # noqa: BLE001 - the program's own failure: shown as Python would
+        print_user_traceback(err)
+        return Outcome(1, FAILED, err)
+
+
+def print_user_traceback(err: BaseException) -> None:
+    """The traceback Python would print, without Pinpoint's and runpy's frames."""
+    tb = err.__traceback__
+    frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(_OWN)]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames),
+             *traceback.format_exception_only(type(err), err)]
+    sys.stderr.write("".join(lines))
+    sys.stderr.flush()

@@ -1,0 +1,411 @@
+"""Record what an unchanged program executed: its tf.functions, eager ops and Session.run calls.
+
+- tf.functions: `AtomicFunction.call_flat` is wrapped. The first eager call of each function
+  (each concrete function, so a retrace is a new one) runs with graph collection on, which the
+  runtime does when it instantiates the function anyway: its partition graphs are recorded once,
+  and later calls pay one counter increment.
+- eager ops: an op callback (TensorFlow's own hook, as tf.debugging's numeric checks use) sees
+  every eager op with its inputs and outputs: the device it ran on (its outputs' device; an op
+  without outputs that takes a variable runs on the variable's device) and every input that
+  had to be copied there, with its bytes.
+- tf.compat.v1 sessions: the first `Session.run` of each fetch/feed signature asks the runtime
+  for its partition graphs (RunOptions.output_partition_graphs).
+
+The variables behind the captured functions are found once per capture (a scan of the live
+objects for the variables whose handles the function was called with) and kept alive until the
+program ends, so the report can show them and compare their mirrored copies.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from pinpoint.placement.capture import CapturedGraphs
+
+_SUFFIX_RE = re.compile(r"^__(inference|forward|backward)_(.*?)(_\d+)?$")
+_UPDATE_RE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
+MAX_EAGER_KINDS = 5000  # distinct (op type, device) and copy keys kept: a bound on memory, not on counts
+
+
+def python_name(concrete: str) -> str:
+    """'__inference_one_step_on_iterator_1234' -> 'one_step_on_iterator'."""
+    m = _SUFFIX_RE.match(concrete)
+    return m.group(2) if m else concrete
+
+
+@dataclass
+class FunctionRecord:
+    """One concrete function (or one Session.run signature): its calls and what its first call ran."""
+
+    name: str  # the concrete function's name ('__inference_f_22') or 'Session.run(...)'
+    python_name: str
+    calls: int = 0
+    capture: CapturedGraphs | None = None
+    kind: str = "tf.function"  # or "Session.run"
+
+
+@dataclass
+class EagerRecord:
+    """Eager ops per device, the copies between devices, and variable updates."""
+
+    ops: Counter = field(default_factory=Counter)  # device -> ops
+    op_types: dict = field(default_factory=lambda: defaultdict(Counter))  # device -> op type -> n
+    copies: dict = field(default_factory=dict)  # (src, dst) -> {"count", "bytes", "ops": Counter}
+    moved: dict = field(default_factory=dict)  # (op type, requested, ran) -> n: requests not met
+    updates: dict = field(default_factory=lambda: defaultdict(set))  # handle id -> devices
+    handles: dict = field(default_factory=dict)  # handle id -> the handle tensor (kept alive)
+    attrs: dict = field(default_factory=dict)  # (device, op type) -> the first call's attrs
+    total: int = 0
+
+
+class Recorder:
+    """Install with `install()`, read the records, `uninstall()` when the program ended."""
+
+    def __init__(self, default_device: str = ""):
+        # The emulated /GPU:0 scope the program runs in (its requests are not the program's).
+        self.default_device = default_device
+        self.functions: dict[str, FunctionRecord] = {}
+        self.eager = EagerRecord()
+        self._variables: dict[int, Any] = {}  # id -> variable (Keras or tf), in discovery order
+        self._index: dict[int, Any] = {}  # component handle id -> weakref to its outermost variable
+        self._seen_handles: set[int] = set()
+        self._resolved: set[int] = set()
+        self._pending: dict[int, bool] = {}  # eager-updated handles not yet matched to a variable
+        self._undo: list = []
+        self._callback = None
+        self.active = False
+
+    # ---- install -----------------------------------------------------------------------------
+    def install(self) -> Recorder:
+        from tensorflow.python.client import session as session_lib
+        from tensorflow.python.eager.polymorphic_function import atomic_function
+        from tensorflow.python.framework import op_callbacks
+
+        call_flat = atomic_function.AtomicFunction.call_flat
+        rec = self
+
+        def recorded_call_flat(fn, *args):
+            if not rec.active or not fn._bound_context.executing_eagerly():
+                return call_flat(fn, *args)
+            name = fn.name.decode() if isinstance(fn.name, bytes) else str(fn.name)
+            r = rec.functions.get(name)
+            if r is not None:
+                r.calls += 1
+                return call_flat(fn, *args)
+            r = rec.functions[name] = FunctionRecord(name, python_name(name), calls=1)
+            out, r.capture = rec._capture_first_call(lambda: call_flat(fn, *args), fn, args)
+            return out
+
+        self._patch(atomic_function.AtomicFunction, "call_flat", recorded_call_flat)
+        run = session_lib.BaseSession.run
+
+        def recorded_run(sess, fetches, feed_dict=None, options=None, run_metadata=None):
+            if not rec.active or options is not None or run_metadata is not None:
+                return run(sess, fetches, feed_dict, options, run_metadata)
+            return rec._session_run(run, sess, fetches, feed_dict)
+
+        self._patch(session_lib.BaseSession, "run", recorded_run)
+        self._callback = self._on_op
+        op_callbacks.add_op_callback(self._callback)
+        self.active = True
+        return self
+
+    def _patch(self, owner, name: str, value) -> None:
+        self._undo.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, value)
+
+    def uninstall(self) -> None:
+        self.active = False
+        from tensorflow.python.framework import op_callbacks
+
+        if self._callback is not None:
+            op_callbacks.remove_op_callback(self._callback)
+            self._callback = None
+        for owner, name, value in reversed(self._undo):
+            setattr(owner, name, value)
+        self._undo.clear()
+
+    # ---- tf.function ---------------------------------------------------------------------------
+    def _capture_first_call(self, call, fn, args) -> tuple[Any, CapturedGraphs]:
+        from tensorflow.python.eager import context
+
+        ctx = context.context()
+        ctx.enable_graph_collection()
+        ctx.export_run_metadata()  # drop what earlier work left there
+        try:
+            out = call()
+            context.async_wait()  # every instantiation of this call is recorded
+            md = ctx.export_run_metadata()
+        finally:
+            ctx.disable_graph_collection()
+        cap = CapturedGraphs(step=0)
+        for fg in md.function_graphs if md is not None else []:
+            cap.functions.append((fn.name, fg.pre_optimization_graph, list(fg.partition_graphs)))
+        _shapes(fn, cap)
+        _arg_values(args, cap)
+        self._find_variables({id(a) for a in args if _is_resource(a)})
+        return out, cap
+
+    # ---- Session.run ----------------------------------------------------------------------------
+    def _session_run(self, run, sess, fetches, feed_dict):
+        import tensorflow as tf
+
+        key = f"Session.run({_fetch_names(fetches)})"
+        r = self.functions.get(key)
+        if r is not None:
+            r.calls += 1
+            return run(sess, fetches, feed_dict, None, None)
+        options = tf.compat.v1.RunOptions(output_partition_graphs=True)
+        md = tf.compat.v1.RunMetadata()
+        out = run(sess, fetches, feed_dict, options, md)
+        cap = CapturedGraphs(step=0)
+        graph = sess.graph
+        cap.functions.append((key, graph.as_graph_def(), list(md.partition_graphs)))
+        for op in graph.get_operations():
+            cap.shapes.setdefault(op.name, [(t.dtype.as_datatype_enum, t.shape.as_list() if t.shape.rank is not None
+                                             else None) for t in op.outputs])
+        self.functions[key] = FunctionRecord(key, key, calls=1, capture=cap, kind="Session.run")
+        for v in graph.get_collection("variables"):
+            self._variables.setdefault(id(v), v)
+        return out
+
+    # ---- eager ops ---------------------------------------------------------------------------
+    def _on_op(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if graph is not None or not self.active or op_type.startswith("__"):
+            return None  # graph construction, or a tf.function call (counted by call_flat)
+        e = self.eager
+        e.total += 1
+        device = _ran_on(inputs, outputs)
+        if not device:
+            return None
+        e.ops[device] += 1
+        kinds = e.op_types[device]
+        if op_type in kinds or len(e.attrs) < MAX_EAGER_KINDS:
+            if op_type not in kinds:
+                e.attrs[(device, op_type)] = attrs  # for the kernel lookup (predicted fallbacks)
+            kinds[op_type] += 1
+        from tensorflow.python.eager import context
+
+        requested = context.context().device_name
+        if requested and requested != self.default_device and _short(requested) != _short(device):
+            k = (op_type, requested, device)
+            e.moved[k] = e.moved.get(k, 0) + 1
+        for t in inputs:
+            src = getattr(t, "device", "")
+            if not src or src == device or _is_resource(t):
+                continue
+            k = (src, device)
+            c = e.copies.get(k)
+            if c is None:
+                if len(e.copies) >= MAX_EAGER_KINDS:
+                    continue
+                c = e.copies[k] = {"count": 0, "bytes": 0, "ops": Counter()}
+            c["count"] += 1
+            c["bytes"] += _nbytes(t)
+            c["ops"][op_type] += 1
+        if _UPDATE_RE.match(op_type) and inputs and _is_resource(inputs[0]):
+            e.updates[id(inputs[0])].add(device)
+            e.handles.setdefault(id(inputs[0]), inputs[0])
+            self._on_update(id(inputs[0]))
+        return None
+
+    def _on_update(self, handle_id: int) -> None:
+        """Find the variable an eager op updated. A variable's first update is its initializer,
+        run inside its constructor before the object holds its handle: it is looked up again at
+        its next update (one scan resolves every handle waiting then)."""
+        if handle_id in self._resolved:
+            return
+        if self._keep(handle_id):
+            return
+        if handle_id not in self._pending:
+            self._pending[handle_id] = False  # not yet looked for by a scan
+            return
+        if not self._pending[handle_id]:
+            self._reindex()
+            for h in list(self._pending):
+                if not self._keep(h):
+                    self._pending[h] = True  # scanned once; found at the end if still alive
+
+    def _keep(self, handle_id: int) -> bool:
+        v = self._lookup(handle_id)
+        if v is None:
+            return False
+        self._variables.setdefault(id(v), v)
+        self._resolved.add(handle_id)
+        self._pending.pop(handle_id, None)
+        return True
+
+    # ---- variables ---------------------------------------------------------------------------
+    def _find_variables(self, handle_ids: set[int]) -> None:
+        """Keep (alive, until the report is written) the variables whose component handles are
+        among `handle_ids`: the outermost wrapper (Keras, else distributed, else plain). The live
+        objects are scanned only when a handle is new to the index (new variables exist)."""
+        new = handle_ids - self._seen_handles
+        if not new:
+            return
+        self._seen_handles |= new
+        missing = [h for h in new if self._lookup(h) is None]
+        if missing:
+            self._reindex()
+        for h in new:
+            v = self._lookup(h)
+            if v is not None:
+                self._variables.setdefault(id(v), v)
+
+    def _lookup(self, handle_id: int):
+        ref = self._index.get(handle_id)
+        return ref() if ref is not None else None
+
+    def _reindex(self) -> None:
+        import weakref
+
+        for v in live_variables():
+            try:
+                ref = weakref.ref(v)
+            except TypeError:
+                continue
+            for c in _components(v):
+                h = getattr(c, "handle", None)
+                if h is not None:
+                    self._index[id(h)] = ref
+
+    def resolve_pending(self) -> None:
+        """Match the eager-updated handles still unmatched (call while the program's objects live)."""
+        if self._pending:
+            self._reindex()
+            for h in list(self._pending):
+                self._keep(h)
+
+    def variables(self) -> list:
+        """The variables the captured functions used, and those the eager ops updated."""
+        return list(self._variables.values())
+
+
+def live_variables() -> list:
+    """Every live variable, outermost wrapper only (a Keras variable hides its tf.Variable, a
+    distributed variable its components)."""
+    import tensorflow as tf
+
+    try:
+        from keras.src.backend.common.variables import Variable as KerasVariable
+    except ImportError:  # pragma: no cover - Keras 3 ships with TensorFlow 2.21
+        KerasVariable = ()
+    keras_vars, tf_vars = [], []
+    for obj in gc.get_objects():
+        if KerasVariable and isinstance(obj, KerasVariable):
+            keras_vars.append(obj)
+        elif isinstance(obj, tf.Variable):
+            tf_vars.append(obj)
+    inner = set()
+    for kv in keras_vars:
+        value = getattr(kv, "_value", None)
+        if value is not None:
+            inner.add(id(value))
+            inner.update(id(c) for c in _components(value))
+    for v in tf_vars:
+        comps = _components(v)
+        if comps != [v]:
+            inner.update(id(c) for c in comps)
+    outer = [kv for kv in keras_vars if getattr(kv, "_value", None) is not None]
+    return outer + [v for v in tf_vars if id(v) not in inner]
+
+
+def _components(v) -> list:
+    from pinpoint.placement.variables import components, unwrap
+
+    return components(unwrap(v))
+
+
+def _is_resource(t) -> bool:
+    dtype = getattr(t, "dtype", None)
+    return getattr(dtype, "name", "") == "resource"
+
+
+def _short(device: str) -> str:
+    from pinpoint.device_names import local_name
+
+    return local_name(device)
+
+
+def _ran_on(inputs, outputs) -> str:
+    """Where an eager op ran: its outputs' device; an op without outputs that takes a resource
+    runs on the resource's device (TensorFlow's eager rule); else its first input's."""
+    for t in outputs or ():
+        dev = getattr(t, "device", "")
+        if dev:
+            return dev
+    for t in inputs or ():
+        if _is_resource(t) and getattr(t, "device", ""):
+            return t.device
+    for t in inputs or ():
+        if getattr(t, "device", ""):
+            return t.device
+    return ""
+
+
+def _nbytes(t) -> int:
+    try:
+        n = t.shape.num_elements()
+        return int(n * t.dtype.size) if n is not None and t.dtype.is_numpy_compatible else 0
+    except (AttributeError, TypeError, ValueError):
+        return 0
+
+
+def _fetch_names(fetches) -> str:
+    import tensorflow as tf
+
+    names = []
+    for f in tf.nest.flatten(fetches):
+        names.append(getattr(f, "name", None) or str(f))
+    text = ", ".join(names)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _shapes(fn, cap: CapturedGraphs) -> None:
+    """Static output shapes by op name (sizes the transfers), from the function's graph and the
+    graphs of the functions it calls: the runtime inlines a call, naming the callee's ops
+    '<call op>/<op>' (Keras' train function calls its step function this way)."""
+    try:
+        graph = fn.graph
+    except Exception:  # noqa: BLE001 - a function loaded without its Python graph
+        return
+    _graph_shapes(graph, "", cap, depth=0)
+
+
+_CALL_OPS = {"StatefulPartitionedCall", "PartitionedCall"}
+
+
+def _graph_shapes(graph, prefix: str, cap: CapturedGraphs, depth: int) -> None:
+    library = {}
+    for name, f in getattr(graph, "_functions", {}).items():
+        g = getattr(f, "graph", None)
+        if g is not None:
+            library[name if isinstance(name, str) else name.decode()] = g
+    for op in graph.get_operations():
+        cap.shapes.setdefault(prefix + op.name, [(t.dtype.as_datatype_enum,
+                                                  t.shape.as_list() if t.shape.rank is not None else None)
+                                                 for t in op.outputs])
+        if op.type in _CALL_OPS and depth < 8:
+            try:
+                callee = op.get_attr("f").name
+            except (ValueError, AttributeError):
+                continue
+            inner = library.get(callee)
+            if inner is not None:
+                _graph_shapes(inner, f"{prefix}{op.name}/", cap, depth + 1)
+
+
+def _arg_values(args, cap: CapturedGraphs) -> None:
+    """_Arg node -> the tensor it was called with (variable handles attribute the updates)."""
+    for _, pre, _ in cap.functions:
+        nodes = [n for n in pre.node if n.op == "_Arg"]
+        if len(nodes) != len(args):
+            continue
+        for n in nodes:
+            idx = n.attr["index"].i
+            if idx < len(args):
+                cap.arg_values[n.name] = args[idx]

@@ -1,0 +1,158 @@
+"""A traced program's run: devices and the GPU names, the recorder, Keras' fit logs and
+`pinpoint.log`, the MLflow step run; on exit placement.json, metrics.json, report.html and the
+summary from what was captured, whatever way the program ended."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pinpoint.device_names import DeviceMap
+from pinpoint.runfolder import METRICS, PLACEMENT, atomic_write_json, ensure_dir
+
+
+@dataclass
+class Capture:
+    """Everything that records a program while it runs (installed together, removed together)."""
+
+    dm: DeviceMap
+    log_every: int = 10
+    send: Any = None  # (step, metrics) -> None
+    params: Any = None  # (dict) -> None
+    names: Any = None
+    recorder: Any = None
+    fit: Any = None
+    started: float = field(default_factory=time.monotonic)
+
+    def __enter__(self) -> Capture:
+        from pinpoint import userlog
+        from pinpoint.trace.gpus import GpuNames
+        from pinpoint.trace.keras_fit import FitPatch, KerasLogger
+        from pinpoint.trace.recorder import Recorder
+
+        self.names = GpuNames(self.dm).install()
+        default = "/job:localhost/replica:0/task:0/device:" + self.dm.aliases["/GPU:0"].lstrip("/") \
+            if self.dm.emulated and "/GPU:0" in self.dm.aliases else ""
+        self.recorder = Recorder(default).install()
+        send = self.send or (lambda step, metrics: None)
+        self.fit = FitPatch(lambda batch: KerasLogger(send, self.params, log_every=self.log_every,
+                                                      batch_size=batch)).install()
+        userlog.set_sink(send)
+        self._scope = self.names.default_scope()
+        self._scope.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from pinpoint import userlog
+
+        self._scope.__exit__(None, None, None)
+        userlog.set_sink(None)
+        self.fit.uninstall()
+        self.recorder.uninstall()
+        self.names.uninstall()
+
+    def placement(self, program: str) -> dict:
+        from pinpoint.trace.analysis import trace_placement
+
+        notes = [f"emulation: {n}" for n in self.names.ignored]
+        return trace_placement(self.recorder, self.dm, program=program, notes=notes)
+
+    def metrics(self, placement: dict, exit_code: int) -> dict:
+        from pinpoint.trace.analysis import trace_metrics
+
+        keras = self.fit.summary()
+        out = trace_metrics(self.recorder, placement, exit_code=exit_code,
+                            seconds=time.monotonic() - self.started, keras=keras)
+        if "final_loss" not in out and self.last_logged:
+            out.update({f"final_{k}": v for k, v in self.last_logged.items()})
+        return out
+
+    last_logged: dict = field(default_factory=dict)
+
+
+def trace_config(name: str, *, tracking: bool):
+    """The Config a traced program's MLflow run is logged under (tracking fields only matter)."""
+    import re
+
+    from pinpoint.config import Config
+
+    slug = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:32] or "program"
+    if not slug[0].isalpha():
+        slug = f"trace-{slug}"[:32]
+    return Config(name=slug, tracking={"enabled": tracking})
+
+
+def trace_command(program, *, out: str | Path | None, gpus: int | None, tracking: bool,
+                  log_every: int = 10) -> int:
+    """`pinpoint trace`: run `program` with capture on; the program's exit code."""
+    from pinpoint.quiet import import_tensorflow
+    from pinpoint.trace import program as prog
+
+    program.check()  # nothing runs and nothing is written for a script that is not there
+    cfg = trace_config(program.name, tracking=tracking)
+    out = ensure_dir(Path(out) if out else Path("runs") / program.name)
+    if tracking:
+        from pinpoint.tracking import warm_tracking
+
+        warm_tracking(cfg)
+    import_tensorflow()
+    from pinpoint.trace.gpus import device_map_for
+    from pinpoint.tracking import open_step_run
+
+    dm = device_map_for(gpus)
+    label = ("-m " + program.target if program.module else program.target)
+    outcome = None
+    try:
+        with open_step_run(cfg, "trace", out) as run:
+            run.log_params({"trace.program": label, "trace.args": " ".join(program.args),
+                            "trace.gpus": gpus or 0, "trace.emulated": dm.emulated})
+            cap = Capture(dm, log_every=log_every, params=run.log_params)
+
+            def send(step: int, metrics: dict) -> None:
+                cap.last_logged = dict(metrics)
+                run.log_metrics(metrics, step=step)
+
+            cap.send = send
+            with cap:
+                outcome = prog.run(program, on_end=cap.recorder.resolve_pending)
+            finish(cap, run, out, label, outcome.exit_code)
+            if outcome.status == prog.KILLED:
+                raise KeyboardInterrupt  # the run ends KILLED
+            if outcome.status == prog.FAILED:
+                raise _ProgramFailed  # the run ends FAILED
+    except (KeyboardInterrupt, _ProgramFailed):
+        pass
+    if outcome is not None and outcome.error is not None and outcome.status == prog.FAILED:
+        err = outcome.error
+        print(f"pinpoint: {label}: the program raised {type(err).__name__}; what it ran until then is in "
+              f"{out}/ ({PLACEMENT}, report.html)", file=sys.stderr)
+    return outcome.exit_code if outcome is not None else 1
+
+
+class _ProgramFailed(Exception):
+    """Ends the MLflow run FAILED (the program's own error was already shown)."""
+
+
+def finish(cap: Capture, run, out: Path, label: str, exit_code: int) -> dict:
+    """placement.json, metrics.json, report.html, MLflow, the summary."""
+    from pinpoint.placement.report import write_report
+    from pinpoint.placement.summary import format_summary
+    from pinpoint.tracking.hook import TrackingHook
+
+    placement = cap.placement(label)
+    metrics = cap.metrics(placement, exit_code)
+    atomic_write_json(out / PLACEMENT, placement)
+    atomic_write_json(out / METRICS, metrics)
+    html, charts, _ = write_report(out)
+    hook = TrackingHook(run) if run.enabled else None
+    if hook is not None:
+        hook.run_dir = out
+        hook.on_placement(placement)
+        hook.on_train_end(metrics)
+        run.log_artifact(html)
+    print(format_summary(placement, metrics), flush=True)
+    print(f"Run folder: {out}", flush=True)
+    return placement
