@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -255,6 +255,10 @@ def file_source(data: str) -> tuple[str, str] | None:
 class TrainConfig(_Frozen):
     strategy: Literal[STRATEGIES] = "mirrored"  # type: ignore[valid-type]
     pinning: PinningConfig = Field(default_factory=PinningConfig)
+    # Your own training code as the train step: "package.module:function", called as function(ctx)
+    # (pinpoint.training.entrypoint.EntrypointContext; docs/trace.md). model/data/loss are then unused.
+    entrypoint: Optional[str] = None
+    entrypoint_args: Union[dict[str, Any], list[str]] = Field(default_factory=dict)  # ctx.args, as given
     # A built-in model name or "package.module:callable" returning a keras.Model.
     model: str = "mlp"
     model_args: dict[str, Any] = Field(default_factory=dict)
@@ -295,6 +299,13 @@ class TrainConfig(_Frozen):
     # ALL_REDUCE. auto: ring among emulated GPUs, reduce to the host among CPUs, NCCL on real GPUs
     # (mirrored); TensorFlow's choice (multi_worker_mirrored).
     all_reduce: Literal[ALL_REDUCE] = "auto"  # type: ignore[valid-type]
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, v: Optional[str]) -> Optional[str]:
+        if v is None or is_import_path(v):
+            return v
+        raise ValueError(f"'{v}' is not an entrypoint; write it as 'package.module:function' (called as function(ctx))")
 
     @field_validator("model")
     @classmethod
@@ -426,6 +437,9 @@ def _check_strategy_vs_cluster(cfg: Config) -> None:
         )
     if s in ("mirrored", "central_storage") and c.devices_per_worker < 1:
         _fail("cluster.devices_per_worker", c.devices_per_worker, f"'{s}' needs at least one device")
+    if cfg.train.entrypoint and c.evaluator:
+        _fail("cluster.evaluator", c.evaluator, "the side-car evaluator evaluates Pinpoint's own model; with "
+              "train.entrypoint your code evaluates (e.g. fit's validation_data): set cluster.evaluator: 0")
     if s == "multi_worker_mirrored" and c.chief + c.workers + c.evaluator == 1:
         # The Training Operator sets no TF_CONFIG for a job of one replica, so a one-task
         # collective group would start without a cluster; refused the same way in both flavours.
@@ -609,7 +623,7 @@ def resolve_paths(cfg: Config, base: Path) -> Config:
     """Make train.code_dir (default for user code: `base`, the config file's folder) and a
     streamed file source's path absolute, so every task, step and pod reads the same files."""
     t = cfg.train
-    user_code = any(is_import_path(v) for v in (t.model, t.data, t.loss))
+    user_code = bool(t.entrypoint) or any(is_import_path(v) for v in (t.model, t.data, t.loss))
     # Only a config that names user code gets a default code_dir (a built-in run's digest,
     # the key of its cached steps, stays the same wherever the file lives).
     code_dir = str((base / t.code_dir).resolve()) if t.code_dir else (str(base) if user_code else None)

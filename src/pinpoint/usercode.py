@@ -118,6 +118,8 @@ def no_files(data: str) -> ConfigError:
 
 def uses_user_code(cfg: Config) -> bool:
     t = cfg.train
+    if t.entrypoint:
+        return True
     return any(is_import_path(v) for v in (t.model, t.data, t.loss))
 
 
@@ -130,6 +132,10 @@ def preflight(cfg: Config) -> None:
     from pinpoint.config import file_source
 
     t = cfg.train
+    if t.entrypoint:  # the user's code owns model, data and loss
+        _check_findable(cfg, "train.entrypoint", t.entrypoint)
+        load_callable(cfg, "train.entrypoint", t.entrypoint)
+        return
     paths = [(f, v) for f, v in (("train.model", t.model), ("train.data", t.data), ("train.loss", t.loss))
              if is_import_path(v)]
     for field, value in paths:

@@ -64,16 +64,17 @@ def make_train_step(model: SplitModel, optimizer):
     return train_step
 
 
-def train(steps: int, batch_size: int, learning_rate: float, *, checkpoint=None, log_every: int = 10) -> float:
-    """`checkpoint(**trackables)` (Pinpoint's ctx.checkpoint) returns (the step to start from, a
-    save(step) function); without it the loop starts at 0 and saves nothing."""
+def train(steps: int, batch_size: int, learning_rate: float, *, ctx=None, log_every: int = 10,
+          save_every: int = 50) -> float:
+    """Train `steps` steps; with Pinpoint's `ctx` (train.entrypoint), resume from the latest
+    checkpoint and save one every `save_every` steps."""
     model = SplitModel()
     optimizer = keras.optimizers.SGD(learning_rate)
     optimizer.build(model.variables)
     step_fn = make_train_step(model, optimizer)
-    start, save = (0, None)
-    if checkpoint is not None:
-        start, save = checkpoint(dense_1=model.dense_1, head=model.head, optimizer=optimizer)
+    start = 0
+    if ctx is not None:
+        start = ctx.checkpoint(dense_1=model.dense_1, head=model.head, optimizer=optimizer)
     loss = float("nan")
     it = iter(dataset(batch_size))
     for step in range(start + 1, steps + 1):
@@ -82,8 +83,8 @@ def train(steps: int, batch_size: int, learning_rate: float, *, checkpoint=None,
         if step % log_every == 0 or step == steps:
             log(step, loss=loss)
             print(f"step {step}/{steps}: loss {loss:.4f}", flush=True)
-        if save is not None and (step % 50 == 0 or step == steps):
-            save(step)
+        if ctx is not None and (step % save_every == 0 or step == steps):
+            ctx.save(step)
     return float(loss)
 
 
@@ -100,7 +101,7 @@ def entrypoint(ctx) -> None:
     """The Pinpoint train step: checkpoints in the run folder, resumed after a restart."""
     args = ctx.args or {}
     train(int(args.get("steps", 200)), int(args.get("batch_size", 32)), float(args.get("learning_rate", 0.1)),
-          checkpoint=ctx.checkpoint)
+          ctx=ctx, save_every=int(args.get("save_every", 50)))
 
 
 if __name__ == "__main__":

@@ -40,11 +40,11 @@ def compile_model(model: keras.Model, learning_rate: float) -> keras.Model:
 
 
 def fit(strategy, *, epochs: int, steps_per_epoch: int, batch_size: int, learning_rate: float,
-        callbacks=(), initial_epoch: int = 0, input_context=None):
+        callbacks=(), input_context=None):
     with strategy.scope():
         model = compile_model(build_model(), learning_rate)
     history = model.fit(dataset(batch_size, input_context), epochs=epochs, steps_per_epoch=steps_per_epoch,
-                        callbacks=list(callbacks), initial_epoch=initial_epoch, verbose=2)
+                        callbacks=list(callbacks), verbose=2)
     return model, history
 
 
@@ -69,9 +69,8 @@ def main(argv=None) -> None:
 def entrypoint(ctx) -> None:
     """The Pinpoint train step: the platform builds the strategy, owns checkpoints and MLflow."""
     args = parse_args(ctx.args)
-    callbacks = ctx.callbacks()
     fit(ctx.strategy, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, batch_size=args.batch_size,
-        learning_rate=args.learning_rate, callbacks=callbacks, initial_epoch=ctx.initial_epoch)
+        learning_rate=args.learning_rate, callbacks=ctx.callbacks(), input_context=ctx.input_context)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ import keras
 
 
 class KerasLogger(keras.callbacks.Callback):
-    """Keras logs -> `send(step, metrics)`; params -> `params(dict)`; the last logs kept in `final`."""
+    """Keras logs -> `send(metrics, step=)`; params -> `params(dict)`; the last logs kept in `final`."""
 
-    def __init__(self, send: Callable[[int, dict], None], params: Callable[[dict], None] | None = None,
+    def __init__(self, send: Callable[..., None], params: Callable[[dict], None] | None = None,
                  *, log_every: int = 10, batch_size: int | None = None):
         super().__init__()
         self.send, self.send_params = send, params
@@ -30,14 +30,14 @@ class KerasLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.step += 1
         if logs and self.step % self.log_every == 0:
-            self.send(self.step, _floats(logs))
+            self.send(_floats(logs), step=self.step)
 
     def on_epoch_end(self, epoch, logs=None):
         self.epochs_done += 1
         if logs:
             values = _floats(logs)
             self.final = values
-            self.send(self.step, {f"epoch_{k}": v for k, v in values.items()})
+            self.send({f"epoch_{k}": v for k, v in values.items()}, step=self.step)
 
     def summary(self) -> dict:
         """metrics.json's Keras part: final_* from the last epoch's logs."""

@@ -28,6 +28,7 @@ from pinpoint.placement.capture import CapturedGraphs
 
 _SUFFIX_RE = re.compile(r"^__(inference|forward|backward)_(.*?)(_\d+)?$")
 _UPDATE_RE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
+_PLATFORM_VARIABLES = {"save_counter:0", "save_counter"}
 MAX_EAGER_KINDS = 5000  # distinct (op type, device) and copy keys kept: a bound on memory, not on counts
 
 
@@ -175,6 +176,8 @@ class Recorder:
 
     # ---- eager ops ---------------------------------------------------------------------------
     def _on_op(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if isinstance(op_type, bytes):  # the eager fallback path passes bytes
+            op_type = op_type.decode()
         if graph is not None or not self.active or op_type.startswith("__"):
             return None  # graph construction, or a tf.function call (counted by call_flat)
         e = self.eager
@@ -281,8 +284,9 @@ class Recorder:
                 self._keep(h)
 
     def variables(self) -> list:
-        """The variables the captured functions used, and those the eager ops updated."""
-        return list(self._variables.values())
+        """The variables the captured functions used, and those the eager ops updated (not a
+        tf.train.Checkpoint's own save counter)."""
+        return [v for v in self._variables.values() if getattr(v, "name", "") not in _PLATFORM_VARIABLES]
 
 
 def live_variables() -> list:

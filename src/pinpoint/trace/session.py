@@ -4,6 +4,7 @@ summary from what was captured, whatever way the program ended."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,30 +21,42 @@ class Capture:
 
     dm: DeviceMap
     log_every: int = 10
-    send: Any = None  # (step, metrics) -> None
-    params: Any = None  # (dict) -> None
+    send: Any = None  # (metrics, step=) -> None: run.log_metrics
+    params: Any = None  # (dict) -> None: run.log_params
+    default_scope: bool = True  # unrequested ops on the emulated /GPU:0, as on a GPU machine
     names: Any = None
     recorder: Any = None
     fit: Any = None
     started: float = field(default_factory=time.monotonic)
+    last_logged: dict = field(default_factory=dict)  # the last pinpoint.log metrics
 
     def __enter__(self) -> Capture:
+        from tensorflow.python.eager import context
+
         from pinpoint import userlog
         from pinpoint.trace.gpus import GpuNames
         from pinpoint.trace.keras_fit import FitPatch, KerasLogger
         from pinpoint.trace.recorder import Recorder
 
         self.names = GpuNames(self.dm).install()
-        default = "/job:localhost/replica:0/task:0/device:" + self.dm.aliases["/GPU:0"].lstrip("/") \
-            if self.dm.emulated and "/GPU:0" in self.dm.aliases else ""
-        self.recorder = Recorder(default).install()
-        send = self.send or (lambda step, metrics: None)
-        self.fit = FitPatch(lambda batch: KerasLogger(send, self.params, log_every=self.log_every,
-                                                      batch_size=batch)).install()
-        userlog.set_sink(send)
-        self._scope = self.names.default_scope()
+        self._scope = self.names.default_scope() if self.default_scope else contextlib.nullcontext()
         self._scope.__enter__()
+        # The scope's full name (the job differs in a cluster): its requests are not the program's.
+        default = context.context().device_name if self.default_scope and self.dm.emulated else ""
+        self.recorder = Recorder(default).install()
+        self.fit = FitPatch(lambda batch: KerasLogger(self.send_metrics, self.params, log_every=self.log_every,
+                                                      batch_size=batch)).install()
+        userlog.set_sink(self._log)
         return self
+
+    def _log(self, step: int, metrics: dict) -> None:
+        """pinpoint.log from a custom loop."""
+        self.last_logged = dict(metrics)
+        self.send_metrics(metrics, step=step)
+
+    def send_metrics(self, metrics: dict, step: int) -> None:
+        if self.send is not None:
+            self.send(metrics, step=step)
 
     def __exit__(self, *exc) -> None:
         from pinpoint import userlog
@@ -69,8 +82,6 @@ class Capture:
         if "final_loss" not in out and self.last_logged:
             out.update({f"final_{k}": v for k, v in self.last_logged.items()})
         return out
-
-    last_logged: dict = field(default_factory=dict)
 
 
 def trace_config(name: str, *, tracking: bool):
@@ -109,13 +120,7 @@ def trace_command(program, *, out: str | Path | None, gpus: int | None, tracking
         with open_step_run(cfg, "trace", out) as run:
             run.log_params({"trace.program": label, "trace.args": " ".join(program.args),
                             "trace.gpus": gpus or 0, "trace.emulated": dm.emulated})
-            cap = Capture(dm, log_every=log_every, params=run.log_params)
-
-            def send(step: int, metrics: dict) -> None:
-                cap.last_logged = dict(metrics)
-                run.log_metrics(metrics, step=step)
-
-            cap.send = send
+            cap = Capture(dm, log_every=log_every, send=run.log_metrics, params=run.log_params)
             with cap:
                 outcome = prog.run(program, on_end=cap.recorder.resolve_pending)
             finish(cap, run, out, label, outcome.exit_code)

@@ -58,12 +58,16 @@ def train_command(
     import_tensorflow()
     dm = setup_devices(cfg)  # before TensorFlow initializes anything
     from pinpoint.training import engine
-    from pinpoint.training.strategies import get_strategy
+    from pinpoint.training.setup import task_context
+
+    ctx = task_context(cfg, dm)
+    if cfg.train.entrypoint:
+        from pinpoint.training.entrypoint import run_entrypoint
+
+        return run_entrypoint(cfg, ensure_dir(out_dir), ctx, resume_from_run=resume_from_run,
+                              parent_run_id=parent_run_id)
     from pinpoint.training.tracked import train_tracked
 
-    strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host, emulated=dm.emulated,
-                            all_reduce=cfg.train.all_reduce)
-    ctx = engine.TaskContext(strategy=strategy, device_map=dm)
     state = engine.build_state(cfg, ctx)  # bad user code or data fails here: nothing written yet
     return train_tracked(cfg, ensure_dir(out_dir), ctx, resume_from_run=resume_from_run,
                          parent_run_id=parent_run_id, state=state)

@@ -8,7 +8,6 @@ The evaluator runs side-car evaluation of the checkpoints the chief writes.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -61,13 +60,11 @@ def run_task(
     if role == "evaluator":
         return run_evaluator(cfg, out, dm)
     try:
-        if cfg.train.strategy == "parameter_server":
-            if role in ("worker", "ps"):
-                return _serve(role, index)
-            return _ps_chief(cfg, out, dm, resume_from_run, parent_run_id)
-        return _mwms_task(cfg, out, dm, role, index, resume_from_run, parent_run_id)
+        if cfg.train.strategy == "parameter_server" and role in ("worker", "ps"):
+            return _serve(role, index)
+        return _train_task(cfg, out, dm, role, index, resume_from_run, parent_run_id)
     except Exception as err:
-        if _peer_lost(err):
+        if peer_lost(err):
             # Exit with the retry code, not 1: on Kubernetes an exit code below 128 fails the
             # whole job for good, while the group could restart from its last checkpoint.
             raise PeerLost(
@@ -79,11 +76,11 @@ def run_task(
 
 # Status codes of a collective or remote call whose peer went away (killed, partitioned,
 # preempted): the coordination service reports UNAVAILABLE, an aborted collective CANCELLED or
-# ABORTED, a collective past PINPOINT_COLLECTIVE_TIMEOUT DEADLINE_EXCEEDED.
+# ABORTED, a collective past train.collective_timeout_s DEADLINE_EXCEEDED.
 _PEER_LOST_CODES = ("UNAVAILABLE", "ABORTED", "CANCELLED", "DEADLINE_EXCEEDED")
 
 
-def _peer_lost(err: BaseException) -> bool:
+def peer_lost(err: BaseException) -> bool:
     tf = sys.modules.get("tensorflow")
     if tf is None or not isinstance(err, tf.errors.OpError):
         return False
@@ -101,17 +98,13 @@ def _first_line(err: BaseException) -> str:
     return cause[:200]
 
 
-def _resolver():
-    import tensorflow as tf
-
-    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
-
-
 def _serve(role: str, index: int) -> int:
     """A ps or worker task of parameter_server: serve variables / run closures until stopped."""
     import tensorflow as tf
 
-    r = _resolver()
+    from pinpoint.training.setup import resolver
+
+    r = resolver()
     server = tf.distribute.Server(r.cluster_spec(), job_name=role, task_index=index,
                                   protocol=r.rpc_layer or "grpc", start=True)
     print(f"pinpoint: {role}:{index} serving at {server.target}", flush=True)
@@ -119,47 +112,22 @@ def _serve(role: str, index: int) -> int:
     return 0
 
 
-def _ps_chief(cfg, out, dm, resume_from_run, parent_run_id) -> int:
-    import tensorflow as tf
+def _train_task(cfg, out, dm, role, index, resume_from_run, parent_run_id) -> int:
+    """parameter_server's chief (the coordinator) or a multi_worker_mirrored task: Pinpoint's
+    own loop, or the user's train.entrypoint."""
+    from pinpoint.training.setup import task_context
 
-    from pinpoint.training import engine
-    from pinpoint.training.strategies import get_strategy
+    ctx = task_context(cfg, dm, role, index, cluster=True)
+    merged = None
+    if ctx.multi_worker and cfg.placement.enabled:
+        merged = lambda: _merge_worker_placements(cfg, out)  # noqa: E731
+    if cfg.train.entrypoint:
+        from pinpoint.training.entrypoint import run_entrypoint
+
+        return run_entrypoint(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id,
+                              cluster_placement=merged)
     from pinpoint.training.tracked import train_tracked
 
-    strategy = get_strategy("parameter_server", dm.replica_devices, cluster_resolver=_resolver())
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    workers = cfg.cluster.workers
-    dm = dataclasses.replace(
-        dm,
-        replica_devices=tuple(f"/job:worker/task:{i}/CPU:0" for i in range(workers)),
-        spec_replica_devices=tuple(f"/job:worker/task:{i}/CPU:0" for i in range(workers)),
-    )
-    ctx = engine.TaskContext(strategy=strategy, device_map=dm, coordinator=coordinator)
-    return train_tracked(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id)
-
-
-def _mwms_task(cfg, out, dm, role, index, resume_from_run, parent_run_id) -> int:
-    from pinpoint.training import engine
-    from pinpoint.training.strategies import get_strategy
-    from pinpoint.training.tracked import train_tracked
-
-    timeout = os.environ.get("PINPOINT_COLLECTIVE_TIMEOUT")  # set by the launcher
-    strategy = get_strategy("multi_worker_mirrored", dm.replica_devices, cluster_resolver=_resolver(),
-                            emulated=dm.emulated, all_reduce=cfg.train.all_reduce,
-                            collective_timeout=float(timeout) if timeout else None)
-    replicas = tuple(strategy.extended.worker_devices)
-    prefix = f"/job:{role}/task:{index}"
-    dm = dataclasses.replace(
-        dm,
-        replica_devices=replicas,
-        spec_replica_devices=tuple(dm.spec(d) for d in replicas),
-    )
-    # The chief (or worker 0 without a chief) keeps checkpoints and writes the run's files.
-    is_chief = bool(strategy.extended.should_checkpoint)
-    ctx = engine.TaskContext(strategy=strategy, device_map=dm, role=role, index=index,
-                             is_chief=is_chief, multi_worker=True,
-                             extra_info={"task_device_prefix": prefix})
-    merged = (lambda: _merge_worker_placements(cfg, out)) if cfg.placement.enabled else None
     return train_tracked(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id,
                          cluster_placement=merged)
 
