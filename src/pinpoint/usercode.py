@@ -132,6 +132,10 @@ def preflight(cfg: Config) -> None:
     from pinpoint.config import file_source
 
     t = cfg.train
+    if uses_user_code(cfg):
+        from pinpoint.quiet import import_tensorflow
+
+        import_tensorflow()  # the user's modules import it: quietly, before they do
     if t.entrypoint:  # the user's code owns model, data and loss
         _check_findable(cfg, "train.entrypoint", t.entrypoint)
         load_callable(cfg, "train.entrypoint", t.entrypoint)

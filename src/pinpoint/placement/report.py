@@ -117,6 +117,8 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         )
     )
 
+    parts.extend(_program_sections(placement))
+
     # --- devices and aliases
     aliases = placement.get("device_aliases") or {}
     rows = [[d, phys.get(d, d), "emulated: logical CPU device" if d in aliases else ""] for d in placement.get("devices") or []]
@@ -378,6 +380,7 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
                      ("fallbacks", "fallbacks"), ("variables", "variables"), ("gradients", "gradients"),
                      ("conformance", "conformance"), ("layers", "layers"), ("replicas", "replicas")]
         + ([("timing", "time")] if placement.get("timing") else [])
+        + ([("functions", "functions"), ("eager", "eager ops")] if "functions" in placement else [])
     )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
@@ -386,6 +389,45 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         f"{_e(placement.get('task'))} &middot; where every op, variable and gradient actually ran</p></header>"
         f"<main><p>{nav}</p>{''.join(parts)}</main></body></html>\n"
     )
+
+
+def _program_sections(placement: dict) -> list[str]:
+    """`pinpoint trace` / train.entrypoint: the program's functions and its eager ops."""
+    if "functions" not in placement:
+        return []
+    ex = placement.get("explain") or {}
+    rows = [[("training: " if f.get("training") else "") + f["name"], f["kind"], f["calls"], f["ops_per_call"],
+             ", ".join(f"{d} {n}" for d, n in f["ops_by_device"].items()), f["transfers_per_call"],
+             human_bytes(f["transfer_bytes_per_call"]), f["collectives_per_call"]]
+            for f in placement["functions"]]
+    train = placement.get("training_function")
+    what = ex.get("functions", "") + (f" Training function: {train}." if train else " No training function found.")
+    out = [_section("Functions", what, _table(
+        ["function", "kind", "calls", "ops / call", "ops / call by device", "transfers / call", "bytes / call",
+         "collectives / call"], rows, num_cols=(2, 3, 5, 6, 7)) if rows else "<p>none ran</p>", "functions")]
+    eager = placement.get("eager") or {}
+    body = _table(["device", "eager ops", "most frequent op types"],
+                  [[d, n, ", ".join(f"{t} {c}" for t, c in list((eager.get("op_types_by_device") or {}).get(d, {})
+                                                                       .items())[:6])]
+                   for d, n in (eager.get("ops_by_device") or {}).items()], num_cols=(1,))
+    copies = eager.get("copies") or []
+    if copies:
+        body += "<h3>Copies between devices</h3>" + _table(
+            ["from", "to", "copies", "bytes", "for ops"],
+            [[c["from"], c["to"], c["count"], human_bytes(c["bytes"]), ", ".join(f"{t} {n}" for t, n in c["ops"].items())]
+             for c in copies], num_cols=(2, 3))
+    moved = eager.get("not_where_requested") or []
+    if moved:
+        body += "<h3>Not where requested</h3>" + _table(
+            ["op type", "requested", "ran on", "count"], [[m["op_type"], m["requested"], m["ran"], m["count"]]
+                                                          for m in moved], num_cols=(3,))
+    pred = eager.get("predicted_fallbacks") or []
+    if pred:
+        body += "<h3>Predicted fallbacks (no GPU kernel)</h3>" + _table(
+            ["op type", "ran on", "a GPU machine runs it on", "count", "why"],
+            [[f["op_type"], f["ran_on"], f["would_run_on"], f["count"], f["reason"]] for f in pred], num_cols=(3,))
+    out.append(_section(f"Eager ops ({eager.get('ops', 0)})", ex.get("eager", ""), body, "eager"))
+    return out
 
 
 def _timing_section(timing: dict, what: str, phys: dict, charts: dict[str, Path]) -> str:

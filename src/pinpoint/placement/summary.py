@@ -45,6 +45,21 @@ def timing_lines(timing: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def program_lines(placement: Mapping[str, Any]) -> list[str]:
+    """`pinpoint trace` / train.entrypoint: the functions that ran and the eager ops."""
+    if "functions" not in placement:
+        return []
+    funcs = placement.get("functions") or []
+    shown = ", ".join(f"{f['name']} x{f['calls']}" + (" (training)" if f.get("training") else "") for f in funcs[:3])
+    lines = [f"functions  : {len(funcs)}" + (f": {shown}" + (" ..." if len(funcs) > 3 else "") if funcs else "")]
+    eager = placement.get("eager") or {}
+    by_dev = ", ".join(f"{d} {n}" for d, n in (eager.get("ops_by_device") or {}).items())
+    copies = eager.get("copies") or []
+    copy = "; copies: " + ", ".join(f"{c['from']}->{c['to']} {human_bytes(c['bytes'])}" for c in copies[:2]) if copies else ""
+    lines.append(f"eager ops  : {eager.get('ops', 0)}" + (f" ({by_dev})" if by_dev else "") + copy)
+    return lines
+
+
 def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, Any] | None) -> str:
     """10-15 lines: final loss/accuracy, throughput, ops per device, transfers, fallbacks,
     conformance and replica drift."""
@@ -142,6 +157,7 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
             f"conformance: {conf['score']:.2f} over {len(rules)} rule(s)"
             + ("; below 1: " + ", ".join(f"{r['rule']} {r['score']:.2f}" for r in bad[:3]) if bad else "")
         )
+    lines.extend(program_lines(placement))
     for note in (placement.get("notes") or [])[:1]:
         lines.append(f"note       : {note}")
     rc = placement.get("replica_consistency")

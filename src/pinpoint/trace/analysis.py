@@ -18,6 +18,8 @@ from pinpoint.placement.transfers import step_transfers
 # What Keras (3) and common custom loops call their training function.
 TRAIN_NAMES = re.compile(r"(^|_)(train_function|one_step_on_iterator|multi_step_on_iterator|one_step_on_data|"
                          r"train_step|distributed_train_step|train)($|_)")
+# TensorFlow's own checkpoint functions (tf.train.Checkpoint's save/restore): never the training function.
+PLATFORM_FUNCTIONS = re.compile(r"^(tf_function_save|tf_function_restore|save_fn|restore_fn)$")
 _APPLY_RE = re.compile(r"^(ResourceApply\w+|ResourceSparseApply\w+|Apply\w+|AssignSubVariableOp)$")
 
 
@@ -38,6 +40,7 @@ def _stats(record, namer: DeviceMap) -> dict:
         "concrete": record.name,
         "kind": record.kind,
         "calls": record.calls,
+        "captured": cap is not None,
         "ops_per_call": sum(ops.values()),
         "ops_by_device": {d: ops[d] for d in sorted(ops, key=sort_key)},
         "transfers_per_call": tr["count"],
@@ -50,6 +53,7 @@ def _stats(record, namer: DeviceMap) -> dict:
 def pick_training(rows: list[dict]) -> dict | None:
     """The training function: one that updates variables, preferring the names Keras and custom
     loops give it, then the most calls; else the most-called function."""
+    rows = [r for r in rows if not PLATFORM_FUNCTIONS.match(r["name"])]
     if not rows:
         return None
     updating = [r for r in rows if r["variable_updates"]]
@@ -217,12 +221,17 @@ def _eager_variable_updates(placement: dict, recorder, namer: DeviceMap) -> None
         if row is not None and devs:
             row["eager_update_devices"] = sorted(devs, key=sort_key)
             row["update_devices"] = sorted(set(row["update_devices"]) | devs, key=sort_key)
+    updates = placement["variable_updates"]
+    attributed = sum(1 for v in placement["variables"] if v["update_devices"])
+    updates["variables_with_updates"] = attributed
+    updates["coverage"] = f"updates attributed for {attributed}/{len(placement['variables'])} variables"
+    updates["method"] += "; an eager update runs on the device of the variable whose handle it takes"
 
 
 def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()) -> dict:
     """placement.json's content for a traced program."""
     namer = DeviceMap.of(dm)
-    records = [r for r in recorder.functions.values() if r.capture is not None]
+    records = list(recorder.functions.values())
     rows = [_stats(r, namer) for r in records]
     train = pick_training(rows)
     by_name = {r.name: r for r in records}
@@ -254,6 +263,11 @@ def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] =
     placement["notes"] = [n for n in placement["notes"] if not n.startswith("no step was captured")] + list(notes)
     if not records:
         placement["notes"].append("the program ran no tf.function and no Session.run: only its eager ops are shown")
+    elif train and cap is None:
+        placement["notes"].append(
+            f"the training function {train['name']} ran in another thread or process (e.g. parameter_server's "
+            "closures, which the workers' runtimes instantiate): its calls are counted, its graphs are not "
+            "visible here; variables and eager ops are")
     placement["explain"] = dict(placement["explain"], **EXPLAIN_TRACE)
     return placement
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import re
+import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +99,10 @@ class Recorder:
                 r.calls += 1
                 return call_flat(fn, *args)
             r = rec.functions[name] = FunctionRecord(name, python_name(name), calls=1)
+            if threading.current_thread() is not threading.main_thread():
+                # e.g. a ClusterCoordinator's closures: graph collection is process-wide, and
+                # those functions are instantiated by the remote workers' runtimes anyway.
+                return call_flat(fn, *args)
             out, r.capture = rec._capture_first_call(lambda: call_flat(fn, *args), fn, args)
             return out
 
@@ -312,7 +317,7 @@ def live_variables() -> list:
             inner.update(id(c) for c in _components(value))
     for v in tf_vars:
         comps = _components(v)
-        if comps != [v]:
+        if len(comps) != 1 or comps[0] is not v:  # (== on variables compares values)
             inner.update(id(c) for c in comps)
     outer = [kv for kv in keras_vars if getattr(kv, "_value", None) is not None]
     return outer + [v for v in tf_vars if id(v) not in inner]
