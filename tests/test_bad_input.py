@@ -62,12 +62,14 @@ USER_FILES = {
         "def not_a_model():\n    return 42\n\n"
         "def not_a_dataset():\n    return [1, 2, 3]\n\n"
         "def features_only():\n    return tf.data.Dataset.from_tensor_slices(np.zeros((4, 3), 'float32'))\n\n"
+        "NOT_CALLABLE = 3\n\n"
         "def float_labels():\n"
         "    return tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), 'float32'), np.zeros(4, 'float32')))\n"
     ),
 }
 
 PROV = ["provision", "{cfg}", "--out", "{out}"]
+TRACE = ["trace", "--no-tracking", "--out", "{out}"]
 TRAIN = ["train", "{cfg}", "--out", "{out}"]
 
 CASES = [
@@ -86,6 +88,22 @@ CASES = [
     Case("tfrecord-without-features", PROV, base(data="tfrecord:*.tfrecord"), ("train.features", "feature spec")),
     Case("accuracy-with-mse", PROV, base(loss="mse", metrics=["accuracy"]), ("train.metrics", "classification loss")),
     Case("loss-unknown", PROV, base(loss="hinge"), ("train.loss", "hinge", "package.module:callable")),
+    # --- your own training code: pinpoint trace and train.entrypoint ------------------------------
+    Case("trace-missing-script", [*TRACE, "{tmp}/nope.py", "--epochs", "2"], None, ("SCRIPT", "nope.py", "does not exist")),
+    Case("trace-no-script", TRACE, None, ("SCRIPT", "got nothing", "-m MODULE")),
+    Case("trace-module-not-found", [*TRACE, "-m", "no_such_pkg_xyz.train"], None,
+         ("-m", "no_such_pkg_xyz.train", "does not import")),
+    Case("trace-negative-gpus", ["trace", "--gpus", "-1", "{tmp}/x.py"], None, ("--gpus", "-1")),
+    Case("entrypoint-not-import-path", PROV, base(entrypoint="train.py"), ("train.entrypoint", "package.module:function")),
+    Case("entrypoint-with-evaluator", PROV,
+         {**cluster(workers=1, evaluator=1), "train": base(strategy="multi_worker_mirrored", entrypoint="upkg.m:main")["train"]},
+         ("cluster.evaluator", "train.entrypoint")),
+    Case("entrypoint-module-missing", TRAIN, base(entrypoint="upkg.nope:main"), ("train.entrypoint", "no module"),
+         files=USER_FILES),
+    Case("entrypoint-not-callable", TRAIN, base(entrypoint="upkg.m:NOT_CALLABLE"), ("train.entrypoint", "not a callable"),
+         files=USER_FILES, subprocess=True),
+    Case("entrypoint-module-broken", TRAIN, base(entrypoint="upkg.broken:main"), ("train.entrypoint", "does not import"),
+         files=USER_FILES, subprocess=True),
     # --- the cluster request -----------------------------------------------------------------
     Case("negative-workers", PROV, cluster(workers=-2), ("cluster.workers", "-2")),
     Case("two-chiefs", PROV, cluster(chief=2), ("cluster.chief", "2")),

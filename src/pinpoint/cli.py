@@ -98,7 +98,7 @@ def cmd_trace(args) -> int:
     if args.log_every < 1:
         raise ConfigError(f"--log-every: got {args.log_every}; pass 1 or more batches")
     return trace_command(program, out=args.out, gpus=args.gpus, tracking=not args.no_tracking,
-                         log_every=args.log_every)
+                         log_every=args.log_every, experiment=args.experiment)
 
 
 def cmd_upload_spool(args) -> int:
@@ -155,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpus", type=int, help="GPUs the program is written for; emulated on logical CPUs when "
                                             "the machine has fewer")
     s.add_argument("--no-tracking", action="store_true", help="no MLflow run")
+    s.add_argument("--experiment", default="pinpoint", help="MLflow experiment (pinpoint)")
     s.add_argument("--log-every", type=int, default=10, help="send Keras' batch logs every N batches (10)")
     s.add_argument("-m", dest="module", metavar="MODULE", help="run a module as `python -m MODULE` would")
     s.add_argument("program", nargs=argparse.REMAINDER, help="SCRIPT.py and its arguments (or the module's arguments)")
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-_TRACE_VALUED = {"--out", "--gpus", "--log-every"}
+_TRACE_VALUED = {"--out", "--gpus", "--log-every", "--experiment"}
 
 
 def split_trace_argv(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -67,9 +67,13 @@ class EagerRecord:
 class Recorder:
     """Install with `install()`, read the records, `uninstall()` when the program ended."""
 
-    def __init__(self, default_device: str = ""):
+    def __init__(self, default_device: str = "", graph_placement=None):
         # The emulated /GPU:0 scope the program runs in (its requests are not the program's).
         self.default_device = default_device
+        # training.emulation.GpuPlacement under emulation: a tf.compat.v1 graph's unrequested
+        # ops are placed as on a GPU machine before its first Session.run.
+        self.graph_placement = graph_placement
+        self._placed_graphs: set[int] = set()
         self.functions: dict[str, FunctionRecord] = {}
         self.eager = EagerRecord()
         self._variables: dict[int, Any] = {}  # id -> variable (Keras or tf), in discovery order
@@ -141,17 +145,23 @@ class Recorder:
 
         ctx = context.context()
         ctx.enable_graph_collection()
+        # Step stats of this one call: the shape every node really produced (sizes the transfers
+        # whose static shape is dynamic, e.g. a batch dimension of None).
+        ctx.enable_run_metadata()
         ctx.export_run_metadata()  # drop what earlier work left there
         try:
             out = call()
             context.async_wait()  # every instantiation of this call is recorded
             md = ctx.export_run_metadata()
         finally:
+            ctx.disable_run_metadata()
             ctx.disable_graph_collection()
         cap = CapturedGraphs(step=0)
         for fg in md.function_graphs if md is not None else []:
             cap.functions.append((fn.name, fg.pre_optimization_graph, list(fg.partition_graphs)))
         _shapes(fn, cap)
+        if md is not None:
+            _run_shapes(md.step_stats, cap)
         _arg_values(args, cap)
         self._find_variables({id(a) for a in args if _is_resource(a)})
         return out, cap
@@ -165,15 +175,25 @@ class Recorder:
         if r is not None:
             r.calls += 1
             return run(sess, fetches, feed_dict, None, None)
-        options = tf.compat.v1.RunOptions(output_partition_graphs=True)
+        graph = sess.graph
+        if self.graph_placement is not None and id(graph) not in self._placed_graphs:
+            # Before the session sends the graph to the runtime (its first run extends it).
+            self._placed_graphs.add(id(graph))
+            for op in graph.get_operations():
+                if not op.device:
+                    device = self.graph_placement.unrequested(op)
+                    if device:
+                        op._set_device(device)
+        options = tf.compat.v1.RunOptions(output_partition_graphs=True,
+                                          trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         md = tf.compat.v1.RunMetadata()
         out = run(sess, fetches, feed_dict, options, md)
         cap = CapturedGraphs(step=0)
-        graph = sess.graph
         cap.functions.append((key, graph.as_graph_def(), list(md.partition_graphs)))
         for op in graph.get_operations():
             cap.shapes.setdefault(op.name, [(t.dtype.as_datatype_enum, t.shape.as_list() if t.shape.rank is not None
                                              else None) for t in op.outputs])
+        _run_shapes(md.step_stats, cap)
         self.functions[key] = FunctionRecord(key, key, calls=1, capture=cap, kind="Session.run")
         for v in graph.get_collection("variables"):
             self._variables.setdefault(id(v), v)
@@ -406,6 +426,29 @@ def _graph_shapes(graph, prefix: str, cap: CapturedGraphs, depth: int) -> None:
             inner = library.get(callee)
             if inner is not None:
                 _graph_shapes(inner, f"{prefix}{op.name}/", cap, depth + 1)
+
+
+def _run_shapes(step_stats, cap: CapturedGraphs) -> None:
+    """The shapes the nodes really produced (step stats of the captured call), where the traced
+    graph's static shape is unknown or partly unknown."""
+    for dev in step_stats.dev_stats:
+        for ns in dev.node_stats:
+            outs = []
+            for o in ns.output:
+                td = o.tensor_description
+                if td.shape.unknown_rank:
+                    break
+                outs.append((o.slot, td.dtype, [int(d.size) for d in td.shape.dim]))
+            if not outs:
+                continue
+            known = cap.shapes.get(ns.node_name)
+            if known and all(dims is not None and None not in dims for _, dims in known):
+                continue
+            slots = max(slot for slot, _, _ in outs) + 1
+            row = [(0, None)] * slots
+            for slot, dtype, dims in outs:
+                row[slot] = (dtype, dims)
+            cap.shapes[ns.node_name] = row
 
 
 def _arg_values(args, cap: CapturedGraphs) -> None:

@@ -43,7 +43,9 @@ class Capture:
         self._scope.__enter__()
         # The scope's full name (the job differs in a cluster): its requests are not the program's.
         default = context.context().device_name if self.default_scope and self.dm.emulated else ""
-        self.recorder = Recorder(default).install()
+        from pinpoint.training.emulation import GpuPlacement
+
+        self.recorder = Recorder(default, GpuPlacement(self.dm) if self.dm.emulated else None).install()
         self.fit = FitPatch(lambda batch: KerasLogger(self.send_metrics, self.params, log_every=self.log_every,
                                                       batch_size=batch)).install()
         userlog.set_sink(self._log)
@@ -84,7 +86,7 @@ class Capture:
         return out
 
 
-def trace_config(name: str, *, tracking: bool):
+def trace_config(name: str, *, tracking: bool, experiment: str = "pinpoint"):
     """The Config a traced program's MLflow run is logged under (tracking fields only matter)."""
     import re
 
@@ -93,17 +95,17 @@ def trace_config(name: str, *, tracking: bool):
     slug = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:32] or "program"
     if not slug[0].isalpha():
         slug = f"trace-{slug}"[:32]
-    return Config(name=slug, tracking={"enabled": tracking})
+    return Config(name=slug, tracking={"enabled": tracking, "experiment": experiment})
 
 
 def trace_command(program, *, out: str | Path | None, gpus: int | None, tracking: bool,
-                  log_every: int = 10) -> int:
+                  log_every: int = 10, experiment: str = "pinpoint") -> int:
     """`pinpoint trace`: run `program` with capture on; the program's exit code."""
     from pinpoint.quiet import import_tensorflow
     from pinpoint.trace import program as prog
 
     program.check()  # nothing runs and nothing is written for a script that is not there
-    cfg = trace_config(program.name, tracking=tracking)
+    cfg = trace_config(program.name, tracking=tracking, experiment=experiment)
     out = ensure_dir(Path(out) if out else Path("runs") / program.name)
     if tracking:
         from pinpoint.tracking import warm_tracking

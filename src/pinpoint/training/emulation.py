@@ -66,27 +66,32 @@ class GpuPlacement:
         if self.device is None:
             return contextlib.nullcontext()
         import tensorflow as tf
-        from tensorflow.core.framework import attr_value_pb2
 
-        dm, device = self.dm, self.device
-        emulated = {normalize(p) for p in dm.aliases.values()}
-        marker = attr_value_pb2.AttrValue(b=True)
+        emulated = {normalize(p) for p in self.dm.aliases.values()}
 
         def place(op) -> str:
             if op.device:
                 if not self.soft_placement and local_name(op.device) in emulated:
                     self._refuse(op)
                 return op.device
-            if op.type == "Placeholder" or _colocated(op):
-                return ""
-            if op.type not in _CALLS and any(t.dtype == tf.resource for t in op.inputs):
-                return ""
-            if missing_gpu_kernel(op.type, op.node_def.attr) is not None:
-                return ""  # the real placer runs it on the host
-            op._set_attr(EMULATED_ATTR, marker)
-            return device
+            return self.unrequested(op) or ""
 
         return tf.compat.v1.device(place)
+
+    def unrequested(self, op) -> str | None:
+        """Where a GPU machine's placer puts `op`, which has no device request: the emulated
+        /GPU:0 (the op is marked EMULATED_ATTR), or None to leave it to the runtime."""
+        import tensorflow as tf
+        from tensorflow.core.framework import attr_value_pb2
+
+        if self.device is None or op.type == "Placeholder" or _colocated(op):
+            return None
+        if op.type not in _CALLS and any(t.dtype == tf.resource for t in op.inputs):
+            return None
+        if missing_gpu_kernel(op.type, op.node_def.attr) is not None:
+            return None  # the real placer runs it on the host
+        op._set_attr(EMULATED_ATTR, attr_value_pb2.AttrValue(b=True))
+        return self.device
 
     def _refuse(self, op) -> None:
         reason = missing_gpu_kernel(op.type, op.node_def.attr)

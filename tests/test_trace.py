@@ -1,0 +1,244 @@
+"""`pinpoint trace` on programs written as users write them, run for real as `pinpoint` processes:
+the worked examples (a GradientTape loop split over two GPUs, a `model.fit` script under
+MirroredStrategy()), an eager assign, a tf.compat.v1 Session program, and every way a program ends.
+Figures are derived from the models' sizes, not copied from a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+F32 = 4
+
+
+def trace(args: list[str], *, cwd: Path, out: Path, tracking: bool = False, env: dict | None = None,
+          expect: int = 0) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "pinpoint.cli", "trace", "--out", str(out)]
+    if not tracking:
+        argv.append("--no-tracking")
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
+    proc = subprocess.run([*argv, *args], cwd=cwd, capture_output=True, text=True, env=full_env, timeout=540)
+    assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def placement(out: Path) -> dict:
+    return json.loads((out / "placement.json").read_text())
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# ---- the custom loop: model parallelism by hand, gradients pinned ----------------------------------
+BATCH, INPUTS, HIDDEN, CLASSES = 32, 64, 128, 10
+
+
+@pytest.fixture(scope="module")
+def custom_loop(tmp_path_factory) -> tuple[dict, dict, str]:
+    out = tmp_path_factory.mktemp("trace") / "loop"
+    proc = trace(["--gpus", "2", "-m", "loop_example.train", "--steps", "30", "--batch-size", str(BATCH)],
+                 cwd=EXAMPLES / "custom_loop", out=out)
+    return placement(out), json.loads((out / "metrics.json").read_text()), proc.stdout
+
+
+def test_custom_loop_layers_run_where_their_tf_device_scopes_put_them(custom_loop):
+    p, _, _ = custom_loop
+    train = p["functions"][0]
+    assert (train["name"], train["training"], train["calls"]) == ("train_step", True, 30)
+    forward = [o for o in p["ops"] if not o["op"].startswith("gradient_tape/")]
+    dense_1 = {o["device"] for o in forward if o["op"].startswith("dense_1")}
+    head = {o["device"] for o in forward if o["op"].startswith("head")}
+    assert (dense_1, head) == ({"/GPU:0"}, {"/GPU:1"})
+    devices = {v["name"]: v["devices"] for v in p["variables"]}
+    assert devices["dense_1/kernel"] == devices["dense_1/bias"] == ["/GPU:0"]
+    assert devices["head/kernel"] == devices["head/bias"] == ["/GPU:1"]
+    # Each variable's update runs on the variable's own device.
+    updates = {v["name"]: v["update_devices"] for v in p["variables"]}
+    assert updates["head/kernel"] == ["/GPU:1"] and updates["dense_1/kernel"] == ["/GPU:0"]
+
+
+def test_custom_loop_gradients_run_under_the_pinned_device(custom_loop):
+    p, _, _ = custom_loop
+    assert list(p["gradients"]["ops_by_device"]) == ["/GPU:0"]
+    assert p["gradients"]["total"] > 0
+    rules = {r["rule"]: r for r in p["conformance"]["rules"]}
+    assert rules["tf.device /GPU:0"]["score"] == 1.0 and rules["tf.device /GPU:1"]["score"] == 1.0
+
+
+def test_custom_loop_activation_bytes_cross_each_way(custom_loop):
+    p, _, _ = custom_loop
+    matrix = p["transfers"]["matrix"]
+    # GPU:0 -> GPU:1: dense_1's activations, then head's gradients (computed on GPU:0) to its update.
+    assert matrix["/GPU:0"]["/GPU:1"]["bytes"] == BATCH * HIDDEN * F32 + (HIDDEN * CLASSES + CLASSES) * F32
+    # GPU:1 -> GPU:0: the logits (the loss has no device request: the default GPU:0), and head's
+    # kernel, which the backward pass pinned to GPU:0 reads.
+    assert matrix["/GPU:1"]["/GPU:0"]["bytes"] == BATCH * CLASSES * F32 + HIDDEN * CLASSES * F32
+    relu = [i for i in p["transfers"]["largest"] if i["tensor"].startswith("dense_1") and i["from"] == "/GPU:0"]
+    assert [(i["to"], i["bytes"]) for i in relu] == [("/GPU:1", BATCH * HIDDEN * F32)]
+
+
+def test_custom_loop_pinpoint_log_reaches_metrics_and_the_program_is_unchanged(custom_loop):
+    _, metrics, stdout = custom_loop
+    assert metrics["exit_code"] == 0 and metrics["steps"] == 30
+    assert metrics["final_loss"] > 0
+    assert "step 30/30: loss" in stdout  # the program's own output
+    assert "functions  : 1: train_step x30 (training)" in stdout  # then the summary
+
+
+# ---- model.fit under MirroredStrategy() on 2 emulated GPUs, logged to a real MLflow server ----------
+def test_fit_under_mirrored_strategy_mirrors_every_variable_and_logs_keras_loss(tmp_path, live_mlflow):
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "fit"
+    proc = trace(["--gpus", "2", "--experiment", "trace-fit", "--log-every", "10", "-m", "fit_example.train",
+                  "--epochs", "2", "--steps-per-epoch", "20"],
+                 cwd=EXAMPLES / "keras_fit", out=out, tracking=True, env={"MLFLOW_TRACKING_URI": live_mlflow.uri})
+    assert "training on 2 replica(s)" in proc.stdout  # MirroredStrategy() found the 2 emulated GPUs
+    p = placement(out)
+    assert p["strategy"] == "mirrored" and p["training_function"] == "multi_step_on_iterator"
+    weights = [v for v in p["variables"] if v["name"].startswith("digits_mlp/")]
+    assert sorted(v["name"] for v in weights) == ["digits_mlp/hidden/bias", "digits_mlp/hidden/kernel",
+                                                  "digits_mlp/logits/bias", "digits_mlp/logits/kernel"]
+    for v in weights:
+        assert [c["device"] for c in v["components"]] == ["/GPU:0", "/GPU:1"], v
+    # One all-reduce of every gradient per replica device: the collective among the emulated GPUs.
+    params = 64 * 128 + 128 + 128 * 10 + 10
+    coll = p["transfers"]["collectives"]
+    assert sorted(coll) == ["/GPU:0", "/GPU:1"]
+    assert all(c["input_bytes"] == params * F32 for c in coll.values()), coll
+    assert p["replica_consistency"]["variables"]["digits_mlp/hidden/kernel"] == 0.0
+
+    client = MlflowClient(live_mlflow.uri)
+    exp = client.get_experiment_by_name("trace-fit")
+    (run,) = client.search_runs([exp.experiment_id], filter_string="tags.`pinpoint.step` = 'trace'")
+    assert run.info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [10, 20, 30, 40]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch_loss")) == [20, 40]
+    assert run.data.params["fit.strategy"] == "MirroredStrategy"
+    assert run.data.params["fit.num_replicas"] == "2"
+    assert run.data.params["fit.optimizer"] == "SGD"
+    assert run.data.params["fit.batch_size"] == "64"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"placement.json", "report.html"} <= artifacts
+
+
+# ---- eager ops: an assign of a tensor made on the CPU to a variable on a GPU ------------------------
+def test_eager_assign_runs_on_the_variables_device_after_a_copy(tmp_path):
+    script = write(tmp_path, "assign.py", """
+        import tensorflow as tf
+        with tf.device("/GPU:1"):
+            v = tf.Variable(tf.zeros([300]))
+        with tf.device("/CPU:0"):
+            x = tf.ones([300])
+        v.assign(x)
+        print(len(tf.config.list_logical_devices("GPU")), "GPUs")
+    """)
+    out = tmp_path / "out"
+    proc = trace(["--gpus", "2", str(script)], cwd=tmp_path, out=out)
+    assert "2 GPUs" in proc.stdout
+    eager = placement(out)["eager"]
+    assert eager["op_types_by_device"]["/GPU:1"]["AssignVariableOp"] == 2  # the initializer and the assign
+    assert eager["copies"] == [{"from": "/CPU:0", "to": "/GPU:1", "count": 1, "bytes": 300 * F32,
+                                "ops": {"AssignVariableOp": 1}}]
+    (var,) = placement(out)["variables"]
+    assert (var["devices"], var["update_devices"]) == (["/GPU:1"], ["/GPU:1"])
+
+
+# ---- a tf.compat.v1 Session program ---------------------------------------------------------------
+def test_session_run_partition_graphs_are_captured(tmp_path):
+    script = write(tmp_path, "sess.py", """
+        import numpy as np
+        import tensorflow as tf
+        tf.compat.v1.disable_eager_execution()
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        y = tf.compat.v1.placeholder(tf.float32, [None, 1], name="y")
+        with tf.device("/GPU:0"):
+            w = tf.compat.v1.get_variable("w", [4, 1], initializer=tf.compat.v1.zeros_initializer(),
+                                          use_resource=True)
+            pred = tf.matmul(x, w)
+        with tf.device("/GPU:1"):
+            loss = tf.reduce_mean(tf.square(pred - y), name="loss")
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            xs = np.random.RandomState(0).rand(16, 4).astype("float32")
+            for _ in range(12):
+                sess.run(train_op, feed_dict={x: xs, y: xs.sum(axis=1, keepdims=True)})
+    """)
+    out = tmp_path / "out"
+    trace(["--gpus", "2", str(script)], cwd=tmp_path, out=out)
+    p = placement(out)
+    train = p["functions"][0]
+    assert (train["kind"], train["calls"], train["training"]) == ("Session.run", 12, True)
+    assert {r["rule"]: r["score"] for r in p["conformance"]["rules"]} == {"tf.device /GPU:0": 1.0,
+                                                                          "tf.device /GPU:1": 1.0}
+    # pred ([16, 1] floats, the fed batch) crosses GPU:0 -> GPU:1 for the loss.
+    matmul = [i for i in p["transfers"]["largest"] if i["tensor"] == "MatMul"]
+    assert [(i["from"], i["to"], i["bytes"]) for i in matmul] == [("/GPU:0", "/GPU:1", 16 * 1 * F32)]
+    (w,) = p["variables"]
+    assert (w["name"], w["devices"], w["update_devices"]) == ("w", ["/GPU:0"], ["/GPU:0"])
+
+
+# ---- every way a program ends --------------------------------------------------------------------
+ENDINGS = """
+    import sys
+    import tensorflow as tf
+
+    @tf.function
+    def step(v):
+        v.assign_add(1.0)
+
+    v = tf.Variable(0.0)
+    step(v)
+    how = sys.argv[1]
+    if how == "exit":
+        sys.exit(3)
+    if how == "raise":
+        def inner():
+            raise ValueError("bad batch")
+        inner()
+    if how == "interrupt":
+        raise KeyboardInterrupt
+    print("done")
+"""
+
+
+@pytest.mark.parametrize("how, code, status", [("exit", 3, "FAILED"), ("raise", 1, "FAILED"),
+                                               ("interrupt", 130, "KILLED"), ("ok", 0, "FINISHED")])
+def test_every_ending_keeps_what_was_captured_and_the_programs_exit_code(tmp_path, live_mlflow, how, code, status):
+    from mlflow.tracking import MlflowClient
+
+    script = write(tmp_path, "ends.py", ENDINGS)
+    out = tmp_path / "out"
+    experiment = f"trace-ends-{how}"
+    proc = trace(["--experiment", experiment, str(script), how], cwd=tmp_path, out=out, tracking=True,
+                 env={"MLFLOW_TRACKING_URI": live_mlflow.uri}, expect=code)
+    p = placement(out)
+    assert [(f["name"], f["calls"]) for f in p["functions"]] == [("step", 1)]
+    assert (out / "report.html").is_file()
+    assert json.loads((out / "metrics.json").read_text())["exit_code"] == code
+    client = MlflowClient(live_mlflow.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert run.info.status == status
+    if how == "raise":
+        # As Python shows it: the user's frames, none of Pinpoint's, then one pinpoint: line.
+        assert 'in inner\n    raise ValueError("bad batch")' in proc.stderr
+        assert "ValueError: bad batch" in proc.stderr
+        assert "/pinpoint/" not in proc.stderr.split("Traceback")[1].split("ValueError")[0]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("pinpoint: ") and "raised ValueError" in last
+    if how == "ok":
+        assert "done" in proc.stdout
