@@ -222,6 +222,9 @@ def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
     plan.append(_pair_mwm(s, b2))
     plan.append(_pair_user_model(s, b2, out))
     plan += [_pair_builtin(s, b2, name) for name in ("cnn", "transformer")]
+    from benchmarks.trace_cost import trace_comparisons
+
+    plan += trace_comparisons(s)  # issue 24.5: your own code, unchanged
     plan.append(Comparison(
         key="make-run",
         title="`make run` (pinpoint run configs/demo.yaml through kfp.local)",

@@ -2,7 +2,7 @@
 
 The logical device layout is fixed once per process, so each run (Pinpoint or Keras, any
 device count) gets a fresh process. SPEC keys:
-  kind          "pinpoint" | "keras" | "keras_mwm" | "keras_task" | "make_run"
+  kind          "pinpoint" | "keras" | "keras_mwm" | "keras_task" | "make_run" | "program" | "entrypoint"
   config        a Pinpoint config as a dict (pinpoint, keras*)
   out           the run folder
   warmup_steps  steps excluded from the steady state (trace, warm-up, placement capture)
@@ -80,7 +80,21 @@ def run_make_run(spec: dict) -> dict:
     return time_make_run(spec)
 
 
+def run_program(spec: dict) -> dict:
+    from benchmarks.trace_cost import run_program as run
+
+    return run(spec)
+
+
+def run_entrypoint(spec: dict) -> dict:
+    from benchmarks.trace_cost import run_entrypoint as run
+
+    return run(spec)
+
+
 KINDS = {
+    "program": run_program,
+    "entrypoint": run_entrypoint,
     "pinpoint": run_pinpoint,
     "keras": run_keras,
     "keras_task": run_keras,

@@ -9,6 +9,8 @@ train step through `entrypoint(ctx)` (config.yaml).
 from __future__ import annotations
 
 import argparse
+import json
+import time
 
 import keras
 import tensorflow as tf
@@ -65,7 +67,7 @@ def make_train_step(model: SplitModel, optimizer):
 
 
 def train(steps: int, batch_size: int, learning_rate: float, *, ctx=None, log_every: int = 10,
-          save_every: int = 50) -> float:
+          save_every: int = 50, timing_out: str | None = None, warmup: int = 20) -> float:
     """Train `steps` steps; with Pinpoint's `ctx` (train.entrypoint), resume from the latest
     checkpoint and save one every `save_every` steps."""
     model = SplitModel()
@@ -77,7 +79,10 @@ def train(steps: int, batch_size: int, learning_rate: float, *, ctx=None, log_ev
         start = ctx.checkpoint(dense_1=model.dense_1, head=model.head, optimizer=optimizer)
     loss = float("nan")
     it = iter(dataset(batch_size))
+    t0 = first = None
     for step in range(start + 1, steps + 1):
+        if step == start + 1 + warmup:
+            t0, first = time.perf_counter(), step
         x, y = next(it)
         loss = float(step_fn(x, y)) if step % log_every == 0 or step == steps else step_fn(x, y)
         if step % log_every == 0 or step == steps:
@@ -85,6 +90,12 @@ def train(steps: int, batch_size: int, learning_rate: float, *, ctx=None, log_ev
             print(f"step {step}/{steps}: loss {loss:.4f}", flush=True)
         if ctx is not None and (step % save_every == 0 or step == steps):
             ctx.save(step)
+    if timing_out:
+        secs = time.perf_counter() - t0 if t0 is not None else None
+        timed = steps - first + 1 if first is not None else 0
+        with open(timing_out, "w") as f:  # steady state: after `warmup` steps, the last loss read back
+            json.dump({"examples_per_sec": timed * batch_size / secs if secs else None, "batches": steps - start,
+                       "batches_timed": timed, "batch_size": batch_size}, f)
     return float(loss)
 
 
@@ -93,15 +104,16 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--learning-rate", type=float, default=0.1)
+    p.add_argument("--timing-out", help="write the steady-state examples/s to this JSON file")
     args = p.parse_args(argv)
-    train(args.steps, args.batch_size, args.learning_rate)
+    train(args.steps, args.batch_size, args.learning_rate, timing_out=args.timing_out)
 
 
 def entrypoint(ctx) -> None:
     """The Pinpoint train step: checkpoints in the run folder, resumed after a restart."""
     args = ctx.args or {}
     train(int(args.get("steps", 200)), int(args.get("batch_size", 32)), float(args.get("learning_rate", 0.1)),
-          ctx=ctx, save_every=int(args.get("save_every", 50)))
+          ctx=ctx, save_every=int(args.get("save_every", 50)), timing_out=args.get("timing_out"))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ or as the pipeline's train step through `entrypoint(ctx)` (config.yaml).
 from __future__ import annotations
 
 import argparse
+import json
+import time
 
 import keras
 import tensorflow as tf
@@ -39,12 +41,38 @@ def compile_model(model: keras.Model, learning_rate: float) -> keras.Model:
     return model
 
 
+class TimeHistory(keras.callbacks.Callback):
+    """Steady-state throughput (as TF's official models measure it): examples per second from
+    the end of batch `warmup` to the end of training."""
+
+    def __init__(self, batch_size: int, warmup: int):
+        super().__init__()
+        self.batch_size, self.warmup = batch_size, warmup
+        self.batches, self.t0, self.t1 = 0, None, None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+        if self.batches == self.warmup:
+            self.t0 = time.perf_counter()
+        self.t1 = time.perf_counter()
+
+    def result(self) -> dict:
+        timed = self.batches - self.warmup
+        secs = (self.t1 - self.t0) if self.t0 is not None else None
+        return {"examples_per_sec": timed * self.batch_size / secs if secs else None, "batches": self.batches,
+                "batches_timed": timed, "batch_size": self.batch_size}
+
+
 def fit(strategy, *, epochs: int, steps_per_epoch: int, batch_size: int, learning_rate: float,
-        callbacks=(), input_context=None):
+        callbacks=(), input_context=None, timing_out: str | None = None):
     with strategy.scope():
         model = compile_model(build_model(), learning_rate)
+    timer = TimeHistory(batch_size, warmup=min(steps_per_epoch, 20))
     history = model.fit(dataset(batch_size, input_context), epochs=epochs, steps_per_epoch=steps_per_epoch,
-                        callbacks=list(callbacks), verbose=2)
+                        callbacks=[*callbacks, timer], verbose=2)
+    if timing_out:
+        with open(timing_out, "w") as f:
+            json.dump(timer.result(), f)
     return model, history
 
 
@@ -54,6 +82,7 @@ def parse_args(argv=None):
     p.add_argument("--steps-per-epoch", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=64, help="global batch size")
     p.add_argument("--learning-rate", type=float, default=0.1)
+    p.add_argument("--timing-out", help="write the steady-state examples/s to this JSON file")
     return p.parse_args(argv)
 
 
@@ -62,7 +91,7 @@ def main(argv=None) -> None:
     strategy = tf.distribute.MirroredStrategy()  # every GPU this machine has
     print(f"training on {strategy.num_replicas_in_sync} replica(s)")
     _, history = fit(strategy, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
-                     batch_size=args.batch_size, learning_rate=args.learning_rate)
+                     batch_size=args.batch_size, learning_rate=args.learning_rate, timing_out=args.timing_out)
     print(f"final loss {history.history['loss'][-1]:.4f}, accuracy {history.history['accuracy'][-1]:.3f}")
 
 
@@ -70,7 +99,8 @@ def entrypoint(ctx) -> None:
     """The Pinpoint train step: the platform builds the strategy, owns checkpoints and MLflow."""
     args = parse_args(ctx.args)
     fit(ctx.strategy, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, batch_size=args.batch_size,
-        learning_rate=args.learning_rate, callbacks=ctx.callbacks(), input_context=ctx.input_context)
+        learning_rate=args.learning_rate, callbacks=ctx.callbacks(), input_context=ctx.input_context,
+        timing_out=args.timing_out)
 
 
 if __name__ == "__main__":
