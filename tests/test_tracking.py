@@ -70,6 +70,19 @@ def test_local_store_is_in_the_repo_and_matches_make_mlflow_ui(monkeypatch):
 
 
 @pytest.mark.unit
+def test_local_store_outside_the_checkout_is_in_the_working_directory(monkeypatch, tmp_path):
+    """As docs/tracking.md says: no Pinpoint pyproject.toml above the working directory (another
+    project's does not count) -> <cwd>/mlruns."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "someone-else"\n')
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert repo_root() == tmp_path / "work"
+    assert local_store()[0] == f"sqlite:///{tmp_path}/work/mlruns/mlflow.db"
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "tracking.md").read_text()
+    assert "else of the working directory" in docs
+
+
+@pytest.mark.unit
 def test_params_flatten_config_without_secrets():
     cfg = make_cfg("http://user:secret@host:5000", pinning={"input": "/CPU:0"})
     p = config_params(cfg)
