@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from pinpoint.config import DEFAULT_IMAGE
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -164,7 +166,7 @@ def tf():
 # ---- podman and the CPU image (test_images.py, test_k8s_containers.py) -------------------------
 PODMAN_SETUP = REPO / "docker" / "podman-setup.sh"
 PODMAN_SOCKET = Path("/run/pinpoint-podman/podman.sock")
-CPU_IMAGE = "localhost/pinpoint-cpu:0.1.0"
+CPU_IMAGE = f"localhost/{DEFAULT_IMAGE}"  # podman's name of `make images`' CPU image
 
 
 def _podman_service_answers() -> bool:

@@ -19,6 +19,7 @@ from pinpoint.config import Config
 from pinpoint.device_names import DeviceMap
 from pinpoint.devices import setup_devices
 from pinpoint.errors import RETRY_EXIT_CODE, ConfigError, PeerLost
+from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV
 from pinpoint.runfolder import CHECKPOINTS, METRICS
 
 EVAL_LOG = "eval_log.jsonl"
@@ -143,7 +144,7 @@ def _mwms_task(cfg, out, dm, role, index, resume_from_run, parent_run_id) -> int
     from pinpoint.training.strategies import get_strategy
     from pinpoint.training.tracked import train_tracked
 
-    timeout = os.environ.get("PINPOINT_COLLECTIVE_TIMEOUT")  # set by the launcher
+    timeout = os.environ.get(COLLECTIVE_TIMEOUT_ENV)  # set by the launcher and the manifests
     strategy = get_strategy("multi_worker_mirrored", dm.replica_devices, cluster_resolver=_resolver(),
                             emulated=dm.emulated, all_reduce=cfg.train.all_reduce,
                             collective_timeout=float(timeout) if timeout else None)
