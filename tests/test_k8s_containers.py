@@ -125,8 +125,9 @@ def test_converter_translates_the_provisioned_pod_specs(tmp_path):
     worker = pods[1]
     args = conv.run_args(worker, name="c", network="net", hosts=hosts)
     joined = " ".join(args)
-    assert args[-1] == CPU_IMAGE or CPU_IMAGE in args
     entry = json.loads(args[args.index("--entrypoint") + 1])
+    # The image last: the pod's command is its entrypoint (podman's trailing args would follow the image).
+    assert args[args.index("--entrypoint") + 2:] == [CPU_IMAGE]
     assert entry[:4] == ["python", "-m", "pinpoint.provision.podenv", "--"]
     assert entry[entry.index("--task") + 1] == "worker:0"  # $(PINPOINT_TASK_INDEX) from the completion index
     assert "--env PINPOINT_TASK_INDEX=0" in joined and "--env PINPOINT_TASK_ROLE=worker" in joined
