@@ -99,7 +99,7 @@ test-faults: $(STAMP) system-deps ## the fault-injection suite
 test-gpu: $(STAMP) ## the gpu tier: emulated placement against real GPUs (needs a machine with 2 GPUs)
 	$(PYTEST) -m gpu tests
 
-bench: $(STAMP) ## benchmarks side by side with Keras -> benchmarks/RESULTS.md (BENCH_ARGS="--quick", "--repeats 7", "--only overhead")
+bench: $(STAMP) ## every benchmark section from one run -> benchmarks/RESULTS.md; BENCH_ARGS="--only overhead" or "--quick": a partial run -> benchmarks/runs/; "--plan": the plan and its time
 	@# Bytecode for pinpoint as an installed package has it (pip compiles at install; an editable
 	@# install under PYTHONDONTWRITEBYTECODE=1 would recompile every module in every run).
 	$(PY) -m compileall -q src benchmarks
