@@ -9,7 +9,8 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/demo.yaml
-NAME = $(shell sed -n 's/^name:[[:space:]]*\([a-z0-9-]*\).*/\1/p' $(CONFIG))
+# The config's name, bare or quoted (name: demo, name: "demo", name: 'demo').
+NAME = $(shell sed -n -E "s/^name:[[:space:]]*['\"]?([a-z0-9-]*).*/\1/p" $(CONFIG))
 RUN_DIR ?= runs/$(NAME)
 PIPELINE_YAML ?= pipelines/training_pipeline.yaml
 MLFLOW_PORT ?= 5000
@@ -17,7 +18,7 @@ PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=8
 export PYTHONUNBUFFERED := 1
 
 .PHONY: help setup run provision train report example-data compile submit images docs lint mlflow-ui \
-        system-deps test test-fast test-unit test-integration test-slow test-faults bench clean
+        system-deps test test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
 
 help: ## list the targets
 	@echo "Pinpoint: make TARGET [CONFIG=configs/demo.yaml]"
@@ -54,8 +55,8 @@ submit: $(STAMP) ## submit to a Kubeflow cluster: make submit KFP_HOST=https://.
 	@test -n "$(KFP_HOST)" || { echo "make submit: KFP_HOST is not set; pass KFP_HOST=https://your-kfp-endpoint"; exit 2; }
 	$(PY) -m pipelines.submit --host "$(KFP_HOST)" --config $(CONFIG)
 
-images: ## build the component images (docker or podman); CODE_DIR=path [USER_IMAGE=name:tag] adds your code's image
-	$(if $(CODE_DIR),CODE_DIR="$(CODE_DIR)" $(if $(USER_IMAGE),USER_IMAGE="$(USER_IMAGE)")) bash docker/build.sh
+images: ## build the CPU image (docker or podman; GPU=1 also the GPU image); CODE_DIR=path [USER_IMAGE=name:tag] adds your code's image
+	$(if $(GPU),GPU="$(GPU)") $(if $(CODE_DIR),CODE_DIR="$(CODE_DIR)" $(if $(USER_IMAGE),USER_IMAGE="$(USER_IMAGE)")) bash docker/build.sh
 
 docs: $(STAMP) ## regenerate generated docs (the emulation fidelity table in docs/placement.md from tests/fidelity.yaml)
 	$(BIN)/python -m tests.fidelity --write
@@ -67,8 +68,9 @@ mlflow-ui: $(STAMP) ## serve the local MLflow store on http://127.0.0.1:5000 (lo
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts \
 	  --host 127.0.0.1 --port $(MLFLOW_PORT)
 
-# pytest exits 5 when a tier selects no test; an empty tier is not a failure.
-TIER = run_tier() { m="$$1"; shift; $(PYTEST) -m "$$m" tests $(PYTEST_ARGS) "$$@" || [ $$? -eq 5 ]; }; run_tier
+# pytest exits 5 when a tier selects no test; an empty tier is not a failure. The gpu tests need real
+# GPUs: every tier deselects them by marker (make test-gpu runs them).
+TIER = run_tier() { m="$$1"; shift; $(PYTEST) -m "($$m) and not gpu" tests $(PYTEST_ARGS) "$$@" || [ $$? -eq 5 ]; }; run_tier
 # The fault suite's rows for the reliability table (make bench reads them from there).
 RELIABILITY := --reliability-out runs/reliability.json
 
@@ -92,9 +94,12 @@ test-slow: $(STAMP) system-deps ## slow tier (multi-process clusters, images, fa
 	@$(TIER) "slow" $(RELIABILITY)
 
 test-faults: $(STAMP) system-deps ## the fault-injection suite
-	$(PYTEST) tests/test_faults.py $(RELIABILITY)
+	$(PYTEST) -m "not gpu" tests/test_faults.py $(RELIABILITY)
 
-bench: $(STAMP) ## benchmarks side by side with Keras -> benchmarks/RESULTS.md (BENCH_ARGS="--quick", "--repeats 7", "--only overhead")
+test-gpu: $(STAMP) ## the gpu tier: emulated placement against real GPUs (needs a machine with 2 GPUs)
+	$(PYTEST) -m gpu tests
+
+bench: $(STAMP) ## every benchmark section from one run -> benchmarks/RESULTS.md; BENCH_ARGS="--only overhead" or "--quick": a partial run -> benchmarks/runs/; "--plan": the plan and its time
 	@# Bytecode for pinpoint as an installed package has it (pip compiles at install; an editable
 	@# install under PYTHONDONTWRITEBYTECODE=1 would recompile every module in every run).
 	$(PY) -m compileall -q src benchmarks

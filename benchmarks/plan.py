@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class Ratio:
     metric: str
     target: str | None = None  # e.g. ">= 1" (issue 3.8) or "<= 1.03" (issue 4.6)
     difference: bool = False  # num - den (e.g. seconds of fixed cost) instead of num / den
+    # den "": not a ratio but num's own value (e.g. `make run`'s wall time <= 30 s).
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,27 @@ class Comparison:
     prepare: Prepare | None = None
     # A real `mlflow server` runs for the comparison; arms whose tracking.uri is SERVER_URI use it.
     mlflow_server: bool = False
+    # The plan's time estimate: seconds one run of an arm takes on the bench machine (process
+    # wall, measured), and the comparison's own fixed cost (prepare, server start).
+    run_s: float = 0.0
+    setup_s: float = 0.0
+    section: str = ""  # the key of the section that runs it (set by build_plan)
+
+
+def rounds(comp: Comparison, s: Settings) -> int:
+    return comp.repeats or s.repeats
+
+
+def own_runs(comp: Comparison, s: Settings, keys: set[str]) -> int:
+    """Runs the comparison makes itself: arms reusing a comparison of the plan (`keys`) make none."""
+    n = rounds(comp, s)
+    return sum(min(n, a.max_rounds or n) for a in comp.arms if not (a.reuse and a.reuse[0] in keys))
+
+
+def plan_seconds(plan: list[Comparison], s: Settings) -> dict[str, float]:
+    """The estimated seconds of each comparison the plan runs (skipped ones: 0)."""
+    keys = {c.key for c in plan if not c.skipped}
+    return {c.key: 0.0 if c.skipped else own_runs(c, s, keys) * c.run_s + c.setup_s for c in plan}
 
 
 SERVER_URI = "@mlflow-server@"  # replaced by the comparison's server address (run.py)
@@ -128,11 +151,12 @@ def _pair_user_model(s: Settings, b2: int, out: Path) -> Comparison:
         # No matmul peak: it serves MFU, whose FLOPs count knows Dense-only models (a few seconds per run).
         peak=False,
         prepare=Prepare(("-m", "digits_cnn.data", str(data_dir)), pythonpath=str(EXAMPLE)),
+        run_s=13.0,
     )
 
 
 def _pair(key: str, title: str, cfg: dict, s: Settings, *, note: str = "", skipped: str = "", peak: bool = True,
-          prepare: Prepare | None = None) -> Comparison:
+          prepare: Prepare | None = None, run_s: float) -> Comparison:
     common = {"config": cfg, "warmup_steps": s.warmup_steps, "peak": peak}
     return Comparison(
         key=key,
@@ -146,6 +170,8 @@ def _pair(key: str, title: str, cfg: dict, s: Settings, *, note: str = "", skipp
         note=note,
         skipped=skipped,
         prepare=prepare,
+        run_s=run_s,
+        setup_s=10.0 if prepare else 0.0,
     )
 
 
@@ -157,27 +183,44 @@ def _pair_builtin(s: Settings, b2: int, model: str) -> Comparison:
     return _pair(f"keras-{model}", f"built-in `{model}` on digits, strategy none, 1 device", cfg, s,
                  note=(f"the `{model}` built-in (`pinpoint.training.models.build_model`, same seed) on both sides; "
                        "digits, sgd, global batch as above. No MFU: the FLOPs count knows Dense layers only."),
-                 peak=False)
+                 peak=False, run_s={"cnn": 12.0, "transformer": 17.0}.get(model, 17.0))
 
 
 def _pair_mwm(s: Settings, b2: int) -> Comparison:
     return _pair("keras-mwm", "multi_worker_mirrored, 2 local workers (chief + 1 worker, 1 device each)",
               # Half the steps: a step across two processes takes several times longer.
               bench_config("bench-mwm", strategy="multi_worker_mirrored", devices=1, workers=1,
-                           steps=max(s.steps // 2, 2 * s.warmup_steps), batch=b2), s)
+                           steps=max(s.steps // 2, 2 * s.warmup_steps), batch=b2), s, run_s=20.0)
 
 
 def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
+    """Every comparison of every registered section (benchmarks/sections/), in run order."""
+    from benchmarks.sections import sections
+
+    return [dataclasses.replace(c, section=sec.key) for sec in sections() for c in sec.build(s, out)]
+
+
+def keras_comparisons(s: Settings, out: Path) -> list[Comparison]:
+    """Pinpoint against Keras `fit`: the issue targets (3.8) first, so a stopped run has them."""
     b2 = 2 * s.per_replica_batch
     need2 = "needs 2 GPUs; this machine has 1" if s.gpus == 1 else ""
-    plan = [
+    return [
         _pair("keras-none", "strategy none, 1 device",
-              bench_config("bench-none", strategy="none", devices=1, steps=s.steps, batch=b2), s),
+              bench_config("bench-none", strategy="none", devices=1, steps=s.steps, batch=b2), s, run_s=7.0),
         _pair("keras-mirrored", "mirrored, 2 logical devices",
               bench_config("bench-mirrored", strategy="mirrored", devices=2, steps=s.steps, batch=b2), s,
-              skipped=need2),
+              skipped=need2, run_s=10.1),
+        _pair_mwm(s, b2),
+        _pair_user_model(s, b2, out),
+        *(_pair_builtin(s, b2, name) for name in ("cnn", "transformer")),
     ]
-    # Issue 4.6 and the MLflow cost: the demo config (checkpoints every 100 steps) for 500 steps.
+
+
+def overhead_comparison(s: Settings) -> Comparison:
+    """Issue 4.6: the demo config (checkpoints every 100 steps) for 500 steps, capture on/off."""
+    b2 = 2 * s.per_replica_batch
+    need2 = "needs 2 GPUs; this machine has 1" if s.gpus == 1 else ""
+
     def overhead(name, placement, tracking, timing=False):
         cfg = bench_config(f"bench-{name}", strategy="mirrored", devices=2, steps=s.overhead_steps,
                            batch=b2, placement=placement, tracking=tracking, checkpoint_every=100)
@@ -187,7 +230,7 @@ def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
                                                  "warmup_steps": min(s.warmup_steps, s.overhead_steps // 2),
                                                  "peak": tracking, "log_mfu": tracking},
                    max_rounds=s.repeats if tracking or timing else None)
-    plan.append(Comparison(
+    return Comparison(
         key="overhead",
         title=f"placement capture and timing, {s.overhead_steps}-step mirrored runs",
         arms=(overhead("capture-on", True, False), overhead("baseline", False, False),
@@ -200,8 +243,12 @@ def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
              "capture on and placement.timing on (the sampled steps under TensorFlow's profiler)",
         skipped=need2,
         repeats=s.repeats * s.overhead_repeat_factor,
-    ))
-    plan.append(tracking_comparison(s, b2, out))
+        run_s=6.5,
+    )
+
+
+def scaling_comparison(s: Settings) -> Comparison:
+    need2 = "needs 2 GPUs; this machine has 1" if s.gpus == 1 else ""
     arms = []
     for n in s.scaling_devices:
         if s.gpus and n > s.gpus:
@@ -211,26 +258,26 @@ def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
         reuse = ("keras-mirrored", "pinpoint") if n == 2 and not need2 else None
         arms.append(Arm(f"n{n}", f"{n} device(s)", {"kind": "pinpoint", "config": cfg,
                                                     "warmup_steps": s.warmup_steps, "peak": True}, reuse=reuse))
-    plan.append(Comparison(
+    return Comparison(
         key="scaling",
         title=f"mirrored on 1, 2, 4 devices, {s.per_replica_batch} examples per replica",
         arms=tuple(arms),
         skipped="" if len(arms) > 1 else "needs at least 2 devices",
-    ))
-    plan.append(allreduce_comparison(s))  # after scaling: its runs are the auto arms'
-    # Order: the issue targets first (3.8, 4.6), so a stopped run still has them.
-    plan.append(_pair_mwm(s, b2))
-    plan.append(_pair_user_model(s, b2, out))
-    plan += [_pair_builtin(s, b2, name) for name in ("cnn", "transformer")]
-    from benchmarks.trace_cost import trace_comparisons
+        run_s=9.4,
+    )
 
-    plan += trace_comparisons(s)  # issue 24.5: your own code, unchanged
-    plan.append(Comparison(
+
+def make_run_comparison(s: Settings) -> Comparison:
+    from benchmarks.make_run import TARGET_WALL_S
+
+    return Comparison(
         key="make-run",
         title="`make run` (pinpoint run configs/demo.yaml through kfp.local)",
         arms=(Arm("make-run", "make run", {"kind": "make_run", "config_path": str(DEMO)}),),
-    ))
-    return plan
+        ratios=(Ratio("wall time s", "make-run", "", "wall_s", f"<= {TARGET_WALL_S:g}"),),
+        repeats=s.make_run_repeats,
+        run_s=25.0,
+    )
 
 
 def tracking_comparison(s: Settings, b2: int, out: Path) -> Comparison:
@@ -277,6 +324,8 @@ def tracking_comparison(s: Settings, b2: int, out: Path) -> Comparison:
               "which the end of the step waits for."),
         mlflow_server=True,
         repeats=2 * s.repeats,
+        run_s=9.5,
+        setup_s=15.0,  # the server's start, the store's tables
         # The local store exists before the first round, as after a user's first run (creating
         # its tables takes seconds once; opening it, ~1 s each time, is in every arm's figure).
         prepare=Prepare(("-c", "import sys; from mlflow.tracking import MlflowClient; "
@@ -315,4 +364,5 @@ def allreduce_comparison(s: Settings) -> Comparison:
               + ("" if s.gpus else "nccl is not run: it needs real GPUs (refused at config load under emulation); ")
               + "hierarchical_copy needs an even device count (refused otherwise)."),
         skipped="" if arms else "needs at least 2 devices",
+        run_s=8.8,
     )

@@ -1,5 +1,9 @@
 """`make bench` / `python -m benchmarks.run`: interleaved A/B runs -> benchmarks/RESULTS.md + PNG.
 
+RESULTS.md is written whole by one full run (every registered section, benchmarks/sections/). A
+partial run (`--only`, `--quick`) writes its own dated file under benchmarks/runs/ and leaves
+RESULTS.md alone; `--plan` prints what a run would do and its estimated time, and runs nothing.
+
 Each comparison runs its arms in rounds; within a round the arms run back to back, and the
 order alternates between rounds (A B, B A, ...) so slow drift of the machine's load hits both
 sides alike. Ratios are taken within a round, then summarized (median, min, max).
@@ -19,11 +23,14 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import machine_info
-from benchmarks.plan import SERVER_URI, Comparison, Prepare, Settings, build_plan
+from benchmarks.plan import SERVER_URI, Comparison, Prepare, Settings, build_plan, own_runs, plan_seconds, rounds
 from benchmarks.worker import RESULT_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 600
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"  # a full run's report
+PARTIAL_RUNS = ROOT / "benchmarks" / "runs"  # a partial run's report, one dated file each
+OUT = ROOT / "benchmarks" / "out"  # raw records (git-ignored)
 
 
 def run_worker(spec: dict, out: Path, timeout: float = RUN_TIMEOUT_S) -> dict:
@@ -136,23 +143,34 @@ def _run_rounds(comp: Comparison, repeats: int, out: Path, results: dict, log=pr
     return runs
 
 
-def _save(out: Path, machine: dict, command: str, s: Settings, elapsed: float, results: dict) -> dict:
+def _save(out: Path, machine: dict, command: str, s: Settings, elapsed: float, results: dict, *,
+          timings: dict[str, float], planned: dict[str, float], only: list[str]) -> dict:
     machine = dict(machine, loadavg_at_end=[round(x, 2) for x in os.getloadavg()])
-    raw = {"machine": machine, "command": command, "settings": s.__dict__, "elapsed_s": elapsed,
-           "results": results}
+    raw = {"machine": machine, "command": command, "settings": s.__dict__, "only": only, "elapsed_s": elapsed,
+           "timings": timings, "planned_s": planned, "out": _shown(out), "results": results}
     from pinpoint.runfolder import atomic_write_json
 
     atomic_write_json(out / "results.json", raw)
     return raw
 
 
-def _load_prior(path: Path, s: Settings) -> dict | None:
-    """A previous results.json made with the same settings, or None."""
+def _shown(path: Path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _load_prior(path: Path, s: Settings, only: list[str], commit: str) -> dict | None:
+    """A previous results.json of the same run (same settings, selection and commit), or None:
+    a resumed run never splices in runs of other code or other settings."""
     if not path.is_file():
         return None
     prior = json.loads(path.read_text())
-    if prior.get("settings") != json.loads(json.dumps(s.__dict__)):
-        print(f"benchmarks.run: --resume: {path} was made with other settings; starting afresh", flush=True)
+    why = ("other settings" if prior.get("settings") != json.loads(json.dumps(s.__dict__))
+           else "another --only" if prior.get("only", []) != only
+           else f"commit {prior['machine'].get('git')}, not {commit}" if prior["machine"].get("git") != commit
+           else "")
+    if why:
+        print(f"benchmarks.run: --resume: {path} was made with {why}; starting afresh", flush=True)
         return None
     return prior
 
@@ -160,15 +178,21 @@ def _load_prior(path: Path, s: Settings) -> dict | None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=None, help="runs per arm (default 5; --quick: 1)")
-    p.add_argument("--quick", action="store_true", help="1 repeat, few steps: checks the harness, not the numbers")
-    p.add_argument("--only", default="", help="comma-separated comparisons (keras-none, keras-mirrored, keras-mwm, "
-                   "keras-user-model, keras-cnn, keras-transformer, overhead, tracking, scaling, allreduce, make-run)")
+    p.add_argument("--quick", action="store_true",
+                   help="1 repeat, few steps: checks the harness, not the numbers (a partial run)")
+    p.add_argument("--only", default="", help="comma-separated sections or comparisons (a partial run); "
+                   "--plan lists them")
     p.add_argument("--steps", type=int, default=None, help="steps of the Pinpoint-vs-Keras and scaling runs")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="raw results (git-ignored)")
-    p.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"), help="the markdown report")
+    p.add_argument("--out", default=None, help="raw results (git-ignored; default benchmarks/out, a partial "
+                   "run: benchmarks/out/runs/<its name>)")
+    p.add_argument("--results", default=None, help="the markdown report (default benchmarks/RESULTS.md; a "
+                   "partial run: benchmarks/runs/<UTC date and time>-<what it ran>.md)")
     p.add_argument("--chart", default=None, help="the PNG chart (default: next to --results, .png)")
     p.add_argument("--resume", action="store_true",
-                   help="keep the comparisons already complete in OUT/results.json (same settings); run the rest")
+                   help="keep the comparisons already complete in OUT/results.json (same settings, selection "
+                   "and commit); run the rest")
+    p.add_argument("--plan", action="store_true", help="print the comparisons, their runs and the estimated "
+                   "time; run nothing")
     return p.parse_args(argv)
 
 
@@ -184,52 +208,94 @@ def settings_from(args, gpus: int) -> Settings:
     return s
 
 
+def select(plan: list[Comparison], only: list[str]) -> list[Comparison] | str:
+    """The comparisons `--only` names (a section's key stands for all of its comparisons), or
+    the one-line error."""
+    names = {c.key for c in plan} | {c.section for c in plan}
+    bad = [k for k in only if k not in names]
+    if bad:
+        return (f"--only: got {', '.join(bad)}; use sections ({', '.join(dict.fromkeys(c.section for c in plan))}) "
+                f"or comparisons ({', '.join(c.key for c in plan)})")
+    return [c for c in plan if not only or c.key in only or c.section in only]
+
+
+def describe_plan(plan: list[Comparison], s: Settings) -> str:
+    """The plan as a table: each comparison's runs and estimated minutes, and the total."""
+    from benchmarks.sections import PLAN_LIMIT_S
+
+    est = plan_seconds(plan, s)
+    keys = {c.key for c in plan if not c.skipped}
+    lines = [f"{'comparison':<20} {'section':<12} {'rounds':>6} {'runs':>5} {'min':>6}"]
+    for c in plan:
+        runs = 0 if c.skipped else own_runs(c, s, keys)
+        lines.append(f"{c.key:<20} {c.section:<12} {rounds(c, s):>6} {runs:>5} {est[c.key] / 60:>6.1f}"
+                     + (f"  skipped: {c.skipped}" if c.skipped else ""))
+    total = sum(est.values())
+    lines.append(f"{'total':<20} {'':<12} {'':>6} {'':>5} {total / 60:>6.1f}  (limit {PLAN_LIMIT_S / 60:.0f} min)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.render import write_outputs
 
     args = parse_args(argv)
     machine = machine_info()
     s = settings_from(args, len(machine["gpus"]))
-    plan = build_plan(s, Path(args.out))
-    keys = [c.key for c in plan]
     only = [k.strip() for k in args.only.split(",") if k.strip()]
-    bad = [k for k in only if k not in keys]
-    if bad:
-        print(f"benchmarks.run: --only: unknown comparison(s) {', '.join(bad)}; use {', '.join(keys)}", file=sys.stderr)
+    partial = bool(only) or args.quick
+    stamp = time.strftime("%Y-%m-%d-%H%M", time.gmtime())
+    name = f"{stamp}-{'-'.join(only) or 'all'}{'-quick' if args.quick else ''}"
+    out = Path(args.out) if args.out else (OUT / "runs" / name if partial else OUT)
+    results_md = Path(args.results) if args.results else (PARTIAL_RUNS / f"{name}.md" if partial else RESULTS)
+    if partial and results_md.resolve() == RESULTS.resolve():
+        print(f"benchmarks.run: --results: got {_shown(RESULTS)} for a partial run (--only/--quick); RESULTS.md comes "
+              "from one full `make bench`; leave --results unset (the report goes to benchmarks/runs/)", file=sys.stderr)
         return 2
-    full_plan = plan
-    if only:
-        plan = [c for c in plan if c.key in only]
-    out = Path(args.out)
+    full_plan = build_plan(s, out)
+    plan = select(full_plan, only)
+    if isinstance(plan, str):
+        print(f"benchmarks.run: {plan}", file=sys.stderr)
+        return 2
+    if args.plan:
+        print(describe_plan(plan, s))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.run" + "".join(" " + shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     t0 = time.perf_counter()
-    chart = Path(args.chart) if args.chart else Path(args.results).with_suffix(".png")
+    chart = Path(args.chart) if args.chart else results_md.with_suffix(".png")
+    planned = plan_seconds(plan, s)
     results: dict[str, dict[str, list[dict]]] = {}
+    timings: dict[str, float] = {}
     before = 0.0
     if args.resume:
-        prior = _load_prior(out / "results.json", s)
+        prior = _load_prior(out / "results.json", s, only, machine["git"])
         if prior is not None:
-            results, before = prior["results"], prior["elapsed_s"]
+            results, before, timings = prior["results"], prior["elapsed_s"], prior.get("timings", {})
             machine = dict(prior["machine"], loadavg_at_start=prior["machine"]["loadavg_at_start"])
             command = f"{prior['command']}; then {command}"
+
+    def save() -> dict:
+        return _save(out, machine, command, s, before + time.perf_counter() - t0, results,
+                     timings=timings, planned=planned, only=only)
+
     for comp in plan:
         if comp.skipped:
             print(f"[{comp.key}] skipped: {comp.skipped}", flush=True)
             continue
-        reps = (s.make_run_repeats or s.repeats) if comp.key == "make-run" else (comp.repeats or s.repeats)
+        reps = rounds(comp, s)
         done = results.get(comp.key) or {}
         if done and all(len(done.get(a.name, [])) >= min(reps, a.max_rounds or reps) for a in comp.arms):
             print(f"[{comp.key}] kept from {out / 'results.json'} (--resume)", flush=True)
             continue
+        started = time.perf_counter()
         results[comp.key] = run_comparison(comp, reps, out, results, log=lambda m: print(m, flush=True))
+        timings[comp.key] = time.perf_counter() - started
         # Partial results survive a stop: raw records and the report so far.
-        raw = _save(out, machine, command, s, before + time.perf_counter() - t0, results)
-        write_outputs(full_plan, results, raw, Path(args.results), chart)
+        write_outputs(plan, results, save(), results_md, chart, partial=partial)
     elapsed = before + time.perf_counter() - t0
-    raw = _save(out, machine, command, s, elapsed, results)
-    write_outputs(full_plan, results, raw, Path(args.results), chart)
-    print(f"benchmarks: {elapsed / 60:.1f} min; wrote {args.results} and {chart} (raw: {out / 'results.json'})")
+    write_outputs(plan, results, save(), results_md, chart, partial=partial)
+    print(f"benchmarks: {elapsed / 60:.1f} min (planned {sum(planned.values()) / 60:.1f}); wrote {results_md} "
+          f"and {chart} (raw: {out / 'results.json'})")
     failed = sum(1 for runs in results.values() for recs in runs.values() for r in recs if "error" in r)
     return 1 if failed else 0
 

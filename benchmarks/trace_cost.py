@@ -34,7 +34,13 @@ def _program(example: str, module: str, args: list[str]) -> dict:
     return {"cwd": str(EXAMPLES / example), "module": module, "args": args}
 
 
-def program_comparison(key: str, title: str, program: dict, repeats: int | None = None) -> Comparison:
+# Rounds of these comparisons: each run is a whole process (TensorFlow's import included), and the
+# full bench stays under its 40 minutes (benchmarks.sections.PLAN_LIMIT_S).
+ROUNDS = 3
+
+
+def program_comparison(key: str, title: str, program: dict, *, run_s: float, repeats: int | None = ROUNDS
+                       ) -> Comparison:
     arms = (Arm("python", "python", {"kind": "program", "via": "python", **program}),
             Arm("trace", "pinpoint trace", {"kind": "program", "via": "trace", **program}))
     return Comparison(
@@ -43,6 +49,7 @@ def program_comparison(key: str, title: str, program: dict, repeats: int | None 
                 Ratio("trace - python, fixed cost", "trace", "python", "fixed_s", "<= 3", difference=True)),
         note="the same program and arguments, the same devices; the program measures its own steady state "
              "(--timing-out); fixed cost = process wall - batches x batch / steady examples/s",
+        run_s=run_s,
     )
 
 
@@ -53,9 +60,9 @@ def trace_comparisons(s: Settings) -> list[Comparison]:
     loop = _program("custom_loop", "loop_example.train", ["--steps", str(LOOP_STEPS), "--batch-size", str(LOOP_BATCH)])
     return [
         program_comparison("trace-fit", f"`pinpoint trace` vs `python`: the keras_fit example (model.fit, "
-                                        f"{FIT_EPOCHS}x{FIT_STEPS_PER_EPOCH} batches of {FIT_BATCH})", fit),
+                                        f"{FIT_EPOCHS}x{FIT_STEPS_PER_EPOCH} batches of {FIT_BATCH})", fit, run_s=18.0),
         program_comparison("trace-loop", f"`pinpoint trace` vs `python`: the custom_loop example (GradientTape, "
-                                         f"{LOOP_STEPS} steps of {LOOP_BATCH})", loop),
+                                         f"{LOOP_STEPS} steps of {LOOP_BATCH})", loop, run_s=14.0),
         entrypoint_comparison(s),
     ]
 
@@ -87,6 +94,8 @@ def entrypoint_comparison(s: Settings) -> Comparison:
               Arm("own-loop", "Pinpoint's loop", {"kind": "pinpoint", "config": own, "warmup_steps": warmup,
                                                   "peak": False})),
         ratios=(Ratio("entrypoint / own loop, steady examples/s", "entrypoint", "own-loop", "examples_per_sec"),),
+        repeats=ROUNDS,
+        run_s=13.0,
         note=f"both train digits_mlp (fit_example.train:build_model) with sgd 0.1, global batch {FIT_BATCH}, "
              f"{steps} steps, placement capture on, checkpoints and MLflow off for the own loop (the entrypoint "
              "checkpoints once per epoch through ctx.callbacks()); the entrypoint's rate is the program's own "

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_IMAGE = "pinpoint-cpu:0.1.0"
+from pinpoint.config import DEFAULT_IMAGE  # the config's default cluster.image
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ def compile_all(out: str | Path, config_path: str | Path | None = None, *, embed
     so that they change with the pipelines, not with every new config field)."""
     from pinpoint.config import load_config
     from pinpoint.runfolder import ensure_dir
-    from pipelines.settings import DEFAULT_MLFLOW_SECRET, DEFAULT_RUNS_PVC, PipelineSettings, settings_from_config
+    from pipelines.settings import PipelineSettings, settings_from_config
 
     out = Path(out)
     if out.suffix in (".yaml", ".yml"):
@@ -33,7 +33,7 @@ def compile_all(out: str | Path, config_path: str | Path | None = None, *, embed
     settings = (
         settings_from_config(load_config(config_path))
         if config_path
-        else PipelineSettings(kubernetes=True, runs_pvc=DEFAULT_RUNS_PVC, mlflow_secret=DEFAULT_MLFLOW_SECRET)
+        else PipelineSettings(kubernetes=True)  # the default cluster: its claim and Secret
     )
     if not embed_config:
         settings = dataclasses.replace(settings, default_config_yaml="")

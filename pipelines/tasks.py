@@ -35,10 +35,10 @@ def configure_step(task, settings: PipelineSettings, *, display_name: str, cache
 def configure_training(task, settings: PipelineSettings):
     """The training step: GPUs, node selector, tolerations and resources when it trains in-pod."""
     if settings.kubernetes:
-        task.set_cpu_limit(settings.cpu_limit)
-        task.set_memory_limit(settings.memory_limit)
+        task.set_cpu_limit(settings.cluster.cpu)
+        task.set_memory_limit(settings.cluster.memory)  # kfp takes Kubernetes quantities
     if settings.gpu_count:
-        task.set_accelerator_type(settings.accelerator_type)
+        task.set_accelerator_type(settings.cluster.gpu_resource)
         task.set_accelerator_limit(settings.gpu_count)
     if settings.kubernetes:
         from kfp import kubernetes

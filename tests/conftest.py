@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from pinpoint.config import DEFAULT_IMAGE
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -136,10 +138,35 @@ def live_mlflow(mlflow_server):
         mlflow_server.start()
 
 
+# ---- TensorFlow in this process -----------------------------------------------------------------
+LOGICAL_CPUS = 3  # the host /CPU:0 and two emulated GPUs /CPU:1, /CPU:2 (as pinpoint.devices maps them)
+
+
+@pytest.fixture(scope="session")
+def tf():
+    """TensorFlow in this process with LOGICAL_CPUS logical CPU devices, soft placement on. The
+    in-process training tests configure the same layout (2 emulated GPUs); a test that initialized
+    TensorFlow with fewer devices first makes this fail, never skip, so CI cannot lose these tests."""
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
+    except RuntimeError:
+        pass  # already initialized by an earlier test in this process: fine if it has enough
+    have = len(tf.config.list_logical_devices("CPU"))
+    if have < LOGICAL_CPUS:
+        pytest.fail(f"TensorFlow was initialized in this process with {have} logical CPU device(s) before this "
+                    f"fixture; it needs {LOGICAL_CPUS}: initialize TensorFlow in-process through this fixture or "
+                    "pinpoint.devices.setup_devices with 2 emulated GPUs")
+    tf.config.set_soft_device_placement(True)
+    return tf
+
+
 # ---- podman and the CPU image (test_images.py, test_k8s_containers.py) -------------------------
 PODMAN_SETUP = REPO / "docker" / "podman-setup.sh"
 PODMAN_SOCKET = Path("/run/pinpoint-podman/podman.sock")
-CPU_IMAGE = "localhost/pinpoint-cpu:0.1.0"
+CPU_IMAGE = f"localhost/{DEFAULT_IMAGE}"  # podman's name of `make images`' CPU image
 
 
 def _podman_service_answers() -> bool:

@@ -80,3 +80,24 @@ def test_the_library_never_imports_the_repositorys_kfp_side():
                      for t in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""])
                      if t.split(".")[0] in ("pipelines", "components", "kfp")})
     assert others == []
+
+
+def _string_constants(path: Path) -> list[tuple[int, str]]:
+    """(line, value) of every string constant in the file except docstrings."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def test_the_collective_timeout_variable_is_spelled_once():
+    """PINPOINT_COLLECTIVE_TIMEOUT is podenv.COLLECTIVE_TIMEOUT_ENV in the library, the kfp side
+    and the tests: the launcher, the manifests and the task that reads it cannot drift apart."""
+    repo = SRC.parents[1]
+    podenv = SRC / "provision" / "podenv.py"
+    name = "PINPOINT_" + "COLLECTIVE_TIMEOUT"  # not spelled here either
+    spelled = [f"{path.relative_to(repo)}:{line}"
+               for folder in ("src", "components", "pipelines", "tests", "benchmarks")
+               for path in sorted((repo / folder).rglob("*.py")) if path != podenv
+               for line, value in _string_constants(path) if name in value]
+    assert spelled == []

@@ -27,7 +27,8 @@ class Case:
     argv: list[str]  # {cfg} {out} {tmp} are substituted
     config: dict | str | None = None  # written to {cfg}; a str is written verbatim
     expect: tuple[str, ...] = ()  # substrings of the one error line (field, fix)
-    files: dict[str, object] = field(default_factory=dict)  # extra files under {tmp}
+    # Extra files under {tmp}: text, a dict (an .npz) or a callable that writes the path.
+    files: dict[str, object] = field(default_factory=dict)
     subprocess: bool = False  # needs TensorFlow: run as a real process
 
 
@@ -64,9 +65,33 @@ USER_FILES = {
         "def features_only():\n    return tf.data.Dataset.from_tensor_slices(np.zeros((4, 3), 'float32'))\n\n"
         "NOT_CALLABLE = 3\n\n"
         "def float_labels():\n"
-        "    return tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), 'float32'), np.zeros(4, 'float32')))\n"
+        "    return tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), 'float32'), np.zeros(4, 'float32')))\n\n"
+        "def per_position_model(input_shape, num_classes):\n"
+        "    # One output per input position: [batch, features, classes], not [batch, classes].\n"
+        "    inp = keras.Input(input_shape)\n"
+        "    out = keras.layers.Dense(num_classes, name='head')(keras.layers.Reshape((*input_shape, 1))(inp))\n"
+        "    return keras.Model(inp, out)\n"
     ),
 }
+
+# A TFRecord of Examples {x: 5 floats, label: int64}, written by TensorFlow in its own process (this
+# one must not initialize TensorFlow: the in-process tests configure its devices first).
+FIVE_FLOAT_RECORDS = """
+import sys
+import tensorflow as tf
+
+with tf.io.TFRecordWriter(sys.argv[1]) as w:
+    for i in range(4):
+        w.write(tf.train.Example(features=tf.train.Features(feature={
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5] * 5)),
+            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2])),
+        })).SerializeToString())
+"""
+
+
+def five_float_records(path: Path) -> None:
+    subprocess.run([sys.executable, "-c", FIVE_FLOAT_RECORDS, str(path)], check=True, timeout=300,
+                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
 
 PROV = ["provision", "{cfg}", "--out", "{out}"]
 TRACE = ["trace", "--no-tracking", "--out", "{out}"]
@@ -167,12 +192,23 @@ CASES = [
     Case("glob-matches-nothing", TRAIN,
          base(data="tfrecord:shards/*.tfrecord", features={"x": {"shape": [3]}, "label": {"dtype": "int64"}}),
          ("train.data", "no file matches"), subprocess=True),
+    Case("record-does-not-parse", TRAIN,
+         base(data="tfrecord:{tmp}/d.tfrecord", features={"x": {"shape": [3]}, "label": {"dtype": "int64"}},
+              num_classes=2),
+         ("train.features", "the first example does not read", "make the spec match the data"),
+         files={"d.tfrecord": five_float_records}, subprocess=True),
+    Case("empty-image-folder", TRAIN, base(data="images:{tmp}/imgs"), ("train.data", "no images found"),
+         files={"imgs/cats/.keep": ""}, subprocess=True),
+    Case("model-output-does-not-fit-labels", TRAIN, base(model="upkg.m:per_position_model"),
+         ("train.model", "its output does not fit the labels", "num_classes units"), files=USER_FILES,
+         subprocess=True),
     Case("user-model-unknown-layer", TRAIN, base(model="upkg.m:good_model", pinning={"layers": {"dense_9": "/GPU:1"}}),
          ("train.pinning.layers.dense_9", "hidden", "head"), files=USER_FILES, subprocess=True),
     # --- CLI arguments -----------------------------------------------------------------------
     Case("unknown-command", ["fly", "{cfg}"], base(), ("invalid choice", "pinpoint --help")),
     Case("missing-config-arg", ["train"], None, ("config: got nothing (required)", "pinpoint train --help")),
     Case("bad-task-arg", TRAIN + ["--task", "boss"], base(), ("--task", "ROLE:INDEX")),
+    Case("unknown-flag", TRAIN + ["--bogus"], base(), ("pinpoint: arguments: got unrecognized --bogus", "pinpoint --help")),
     Case("unwritable-out", ["provision", "{cfg}", "--out", "/proc/pinpoint-out"], base(), ("--out", "writable")),
     Case("report-without-train", ["report", "{tmp}/empty"], None, ("placement.json", "run the previous step"), files={"empty/.keep": ""}),
 ]
@@ -191,7 +227,9 @@ def _materialise(case: Case, tmp: Path) -> tuple[list[str], Path]:
     for name, content in case.files.items():
         p = tmp / name
         p.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, dict):
+        if callable(content):
+            content(p)
+        elif isinstance(content, dict):
             np.savez(p, **content)
         else:
             p.write_text(str(content))
@@ -213,6 +251,7 @@ def _assert_one_line(rc: int, stderr: str, case: Case, out: Path, report_dir_mad
     assert len(lines) == 1, f"{case.id}: expected one 'pinpoint:' line, got:\n{stderr}"
     # One format for every error: "pinpoint: <field>: <what was received>; <the fix>".
     assert ONE_FORMAT.match(lines[0]), f"{case.id}: {lines[0]!r} is not 'pinpoint: <field>: got ...; <fix>'"
+    assert not lines[0].startswith("pinpoint: pinpoint:"), f"{case.id}: the prefix twice in {lines[0]!r}"
     for needle in case.expect:
         assert needle in lines[0], f"{case.id}: {needle!r} not in {lines[0]!r}"
     if not report_dir_made:

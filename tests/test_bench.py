@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from benchmarks.flops import (
@@ -383,3 +385,149 @@ def test_allreduce_table_puts_each_choice_next_to_the_ring_minimum():
     assert "| hierarchical_copy | 4 | 160 (160–160) | 6,400 | 0 | 1,600 | 1,500 | 1.07x | 2 |" in section
     assert "ring is what `auto` does here" in section
     assert "| ring | 4 |" not in section  # an arm not run has no row
+
+
+# ---- one run, one report: sections, the plan's time, full and partial runs -------------------------
+def test_the_full_plan_fits_in_40_minutes_here():
+    """Every comparison states what one of its runs costs on the bench machine; the default
+    plan's estimate (`python -m benchmarks.run --plan`) stays under the limit."""
+    from benchmarks.plan import Settings, build_plan, plan_seconds
+    from benchmarks.sections import PLAN_LIMIT_S
+
+    plan = build_plan(Settings())
+    assert [c.key for c in plan if c.run_s <= 0] == []
+    assert sum(plan_seconds(plan, Settings()).values()) < PLAN_LIMIT_S
+
+
+def test_plan_seconds_count_only_the_runs_a_comparison_makes_itself():
+    from benchmarks.plan import Arm, Comparison, Settings, plan_seconds
+
+    a = Comparison("a", "a", (Arm("x", "x"), Arm("y", "y", max_rounds=1)), run_s=10.0, setup_s=5.0)
+    b = Comparison("b", "b", (Arm("x", "x", reuse=("a", "x")), Arm("z", "z")), run_s=2.0, repeats=4)
+    assert plan_seconds([a, b], Settings(repeats=3)) == {"a": (3 + 1) * 10.0 + 5.0, "b": 4 * 2.0}
+    assert plan_seconds([b], Settings(repeats=3)) == {"b": 8 * 2.0}  # a not in the plan: b runs x itself
+
+
+def _fake_record(arm) -> dict:
+    return {"examples_per_sec": 100.0, "train_s": 5.0, "process_wall_s": 9.0, "wall_s": 20.0}
+
+
+def _fake_comparisons(monkeypatch):
+    """run_comparison without workers: one record per round for each arm (no TensorFlow, no server)."""
+    import benchmarks.run as run
+
+    ran = []
+
+    def fake(comp, repeats, out, results, log=print):
+        ran.append(comp.key)
+        return {a.name: [_fake_record(a)] * min(repeats, a.max_rounds or repeats) for a in comp.arms}
+
+    monkeypatch.setattr(run, "run_comparison", fake)
+    return ran
+
+
+def _paths(monkeypatch, tmp_path):
+    import benchmarks.run as run
+
+    monkeypatch.setattr(run, "RESULTS", tmp_path / "RESULTS.md")
+    monkeypatch.setattr(run, "PARTIAL_RUNS", tmp_path / "runs")
+    monkeypatch.setattr(run, "OUT", tmp_path / "out")
+    monkeypatch.setattr("benchmarks.render.section_reliability", lambda: "the fault suite's table\n")
+    return run
+
+
+def test_a_full_run_writes_all_of_results_md_with_every_target_met_or_not(monkeypatch, tmp_path):
+    from benchmarks.plan import Settings, build_plan
+    from benchmarks.sections import sections
+
+    run = _paths(monkeypatch, tmp_path)
+    ran = _fake_comparisons(monkeypatch)
+    assert run.main(["--repeats", "2"]) == 0
+    plan = build_plan(Settings(repeats=2))
+    assert ran == [c.key for c in plan if not c.skipped]
+    md = (tmp_path / "RESULTS.md").read_text()
+    assert md.startswith("# Benchmarks\n") and "from one run; do not edit by hand" in md
+    for sec in sections():
+        assert f"\n## {sec.heading}\n" in md
+    targets = md.split("## Targets\n")[1].split("\n## ")[0].strip().splitlines()
+    assert len(targets) == sum(1 for c in plan for rt in c.ratios if rt.target)
+    assert all(re.search(r"\*\*(met|NOT met) \(target [<>]= [0-9.]+\)\*\*$", t) for t in targets), targets
+    assert "- `make run` (pinpoint run configs/demo.yaml through kfp.local): wall time s = 20 (20–20): " \
+           "**met (target <= 30)**" in targets
+    assert "| keras-none | keras | 0.467 |" in md.split("## Time per comparison")[1]  # planned: 2 x 2 runs of 7 s
+    assert list((tmp_path / "runs").glob("*")) == []
+
+
+def test_a_partial_run_writes_its_own_dated_file_and_leaves_results_md_alone(monkeypatch, tmp_path):
+    run = _paths(monkeypatch, tmp_path)
+    (tmp_path / "RESULTS.md").write_text("the full run's report\n")
+    ran = _fake_comparisons(monkeypatch)
+    assert run.main(["--only", "keras-none,scaling", "--repeats", "2"]) == 0
+    assert ran == ["keras-none", "scaling"]
+    assert (tmp_path / "RESULTS.md").read_text() == "the full run's report\n"
+    (report,) = (tmp_path / "runs").glob("*.md")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d-\d{4}-keras-none-scaling\.md", report.name)
+    assert report.with_suffix(".png").is_file()
+    md = report.read_text()
+    assert md.startswith("# Benchmarks: a partial run\n")
+    targets = md.split("## Targets\n")[1].split("\n## ")[0].strip().splitlines()
+    assert targets == ["- strategy none, 1 device: pinpoint / Keras examples/sec = 1 (1–1): **met (target >= 1)**"]
+    assert "## Scaling" in md and "## Placement capture" not in md and "## Reliability" not in md
+    assert (tmp_path / "out" / "runs" / report.stem / "results.json").is_file()
+    # A section's key stands for its comparisons; --quick alone is partial too.
+    ran.clear()
+    assert run.main(["--only", "keras", "--quick"]) == 0
+    assert ran == ["keras-none", "keras-mirrored", "keras-mwm", "keras-user-model", "keras-cnn", "keras-transformer"]
+    assert (tmp_path / "RESULTS.md").read_text() == "the full run's report\n"
+
+
+def test_a_partial_run_never_writes_results_md(monkeypatch, tmp_path, capsys):
+    run = _paths(monkeypatch, tmp_path)
+    _fake_comparisons(monkeypatch)
+    assert run.main(["--only", "overhead", "--results", str(tmp_path / "RESULTS.md")]) == 2
+    assert "--results: got" in capsys.readouterr().err and not (tmp_path / "RESULTS.md").exists()
+    assert run.main(["--only", "nope"]) == 2
+    assert "--only: got nope; use sections (keras, " in capsys.readouterr().err
+
+
+def test_resume_keeps_only_runs_of_the_same_settings_selection_and_commit(tmp_path):
+    import json
+
+    from benchmarks.plan import Settings
+    from benchmarks.run import _load_prior
+
+    s = Settings(repeats=2)
+    prior = {"settings": json.loads(json.dumps(s.__dict__)), "only": [], "machine": {"git": "abc"}, "results": {}}
+    (tmp_path / "results.json").write_text(json.dumps(prior))
+    assert _load_prior(tmp_path / "results.json", s, [], "abc") == prior
+    assert _load_prior(tmp_path / "results.json", s, [], "def") is None
+    assert _load_prior(tmp_path / "results.json", s, ["overhead"], "abc") is None
+    assert _load_prior(tmp_path / "results.json", Settings(repeats=3), [], "abc") is None
+
+
+def test_a_section_is_one_registered_function(monkeypatch):
+    """A new section: one decorated function returning its comparisons; the plan runs them, the
+    report renders them under its heading (default tables) and lists its target."""
+    from benchmarks import sections as reg
+    from benchmarks.plan import Arm, Comparison, Ratio, Settings, build_plan
+    from benchmarks.render import render_markdown
+
+    monkeypatch.setattr(reg, "_REGISTRY", dict(reg._REGISTRY))
+
+    @reg.section("Something new", order=35)
+    def something_new(s, out):
+        return [Comparison("new-thing", "a new thing", (Arm("on", "thing on"), Arm("off", "thing off")),
+                           ratios=(Ratio("on / off", "on", "off", "train_s", "<= 1.1"),), run_s=5.0)]
+
+    keys = [c.key for c in build_plan(Settings(repeats=2))]
+    assert keys.index("tracking") < keys.index("new-thing") < keys.index("scaling")  # order 30 < 35 < 40
+    plan = build_plan(Settings(repeats=2))
+    _, _, raw = _fake_results()
+    rec = lambda t: {"train_s": t, "examples_per_sec": 10.0, "process_wall_s": 3.0}
+    md = render_markdown(plan, {"new-thing": {"on": [rec(5.5)] * 2, "off": [rec(5.0)] * 2}}, raw, None)
+    body = md.split("## Something new\n")[1].split("\n## ")[0]
+    assert "| thing on | 5.5 (5.5–5.5) | 10 (10–10) | 3 (3–3) | 2 |" in body
+    assert "| on / off | 1.1 (1.1–1.1) | met (target <= 1.1) |" in body
+    assert "- a new thing: on / off = 1.1 (1.1–1.1): **met (target <= 1.1)**" in md
+    with pytest.raises(ValueError, match="order 35 is taken by something-new"):
+        reg.section("Clash", order=35)(lambda s, out: [])

@@ -41,8 +41,7 @@ def test_worked_example_through_the_local_pipeline(live_mlflow, tmp_path):
 
     config = example / "config.yaml"
     text = config.read_text()
-    text = re.sub(r"^  steps: .*$", "  steps: 40", text, flags=re.M)
-    text = re.sub(r"^  checkpoint_every: .*$", "  checkpoint_every: 20", text, flags=re.M)
+    # The example's own steps (300) and checkpoints: the accuracy its README states is checked below.
     text = re.sub(r"^  uri: .*$", f"  uri: {live_mlflow.uri}", text, flags=re.M)
     config.write_text(text)
     proc = subprocess.run([sys.executable, "-m", "pinpoint.cli", "run", str(config), "--runs-root", str(tmp_path / "runs")],
@@ -81,4 +80,7 @@ def test_worked_example_through_the_local_pipeline(live_mlflow, tmp_path):
     assert predict.returncode == 0, predict.stderr[-2000:]
     shape, acc = json.loads(predict.stdout.strip().splitlines()[-1])
     assert shape == [256, 10]
-    assert acc > 0.3, acc  # 40 steps of SGD on the user's CNN: well above chance (0.1)
+    # What examples/digits_cnn/README.md states for its 300 steps (on the first 256 training digits).
+    stated = float(re.search(r"reaches about (0\.\d+) accuracy in 300 steps",
+                             (REPO / "examples" / "digits_cnn" / "README.md").read_text()).group(1))
+    assert abs(acc - stated) <= 0.02, (acc, stated)

@@ -282,7 +282,7 @@ def _podman_missing_container_is_not_found(monkeypatch):
 def test_pipeline_through_kfp_docker_runner_on_podman(cpu_image, live_mlflow, tmp_path, monkeypatch):
     from kfp import local
 
-    from pinpoint.config import config_to_yaml, load_config
+    from pinpoint.config import ClusterConfig, config_to_yaml, load_config
     from pinpoint.tracking import start_parent_run
     from pipelines.settings import PipelineSettings
     from pipelines.training_pipeline import build_training_pipeline
@@ -298,7 +298,7 @@ def test_pipeline_through_kfp_docker_runner_on_podman(cpu_image, live_mlflow, tm
     old_umask = os.umask(0)  # and folders kfp creates on the host must be writable by uid 1000 too
     try:
         local.init(runner=local.DockerRunner(network_mode="host"), pipeline_root=str(root), raise_on_error=True)
-        pipeline = build_training_pipeline(PipelineSettings(image=IMAGE))
+        pipeline = build_training_pipeline(PipelineSettings(cluster=ClusterConfig(image=IMAGE)))
         parent = start_parent_run(cfg, "docker-runner-pipeline")
         pipeline(config_yaml=config_to_yaml(cfg), run_dir=str(run_dir), parent_run_id=parent)
     finally:

@@ -27,14 +27,15 @@ from pathlib import Path
 
 import pytest
 
-from pinpoint.config import config_from_dict
+from pinpoint.config import DEFAULT_RUNS_CLAIM, config_from_dict
 from pinpoint.errors import RETRY_EXIT_CODE
 from pinpoint.provision import provision
+from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV
 from pinpoint.runfolder import last_logged_step, latest_checkpoint_step
 from tests.conftest import CPU_IMAGE
 from tests.k8s_pods import Converter, Pod, Unsupported, dns_names, expand, indexed_job_pods, load_docs, out_dir_arg
 
-CLAIM = "pinpoint-runs"
+CLAIM = DEFAULT_RUNS_CLAIM
 UID = 1000  # the image's user (runAsUser of the pods)
 # The survivor of a killed peer must exit within this (it notices the broken connection, or TF's
 # coordination service the missing heartbeats, in seconds; no PINPOINT_COLLECTIVE_TIMEOUT needed).
@@ -124,8 +125,9 @@ def test_converter_translates_the_provisioned_pod_specs(tmp_path):
     worker = pods[1]
     args = conv.run_args(worker, name="c", network="net", hosts=hosts)
     joined = " ".join(args)
-    assert args[-1] == CPU_IMAGE or CPU_IMAGE in args
     entry = json.loads(args[args.index("--entrypoint") + 1])
+    # The image last: the pod's command is its entrypoint (podman's trailing args would follow the image).
+    assert args[args.index("--entrypoint") + 2:] == [CPU_IMAGE]
     assert entry[:4] == ["python", "-m", "pinpoint.provision.podenv", "--"]
     assert entry[entry.index("--task") + 1] == "worker:0"  # $(PINPOINT_TASK_INDEX) from the completion index
     assert "--env PINPOINT_TASK_INDEX=0" in joined and "--env PINPOINT_TASK_ROLE=worker" in joined
@@ -163,18 +165,18 @@ def test_converter_handles_a_claim_subpath_and_optional_secrets(tmp_path):
     c["volumeMounts"] = [m if m["name"] != "runs" else {"name": "runs", "mountPath": "/runs/team/sub",
                                                         "subPath": "team/sub"} for m in c["volumeMounts"]]
     c["command"][c["command"].index("--out") + 1] = "/runs/team/sub"
-    c["env"] = [e for e in c["env"] if e["name"] != "PINPOINT_COLLECTIVE_TIMEOUT"] + [
-        {"name": "PINPOINT_COLLECTIVE_TIMEOUT", "value": "120"},
+    c["env"] = [e for e in c["env"] if e["name"] != COLLECTIVE_TIMEOUT_ENV] + [
+        {"name": COLLECTIVE_TIMEOUT_ENV, "value": "120"},
         {"name": "MLFLOW_TRACKING_TOKEN",
          "valueFrom": {"secretKeyRef": {"name": "mlflow-credentials", "key": "token", "optional": True}}},
     ]
-    conv, shared = _converter(tmp_path, objects, env_overrides={"PINPOINT_COLLECTIVE_TIMEOUT": "20"})
+    conv, shared = _converter(tmp_path, objects, env_overrides={COLLECTIVE_TIMEOUT_ENV: "20"})
     args = conv.run_args(pod, name="c", network=None, hosts={})
     joined = " ".join(args)
     assert f"--volume {shared / 'team' / 'sub'}:/runs/team/sub" in joined
     assert (shared / "team" / "sub").stat().st_uid == UID  # created like the kubelet does, writable by the pod
     assert "MLFLOW_TRACKING_TOKEN" not in joined  # optional and absent: left out
-    assert "--env PINPOINT_COLLECTIVE_TIMEOUT=20" in joined and "PINPOINT_COLLECTIVE_TIMEOUT=120" not in joined
+    assert f"--env {COLLECTIVE_TIMEOUT_ENV}=20" in joined and f"{COLLECTIVE_TIMEOUT_ENV}=120" not in joined
     assert conv.host_path(pod, out_dir_arg(pod)) == shared / "team" / "sub"
     # A required Secret that is absent stops the pod, as CreateContainerConfigError does.
     c["env"][-1]["valueFrom"]["secretKeyRef"]["optional"] = False
@@ -453,7 +455,7 @@ def test_training_containers_stay_within_a_thread_budget(podman_cluster):
     cluster = podman_cluster(_cfg("k8st", steps=steps, checkpoint_every=200))
     run = cluster.run_dir
     timeout = next((e.get("value") for e in cluster.pods[0].container.get("env", [])
-                    if e["name"] == "PINPOINT_COLLECTIVE_TIMEOUT"), None)
+                    if e["name"] == COLLECTIVE_TIMEOUT_ENV), None)
     peak = {p.name: 0 for p in cluster.pods}
     deadline = time.monotonic() + 900
     while True:
@@ -463,7 +465,7 @@ def test_training_containers_stay_within_a_thread_budget(podman_cluster):
                 peak[p.name] = max(peak[p.name], n)
         over = {k: v for k, v in peak.items() if v > THREAD_BUDGET}
         assert not over, (f"threads over the budget of {THREAD_BUDGET}: {over} at logged step {last_logged_step(run)} "
-                          f"of {steps}; the pods' PINPOINT_COLLECTIVE_TIMEOUT: {timeout!r}")
+                          f"of {steps}; the pods' {COLLECTIVE_TIMEOUT_ENV}: {timeout!r}")
         codes = {p.name: cluster.exit_code(p.name) for p in cluster.pods}
         if all(c is not None for c in codes.values()):
             break

@@ -71,103 +71,63 @@ def test_log_reads_after_the_first_are_incremental(run_dir):
         with pytest.raises(TrainingFailed):
             _launch(fake, cfg, out, timeout_seconds=0.5)
         reads = [q for m, p, q in fake.queries if p == "/api/v1/namespaces/team-a/pods/k8s-test-chief-0/log"]
-        assert len(reads) >= 3
         assert all(q.get("timestamps") in ("true", "True") for q in reads)
         assert "sinceSeconds" not in reads[0]
         assert all(int(q["sinceSeconds"]) <= 6 for q in reads[1:])
-        # Every line the pod wrote is printed exactly once, though each read returns some again.
         chief_uid = fake.pod_uids[0]
         written = [f"[k8s-test-chief-0] {line}" for _, line in fake.logs[chief_uid]]
-    assert len(written) >= 4
+        served = fake.log_lines_served[chief_uid]
+    # The pod's log as the hang scenario writes it: its start, step 1, then one line per pod list.
+    assert written == ["[k8s-test-chief-0] k8s-test-chief-0 starting", "[k8s-test-chief-0] step 1 loss 2.30",
+                       *(f"[k8s-test-chief-0] step {i} loss 1.00" for i in range(3, len(written) + 1))]
+    # Every line the pod wrote is printed exactly once, though the reads returned lines again.
     assert _pod_lines(_launch.lines, "k8s-test-chief-0") == written
+    assert served > len(written), (served, len(written))
 
 
-# ---- the TFJob's / Jobs' status conditions -----------------------------------------------------
-def test_job_failed_by_backoff_limit_per_index_ends_with_its_line(run_dir):
-    from pinpoint.errors import TrainingFailed
+# ---- a launch that cannot finish ends with one line, and leaves nothing behind ----------------------
+QUOTA = ('kubernetes: {obj} cannot create its pods ({reason}: Error creating: pods "{pod}" is forbidden: '
+         "exceeded quota: gpu-quota, requested: nvidia.com/gpu=4, used: nvidia.com/gpu=4, limited: "
+         "nvidia.com/gpu=4); free or raise the ResourceQuota (`kubectl describe resourcequota -n team-a`) or "
+         "request fewer resources per replica (cluster.*)")
+NOT_FINISHED = ("kubernetes: k8s-test did not finish within 0s (pods: none created); raise cluster.deadline_s or "
+                "look at the pod logs")
+FAILED_LAUNCHES = [
+    # (flavor, fake scenario, launch options, the one line)
+    pytest.param("plain", "failed_indexes", {"max_restarts": 5},
+                 "kubernetes: Job team-a/k8s-test-worker failed (FailedIndexes: Job has failed indexes); an index "
+                 "failed more often than backoffLimitPerIndex (train.max_restarts); see the pod logs above, fix the "
+                 "cause or raise train.max_restarts", id="job-failed-by-backoff-limit-per-index"),
+    pytest.param("tfjob", "tfjob_failed", {"max_restarts": 5},
+                 "kubernetes: TFJob team-a/k8s-test failed (TFJobFailed: TFJob team-a/k8s-test has failed because 1 "
+                 "Worker replica(s) failed.); see the pod logs above", id="tfjob-failed-condition"),
+    pytest.param("tfjob", "quota", {}, QUOTA.format(obj="TFJob team-a/k8s-test", reason="FailedCreatePod",
+                                                    pod="k8s-test-chief-0"), id="quota-event-tfjob"),
+    pytest.param("plain", "quota", {}, QUOTA.format(obj="Job team-a/k8s-test-chief", reason="FailedCreate",
+                                                    pod="k8s-test-chief-0-x7k2p"), id="quota-event-job"),
+    # Within its grace period a FailedCreate Event is not the end: the timeout is.
+    pytest.param("tfjob", "quota", {"failed_create_grace_seconds": 3600, "timeout_seconds": 0.3}, NOT_FINISHED,
+                 id="quota-event-within-its-grace"),
+    pytest.param("tfjob", "no_operator", {"operator_grace_seconds": 0},
+                 "kubernetes: the Training Operator does not seem to run (no status on TFJob team-a/k8s-test after "
+                 "0s); check `kubectl get pods -n kubeflow`, or set cluster.flavor: plain", id="no-training-operator"),
+    pytest.param("tfjob", "no_operator", {"operator_grace_seconds": 3600, "timeout_seconds": 0.3}, NOT_FINISHED,
+                 id="no-training-operator-within-its-grace"),
+]
 
-    cfg, out = run_dir("plain")
-    with FakeKubeApiServer("failed_indexes") as fake:
-        with pytest.raises(TrainingFailed) as err:
-            _launch(fake, cfg, out, max_restarts=5)
-        assert str(err.value) == (
-            "kubernetes: Job team-a/k8s-test-worker failed (FailedIndexes: Job has failed indexes); an index failed "
-            "more often than backoffLimitPerIndex (train.max_restarts); see the pod logs above, fix the cause or "
-            "raise train.max_restarts"
-        )
-        _assert_cleaned_up(fake)
 
-
-def test_tfjob_failed_condition_ends_with_its_line(run_dir):
-    from pinpoint.errors import TrainingFailed
-
-    cfg, out = run_dir("tfjob")
-    with FakeKubeApiServer("tfjob_failed") as fake:
-        with pytest.raises(TrainingFailed) as err:
-            _launch(fake, cfg, out, max_restarts=5)
-        assert str(err.value) == (
-            "kubernetes: TFJob team-a/k8s-test failed (TFJobFailed: TFJob team-a/k8s-test has failed because 1 Worker "
-            "replica(s) failed.); see the pod logs above"
-        )
-        _assert_cleaned_up(fake)
-
-
-# ---- Events: pods that cannot be created -------------------------------------------------------
-@pytest.mark.parametrize(
-    "flavor, obj, reason, pod",
-    [("tfjob", "TFJob team-a/k8s-test", "FailedCreatePod", "k8s-test-chief-0"),
-     ("plain", "Job team-a/k8s-test-chief", "FailedCreate", "k8s-test-chief-0-x7k2p")],
-)
-def test_failed_create_quota_event_ends_with_a_line_quoting_it(run_dir, flavor, obj, reason, pod):
+@pytest.mark.parametrize("flavor, scenario, options, line", FAILED_LAUNCHES)
+def test_a_launch_that_cannot_finish_ends_with_its_line_and_cleans_up(run_dir, flavor, scenario, options, line):
+    """Job/TFJob Failed conditions, FailedCreate Events (after their grace period) and a TFJob no
+    operator picks up each end the launch with one line; everything created is deleted."""
     from pinpoint.errors import TrainingFailed
 
     cfg, out = run_dir(flavor)
-    with FakeKubeApiServer("quota") as fake:
+    with FakeKubeApiServer(scenario) as fake:
         with pytest.raises(TrainingFailed) as err:
-            _launch(fake, cfg, out)
-        assert str(err.value) == (
-            f'kubernetes: {obj} cannot create its pods ({reason}: Error creating: pods "{pod}" is forbidden: '
-            "exceeded quota: gpu-quota, requested: nvidia.com/gpu=4, used: nvidia.com/gpu=4, limited: "
-            "nvidia.com/gpu=4); free or raise the ResourceQuota (`kubectl describe resourcequota -n team-a`) or "
-            "request fewer resources per replica (cluster.*)"
-        )
+            _launch(fake, cfg, out, **options)
+        assert str(err.value) == line
         _assert_cleaned_up(fake)
-
-
-def test_failed_create_waits_for_its_grace_period(run_dir):
-    from pinpoint.errors import TrainingFailed
-
-    cfg, out = run_dir("tfjob")
-    with FakeKubeApiServer("quota") as fake:
-        with pytest.raises(TrainingFailed) as err:
-            _launch(fake, cfg, out, failed_create_grace_seconds=3600, timeout_seconds=0.3)
-        assert str(err.value).startswith("kubernetes: k8s-test did not finish within 0s (pods: none created)")
-        _assert_cleaned_up(fake)
-
-
-# ---- a TFJob nobody picks up -------------------------------------------------------------------
-def test_missing_training_operator_is_one_line(run_dir):
-    from pinpoint.errors import TrainingFailed
-
-    cfg, out = run_dir("tfjob")
-    with FakeKubeApiServer("no_operator") as fake:
-        with pytest.raises(TrainingFailed) as err:
-            _launch(fake, cfg, out, operator_grace_seconds=0)
-        assert str(err.value) == (
-            "kubernetes: the Training Operator does not seem to run (no status on TFJob team-a/k8s-test after 0s); "
-            "check `kubectl get pods -n kubeflow`, or set cluster.flavor: plain"
-        )
-        _assert_cleaned_up(fake)
-
-
-def test_missing_operator_waits_for_its_grace_period(run_dir):
-    from pinpoint.errors import TrainingFailed
-
-    cfg, out = run_dir("tfjob")
-    with FakeKubeApiServer("no_operator") as fake:
-        with pytest.raises(TrainingFailed) as err:
-            _launch(fake, cfg, out, operator_grace_seconds=3600, timeout_seconds=0.3)
-        assert str(err.value).startswith("kubernetes: k8s-test did not finish within 0s (pods: none created)")
 
 
 # ---- grace timers are keyed by pod UID ---------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 
 from pinpoint.config import config_from_dict
 from pinpoint.errors import TrainingFailed
+from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV
 from pinpoint.runfolder import checkpoint_name, checkpoint_step, last_logged_step, latest_checkpoint_step
 from pinpoint.training import launcher
 from pinpoint.training.launcher import task_specs
@@ -46,11 +47,11 @@ def test_task_specs_one_process_per_task_with_its_tf_config(tmp_path):
         assert s.argv[4] == str(tmp_path / "config.yaml")
         assert ("--parent-run-id", "abc") == s.argv[s.argv.index("--parent-run-id"):][:2]
         assert "--resume-from-run" in s.argv  # first attempt restores from MLflow
-        assert "PINPOINT_COLLECTIVE_TIMEOUT" not in s.env  # train.collective_timeout_s is off by default
+        assert COLLECTIVE_TIMEOUT_ENV not in s.env  # train.collective_timeout_s is off by default
     assert len({s.port for s in specs}) == 3
     # Set: every task gets it, as the pods do (pinpoint.provision.podenv.collective_timeout_env).
     timed = task_specs(_cfg(train={"collective_timeout_s": 45}), tmp_path)
-    assert [s.env["PINPOINT_COLLECTIVE_TIMEOUT"] for s in timed] == ["45", "45"]
+    assert [s.env[COLLECTIVE_TIMEOUT_ENV] for s in timed] == ["45", "45"]
 
 
 @pytest.mark.unit

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pinpoint.config import DEFAULT_RUNS_CLAIM
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
@@ -97,7 +98,7 @@ def test_gpu_scheduling_and_resources_on_the_train_step(compiled):
     # Every step shares the run folder through the PVC.
     for executor in platform.values():
         assert executor["pvcMount"][0]["mountPath"] == "/runs"
-        assert executor["pvcMount"][0]["constant"] == "pinpoint-runs"
+        assert executor["pvcMount"][0]["constant"] == DEFAULT_RUNS_CLAIM
 
 
 def test_no_stray_top_level_keys(compiled):
@@ -244,4 +245,30 @@ def test_the_steps_and_the_pods_read_the_same_secret_keys():
     from pipelines import settings, tasks
 
     assert settings.MLFLOW_SECRET_KEYS is MLFLOW_SECRET_KEYS and tasks.MLFLOW_SECRET_KEYS is MLFLOW_SECRET_KEYS
-    assert settings.DEFAULT_MLFLOW_SECRET == "mlflow-credentials"
+
+
+def test_one_name_for_each_default():
+    """The image, the run-folder claim and the MLflow Secret have one default each, the config's,
+    wherever a pipeline or a test needs one; pipelines/settings.py re-declares no cluster field."""
+    import dataclasses
+    import inspect
+
+    from components import build_components
+    from pinpoint import __version__
+    from pinpoint.config import DEFAULT_IMAGE, ClusterConfig
+    from pipelines.settings import PipelineSettings, local_settings
+    from tests.conftest import CPU_IMAGE
+
+    cluster = ClusterConfig()
+    assert cluster.image == DEFAULT_IMAGE == f"pinpoint-cpu:{__version__}"
+    assert inspect.signature(build_components).parameters["image"].default == DEFAULT_IMAGE
+    assert local_settings().image == DEFAULT_IMAGE
+    assert CPU_IMAGE == f"localhost/{DEFAULT_IMAGE}"  # podman's name of the same local image
+    assert f"TAG=${{TAG:-{__version__}}}" in (REPO / "docker" / "build.sh").read_text()  # what make images tags
+    for config in REPO.glob("configs/*.yaml"):
+        assert "pinpoint-cpu:" not in config.read_text(), config  # the default, not a second spelling
+    # Compiled without a config: the default cluster's claim and Secret.
+    default = PipelineSettings(kubernetes=True)
+    assert (default.runs_pvc, default.mlflow_secret) == (DEFAULT_RUNS_CLAIM, cluster.mlflow_secret)
+    assert [f.name for f in dataclasses.fields(PipelineSettings)] == [
+        "cluster", "launch", "kubernetes", "default_config_yaml", "default_run_dir"]

@@ -9,6 +9,7 @@ import pytest
 
 from pinpoint.config import PinningConfig
 
+# `tf` (conftest.py): TensorFlow in this process with the host and two emulated GPUs.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 # Spec GPUs emulated on logical CPUs, as pinpoint.devices does: /GPU:i -> /CPU:{i+1}.
@@ -17,21 +18,6 @@ ALIASES = {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}
 
 def _dm(replicas=("/CPU:1", "/CPU:2"), aliases=ALIASES):
     return SimpleNamespace(aliases=dict(aliases), replica_devices=list(replicas), host="/CPU:0")
-
-
-@pytest.fixture(scope="module")
-def tf():
-    import tensorflow as tf
-
-    cpus = tf.config.list_physical_devices("CPU")
-    try:
-        tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 3)
-    except RuntimeError:
-        pass  # already initialized by an earlier test in this process
-    if len(tf.config.list_logical_devices("CPU")) < 3:
-        pytest.skip("needs 3 logical CPU devices; TF was initialized earlier with fewer")
-    tf.config.set_soft_device_placement(True)
-    return tf
 
 
 def _capture(fn, *args, step=5):
@@ -486,3 +472,34 @@ def test_fallbacks_inside_the_loop_and_beside_an_xla_call(tf):
         assert "AsString" in fb and fb["AsString"]["requested"] == "/GPU:0", (fn.__name__, p["fallbacks"])
         assert fb["AsString"]["placed"] == "/CPU:0"
         assert p["op_types_by_device"]["/CPU:1"].get("Mul") == 1, p["op_types_by_device"]  # inside XLA
+
+
+INITIALIZED_EARLY = '''
+import tensorflow as tf
+
+
+def test_an_earlier_test_initializes_tensorflow_with_one_device():
+    tf.constant(1.0)  # the runtime starts with the machine's one CPU device
+
+
+def test_then_one_asks_for_the_emulated_gpus(tf):
+    pass
+'''
+
+
+def test_the_tf_fixture_fails_rather_than_skips_when_an_earlier_test_took_the_devices(tmp_path):
+    """conftest.py's `tf` after TensorFlow started with too few logical devices: an error in CI,
+    never a silent skip."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    test = tmp_path / "test_early.py"
+    test.write_text(INITIALIZED_EARLY)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.conftest",
+                           "--rootdir", str(repo), "-c", str(repo / "pyproject.toml"), "-q", "-rE", str(test)],
+                          capture_output=True, text=True, cwd=repo, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "1 passed, 1 error" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-3000:]
+    assert "initialized in this process with 1 logical CPU device(s)" in proc.stdout

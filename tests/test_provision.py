@@ -13,6 +13,7 @@ from pinpoint.errors import ConfigError, PinpointError, ProvisionError
 from pinpoint.provision import PLACEMENT_PLAN, provision
 from pinpoint.provision.local import local_tasks
 from pinpoint.provision.spec import build_tasks
+from tests.conftest import CPU_IMAGE
 
 ROOT = Path(__file__).parent.parent
 DATA = Path(__file__).parent / "data" / "provision"
@@ -220,8 +221,8 @@ def test_user_code_on_a_stock_image_is_warned_about_and_a_user_image_is_not():
         return config_from_dict({"name": "u", "cluster": {"image": image},
                                  "train": {"model": "mypkg.models:build", "code_dir": "/src/code"}})
 
-    (line,) = image_warnings(cfg("localhost/pinpoint-cpu:0.1.0"))
-    assert line.startswith("cluster.image: got 'localhost/pinpoint-cpu:0.1.0'") and "CODE_DIR=/src/code" in line
+    (line,) = image_warnings(cfg(CPU_IMAGE))
+    assert line.startswith(f"cluster.image: got '{CPU_IMAGE}'") and "CODE_DIR=/src/code" in line
     assert image_warnings(cfg("registry.example/team/pinpoint-user:1.2")) == []
 
 

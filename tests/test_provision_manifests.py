@@ -13,6 +13,7 @@ import yaml
 from pinpoint.config import config_from_dict
 from pinpoint.errors import ProvisionError
 from pinpoint.provision.manifests import build_manifests
+from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV
 from pinpoint.provision.spec import build_tasks
 
 pytestmark = pytest.mark.unit
@@ -347,13 +348,13 @@ def test_pods_read_mlflow_from_the_steps_secret_and_get_the_collective_timeout(f
     assert settings.MLFLOW_SECRET_KEYS is MLFLOW_SECRET_KEYS  # one table for steps and pods
     # train.collective_timeout_s reaches the pods as it reaches the local tasks; off: neither has it.
     timed = _cfg(flavor, mlflow_secret="team-mlflow", train_extra={"collective_timeout_s": 90})
-    local = {s.env.get("PINPOINT_COLLECTIVE_TIMEOUT") for s in task_specs(timed, Path("/tmp/unused"))}
+    local = {s.env.get(COLLECTIVE_TIMEOUT_ENV) for s in task_specs(timed, Path("/tmp/unused"))}
     assert local == {"90"}
     for _, _, template in _pod_specs(_docs(_cfg(flavor))):
-        assert "PINPOINT_COLLECTIVE_TIMEOUT" not in _env(template)
+        assert COLLECTIVE_TIMEOUT_ENV not in _env(template)
     for _, _, template in _pod_specs(_docs(timed)):
         env = _env(template)
-        assert env["PINPOINT_COLLECTIVE_TIMEOUT"] == {"name": "PINPOINT_COLLECTIVE_TIMEOUT", "value": "90"}
+        assert env[COLLECTIVE_TIMEOUT_ENV] == {"name": COLLECTIVE_TIMEOUT_ENV, "value": "90"}
         for key, var in MLFLOW_SECRET_KEYS.items():
             assert env[var] == {"name": var, "valueFrom": {"secretKeyRef": {"name": "team-mlflow", "key": key,
                                                                             "optional": True}}}

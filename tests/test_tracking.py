@@ -4,6 +4,7 @@ outages at the start / in the middle / at the end, spool upload, checkpoints, th
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -67,6 +68,19 @@ def test_local_store_is_in_the_repo_and_matches_make_mlflow_ui(monkeypatch):
     assert artifacts == (root / "mlruns" / "artifacts").as_uri()
     make = (root / "Makefile").read_text()
     assert "sqlite:///mlruns/mlflow.db" in make and "mlruns/artifacts" in make
+
+
+@pytest.mark.unit
+def test_local_store_outside_the_checkout_is_in_the_working_directory(monkeypatch, tmp_path):
+    """As docs/tracking.md says: no Pinpoint pyproject.toml above the working directory (another
+    project's does not count) -> <cwd>/mlruns."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "someone-else"\n')
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert repo_root() == tmp_path / "work"
+    assert local_store()[0] == f"sqlite:///{tmp_path}/work/mlruns/mlflow.db"
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "tracking.md").read_text()
+    assert "else of the working directory" in docs
 
 
 @pytest.mark.unit
@@ -339,3 +353,22 @@ def test_5000_steps_send_a_bounded_number_of_requests_and_every_value(live_mlflo
     c = client(live_mlflow.uri)
     assert steps_of(c, run_id, "loss") == list(range(1, 5001))
     assert steps_of(c, run_id, "step_time") == list(range(1, 5001))
+
+
+@pytest.mark.unit
+def test_a_sender_whose_parent_left_before_it_was_ready_exits_quietly(tmp_path):
+    """A step that refuses its input exits while its sender process still starts: the sender's
+    'ready' meets a closed pipe and must end without a traceback in the step's log."""
+    import subprocess
+    import sys
+
+    from pinpoint.tracking.process import URI_ENV
+
+    read, write = os.pipe()
+    os.close(read)  # the parent is gone: nobody reads the sender's stdout
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from pinpoint.tracking.process import main; sys.exit(main())"],
+        stdin=subprocess.DEVNULL, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+        env={**os.environ, URI_ENV: "http://127.0.0.1:9"})  # nothing listens: the sender copes itself
+    os.close(write)
+    assert (proc.returncode, proc.stderr) == (0, "")

@@ -34,7 +34,10 @@ def argparse_line(message: str, prog: str) -> str:
         return f"{field.split('/')[-1]}: got {what}; see `{prog} --help`"
     if m := re.match(r"the following arguments are required: (.*)", message):
         return f"{m.group(1)}: got nothing (required); pass it, see `{prog} --help`"
-    return f"{prog}: got {message}; see `{prog} --help`"
+    if m := re.match(r"unrecognized arguments: (.*)", message):
+        return f"arguments: got unrecognized {m.group(1)}; remove them, see `{prog} --help`"
+    # The caller prints "pinpoint: " before the line: the prog is not repeated here.
+    return f"arguments: got {message}; see `{prog} --help`"
 
 
 def _default_out(config_path: str) -> Path:

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from pinpoint import __version__
 from pinpoint.device_names import parse_device
 from pinpoint.errors import ConfigError
 
@@ -45,6 +46,13 @@ MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 # train.all_reduce: TensorFlow's cross-device ops (mirrored) / collective implementation
 # (multi_worker_mirrored) for the gradient all-reduce (training/strategies.py maps them).
 ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduce_to_host", "ring")
+
+# The one name of the default image (cluster.image, the kfp components, the tests' local build):
+# the CPU image `make images` tags with the package's version.
+DEFAULT_IMAGE = f"pinpoint-cpu:{__version__}"
+# The run-folder claim the pipeline's steps mount when cluster.runs_volume_claim is unset (a
+# single-process run trains inside the train step's pod; the steps still share the run folder).
+DEFAULT_RUNS_CLAIM = "pinpoint-runs"
 
 DNS1123_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -93,7 +101,7 @@ class ClusterConfig(_Frozen):
     shm_size: str = "1Gi"
     tolerations: tuple[Toleration, ...] = ()
     node_selector: dict[str, str] = Field(default_factory=dict)
-    image: str = "pinpoint-cpu:latest"
+    image: str = DEFAULT_IMAGE
     # Secrets of type kubernetes.io/dockerconfigjson the pods pull cluster.image with.
     image_pull_secrets: tuple[str, ...] = ()
     # None: the namespace of the pod that runs the step (its service-account namespace file), or
@@ -104,7 +112,8 @@ class ClusterConfig(_Frozen):
     flavor: Literal["tfjob", "plain"] = "tfjob"
     # PersistentVolumeClaim (ReadWriteMany) holding the run folders: the pipeline steps mount it at
     # /runs, the training pods the run's own folder (subPath), so checkpoints are shared and survive
-    # pod restarts. Required for multi-process strategies on Kubernetes; None: an emptyDir per pod.
+    # pod restarts. Required for multi-process strategies on Kubernetes; None: an emptyDir per pod
+    # (and the pipeline's steps mount DEFAULT_RUNS_CLAIM).
     runs_volume_claim: Optional[str] = None
     # How long a pod may stay unschedulable before the launch step gives up (a GPU node pool
     # scaling up from zero takes minutes).

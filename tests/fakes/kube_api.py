@@ -114,6 +114,7 @@ class FakeKubeApiServer:
         self.pvcs: dict[tuple[str, str], dict] = {}
         self.events: list[dict] = []
         self.logs: dict[str, list[tuple[float, str]]] = {}  # pod uid -> [(time, line)]
+        self.log_lines_served: dict[str, int] = {}  # pod uid -> lines returned by all its log reads
         self.requests: list[tuple[str, str]] = []
         self.queries: list[tuple[str, str, dict]] = []
         self.created: list[tuple[str, str, str]] = []
@@ -330,6 +331,8 @@ class FakeKubeApiServer:
         if "sinceSeconds" in query:
             cutoff = time.time() - int(query["sinceSeconds"])
             lines = [(t, line) for t, line in lines if t >= cutoff]
+        uid = pod["metadata"]["uid"]
+        self.log_lines_served[uid] = self.log_lines_served.get(uid, 0) + len(lines)
         stamp = query.get("timestamps") in PARSE_BOOL_TRUE
         return 200, "".join(f"{rfc3339nano(t)} {line}\n" if stamp else f"{line}\n" for t, line in lines), "text/plain"
 

@@ -151,7 +151,13 @@ def main() -> int:
         mlflow_client(uri)  # MLflow's import and the store, before the parent needs them
     except Exception:  # noqa: BLE001, S110 - the sender reports an unreachable server itself
         pass
-    _emit("ready")
+    try:
+        _emit("ready")
+    except BrokenPipeError:
+        # The parent is gone before it needed us (e.g. it refused its input): nothing to send,
+        # and no traceback in the step's log. stdout goes to devnull so exit's flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     sender: Sender | None = None
     for line in sys.stdin:
         msg = json.loads(line)

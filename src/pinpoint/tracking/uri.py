@@ -1,4 +1,6 @@
-"""Where runs go: the configured tracking URI, or a local store inside the repo (`mlruns/`).
+"""Where runs go: the configured tracking URI, or the embedded store `mlruns/` of the checkout
+(the nearest folder above the working directory holding Pinpoint's pyproject.toml), else of the
+working directory.
 
 Nothing here runs at import time: the environment is read when `resolve_tracking_uri` is called.
 """
@@ -6,6 +8,7 @@ Nothing here runs at import time: the environment is read when `resolve_tracking
 from __future__ import annotations
 
 import os
+import tomllib  # Python >= 3.11 (pyproject's requires-python)
 from pathlib import Path
 
 LOCAL_DIR = "mlruns"
@@ -38,11 +41,9 @@ def repo_root(start: str | Path | None = None) -> Path:
         pyproject = folder / "pyproject.toml"
         if pyproject.is_file():
             try:
-                import tomllib
-
                 name = tomllib.loads(pyproject.read_text()).get("project", {}).get("name")
-            except Exception:  # noqa: BLE001 - an unreadable pyproject is just "not ours"
-                name = None
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                name = None  # an unreadable pyproject is just "not ours"
             if name == "pinpoint":
                 return folder
     return here
