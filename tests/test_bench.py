@@ -409,7 +409,7 @@ def test_plan_seconds_count_only_the_runs_a_comparison_makes_itself():
 
 
 def _fake_record(arm) -> dict:
-    return {"examples_per_sec": 100.0, "train_s": 5.0, "process_wall_s": 9.0, "wall_s": 20.0}
+    return {"examples_per_sec": 100.0, "train_s": 5.0, "process_wall_s": 9.0, "wall_s": 20.0, "fixed_s": 1.0}
 
 
 def _fake_comparisons(monkeypatch):

@@ -271,9 +271,9 @@ def test_only_a_lost_peer_maps_to_the_retry_exit_code():
     step (e.g. a shape error) stays an error the operator does not retry."""
     import tensorflow as tf
 
-    from pinpoint.training.task import _peer_lost
+    from pinpoint.training.task import peer_lost
 
-    assert [_peer_lost(e(None, None, "x")) for e in (
+    assert [peer_lost(e(None, None, "x")) for e in (
         tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.DeadlineExceededError,
         tf.errors.InvalidArgumentError, tf.errors.ResourceExhaustedError)] == [True, True, True, True, False, False]
-    assert _peer_lost(ValueError("UNAVAILABLE")) is False
+    assert peer_lost(ValueError("UNAVAILABLE")) is False
