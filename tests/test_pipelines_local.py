@@ -69,6 +69,40 @@ def test_make_run_pipeline_end_to_end(live_mlflow, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(1500)
+def test_make_run_with_your_own_training_code_as_the_train_step(live_mlflow, tmp_path):
+    """`make run CONFIG=examples/custom_loop/config.yaml`: train.entrypoint through kfp.local."""
+    import shutil
+
+    import yaml
+
+    example = tmp_path / "custom_loop"
+    shutil.copytree(REPO / "examples" / "custom_loop", example, ignore=shutil.ignore_patterns("__pycache__"))
+    cfg = yaml.safe_load((example / "config.yaml").read_text())
+    cfg["name"] = "local-entry"
+    cfg["train"]["entrypoint_args"] = {"steps": 30, "batch_size": 32, "save_every": 15}
+    cfg["tracking"]["uri"] = live_mlflow.uri
+    (example / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = _pinpoint("run", str(example / "config.yaml"), "--runs-root", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    run_dir = tmp_path / "runs" / "local-entry"
+    placement = json.loads((run_dir / "placement.json").read_text())
+    assert (placement["training_function"], placement["functions"][0]["calls"]) == ("train_step", 30)
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-15.index", "ckpt-30.index"]
+    assert "<h2>Functions</h2>" in (run_dir / "report.html").read_text()
+    runs = _runs(live_mlflow.uri)
+    (parent,) = [r for r in runs if r.info.run_name == "local-entry-pipeline"]
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert set(children) == {"local-entry/provision", "local-entry/train", "local-entry/report"}
+    train = children["local-entry/train"]
+    assert train.info.status == "FINISHED"
+    import mlflow
+
+    client = mlflow.MlflowClient(live_mlflow.uri)
+    assert sorted(m.step for m in client.get_metric_history(train.info.run_id, "loss")) == [10, 20, 30]
+
+
+@pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_failed_step_is_named_and_parent_run_marked_failed(live_mlflow, tmp_path):
     cfg = _config(tmp_path / "c.yaml", "local-fail", live_mlflow.uri, data=str(tmp_path / "missing.npz"))

@@ -1,0 +1,81 @@
+"""`pinpoint trace`'s pure parts: the command line (everything after the program is the program's),
+function names, which function is the training one, `pinpoint.log` without a run, and the
+example configs provisioning like any other (no TensorFlow in this process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pinpoint.cli import split_trace_argv
+from pinpoint.trace.analysis import pick_training
+from pinpoint.trace.recorder import python_name
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("argv, front, rest", [
+    (["trace", "train.py", "--epochs", "3", "-v"], ["trace", "train.py"], ["--epochs", "3", "-v"]),
+    (["trace", "--gpus", "2", "--out", "o", "-m", "pkg.mod", "--gpus", "4"],
+     ["trace", "--gpus", "2", "--out", "o", "-m", "pkg.mod"], ["--gpus", "4"]),
+    (["-v", "trace", "--no-tracking", "x.py"], ["-v", "trace", "--no-tracking", "x.py"], []),
+    (["train", "c.yaml", "--out", "o"], ["train", "c.yaml", "--out", "o"], []),
+])
+def test_everything_after_the_program_is_the_programs(argv, front, rest):
+    assert split_trace_argv(argv) == (front, rest)
+
+
+def test_concrete_function_names_become_the_python_names():
+    assert python_name("__inference_one_step_on_iterator_1234") == "one_step_on_iterator"
+    assert python_name("__inference_train_step_7") == "train_step"
+    assert python_name("Session.run(loss:0)") == "Session.run(loss:0)"
+
+
+def _row(name, calls, updates, ops=10):
+    return {"name": name, "calls": calls, "variable_updates": updates, "ops_per_call": ops}
+
+
+def test_the_training_function_updates_variables_and_keras_names_win():
+    rows = [_row("predict_step", 500, 0), _row("step", 40, 3), _row("multi_step_on_iterator", 30, 8)]
+    assert pick_training(rows)["name"] == "multi_step_on_iterator"
+    assert pick_training([_row("predict_step", 500, 0), _row("my_update", 40, 3)])["name"] == "my_update"
+    # TensorFlow's own checkpoint functions never are, even when nothing else updates variables.
+    assert pick_training([_row("tf_function_save", 3, 5), _row("step", 30, 0)])["name"] == "step"
+    assert pick_training([]) is None
+
+
+def test_pinpoint_log_does_nothing_without_a_run_and_sends_with_one():
+    import pinpoint
+    from pinpoint import userlog
+
+    pinpoint.log(3, loss=0.5)  # no run: nothing happens, nothing raises
+    got = []
+    userlog.set_sink(lambda step, metrics: got.append((step, metrics)))
+    try:
+        pinpoint.log(7, loss=0.25, accuracy=1)
+    finally:
+        userlog.set_sink(None)
+    assert got == [(7, {"loss": 0.25, "accuracy": 1.0})]
+
+
+@pytest.mark.parametrize("example", ["keras_fit", "custom_loop"])
+def test_the_example_configs_provision_like_any_other(tmp_path, example):
+    from pinpoint.cli import main
+
+    out = tmp_path / "run"
+    assert main(["provision", str(ROOT / "examples" / example / "config.yaml"), "--out", str(out)]) == 0
+    import yaml
+
+    from pinpoint.config import load_config
+
+    cfg = load_config(out / "config.yaml")
+    assert cfg.train.entrypoint == f"{'fit_example' if example == 'keras_fit' else 'loop_example'}.train:entrypoint"
+    assert cfg.train.code_dir == str((ROOT / "examples" / example).resolve())
+    # The pods run the same `pinpoint train` on the same config (the user image sets PINPOINT_CODE_DIR).
+    configmap = yaml.safe_load((out / "manifests" / "configmap.yaml").read_text())
+    assert f"entrypoint: {cfg.train.entrypoint}" in configmap["data"]["config.yaml"]
+    tfjob = yaml.safe_load((out / "manifests" / "tfjob.yaml").read_text())
+    (container,) = tfjob["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"]
+    assert container["command"][:3] == ["pinpoint", "train", "/config/config.yaml"]
