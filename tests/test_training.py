@@ -138,19 +138,14 @@ def test_gradient_pin_seen_directly_in_partition_graphs():
     import tensorflow as tf
 
     from pinpoint.devices import setup_devices
-    from pinpoint.placement.capture import capture_call
     from pinpoint.training import engine
-    from pinpoint.training.loop import Trainer
-    from pinpoint.training.strategies import get_strategy
+    from pinpoint.training.capture import capture_first_call
+    from pinpoint.training.setup import task_context
 
     cfg = make_cfg("none", {"gradients": "/GPU:1"})
-    dm = setup_devices(cfg)
-    ctx = engine.TaskContext(strategy=get_strategy("none", dm.replica_devices), device_map=dm)
+    ctx = task_context(cfg, setup_devices(cfg))
     state = engine.build_state(cfg, ctx)
-    pipeline = engine.make_pipeline(cfg, ctx, state)
-    trainer = Trainer(ctx.strategy, state.model, state.optimizer, pipeline, state.objective,
-                      gradient_device=dm.physical("/GPU:1"))
-    captured, _ = trainer.capture_steps(2, capture_call)
+    captured, _ = capture_first_call(engine.make_trainer(cfg, ctx, state), 2)
     placed = {}
     for g in captured.partition_graphs:
         for n in g.node:

@@ -52,15 +52,19 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     assert steps == [1, 10, 20, 30]
 
 
-def test_rerun_of_a_finished_run_says_nothing_to_train(tmp_path, capsys):
-    """Training a folder whose checkpoint is already at train.steps runs no step and says so
-    (it used to crash formatting a final loss that no step produced)."""
+def test_rerun_of_a_finished_run_says_nothing_to_train_and_keeps_its_figures(tmp_path, capsys):
+    """Training a folder whose checkpoint is already at train.steps runs no step, says so, and
+    leaves the completed run's metrics.json and placement.json as they were (it used to rewrite
+    metrics.json with final_loss and examples_per_sec null)."""
     cfg = make_cfg("none", steps=10, checkpoint_every=10)
-    _train(cfg, tmp_path)
+    first = _train(cfg, tmp_path)
+    placement = (tmp_path / "placement.json").read_text()
     capsys.readouterr()
     again = _train(cfg, tmp_path)
-    assert again["start_step"] == 10 and again["steps"] == 10 and again["final_loss"] is None
-    assert "nothing to train" in capsys.readouterr().out
+    assert again == first and again["final_loss"] is not None and again["examples_per_sec"] is not None
+    assert (tmp_path / "placement.json").read_text() == placement
+    out = capsys.readouterr().out
+    assert "nothing to train: the checkpoint is already at step 10" in out
 
 
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):

@@ -216,7 +216,7 @@ def test_parquet_classification_with_a_user_loss(code_dir, tmp_path):
                    loss="userpkg.losses:huber", steps=40)
     metrics, _, log = train(cfg, tmp_path / "run")
     assert log[-1]["loss"] < log[0]["loss"]
-    assert metrics["loss"] == "userpkg.losses:huber"
+    assert metrics["loss_fn"] == "userpkg.losses:huber"
 
 
 def test_image_folder_trains_a_builtin_model(code_dir, tmp_path):

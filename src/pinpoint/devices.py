@@ -48,6 +48,15 @@ def _set_visible(tf, devices) -> None:
             ) from None
 
 
+def device_scope(device: str | None):
+    """tf.device(device), or no scope for None."""
+    import contextlib
+
+    import tensorflow as tf
+
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
 def setup_devices(cfg: Config) -> DeviceMap:
     """Configure devices for this process and return the spec <-> physical mapping.
 

@@ -67,27 +67,35 @@ def _collection():
         ctx.disable_graph_collection()
 
 
-def capture_call(fn: Callable[..., Any], *args, step: int = 0, **kwargs) -> tuple[Any, CapturedGraphs]:
-    """Run `fn(*args, **kwargs)` with graph collection on; return (result, CapturedGraphs).
+@contextlib.contextmanager
+def collecting(step: int = 0):
+    """Graph collection around the block; yields the CapturedGraphs it fills when the block ends.
 
-    `fn` must be a tf.function that has not been called before (its first call instantiates
-    it), otherwise its partition graphs were recorded earlier and are not reported again.
-    """
+    The block must make the first call of a tf.function (which instantiates it), otherwise its
+    partition graphs were recorded earlier and are not reported again."""
+    captured = CapturedGraphs(step=step)
     with _collection() as ctx:
-        result = fn(*args, **kwargs)
+        yield captured
         # Wait for async eager work so all function instantiations are recorded.
         context.async_wait()
         md = ctx.export_run_metadata()
-    captured = CapturedGraphs(step=step)
     for fg in md.function_graphs if md is not None else []:
         pre = fg.pre_optimization_graph
         name = pre.library.function[0].signature.name if pre.library.function else ""
         captured.functions.append((name, pre, list(fg.partition_graphs)))
-    _trace_info(fn, args, kwargs, captured)
+
+
+def capture_call(fn: Callable[..., Any], *args, step: int = 0, **kwargs) -> tuple[Any, CapturedGraphs]:
+    """Run `fn(*args, **kwargs)` with graph collection on; return (result, CapturedGraphs).
+
+    `fn` must be a tf.function that has not been called before (see `collecting`)."""
+    with collecting(step) as captured:
+        result = fn(*args, **kwargs)
+    add_trace_info(fn, args, kwargs, captured)
     return result, captured
 
 
-def _trace_info(fn, args, kwargs, captured: CapturedGraphs) -> None:
+def add_trace_info(fn, args, kwargs, captured: CapturedGraphs) -> None:
     """Fill shapes and arg_values from the (cached) concrete function; best effort.
 
     get_concrete_function with the same arguments returns the trace just executed (no retrace).

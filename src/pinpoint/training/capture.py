@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ class CapturePlan:
     Single-client strategies: the first call of the multi-step function is run with graph
     collection on (it instantiates the function anyway; every later step runs the same graphs),
     and the graphs are reported for the sampled steps capture_at.. once they ran.
-    parameter_server: one sampled step is run from the coordinator (see Trainer.capture_step).
+    parameter_server: one sampled step is run from the coordinator (capture_ps_step).
     placement.timing: the sampled steps capture_at.. run as their own call (a later one than the
     first: no tracing in it) under TensorFlow's profiler (see placement.timing).
     """
@@ -91,6 +93,63 @@ class CapturePlan:
             self.loop_captured.steps = list(range(self.capture_at, min(self.capture_at + self.sample_steps, last_step)))
             return [per_step_view(self.loop_captured)]
         return self.captures
+
+
+@contextlib.contextmanager
+def clean_refusal(trainer):
+    """The placement scope's own one-line error (soft placement off, an op with no GPU kernel
+    pinned to an emulated GPU), not the tracer's multi-line rewrite of it."""
+    try:
+        yield
+    except Exception:
+        refusal = getattr(trainer.trace_scope, "refusal", None)
+        if refusal is not None:
+            raise refusal from None
+        raise
+
+
+def capture_first_call(trainer, n: int):
+    """Run n steps as the training function's FIRST call, with graph collection on; return
+    (captured, metrics). The runtime records partition graphs when it instantiates a function,
+    which this call does anyway: the capture costs no extra trace and no extra step, and the
+    graphs are those of every step the function runs (fixed signature)."""
+    import tensorflow as tf
+
+    from pinpoint.placement.capture import add_trace_info, collecting
+
+    if trainer.coordinator is not None or trainer.calls:
+        raise RuntimeError("capture_first_call must be the first call of a single-client trainer")
+    t0 = time.perf_counter()
+    args = (tf.constant(trainer.step, tf.int64), tf.constant(n, tf.int32))
+    with collecting(trainer.step) as captured:
+        loss, acc = trainer.train_n(*args)
+    add_trace_info(trainer.train_n, args, {}, captured)
+    return captured, trainer.finish_call(loss, acc, n, t0)
+
+
+# The device parameter_server's scheduled closures run on: a captured step is placed there.
+PS_WORKER = "/job:worker/replica:0/task:0"
+
+
+def capture_ps_step(trainer):
+    """parameter_server: one real step run from the coordinator with graph collection on.
+
+    A closure scheduled by the ClusterCoordinator is instantiated by the worker's own runtime,
+    so the coordinator never sees its partition graphs. Running one real step from here with its
+    ops placed on worker 0 lets this runtime place and partition it: compute shows on the worker,
+    variables and their updates on the ps tasks. Returns (captured, metrics)."""
+    import tensorflow as tf
+
+    from pinpoint.placement.capture import capture_on_device
+
+    per_replica = trainer.pipeline.per_replica
+    t0 = time.perf_counter()
+    (loss, correct), captured = capture_on_device(
+        trainer.ps_batch_step, PS_WORKER, tf.constant(trainer.step, tf.int64), step=trainer.step)
+    calls = trainer.calls
+    metrics = trainer.finish_call(loss, float(correct) / per_replica, 1, t0, examples_per_step=per_replica)
+    trainer.calls = calls  # a captured step is not one of the scheduled calls
+    return captured, metrics
 
 
 def profiled_steps(trainer, n: int, out_dir: Path, ctx) -> tuple[dict, dict]:

@@ -1,10 +1,12 @@
-"""The controller of a run. The Trainer (training.loop) only takes steps; the controller runs
-restore -> begin -> train until -> capture -> finalize, calling the actions (progress bar,
-train log, checkpointing: training.actions) and the hooks after every trainer call, and on the
-chief `finish` writes the run's files."""
+"""The controller of a run, handed a trainer already at its restored step (training.engine:
+restore, make_trainer). The Trainer (training.loop) only takes steps; the controller runs
+begin -> train until -> capture -> finalize, calling the hooks and the actions (progress bar,
+train log, checkpointing: training.actions) after every trainer call, and on the chief
+`finish` writes the run's files."""
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +14,7 @@ from typing import Any
 
 from pinpoint.config import Config
 from pinpoint.hooks import Hook, HookList
-from pinpoint.runfolder import CHECKPOINTS, METRICS, PLACEMENT, TRAIN_LOG, atomic_write_json
+from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG, atomic_write_json
 from pinpoint.training.actions import Action, Checkpointing, ProgressBar, TrainLog
 from pinpoint.training.capture import (
     CAPTURE_STEP,
@@ -20,22 +22,23 @@ from pinpoint.training.capture import (
     FIRST_LOGGED_STEP,
     PROFILED,
     CapturePlan,
+    capture_first_call,
+    capture_ps_step,
+    clean_refusal,
     placement_report,
     profiled_steps,
     timing_section,
 )
-from pinpoint.training.engine import TaskContext, TrainState, build_state, evaluate, make_pipeline, use_jit
+from pinpoint.training.engine import TaskContext, TrainState, evaluate
 
 
 @dataclass
 class RunState:
-    """What the phases of one run share: the trainer, where it started, what it measured."""
+    """What the phases of one run share: the trainer, what it trains, what it measured."""
 
     state: TrainState
-    trainer: Any  # training.loop.Trainer
-    checkpointing: Checkpointing
+    trainer: Any  # training.loop.Trainer (its `step` is the run's one step counter)
     plan: CapturePlan
-    start: int
     num_params: int
     last: dict = field(default_factory=dict)  # the last trainer call's metrics
     steady_examples: int = 0  # examples and seconds of the calls without tracing or profiler
@@ -49,6 +52,7 @@ class TrainResult:
     metrics: dict
     placement: dict | None
     model: Any
+    trained: bool = True  # False: the checkpoint was already at train.steps
 
 
 def is_logged(step: int, log_every: int, total: int) -> bool:
@@ -57,66 +61,46 @@ def is_logged(step: int, log_every: int, total: int) -> bool:
 
 
 class Controller:
-    """One task's run. Only the chief's hooks are called; every task checkpoints."""
+    """One task's run of a trainer that is handed in (already at its restored step). Only the
+    chief's hooks are called; every task checkpoints."""
 
-    def __init__(self, cfg: Config, out_dir: Path, ctx: TaskContext, hooks: list[Hook] | tuple = ()):
+    def __init__(self, cfg: Config, out_dir: Path, ctx: TaskContext, trainer, state: TrainState, *,
+                 checkpoints=None, hooks: list[Hook] | tuple = ()):
         self.cfg, self.out, self.ctx = cfg, Path(out_dir), ctx
+        self.trainer, self.state, self.checkpoints = trainer, state, checkpoints
         self.hooks = HookList(hooks if ctx.is_chief else [])
         self.actions: list[Action] = []
 
-    def train(self, *, resume_prefix: str | None = None, resumed_from_run: str | None = None,
-              state: TrainState | None = None) -> TrainResult:
-        """Train to cfg.train.steps (resuming from the latest good checkpoint, or `resume_prefix`)."""
-        run = self.restore(state or build_state(self.cfg, self.ctx), resume_prefix)
-        self.begin(run, resumed_from_run)
+    def train(self, *, resumed_from_run: str | None = None) -> TrainResult:
+        """Train to cfg.train.steps from the trainer's step."""
+        run = self.begin(resumed_from_run)
         self.train_until(run, self.cfg.train.steps)
         return self.finalize(run, self.capture(run))
 
-    def restore(self, state: TrainState, resume_prefix: str | None) -> RunState:
-        """Restore the checkpoint; the input pipeline and the trainer start at its step."""
-        import tensorflow as tf
-
-        from pinpoint.training.checkpoints import Checkpoints, restore_prefix
-        from pinpoint.training.emulation import GpuPlacement
-        from pinpoint.training.loop import Trainer
-
-        cfg, ctx = self.cfg, self.ctx
-        t, pin, dm = cfg.train, cfg.train.pinning, ctx.device_map
-        ckpt = tf.train.Checkpoint(model=state.model, optimizer=state.optimizer, step=state.step_var)
-        ckpts = Checkpoints(ckpt, self.out / CHECKPOINTS, keep=t.keep_checkpoints, is_chief=ctx.is_chief,
-                            task=ctx.task)
-        if resume_prefix:
-            restore_prefix(ckpt, resume_prefix)
-        else:
-            ckpts.restore_latest()
-        start = int(state.step_var.numpy())
-        trainer = Trainer(ctx.strategy, state.model, state.optimizer, make_pipeline(cfg, ctx, state, start),
-                          state.objective,
-                          gradient_device=dm.physical(pin.gradients) if pin.gradients else None,
-                          backward_follows_layers=bool(pin.layers) and pin.layers_backward == "follow",
-                          coordinator=ctx.coordinator, start_step=start, jit_compile=use_jit(cfg),
-                          placement_scope=GpuPlacement(dm, pin, soft_placement=pin.soft_placement))
-        num_params = int(sum(v.numpy().size for v in state.model.trainable_variables))
-        checkpointing = Checkpointing(ckpts, state.step_var, t.checkpoint_every, t.steps, self.hooks)
-        return RunState(state, trainer, checkpointing, CapturePlan.for_run(cfg, start, ctx.coordinator),
-                        start, num_params)
-
-    def begin(self, run: RunState, resumed_from_run: str | None) -> None:
-        """Tell the hooks what trains; on the chief, open the progress bar and the train log."""
+    def begin(self, resumed_from_run: str | None = None) -> RunState:
+        """Tell the hooks what trains; the actions: on the chief the progress bar and the train
+        log, on every task checkpointing (saving reads the variables collectively)."""
+        t, trainer = self.cfg.train, self.trainer
+        start = trainer.step
+        num_params = int(sum(v.numpy().size for v in self.state.model.trainable_variables))
+        run = RunState(self.state, trainer, CapturePlan.for_run(self.cfg, start, self.ctx.coordinator), num_params)
         self.hooks.on_train_begin(self._info(run, resumed_from_run))
-        if not self.ctx.is_chief:
-            return
-        if run.start:
-            print(f"pinpoint: resuming from checkpoint step {run.start}", file=sys.stderr, flush=True)
-        total = self.cfg.train.steps
-        self.actions = [ProgressBar(run.start, total), TrainLog(self.out / TRAIN_LOG, run.start, total)]
-        self.hooks = HookList([*self.actions, *self.hooks.hooks])  # they show a step before the others hear of it
+        if self.ctx.is_chief:
+            if start:
+                print(f"pinpoint: resuming from checkpoint step {start}", file=sys.stderr, flush=True)
+            shown = [ProgressBar(start, t.steps), TrainLog(self.out / TRAIN_LOG, start, t.steps)]
+            self.actions = shown
+            self.hooks = HookList([*shown, *self.hooks.hooks])  # they show a step before the others hear of it
+        if self.checkpoints is not None:
+            self.actions.append(Checkpointing(self.checkpoints, self.state.step_var, t.checkpoint_every, t.steps,
+                                              self.hooks))
+        return run
 
     def _info(self, run: RunState, resumed_from_run: str | None) -> dict:
         cfg, ctx, t, dm = self.cfg, self.ctx, self.cfg.train, self.ctx.device_map
         return {
             "config": cfg.model_dump(mode="json"), "strategy": t.strategy, "task": ctx.task,
-            "start_step": run.start, "num_params": run.num_params,
+            "start_step": run.trainer.start_step, "num_params": run.num_params,
             "num_replicas": ctx.strategy.num_replicas_in_sync,
             "devices": list(dm.local_devices), "replica_devices": list(dm.spec_replica_devices),
             "device_aliases": dict(dm.aliases), "pinning": t.pinning.model_dump(mode="json"),
@@ -125,44 +109,45 @@ class Controller:
         }
 
     def train_until(self, run: RunState, total: int) -> None:
-        """Trainer calls until step `total`; after each: the actions, the hooks (logged steps), a checkpoint."""
+        """Trainer calls until step `total`, each up to the plan's next stop, captured or profiled
+        as it says; after each: the hooks (logged steps), then the actions (progress, a
+        checkpoint: after the step's log record, so a resumed run's log holds every step up to
+        its checkpoint)."""
+        t, trainer, plan = self.cfg.train, run.trainer, run.plan
         try:
-            while run.trainer.step < total:
-                n, run.last = self._call(run, total)
-                step = run.trainer.step
+            while trainer.step < total:
+                kind, n = plan.next_call(trainer.step, trainer.calls, total, (t.log_every, t.checkpoint_every))
+                with clean_refusal(trainer):
+                    if kind == CAPTURE_STEP:
+                        captured, m = capture_ps_step(trainer)
+                        plan.add_capture(captured)
+                    elif kind == CAPTURE_STEPS:
+                        plan.loop_captured, m = capture_first_call(trainer, n)
+                    elif kind == PROFILED:
+                        m, timed = profiled_steps(trainer, n, self.out, self.ctx)
+                        plan.add_profile(timed)
+                    else:
+                        m = trainer.train_steps(n)
+                run.last = self._measured(run, kind, n, m)
+                step = trainer.step
+                if is_logged(step, t.log_every, total):
+                    self.hooks.on_step_end(step, run.last)
                 for action in self.actions:
                     action.after_steps(step, n, run.last)
-                if is_logged(step, self.cfg.train.log_every, total):
-                    self.hooks.on_step_end(step, run.last)
-                run.checkpointing.after_steps(step, n, run.last)
         finally:
             for action in self.actions:
                 action.close()
 
-    def _call(self, run: RunState, total: int) -> tuple[int, dict]:
-        """One trainer call: the steps up to the plan's next stop, captured or profiled as it says."""
-        from pinpoint.placement.capture import capture_call
-
-        t, trainer, plan = self.cfg.train, run.trainer, run.plan
-        kind, n = plan.next_call(trainer.step, trainer.calls, total, (t.log_every, t.checkpoint_every))
-        if kind == CAPTURE_STEP:
-            captured, m = trainer.capture_step()
-            plan.add_capture(captured)
-            return n, m
-        if kind == CAPTURE_STEPS:
-            plan.loop_captured, m = trainer.capture_steps(n, capture_call)
-        elif kind == PROFILED:
-            m, timed = profiled_steps(trainer, n, self.out, self.ctx)
-            plan.add_profile(timed)
-        else:
-            m = trainer.train_steps(n)
+    def _measured(self, run: RunState, kind: str, n: int, m: dict) -> dict:
+        """A call's metrics as logged; the steady-state window grows by the calls that count."""
         if not run.state.objective.has_accuracy:
             m.pop("accuracy", None)
-        # The first call includes tracing; the profiled call the profiler's own cost.
-        if trainer.calls > 1 and kind != PROFILED:
-            run.steady_examples += n * trainer.pipeline.global_batch
+        # The first call includes tracing; the profiled call the profiler's own cost; a captured
+        # parameter_server step is run from the coordinator.
+        if run.trainer.calls > 1 and kind not in (PROFILED, CAPTURE_STEP):
+            run.steady_examples += n * run.trainer.pipeline.global_batch
             run.steady_time += m["step_time"] * n
-        return n, m
+        return m
 
     def capture(self, run: RunState) -> dict | None:
         """This task's placement from the sampled steps (None: none were captured)."""
@@ -178,8 +163,12 @@ class Controller:
         return placement
 
     def finalize(self, run: RunState, placement: dict | None) -> TrainResult:
-        """Evaluate the trained model; metrics.json's content."""
+        """Evaluate the trained model; metrics.json's content. A run that trained nothing (its
+        checkpoint was already at train.steps) keeps the completed run's metrics.json."""
         t, ctx, state, trainer, last = self.cfg.train, self.ctx, run.state, run.trainer, run.last
+        previous = self.out / METRICS
+        if trainer.step == trainer.start_step and previous.is_file():
+            return TrainResult(json.loads(previous.read_text()), placement, state.model, trained=False)
         final = evaluate(state.model, state.data, state.objective)
         metrics = {
             "final_loss": last.get("loss"),
@@ -189,20 +178,20 @@ class Controller:
             "examples_per_sec": (run.steady_examples / run.steady_time) if run.steady_time
             else last.get("examples_per_sec"),
             "steps": trainer.step,
-            "start_step": run.start,
+            "start_step": trainer.start_step,
             "global_batch": trainer.pipeline.global_batch,
             "num_replicas": ctx.strategy.num_replicas_in_sync,
             "strategy": t.strategy,
             "model": t.model,
             "data": state.data.source,
-            "loss": t.loss,
+            "loss_fn": t.loss,  # the loss function's name; final_loss is its value
             "precision": t.precision,
             "num_params": run.num_params,
             "jit_compile": trainer.jit_compile,
             "device_map": ctx.device_map.to_json(),
             "task": ctx.task,
         }
-        return TrainResult(metrics, placement, state.model)
+        return TrainResult(metrics, placement, state.model, trained=trainer.step > trainer.start_step)
 
     def finish(self, result: TrainResult, *, placement: dict | None = None) -> dict:
         """Chief only: write placement.json (the cluster's merged `placement`, else this process's
@@ -214,19 +203,20 @@ class Controller:
             self.hooks.on_placement(placement)
         atomic_write_json(self.out / METRICS, metrics)
         self.hooks.on_train_end(metrics, result.model)
-        print(summary(placement or result.placement, metrics), flush=True)
+        print(summary(placement or result.placement, metrics, trained=result.trained), flush=True)
         return metrics
 
 
-def summary(placement, metrics) -> str:
+def summary(placement, metrics, *, trained: bool = True) -> str:
     """The line (or table) `pinpoint train` ends with."""
     from pinpoint.placement.summary import format_summary
 
+    if not trained:  # resumed from a checkpoint already at train.steps
+        return (f"nothing to train: the checkpoint is already at step {metrics['steps']} (train.steps); "
+                "metrics.json and placement.json are the completed run's. Use a new --out or raise "
+                "train.steps to train more.")
     if placement is not None:
         return format_summary(placement, metrics)
-    if metrics.get("final_loss") is None:  # resumed from a checkpoint already at train.steps
-        return (f"nothing to train: the checkpoint is already at step {metrics['steps']} (train.steps); "
-                f"accuracy {metrics['final_accuracy']:.3f}. Use a new --out or raise train.steps to train more.")
     return (f"trained {metrics['steps']} steps with {metrics['strategy']}: final loss "
             f"{metrics['final_loss']:.4f}, accuracy {metrics['final_accuracy']:.3f}, "
             f"{metrics['examples_per_sec']:.0f} examples/s")

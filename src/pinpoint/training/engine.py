@@ -4,12 +4,12 @@ pipeline, XLA's choice and the final evaluation. The run itself: training.contro
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from pinpoint.config import Config
 from pinpoint.device_names import DeviceMap
+from pinpoint.devices import device_scope
 from pinpoint.errors import ConfigError
 
 EVAL_LIMIT = 4096  # examples used for the final accuracy (cheap even for large synthetic sets)
@@ -31,12 +31,6 @@ class TaskContext:
     @property
     def task(self) -> str:
         return f"{self.role}:{self.index}"
-
-
-def _device_scope(device: str | None):
-    import tensorflow as tf
-
-    return tf.device(device) if device else contextlib.nullcontext()
 
 
 @dataclass
@@ -76,7 +70,7 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
     # creates it (/GPU:0), not on the host.
     with eager_default(dm, t.strategy), ctx.strategy.scope():
         # Variables pinned: every variable (model and optimizer slots) is created here.
-        with _device_scope(dm.physical(pin.variables) if pin.variables else None):
+        with device_scope(dm.physical(pin.variables) if pin.variables else None):
             model = make_model(cfg, data, layer_devices)
             if t.optimizer == "adam":
                 optimizer = keras.optimizers.Adam(t.learning_rate)
@@ -91,6 +85,41 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
     if not (t.builtin_model and data.arrays is not None):
         check_forward(cfg, model, data, objective)
     return TrainState(data, model, optimizer, step_var, objective, replicas)
+
+
+def restore(cfg: Config, out, ctx: TaskContext, state: TrainState, resume_prefix: str | None = None):
+    """The run's checkpoints (training.checkpoints.Checkpoints) with the latest good one restored
+    into `state` (or `resume_prefix`, fetched from an MLflow run); state.step_var holds its step."""
+    from pathlib import Path
+
+    import tensorflow as tf
+
+    from pinpoint.runfolder import CHECKPOINTS
+    from pinpoint.training.checkpoints import Checkpoints, restore_prefix
+
+    ckpt = tf.train.Checkpoint(model=state.model, optimizer=state.optimizer, step=state.step_var)
+    ckpts = Checkpoints(ckpt, Path(out) / CHECKPOINTS, keep=cfg.train.keep_checkpoints, is_chief=ctx.is_chief,
+                        task=ctx.task)
+    if resume_prefix:
+        restore_prefix(ckpt, resume_prefix)
+    else:
+        ckpts.restore_latest()
+    return ckpts
+
+
+def make_trainer(cfg: Config, ctx: TaskContext, state: TrainState):
+    """The Trainer for `state`, starting at state.step_var (the restored step), its input
+    pipeline positioned there."""
+    from pinpoint.training.emulation import GpuPlacement
+    from pinpoint.training.loop import Trainer
+
+    pin, dm = cfg.train.pinning, ctx.device_map
+    start = int(state.step_var.numpy())
+    return Trainer(ctx.strategy, state.model, state.optimizer, make_pipeline(cfg, ctx, state, start), state.objective,
+                   gradient_device=dm.physical(pin.gradients) if pin.gradients else None,
+                   backward_follows_layers=bool(pin.layers) and pin.layers_backward == "follow",
+                   coordinator=ctx.coordinator, start_step=start, jit_compile=use_jit(cfg),
+                   trace_scope=GpuPlacement(dm, pin, soft_placement=pin.soft_placement))
 
 
 def check_forward(cfg: Config, model, data, objective) -> None:

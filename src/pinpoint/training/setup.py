@@ -25,10 +25,17 @@ def task_context(cfg: Config, dm: DeviceMap, role: str = "chief", index: int = 0
 
     cluster=False: one process (every single-process strategy). cluster=True: task role:index
     of the cluster TF_CONFIG describes (parameter_server's chief, or any multi_worker_mirrored task).
+    role "evaluator": the side-car evaluator (no distribution).
     """
     from pinpoint.training.strategies import get_strategy
 
     name = cfg.train.strategy
+    if role == "evaluator":
+        import tensorflow as tf
+
+        # The side-car evaluator is no part of the training cluster: TensorFlow's default strategy.
+        return TaskContext(strategy=tf.distribute.get_strategy(), device_map=dm, role=role, index=index,
+                           is_chief=False)
     if not cluster:
         strategy = get_strategy(name, dm.replica_devices, host=dm.host, emulated=dm.emulated,
                                 all_reduce=cfg.train.all_reduce)

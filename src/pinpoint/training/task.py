@@ -159,23 +159,16 @@ def run_evaluator(cfg: Config, out: Path, dm: DeviceMap, *, poll: float = 2.0) -
     Appends {"step", "loss", "accuracy"} to OUT/eval_log.jsonl. Stops once the final step is
     evaluated or the chief has written metrics.json (the launcher also stops it).
     """
-    import keras
     import tensorflow as tf
 
     from pinpoint.training.checkpoints import candidates, verify
-    from pinpoint.training.data import load_data
-    from pinpoint.training.engine import evaluate
-    from pinpoint.training.models import make_model
-    from pinpoint.training.objectives import get_objective
+    from pinpoint.training.engine import build_state, evaluate
+    from pinpoint.training.setup import task_context
 
-    t = cfg.train
-    keras.utils.set_random_seed(t.seed)
-    keras.mixed_precision.set_global_policy(t.precision)
-    data = load_data(cfg)
-    objective = get_objective(cfg)
-    model = make_model(cfg, data, {})
-    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    ckpt = tf.train.Checkpoint(model=model, step=step_var)
+    # The model as every training task builds it (seed, precision, pinning), outside any cluster.
+    state = build_state(cfg, task_context(cfg, dm, "evaluator", 0))
+    model, data, objective = state.model, state.data, state.objective
+    ckpt = tf.train.Checkpoint(model=model, step=state.step_var)
     started = time.time()
     done: set[int] = set()
     log = out / EVAL_LOG
@@ -197,7 +190,7 @@ def run_evaluator(cfg: Config, out: Path, dm: DeviceMap, *, poll: float = 2.0) -
             print(f"eval step {step}: loss={m['loss']:.4f}{acc}", flush=True)
             done.add(step)
         metrics = out / METRICS
-        if (done and max(done) >= t.steps) or (metrics.is_file() and metrics.stat().st_mtime >= started):
+        if (done and max(done) >= cfg.train.steps) or (metrics.is_file() and metrics.stat().st_mtime >= started):
             return 0
         time.sleep(poll)
 

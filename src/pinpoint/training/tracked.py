@@ -18,11 +18,15 @@ def train_tracked(cfg: Config, out: Path, ctx, *, resume_from_run: str | None = 
     else its own."""
     from pinpoint.tracking import open_step_run
     from pinpoint.training.controller import Controller
+    from pinpoint.training.engine import build_state, make_trainer, restore
 
     with open_step_run(cfg, "train", out, parent_run_id=parent_run_id, is_chief=ctx.is_chief) as run:
         prefix = fetch_resume(cfg, out, resume_from_run, task=f"{ctx.role}-{ctx.index}")
-        controller = Controller(cfg, out, ctx, hooks=[run.hook()])
-        result = controller.train(resume_prefix=prefix, resumed_from_run=resume_from_run, state=state)
+        state = state or build_state(cfg, ctx)
+        checkpoints = restore(cfg, out, ctx, state, prefix)
+        controller = Controller(cfg, out, ctx, make_trainer(cfg, ctx, state), state, checkpoints=checkpoints,
+                                hooks=[run.hook()])
+        result = controller.train(resumed_from_run=resume_from_run)
         if ctx.is_chief:
             placement = cluster_placement() if cluster_placement is not None else None
             controller.finish(result, placement=placement)
