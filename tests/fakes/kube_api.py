@@ -126,6 +126,7 @@ class FakeKubeApiServer(JobSetControllerMixin):
         self.deleted: list[tuple[str, str, str]] = []
         self.collected: list[tuple[str, str, str]] = []  # removed by the fake garbage collector
         self.pod_uids: list[str] = []  # every training pod ever made, in order
+        self.pod_names: dict[str, str] = {}  # pod uid -> its name
         self.pod_lists = 0
         self.runtimes: dict[str, dict] = {}  # ClusterTrainingRuntimes (add_runtime)
         self.child_jobs: set[tuple[str, str, str]] = set()  # Jobs made by the fake JobSet controller
@@ -246,6 +247,12 @@ class FakeKubeApiServer(JobSetControllerMixin):
             "spec": {"accessModes": list(access_modes), "resources": {"requests": {"storage": "10Gi"}}},
             "status": {"phase": "Bound", "accessModes": list(access_modes)},
         }
+
+    def requests_per_poll(self) -> list[int]:
+        """Requests from each pod list (one watch poll) up to the next pod list, in order."""
+        starts = [i for i, (m, p) in enumerate(self.requests)
+                  if m == "GET" and re.match(r"^/api/v1/namespaces/[^/]+/pods$", p)]
+        return [b - a for a, b in zip(starts, starts[1:])]
 
     def log_lines(self, ns: str, name: str) -> list[str]:
         pod = self.pods.get((ns, name))
@@ -418,6 +425,7 @@ class FakeKubeApiServer(JobSetControllerMixin):
         }
         self.pods[(ns, pod_name)] = pod
         self.pod_uids.append(uid)
+        self.pod_names[uid] = pod_name
         return pod
 
     def _recreate(self, pod: dict) -> dict:
