@@ -227,6 +227,9 @@ def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
         title="`make run` (pinpoint run configs/demo.yaml through kfp.local)",
         arms=(Arm("make-run", "make run", {"kind": "make_run", "config_path": str(DEMO)}),),
     ))
+    from benchmarks.k8s_scale import comparison as k8s_scale
+
+    plan.append(k8s_scale())  # issue 26.7: provision and the launch step at 16, 256, 1,024 pods
     return plan
 
 

@@ -349,6 +349,13 @@ SETTINGS = """\
 """
 
 
+def section_k8s_scale(results: Results) -> str:
+    """Issue 26.7: provision time, manifest and cluster_spec.json bytes, API requests per poll."""
+    from benchmarks.k8s_scale import section
+
+    return section(results)
+
+
 def section_reliability(path: Path | None = None) -> str:
     """The fault suite's table (`make test` / `make test-faults` write runs/reliability.json)."""
     from benchmarks.reliability import DEFAULT_IN, reliability_table
@@ -398,6 +405,8 @@ def render_markdown(plan: list[Comparison], results: Results, raw: dict, chart_n
         section_make_run(plan, results),
         "## Reliability (fault suite)\n",
         section_reliability(),
+        "## Kubernetes path at scale (parameter_server, 16 to 1,024 pods)\n",
+        section_k8s_scale(results),
     ]
     if chart_name:
         parts += ["## Chart\n", f"![benchmarks]({chart_name})\n"]

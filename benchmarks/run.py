@@ -162,7 +162,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="runs per arm (default 5; --quick: 1)")
     p.add_argument("--quick", action="store_true", help="1 repeat, few steps: checks the harness, not the numbers")
     p.add_argument("--only", default="", help="comma-separated comparisons (keras-none, keras-mirrored, keras-mwm, "
-                   "keras-user-model, keras-cnn, keras-transformer, overhead, tracking, scaling, allreduce, make-run)")
+                   "keras-user-model, keras-cnn, keras-transformer, overhead, tracking, scaling, allreduce, make-run, "
+                   "k8s-scale)")
     p.add_argument("--steps", type=int, default=None, help="steps of the Pinpoint-vs-Keras and scaling runs")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="raw results (git-ignored)")
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"), help="the markdown report")

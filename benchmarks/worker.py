@@ -2,7 +2,7 @@
 
 The logical device layout is fixed once per process, so each run (Pinpoint or Keras, any
 device count) gets a fresh process. SPEC keys:
-  kind          "pinpoint" | "keras" | "keras_mwm" | "keras_task" | "make_run"
+  kind          "pinpoint" | "keras" | "keras_mwm" | "keras_task" | "make_run" | "k8s_scale"
   config        a Pinpoint config as a dict (pinpoint, keras*)
   out           the run folder
   warmup_steps  steps excluded from the steady state (trace, warm-up, placement capture)
@@ -80,12 +80,19 @@ def run_make_run(spec: dict) -> dict:
     return time_make_run(spec)
 
 
+def run_k8s_scale(spec: dict) -> dict:
+    from benchmarks.k8s_scale import measure
+
+    return measure(spec)
+
+
 KINDS = {
     "pinpoint": run_pinpoint,
     "keras": run_keras,
     "keras_task": run_keras,
     "keras_mwm": run_keras_mwm,
     "make_run": run_make_run,
+    "k8s_scale": run_k8s_scale,
 }
 
 
