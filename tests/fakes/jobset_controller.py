@@ -274,36 +274,21 @@ class JobSetControllerMixin:
         self._ensure_children(js)
 
     def _apply_failure_policy(self, js: dict, failed: list[dict]) -> None:
-        st, fp = js["status"], js["spec"].get("failurePolicy")
-        first = failed[0]["metadata"]["name"]
-        if fp is None:
-            self._finish(js, "Failed", "FailedJobs", f"jobset failed due to one or more job failures (first failed job: {first})")
+        st = js["status"]
+        action, first, reason = jobset_failure_action(
+            js["spec"], [(j["metadata"]["name"], j["metadata"]["labels"][RJOB_NAME], _failure_reason(j)) for j in failed],
+            st["restartsCountTowardsMax"])
+        if action == "Fail":
+            self._finish(js, "Failed", reason, JOBSET_FAILED_MESSAGES[reason].format(first=first))
             return
-        action = "RestartJobSet"
-        for rule in fp.get("rules") or []:
-            hit = next((j for j in failed
-                        if (not rule.get("onJobFailureReasons")
-                            or _failure_reason(j) in rule["onJobFailureReasons"])
-                        and (not rule.get("targetReplicatedJobs")
-                             or j["metadata"]["labels"][RJOB_NAME] in rule["targetReplicatedJobs"])), None)
-            if hit is not None:
-                action, first = rule["action"], hit["metadata"]["name"]
-                break
-        if action == "FailJobSet":
-            self._finish(js, "Failed", "FailJobSetFailurePolicyAction",
-                         f"applying FailJobSet failure policy action (first failed job: {first})")
-        elif action == "RestartJobSet" and st["restartsCountTowardsMax"] >= fp.get("maxRestarts", 0):
-            self._finish(js, "Failed", "ReachedMaxRestarts",
-                         f"jobset failed due to reaching max number of restarts (first failed job: {first})")
-        else:
-            # Recreate every child Job (BlockingRecreate: the old pods are gone first, here at once).
-            for job in self._children(js):
-                self._delete_child(job)
-            st["restarts"] += 1
-            if action == "RestartJobSet":
-                st["restartsCountTowardsMax"] += 1
-            self.jobset_restarts.append((js["metadata"]["name"], action, first))
-            self._ensure_children(js)
+        # Recreate every child Job (BlockingRecreate: the old pods are gone first, here at once).
+        for job in self._children(js):
+            self._delete_child(job)
+        st["restarts"] += 1
+        if action == "RestartJobSet":
+            st["restartsCountTowardsMax"] += 1
+        self.jobset_restarts.append((js["metadata"]["name"], action, first))
+        self._ensure_children(js)
 
     def _delete_child(self, job: dict) -> None:
         key = ("Job", job["metadata"]["namespace"], job["metadata"]["name"])
@@ -478,6 +463,51 @@ def _pod_failure_action(job: dict, pod: dict) -> tuple[str, int | None]:
                 if hit == (on["operator"] == "In"):
                     return rule["action"], i
     return "Count", None
+
+
+JOBSET_FAILED_MESSAGES = {  # JobSet v0.9.1 pkg/constants, with messageWithFirstFailedJob
+    "FailedJobs": "jobset failed due to one or more job failures (first failed job: {first})",
+    "FailJobSetFailurePolicyAction": "applying FailJobSet failure policy action (first failed job: {first})",
+    "ReachedMaxRestarts": "jobset failed due to reaching max number of restarts (first failed job: {first})",
+}
+
+
+def jobset_failure_action(spec: dict, failed: list[tuple[str, str, str | None]], counted: int) -> tuple[str, str, str]:
+    """A JobSet's failurePolicy applied to its failed child Jobs [(job name, replicatedJob, Job
+    failure reason)], with `counted` restarts so far: (action, first failed job, reason), the
+    action being "Fail" (reason: the JobSet's Failed reason), "RestartJobSet" or
+    "RestartJobSetAndIgnoreMaxRestarts" (failure_policy.go of JobSet v0.9.1)."""
+    fp = spec.get("failurePolicy")
+    first = failed[0][0]
+    if fp is None:
+        return "Fail", first, "FailedJobs"
+    action = "RestartJobSet"  # no rule matched
+    for rule in fp.get("rules") or []:
+        hit = next((name for name, rjob, reason in failed
+                    if (not rule.get("onJobFailureReasons") or reason in rule["onJobFailureReasons"])
+                    and (not rule.get("targetReplicatedJobs") or rjob in rule["targetReplicatedJobs"])), None)
+        if hit is not None:
+            action, first = rule["action"], hit
+            break
+    if action == "FailJobSet":
+        return "Fail", first, "FailJobSetFailurePolicyAction"
+    if action == "RestartJobSet" and counted >= fp.get("maxRestarts", 0):
+        return "Fail", first, "ReachedMaxRestarts"
+    return action, first, ""
+
+
+def job_failure_reason(job_spec: dict, statuses: list[dict]) -> str | None:
+    """The Job controller's verdict on its failed pods (their pod `status`): the Failed reason of
+    a Job whose pods failed this way, or None if it keeps going (pods Ignored by its
+    podFailurePolicy, or within backoffLimit)."""
+    counted = 0
+    for status in statuses:
+        action, _rule = _pod_failure_action({"spec": job_spec}, {"status": status})
+        if action == "FailJob":
+            return "PodFailurePolicy"
+        if action != "Ignore":
+            counted += 1
+    return "BackoffLimitExceeded" if counted > job_spec.get("backoffLimit", 6) else None
 
 
 def _failure_reason(job: dict) -> str | None:
