@@ -262,3 +262,23 @@ def test_sigterm_cleans_up_a_jobset(claim):
             "pinpoint: kubernetes: grp stopped by SIGTERM (run terminated or pod evicted); deleted 2 object(s)")
         _assert_cleaned_up(fake)
         assert fake.pods == {} and fake.child_jobs == set()  # the JobSet's Jobs went with it (GC)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_pods_log_under_the_pipelines_parent_run(claim, flavor):
+    from pinpoint.k8s.launch import LaunchOptions, launch_manifests
+    from pinpoint.provision.trainjob import runtime
+
+    cfg, root, out = claim(flavor)
+    with FakeKubeApiServer("success", pvc_root=root) as fake:
+        fake.add_runtime(runtime())
+        seen = []
+        original = fake._make_group_pod
+        fake._make_group_pod = lambda job, i, gen: seen.append(original(job, i, gen)) or seen[-1]
+        assert launch_manifests(fake.api_client(), out, cfg.name, "team-a",
+                                LaunchOptions(poll_seconds=0.01, retry_base_seconds=0.01, log=lambda line: None),
+                                parent_run_id="parent-123") == 0
+        assert len(seen) == 4
+        for pod in seen:  # every pod's command, whoever built it (the JobSet, or Trainer from the runtime)
+            cmd = pod["spec"]["containers"][0]["command"]
+            assert cmd[4:6] == ["pinpoint", "train"] and cmd[-2:] == ["--parent-run-id", "parent-123"]

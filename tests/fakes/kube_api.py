@@ -1,7 +1,9 @@
 """FakeKubeApiServer: a FAKE Kubernetes API server (no real cluster can run here).
 
 It implements just the REST endpoints pinpoint.k8s.launch calls through the real `kubernetes`
-client: create/read/delete of ConfigMaps, Services, batch/v1 Jobs and kubeflow.org/v1 TFJobs;
+client: create/read/delete of ConfigMaps, Services, batch/v1 Jobs, kubeflow.org/v1 TFJobs,
+jobset.x-k8s.io/v1alpha2 JobSets and trainer.kubeflow.org/v1alpha1 TrainJobs (run by the FAKE
+controllers of tests/fakes/jobset_controller.py, with their own scenarios);
 list pods by label and read one pod; read a pod's log (honouring `timestamps` and
 `sinceSeconds`); list Events (honouring an `involvedObject.*` fieldSelector); read
 PersistentVolumeClaims seeded with `add_pvc`. A tiny fake "controller" (standing in for the

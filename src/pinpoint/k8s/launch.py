@@ -1,5 +1,10 @@
 """Run a provisioned cluster on Kubernetes: create the run folder's manifests, watch the pods and
-the TFJob/Jobs, stream the pods' logs, turn failures into one clear line, and always clean up.
+the TFJob/Jobs/JobSet/TrainJob, stream the pods' logs, turn failures into one clear line, and
+always clean up.
+
+A JobSet or TrainJob restarts the whole group itself (its failurePolicy): for those flavours the
+launch step only watches (pinpoint.k8s.watch.GroupWatcher: the conditions, status.restarts, the
+chief's log across restarts), with a constant number of API requests per poll.
 
 Refused before anything is created (one line each): a cluster.namespace other than the step
 pod's; cluster.runs_volume_claim unset; a run folder outside RUNS_MOUNT (/runs, where the steps
@@ -24,7 +29,7 @@ evicted: exit 143 after cleaning up). The watch loop is pinpoint.k8s.watch, the 
 their retries pinpoint.k8s.api.
 
 Inside a pod, every object created gets an ownerReference to the step's pod, so the garbage
-collector removes the TFJob/Jobs if the step's pod goes away without cleaning up.
+collector removes the TFJob/Jobs/JobSet/TrainJob if the step's pod goes away without cleaning up.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Watch a launched run until it is done: its pods (logs, failures, restarts), its TFJob/Jobs'
 status conditions and the Events of its workloads. Every failure is one TrainingFailed line.
 
+GroupWatcher watches a JobSet or TrainJob, which restart the whole group themselves.
+
 Grace timers are keyed by pod UID: the Training Operator recreates a pod under the same name,
 and a recreated pod starts a fresh timer (and its own log stream).
 """

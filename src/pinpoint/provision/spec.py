@@ -273,6 +273,11 @@ def _notes(cfg: Config) -> list[str]:
             "parameter_server ps/worker tasks serve until stopped: when the chief Job completes, delete the rest "
             f"with `kubectl delete jobs -n {namespace_of(c)} -l app.kubernetes.io/instance={cfg.name}`"
         )
+    if c.flavor == "trainjob":
+        notes.append(
+            "the TrainJob runs on the ClusterTrainingRuntime 'pinpoint-tensorflow': apply docker/runtime.yaml once per "
+            "cluster (`pinpoint provision CONFIG --runtime` writes it)"
+        )
     if cfg.train.strategy in MULTI_PROCESS_STRATEGIES and not c.runs_volume_claim:
         notes.append(NO_CLAIM_LINE)
     return notes
