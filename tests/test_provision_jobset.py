@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pinpoint.config import config_from_dict
+from pinpoint.config import STRATEGIES, config_from_dict
 from pinpoint.errors import ProvisionError
 from pinpoint.provision.manifests import build_manifests, dump
 from pinpoint.provision.podenv import tf_config_from_env
@@ -263,3 +263,17 @@ def test_provision_runtime_writes_the_runtime(tmp_path):
     assert (tmp_path / "run" / "runtime.yaml").read_text() == runtime_yaml()
     assert sorted(p.name for p in (tmp_path / "run" / "manifests").iterdir()) == ["configmap.yaml", "trainjob.yaml"]
     assert "runtime.yaml" not in summary["manifests"]  # cluster-scoped: an admin applies it once
+
+
+@pytest.mark.parametrize("flavor", ["jobset", "trainjob"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_validates(flavor, strategy, validators):
+    """Every strategy, in the smallest topology it accepts (multi-process ones with an evaluator)."""
+    multi = strategy in ("multi_worker_mirrored", "parameter_server")
+    cluster = {"workers": 2, "evaluator": 1, **({"ps": 1} if strategy == "parameter_server" else {})} if multi \
+        else {"workers": 0, "devices_per_worker": 2}
+    files = _docs(_cfg(flavor, strategy, emulate=True, gpu_type=None, **cluster))
+    (doc,) = files[f"{flavor}.yaml"]
+    _check(doc, validators)
+    if flavor == "jobset":
+        _validate_jobset_spec(doc["spec"])
