@@ -66,6 +66,9 @@ class LaunchOptions:
     timeout_seconds: float = 24 * 3600.0  # launch_training: cluster.deadline_s
     unschedulable_grace_seconds: float = 120.0  # launch_training: cluster.unschedulable_grace_s
     image_pull_grace_seconds: float = 30.0
+    # Up to this many pods every pod's log is streamed; above, the chief's and each failed pod's
+    # (the requests per poll stay constant: 1,024 workers would be 1,024 log reads per poll).
+    stream_all_logs_up_to: int = 8
     failed_create_grace_seconds: float = 60.0  # FailedCreate Events (quota...) tolerated this long
     operator_grace_seconds: float = 120.0  # a TFJob without status and pods after this: no operator
     max_restarts: int | None = None  # per replica; None: not enforced; launch_training: train.max_restarts

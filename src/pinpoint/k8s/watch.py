@@ -92,6 +92,17 @@ class Watcher:
         # Only this launch's pods: not those of a dead attempt still terminating.
         return [p for p in pods if any(ref.uid in owners for ref in p.metadata.owner_references or [])]
 
+    @staticmethod
+    def is_chief(pod, has_chief: bool) -> bool:
+        """The chief, else worker 0; a TrainJob's pods (no role label) have it at completion index 0."""
+        labels = pod.metadata.labels or {}
+        role = labels.get(ROLE_LABEL)
+        index = next((labels[k] for k in INDEX_LABELS if k in labels),
+                     (pod.metadata.annotations or {}).get(INDEX_LABELS[1]))
+        if role is None:
+            return index == "0"
+        return role == "chief" if has_chief else (role == "worker" and index == "0")
+
     def stream_logs(self, pod) -> None:
         """Print the lines of a started pod's log not printed yet, each prefixed with the pod name.
         Reads only the recent part (sinceSeconds) after the first read, and drops lines at or
@@ -243,8 +254,13 @@ class Watcher:
         while True:
             now = clock()
             pods = self.pods()
+            # A small run streams every pod's log; a large one the chief's and each failed pod's
+            # once, so the requests per poll do not grow with the pods.
+            every = self.expected_pods <= self.opts.stream_all_logs_up_to
+            has_chief = any((p.metadata.labels or {}).get(ROLE_LABEL) == "chief" for p in pods)
             for pod in pods:
-                self.stream_logs(pod)
+                if every or self.is_chief(pod, has_chief) or pod.status.phase == "Failed":
+                    self.stream_logs(pod)
             for pod in pods:
                 reason = self.diagnose(pod, now)
                 if reason:
@@ -319,16 +335,6 @@ class GroupWatcher(Watcher):
             return pods
         # Only this launch's JobSet: not the pods of a dead attempt's JobSet still terminating.
         return [p for p in pods if (p.metadata.labels or {}).get(JOBSET_UID_LABEL) == self.jobset_uid]
-
-    @staticmethod
-    def is_chief(pod, has_chief: bool) -> bool:
-        """The chief, else worker 0; a TrainJob's pods (no role label) have it at completion index 0."""
-        labels = pod.metadata.labels or {}
-        role = labels.get(ROLE_LABEL)
-        index = labels.get(INDEX_LABELS[1], (pod.metadata.annotations or {}).get(INDEX_LABELS[1]))
-        if role is None:
-            return index == "0"
-        return role == "chief" if has_chief else (role == "worker" and index == "0")
 
     def _get(self, kind: str) -> dict | None:
         from kubernetes.client.rest import ApiException
