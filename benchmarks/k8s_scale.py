@@ -139,9 +139,9 @@ def section(results: dict) -> str:
         if None not in (a, b, c, d):
             lines.append(f"- {f}: bytes per pod at {big:,} / at {small} pods: manifests {b / a:.2f}, "
                          f"cluster_spec.json {d / c:.2f} (linear: about 1, not {big // small})")
-    a, b = get("jobset", small, "requests_per_poll"), get("jobset", big, "requests_per_poll")
-    if None not in (a, b):
-        lines.append(f"- jobset: requests per poll at {big:,} / at {small} pods = {b:g} / {a:g}: "
-                     f"**{'met' if b == a else 'NOT met'}** (constant); the tfjob peer's grow with the pods "
-                     "(it reads every pod's log each poll)")
+    for f in FLAVORS:
+        a, b = get(f, small, "requests_per_poll"), get(f, big, "requests_per_poll")
+        if None not in (a, b):
+            lines.append(f"- {f}: launch API requests per poll at {big:,} / at {small} pods = {b:g} / {a:g}: "
+                         f"**{'met' if b == a else 'NOT met'}** (constant)")
     return table + "\n" + "\n".join(lines) + "\n"

@@ -409,7 +409,8 @@ def test_k8s_scale_section_states_the_three_targets():
             for f in ("jobset", "tfjob") for n in (16, 256, 1024)}
     text = section({"k8s-scale": runs})
     assert "- provision at 1,024 pods < 10 s: 0.50 s: **met**" in text
-    assert "- jobset: requests per poll at 1,024 / at 16 pods = 4 / 4: **met** (constant)" in text
+    assert "- jobset: launch API requests per poll at 1,024 / at 16 pods = 4 / 4: **met** (constant)" in text
+    assert "- tfjob: launch API requests per poll at 1,024 / at 16 pods = 1027 / 19: **NOT met** (constant)" in text
     assert "- tfjob: bytes per pod at 1,024 / at 16 pods: manifests 1.00, cluster_spec.json 1.00" in text
     runs["jobset-1024"] = [_scale_rec("jobset", 1024, 12.0, 300, 1030)]
     text = section({"k8s-scale": runs})
