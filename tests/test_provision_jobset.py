@@ -277,3 +277,30 @@ def test_every_strategy_validates(flavor, strategy, validators):
     _check(doc, validators)
     if flavor == "jobset":
         _validate_jobset_spec(doc["spec"])
+
+
+def test_podenv_turns_the_layout_index_into_the_task_argument():
+    """A TrainJob pod's entry point: completion index 2 of 'chief:1,worker:2' is worker:1, in
+    TF_CONFIG and in place of the command's '{task}'."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PINPOINT_TF_CLUSTER": '{"chief":["a:1"],"worker":["b:1","c:1"]}',
+           "PINPOINT_TASK_LAYOUT": "chief:1,worker:2", "PINPOINT_TASK_INDEX": "2"}
+    code = "import os, sys; print(sys.argv[1], os.environ['TF_CONFIG'])"
+    out = subprocess.run([sys.executable, "-m", "pinpoint.provision.podenv", "--", sys.executable, "-c", code,
+                          "{task}"], env=env, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert out[0] == "worker:1"
+    assert json.loads(out[1])["task"] == {"type": "worker", "index": 1}
+
+
+@pytest.mark.parametrize("field,ok,too_many", [("workers", 1024, 1025), ("ps", 64, 65)])
+def test_parameter_server_scale_caps(field, ok, too_many):
+    from pinpoint.errors import ConfigError
+
+    base = {"chief": 1, "workers": 2, "ps": 1, "flavor": "jobset"}
+    cfg = config_from_dict({"name": "big", "cluster": {**base, field: ok}, "train": {"strategy": "parameter_server"}})
+    assert getattr(cfg.cluster, field) == ok
+    with pytest.raises(ConfigError, match=f"^cluster.{field}: "):
+        config_from_dict({"name": "big", "cluster": {**base, field: too_many}, "train": {"strategy": "parameter_server"}})
