@@ -3,6 +3,7 @@
 The logical device layout is fixed once per process, so each run (Pinpoint or Keras, any
 device count) gets a fresh process. SPEC keys:
   kind          "pinpoint" | "keras" | "keras_mwm" | "keras_task" | "make_run" | "program" | "entrypoint"
+                | "k8s_scale"
   config        a Pinpoint config as a dict (pinpoint, keras*)
   out           the run folder
   warmup_steps  steps excluded from the steady state (trace, warm-up, placement capture)
@@ -92,6 +93,12 @@ def run_entrypoint(spec: dict) -> dict:
     return run(spec)
 
 
+def run_k8s_scale(spec: dict) -> dict:
+    from benchmarks.k8s_scale import measure
+
+    return measure(spec)
+
+
 KINDS = {
     "program": run_program,
     "entrypoint": run_entrypoint,
@@ -100,6 +107,7 @@ KINDS = {
     "keras_task": run_keras,
     "keras_mwm": run_keras_mwm,
     "make_run": run_make_run,
+    "k8s_scale": run_k8s_scale,
 }
 
 

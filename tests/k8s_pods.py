@@ -118,6 +118,43 @@ def indexed_job_pods(job: dict) -> list[Pod]:
     return pods
 
 
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+
+
+def jobset_children(jobset: dict, restarts: int = 0) -> tuple[list[dict], list[dict]]:
+    """What the JobSet controller makes of a JobSet (v0.9.1, jobset_controller.go): per
+    replicatedJob, `replicas` Jobs `<jobset>-<rjob>-<jobIdx>` whose pods carry the JobSet labels
+    and, with network.enableDNSHostnames, the subdomain; and the headless Service named the
+    subdomain (default: the JobSet's name) selecting the JobSet's pods. `restarts` is the
+    restart attempt the Jobs belong to (status.restarts)."""
+    meta, spec = jobset["metadata"], jobset["spec"]
+    name, ns = meta["name"], meta.get("namespace", "default")
+    net = spec.get("network") or {}
+    dns = net.get("enableDNSHostnames", True)
+    subdomain = net.get("subdomain") or name
+    jobs = []
+    for rjob in spec["replicatedJobs"]:
+        for idx in range(int(rjob.get("replicas", 1))):
+            labels = {JOBSET_NAME: name, "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
+                      "jobset.sigs.k8s.io/job-index": str(idx), RESTART_ATTEMPT: str(restarts)}
+            tmpl = copy.deepcopy(rjob["template"])
+            job_spec = tmpl["spec"]
+            job_spec.setdefault("completionMode", "Indexed")  # the JobSet webhook's default
+            pod_meta = job_spec["template"].setdefault("metadata", {})
+            pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **labels}
+            if dns:
+                job_spec["template"]["spec"]["subdomain"] = subdomain
+            jobs.append({"apiVersion": "batch/v1", "kind": "Job",
+                         "metadata": {"name": f"{name}-{rjob['name']}-{idx}", "namespace": ns,
+                                      "labels": {**((tmpl.get("metadata") or {}).get("labels") or {}), **labels}},
+                         "spec": job_spec})
+    services = [{"apiVersion": "v1", "kind": "Service", "metadata": {"name": subdomain, "namespace": ns},
+                 "spec": {"clusterIP": "None", "selector": {JOBSET_NAME: name},
+                          "publishNotReadyAddresses": net.get("publishNotReadyAddresses", True)}}] if dns else []
+    return jobs, services
+
+
 def dns_names(pod: Pod, services: list[dict], domain: str | None = None) -> list[str]:
     """Every name cluster DNS resolves to this pod: headless Services selecting it (`<svc>.<ns>.svc`
     and shorter forms) and, for its subdomain's Service, `<hostname>.<subdomain>.<ns>.svc`."""

@@ -531,3 +531,35 @@ def test_a_section_is_one_registered_function(monkeypatch):
     assert "- a new thing: on / off = 1.1 (1.1–1.1): **met (target <= 1.1)**" in md
     with pytest.raises(ValueError, match="order 35 is taken by something-new"):
         reg.section("Clash", order=35)(lambda s, out: [])
+
+
+def test_k8s_scale_is_a_bench_comparison_with_one_arm_per_flavour_and_size():
+    from benchmarks.k8s_scale import FLAVORS, SIZES, topology
+    from benchmarks.plan import Settings, build_plan
+
+    (comp,) = [c for c in build_plan(Settings()) if c.key == "k8s-scale"]
+    assert [a.name for a in comp.arms] == [f"{f}-{n}" for f in FLAVORS for n in SIZES]
+    assert {a.spec["kind"] for a in comp.arms} == {"k8s_scale"} and comp.repeats == 1
+    # 1,024 pods stay within the config's caps (workers <= 1,024, ps <= 64).
+    assert topology(1024) == {"chief": 1, "ps": 64, "workers": 959}
+
+
+def _scale_rec(flavor, pods, provision_s, per_pod, requests):
+    return {"flavor": flavor, "pods": pods, "provision_s": provision_s, "manifest_bytes": per_pod * pods,
+            "manifest_bytes_per_pod": per_pod, "cluster_spec_bytes": 600 * pods, "cluster_spec_bytes_per_pod": 600,
+            "requests_per_poll": requests}
+
+
+def test_k8s_scale_section_states_the_three_targets():
+    from benchmarks.k8s_scale import section
+
+    runs = {f"{f}-{n}": [_scale_rec(f, n, 0.5, 300, 4 if f == "jobset" else 3 + n)]
+            for f in ("jobset", "tfjob") for n in (16, 256, 1024)}
+    text = section({"k8s-scale": runs})
+    assert "- provision at 1,024 pods < 10 s: 0.50 s: **met**" in text
+    assert "- jobset: launch API requests per poll at 1,024 / at 16 pods = 4 / 4: **met** (constant)" in text
+    assert "- tfjob: launch API requests per poll at 1,024 / at 16 pods = 1027 / 19: **NOT met** (constant)" in text
+    assert "- tfjob: bytes per pod at 1,024 / at 16 pods: manifests 1.00, cluster_spec.json 1.00" in text
+    runs["jobset-1024"] = [_scale_rec("jobset", 1024, 12.0, 300, 1030)]
+    text = section({"k8s-scale": runs})
+    assert "pods < 10 s: 12.00 s: **NOT met**" in text and "= 1030 / 4: **NOT met**" in text

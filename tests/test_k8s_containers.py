@@ -33,7 +33,17 @@ from pinpoint.provision import provision
 from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV
 from pinpoint.runfolder import last_logged_step, latest_checkpoint_step
 from tests.conftest import CPU_IMAGE
-from tests.k8s_pods import Converter, Pod, Unsupported, dns_names, expand, indexed_job_pods, load_docs, out_dir_arg
+from tests.k8s_pods import (
+    Converter,
+    Pod,
+    Unsupported,
+    dns_names,
+    expand,
+    indexed_job_pods,
+    jobset_children,
+    load_docs,
+    out_dir_arg,
+)
 
 CLAIM = DEFAULT_RUNS_CLAIM
 UID = 1000  # the image's user (runAsUser of the pods)
@@ -51,18 +61,19 @@ NODE_ARGS = ["--pids-limit=-1", "--ulimit", "nofile=20000:20000", "--ulimit", "n
 THREAD_BUDGET = 1024
 
 
-def _cfg(name: str, *, steps: int, checkpoint_every: int, log_every: int = 10, devices: int = 2) -> object:
+def _cfg(name: str, *, steps: int, checkpoint_every: int, log_every: int = 10, devices: int = 2,
+         flavor: str = "plain", max_restarts: int = 0) -> object:
     return config_from_dict({
         "name": name,
         "cluster": {
             "chief": 1, "workers": 1, "devices_per_worker": devices, "device_type": "GPU", "emulate": True,
-            "flavor": "plain", "runs_volume_claim": CLAIM, "image": CPU_IMAGE,
+            "flavor": flavor, "runs_volume_claim": CLAIM, "image": CPU_IMAGE,
             "cpu": "1", "memory": "2Gi", "shm_size": "256Mi",
         },
         "train": {
             "strategy": "multi_worker_mirrored", "model": "mlp", "data": "digits", "batch_size": 32,
             "steps": steps, "checkpoint_every": checkpoint_every, "log_every": log_every,
-            "keep_checkpoints": 3, "max_restarts": 0,
+            "keep_checkpoints": 3, "max_restarts": max_restarts,
         },
         "tracking": {"enabled": False},
     })
@@ -74,12 +85,17 @@ def _provisioned(tmp_path: Path, cfg) -> Path:
     return out
 
 
-def _manifests(prov: Path) -> tuple[list[dict], list[dict], list[dict]]:
-    """(jobs, services, configmaps + secrets) from manifests/ (job-*.yaml, services.yaml, configmap.yaml)."""
+def _manifests(prov: Path, restarts: int = 0) -> tuple[list[dict], list[dict], list[dict]]:
+    """(jobs, services, configmaps + secrets) from manifests/ (job-*.yaml, services.yaml, configmap.yaml;
+    or jobset.yaml, whose child Jobs and Service of restart attempt `restarts` the JobSet controller makes)."""
     m = prov / "manifests"
+    objects = load_docs(m / "configmap.yaml")
+    if (m / "jobset.yaml").is_file():
+        (jobset,) = load_docs(m / "jobset.yaml")
+        jobs, services = jobset_children(jobset, restarts)
+        return jobs, services, objects
     jobs = load_docs(*sorted(m.glob("job-*.yaml")))
     services = load_docs(m / "services.yaml")
-    objects = load_docs(m / "configmap.yaml")
     return jobs, services, objects
 
 
@@ -148,6 +164,31 @@ def test_converter_translates_the_provisioned_pod_specs(tmp_path):
 
 
 @pytest.mark.unit
+def test_converter_runs_the_jobsets_pods_under_its_dns_names(tmp_path):
+    """The jobset flavour: the JobSet controller's child Jobs and headless Service give every
+    TF_CONFIG address a pod (<jobset>-<role>-0-<i>.<jobset>.<ns>.svc), and each pod's entry point
+    gets its role and index."""
+    cfg = _cfg("convj", steps=20, checkpoint_every=10, flavor="jobset")
+    jobs, services, objects = _manifests(_provisioned(tmp_path, cfg), restarts=2)
+    conv, _ = _converter(tmp_path, objects)
+    pods = [p for j in jobs for p in indexed_job_pods(j)]
+    assert [p.name for p in pods] == ["convj-chief-0-0", "convj-worker-0-0"]
+    assert {p.labels["jobset.sigs.k8s.io/restart-attempt"] for p in pods} == {"2"}
+    hosts = {}
+    for i, p in enumerate(pods):
+        p.ip = f"10.0.0.{10 + i}"
+        hosts.update({n: p.ip for n in dns_names(p, services)})
+    spec = json.loads((tmp_path / "provision" / "cluster_spec.json").read_text())
+    for role, addrs in spec["cluster"].items():
+        for i, addr in enumerate(addrs):
+            assert hosts[addr.rsplit(":", 1)[0]] == next(p.ip for p in pods if p.name == f"convj-{role}-0-{i}")
+    args = conv.run_args(pods[1], name="c", network="net", hosts=hosts)
+    entry = json.loads(args[args.index("--entrypoint") + 1])
+    assert entry[entry.index("--task") + 1] == "worker:0"
+    assert "--hostname convj-worker-0-0" in " ".join(args)
+
+
+@pytest.mark.unit
 def test_converter_handles_a_claim_subpath_and_optional_secrets(tmp_path):
     """The layout where the claim is mounted with subPath at /runs/<rel>, env from an optional
     Secret and PINPOINT_COLLECTIVE_TIMEOUT in the manifest (rewritten here onto today's manifest)."""
@@ -202,6 +243,7 @@ class PodmanCluster:
         # env: replaces the manifest's value if it has the variable, else added (reported in notes).
         self.conv, self.shared = _converter(tmp_path, objects, env_overrides=dict(env or {}),
                                             extra_env=dict(env or {}))
+        self.jobs = jobs
         self.pods: list[Pod] = [p for j in jobs for p in indexed_job_pods(j)]
         self.domain = json.loads((self.prov / "cluster_spec.json").read_text()).get("cluster_domain")
         token = f"{os.getpid()}-{secrets.token_hex(3)}"
@@ -258,6 +300,20 @@ class PodmanCluster:
             _podman("run", "-d", *args, timeout=300)
         for note in self.conv.notes:
             print(f"k8s_pods: {note}")
+
+    def restart(self, restarts: int) -> None:
+        """Restart the whole group as a JobSet does: every container removed, then the pods of
+        restart attempt `restarts` started afresh (same names, addresses and claim)."""
+        _podman("rm", "-f", "-t", "0", *self.started, timeout=120, check=False)
+        jobs, _, _ = _manifests(self.prov, restarts)
+        self.jobs = jobs
+        ips = {p.name: p.ip for p in self.pods}
+        self.pods = [p for j in jobs for p in indexed_job_pods(j)]
+        for p in self.pods:
+            p.ip = ips[p.name]
+            args = self.conv.run_args(p, name=self.names[p.name], network=self.network, hosts=self.hosts,
+                                      labels={"pinpoint-test": self.token})
+            _podman("run", "-d", *args, timeout=300)
 
     def state(self, pod: str) -> tuple[str, int]:
         out = _podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", self.names[pod]).stdout.split()
@@ -473,3 +529,63 @@ def test_training_containers_stay_within_a_thread_budget(podman_cluster):
         time.sleep(0.5)
     print(f"peak threads {peak} over {steps} steps")
     assert codes == {"k8st-chief-0": 0, "k8st-worker-0": 0}, cluster.all_logs()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(2400)
+def test_jobset_pods_restart_together_from_the_checkpoint_as_the_failure_policy_decides(podman_cluster):
+    """The jobset flavour's pod templates as containers (DNS names as host entries): killing the
+    worker makes both exit; the child Jobs' podFailurePolicy and the JobSet's failurePolicy (as the
+    FAKE controller applies them, tests/fakes/jobset_controller.py) decide a counted restart; the
+    group then restarts from the last checkpoint on the shared claim and trains to completion."""
+    from tests.fakes.jobset_controller import job_failure_reason, jobset_failure_action
+
+    steps = 1500
+    cfg = _cfg("k8sj", steps=steps, checkpoint_every=100, log_every=20, flavor="jobset", max_restarts=1)
+    t0 = time.monotonic()
+    cluster = podman_cluster(cfg)
+    assert sorted(cluster.names) == ["k8sj-chief-0-0", "k8sj-worker-0-0"]
+    assert cluster.hosts["k8sj-worker-0-0.k8sj.default.svc"] == cluster.pod("k8sj-worker-0-0").ip
+    run = cluster.run_dir
+    deadline = time.monotonic() + 600
+    while (latest_checkpoint_step(run) or 0) < 100:
+        exited = {p.name: cluster.exit_code(p.name) for p in cluster.pods}
+        assert not any(c is not None for c in exited.values()), f"a task ended before training ran: {exited}\n" \
+            + cluster.all_logs()
+        assert time.monotonic() < deadline, "no checkpoint within 600 s\n" + cluster.all_logs()
+        time.sleep(0.5)
+    _podman("kill", "-s", "KILL", cluster.names["k8sj-worker-0-0"])
+    codes = cluster.wait_exits(["k8sj-chief-0-0", "k8sj-worker-0-0"], timeout=DETECT_BOUND)
+    assert codes == {"k8sj-chief-0-0": RETRY_EXIT_CODE, "k8sj-worker-0-0": 137}, cluster.all_logs()
+    ckpt = latest_checkpoint_step(run)
+    assert ckpt is not None and 100 <= ckpt < steps
+
+    # What the cluster decides: each child Job's verdict, then the JobSet's (restart, counted).
+    (jobset,) = load_docs(cluster.prov / "manifests" / "jobset.yaml")
+    failed = []
+    for job in cluster.jobs:
+        pods = [p for p in cluster.pods if p.name.startswith(job["metadata"]["name"] + "-")]
+        statuses = [{"phase": "Failed", "containerStatuses": [{"name": p.container["name"], "state": {
+            "terminated": {"exitCode": codes[p.name]}}}]} for p in pods]
+        reason = job_failure_reason(job["spec"], statuses)
+        failed.append((job["metadata"]["name"], job["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"],
+                       reason))
+    assert [r for _, _, r in failed] == ["BackoffLimitExceeded", "BackoffLimitExceeded"]
+    action, _, _ = jobset_failure_action(jobset["spec"], failed, counted=0)
+    assert action == "RestartJobSet"
+    # One more would exceed maxRestarts (train.max_restarts = 1): the JobSet would fail.
+    assert jobset_failure_action(jobset["spec"], failed, counted=1)[0] == "Fail"
+
+    killed = time.monotonic() - t0
+    cluster.restart(1)
+    t1 = time.monotonic()
+    codes = cluster.wait_exits([p.name for p in cluster.pods], timeout=1200)
+    assert codes == {"k8sj-chief-0-0": 0, "k8sj-worker-0-0": 0}, cluster.all_logs()
+    chief_log = cluster.logs("k8sj-chief-0-0", 400)
+    assert f"resuming from checkpoint step {ckpt}" in chief_log, chief_log
+    assert latest_checkpoint_step(run) == steps
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["steps"] == steps, metrics
+    print(f"worker SIGKILLed after checkpoint {ckpt} ({killed:.0f} s in); the group restarted (attempt 1) and "
+          f"trained to {steps} in {time.monotonic() - t1:.0f} s")

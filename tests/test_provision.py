@@ -127,7 +127,11 @@ def test_provision_writes_the_run_folder(tmp_path):
     spec = json.loads((out / "cluster_spec.json").read_text())
     assert spec["config_digest"] == summary["config_digest"] and spec["flavor"] == "tfjob"
     assert [t["task"] for t in spec["tasks"]] == summary["tasks"]
-    assert all(json.loads(t["tf_config_json"]) == t["tf_config"] for t in spec["tasks"])
+    # The cluster dict is written once; a task's TF_CONFIG is it plus the task's own entry.
+    from pinpoint.provision.spec import build_tasks
+    expected = {t.name: t.tf_config for t in build_tasks(written)}
+    assert all({"cluster": spec["cluster"], **t["tf_config"]} == expected[t["task"]] for t in spec["tasks"])
+    assert all("cluster" not in t["tf_config"] and "tf_config_json" not in t for t in spec["tasks"])
     assert spec["restart"]["retry_exit_code"] == 138
     assert spec["pod_run_dir"] == summary["pod_run_dir"] == "/runs/job"  # a folder outside /runs: the name
     plan = json.loads((out / PLACEMENT_PLAN).read_text())

@@ -473,6 +473,8 @@ LAUNCH_CALLS = [
     ("", "services", "create"), ("", "services", "get"), ("", "services", "delete"),
     *[("batch", "jobs", v) for v in ("create", "get", "delete")],
     *[("kubeflow.org", "tfjobs", v) for v in ("create", "get", "delete")],
+    *[("jobset.x-k8s.io", "jobsets", v) for v in ("create", "get", "delete")],
+    *[("trainer.kubeflow.org", "trainjobs", v) for v in ("create", "get", "delete")],
     ("", "pods", "get"), ("", "pods", "list"),
     ("", "pods/log", "get"),
     ("", "events", "list"),

@@ -53,11 +53,12 @@ def cmd_provision(args) -> int:
     cfg = load_config(args.config)
     out = Path(args.out) if args.out else _default_out(args.config)
     summary = provision_step(cfg, out, nodes=args.nodes, kubeconfig=args.kubeconfig, rbac=args.rbac,
-                             parent_run_id=args.parent_run_id)
+                             runtime=args.runtime, parent_run_id=args.parent_run_id)
     for warning in summary["warnings"]:
         print(f"pinpoint: warning: {warning}", file=sys.stderr)
     manifests = f"{out}/manifests/ ({cfg.cluster.flavor})" if summary["manifests"] else "no manifests/"
     rbac = f", {summary['rbac']}" if summary["rbac"] else ""
+    rbac += f", {summary['runtime']}" if summary.get("runtime") else ""
     print(
         f"pinpoint: {len(summary['tasks'])} task(s) ({', '.join(summary['tasks'])}) -> {out}/cluster_spec.json, "
         f"{manifests}{rbac}; feasibility: {summary['feasibility']}"
@@ -136,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rbac", metavar="SERVICE_ACCOUNT",
                    help="also write <out>/rbac.yaml: the Role + RoleBinding the pipeline's launch step needs, for "
                         "this ServiceAccount in the run's namespace (pipeline-runner; default-editor in a profile)")
+    s.add_argument("--runtime", action="store_true",
+                   help="also write <out>/runtime.yaml: the ClusterTrainingRuntime 'pinpoint-tensorflow' the "
+                        "trainjob flavour runs on (Kubeflow Trainer v2; apply once per cluster)")
     s.add_argument("--parent-run-id", help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_provision)
 

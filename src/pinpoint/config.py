@@ -87,8 +87,10 @@ class ClusterConfig(_Frozen):
     """Topology request: roles, devices per replica and how to run them on Kubernetes."""
 
     chief: int = Field(1, ge=0)  # at most 1: checked in _check_strategy_vs_cluster
-    workers: int = Field(0, ge=0, le=64)
-    ps: int = Field(0, ge=0, le=16)
+    # Parameter-server training of recommendation models runs hundreds of workers; the manifests,
+    # cluster_spec.json and the launch step's requests per poll stay linear (or constant) in tasks.
+    workers: int = Field(0, ge=0, le=1024)
+    ps: int = Field(0, ge=0, le=64)
     evaluator: int = Field(0, ge=0)  # at most 1: checked in _check_strategy_vs_cluster
     devices_per_worker: int = Field(1, ge=0, le=16)
     device_type: Literal["GPU", "CPU"] = "GPU"
@@ -109,7 +111,11 @@ class ClusterConfig(_Frozen):
     namespace: Optional[str] = None
     port: int = Field(2222, ge=1024, le=65535)
     cluster_domain: Optional[str] = None
-    flavor: Literal["tfjob", "plain"] = "tfjob"
+    # What the manifests hold (docs/kubernetes.md compares them): 'tfjob' a Training Operator 1.x
+    # TFJob; 'plain' Indexed Jobs + headless Services; 'jobset' one JobSet (jobset.x-k8s.io) that
+    # restarts the whole group itself; 'trainjob' a Kubeflow Trainer v2 TrainJob on Pinpoint's
+    # 'pinpoint-tensorflow' ClusterTrainingRuntime (which instantiates that JobSet).
+    flavor: Literal["tfjob", "plain", "jobset", "trainjob"] = "tfjob"
     # PersistentVolumeClaim (ReadWriteMany) holding the run folders: the pipeline steps mount it at
     # /runs, the training pods the run's own folder (subPath), so checkpoints are shared and survive
     # pod restarts. Required for multi-process strategies on Kubernetes; None: an emptyDir per pod
@@ -458,7 +464,7 @@ def _check_strategy_vs_cluster(cfg: Config) -> None:
 
 
 def _check_scheduling(cfg: Config) -> None:
-    """Gang scheduling needs one object that holds every replica: a TFJob."""
+    """Gang scheduling needs one object that holds every replica: a TFJob, JobSet or TrainJob."""
     c = cfg.cluster
     if c.gang == "kueue" and not c.queue:
         _fail("cluster.queue", None, "gang: kueue admits the job through a Kueue LocalQueue; set cluster.queue "
@@ -466,9 +472,10 @@ def _check_scheduling(cfg: Config) -> None:
     roles = [r for r, n in (("chief", c.chief), ("worker", c.workers), ("ps", c.ps), ("evaluator", c.evaluator)) if n]
     if c.gang != "off" and c.flavor == "plain" and len(roles) > 1:
         _fail("cluster.gang", c.gang, f"the plain flavour makes one Job per role ({', '.join(roles)}), which a "
-              "scheduler admits one at a time; use flavor: tfjob for all-or-nothing scheduling")
-    if c.gang == "operator" and c.flavor == "plain":
-        _fail("cluster.gang", c.gang, "schedulingPolicy is the Training Operator's; use flavor: tfjob or gang: kueue")
+              "scheduler admits one at a time; use flavor: jobset (or tfjob) for all-or-nothing scheduling")
+    if c.gang == "operator" and c.flavor != "tfjob":
+        _fail("cluster.gang", c.gang, f"schedulingPolicy is the Training Operator's, flavor {c.flavor} has none; use "
+              "flavor: tfjob or gang: kueue")
 
 
 def _check_pinning_vs_strategy(cfg: Config) -> None:

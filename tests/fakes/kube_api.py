@@ -1,7 +1,9 @@
 """FakeKubeApiServer: a FAKE Kubernetes API server (no real cluster can run here).
 
 It implements just the REST endpoints pinpoint.k8s.launch calls through the real `kubernetes`
-client: create/read/delete of ConfigMaps, Services, batch/v1 Jobs and kubeflow.org/v1 TFJobs;
+client: create/read/delete of ConfigMaps, Services, batch/v1 Jobs, kubeflow.org/v1 TFJobs,
+jobset.x-k8s.io/v1alpha2 JobSets and trainer.kubeflow.org/v1alpha1 TrainJobs (run by the FAKE
+controllers of tests/fakes/jobset_controller.py, with their own scenarios);
 list pods by label and read one pod; read a pod's log (honouring `timestamps` and
 `sinceSeconds`); list Events (honouring an `involvedObject.*` fieldSelector); read
 PersistentVolumeClaims seeded with `add_pvc`. A tiny fake "controller" (standing in for the
@@ -55,6 +57,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+from tests.fakes.jobset_controller import JobSetControllerMixin
+
 ROLE_LABEL = "pinpoint.dev/role"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
@@ -69,12 +73,15 @@ ROUTES = [
     (r"^/api/v1/namespaces/(?P<ns>[^/]+)/services(?:/(?P<name>[^/]+))?$", "Service"),
     (r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/jobs(?:/(?P<name>[^/]+))?$", "Job"),
     (r"^/apis/kubeflow\.org/v1/namespaces/(?P<ns>[^/]+)/tfjobs(?:/(?P<name>[^/]+))?$", "TFJob"),
+    (r"^/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/(?P<ns>[^/]+)/jobsets(?:/(?P<name>[^/]+))?$", "JobSet"),
+    (r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/(?P<ns>[^/]+)/trainjobs(?:/(?P<name>[^/]+))?$", "TrainJob"),
     (r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log$", "PodLog"),
     (r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+))?$", "Pod"),
     (r"^/api/v1/namespaces/(?P<ns>[^/]+)/events(?:/(?P<name>[^/]+))?$", "Event"),
     (r"^/api/v1/namespaces/(?P<ns>[^/]+)/persistentvolumeclaims(?:/(?P<name>[^/]+))?$", "PersistentVolumeClaim"),
 ]
 RESOURCES = {"ConfigMap": "configmaps", "Service": "services", "Job": "jobs", "TFJob": "tfjobs",
+             "JobSet": "jobsets", "TrainJob": "trainjobs",
              "PodLog": "pods/log", "Pod": "pods", "Event": "events", "PersistentVolumeClaim": "persistentvolumeclaims"}
 PARSE_BOOL_TRUE = ("1", "t", "T", "true", "TRUE", "True")  # Go's strconv.ParseBool, as the API server
 VERBS = {"POST": "create", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}
@@ -95,8 +102,9 @@ def rfc3339nano(ts: float) -> str:
     return f"{base}.{frac}Z" if frac else f"{base}Z"
 
 
-class FakeKubeApiServer:
-    """A fake API server on 127.0.0.1 (a free port); use as a context manager."""
+class FakeKubeApiServer(JobSetControllerMixin):
+    """A fake API server on 127.0.0.1 (a free port); use as a context manager. JobSets and
+    TrainJobs are run by the FAKE controllers of tests/fakes/jobset_controller.py."""
 
     def __init__(self, scenario: str = "success", *, forbid=(), missing_kinds: tuple[str, ...] = (),
                  flaky: dict | None = None, pvc_root: str | Path | None = None):
@@ -121,7 +129,11 @@ class FakeKubeApiServer:
         self.deleted: list[tuple[str, str, str]] = []
         self.collected: list[tuple[str, str, str]] = []  # removed by the fake garbage collector
         self.pod_uids: list[str] = []  # every training pod ever made, in order
+        self.pod_names: dict[str, str] = {}  # pod uid -> its name
         self.pod_lists = 0
+        self.runtimes: dict[str, dict] = {}  # ClusterTrainingRuntimes (add_runtime)
+        self.child_jobs: set[tuple[str, str, str]] = set()  # Jobs made by the fake JobSet controller
+        self.jobset_restarts: list[tuple[str, str, str]] = []  # (jobset, action, first failed job)
         self.hang_seconds = 1.0  # how long a "timeout" fault keeps the client waiting
         self.lock = threading.Lock()
         self._uids = 0
@@ -239,6 +251,12 @@ class FakeKubeApiServer:
             "status": {"phase": "Bound", "accessModes": list(access_modes)},
         }
 
+    def requests_per_poll(self) -> list[int]:
+        """Requests from each pod list (one watch poll) up to the next pod list, in order."""
+        starts = [i for i, (m, p) in enumerate(self.requests)
+                  if m == "GET" and re.match(r"^/api/v1/namespaces/[^/]+/pods$", p)]
+        return [b - a for a, b in zip(starts, starts[1:])]
+
     def log_lines(self, ns: str, name: str) -> list[str]:
         pod = self.pods.get((ns, name))
         return [line for _, line in self.logs.get(pod["metadata"]["uid"], [])] if pod else []
@@ -297,10 +315,16 @@ class FakeKubeApiServer:
             obj["metadata"].setdefault("namespace", ns)
             obj["metadata"]["uid"] = self._uid()
             obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+            if kind == "TrainJob":
+                refused = self._trainjob_created(obj)
+                if refused:
+                    return refused
             self.objects[key] = obj
             self.created.append(key)
             if kind in ("TFJob", "Job"):
                 self._spawn_pods(kind, obj)
+            if kind == "JobSet":
+                self._jobset_created(obj)
             return 201, obj
         if method == "GET":
             if key in self.objects:
@@ -315,10 +339,17 @@ class FakeKubeApiServer:
         return 405, _status(405, "MethodNotAllowed", method)
 
     def _remove(self, key) -> None:
-        del self.objects[key]
-        # Garbage collection: the owner's pods go with it.
+        obj = self.objects.pop(key)
+        self.child_jobs.discard(key)
+        # Garbage collection: the owner's pods go with it, and the objects it owns (a JobSet's
+        # Service and Jobs, a TrainJob's JobSet) with theirs.
         for pod_key in [k for k, p in self.pods.items() if p["metadata"]["_owner"] == key]:
             del self.pods[pod_key]
+        uid = obj["metadata"].get("uid")
+        for child in [k for k, o in self.objects.items()
+                      if any(r.get("uid") == uid and r.get("controller") for r in o["metadata"].get("ownerReferences") or [])]:
+            if child in self.objects:
+                self._remove(child)
 
     def _read_log(self, ns: str, name: str, query: dict):
         pod = self.pods.get((ns, name))
@@ -399,6 +430,7 @@ class FakeKubeApiServer:
         }
         self.pods[(ns, pod_name)] = pod
         self.pod_uids.append(uid)
+        self.pod_names[uid] = pod_name
         return pod
 
     def _recreate(self, pod: dict) -> dict:
@@ -411,10 +443,18 @@ class FakeKubeApiServer:
     def _list_pods(self, ns: str, query: dict) -> list[dict]:
         selector = dict(kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if "=" in kv)
         for pod in [p for (pns, _), p in self.pods.items() if pns == ns]:
-            self._advance(pod)
-        for key, obj in self.objects.items():
-            if key[0] in ("TFJob", "Job") and key[1] == ns and obj.get("status") is not None:
+            if pod["metadata"].get("_group"):
+                self._advance_group(pod)
+            else:
+                self._advance(pod)
+        for key, obj in list(self.objects.items()):
+            if key[0] in ("TFJob", "Job") and key[1] == ns and obj.get("status") is not None and key not in self.child_jobs:
                 self._reconcile(key, obj)
+            elif key[0] == "JobSet" and key[1] == ns and key in self.objects and obj.get("status") is not None:
+                self._reconcile_jobset(key, obj)
+        for key, obj in list(self.objects.items()):
+            if key[0] == "TrainJob" and key[1] == ns and obj.get("status") is not None:
+                self._reconcile_trainjob(key, obj)
         return [_visible(p) for (pns, _), p in self.pods.items()
                 if pns == ns and all(p["metadata"]["labels"].get(k) == v for k, v in selector.items())]
 
@@ -433,8 +473,16 @@ class FakeKubeApiServer:
     def _write_placement(self, pod: dict) -> None:
         """Emulate the claim: write placement.json where the container's --out points, through the
         volumeMount named 'runs' (its subPath inside the claim, pvc_root standing in for the claim)."""
-        if self.pvc_root is None:
+        folder = self._claim_folder(pod)
+        if folder is None:
             return
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "placement.json").write_text(json.dumps({"pod": pod["metadata"]["name"]}))
+
+    def _claim_folder(self, pod: dict) -> Path | None:
+        """The folder of the claim (pvc_root) the container's --out is, or None (no claim, not on it)."""
+        if self.pvc_root is None:
+            return None
         c = pod["spec"]["containers"][0]
         args = [*(c.get("command") or []), *(c.get("args") or [])]
         out = next((a.split("=", 1)[1] for a in args if a.startswith("--out=")), None)
@@ -443,13 +491,11 @@ class FakeKubeApiServer:
         mount = next((m for m in c.get("volumeMounts") or [] if m["name"] == "runs"), None)
         volume = next((v for v in pod["spec"].get("volumes") or [] if v["name"] == "runs"), {})
         if out is None or mount is None or "persistentVolumeClaim" not in volume:
-            return
+            return None
         rel = os.path.relpath(out, mount["mountPath"])
         if rel.startswith(".."):
-            return  # --out is not on the claim: the file stays in the container
-        folder = self.pvc_root / (mount.get("subPath") or "") / rel
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "placement.json").write_text(json.dumps({"pod": pod["metadata"]["name"]}))
+            return None  # --out is not on the claim: the file stays in the container
+        return self.pvc_root / (mount.get("subPath") or "") / rel
 
     def _advance(self, pod: dict) -> None:
         """One scenario step per list call (deterministic, no timing)."""

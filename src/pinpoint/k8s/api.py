@@ -20,7 +20,11 @@ KINDS = {
     "Service": ("services", "", "v1"),
     "Job": ("jobs", "batch", "v1"),
     "TFJob": ("tfjobs", "kubeflow.org", "v1"),
+    "JobSet": ("jobsets", "jobset.x-k8s.io", "v1alpha2"),
+    "TrainJob": ("trainjobs", "trainer.kubeflow.org", "v1alpha1"),
 }
+# Kinds served by CustomResourceDefinitions (the CustomObjectsApi).
+CUSTOM_KINDS = ("TFJob", "JobSet", "TrainJob")
 RBAC_HINT = "apply docker/rbac.yaml (Role + RoleBinding for the pipeline's service account)"
 
 
@@ -111,9 +115,8 @@ class KubeApi:
             "Secret": (self.core.create_namespaced_secret, (namespace, doc)),
             "Service": (self.core.create_namespaced_service, (namespace, doc)),
             "Job": (self.batch.create_namespaced_job, (namespace, doc)),
-            "TFJob": (self.custom.create_namespaced_custom_object, (group, version, namespace, resource, doc)),
         }
-        fn, args = fns[kind]
+        fn, args = fns[kind] if kind not in CUSTOM_KINDS else (self.custom.create_namespaced_custom_object, (group, version, namespace, resource, doc))
         out = self.call("create", resource, fn, *args, handle=handle, namespace=namespace)
         return out if isinstance(out, dict) else self.client.sanitize_for_serialization(out)
 
@@ -125,9 +128,8 @@ class KubeApi:
             "Secret": (self.core.read_namespaced_secret, (name, namespace)),
             "Service": (self.core.read_namespaced_service, (name, namespace)),
             "Job": (self.batch.read_namespaced_job, (name, namespace)),
-            "TFJob": (self.custom.get_namespaced_custom_object, (group, version, namespace, resource, name)),
         }
-        fn, args = fns[kind]
+        fn, args = fns[kind] if kind not in CUSTOM_KINDS else (self.custom.get_namespaced_custom_object, (group, version, namespace, resource, name))
         out = self.call("get", resource, fn, *args, handle=handle, namespace=namespace, what=name)
         return out if isinstance(out, dict) else self.client.sanitize_for_serialization(out)
 
@@ -143,9 +145,8 @@ class KubeApi:
             "Secret": (self.core.delete_namespaced_secret, (name, namespace)),
             "Service": (self.core.delete_namespaced_service, (name, namespace)),
             "Job": (self.batch.delete_namespaced_job, (name, namespace)),
-            "TFJob": (self.custom.delete_namespaced_custom_object, (group, version, namespace, resource, name)),
         }
-        fn, args = fns[kind]
+        fn, args = fns[kind] if kind not in CUSTOM_KINDS else (self.custom.delete_namespaced_custom_object, (group, version, namespace, resource, name))
         try:
             self.call("delete", resource, fn, *args, body=body, handle=(404,), namespace=namespace, what=name)
         except ApiException:
@@ -180,9 +181,11 @@ class KubeApi:
         except ApiException:
             return None
 
-    def list_events(self, involved_uid: str) -> list:
+    def list_events(self, involved_uid: str | None = None, field_selector: str | None = None) -> list:
+        """Events of one object (by uid), or those matching a field selector."""
+        selector = field_selector or f"involvedObject.uid={involved_uid}"
         return self.call("list", "events", self.core.list_namespaced_event, self.namespace,
-                         field_selector=f"involvedObject.uid={involved_uid}").items
+                         field_selector=selector).items
 
     def read_pvc(self, name: str):
         """The PersistentVolumeClaim, or None if it does not exist."""

@@ -1,5 +1,10 @@
 """Run a provisioned cluster on Kubernetes: create the run folder's manifests, watch the pods and
-the TFJob/Jobs, stream the pods' logs, turn failures into one clear line, and always clean up.
+the TFJob/Jobs/JobSet/TrainJob, stream the pods' logs, turn failures into one clear line, and
+always clean up.
+
+A JobSet or TrainJob restarts the whole group itself (its failurePolicy): for those flavours the
+launch step only watches (pinpoint.k8s.watch.GroupWatcher: the conditions, status.restarts, the
+chief's log across restarts), with a constant number of API requests per poll.
 
 Refused before anything is created (one line each): a cluster.namespace other than the step
 pod's; cluster.runs_volume_claim unset; a run folder outside RUNS_MOUNT (/runs, where the steps
@@ -24,7 +29,7 @@ evicted: exit 143 after cleaning up). The watch loop is pinpoint.k8s.watch, the 
 their retries pinpoint.k8s.api.
 
 Inside a pod, every object created gets an ownerReference to the step's pod, so the garbage
-collector removes the TFJob/Jobs if the step's pod goes away without cleaning up.
+collector removes the TFJob/Jobs/JobSet/TrainJob if the step's pod goes away without cleaning up.
 """
 
 from __future__ import annotations
@@ -41,13 +46,16 @@ import yaml
 
 from pinpoint.errors import ConfigError, ProvisionError, TrainingFailed
 from pinpoint.k8s.api import KubeApi, api_message, first_line
-from pinpoint.k8s.watch import ROLE_LABEL, Watcher
+from pinpoint.k8s.watch import ROLE_LABEL, GroupWatcher, Watcher
 from pinpoint.provision.namespace import namespace_of, pod_namespace
 from pinpoint.runfolder import MANIFESTS_DIR, RUNS_MOUNT
 from pinpoint.signals import Terminated, sigterm_raises
 
 # Kinds in creation order: what pods need (config, DNS names) exists before the pods do.
-CREATE_ORDER = {"ConfigMap": 0, "Secret": 0, "Service": 1, "Job": 2, "TFJob": 2}
+CREATE_ORDER = {"ConfigMap": 0, "Secret": 0, "Service": 1, "Job": 2, "TFJob": 2, "JobSet": 2, "TrainJob": 2}
+WORKLOAD_KINDS = ("TFJob", "Job", "JobSet", "TrainJob")
+# Workloads that restart the whole group themselves: the launch step only watches them.
+GROUP_KINDS = ("JobSet", "TrainJob")
 LAUNCH_ID_ANNOTATION = "pinpoint.dev/launch-id"
 SIGTERM_EXIT_CODE = 143
 
@@ -58,6 +66,9 @@ class LaunchOptions:
     timeout_seconds: float = 24 * 3600.0  # launch_training: cluster.deadline_s
     unschedulable_grace_seconds: float = 120.0  # launch_training: cluster.unschedulable_grace_s
     image_pull_grace_seconds: float = 30.0
+    # Up to this many pods every pod's log is streamed; above, the chief's and each failed pod's
+    # (the requests per poll stay constant: 1,024 workers would be 1,024 log reads per poll).
+    stream_all_logs_up_to: int = 8
     failed_create_grace_seconds: float = 60.0  # FailedCreate Events (quota...) tolerated this long
     operator_grace_seconds: float = 120.0  # a TFJob without status and pods after this: no operator
     max_restarts: int | None = None  # per replica; None: not enforced; launch_training: train.max_restarts
@@ -139,6 +150,13 @@ def _expected_pods(docs: list[dict]) -> int:
             n += sum(s.get("replicas", 1) for s in d["spec"]["tfReplicaSpecs"].values())
         elif d["kind"] == "Job":
             n += d["spec"].get("parallelism", d["spec"].get("completions", 1))
+        elif d["kind"] == "JobSet":
+            n += sum(r.get("replicas", 1) * r["template"]["spec"].get("parallelism", 1)
+                     for r in d["spec"]["replicatedJobs"])
+        elif d["kind"] == "TrainJob":
+            from pinpoint.provision.trainjob import trainjob_pod_count
+
+            n += trainjob_pod_count(d)
     return n
 
 
@@ -233,7 +251,7 @@ class Launcher:
             return None
 
     def create(self, docs: list[dict]) -> None:
-        workloads = [d for d in docs if d["kind"] in ("TFJob", "Job")]
+        workloads = [d for d in docs if d["kind"] in WORKLOAD_KINDS]
         roles = {_role_of(d) for d in workloads}
         primary_role = "chief" if "chief" in roles else "worker"
         for doc in docs:
@@ -242,7 +260,7 @@ class Launcher:
             meta["annotations"] = {**(meta.get("annotations") or {}), LAUNCH_ID_ANNOTATION: self.launch_id}
             if self.owner:
                 meta["ownerReferences"] = [*(meta.get("ownerReferences") or []), dict(self.owner)]
-            primary = doc["kind"] == "TFJob" or (doc["kind"] == "Job" and _role_of(doc) == primary_role)
+            primary = doc["kind"] in ("TFJob", *GROUP_KINDS) or (doc["kind"] == "Job" and _role_of(doc) == primary_role)
             self._create_one(doc, primary)
 
     def _wait_gone(self, kind: str, name: str, ns: str, timeout: float = 60.0) -> None:
@@ -271,20 +289,30 @@ class Launcher:
 
     # ---- watch ---------------------------------------------------------------------
     def wait(self, expected_pods: int) -> None:
-        workloads = [c for c in self.created if c.kind in ("TFJob", "Job")]
-        Watcher(self.api, self.name, self.opts, workloads, expected_pods).wait()
+        workloads = [c for c in self.created if c.kind in WORKLOAD_KINDS]
+        if any(c.kind in GROUP_KINDS for c in workloads):
+            # The JobSet controller restarts the group (failurePolicy): watch, do not count pod restarts.
+            GroupWatcher(self.api, self.name, self.opts, workloads, expected_pods).wait()
+        else:
+            Watcher(self.api, self.name, self.opts, workloads, expected_pods).wait()
 
 
 def with_parent_run(doc: dict, parent_run_id: str | None) -> dict:
-    """Add `--parent-run-id` to the `pinpoint train` containers of a TFJob/Job, so the pods'
+    """Add `--parent-run-id` to the `pinpoint train` containers of a TFJob/Job/JobSet (a
+    TrainJob's command lives in the runtime: its PINPOINT_PARENT_RUN_ID env), so the pods'
     MLflow runs are children of the pipeline's parent run."""
-    if not parent_run_id or doc["kind"] not in ("TFJob", "Job"):
+    if not parent_run_id or doc["kind"] not in WORKLOAD_KINDS:
         return doc
-    templates = (
-        [r["template"] for r in doc["spec"]["tfReplicaSpecs"].values()]
-        if doc["kind"] == "TFJob"
-        else [doc["spec"]["template"]]
-    )
+    if doc["kind"] == "TrainJob":
+        from pinpoint.provision.trainjob import with_parent_run_env
+
+        return with_parent_run_env(doc, parent_run_id)
+    if doc["kind"] == "TFJob":
+        templates = [r["template"] for r in doc["spec"]["tfReplicaSpecs"].values()]
+    elif doc["kind"] == "JobSet":
+        templates = [r["template"]["spec"]["template"] for r in doc["spec"]["replicatedJobs"]]
+    else:
+        templates = [doc["spec"]["template"]]
     for template in templates:
         for container in template["spec"]["containers"]:
             cmd = container.get("command") or []
@@ -387,7 +415,17 @@ def _create_error(doc: dict, ns: str, err) -> str:
     kind, name = doc["kind"], doc["metadata"]["name"]
     if err.status == 404 and kind == "TFJob":
         return ("kubernetes: the TFJob resource (kubeflow.org/v1 tfjobs) is not installed; install the Kubeflow "
-                "Training Operator or set cluster.flavor: plain")
+                "Training Operator, or set cluster.flavor: jobset (JobSet installed) or cluster.flavor: plain")
+    if err.status == 404 and kind == "JobSet":
+        return ("kubernetes: the JobSet resource (jobset.x-k8s.io/v1alpha2 jobsets) is not installed; install JobSet "
+                "(v0.9.1: kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/"
+                "v0.9.1/manifests.yaml) or set cluster.flavor: plain")
+    if err.status == 404 and kind == "TrainJob":
+        return ("kubernetes: the TrainJob resource (trainer.kubeflow.org/v1alpha1 trainjobs) is not installed; install "
+                "Kubeflow Trainer v2 or set cluster.flavor: jobset")
+    if err.status == 422 and kind == "TrainJob" and "ClusterTrainingRuntime" in api_message(err):
+        return (f"kubernetes: TrainJob {ns}/{name} refused: the ClusterTrainingRuntime pinpoint-tensorflow is not "
+                "installed; apply docker/runtime.yaml (or `pinpoint provision CONFIG --runtime`) once per cluster")
     if err.status == 404:
         return f"kubernetes: namespace '{ns}' not found while creating {kind} {name}; create it or fix cluster.namespace"
     return f"kubernetes: {kind} {ns}/{name} rejected as invalid ({api_message(err)[:160]}); rerun provision"

@@ -1,6 +1,8 @@
 """Watch a launched run until it is done: its pods (logs, failures, restarts), its TFJob/Jobs'
 status conditions and the Events of its workloads. Every failure is one TrainingFailed line.
 
+GroupWatcher watches a JobSet or TrainJob, which restart the whole group themselves.
+
 Grace timers are keyed by pod UID: the Training Operator recreates a pod under the same name,
 and a recreated pod starts a fresh timer (and its own log stream).
 """
@@ -79,6 +81,7 @@ class Watcher:
         self.first_seen: dict[str, float] = {}  # pod uid -> when first seen
         self.failed_create_since: dict[str, float] = {}  # workload uid -> first FailedCreate seen
         self.replicas: dict[tuple[str, str], _Replica] = {}
+        self.container = CONTAINER  # whose log is streamed
 
     # ---- pods --------------------------------------------------------------------------
     def pods(self) -> list:
@@ -88,6 +91,17 @@ class Watcher:
             return pods
         # Only this launch's pods: not those of a dead attempt still terminating.
         return [p for p in pods if any(ref.uid in owners for ref in p.metadata.owner_references or [])]
+
+    @staticmethod
+    def is_chief(pod, has_chief: bool) -> bool:
+        """The chief, else worker 0; a TrainJob's pods (no role label) have it at completion index 0."""
+        labels = pod.metadata.labels or {}
+        role = labels.get(ROLE_LABEL)
+        index = next((labels[k] for k in INDEX_LABELS if k in labels),
+                     (pod.metadata.annotations or {}).get(INDEX_LABELS[1]))
+        if role is None:
+            return index == "0"
+        return role == "chief" if has_chief else (role == "worker" and index == "0")
 
     def stream_logs(self, pod) -> None:
         """Print the lines of a started pod's log not printed yet, each prefixed with the pod name.
@@ -103,7 +117,7 @@ class Watcher:
         since = None
         if stream.read_at is not None:
             since = max(1, math.ceil(started - stream.read_at) + LOG_OVERLAP_SECONDS)
-        text = self.api.read_log(name, CONTAINER, since)
+        text = self.api.read_log(name, self.container, since)
         if text is None:
             return  # not started yet (or already gone); the next poll retries
         stream.read_at = started
@@ -240,8 +254,13 @@ class Watcher:
         while True:
             now = clock()
             pods = self.pods()
+            # A small run streams every pod's log; a large one the chief's and each failed pod's
+            # once, so the requests per poll do not grow with the pods.
+            every = self.expected_pods <= self.opts.stream_all_logs_up_to
+            has_chief = any((p.metadata.labels or {}).get(ROLE_LABEL) == "chief" for p in pods)
             for pod in pods:
-                self.stream_logs(pod)
+                if every or self.is_chief(pod, has_chief) or pod.status.phase == "Failed":
+                    self.stream_logs(pod)
             for pod in pods:
                 reason = self.diagnose(pod, now)
                 if reason:
@@ -276,3 +295,146 @@ def _memory_limit(pod) -> str:
 
 def _phases(pods) -> str:
     return ", ".join(f"{p.metadata.name}={p.status.phase}" for p in pods) or "none created"
+
+
+# ---- JobSet / TrainJob: the cluster restarts the group ------------------------------------------
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+# The JobSet controller's Failed reasons (pkg/constants of JobSet v0.9.1) -> the fix.
+JOBSET_FAILED_FIXES = {
+    "ReachedMaxRestarts": "a task kept exiting with a retryable code (>= 128: a lost peer, a signal); see the logs "
+                          "above, fix the cause or raise train.max_restarts",
+    "FailJobSetFailurePolicyAction": "a task exited with a permanent code (1-127) or its Job ran past "
+                                     "cluster.deadline_s; see the logs above",
+    "FailedJobs": "a child Job failed and the JobSet has no failure policy; rerun provision",
+}
+
+
+class GroupWatcher(Watcher):
+    """Watch a JobSet (or a TrainJob and the JobSet it instantiates). The JobSet controller restarts
+    the whole group (failurePolicy); this reads the conditions and status.restarts, streams the
+    chief's log across restarts (and each failed pod's log once), and diagnoses the pods of the
+    current attempt. Requests per poll do not grow with the pods: one pod list by label selector,
+    one get of the workload (a TrainJob: also its JobSet), the chief's log, one Event list."""
+
+    def __init__(self, api: KubeApi, name: str, opts: "LaunchOptions", workloads: list["Created"],
+                 expected_pods: int):
+        super().__init__(api, name, opts, workloads, expected_pods)
+        self.workload = next(w for w in workloads if w.kind in ("JobSet", "TrainJob"))
+        self.jobset_uid = self.workload.uid if self.workload.kind == "JobSet" else None
+        self.restarts = 0
+        # A TrainJob's pods run the runtime's container 'node'; its runtime's maxRestarts is a
+        # ceiling, train.max_restarts is enforced here (a JobSet's own maxRestarts is exact).
+        self.container = "node" if self.workload.kind == "TrainJob" else CONTAINER
+        self.limit = opts.max_restarts if self.workload.kind == "TrainJob" else None
+
+    def pods(self) -> list:
+        pods = self.api.list_pods(f"{JOBSET_NAME_LABEL}={self.name}")
+        if not self.jobset_uid:
+            return pods
+        # Only this launch's JobSet: not the pods of a dead attempt's JobSet still terminating.
+        return [p for p in pods if (p.metadata.labels or {}).get(JOBSET_UID_LABEL) == self.jobset_uid]
+
+    def _get(self, kind: str) -> dict | None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self.api.get(kind, self.name, self.workload.namespace)
+        except ApiException:  # 404
+            return None
+
+    def group_state(self, now: float) -> tuple[bool, str | None]:
+        """(finished, failure line) from the workload's conditions and the JobSet's status."""
+        w = self.workload
+        ref = f"{w.kind} {w.namespace}/{w.name}"
+        obj = self._get(w.kind)
+        if obj is None:
+            return False, f"kubernetes: {ref} was deleted while running (by someone else, or a TTL); rerun the step"
+        jobset = obj if w.kind == "JobSet" else self._get("JobSet")
+        js_status = (jobset or {}).get("status") or {}
+        if jobset is not None and self.jobset_uid is None:
+            self.jobset_uid = (jobset.get("metadata") or {}).get("uid")
+        restarts = int(js_status.get("restarts") or 0)
+        max_restarts = ((jobset or {}).get("spec", {}).get("failurePolicy") or {}).get("maxRestarts", 0)
+        counted = int(js_status.get("restartsCountTowardsMax") or 0)
+        if restarts > self.restarts:
+            limit = max_restarts if self.limit is None else self.limit
+            self.opts.log(f"[k8s] JobSet {w.namespace}/{w.name} restarted the whole group (restart {restarts}; "
+                          f"{counted} of {limit} allowed counted)")
+            self.restarts = restarts
+        if self.limit is not None and counted > self.limit:
+            return False, (f"kubernetes: {ref} restarted {counted} times, more than train.max_restarts={self.limit} "
+                           f"({JOBSET_FAILED_FIXES['ReachedMaxRestarts']})")
+        done_type = "Completed" if w.kind == "JobSet" else "Complete"
+        conditions = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []
+                      if c.get("status") == "True"}
+        if "Failed" in conditions:
+            c = conditions["Failed"]
+            fix = JOBSET_FAILED_FIXES.get(c.get("reason"), "see the logs above")
+            return False, (f"kubernetes: {ref} failed after {restarts} restart(s) ({c.get('reason')}: "
+                           f"{first_line(c.get('message'))}); {fix}")
+        if done_type in conditions:
+            return True, None
+        age = now - w.created_at
+        if not js_status and age >= self.opts.operator_grace_seconds:
+            who = ("the JobSet controller does not seem to run (no status on JobSet" if w.kind == "JobSet" else
+                   "the Trainer controller made no JobSet (or the JobSet controller does not run) for TrainJob")
+            fix = ("install JobSet (kubectl get pods -n jobset-system), or set cluster.flavor: plain" if w.kind == "JobSet"
+                   else "check `kubectl get clustertrainingruntime pinpoint-tensorflow` (pinpoint provision --runtime) "
+                        "and `kubectl get pods -n kubeflow-system`")
+            return False, f"kubernetes: {who} {w.namespace}/{w.name} after {age:.0f}s); {fix}"
+        return False, None
+
+    def _failed_create_group(self, now: float, pods) -> str | None:
+        """FailedCreate Events of the child Jobs (an exceeded quota...), after the grace period."""
+        events = [e for e in self.api.list_events(field_selector="involvedObject.kind=Job")
+                  if e.reason in FAILED_CREATE_REASONS
+                  and str(getattr(e.involved_object, "name", "") or "").startswith(f"{self.name}-")]
+        if not events or len(pods) >= self.expected_pods:
+            self.failed_create_since.pop("group", None)
+            return None
+        since = self.failed_create_since.setdefault("group", now)
+        if now - since < self.opts.failed_create_grace_seconds:
+            return None
+        latest = max(events, key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp or ""))
+        message = first_line(latest.message)[:300]
+        fix = (f"free or raise the ResourceQuota (`kubectl describe resourcequota -n {self.namespace}`) or request "
+               "fewer resources per replica (cluster.*)") if "exceeded quota" in message else \
+            "fix what the message names (quota, admission policy, service account)"
+        return (f"kubernetes: Job {self.namespace}/{latest.involved_object.name} cannot create its pods "
+                f"({latest.reason}: {message}); {fix}")
+
+    def wait(self) -> None:
+        """Until the workload is Completed; TrainingFailed on Failed or a failure that will not fix itself."""
+        clock = self.opts.clock
+        deadline = clock() + self.opts.timeout_seconds
+        while True:
+            now = clock()
+            done, reason = self.group_state(now)
+            pods = self.pods()
+            has_chief = any((p.metadata.labels or {}).get(ROLE_LABEL) == "chief" for p in pods)
+            for pod in pods:
+                if self.is_chief(pod, has_chief) or pod.status.phase == "Failed":
+                    self.stream_logs(pod)
+            if reason:
+                raise TrainingFailed(reason)
+            if done:
+                return
+            current = [p for p in pods
+                       if (p.metadata.labels or {}).get(RESTART_ATTEMPT_LABEL, "0") == str(self.restarts)]
+            for pod in current:
+                disrupted = any(c.type == "DisruptionTarget" and c.status == "True"
+                                for c in pod.status.conditions or [])
+                line = None if disrupted else self.diagnose(pod, now)  # a disrupted pod is recreated
+                if line:
+                    raise TrainingFailed(line)
+            line = self._failed_create_group(now, pods)
+            if line:
+                raise TrainingFailed(line)
+            if now > deadline:
+                raise TrainingFailed(
+                    f"kubernetes: {self.name} did not finish within {self.opts.timeout_seconds:.0f}s "
+                    f"(pods: {_phases(pods)}); raise cluster.deadline_s or look at the pod logs"
+                )
+            time.sleep(self.opts.poll_seconds)

@@ -3,10 +3,13 @@
 `provision(cfg, out_dir, nodes=, kubeconfig=, rbac=)` writes, all atomically:
   out_dir/config.yaml          the validated config (the next steps read it)
   out_dir/cluster_spec.json    every task with its address, resources and TF_CONFIG; pod_run_dir
-  out_dir/manifests/*.yaml     ConfigMap + TFJob (flavor tfjob) or Services + Indexed Jobs (plain)
+  out_dir/manifests/*.yaml     ConfigMap + TFJob (flavor tfjob), Services + Indexed Jobs (plain),
+                               a JobSet (jobset) or a TrainJob (trainjob)
   out_dir/placement_plan.json  replica -> node, or {"status": "skipped"} without an inventory
   out_dir/rbac.yaml            with rbac=SERVICE_ACCOUNT: the launch step's Role + RoleBinding
                                (never in manifests/: the launch step cannot grant itself rights)
+  out_dir/runtime.yaml         with runtime=True: the ClusterTrainingRuntime 'pinpoint-tensorflow'
+                               the trainjob flavour runs on (cluster-scoped: applied once, by an admin)
 
 The manifests' pods write the same run folder the steps read: out_dir relative to /runs when it
 is under it (the claim's mount in every step), else the run's name (pinpoint.provision.manifests).
@@ -96,7 +99,7 @@ def _write_manifests(out: Path, files: dict[str, list[dict]]) -> list[Path]:
     return [final / name for name in files]
 
 
-def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, rbac=None) -> dict:
+def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, rbac=None, runtime: bool = False) -> dict:
     """Write the run folder's provisioning outputs (see the module doc) and return a summary.
     rbac: a ServiceAccount name; also write rbac.yaml (the launch step's Role + RoleBinding for
     that account in the run's namespace).
@@ -128,6 +131,12 @@ def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, rbac=None) -
         files, pods_dir = build_manifests(cfg, tasks, run_rel=rel), pod_run_dir(rel)
     spec = cluster_spec(cfg, tasks, pod_run_dir=pods_dir)
     rbac_text = rbac_yaml(namespace_of(cfg.cluster), rbac) if rbac else None
+    if runtime:
+        from pinpoint.provision.trainjob import runtime_yaml
+
+        runtime_text = runtime_yaml()
+    else:
+        runtime_text = None
     plan = _feasibility(cfg, tasks, nodes, kubeconfig)
 
     if plan["status"] == "infeasible":
@@ -144,11 +153,14 @@ def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, rbac=None) -
         written = _write_manifests(out, files)
     if rbac_text is not None:
         atomic_write_text(out / RBAC_FILE, rbac_text)
+    if runtime_text is not None:
+        atomic_write_text(out / "runtime.yaml", runtime_text)
     return {
         "cluster_spec": str(out / CLUSTER_SPEC),
         "manifests": [str(p) for p in written],
         "pod_run_dir": pods_dir,
         "rbac": str(out / RBAC_FILE) if rbac_text is not None else None,
+        "runtime": str(out / "runtime.yaml") if runtime_text is not None else None,
         "placement_plan": str(out / PLACEMENT_PLAN),
         "feasibility": plan["status"],
         "tasks": [t.name for t in tasks],

@@ -1,9 +1,10 @@
-"""Kubernetes manifests for a cluster spec: a TFJob, or plain Services + Indexed Jobs.
+"""Kubernetes manifests for a cluster spec: a TFJob, plain Services + Indexed Jobs, a JobSet, or a
+Kubeflow Trainer v2 TrainJob (pinpoint.provision.trainjob) whose runtime holds that JobSet.
 
-Both flavours run the same container (`pinpoint train /config/config.yaml --out /runs/<rel>
+Every flavour runs the same container (`pinpoint train /config/config.yaml --out /runs/<rel>
 --task <role>:<index>`) with the same TF_CONFIG: the TFJob's comes from the Training Operator,
-the plain one from `pinpoint.provision.podenv`, which rebuilds the operator's JSON from the
-Indexed Job's completion index.
+the plain and JobSet ones from `pinpoint.provision.podenv`, which rebuilds the operator's JSON
+from the Indexed Job's completion index (with the JobSet's pod hosts for a JobSet).
 
 Run folder: the pods mount cluster.runs_volume_claim with `subPath: <rel>` at `/runs/<rel>` and
 write there, where <rel> is the provisioned run folder relative to RUNS_MOUNT (/runs) when it is
@@ -18,6 +19,8 @@ Operator's ExitCode policy, IsRetryableExitCode since release 1.7; the plain Job
 podFailurePolicy); codes 1..127 (configuration and code errors) are permanent. The operator does
 not count ExitCode recreations against runPolicy.backoffLimit, so train.max_restarts is enforced
 by the launch step (pinpoint.k8s.launch), which counts each replica's pod recreations.
+A JobSet restarts the whole group itself (every child Job recreated, `status.restarts` counted
+up to failurePolicy.maxRestarts = train.max_restarts); the launch step only watches it.
 """
 
 from __future__ import annotations
@@ -348,6 +351,99 @@ def plain_job(cfg: Config, task: Task, replicas: int, run_rel: str | None = None
     }
 
 
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+# JobSet startup order for parameter_server: the ps serve the variables the workers and the
+# coordinator (chief) connect to, so they start (and are Ready) first.
+PS_STARTUP_ORDER = ("ps", "worker", "chief", "evaluator")
+
+
+def CONTAINER_EXIT_RULES(container: str) -> list[dict]:  # noqa: N802 - a constant of one parameter
+    """The podFailurePolicy of a JobSet's child Job (rules in order, the first match wins)."""
+    return [
+        # Preemption or node drain: the Job recreates the pod without counting it (JobSet v0.9.1
+        # matches only a Job's failure reason, and a FailJob here would share the reason
+        # PodFailurePolicy with the permanent exits below).
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        # 1..127: configuration or code errors; the JobSet fails at once (FailJobSet).
+        {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In",
+                                              "values": list(range(1, 128))}},
+    ]
+
+
+# The JobSet's failurePolicy rules (in order, the first match wins; unmatched: RestartJobSet).
+JOBSET_FAILURE_RULES = [
+    {"name": "permanentExit", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+    {"name": "deadline", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]},
+    # backoffLimit 0: a pod's exit >= 128 (a lost peer's 138, a signal) fails its Job with
+    # BackoffLimitExceeded; every child Job is recreated, counted against maxRestarts.
+    {"name": "retryableExit", "action": "RestartJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"]},
+]
+
+
+def _child_job(cfg: Config, task: Task, replicas: int, run_rel: str | None) -> dict:
+    """The Job template of one replicatedJob: an Indexed Job of `replicas` pods that fails as a
+    whole on its first failed pod (backoffLimit 0), so the JobSet decides what happens next."""
+    template = pod_template(cfg, task, plain=True, run_rel=run_rel)
+    template["spec"]["restartPolicy"] = "Never"  # required by podFailurePolicy
+    return {
+        "completionMode": "Indexed",
+        "completions": replicas,
+        "parallelism": replicas,
+        # Any counted pod failure (an exit >= 128: a lost peer's 138, a signal) fails this Job
+        # with BackoffLimitExceeded, which the JobSet answers by recreating every child Job.
+        "backoffLimit": 0,
+        # Per attempt: a restarted JobSet makes new child Jobs (the launch step's timeout is overall).
+        "activeDeadlineSeconds": cfg.cluster.deadline_s,
+        "podFailurePolicy": {"rules": CONTAINER_EXIT_RULES(CONTAINER)},
+        "template": template,
+    }
+
+
+def jobset_spec(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict:
+    """The spec of the run's JobSet (flavour jobset; the template of the trainjob runtime)."""
+    c = cfg.cluster
+    counts = role_counts(c)
+    first = _first_tasks(tasks)
+    roles = list(first)
+    if cfg.train.strategy == "parameter_server":
+        roles = [r for r in PS_STARTUP_ORDER if r in first]
+    primary = "chief" if "chief" in counts else "worker"
+    spec: dict = {
+        # Pods reach each other as <name>-<role>-0-<i>.<name> (the headless Service the JobSet makes).
+        "network": {"enableDNSHostnames": True, "subdomain": cfg.name, "publishNotReadyAddresses": True},
+        "replicatedJobs": [
+            {"name": role, "replicas": 1, "template": {"spec": _child_job(cfg, first[role], counts[role], run_rel)}}
+            for role in roles
+        ],
+        # Rules are evaluated in order, the first match wins; unmatched failures restart (counted).
+        "failurePolicy": {
+            "maxRestarts": cfg.train.max_restarts,
+            # The old pods are gone before the new ones start: two attempts never write one checkpoint.
+            "restartStrategy": "BlockingRecreate",
+            "rules": JOBSET_FAILURE_RULES,
+        },
+        # Done when the chief (else every worker) completed; the evaluator is not waited for, and
+        # the JobSet controller deletes the Jobs still running (ps servers, the evaluator).
+        "successPolicy": {"operator": "Any" if primary == "chief" else "All", "targetReplicatedJobs": [primary]},
+        "ttlSecondsAfterFinished": c.ttl_after_finished_s,
+    }
+    if cfg.train.strategy == "parameter_server":
+        spec["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    return spec
+
+
+def jobset(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict:
+    """A jobset.x-k8s.io/v1alpha2 JobSet (schema of JobSet v0.9.1): one replicatedJob per role."""
+    return {
+        "apiVersion": JOBSET_API,
+        "kind": "JobSet",
+        # gang: kueue: the queue label on the JobSet, which Kueue admits as one workload (every role).
+        "metadata": {"name": cfg.name, "namespace": namespace_of(cfg.cluster), "labels": _workload_labels(cfg)},
+        "spec": jobset_spec(cfg, tasks, run_rel),
+    }
+
+
 def build_manifests(cfg: Config, tasks: list[Task], *, run_rel: str | None = None) -> dict[str, list[dict]]:
     """File name -> documents, for cfg.cluster.flavor; the pods write /runs/<run_rel> on the
     claim (default: the run's name, see `pod_run_rel`). ProvisionError (one line) for what
@@ -356,6 +452,12 @@ def build_manifests(cfg: Config, tasks: list[Task], *, run_rel: str | None = Non
     files = {"configmap.yaml": [configmap(cfg)]}
     if cfg.cluster.flavor == "tfjob":
         files["tfjob.yaml"] = [tfjob(cfg, tasks, run_rel)]
+    elif cfg.cluster.flavor == "jobset":
+        files["jobset.yaml"] = [jobset(cfg, tasks, run_rel)]
+    elif cfg.cluster.flavor == "trainjob":
+        from pinpoint.provision.trainjob import trainjob
+
+        files["trainjob.yaml"] = [trainjob(cfg, tasks, run_rel)]
     else:
         files["services.yaml"] = plain_services(cfg)
         counts = role_counts(cfg.cluster)

@@ -1,9 +1,13 @@
-"""Pod entry point of the plain flavour: build TF_CONFIG from the pod's index, then exec.
+"""Pod entry point of the plain and JobSet flavours: build TF_CONFIG from the pod's index, then exec.
 
 `python -m pinpoint.provision.podenv CMD...` reads PINPOINT_TF_CLUSTER (the cluster dict as
 JSON), PINPOINT_TASK_ROLE and PINPOINT_TASK_INDEX (the Indexed Job's completion index), sets
 TF_CONFIG to exactly what the Training Operator would have set for that replica, and replaces
 itself with CMD. Nothing else: no TensorFlow import, so the task starts as fast as under a TFJob.
+
+A TrainJob's pods share one Job (flavour trainjob): PINPOINT_TASK_LAYOUT ('chief:1,worker:2')
+maps the completion index to the role and the index within it, and an argument '{task}' of CMD
+becomes 'ROLE:INDEX'.
 """
 
 from __future__ import annotations
@@ -40,12 +44,33 @@ def uri_has_credentials(uri: str | None) -> bool:
     return "@" in uri.split("//", 1)[-1].split("/", 1)[0]
 
 
+TASK_LAYOUT_ENV = "PINPOINT_TASK_LAYOUT"
+
+
+def task_of_index(layout: str, index: int) -> tuple[str, int]:
+    """('worker', 1) for index 2 of 'chief:1,worker:2'; ValueError outside the layout."""
+    offset = 0
+    for part in filter(None, layout.split(",")):
+        role, _, n = part.partition(":")
+        if index < offset + int(n):
+            return role, index - offset
+        offset += int(n)
+    raise ValueError(f"PINPOINT_TASK_INDEX={index} is outside the {offset} tasks of {TASK_LAYOUT_ENV}={layout!r}")
+
+
+def task_from_env(env: Mapping[str, str]) -> tuple[str, int]:
+    """(role, index) of this pod: PINPOINT_TASK_ROLE, or the TrainJob layout's role of the index."""
+    index = int(env["PINPOINT_TASK_INDEX"])
+    if env.get(TASK_LAYOUT_ENV):
+        return task_of_index(env[TASK_LAYOUT_ENV], index)
+    return env["PINPOINT_TASK_ROLE"], index
+
+
 def tf_config_from_env(env: Mapping[str, str]) -> str:
     """The TF_CONFIG JSON for the pod described by `env`; ValueError naming the bad variable."""
     try:
         cluster = json.loads(env["PINPOINT_TF_CLUSTER"])
-        role = env["PINPOINT_TASK_ROLE"]
-        index = int(env["PINPOINT_TASK_INDEX"])
+        role, index = task_from_env(env)
     except KeyError as err:
         raise ValueError(f"environment variable {err.args[0]} is not set; the manifest must define it") from None
     except ValueError as err:
@@ -68,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:  # no command: print it (used to inspect a pod's TF_CONFIG)
         print(value)
         return 0
+    task = json.loads(value)["task"]
+    argv = [f"{task['type']}:{task['index']}" if a == "{task}" else a for a in argv]
     os.execvp(argv[0], argv)
     return 127  # pragma: no cover - execvp does not return
 

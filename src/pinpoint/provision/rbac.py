@@ -23,9 +23,12 @@ RULES = (
     ("", ("configmaps", "services"), ("create", "get", "delete")),
     ("batch", ("jobs",), ("create", "get", "delete")),  # get: status conditions, a leftover's owner
     ("kubeflow.org", ("tfjobs",), ("create", "get", "delete")),
+    # get jobsets: a TrainJob's restarts live on the JobSet the Trainer makes of it.
+    ("jobset.x-k8s.io", ("jobsets",), ("create", "get", "delete")),
+    ("trainer.kubeflow.org", ("trainjobs",), ("create", "get", "delete")),
     ("", ("pods",), ("get", "list")),  # list: the run's pods; get: the launcher pod (ownerReference)
     ("", ("pods/log",), ("get",)),
-    ("", ("events",), ("list",)),  # FailedCreate / quota refusals of the run's objects
+    ("", ("events",), ("list",)),  # FailedCreate / quota refusals of the run's objects (a JobSet's child Jobs)
     ("", ("persistentvolumeclaims",), ("get",)),  # the claim is ReadWriteMany
 )
 

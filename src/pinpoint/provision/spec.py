@@ -15,12 +15,13 @@ from pinpoint.provision.namespace import namespace_of
 from pinpoint.provision.quantity import parse_quantity
 from pinpoint.provision.tfconfig import (
     TFJOB_REPLICA_TYPES,
+    jobset_cluster,
     k8s_cluster,
-    k8s_host,
     role_counts,
     task_list,
     tf_config,
     to_json,
+    trainjob_cluster,
 )
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -34,6 +35,10 @@ _LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 # each replica's pod recreations.
 def is_retryable_exit_code(code: int) -> bool:
     return code >= 128
+
+
+# Flavours whose workload is (or instantiates) a JobSet: its pods get the JobSet's DNS names.
+JOBSET_FLAVORS = ("jobset", "trainjob")
 
 
 # A multi-process run without cluster.runs_volume_claim gets no manifests: every pod would get its
@@ -82,6 +87,13 @@ class Task:
         d["tf_config_json"] = to_json(self.tf_config)
         return d
 
+    def to_spec_json(self) -> dict:
+        """The task's entry in cluster_spec.json: its TF_CONFIG without the cluster dict, which the
+        file holds once (repeating it per task made the file quadratic in the tasks: 430 KB at 74)."""
+        d = {k: v for k, v in self.to_json().items() if k not in ("tf_config", "tf_config_json")}
+        d["tf_config"] = {k: v for k, v in self.tf_config.items() if k != "cluster"}
+        return d
+
 
 def role_gpus(cfg: Config, role: str) -> int:
     """GPUs one replica of `role` requests. Emulated or CPU specs request none. A ps task only
@@ -121,10 +133,17 @@ def check_request(cfg: Config) -> None:
     """Refuse what Kubernetes would refuse later, one line each (config.py checked the TF traps)."""
     c = cfg.cluster
     for role, n in role_counts(c).items():
-        longest = f"{cfg.name}-{role}-{n - 1}"
+        if c.flavor == "trainjob":  # one replicatedJob 'node' holds every task
+            longest, what = f"{cfg.name}-node-0-{len(task_list(c)) - 1}-abcde", "a JobSet pod name"
+        elif c.flavor == "jobset":
+            # The JobSet webhook's check: the longest pod name (with the Job controller's 5
+            # random characters) must be a DNS-1035 label.
+            longest, what = f"{cfg.name}-{role}-0-{n - 1}-abcde", "a JobSet pod name"
+        else:
+            longest, what = f"{cfg.name}-{role}-{n - 1}", "a Service name"
         if len(longest) > 63 or not _DNS1035.match(longest):
             raise ProvisionError(
-                f"name: got {cfg.name!r}; '{longest}' (a Service name) must be a DNS-1035 label of at most "
+                f"name: got {cfg.name!r}; '{longest}' ({what}) must be a DNS-1035 label of at most "
                 "63 characters; use a shorter name"
             )
     if not re.match(r"^([a-z0-9.-]+/)?[A-Za-z0-9][-A-Za-z0-9_.]*$", c.gpu_resource):
@@ -172,16 +191,20 @@ def _check_label_value(field_name: str, value: str) -> None:
 
 def build_tasks(cfg: Config) -> list[Task]:
     """Every task with the TF_CONFIG the Training Operator would give it (the plain flavour
-    reproduces the same one)."""
+    reproduces the same one); for the JobSet flavours the same shape with the JobSet's pod hosts."""
     check_request(cfg)
     c = cfg.cluster
-    cluster = k8s_cluster(cfg.name, c)
+    if c.flavor == "trainjob":
+        cluster = trainjob_cluster(cfg.name, c)
+    else:
+        cluster = jobset_cluster(cfg.name, c) if c.flavor == "jobset" else k8s_cluster(cfg.name, c)
+    # Every task shares the one cluster dict (no copy per task: memory stays linear in the tasks).
     return [
         Task(
             role=r,
             index=i,
             replica_type=TFJOB_REPLICA_TYPES[r],
-            host=k8s_host(cfg.name, r, i, namespace_of(c), c.cluster_domain, c.port),
+            host=cluster[r][i],
             resources=role_resources(cfg, r),
             tf_config=tf_config(cluster, r, i),
             devices=role_devices(cfg, r),
@@ -207,20 +230,34 @@ def cluster_spec(cfg: Config, tasks: list[Task], *, pod_run_dir: str | None = No
         "devices_per_replica": cfg.replica_devices(),
         "roles": role_counts(c),
         "cluster": tasks[0].tf_config["cluster"] if tasks else {},
+        # A task's TF_CONFIG is {"cluster": <cluster above>, **tasks[i].tf_config}.
         "pod_run_dir": pod_run_dir,
-        "restart": {
-            "retryable_exit_codes": ">= 128",
-            "permanent_exit_codes": "1..127",
-            "retry_exit_code": RETRY_EXIT_CODE,
-            "max_restarts": cfg.train.max_restarts,
-            "retried_by": "the Training Operator's ExitCode policy (IsRetryableExitCode, release >= 1.7) or the "
-                          "plain Jobs' podFailurePolicy (DisruptionTarget ignored first, then FailJob on 1..127)",
-            "max_restarts_enforced_by": "the launch step, counting each replica's pod recreations (TFJob "
-                                        "backoffLimit does not count ExitCode restarts)",
-        },
+        "restart": _restart(cfg),
         "notes": _notes(cfg),
-        "tasks": [t.to_json() for t in tasks],
+        "tasks": [t.to_spec_json() for t in tasks],
     }
+
+
+def _restart(cfg: Config) -> dict:
+    """Who retries what, for cfg.cluster.flavor."""
+    out = {
+        "retryable_exit_codes": ">= 128",
+        "permanent_exit_codes": "1..127",
+        "retry_exit_code": RETRY_EXIT_CODE,
+        "max_restarts": cfg.train.max_restarts,
+    }
+    if cfg.cluster.flavor in JOBSET_FLAVORS:
+        out["retried_by"] = ("the JobSet controller: a child Job failing with BackoffLimitExceeded (exit >= 128) "
+                             "recreates every child Job (RestartJobSet, counted); PodFailurePolicy (exit 1..127) and "
+                             "DeadlineExceeded fail the JobSet; a disrupted pod (DisruptionTarget) is recreated by "
+                             "its Job without counting")
+        out["max_restarts_enforced_by"] = "the JobSet's failurePolicy.maxRestarts (status.restarts counts them)"
+    else:
+        out["retried_by"] = ("the Training Operator's ExitCode policy (IsRetryableExitCode, release >= 1.7) or the "
+                             "plain Jobs' podFailurePolicy (DisruptionTarget ignored first, then FailJob on 1..127)")
+        out["max_restarts_enforced_by"] = ("the launch step, counting each replica's pod recreations (TFJob "
+                                           "backoffLimit does not count ExitCode restarts)")
+    return out
 
 
 def _notes(cfg: Config) -> list[str]:
@@ -235,6 +272,11 @@ def _notes(cfg: Config) -> list[str]:
         notes.append(
             "parameter_server ps/worker tasks serve until stopped: when the chief Job completes, delete the rest "
             f"with `kubectl delete jobs -n {namespace_of(c)} -l app.kubernetes.io/instance={cfg.name}`"
+        )
+    if c.flavor == "trainjob":
+        notes.append(
+            "the TrainJob runs on the ClusterTrainingRuntime 'pinpoint-tensorflow': apply docker/runtime.yaml once per "
+            "cluster (`pinpoint provision CONFIG --runtime` writes it)"
         )
     if cfg.train.strategy in MULTI_PROCESS_STRATEGIES and not c.runs_volume_claim:
         notes.append(NO_CLAIM_LINE)

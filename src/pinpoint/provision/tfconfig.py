@@ -7,6 +7,10 @@ Roles use TensorFlow's names. Two shapes exist and both are produced here:
   `<job>-<role>-<index>.<namespace>.svc[.<CUSTOM_CLUSTER_DOMAIN>]:<port>`, role keys lower-cased
   and sorted (a marshalled Go map), `"environment": "cloud"`, and -- since kubeflow/trainer#1146
   -- the evaluator INCLUDED in the cluster dict. The plain flavour reproduces it byte for byte.
+* JobSet (`jobset_cluster`, flavours jobset and trainjob): the same shape, with the hosts the
+  JobSet controller gives its pods (network.enableDNSHostnames): one child Job per role, so
+  `<jobset>-<role>-0-<index>.<subdomain>` (the subdomain is the JobSet's name, and a TrainJob's
+  JobSet is named like the TrainJob), qualified with `.<namespace>.svc[.<domain>]`.
 * Local (`cluster_dict(..., include_evaluator=False)`): the evaluator is left out of the cluster
   dict, as TensorFlow's docs describe it (it only reads checkpoints), but has its own task entry.
 
@@ -76,6 +80,33 @@ def k8s_cluster(name: str, c: ClusterConfig) -> dict[str, list[str]]:
     """The cluster dict the Training Operator generates for this topology (evaluator included)."""
     return cluster_dict(
         c, lambda r, i: k8s_host(name, r, i, namespace_of(c), c.cluster_domain, c.port), include_evaluator=True
+    )
+
+
+def jobset_host(name: str, role: str, index: int, namespace: str, domain: str | None, port: int) -> str:
+    """A JobSet pod's address: the Indexed Job `<name>-<role>-0` (replicatedJob `role`, job index 0)
+    names its pod `<job>-<index>` in the headless Service `<name>` (jobset's GenPodName; Trainer
+    v2's IdentifyPodNetwork builds the same '<trainjob>-<rjob>-<jobIdx>-<podIdx>.<subdomain>')."""
+    host = f"{name}-{role}-0-{index}.{name}.{namespace}.svc"
+    if domain:
+        host += f".{domain}"
+    return f"{host}:{port}"
+
+
+def jobset_cluster(name: str, c: ClusterConfig) -> dict[str, list[str]]:
+    """The cluster dict of a JobSet's pods (evaluator included, as the plain flavour's)."""
+    return cluster_dict(
+        c, lambda r, i: jobset_host(name, r, i, namespace_of(c), c.cluster_domain, c.port), include_evaluator=True
+    )
+
+
+def trainjob_cluster(name: str, c: ClusterConfig) -> dict[str, list[str]]:
+    """The cluster dict of a TrainJob on the pinpoint-tensorflow runtime: every task is a completion
+    index of the one replicatedJob 'node', in task order (chief, workers, ps, evaluator)."""
+    index = {t: k for k, t in enumerate(task_list(c))}
+    return cluster_dict(
+        c, lambda r, i: jobset_host(name, "node", index[(r, i)], namespace_of(c), c.cluster_domain, c.port),
+        include_evaluator=True,
     )
 
 

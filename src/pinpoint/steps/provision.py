@@ -12,10 +12,10 @@ from pinpoint.runfolder import CLUSTER_SPEC, MANIFESTS_DIR, read_json
 from pinpoint.tracking import open_step_run
 
 
-def provision_step(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, rbac=None,
+def provision_step(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, rbac=None, runtime: bool = False,
                    parent_run_id: str | None = None) -> dict:
     """provision(), then its params and files logged to MLflow; the summary gains `run_id`."""
-    summary = provision(cfg, out_dir, nodes=nodes, kubeconfig=kubeconfig, rbac=rbac)
+    summary = provision(cfg, out_dir, nodes=nodes, kubeconfig=kubeconfig, rbac=rbac, runtime=runtime)
     out = Path(out_dir)
     # The config as provision wrote it (its namespace resolved): what the later steps read.
     summary["run_id"] = _track(with_namespace(cfg), out, read_json(out / CLUSTER_SPEC), read_json(out / PLACEMENT_PLAN),
