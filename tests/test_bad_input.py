@@ -42,6 +42,12 @@ def base(**train) -> dict:
     }
 
 
+def tracked(config: dict) -> dict:
+    """The same config with MLflow tracking on (an embedded store under the case's folder): its
+    sender process starts before TensorFlow, so the error comes after start-up."""
+    return {**config, "tracking": {"enabled": True, "uri": "sqlite:///{tmp}/store/mlflow.db"}}
+
+
 def cluster(**c) -> dict:
     d = base()
     d["cluster"].update(c)
@@ -62,6 +68,8 @@ USER_FILES = {
         "def not_a_model():\n    return 42\n\n"
         "def not_a_dataset():\n    return [1, 2, 3]\n\n"
         "def features_only():\n    return tf.data.Dataset.from_tensor_slices(np.zeros((4, 3), 'float32'))\n\n"
+        "def int_labels():\n"
+        "    return tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), 'float32'), np.zeros(4, 'int64')))\n\n"
         "def float_labels():\n"
         "    return tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), 'float32'), np.zeros(4, 'float32')))\n"
     ),
@@ -151,6 +159,17 @@ CASES = [
          ("train.data", "no file matches"), subprocess=True),
     Case("user-model-unknown-layer", TRAIN, base(model="upkg.m:good_model", pinning={"layers": {"dense_9": "/GPU:1"}}),
          ("train.pinning.layers.dense_9", "hidden", "head"), files=USER_FILES, subprocess=True),
+    # --- found after start-up: MLflow's sender process is already running -----------------
+    Case("late-num-classes-unknown", TRAIN, tracked(base(data="upkg.m:int_labels")),
+         ("train.num_classes", "got None", "set train.num_classes"), files=USER_FILES, subprocess=True),
+    Case("late-user-model-raises", TRAIN, tracked(base(model="upkg.m:raising_model")),
+         ("train.model", "ValueError: filters must be even"), files=USER_FILES, subprocess=True),
+    Case("late-label-dtype-vs-loss", TRAIN, tracked(base(data="upkg.m:float_labels", num_classes=3)),
+         ("train.loss", "float32", "integer class ids"), files=USER_FILES, subprocess=True),
+    Case("late-unknown-layer", TRAIN, tracked(base(model="upkg.m:good_model", pinning={"layers": {"dense_9": "/GPU:1"}})),
+         ("train.pinning.layers.dense_9", "hidden", "head"), files=USER_FILES, subprocess=True),
+    Case("late-absent-device-hard", TRAIN, tracked(base(pinning={"gradients": "/CPU:5", "soft_placement": False})),
+         ("train.pinning.gradients", "/CPU:5", "soft_placement"), subprocess=True),
     # --- CLI arguments -----------------------------------------------------------------------
     Case("unknown-command", ["fly", "{cfg}"], base(), ("invalid choice", "pinpoint --help")),
     Case("missing-config-arg", ["train"], None, ("config: got nothing (required)", "pinpoint train --help")),
@@ -233,9 +252,26 @@ def test_bad_input_needing_tensorflow(tmp_path):
         )
         try:
             _assert_one_line(proc.returncode, proc.stderr, case, out)
+            assert not _processes_mentioning(str(d)), f"{case.id}: a process outlived pinpoint"
         except AssertionError as err:
             failures.append(str(err))
     assert not failures, "\n\n".join(failures)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose environment or command line holds `text` (the case's folder: a
+    tracking URI there reaches the sender process in its environment)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            blob = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            found.append(int(proc.name))
+    return found
 
 
 test_the_table_has_at_least_30_cases = pytest.mark.unit(test_the_table_has_at_least_30_cases)
