@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from pinpoint.device_names import sort_key
 from pinpoint.placement.schema import EXPLAIN, SCHEMA_VERSION, json_number
-from pinpoint.placement.variables import FINGERPRINT_SAMPLES
+from pinpoint.placement.variables import FINGERPRINT_SAMPLES, summarize_consistency
 
 
 def _sum_into(dst: dict, src: dict) -> None:
@@ -47,6 +47,8 @@ def merge_placements(placements: list[dict]) -> dict:
     tasks: dict[str, dict] = {}
     scores = []
     rc_vars: dict[str, float] = {}
+    rc_classes: dict[str, str] = {}
+    rc_aggs: dict[str, str] = {}
     rc_checked = 0
     rc_seen = False
     updates = {"update_ops": 0, "unattributed_ops": 0}
@@ -74,6 +76,8 @@ def merge_placements(placements: list[dict]) -> dict:
             cur["input_bytes"] += c.get("input_bytes", 0)
         fallbacks.extend(dict(f, task=task) for f in p.get("fallbacks") or [])
         for v in p.get("variables") or []:
+            if v.get("class"):
+                rc_classes.setdefault(v["name"], v["class"])
             cur = variables.get(v["name"])
             if cur is None:
                 variables[v["name"]] = cur = dict(v, components=[], devices=[], update_devices=[], update_ops=0)
@@ -94,6 +98,8 @@ def merge_placements(placements: list[dict]) -> dict:
             rc_checked = max(rc_checked, rc.get("checked", 0))
             for name, diff in (rc.get("variables") or {}).items():
                 rc_vars[name] = max(rc_vars.get(name, 0.0), diff)
+            rc_classes.update(rc.get("classes") or {})
+            rc_aggs.update(rc.get("aggregations") or {})
         aliases.update(p.get("device_aliases") or {})
         physical.update(p.get("physical_devices") or {})
         tasks[task] = {k: v for k, v in p.items() if k not in ("ops", "explain")}
@@ -154,9 +160,10 @@ def merge_placements(placements: list[dict]) -> dict:
             "total": json_number(sum(grads.values())),
         },
         "replica_consistency": (
-            {"checked": rc_checked, "max_abs_diff": max(rc_vars.values()) if rc_vars else 0.0, "variables": rc_vars,
-             "method": "within each task: every component compared in full; across tasks: "
-             f"up to {FINGERPRINT_SAMPLES} evenly spaced values of each copy compared with the first task's"}
+            dict(summarize_consistency(rc_vars, {n: rc_classes.get(n, "trainable") for n in rc_vars}, rc_aggs),
+                 checked=rc_checked,
+                 method="within each task: every component compared in full; across tasks: "
+                 f"up to {FINGERPRINT_SAMPLES} evenly spaced values of each copy compared with the first task's")
             if rc_seen
             else None
         ),

@@ -42,6 +42,7 @@ img{max-width:100%;border:1px solid #eee;margin:6px 0}
 .card{border:1px solid #ddd;border-radius:6px;padding:8px 14px;background:#fff;min-width:130px}
 .card b{display:block;font-size:20px} .card span{font-size:12px;color:#666}
 .card.bad{border-color:#e57373;background:#fdecea}
+.card.warn{border-color:#f0b429;background:#fff8e1} tr.warn td{background:#fff8e1} span.warn{color:#9a6700;font-weight:600}
 code{font-size:12px}
 """
 
@@ -50,11 +51,12 @@ def _e(x: Any) -> str:
     return html.escape(str(x))
 
 
-def _table(headers: list[str], rows: list[list[Any]], bad_rows: set[int] | None = None, num_cols=()) -> str:
-    bad_rows = bad_rows or set()
+def _table(headers: list[str], rows: list[list[Any]], bad_rows: set[int] | None = None, num_cols=(),
+           warn_rows: set[int] | None = None) -> str:
+    bad_rows, warn_rows = bad_rows or set(), warn_rows or set()
     out = ["<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"]
     for i, row in enumerate(rows):
-        cls = ' class="bad"' if i in bad_rows else ""
+        cls = ' class="bad"' if i in bad_rows else ' class="warn"' if i in warn_rows else ""
         cells = "".join(
             f'<td class="num">{_e(c)}</td>' if j in num_cols else f"<td>{_e(c)}</td>" for j, c in enumerate(row)
         )
@@ -92,7 +94,6 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
 
     # --- headline cards
     score = conf.get("score")
-    drift = (rc or {}).get("max_abs_diff")
     cards = [
         ("devices", len(placement.get("devices") or []), False),
         ("transfers / step", per.get("count", 0), False),
@@ -100,10 +101,11 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         ("fallbacks", len(fallbacks), bool(fallbacks)),
         *([("predicted fallbacks", len(predicted), True)] if predicted else []),
         ("conformance", "n/a" if score is None else f"{score:.2f}", score is not None and score < 1.0),
-        ("replica drift", "n/a" if drift is None else f"{drift:.3g}", bool(drift)),
+        *_drift_cards(rc),
     ]
     card_html = "".join(
-        f'<div class="card{" bad" if bad else ""}"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for k, v, bad in cards
+        f'<div class="card{" " + bad if isinstance(bad, str) else " bad" if bad else ""}"><b>{_e(v)}</b>'
+        f'<span>{_e(k)}</span></div>' for k, v, bad in cards
     )
     parts.append(
         _section(
@@ -312,20 +314,7 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
                    bad_rows=bad), "layers"))
 
     # --- replica consistency
-    if rc:
-        per_var = rc.get("variables") or {}
-        rows = [[n, f"{d:.3g}"] for n, d in sorted(per_var.items(), key=lambda kv: -kv[1])]
-        drift = rc.get("max_abs_diff")
-        head = (
-            f"<p>max |component_i - component_0| = <span class='{'bad' if drift else 'good'}'>{drift}</span> "
-            f"over {rc.get('checked', 0)} variable(s).</p>"
-        )
-        if rc.get("method"):
-            head += f"<p class='what'>{_e(rc['method'])}</p>"
-        body = head + _table(["variable", "max abs diff"], rows, bad_rows={i for i, r in enumerate(rows) if float(r[1]) > 0}, num_cols=(1,))
-    else:
-        body = "<p class='muted'>Not applicable: no variable has more than one component in this run.</p>"
-    parts.append(_section("Replica consistency", ex.get("replica_consistency", ""), body, "replicas"))
+    parts.append(_section("Replica consistency", ex.get("replica_consistency", ""), _replicas_body(rc), "replicas"))
 
     # --- input pipeline and precision (user data through tf.data; mixed precision casts)
     pipe = placement.get("input_pipeline")
@@ -386,6 +375,50 @@ def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], 
         f"{_e(placement.get('task'))} &middot; where every op, variable and gradient actually ran</p></header>"
         f"<main><p>{nav}</p>{''.join(parts)}</main></body></html>\n"
     )
+
+
+def _drift_cards(rc: dict | None) -> list[tuple[str, str, bool | str]]:
+    """The summary's drift cards: trainable drift red when not 0 (a sync bug), state drift amber
+    (per-replica state, explained in the section); one card for a placement.json before the split."""
+    if not rc or rc.get("max_abs_diff") is None:
+        return [("replica drift", "n/a", False)]
+    if rc.get("trainable_drift") is None:
+        return [("replica drift", f"{rc['max_abs_diff']:.3g}", bool(rc["max_abs_diff"]))]
+    return [("trainable drift", f"{rc['trainable_drift']:.3g}", bool(rc["trainable_drift"])),
+            ("state drift", f"{rc['state_drift']:.3g}", "warn" if rc["state_drift"] else False)]
+
+
+def _replicas_body(rc: dict | None) -> str:
+    if not rc:
+        return "<p class='muted'>Not applicable: no variable has more than one component in this run.</p>"
+    drift = rc.get("max_abs_diff")
+    classes = rc.get("classes") or {}
+    if rc.get("trainable_drift") is None:
+        head = (f"<p>max |component_i - component_0| = <span class='{'bad' if drift else 'good'}'>{drift}</span> "
+                f"over {rc.get('checked', 0)} variable(s).</p>")
+    else:
+        t, st = rc["trainable_drift"], rc["state_drift"]
+        head = (f"<p>Trainable drift (must be 0): <span class='{'bad' if t else 'good'}'>{t:.3g}</span>"
+                + (" &mdash; copies that the strategy keeps identical differ: an all-reduce is broken."
+                   if t else "") + "</p>"
+                f"<p>State drift (per-replica by design): <span class='{'warn' if st else 'good'}'>{st:.3g}</span> "
+                f"over {rc.get('checked', 0)} variable(s).</p>")
+    if rc.get("method"):
+        head += f"<p class='what'>{_e(rc['method'])}</p>"
+    for group in rc.get("state") or []:
+        names = group["variables"]
+        head += (f"<p><span class='warn'>{len(names)} {_e(group['what'])} differ by design</span> (largest "
+                 f"{group['drift']:.3g}). <b>Why:</b> {_e(group['cause'])}. <b>A checkpoint or export keeps:</b> "
+                 f"{_e(group['checkpoint_keeps'])}. <b>Fix:</b> {_e(group['fix'])}.</p>"
+                 + _table(["variable", "layer", "drift"],
+                          [[v["variable"], v["layer"], f"{v['drift']:.3g}"] for v in names], num_cols=(2,)))
+    rows, bad, warn = [], set(), set()
+    for i, (n, d) in enumerate(sorted((rc.get("variables") or {}).items(), key=lambda kv: -kv[1])):
+        cls = classes.get(n, "")
+        rows.append([n, cls, f"{d:.3g}"])
+        if d > 0:
+            (warn if cls in ("replica_state", "sync_on_read") else bad).add(i)
+    return head + _table(["variable", "class", "max abs diff"], rows, bad_rows=bad, warn_rows=warn, num_cols=(2,))
 
 
 def _timing_section(timing: dict, what: str, phys: dict, charts: dict[str, Path]) -> str:

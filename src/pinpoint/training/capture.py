@@ -134,6 +134,7 @@ def placement_report(cfg: Config, ctx, trainer, captures) -> dict:
     placement = build_placement(
         captures, variables=trainer.variables(), plan=cfg.train.pinning, strategy=cfg.train.strategy,
         device_map=ctx.device_map, task=ctx.task, gradient_scope="gradients",
+        optimizer_variables=list(trainer.optimizer.variables),
     )
     placement.setdefault("device_aliases", dict(ctx.device_map.aliases))
     placement.setdefault("device_map", ctx.device_map.to_json())
