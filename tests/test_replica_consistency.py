@@ -5,7 +5,6 @@ state drift with its cause and fix, apart from trainable drift, which must be 0.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,10 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pinpoint.placement.files import read_placement
+
 MODELS = '''
 import keras
 import numpy as np
 import tensorflow as tf
+
 
 
 def images(n=64, side=32, classes=4, seed=0):
@@ -55,7 +57,9 @@ def mobilenet(input_shape, num_classes, synchronized=False):
 BN_STATS = {"conv_bn/moving_mean", "conv_bn/moving_variance"}
 
 
-def _train(tmp_path: Path, model: str, synchronized: bool, strategy: str = "mirrored", **cluster) -> dict:
+def train_user_model(tmp_path: Path, model: str, synchronized: bool = False, strategy: str = "mirrored",
+                     train: dict | None = None, **cluster) -> dict:
+    """`pinpoint train` on bnpkg.models:<model> (32x32 RGB images, 4 classes); the placement."""
     (tmp_path / "bnpkg").mkdir()
     (tmp_path / "bnpkg" / "__init__.py").write_text("")
     (tmp_path / "bnpkg" / "models.py").write_text(MODELS)
@@ -64,7 +68,7 @@ def _train(tmp_path: Path, model: str, synchronized: bool, strategy: str = "mirr
         "cluster": {"devices_per_worker": 2, "device_type": "GPU", "emulate": True, **cluster},
         "train": {"strategy": strategy, "model": f"bnpkg.models:{model}", "model_args": {"synchronized": synchronized},
                   "data": "bnpkg.models:images", "num_classes": 4, "batch_size": 8, "steps": 4,
-                  "checkpoint_every": 0, "log_every": 2, "max_restarts": 0},
+                  "checkpoint_every": 0, "log_every": 2, "max_restarts": 0, **(train or {})},
         "tracking": {"enabled": False},
         "placement": {"warmup_steps": 2, "sample_steps": 1},
     }
@@ -75,7 +79,7 @@ def _train(tmp_path: Path, model: str, synchronized: bool, strategy: str = "mirr
     r = subprocess.run([sys.executable, "-m", "pinpoint.cli", "train", str(tmp_path / "cfg.yaml"), "--out", str(out)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=840)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    placement = json.loads((out / "placement.json").read_text())
+    placement = read_placement(out / "placement.json")
     placement["_stdout"] = r.stdout
     return placement
 
@@ -104,7 +108,7 @@ def _check(p: dict, synchronized: bool, state_names) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("synchronized", [False, True], ids=["bn", "synchronized-bn"])
 def test_mirrored_batchnorm_state_drift_is_explained(tmp_path, synchronized):
-    p = _train(tmp_path, "convnet", synchronized)
+    p = train_user_model(tmp_path, "convnet", synchronized)
     classes = p["replica_consistency"]["classes"]
     assert {n for n, c in classes.items() if c == "replica_state"} == BN_STATS
     assert classes["conv/kernel"] == "trainable" and classes["sgd/iteration"] == "optimizer"
@@ -117,7 +121,7 @@ def test_mirrored_batchnorm_state_drift_is_explained(tmp_path, synchronized):
 def test_multi_worker_batchnorm_state_drift_across_tasks(tmp_path, synchronized):
     """chief + 1 worker, 1 emulated GPU each: every task holds one copy; the merge compares the
     copies across tasks and keeps each variable's class."""
-    p = _train(tmp_path, "convnet", synchronized, "multi_worker_mirrored", chief=1, workers=1, devices_per_worker=1)
+    p = train_user_model(tmp_path, "convnet", synchronized, "multi_worker_mirrored", chief=1, workers=1, devices_per_worker=1)
     assert p["task"] == "cluster"
     _check(p, synchronized, lambda names: names == BN_STATS)
 
@@ -127,7 +131,7 @@ def test_multi_worker_batchnorm_state_drift_across_tasks(tmp_path, synchronized)
 @pytest.mark.parametrize("synchronized", [False, True], ids=["bn", "synchronized-bn"])
 def test_mobilenetv2_mirrored_state_drift_is_batchnorm_only(tmp_path, synchronized):
     """keras.applications.MobileNetV2 (alpha 0.35, no weights, 32x32 RGB) on 2 emulated GPUs."""
-    p = _train(tmp_path, "mobilenet", synchronized)
+    p = train_user_model(tmp_path, "mobilenet", synchronized)
     stats = {n for n, c in p["replica_consistency"]["classes"].items() if c == "replica_state"}
     assert len(stats) == 2 * 52 and all(n.endswith(("/moving_mean", "/moving_variance")) for n in stats)
     _check(p, synchronized, lambda names: names <= stats and len(names) > len(stats) // 2)

@@ -14,6 +14,7 @@ import pytest
 
 from pinpoint.config import config_from_dict
 from pinpoint.errors import ConfigError, PlacementError
+from pinpoint.placement.files import read_placement
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -43,7 +44,7 @@ def train(cfg, out: Path):
 
     assert train_command(cfg, out) == 0
     metrics = json.loads((out / "metrics.json").read_text())
-    placement = json.loads((out / "placement.json").read_text())
+    placement = read_placement(out / "placement.json")
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     return metrics, placement, log
 

@@ -174,6 +174,8 @@ def build_placement(
         "conformance": conformance,
         "layers": layer_table(conformance, transfer_steps[0]["items"] if transfer_steps else [], plan, layer_scopes),
         "ops": ops_detail,
+        # Every transfer of the first captured step (tensor, from, to, bytes, consumers).
+        "transfer_items": transfer_steps[0]["items"] if transfer_steps else [],
         "notes": _notes(captures, ops_detail, strategy),
         "explain": EXPLAIN,
     }

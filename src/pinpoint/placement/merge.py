@@ -39,7 +39,7 @@ def merge_placements(placements: list[dict]) -> dict:
     matrix: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
     per_step = {"count": 0, "bytes": 0, "sized": 0, "unsized": 0}
     loop_control = {"count": 0, "bytes": 0}
-    fallbacks, rules, largest = [], [], []
+    fallbacks, rules, largest, transfer_items = [], [], [], []
     collectives: dict[str, dict] = {}
     variables: dict[str, dict] = {}
     aliases: dict[str, str] = {}
@@ -102,7 +102,8 @@ def merge_placements(placements: list[dict]) -> dict:
             rc_aggs.update(rc.get("aggregations") or {})
         aliases.update(p.get("device_aliases") or {})
         physical.update(p.get("physical_devices") or {})
-        tasks[task] = {k: v for k, v in p.items() if k not in ("ops", "explain")}
+        tasks[task] = {k: v for k, v in p.items() if k not in ("ops", "transfer_items", "explain")}
+        transfer_items.extend(dict(t, task=task) for t in p.get("transfer_items") or [])
 
     # Cross-task drift: every task holds its own copy of a mirrored variable; compare the sampled
     # values each task recorded with the chief's (a lower bound on the true max |difference|).
@@ -173,6 +174,7 @@ def merge_placements(placements: list[dict]) -> dict:
             "by_task": {t: (tp.get("conformance") or {}).get("score") for t, tp in tasks.items()},
         },
         "tasks": tasks,
+        "transfer_items": transfer_items,
         "explain": EXPLAIN,
     }
     if placements[0].get("input_pipeline"):  # the chief's; each task's own is under tasks.<task>

@@ -11,6 +11,7 @@ from typing import Any
 
 from pinpoint.errors import ConfigError
 from pinpoint.placement.conformance import split_fallbacks
+from pinpoint.placement.files import read_placement
 from pinpoint.placement.schema import EXPLAIN
 from pinpoint.placement.summary import format_summary, human_bytes
 from pinpoint.runfolder import (
@@ -18,7 +19,6 @@ from pinpoint.runfolder import (
     PLACEMENT,
     REPORT_HTML,
     atomic_write_text,
-    read_json,
 )
 
 CHARTS_DIR = "charts"
@@ -454,7 +454,7 @@ def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run_dir: got '{run_dir}', which is not a folder; pass a trained run folder such as runs/demo")
-    placement = read_json(run_dir / PLACEMENT)
+    placement = read_placement(run_dir / PLACEMENT)
     if not isinstance(placement, dict) or "ops_by_device" not in placement:
         raise ConfigError(
             f"run_dir: got '{run_dir}', whose {PLACEMENT} is not a placement file; re-run `pinpoint train` with "

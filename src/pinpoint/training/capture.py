@@ -130,11 +130,14 @@ def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
 def placement_report(cfg: Config, ctx, trainer, captures) -> dict:
     """placement.json's content (without `timing`) from the captured steps."""
     from pinpoint.placement.analyze import build_placement
+    from pinpoint.training.models import layer_scopes
 
+    pinned = cfg.train.pinning.layers
     placement = build_placement(
         captures, variables=trainer.variables(), plan=cfg.train.pinning, strategy=cfg.train.strategy,
         device_map=ctx.device_map, task=ctx.task, gradient_scope="gradients",
         optimizer_variables=list(trainer.optimizer.variables),
+        layer_scopes=layer_scopes(trainer.model, pinned) if pinned else None,
     )
     placement.setdefault("device_aliases", dict(ctx.device_map.aliases))
     placement.setdefault("device_map", ctx.device_map.to_json())
