@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,6 +168,61 @@ def _pair_mwm(s: Settings, b2: int) -> Comparison:
                            steps=max(s.steps // 2, 2 * s.warmup_steps), batch=b2), s)
 
 
+# Issue 25.5: models users train (keras.applications, no weights, 32x32 RGB) as user code.
+REAL_MODELS = (("mobilenetv2", "MobileNetV2"), ("resnet50", "ResNet50"))
+REAL_PER_REPLICA_BATCH = 8
+REAL_KERAS_STEPS, REAL_KERAS_WARMUP, REAL_KERAS_BATCH = 120, 40, 32
+
+
+def real_model_config(name: str, model: str, *, devices: int, steps: int, batch: int,
+                      strategy: str = "mirrored") -> dict:
+    """The demo config (optimizer, learning rate, input on the host) with a keras.applications
+    model on random 32x32 RGB images (benchmarks/real_models.py, as the user's code)."""
+    cfg = bench_config(name, strategy=strategy, devices=devices, steps=steps, batch=batch)
+    cfg["train"].update(model=f"real_models:{model}", data="real_models:images", num_classes=10,
+                        code_dir=str(ROOT / "benchmarks"), learning_rate=0.01, log_every=10)
+    cfg["placement"].update(warmup_steps=2, sample_steps=1)
+    return cfg
+
+
+def real_models_comparison(s: Settings) -> Comparison:
+    """Capture + analysis of MobileNetV2 and ResNet50 under mirrored on 1, 2 and 4 emulated GPUs:
+    ops per step, analysis seconds, placement files' MB, peak memory (one run each)."""
+    arms = []
+    for model, _ in REAL_MODELS:
+        for n in s.scaling_devices:
+            if s.gpus and n > s.gpus:
+                continue
+            cfg = real_model_config(f"bench-{model}-{n}", model, devices=n, steps=4,
+                                    batch=REAL_PER_REPLICA_BATCH * n)
+            arms.append(Arm(f"{model}-n{n}", f"{model} on {n} device(s)",
+                            {"kind": "placement_scale", "config": cfg, "warmup_steps": 2,
+                             "open_report": n == max(s.scaling_devices)}))
+    return Comparison(
+        key="real-models",
+        title=f"placement at scale: MobileNetV2 and ResNet50 under mirrored, {REAL_PER_REPLICA_BATCH} images per replica",
+        arms=tuple(arms),
+        repeats=1,
+        note="one run per row: analysis time and sizes are deterministic functions of the graph (ops per step); "
+             "a 4-step run with step 2 captured",
+    )
+
+
+def _pair_real_model(s: Settings) -> Comparison:
+    cfg = real_model_config("bench-keras-mobilenetv2", "mobilenetv2", devices=2, steps=REAL_KERAS_STEPS,
+                            batch=REAL_KERAS_BATCH)
+    cfg["train"]["checkpoint_every"] = 0
+    return _pair(
+        "keras-mobilenetv2", "MobileNetV2 (keras.applications, no weights, 32x32 RGB), mirrored, 2 logical devices",
+        cfg, dataclasses.replace(s, warmup_steps=REAL_KERAS_WARMUP),
+        note=(f"the first compute-bound row: MobileNetV2 built by the same callable (`benchmarks/real_models.py`) on "
+              f"both sides, random 32x32 RGB images, sgd at {cfg['train']['learning_rate']}, global batch "
+              f"{REAL_KERAS_BATCH}, {REAL_KERAS_STEPS} steps, steady state after step {REAL_KERAS_WARMUP}; XLA off "
+              "on both sides (a user model); placement capture on (Pinpoint)."),
+        peak=False,
+    )
+
+
 def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
     b2 = 2 * s.per_replica_batch
     need2 = "needs 2 GPUs; this machine has 1" if s.gpus == 1 else ""
@@ -222,6 +278,8 @@ def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
     plan.append(_pair_mwm(s, b2))
     plan.append(_pair_user_model(s, b2, out))
     plan += [_pair_builtin(s, b2, name) for name in ("cnn", "transformer")]
+    plan.append(_pair_real_model(s))
+    plan.append(real_models_comparison(s))
     plan.append(Comparison(
         key="make-run",
         title="`make run` (pinpoint run configs/demo.yaml through kfp.local)",

@@ -93,8 +93,8 @@ def resolve(keys: Iterable[str], paths: Iterable[str], model: str) -> dict[str, 
         if not hits:
             names = sorted({p.rpartition("/")[2] for p in paths} | set(paths))
             close = difflib.get_close_matches(key.removeprefix(REGEX_PREFIX), names, n=5, cutoff=0.5)
-            hint = f"closest: {', '.join(close)}" if close else f"its layers: {', '.join(paths[:12])}" + (
-                ", ..." if len(paths) > 12 else "")
+            listed = f"its layers: {', '.join(paths[:12])}" + (", ..." if len(paths) > 12 else "")
+            hint = "; ".join(([f"closest: {', '.join(close)}"] if close else []) + ([listed] if not close or len(paths) <= 12 else []))
             raise ConfigError(f"{field(key)}: got {key!r}, which matches no layer of model '{model}'; use a layer "
                               f"name, a nested path, a glob or 're:REGEX' ({hint})")
         for p in hits:
