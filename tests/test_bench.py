@@ -383,3 +383,25 @@ def test_allreduce_table_puts_each_choice_next_to_the_ring_minimum():
     assert "| hierarchical_copy | 4 | 160 (160–160) | 6,400 | 0 | 1,600 | 1,500 | 1.07x | 2 |" in section
     assert "ring is what `auto` does here" in section
     assert "| ring | 4 |" not in section  # an arm not run has no row
+
+
+def test_real_models_section_states_the_growth_and_the_report_open_time():
+    from benchmarks.plan import Settings, build_plan
+    from benchmarks.render import section_real_models
+
+    plan = build_plan(Settings(gpus=0))
+    comp = next(c for c in plan if c.key == "real-models")
+    assert [a.name for a in comp.arms] == ["mobilenetv2-n1", "mobilenetv2-n2", "mobilenetv2-n4",
+                                           "resnet50-n1", "resnet50-n2", "resnet50-n4"]
+    assert [a.spec["open_report"] for a in comp.arms] == [False, False, True, False, False, True]
+    ops = {"1": 4000, "2": 8000, "4": 16000}
+    results = {"real-models": {
+        a.name: [{"ops_per_step": ops[a.name[-1]], "analysis_s": ops[a.name[-1]] * (2e-4 if a.name.endswith("4") else 1e-4),
+                  "write_s": 0.1, "placement_json_mb": 0.2, "placement_ops_mb": 0.1, "peak_rss_mb": 3000.0,
+                  "analysis_rss_growth_mb": 50.0, **({"open_report_ms": 420.0} if a.spec["open_report"] else {})}]
+        for a in comp.arms}}
+    md = section_real_models(plan, results)
+    assert "| resnet50 | 4 | 16,000 | 3.2 | 200 |" in md
+    assert "- resnet50: analysis time per op 100-200 µs over 3 device counts (largest / smallest 2); " \
+           "target linear in ops (per-op time within 2x): **met**" in md
+    assert "opened in headless Chromium in 420 ms (load event, median of 3); target under 2 s: **met**" in md
