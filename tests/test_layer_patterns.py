@@ -83,6 +83,8 @@ def test_mobilenetv2_split_at_a_block_boundary_by_patterns(tmp_path):
         assert rule["layers_matched"] == len(layers)
         assert rule["score"] == 1.0 and rule["forward"]["observed"] == {"/GPU:1": rule["forward"]["relevant"]}
         assert rule["forward"]["relevant"] > 0
+    rows = {r["layer"]: r for r in p["layers"]}
+    assert {k: sorted(r["matched"]) for k, r in rows.items()} == {k: sorted(v) for k, v in matched.items()}
     # every matched layer's variables on /GPU:1, every other layer's on /GPU:0
     for v in p["variables"]:
         layer = v["name"].split("/")[0]

@@ -225,7 +225,9 @@ def layer_table(conformance: dict, items, plan, layer_scopes) -> list[dict]:
         out_b = sum(t["bytes"] or 0 for t in items if lre.search(t["tensor"]))
         in_b = sum(t["bytes"] or 0 for t in items
                    if not lre.search(t["tensor"]) and any(lre.search(c) for c in t.get("consumers", ())))
-        rows.append({"layer": layer, "layers_matched": rule.get("layers_matched"), "device": rule["planned"],
+        matched = (layer_scopes or {}).get(layer)
+        rows.append({"layer": layer, "layers_matched": rule.get("layers_matched"),
+                     "matched": matched if isinstance(matched, list) else None, "device": rule["planned"],
                      "forward_ops": rule["forward"]["observed"],
                      "backward_ops": rule["backward"]["observed"], "bytes_in": in_b, "bytes_out": out_b})
     return rows

@@ -306,6 +306,7 @@ def _layers(p: dict, metrics, charts, x) -> dict | None:
         "rows": [[r["layer"], r.get("layers_matched") or "", r["device"], per_dev(r["forward_ops"]),
                   per_dev(r["backward_ops"]), human_bytes(r["bytes_in"]), human_bytes(r["bytes_out"])]
                  for r in layer_rows],
+        "matched": [r.get("matched") or [] for r in layer_rows],
         "bad": {i for i, r in enumerate(layer_rows)
                 if (set(r["forward_ops"]) | set(r["backward_ops"])) - {r["device"]}},
     }
