@@ -252,9 +252,11 @@ def section_real_models(plan: list[Comparison], results: Results) -> str:
         return f"skipped: {comp.skipped}\n" if comp is not None and comp.skipped else "not run\n"
     rows, per_op = [], {}
     for a in comp.arms:
-        rec = next((r for r in results[comp.key].get(a.name, []) if "error" not in r), None)
-        if rec is None:
+        recs = [r for r in results[comp.key].get(a.name, []) if "error" not in r]
+        if not recs:
             continue
+        rec = {k: (summ(recs, k).median if summ(recs, k) else None) for k in recs[0]
+               if isinstance(recs[0][k], (int, float)) and not isinstance(recs[0][k], bool)}
         model, n = a.name.rsplit("-n", 1)
         us = 1e6 * rec["analysis_s"] / rec["ops_per_step"] if rec.get("ops_per_step") else None
         per_op.setdefault(model, []).append(us)
