@@ -86,6 +86,7 @@ def pinpoint_train(spec: dict) -> dict[str, Any]:
     import tensorflow  # noqa: F401
 
     from benchmarks.worker import _mfu_fields
+    from pinpoint.placement.files import read_placement
     from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
     from pinpoint.training.command import train_command
 
@@ -97,7 +98,7 @@ def pinpoint_train(spec: dict) -> dict[str, Any]:
     if rc != 0:
         raise RuntimeError(f"pinpoint train exited {rc}")
     metrics = json.loads((out / METRICS).read_text())
-    placement = json.loads((out / PLACEMENT).read_text()) if (out / PLACEMENT).is_file() else None
+    placement = read_placement(out / PLACEMENT, detail=False) if (out / PLACEMENT).is_file() else None
     rec: dict[str, Any] = {
         "train_s": train_s,
         "reported_examples_per_sec": metrics.get("examples_per_sec"),

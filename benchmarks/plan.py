@@ -22,9 +22,9 @@ class Settings:
     steps: int = 2000  # steps of the Pinpoint-vs-Keras runs
     warmup_steps: int = 200  # excluded from the steady state
     overhead_steps: int = 500  # issue 4.6: a 500-step run, capture on vs off
-    # Capture on/off differ by ~2% in a ~1.2 s run whose run-to-run noise is ~10%: three times
+    # Capture on/off differ by ~2% in a ~1.2 s run whose run-to-run noise is ~10%: twice
     # the rounds for those two arms (14 s each); the MLflow arm keeps `repeats` rounds.
-    overhead_repeat_factor: int = 3
+    overhead_repeat_factor: int = 2
     scaling_devices: tuple[int, ...] = (1, 2, 4)
     per_replica_batch: int = 32
     make_run_repeats: int | None = None  # default: repeats
@@ -193,6 +193,66 @@ def _pair_mwm(s: Settings, b2: int) -> Comparison:
                            steps=max(s.steps // 2, 2 * s.warmup_steps), batch=b2), s, run_s=20.0)
 
 
+# Issue 25.5: models users train (keras.applications, no weights, 32x32 RGB) as user code.
+REAL_MODELS = (("mobilenetv2", "MobileNetV2"), ("resnet50", "ResNet50"))
+REAL_PER_REPLICA_BATCH = 8
+REAL_KERAS_STEPS, REAL_KERAS_WARMUP, REAL_KERAS_BATCH = 120, 40, 32
+
+
+def real_model_config(name: str, model: str, *, devices: int, steps: int, batch: int,
+                      strategy: str = "mirrored") -> dict:
+    """The demo config (optimizer, learning rate, input on the host) with a keras.applications
+    model on random 32x32 RGB images (benchmarks/real_models.py, as the user's code)."""
+    cfg = bench_config(name, strategy=strategy, devices=devices, steps=steps, batch=batch)
+    cfg["train"].update(model=f"real_models:{model}", data="real_models:images", num_classes=10,
+                        code_dir=str(ROOT / "benchmarks"), learning_rate=0.01, log_every=10)
+    cfg["placement"].update(warmup_steps=2, sample_steps=1)
+    return cfg
+
+
+def real_models_comparison(s: Settings) -> Comparison:
+    """Capture + analysis of MobileNetV2 and ResNet50 under mirrored on 1, 2 and 4 emulated GPUs:
+    ops per step, analysis seconds, placement files' MB, peak memory (one run each)."""
+    arms = []
+    for model, _ in REAL_MODELS:
+        for n in s.scaling_devices:
+            if s.gpus and n > s.gpus:
+                continue
+            cfg = real_model_config(f"bench-{model}-{n}", model, devices=n, steps=4,
+                                    batch=REAL_PER_REPLICA_BATCH * n)
+            arms.append(Arm(f"{model}-n{n}", f"{model} on {n} device(s)",
+                            {"kind": "placement_scale", "config": cfg, "warmup_steps": 2,
+                             "open_report": n == max(s.scaling_devices)}))
+    return Comparison(
+        key="real-models",
+        title=f"placement at scale: MobileNetV2 and ResNet50 under mirrored, {REAL_PER_REPLICA_BATCH} images per replica",
+        arms=tuple(arms),
+        # One round in the full bench (sizes and ops per step are the same in every run; the
+        # growth is read across the device counts), to stay within its 40 minutes.
+        repeats=1,
+        note="each row: one run (sizes and ops per step are the same in every run); a 4-step run with step 2 "
+             "captured",
+        run_s=40.0,
+    )
+
+
+def _pair_real_model(s: Settings) -> Comparison:
+    cfg = real_model_config("bench-keras-mobilenetv2", "mobilenetv2", devices=2, steps=REAL_KERAS_STEPS,
+                            batch=REAL_KERAS_BATCH)
+    cfg["train"]["checkpoint_every"] = 0
+    pair = _pair(
+        "keras-mobilenetv2", "MobileNetV2 (keras.applications, no weights, 32x32 RGB), mirrored, 2 logical devices",
+        cfg, dataclasses.replace(s, warmup_steps=REAL_KERAS_WARMUP),
+        note=(f"the first compute-bound row: MobileNetV2 built by the same callable (`benchmarks/real_models.py`) on "
+              f"both sides, random 32x32 RGB images, sgd at {cfg['train']['learning_rate']}, global batch "
+              f"{REAL_KERAS_BATCH}, {REAL_KERAS_STEPS} steps, steady state after step {REAL_KERAS_WARMUP}; XLA off "
+              "on both sides (a user model); placement capture on (Pinpoint)."),
+        peak=False,
+        run_s=30.0,
+    )
+    return dataclasses.replace(pair, repeats=2)  # a compute-bound run is long: 2 rounds
+
+
 def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
     """Every comparison of every registered section (benchmarks/sections/), in run order."""
     from benchmarks.sections import sections
@@ -323,7 +383,8 @@ def tracking_comparison(s: Settings, b2: int, out: Path) -> Comparison:
               "whatever of that is not hidden. Model export: the extra train time of logging the final model, "
               "which the end of the step waits for."),
         mlflow_server=True,
-        repeats=2 * s.repeats,
+        # One round more than the others (five arms, small differences), within the full run's 40 min.
+        repeats=s.repeats + 1,
         run_s=9.5,
         setup_s=15.0,  # the server's start, the store's tables
         # The local store exists before the first round, as after a user's first run (creating

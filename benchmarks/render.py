@@ -255,6 +255,55 @@ def section_allreduce(plan: list[Comparison], results: Results) -> str:
     ) + (f"\n{comp.note}\n" if comp.note else "")
 
 
+LINEAR_SPREAD = 2.0  # analysis seconds per op, largest / smallest row of a model: "linear in ops" up to this
+REPORT_OPEN_TARGET_MS = 2000.0
+
+
+def section_real_models(plan: list[Comparison], results: Results) -> str:
+    """Issue 25.5: capture + analysis at scale, one row per model and device count; the growth
+    stated as analysis time per op across the rows (constant: linear in ops)."""
+    comp = next((c for c in plan if c.key == "real-models"), None)
+    if comp is None or comp.key not in results:
+        return f"skipped: {comp.skipped}\n" if comp is not None and comp.skipped else "not run\n"
+    rows, per_op = [], {}
+    for a in comp.arms:
+        recs = [r for r in results[comp.key].get(a.name, []) if "error" not in r]
+        if not recs:
+            continue
+        rec = {k: (summ(recs, k).median if summ(recs, k) else None) for k in recs[0]
+               if isinstance(recs[0][k], (int, float)) and not isinstance(recs[0][k], bool)}
+        model, n = a.name.rsplit("-n", 1)
+        us = 1e6 * rec["analysis_s"] / rec["ops_per_step"] if rec.get("ops_per_step") else None
+        per_op.setdefault(model, []).append(us)
+        rows.append([model, n, fmt(rec.get("ops_per_step"), 6), fmt(rec.get("analysis_s"), 3), fmt(us, 3),
+                     fmt(rec.get("write_s"), 3), fmt(rec.get("placement_json_mb"), 3),
+                     fmt(rec.get("placement_ops_mb"), 3), fmt(rec.get("peak_rss_mb"), 4),
+                     fmt(rec.get("analysis_rss_growth_mb"), 3),
+                     fmt(rec.get("open_report_ms"), 3) if rec.get("open_report_ms") is not None else ""])
+    if not rows:
+        return "not run\n"
+    lines = []
+    for model, vals in per_op.items():
+        vals = [v for v in vals if v]
+        if len(vals) > 1:
+            spread = max(vals) / min(vals)
+            verdict = "met" if spread <= LINEAR_SPREAD else "not met"
+            lines.append(f"- {model}: analysis time per op {fmt(min(vals), 3)}-{fmt(max(vals), 3)} µs over "
+                         f"{len(vals)} device counts (largest / smallest {fmt(spread, 3)}); target linear in ops "
+                         f"(per-op time within {LINEAR_SPREAD:g}x): **{verdict}**")
+    opened = [r[-1] for r in rows if r[-1]]
+    if opened:
+        worst = max(float(x.replace(",", "")) for x in opened)
+        lines.append(f"- report.html of the largest run opened in headless Chromium in {fmt(worst, 3)} ms "
+                     f"(load event, median of 3); target under {REPORT_OPEN_TARGET_MS / 1000:g} s: "
+                     f"**{'met' if worst < REPORT_OPEN_TARGET_MS else 'not met'}**")
+    return markdown_table(
+        ["model", "devices", "ops / step", "analysis s", "µs / op", "write s", "placement.json MB",
+         "placement_ops.json.gz MB", "peak RSS MB", "RSS growth in analysis MB", "report open ms"],
+        rows,
+    ) + "\n" + "\n".join(lines) + ("\n" if lines else "") + (f"\n{comp.note}\n" if comp.note else "")
+
+
 def section_mfu(plan: list[Comparison], results: Results) -> str:
     rows = []
     for c in plan:

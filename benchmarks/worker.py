@@ -3,7 +3,7 @@
 The logical device layout is fixed once per process, so each run (Pinpoint or Keras, any
 device count) gets a fresh process. SPEC keys:
   kind          "pinpoint" | "keras" | "keras_mwm" | "keras_task" | "make_run" | "program" | "entrypoint"
-                | "k8s_scale"
+                | "k8s_scale" | "placement_scale"
   config        a Pinpoint config as a dict (pinpoint, keras*)
   out           the run folder
   warmup_steps  steps excluded from the steady state (trace, warm-up, placement capture)
@@ -75,6 +75,12 @@ def run_pinpoint(spec: dict) -> dict:
     return pinpoint_train(spec)
 
 
+def run_placement_scale(spec: dict) -> dict:
+    from benchmarks.placement_scale import measure
+
+    return measure(spec)
+
+
 def run_make_run(spec: dict) -> dict:
     from benchmarks.make_run import time_make_run
 
@@ -108,6 +114,7 @@ KINDS = {
     "keras_mwm": run_keras_mwm,
     "make_run": run_make_run,
     "k8s_scale": run_k8s_scale,
+    "placement_scale": run_placement_scale,
 }
 
 

@@ -43,6 +43,12 @@ def base(**train) -> dict:
     }
 
 
+def tracked(config: dict) -> dict:
+    """The same config with MLflow tracking on (an embedded store under the case's folder): its
+    sender process starts before TensorFlow, so the error comes after start-up."""
+    return {**config, "tracking": {"enabled": True, "uri": "sqlite:///{tmp}/store/mlflow.db"}}
+
+
 def cluster(**c) -> dict:
     d = base()
     d["cluster"].update(c)
@@ -64,6 +70,8 @@ USER_FILES = {
         "def not_a_dataset():\n    return [1, 2, 3]\n\n"
         "def features_only():\n    return tf.data.Dataset.from_tensor_slices(np.zeros((4, 3), 'float32'))\n\n"
         "NOT_CALLABLE = 3\n\n"
+        "def int_labels():\n"
+        "    return tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), 'float32'), np.zeros(4, 'int64')))\n\n"
         "def float_labels():\n"
         "    return tf.data.Dataset.from_tensor_slices((np.zeros((4, 3), 'float32'), np.zeros(4, 'float32')))\n\n"
         "def per_position_model(input_shape, num_classes):\n"
@@ -159,6 +167,10 @@ CASES = [
          ("train.pinning.layers", "strategy 'none'")),
     Case("pin-missing-gpu-index", PROV, base(pinning={"gradients": "/GPU:7"}), ("train.pinning.gradients", "/GPU:7")),
     Case("pin-malformed-device", PROV, base(pinning={"input": "gpu-0"}), ("train.pinning.input", "device string")),
+    Case("pin-layer-two-keys", PROV, base(pinning={"layers": {"dense_*": "/GPU:1", "re:dense_1": "/GPU:0"}}),
+         ("train.pinning.layers", "'re:dense_1' and 'dense_*'", "layer 'dense_1'", "disjoint")),
+    Case("pin-layer-bad-regex", PROV, base(pinning={"layers": {"re:(": "/GPU:1"}}),
+         ("train.pinning.layers", "'re:('", "regular expression")),
     Case("pin-unknown-layer", TRAIN, base(pinning={"layers": {"dense_9": "/GPU:1"}}),
          ("train.pinning.layers", "dense_9"), subprocess=True),
     Case("gpu-spec-without-gpu-hard", TRAIN,
@@ -204,6 +216,21 @@ CASES = [
          subprocess=True),
     Case("user-model-unknown-layer", TRAIN, base(model="upkg.m:good_model", pinning={"layers": {"dense_9": "/GPU:1"}}),
          ("train.pinning.layers.dense_9", "hidden", "head"), files=USER_FILES, subprocess=True),
+    # --- found after start-up: MLflow's sender process is already running -----------------
+    Case("late-num-classes-unknown", TRAIN, tracked(base(data="upkg.m:int_labels")),
+         ("train.num_classes", "got None", "set train.num_classes"), files=USER_FILES, subprocess=True),
+    Case("late-user-model-raises", TRAIN, tracked(base(model="upkg.m:raising_model")),
+         ("train.model", "ValueError: filters must be even"), files=USER_FILES, subprocess=True),
+    Case("late-label-dtype-vs-loss", TRAIN, tracked(base(data="upkg.m:float_labels", num_classes=3)),
+         ("train.loss", "float32", "integer class ids"), files=USER_FILES, subprocess=True),
+    Case("late-unknown-layer", TRAIN, tracked(base(model="upkg.m:good_model", pinning={"layers": {"dense_9": "/GPU:1"}})),
+         ("train.pinning.layers.dense_9", "hidden", "head"), files=USER_FILES, subprocess=True),
+    Case("late-absent-device-hard", TRAIN, tracked(base(pinning={"gradients": "/CPU:5", "soft_placement": False})),
+         ("train.pinning.gradients", "/CPU:5", "soft_placement"), subprocess=True),
+    Case("user-layer-two-keys", TRAIN, base(model="upkg.m:good_model", pinning={"layers": {"h*": "/GPU:1", "re:hid.*": "/GPU:0"}}),
+         ("train.pinning.layers", "'re:hid.*' and 'h*'", "layer 'hidden'"), files=USER_FILES, subprocess=True),
+    Case("user-layer-pattern-matches-nothing", TRAIN, base(model="upkg.m:good_model", pinning={"layers": {"hiden*": "/GPU:1"}}),
+         ("train.pinning.layers", "'hiden*'", "closest: hidden"), files=USER_FILES, subprocess=True),
     # --- CLI arguments -----------------------------------------------------------------------
     Case("unknown-command", ["fly", "{cfg}"], base(), ("invalid choice", "pinpoint --help")),
     Case("missing-config-arg", ["train"], None, ("config: got nothing (required)", "pinpoint train --help")),
@@ -290,9 +317,26 @@ def test_bad_input_needing_tensorflow(tmp_path):
         )
         try:
             _assert_one_line(proc.returncode, proc.stderr, case, out)
+            assert not _processes_mentioning(str(d)), f"{case.id}: a process outlived pinpoint"
         except AssertionError as err:
             failures.append(str(err))
     assert not failures, "\n\n".join(failures)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose environment or command line holds `text` (the case's folder: a
+    tracking URI there reaches the sender process in its environment)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            blob = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            found.append(int(proc.name))
+    return found
 
 
 test_the_table_has_at_least_30_cases = pytest.mark.unit(test_the_table_has_at_least_30_cases)

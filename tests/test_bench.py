@@ -566,3 +566,25 @@ def test_k8s_scale_section_states_the_three_targets():
     runs["jobset-1024"] = [_scale_rec("jobset", 1024, 12.0, 300, 1030)]
     text = section({"k8s-scale": runs})
     assert "pods < 10 s: 12.00 s: **NOT met**" in text and "= 1030 / 4: **NOT met**" in text
+
+
+def test_real_models_section_states_the_growth_and_the_report_open_time():
+    from benchmarks.plan import Settings, build_plan
+    from benchmarks.render import section_real_models
+
+    plan = build_plan(Settings(gpus=0))
+    comp = next(c for c in plan if c.key == "real-models")
+    assert [a.name for a in comp.arms] == ["mobilenetv2-n1", "mobilenetv2-n2", "mobilenetv2-n4",
+                                           "resnet50-n1", "resnet50-n2", "resnet50-n4"]
+    assert [a.spec["open_report"] for a in comp.arms] == [False, False, True, False, False, True]
+    ops = {"1": 4000, "2": 8000, "4": 16000}
+    results = {"real-models": {
+        a.name: [{"ops_per_step": ops[a.name[-1]], "analysis_s": ops[a.name[-1]] * (2e-4 if a.name.endswith("4") else 1e-4),
+                  "write_s": 0.1, "placement_json_mb": 0.2, "placement_ops_mb": 0.1, "peak_rss_mb": 3000.0,
+                  "analysis_rss_growth_mb": 50.0, **({"open_report_ms": 420.0} if a.spec["open_report"] else {})}]
+        for a in comp.arms}}
+    md = section_real_models(plan, results)
+    assert "| resnet50 | 4 | 16,000 | 3.2 | 200 |" in md
+    assert "- resnet50: analysis time per op 100-200 µs over 3 device counts (largest / smallest 2); " \
+           "target linear in ops (per-op time within 2x): **met**" in md
+    assert "opened in headless Chromium in 420 ms (load event, median of 3); target under 2 s: **met**" in md

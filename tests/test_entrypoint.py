@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pinpoint.placement.files import read_placement
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -53,7 +55,7 @@ def test_custom_loop_entrypoint_checkpoints_resume_and_capture(tmp_path):
     reader = tf.train.load_checkpoint(str(out / "checkpoints" / "ckpt-40"))
     shapes = reader.get_variable_to_shape_map()
     assert [64, 128] in shapes.values() and [128, 10] in shapes.values()  # dense_1 and head kernels
-    p = json.loads((out / "placement.json").read_text())
+    p = read_placement(out)
     assert (p["training_function"], p["functions"][0]["calls"]) == ("train_step", 40)
     assert {v["name"]: v["devices"] for v in p["variables"]}["head/kernel"] == ["/GPU:1"]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -83,7 +85,7 @@ def test_fit_entrypoint_logs_keras_and_checkpoints_to_mlflow_and_resumes_at_the_
     out = tmp_path / "run"
     train(config, out)
     assert sorted(p.name for p in (out / "checkpoints").glob("ckpt-*.index")) == ["ckpt-15.index", "ckpt-30.index"]
-    p = json.loads((out / "placement.json").read_text())
+    p = read_placement(out)
     kernel = next(v for v in p["variables"] if v["name"] == "digits_mlp/hidden/kernel")
     assert [c["device"] for c in kernel["components"]] == ["/GPU:0", "/GPU:1"]
 
@@ -234,7 +236,7 @@ def _cluster_run(tmp_path: Path, cluster: dict, strategy: str, function: str) ->
         "tracking": {"enabled": False}}))
     out = tmp_path / "run"
     train(config, out)
-    return (json.loads((out / "placement.json").read_text()), json.loads((out / "metrics.json").read_text()), out)
+    return (read_placement(out), json.loads((out / "metrics.json").read_text()), out)
 
 
 @pytest.mark.slow

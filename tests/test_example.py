@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from pinpoint.placement.files import read_placement
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -52,7 +53,7 @@ def test_worked_example_through_the_local_pipeline(live_mlflow, tmp_path):
     assert (run / "report.html").is_file()
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["model"] == "digits_cnn.model:build_model" and metrics["data"] == "tfrecord (4 files)"
-    placement = json.loads((run / "placement.json").read_text())
+    placement = read_placement(run / "placement.json")
     # The split as configured: the conv block on /GPU:0, the classifier on /GPU:1; flatten's
     # 4x4x32 output crosses forward and its gradient crosses back, each step. So do the logits
     # (to the loss, unpinned: /GPU:0) and the classifier's parameter set (weight gradients to the

@@ -6,7 +6,6 @@ op by op."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pinpoint.placement.files import read_placement
 from tests import fidelity
 
 MATRIX = fidelity.load()
@@ -152,7 +152,7 @@ def placements(tmp_path_factory):
         if name not in cache:
             out = tmp_path_factory.mktemp(name)
             assert train_command(config_from_dict(_config(name)), out) == 0
-            cache[name] = json.loads((out / "placement.json").read_text())
+            cache[name] = read_placement(out / "placement.json")
         return cache[name]
 
     return get
@@ -196,7 +196,7 @@ def _run(name: str, tmp: Path, *, emulate: bool) -> dict:
     r = subprocess.run([str(Path(sys.executable).parent / "pinpoint"), "train", str(cfg), "--out", str(out)],
                        capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads((out / "placement.json").read_text())
+    return read_placement(out / "placement.json")
 
 
 def _as_gpu_machine(p: dict) -> dict[str, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pinpoint.placement.files import read_placement
 from tests.conftest import REPO
 
 
@@ -86,7 +87,7 @@ def test_make_run_with_your_own_training_code_as_the_train_step(live_mlflow, tmp
     proc = _pinpoint("run", str(example / "config.yaml"), "--runs-root", str(tmp_path / "runs"), cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     run_dir = tmp_path / "runs" / "local-entry"
-    placement = json.loads((run_dir / "placement.json").read_text())
+    placement = read_placement(run_dir)
     assert (placement["training_function"], placement["functions"][0]["calls"]) == ("train_step", 30)
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-15.index", "ckpt-30.index"]
     assert "<h2>Functions</h2>" in (run_dir / "report.html").read_text()

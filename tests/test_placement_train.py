@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from pinpoint.placement.files import read_placement
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ def test_train_mirrored_writes_placement_and_report(tmp_path):
     r = _run(["train", str(_config(tmp_path)), "--out", str(out)], tmp_path, 540)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "== pinpoint summary" in r.stdout and "conformance" in r.stdout
-    p = json.loads((out / "placement.json").read_text())
+    p = read_placement(out / "placement.json")
     assert p["strategy"] == "mirrored" and p["captured_steps"] == [2, 3]
     assert p["devices"] == ["/CPU:0", "/GPU:0", "/GPU:1"]
     assert p["physical_devices"] == {"/CPU:0": "/CPU:0", "/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}
@@ -91,11 +92,11 @@ def test_multi_worker_placements_are_merged(tmp_path):
     out = tmp_path / "run"
     r = _run(["train", str(cfg), "--out", str(out)], tmp_path, 840)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    chief = json.loads((out / "placement-chief-0.json").read_text())
-    worker = json.loads((out / "placement-worker-0.json").read_text())
+    chief = read_placement(out / "placement-chief-0.json")
+    worker = read_placement(out / "placement-worker-0.json")
     assert chief["devices"] == ["/job:chief/task:0/CPU:0", "/job:chief/task:0/GPU:0"]
     assert worker["devices"] == ["/job:worker/task:0/CPU:0", "/job:worker/task:0/GPU:0"]
-    m = json.loads((out / "placement.json").read_text())
+    m = read_placement(out / "placement.json")
     assert m["task"] == "cluster" and set(m["tasks"]) == {"chief:0", "worker:0"}
     assert set(m["devices"]) == set(chief["devices"]) | set(worker["devices"])
     assert sum(m["ops_by_device"].values()) == sum(chief["ops_by_device"].values()) + sum(worker["ops_by_device"].values())

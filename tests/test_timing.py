@@ -50,6 +50,11 @@ def test_the_device_with_more_work_is_busier_and_the_trace_is_in_the_run_folder(
     assert t["trace"] == "profile"
     traces = list((tmp_path / "on" / "profile").glob("plugins/profile/*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
+    # One step marker per profiled step, as Keras writes them: TensorBoard's profile overview and
+    # step-time graph group the trace by them.
+    from pinpoint.placement.timing import read_xspace, step_markers
+
+    assert step_markers(read_xspace(traces[0])) == [2, 3]
     from pinpoint.placement.metrics import headline_metrics
 
     hm = headline_metrics(placement)

@@ -33,7 +33,9 @@ def trace(args: list[str], *, cwd: Path, out: Path, tracking: bool = False, env:
 
 
 def placement(out: Path) -> dict:
-    return json.loads((out / "placement.json").read_text())
+    from pinpoint.placement.files import read_placement
+
+    return read_placement(out)
 
 
 def write(folder: Path, name: str, text: str) -> Path:

@@ -175,6 +175,19 @@ def test_parent_and_child_runs_params_metrics_artifacts(live_mlflow, tmp_path):
     assert not (tmp_path / SPOOL_DIR).exists()  # everything arrived: no spool left
 
 
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_an_error_inside_the_step_run_marks_it_failed(live_mlflow, tmp_path):
+    """An error found after the run was created (e.g. a multi-worker task's data check) reaches the
+    caller unchanged, and the MLflow run ends FAILED."""
+    cfg = make_cfg(live_mlflow.uri)
+    with pytest.raises(ConfigError, match="train.num_classes"):
+        with open_step_run(cfg, "train", tmp_path) as run:
+            run_id = run.run_id
+            raise ConfigError("train.num_classes: got None; set train.num_classes")
+    assert client(live_mlflow.uri).get_run(run_id).info.status == "FAILED"
+
+
 def _log_steps(run, steps, pause=0.0):
     hook = run.hook()
     for step in steps:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pinpoint.placement.files import read_placement
 from pinpoint.tracking.spool import find_spools
 
 PINPOINT = str(Path(sys.executable).parent / "pinpoint")
@@ -155,7 +156,7 @@ def test_placement_metrics_are_logged_at_the_captured_step(tmp_path):
     res = subprocess.run([PINPOINT, "train", str(tmp_path / "cfg.yaml"), "--out", str(out)], check=False,
                          capture_output=True, text=True, env=env(), timeout=540)
     assert res.returncode == 0, res.stderr[-3000:]
-    placement = json.loads((out / "placement.json").read_text())
+    placement = read_placement(out / "placement.json")
     assert placement["captured_steps"] == [2, 3]
 
     c = MlflowClient(uri)

@@ -14,6 +14,7 @@ import pytest
 
 from pinpoint.config import config_from_dict
 from pinpoint.errors import ConfigError, PlacementError
+from pinpoint.placement.files import read_placement
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -43,7 +44,7 @@ def train(cfg, out: Path):
 
     assert train_command(cfg, out) == 0
     metrics = json.loads((out / "metrics.json").read_text())
-    placement = json.loads((out / "placement.json").read_text())
+    placement = read_placement(out / "placement.json")
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     return metrics, placement, log
 
@@ -180,7 +181,8 @@ def test_unknown_layer_name_lists_the_valid_ones():
     with pytest.raises(ConfigError) as err:  # at config load, before anything runs
         make_cfg("none", {"layers": {"dense_9": "/GPU:0"}})
     assert "train.pinning.layers.dense_9" in str(err.value) and "dense_1, dense_2, head" in str(err.value)
-    with pytest.raises(ConfigError, match=r"train.pinning.layers.block_7: got .block_7., .* use one of: embed, block_0"):
+    with pytest.raises(ConfigError, match=r"train.pinning.layers.block_7: got .block_7., which matches no layer .* "
+                                          r"its layers: embed, block_0"):
         build_model("transformer", (64,), 10, {"block_7": "/CPU:1"})
 
 

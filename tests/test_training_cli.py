@@ -9,6 +9,8 @@ import sys
 import pytest
 import yaml
 
+from pinpoint.placement.files import read_placement
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
@@ -56,7 +58,6 @@ def test_hierarchical_copy_on_four_devices_counts_every_copy_between_the_replica
     and /GPU:2, the sums meet on /GPU:0, the result goes back: 2(N-1) = 6 copies of the
     parameters. The graph optimizer merges the sums into a node with no traced shape; it is sized
     from its inputs."""
-    import json
 
     proc = _train(tmp_path, {
         "name": "x", "cluster": {"devices_per_worker": 4},
@@ -65,7 +66,7 @@ def test_hierarchical_copy_on_four_devices_counts_every_copy_between_the_replica
         "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
     })
     assert proc.returncode == 0, proc.stderr[-2000:]
-    p = json.loads((tmp_path / "out" / "placement.json").read_text())
+    p = read_placement(tmp_path / "out" / "placement.json")
     params = sum(v["bytes"] for v in p["variables"] if v["name"].endswith(("kernel", "bias")))
     t = p["transfers"]
     between = sum(c["bytes"] for s, row in t["matrix"].items() for d, c in row.items() if "/GPU" in s and "/GPU" in d)

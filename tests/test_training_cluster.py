@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pinpoint.placement.files import read_placement
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
@@ -24,7 +26,7 @@ def _run(tmp_path: Path, cfg: dict) -> tuple[dict, dict, list]:
                           check=False, capture_output=True, text=True, env=env, timeout=540)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
-    placement = json.loads((out / "placement.json").read_text())
+    placement = read_placement(out / "placement.json")
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     return metrics, placement, log
 

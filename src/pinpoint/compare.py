@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.errors import ConfigError
+from pinpoint.placement.files import read_placement
 from pinpoint.runfolder import METRICS, PLACEMENT, atomic_write_json, ensure_dir, read_json
 
 COMPARISON_JSON = "comparison.json"
@@ -36,7 +37,7 @@ def compare_runs(run_dirs: list[Path], *, min_score: float = 1.0) -> dict[str, A
     rows = []
     for d in run_dirs:
         d = Path(d)
-        placement = read_json(d / PLACEMENT, field="run_dirs")
+        placement = read_placement(d / PLACEMENT, detail=False, field="run_dirs")
         metrics = read_json(d / METRICS, field="run_dirs")
         obeyed, score, violations = _obeyed(placement, min_score)
         rows.append(

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from pinpoint import __version__
+from pinpoint import __version__, layer_keys
 from pinpoint.device_names import parse_device
 from pinpoint.errors import ConfigError
 
@@ -489,13 +489,20 @@ def _check_pinning_vs_strategy(cfg: Config) -> None:
         )
     # A user model's layer names are known once it is built (checked then, see usercode).
     valid = MODEL_LAYERS.get(cfg.train.model, ())
-    for layer in p.layers if cfg.train.builtin_model else ():
-        if layer not in valid:
+    for layer in p.layers:
+        if layer.startswith(layer_keys.REGEX_PREFIX):
+            try:
+                layer_keys.check_key(layer)
+            except ConfigError:
+                _fail(layer_keys.field(layer), layer, "not a regular expression; fix the pattern after 're:'")
+        if cfg.train.builtin_model and not any(layer_keys.key_matches(layer, name) for name in valid):
             _fail(
-                f"train.pinning.layers.{layer}",
+                layer_keys.field(layer),
                 layer,
                 f"model '{cfg.train.model}' has no such layer; valid names: {', '.join(valid)}",
             )
+    if cfg.train.builtin_model and p.layers:
+        layer_keys.resolve(p.layers, valid, cfg.train.model)  # a layer matched by two keys: ConfigError
     n = cfg.cluster.devices_per_worker
     why = {
         "mirrored": "mirrored keeps one copy of every variable on every replica device",

@@ -16,6 +16,7 @@ CONFIG_FILE = "config.yaml"
 CLUSTER_SPEC = "cluster_spec.json"
 MANIFESTS_DIR = "manifests"
 PLACEMENT = "placement.json"
+PLACEMENT_OPS = "placement_ops.json.gz"  # its per-op detail (placement.files)
 METRICS = "metrics.json"
 CHECKPOINTS = "checkpoints"
 REPORT_HTML = "report.html"

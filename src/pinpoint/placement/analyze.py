@@ -43,11 +43,13 @@ def build_placement(
     gradient_scope: str = "gradients",
     layer_scopes: dict[str, str] | None = None,
     input_scope: str = "input",
+    optimizer_variables: list | None = None,
 ) -> dict:
     """placement.json content from the captured steps (see schema.EXPLAIN for each field).
 
     Input-pipeline ops are dataset/iterator op types plus ops under the `input_scope` name scope
-    (an in-graph input pipeline)."""
+    (an in-graph input pipeline). `optimizer_variables` (a subset of `variables`) are classed as
+    optimizer slots by the replica-consistency check."""
     namer = DeviceMap.of(device_map)
     captures = [c for c in captures if c is not None]
     grad_re = gradient_re(gradient_scope)
@@ -132,7 +134,7 @@ def build_placement(
         )
 
     values: dict = {}  # component values, read once for fingerprints and replica consistency
-    var_info = analyze_variables(variables, captures, namer, values)
+    var_info = analyze_variables(variables, captures, namer, values, optimizer_variables)
     for v in var_info["variables"]:
         seen_devices.update(v["devices"])
         seen_devices.update(v["update_devices"])
@@ -168,10 +170,12 @@ def build_placement(
             "total": json_number(sum(sum(c.values()) for c in per_step_grads) / max(len(per_step_grads), 1)),
         },
         # The trainer builds the placement after its last step, so this is the end-of-training check.
-        "replica_consistency": safe_consistency(variables, values),
+        "replica_consistency": safe_consistency(variables, values, optimizer_variables),
         "conformance": conformance,
         "layers": layer_table(conformance, transfer_steps[0]["items"] if transfer_steps else [], plan, layer_scopes),
         "ops": ops_detail,
+        # Every transfer of the first captured step (tensor, from, to, bytes, consumers).
+        "transfer_items": transfer_steps[0]["items"] if transfer_steps else [],
         "notes": _notes(captures, ops_detail, strategy),
         "explain": EXPLAIN,
     }

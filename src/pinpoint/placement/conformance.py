@@ -8,6 +8,7 @@ import re
 from collections import Counter, defaultdict
 
 from pinpoint.device_names import DeviceMap, matches, normalize, sort_key, split_prefix
+from pinpoint.layer_keys import scope_regex
 from pinpoint.placement.naming import EMULATED_ATTR, XLA_ATTR
 from pinpoint.placement.transfers import BOOKKEEPING
 
@@ -112,9 +113,17 @@ def gradient_re(scope: str = "gradients"):
     return re.compile(rf"(^|/)({re.escape(scope)}(_\d+)?|gradient_tape)/")
 
 
-def layer_re(layer: str):
+def layer_re(layer: str, names=None):
+    """Ops in the name scope of the layers a train.pinning.layers key selects (`names`: the
+    layers it matched in the built model, when known)."""
     # Keras 3 uniquifies scopes inside tf.function ("dense" -> "dense_1"), so accept a suffix.
-    return re.compile(rf"(^|/){re.escape(layer)}(_\d+)?/")
+    return re.compile(rf"(^|/)(?:{scope_regex(layer, names)})(_\d+)?/")
+
+
+def _scope(layer: str, layer_scopes):
+    """layer_scopes[layer]: the layer names a key matched (a list), or a scope of its own (a str)."""
+    scope = (layer_scopes or {}).get(layer)
+    return layer_re(scope) if isinstance(scope, str) else layer_re(layer, scope)
 
 
 def check_conformance(ops, variables, plan, strategy, device_map, namer, grad_re, layer_scopes, input_re) -> dict:
@@ -138,12 +147,15 @@ def check_conformance(ops, variables, plan, strategy, device_map, namer, grad_re
             rel = [(o["op"], o["device"]) for o in compute if grad_re.search(o["op"])]
             rules.append(_rule("gradients", namer.canonical_spec(plan.gradients), rel))
         for layer, dev in (getattr(plan, "layers", None) or {}).items():
-            lre = layer_re((layer_scopes or {}).get(layer, layer))
+            lre = _scope(layer, layer_scopes)
             fwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and not grad_re.search(o["op"])]
             # The layer's backward ops (gradients/.../<layer>/..._grad): a plan whose backward pass
             # ignores the pins cannot score 1.
             bwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and grad_re.search(o["op"])]
             rule = _rule(f"layers.{layer}", namer.canonical_spec(dev), fwd + bwd)
+            matched = (layer_scopes or {}).get(layer)
+            if isinstance(matched, list):
+                rule["layers_matched"] = len(matched)
             for part, rel in (("forward", fwd), ("backward", bwd)):
                 sub = _rule(part, namer.canonical_spec(dev), rel)
                 rule[part] = {"relevant": sub["relevant"], "score": sub["score"], "observed": sub["observed"]}
@@ -209,10 +221,13 @@ def layer_table(conformance: dict, items, plan, layer_scopes) -> list[dict]:
     rows = []
     for layer in getattr(plan, "layers", None) or {}:
         rule = rules[f"layers.{layer}"]
-        lre = layer_re((layer_scopes or {}).get(layer, layer))
+        lre = _scope(layer, layer_scopes)
         out_b = sum(t["bytes"] or 0 for t in items if lre.search(t["tensor"]))
         in_b = sum(t["bytes"] or 0 for t in items
                    if not lre.search(t["tensor"]) and any(lre.search(c) for c in t.get("consumers", ())))
-        rows.append({"layer": layer, "device": rule["planned"], "forward_ops": rule["forward"]["observed"],
+        matched = (layer_scopes or {}).get(layer)
+        rows.append({"layer": layer, "layers_matched": rule.get("layers_matched"),
+                     "matched": matched if isinstance(matched, list) else None, "device": rule["planned"],
+                     "forward_ops": rule["forward"]["observed"],
                      "backward_ops": rule["backward"]["observed"], "bytes_in": in_b, "bytes_out": out_b})
     return rows

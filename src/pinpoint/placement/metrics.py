@@ -34,6 +34,9 @@ def headline_metrics(placement: Mapping[str, Any]) -> dict[str, float]:
     rc = placement.get("replica_consistency") or {}
     if rc.get("max_abs_diff") is not None:
         out["placement.replica_drift"] = float(rc["max_abs_diff"])
+        for part in ("trainable", "state"):
+            if rc.get(f"{part}_drift") is not None:
+                out[f"placement.replica_drift.{part}"] = float(rc[f"{part}_drift"])
     timing = placement.get("timing") or {}
     if timing.get("wall_ms") is not None:
         out["placement.timing.wall_ms"] = float(timing["wall_ms"])

@@ -1,27 +1,34 @@
-"""`pinpoint report DIR`: one self-contained report.html (inline CSS, charts embedded as base64)
-and PNG charts in DIR/charts/, from DIR/placement.json (and metrics.json when present)."""
+"""`pinpoint report DIR`: one self-contained report.html (inline CSS, charts embedded as base64,
+no script) and PNG charts in DIR/charts/, from DIR's placement files (placement.files) and
+metrics.json when present.
+
+The page is rendered from Jinja2 templates (templates/): `report.html.j2` lays out the sections
+listed in SECTIONS, each its own template fed by a context function here. A new section is one
+template and one `Section` in the list. Large runs stay readable: variables, ops and replica
+differences are grouped by layer or name scope (collapsed `<details>`, totals per group) after a
+"largest N" view.
+"""
 
 from __future__ import annotations
 
 import base64
-import html
 import json
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pinpoint.errors import ConfigError
 from pinpoint.placement.conformance import split_fallbacks
+from pinpoint.placement.files import read_placement
 from pinpoint.placement.schema import EXPLAIN
 from pinpoint.placement.summary import format_summary, human_bytes
-from pinpoint.runfolder import (
-    METRICS,
-    PLACEMENT,
-    REPORT_HTML,
-    atomic_write_text,
-    read_json,
-)
+from pinpoint.runfolder import METRICS, PLACEMENT, REPORT_HTML, atomic_write_text
 
 CHARTS_DIR = "charts"
+TEMPLATES = Path(__file__).parent / "templates"
+LARGEST = 20  # rows of each "largest N" view
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0;color:#222;background:#fafafa}
@@ -42,36 +49,23 @@ img{max-width:100%;border:1px solid #eee;margin:6px 0}
 .card{border:1px solid #ddd;border-radius:6px;padding:8px 14px;background:#fff;min-width:130px}
 .card b{display:block;font-size:20px} .card span{font-size:12px;color:#666}
 .card.bad{border-color:#e57373;background:#fdecea}
+.card.warn{border-color:#f0b429;background:#fff8e1} tr.warn td{background:#fff8e1} span.warn{color:#9a6700;font-weight:600}
 code{font-size:12px}
+table.groups>tbody>tr>td{vertical-align:top} details>summary{cursor:pointer} details table{margin:4px 0 8px}
 """
 
 
-def _e(x: Any) -> str:
-    return html.escape(str(x))
+@dataclass(frozen=True)
+class Section:
+    """One section of the report: its anchor and nav label, its title, the template that renders
+    it and the function giving the template's context (None: the section is left out)."""
 
-
-def _table(headers: list[str], rows: list[list[Any]], bad_rows: set[int] | None = None, num_cols=()) -> str:
-    bad_rows = bad_rows or set()
-    out = ["<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"]
-    for i, row in enumerate(rows):
-        cls = ' class="bad"' if i in bad_rows else ""
-        cells = "".join(
-            f'<td class="num">{_e(c)}</td>' if j in num_cols else f"<td>{_e(c)}</td>" for j, c in enumerate(row)
-        )
-        out.append(f"<tr{cls}>{cells}</tr>")
-    out.append("</table>")
-    return "".join(out)
-
-
-def _img(path: Path | None, alt: str) -> str:
-    if not path or not Path(path).is_file():
-        return ""
-    data = base64.b64encode(Path(path).read_bytes()).decode()
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
-
-
-def _section(title: str, what: str, body: str, anchor: str) -> str:
-    return f'<section id="{anchor}"><h2>{_e(title)}</h2><p class="what">{_e(what)}</p>{body}</section>'
+    anchor: str
+    nav: str
+    title: str
+    template: str
+    context: Callable[[dict, dict | None, dict[str, str], dict], dict | None]
+    what: Callable[[dict, dict], str] = lambda placement, ex: ""
 
 
 def _dev(d: str, phys: dict) -> str:
@@ -80,380 +74,427 @@ def _dev(d: str, phys: dict) -> str:
     return f"{d} ({p[p.rfind('/') + 1:] if p.startswith('/job:') else p})" if p != d else d
 
 
-def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], title: str) -> str:
-    """The whole report as one HTML string (no external resources)."""
-    ex = placement.get("explain") or {}
-    phys = placement.get("physical_devices") or {}
-    per = (placement.get("transfers") or {}).get("per_step") or {}
-    fallbacks, predicted = split_fallbacks(placement)
-    conf = placement.get("conformance") or {}
-    rc = placement.get("replica_consistency") or None
-    parts = []
+def _task(x: dict) -> str:
+    return f"[{x['task']}] " if x.get("task") else ""
 
-    # --- headline cards
-    score = conf.get("score")
-    drift = (rc or {}).get("max_abs_diff")
+
+def _group_of_var(name: str) -> str:
+    """A variable's layer: its path without the last component."""
+    return name.rpartition("/")[0] or "(model)"
+
+
+_SCOPE_PREFIX = re.compile(r"^((replica_\d+|gradients|gradient_tape|while|cond|body)(_\d+)?/)+")
+
+
+def _scope_of_op(name: str) -> str:
+    """An op's name scope at layer level: the replica/gradient/loop prefixes dropped, then its
+    first two components (model/layer) or its first one; ops outside any scope together."""
+    rest = _SCOPE_PREFIX.sub("", name)
+    parts = rest.split("/")
+    if len(parts) == 1:
+        return "(no name scope)"
+    return "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+
+
+# ---- the sections' contexts -------------------------------------------------------------------
+def _summary(p: dict, metrics: dict | None, charts: dict, x: dict) -> dict:
+    per = (p.get("transfers") or {}).get("per_step") or {}
+    score = (p.get("conformance") or {}).get("score")
+    fallbacks, predicted = x["fallbacks"], x["predicted"]
     cards = [
-        ("devices", len(placement.get("devices") or []), False),
-        ("transfers / step", per.get("count", 0), False),
-        ("bytes / step", human_bytes(per.get("bytes", 0)), False),
-        ("fallbacks", len(fallbacks), bool(fallbacks)),
-        *([("predicted fallbacks", len(predicted), True)] if predicted else []),
-        ("conformance", "n/a" if score is None else f"{score:.2f}", score is not None and score < 1.0),
-        ("replica drift", "n/a" if drift is None else f"{drift:.3g}", bool(drift)),
+        ("devices", len(p.get("devices") or []), ""),
+        ("transfers / step", per.get("count", 0), ""),
+        ("bytes / step", human_bytes(per.get("bytes", 0)), ""),
+        ("fallbacks", len(fallbacks), "bad" if fallbacks else ""),
+        *([("predicted fallbacks", len(predicted), "bad")] if predicted else []),
+        ("conformance", "n/a" if score is None else f"{score:.2f}", "bad" if score is not None and score < 1.0 else ""),
+        *_drift_cards(p.get("replica_consistency") or None),
     ]
-    card_html = "".join(
-        f'<div class="card{" bad" if bad else ""}"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for k, v, bad in cards
-    )
-    parts.append(
-        _section(
-            "Summary",
-            "Read from the partition graphs the TensorFlow runtime actually executed on the sampled "
-            f"step(s) {placement.get('captured_steps')}; op.device is only a request, this is what ran.",
-            f'<div class="cards">{card_html}</div>'
-            + "".join(f"<p><b>Note:</b> {_e(n)}</p>" for n in placement.get("notes") or [])
-            + f'<pre>{_e(format_summary(placement, metrics))}</pre>',
-            "summary",
-        )
-    )
+    return {"cards": [{"label": k, "value": v, "cls": cls} for k, v, cls in cards],
+            "notes": p.get("notes") or [], "summary": format_summary(p, metrics)}
 
-    parts.extend(_program_sections(placement))
 
-    # --- devices and aliases
-    aliases = placement.get("device_aliases") or {}
-    rows = [[d, phys.get(d, d), "emulated: logical CPU device" if d in aliases else ""] for d in placement.get("devices") or []]
-    alias_note = (
+def _drift_cards(rc: dict | None) -> list[tuple[str, str, str]]:
+    """Trainable drift red when not 0 (a sync bug), state drift amber (per-replica state,
+    explained in its section); one card for a placement.json before the split."""
+    if not rc or rc.get("max_abs_diff") is None:
+        return [("replica drift", "n/a", "")]
+    if rc.get("trainable_drift") is None:
+        return [("replica drift", f"{rc['max_abs_diff']:.3g}", "bad" if rc["max_abs_diff"] else "")]
+    return [("trainable drift", f"{rc['trainable_drift']:.3g}", "bad" if rc["trainable_drift"] else ""),
+            ("state drift", f"{rc['state_drift']:.3g}", "warn" if rc["state_drift"] else "")]
+
+
+def _devices(p: dict, metrics, charts, x) -> dict:
+    aliases = p.get("device_aliases") or {}
+    return {"rows": [[d, x["phys"].get(d, d), "emulated: logical CPU device" if d in aliases else ""]
+                     for d in p.get("devices") or []]}
+
+
+def _devices_what(p: dict, ex: dict) -> str:
+    return ex.get("devices", "") + " " + (
         "This run emulated its spec GPUs: each spec device '/GPU:i' ran on logical CPU device "
         "'/CPU:i+1' of the same process; '/CPU:0' is the host. Everything below uses spec names."
-        if aliases
-        else "Devices as the runtime named them."
-    )
-    parts.append(
-        _section(
-            "Devices",
-            ex.get("devices", "") + " " + alias_note,
-            _table(["device (spec name)", "physical device", "note"], rows),
-            "devices",
-        )
-    )
+        if p.get("device_aliases") else "Devices as the runtime named them.")
 
-    # --- ops
-    ops = placement.get("ops_by_device") or {}
-    grads = (placement.get("gradients") or {}).get("ops_by_device") or {}
-    rows = [[_dev(d, phys), n, grads.get(d, 0)] for d, n in ops.items()]
-    parts.append(
-        _section(
-            "Ops by device",
-            ex.get("ops_by_device", ""),
-            _table(["device", "ops / step", "of which backward pass"], rows, num_cols=(1, 2))
-            + _img(charts.get("ops_per_device.png"), "ops per device")
-            + "<p class='what'>Device x op-type heatmap (ops per step; the most frequent types, the rest as '(other)'):</p>"
-            + _img(charts.get("ops_heatmap.png"), "device x op-type heatmap"),
-            "ops",
-        )
-    )
 
-    # --- transfers
-    tr = placement.get("transfers") or {}
-    mrows = []
-    for s, row in (tr.get("matrix") or {}).items():
-        for d, cell in row.items():
-            mrows.append([_dev(s, phys), _dev(d, phys), cell.get("count", 0), human_bytes(cell.get("bytes", 0))])
-    largest = [
-        [(f"[{t['task']}] " if t.get("task") else "") + t["tensor"], t["from"], t["to"],
-         human_bytes(t["bytes"]) if t.get("bytes") is not None else "unknown"]
-        for t in (tr.get("largest") or [])[:15]
-    ]
+def _ops(p: dict, metrics, charts, x) -> dict:
+    phys = x["phys"]
+    grads = (p.get("gradients") or {}).get("ops_by_device") or {}
+    rows = [[_dev(d, phys), n, grads.get(d, 0)] for d, n in (p.get("ops_by_device") or {}).items()]
+    devices = list(p.get("ops_by_device") or {})
+    scopes: dict[str, Counter] = defaultdict(Counter)
+    types: dict[str, Counter] = defaultdict(Counter)
+    for o in p.get("ops") or []:
+        scope = _scope_of_op(o["op"])
+        scopes[scope][o["device"]] += 1
+        types[scope][o["type"]] += 1
+    order = sorted(scopes, key=lambda s: (-sum(scopes[s].values()), s))
+    headers = ["name scope", "ops / step", *devices]
+
+    def totals(s):
+        return [sum(scopes[s].values()), *(scopes[s].get(d, 0) for d in devices)]
+
+    return {
+        "rows": rows, "charts": charts, "scopes": len(scopes),
+        "largest_headers": headers, "largest_num": tuple(range(1, len(headers))),
+        "largest": [[s, *totals(s)] for s in order[:LARGEST]] if len(scopes) > 1 else [],
+        "grouped": {
+            "by": "name scope", "total_headers": ["ops / step", *devices], "headers": ["op type", "ops / step"],
+            "num": (1,),
+            "groups": [{"name": s, "totals": totals(s),
+                        "rows": [[t, n] for t, n in types[s].most_common()]} for s in sorted(scopes)],
+        },
+    }
+
+
+def _transfers(p: dict, metrics, charts, x) -> dict:
+    phys, tr = x["phys"], p.get("transfers") or {}
+    coll = tr.get("collectives") or {}
+    return {
+        "charts": charts,
+        "matrix": [[_dev(s, phys), _dev(d, phys), cell.get("count", 0), human_bytes(cell.get("bytes", 0))]
+                   for s, row in (tr.get("matrix") or {}).items() for d, cell in row.items()],
+        "largest": [[_task(t) + t["tensor"], t["from"], t["to"],
+                     human_bytes(t["bytes"]) if t.get("bytes") is not None else "unknown"]
+                    for t in (tr.get("largest") or [])[:15]],
+        "collectives_what": x["ex"].get("collectives", ""),
+        "collectives": [[_dev(d, phys), c.get("count", 0), human_bytes(c.get("input_bytes", 0))] for d, c in coll.items()],
+    }
+
+
+def _transfers_what(p: dict, ex: dict) -> str:
+    tr = p.get("transfers") or {}
+    per = tr.get("per_step") or {}
     sized = f"{per.get('sized', 0)} of {per.get('count', 0)} transfers per step were sized" + (
-        f"; {per.get('unsized')} could not be (shape unknown), their bytes are not counted" if per.get("unsized") else ""
-    )
+        f"; {per.get('unsized')} could not be (shape unknown), their bytes are not counted" if per.get("unsized") else "")
     loop = tr.get("loop_control") or {}
     if loop.get("count"):
         sized += (f"; not in the table: {loop['count']} transfer(s) per step of the training loop's own "
                   "predicate and control signal to each device")
-    coll = tr.get("collectives") or {}
-    coll_html = ""
-    if coll:
-        coll_html = "<p class='what'>" + _e(ex.get("collectives", "")) + "</p>" + _table(
-            ["device", "collective ops / step", "bytes reduced / step"],
-            [[_dev(d, phys), c.get("count", 0), human_bytes(c.get("input_bytes", 0))] for d, c in coll.items()],
-            num_cols=(1, 2),
-        )
-    parts.append(
-        _section(
-            "Transfers between devices",
-            ex.get("transfers", "") + " " + sized + ".",
-            _img(charts.get("transfer_matrix.png"), "transfer matrix")
-            + _table(["from", "to", "transfers / step", "bytes / step"], mrows, num_cols=(2, 3))
-            + "<p class='what'>Largest transfers of one step (tensor = the op whose output was sent):</p>"
-            + _table(["tensor", "from", "to", "bytes"], largest, num_cols=(3,))
-            + coll_html,
-            "transfers",
-        )
-    )
+    return ex.get("transfers", "") + " " + sized + "."
 
-    # --- time per device (placement.timing)
-    if placement.get("timing"):
-        parts.append(_timing_section(placement["timing"], ex.get("timing") or EXPLAIN["timing"], phys, charts))
 
-    # --- fallbacks
-    if fallbacks:
-        rows = [
-            [(f"[{f['task']}] " if f.get("task") else "") + f["op"], f["op_type"],
-             _dev(f["requested"], {f["requested"]: f.get("requested_physical", f["requested"])}),
-             _dev(f["placed"], phys), f.get("reason", "")]
-            for f in fallbacks
-        ]
-        body = f'<p><span class="bad">{len(fallbacks)} op(s) did not run where they were requested.</span></p>' + _table(
-            ["op", "type", "requested", "ran on", "why"], rows, bad_rows=set(range(len(rows)))
-        )
-    else:
-        body = '<p><span class="good">None: every op that requested a device ran on it.</span></p>'
-    if predicted:
-        rows = [
-            [(f"[{f['task']}] " if f.get("task") else "") + f["op"], f["op_type"], _dev(f["placed"], phys),
-             f.get("would_run_on", ""), f.get("reason", "")]
-            for f in predicted
-        ]
-        body += (
-            f'<p class="what"><span class="bad">Predicted for a GPU machine: {len(predicted)} op(s) ran on an '
-            "emulated GPU here but have no GPU kernel for their dtypes (TensorFlow's kernel registry), so a "
-            "GPU machine runs them on the host and copies their inputs and outputs across.</span></p>"
-            + _table(["op", "type", "ran on (emulated)", "GPU machine: runs on", "why"], rows,
-                     bad_rows=set(range(len(rows))))
-        )
-    parts.append(_section("Fallbacks", ex.get("fallbacks", ""), body, "fallbacks"))
+def _timing(p: dict, metrics, charts, x) -> dict | None:
+    timing = p.get("timing")
+    if not timing:
+        return None
+    phys, devs = x["phys"], timing.get("devices") or {}
+    return {
+        "charts": charts, "notes": timing.get("notes") or [], "steps": timing.get("steps") or [],
+        "wall_ms": timing.get("wall_ms"), "step_ms": timing.get("step_ms"), "trace": timing.get("trace"),
+        "rows": [[_dev(d, phys), t.get("busy_ms"), t.get("compute_ms"), t.get("transfer_ms"),
+                  f"{100 * t.get('transfer_share', 0):.1f}%",
+                  "n/a" if t.get("idle_share") is None else f"{100 * t['idle_share']:.1f}%", t.get("ops")]
+                 for d, t in devs.items()],
+        "top": [[_dev(d, phys), o["op"], o["type"], o["ms"], o["count"]] for d, t in devs.items()
+                for o in t.get("top_ops") or []],
+    }
 
-    # --- variables
-    vars_ = placement.get("variables") or []
-    rows, bad = [], set()
-    for i, v in enumerate(vars_):
-        devs = ", ".join(_dev(d, phys) for d in v.get("devices", []))
-        upd = ", ".join(_dev(d, phys) for d in v.get("update_devices", [])) or "-"
-        if v.get("update_devices") and not set(v["update_devices"]) <= set(v.get("devices", [])):
-            bad.add(i)
-        rows.append([v["name"], v.get("kind", ""), "x".join(map(str, v.get("shape") or [])) or "scalar",
-                     human_bytes(v.get("bytes")), len(v.get("components") or []), devs, upd])
-    vu = placement.get("variable_updates") or {}
-    parts.append(
-        _section(
-            "Variables",
-            ex.get("variables", "") + f" Attribution of update ops: {vu.get('coverage', 'n/a')}"
-            + (f" ({vu['method']})." if vu.get("method") else "."),
-            _table(["variable", "kind", "shape", "bytes", "components", "lives on", "updated on"], rows, bad_rows=bad,
-                   num_cols=(3, 4))
-            + _img(charts.get("variable_bytes.png"), "variable bytes by device"),
-            "variables",
-        )
-    )
 
-    # --- gradients
-    g = placement.get("gradients") or {}
-    parts.append(
-        _section(
-            "Gradients (backward pass)",
-            ex.get("gradients", ""),
-            _table(["device", "backward-pass ops / step"], [[_dev(d, phys), n] for d, n in (g.get("ops_by_device") or {}).items()], num_cols=(1,)),
-            "gradients",
-        )
-    )
+def _fallbacks(p: dict, metrics, charts, x) -> dict:
+    phys = x["phys"]
+    return {
+        "rows": [[_task(f) + f["op"], f["op_type"],
+                  _dev(f["requested"], {f["requested"]: f.get("requested_physical", f["requested"])}),
+                  _dev(f["placed"], phys), f.get("reason", "")] for f in x["fallbacks"]],
+        "predicted": [[_task(f) + f["op"], f["op_type"], _dev(f["placed"], phys), f.get("would_run_on", ""),
+                       f.get("reason", "")] for f in x["predicted"]],
+    }
 
-    # --- conformance
-    rules = conf.get("rules") or []
+
+def _variables(p: dict, metrics, charts, x) -> dict:
+    phys = x["phys"]
+    vars_ = p.get("variables") or []
+
+    def row(v):
+        return [v["name"], v.get("kind", ""), "x".join(map(str, v.get("shape") or [])) or "scalar",
+                human_bytes(v.get("bytes")), len(v.get("components") or []),
+                ", ".join(_dev(d, phys) for d in v.get("devices", [])),
+                ", ".join(_dev(d, phys) for d in v.get("update_devices", [])) or "-"]
+
+    def bad(v):  # an update ran off the variable's devices
+        return bool(v.get("update_devices")) and not set(v["update_devices"]) <= set(v.get("devices", []))
+
+    largest = sorted(vars_, key=lambda v: -(v.get("bytes") or 0))[:LARGEST] if len(vars_) > LARGEST else []
+    by_layer: dict[str, list] = defaultdict(list)
+    for v in vars_:
+        by_layer[_group_of_var(v["name"])].append(v)
+    return {
+        "charts": charts, "count": len(vars_), "largest": [row(v) for v in largest],
+        "largest_bad": {i for i, v in enumerate(largest) if bad(v)},
+        "headers": ["variable", "kind", "shape", "bytes", "components", "lives on", "updated on"],
+        "grouped": {
+            "by": "layer", "total_headers": ["variables", "bytes", "devices"],
+            "headers": ["variable", "kind", "shape", "bytes", "components", "lives on", "updated on"], "num": (3, 4),
+            "groups": [{"name": layer, "rows": [row(v) for v in vs], "bad": any(bad(v) for v in vs),
+                        "bad_rows": {i for i, v in enumerate(vs) if bad(v)},
+                        "totals": [len(vs), human_bytes(sum(v.get("bytes") or 0 for v in vs)),
+                                   ", ".join(sorted({d for v in vs for d in v.get("devices", [])}))]}
+                       for layer, vs in by_layer.items()],
+        },
+    }
+
+
+def _variables_what(p: dict, ex: dict) -> str:
+    vu = p.get("variable_updates") or {}
+    return (ex.get("variables", "") + f" Attribution of update ops: {vu.get('coverage', 'n/a')}"
+            + (f" ({vu['method']})." if vu.get("method") else "."))
+
+
+def _gradients(p: dict, metrics, charts, x) -> dict:
+    g = p.get("gradients") or {}
+    return {"rows": [[_dev(d, x["phys"]), n] for d, n in (g.get("ops_by_device") or {}).items()]}
+
+
+def _conformance(p: dict, metrics, charts, x) -> dict:
+    rules = (p.get("conformance") or {}).get("rules") or []
     rows, bad = [], set()
     for i, r in enumerate(rules):
         s = r.get("score")
         if s is not None and s < 1.0:
             bad.add(i)
         observed = ", ".join(f"{d}: {n}" for d, n in (r.get("observed") or {}).items())
-        # layers.<name>: the forward and backward passes scored apart (a layer's backward ops
+        # layers.<key>: the forward and backward passes scored apart (a layer's backward ops
         # may ignore its pin while its forward ops obey it).
-        parts_ = [f"{part} {r[part]['score']:.2f} ({r[part]['relevant']})" for part in ("forward", "backward")
-                  if (r.get(part) or {}).get("score") is not None]
-        rows.append([(f"[{r['task']}] " if r.get("task") else "") + r["rule"], r["planned"], observed or "-",
-                     r["relevant"], "n/a (no relevant ops)" if s is None else f"{s:.2f}", ", ".join(parts_) or "-"])
-    vrows = [
-        [(f"[{r['task']}] " if r.get("task") else "") + r["rule"], v["op"], v["placed"], r["planned"], v.get("why", "")]
-        for r in rules for v in (r.get("violations") or [])[:20]
-    ]
-    body = _img(charts.get("conformance.png"), "conformance") + (
-        _table(["rule", "planned", "observed", "relevant ops", "score", "forward / backward (ops)"], rows,
-               bad_rows=bad, num_cols=(3, 4))
-        if rules else "<p class='muted'>No pinning rules configured and no strategy rules apply.</p>"
-    )
-    if vrows:
-        body += "<p><span class='bad'>Violations</span> (up to 20 per rule):</p>" + _table(
-            ["rule", "op / variable", "ran on", "planned", "likely cause"], vrows, bad_rows=set(range(len(vrows)))
-        )
-    what = ex.get("conformance", "") + (
+        parts = [f"{part} {r[part]['score']:.2f} ({r[part]['relevant']})" for part in ("forward", "backward")
+                 if (r.get(part) or {}).get("score") is not None]
+        rows.append([_task(r) + r["rule"], r["planned"], observed or "-", r["relevant"],
+                     "n/a (no relevant ops)" if s is None else f"{s:.2f}", ", ".join(parts) or "-",
+                     r.get("layers_matched", "")])
+    return {"charts": charts, "rows": rows, "bad": bad,
+            "violations": [[_task(r) + r["rule"], v["op"], v["placed"], r["planned"], v.get("why", "")]
+                           for r in rules for v in (r.get("violations") or [])[:20]]}
+
+
+def _conformance_what(p: dict, ex: dict) -> str:
+    return ex.get("conformance", "") + (
         " Strategy rules: mirrored strategies keep one component of every variable on every replica device "
         "and run replica i's compute on device i; central storage keeps variables on the host; "
-        "parameter servers hold variables on ps tasks."
-    )
-    parts.append(_section("Conformance with the plan", what, body, "conformance"))
-
-    # --- model parallelism: one row per pinned layer
-    layer_rows = placement.get("layers") or []
-    if layer_rows:
-        def per_dev(counts: dict) -> str:
-            return ", ".join(f"{d}: {n:g}" for d, n in counts.items()) or "-"
-
-        rows, bad = [], set()
-        for i, r in enumerate(layer_rows):
-            off = set(r["forward_ops"]) | set(r["backward_ops"])
-            if off - {r["device"]}:
-                bad.add(i)
-            rows.append([r["layer"], r["device"], per_dev(r["forward_ops"]), per_dev(r["backward_ops"]),
-                         human_bytes(r["bytes_in"]), human_bytes(r["bytes_out"])])
-        parts.append(_section(
-            "Layers split across devices",
-            "Model parallelism at a glance: each pinned layer's device, where its forward and backward ops "
-            "ran per step, and the bytes its ops receive from and send to other devices per step (the "
-            "boundary activation out, its gradient back in). A row is red when some of its ops ran elsewhere.",
-            _table(["layer", "planned", "forward ops", "backward ops", "bytes in", "bytes out"], rows,
-                   bad_rows=bad), "layers"))
-
-    # --- replica consistency
-    if rc:
-        per_var = rc.get("variables") or {}
-        rows = [[n, f"{d:.3g}"] for n, d in sorted(per_var.items(), key=lambda kv: -kv[1])]
-        drift = rc.get("max_abs_diff")
-        head = (
-            f"<p>max |component_i - component_0| = <span class='{'bad' if drift else 'good'}'>{drift}</span> "
-            f"over {rc.get('checked', 0)} variable(s).</p>"
-        )
-        if rc.get("method"):
-            head += f"<p class='what'>{_e(rc['method'])}</p>"
-        body = head + _table(["variable", "max abs diff"], rows, bad_rows={i for i, r in enumerate(rows) if float(r[1]) > 0}, num_cols=(1,))
-    else:
-        body = "<p class='muted'>Not applicable: no variable has more than one component in this run.</p>"
-    parts.append(_section("Replica consistency", ex.get("replica_consistency", ""), body, "replicas"))
-
-    # --- input pipeline and precision (user data through tf.data; mixed precision casts)
-    pipe = placement.get("input_pipeline")
-    prec = placement.get("precision") or {}
-    if pipe or prec.get("policy", "float32") != "float32":
-        rows = []
-        if pipe:
-            shard = pipe.get("sharding") or {}
-            rows.append(["input pipeline", f"{pipe.get('kind')} from {pipe.get('source')}", _dev(pipe.get("device", ""), phys)])
-            if shard.get("by") == "none":
-                rows.append(["sharding", "none (one worker reads everything)", ""])
-            else:
-                rows.append(["sharding", f"by {shard.get('by')}: worker {shard.get('worker')} of "
-                             f"{shard.get('workers')}, {shard.get('files')} file(s)", ""])
-            ops_ = {k: v for k, v in (pipe.get("ops") or {}).items() if not k.startswith("_")}
-            rows.append(["dataset ops", ", ".join(f"{k} x{v}" for k, v in ops_.items()), ""])
-        if prec:
-            casts = prec.get("casts_by_device") or {}
-            rows.append(["precision", prec.get("policy"), ", ".join(f"{d}: {n} Cast" for d, n in casts.items())])
-        parts.append(_section(
-            "Input pipeline and precision",
-            "A tf.data pipeline runs its dataset ops inside the iterator, on the iterator's device; each "
-            "replica's batch is then copied to the replica (a transfer above). Under a mixed policy, float32 "
-            "variables are cast to the compute dtype where each layer runs: the Cast ops per device.",
-            _table(["what", "value", "device"], rows), "input"))
-
-    # --- multi-worker
-    tasks = placement.get("tasks") or {}
-    if tasks:
-        rows = []
-        for t, tp in tasks.items():
-            tper = (tp.get("transfers") or {}).get("per_step") or {}
-            rows.append([t, ", ".join(tp.get("devices") or []), sum((tp.get("ops_by_device") or {}).values()),
-                         tper.get("count", 0), human_bytes(tper.get("bytes", 0)), len(tp.get("fallbacks") or []),
-                         (tp.get("conformance") or {}).get("score")])
-        parts.append(
-            _section(
-                "Tasks of the cluster",
-                "Each task captured and analysed its own partition graphs; the chief merged them "
-                "(devices united, counts summed, conformance averaged).",
-                _table(["task", "devices", "ops / step", "transfers / step", "bytes / step", "fallbacks", "conformance"],
-                       rows, num_cols=(2, 3, 4, 5)),
-                "tasks",
-            )
-        )
-
-    nav = " | ".join(
-        f'<a href="#{a}">{t}</a>'
-        for a, t in [("summary", "summary"), ("devices", "devices"), ("ops", "ops"), ("transfers", "transfers"),
-                     ("fallbacks", "fallbacks"), ("variables", "variables"), ("gradients", "gradients"),
-                     ("conformance", "conformance"), ("layers", "layers"), ("replicas", "replicas")]
-        + ([("timing", "time")] if placement.get("timing") else [])
-        + ([("functions", "functions"), ("eager", "eager ops")] if "functions" in placement else [])
-    )
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>"
-        f"<header><h1>{_e(title)}</h1><p>strategy {_e(placement.get('strategy'))} &middot; task "
-        f"{_e(placement.get('task'))} &middot; where every op, variable and gradient actually ran</p></header>"
-        f"<main><p>{nav}</p>{''.join(parts)}</main></body></html>\n"
-    )
+        "parameter servers hold variables on ps tasks.")
 
 
-def _program_sections(placement: dict) -> list[str]:
-    """`pinpoint trace` / train.entrypoint: the program's functions and its eager ops."""
-    if "functions" not in placement:
-        return []
-    ex = placement.get("explain") or {}
-    rows = [[("training: " if f.get("training") else "") + f["name"], f["kind"], f["calls"], f["ops_per_call"],
+def _layers(p: dict, metrics, charts, x) -> dict | None:
+    layer_rows = p.get("layers") or []
+    if not layer_rows:
+        return None
+
+    def per_dev(counts: dict) -> str:
+        return ", ".join(f"{d}: {n:g}" for d, n in counts.items()) or "-"
+
+    return {
+        "rows": [[r["layer"], r.get("layers_matched") or "", r["device"], per_dev(r["forward_ops"]),
+                  per_dev(r["backward_ops"]), human_bytes(r["bytes_in"]), human_bytes(r["bytes_out"])]
+                 for r in layer_rows],
+        "matched": [r.get("matched") or [] for r in layer_rows],
+        "bad": {i for i, r in enumerate(layer_rows)
+                if (set(r["forward_ops"]) | set(r["backward_ops"])) - {r["device"]}},
+    }
+
+
+STATE_CLASSES = ("replica_state", "sync_on_read")
+
+
+def _replicas(p: dict, metrics, charts, x) -> dict:
+    rc = p.get("replica_consistency") or None
+    if not rc:
+        return {"present": False}
+    classes = rc.get("classes") or {}
+    per_var = sorted((rc.get("variables") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+
+    def row(n, d):
+        return [n, classes.get(n, ""), f"{d:.3g}"]
+
+    def flags(items):
+        bad = {i for i, (n, d) in enumerate(items) if d > 0 and classes.get(n) not in STATE_CLASSES}
+        warn = {i for i, (n, d) in enumerate(items) if d > 0 and classes.get(n) in STATE_CLASSES}
+        return bad, warn
+
+    largest = per_var[:LARGEST]
+    lb, lw = flags(largest)
+    by_layer: dict[str, list] = defaultdict(list)
+    for n, d in per_var:
+        by_layer[_group_of_var(n)].append((n, d))
+    groups = []
+    for layer in sorted(by_layer):
+        items = by_layer[layer]
+        b, w = flags(items)
+        groups.append({"name": layer, "rows": [row(n, d) for n, d in items], "bad": bool(b), "warn": bool(w),
+                       "bad_rows": b, "warn_rows": w,
+                       "totals": [len(items), f"{max(d for _, d in items):.3g}"]})
+    split = rc.get("trainable_drift") is not None
+    return {
+        "present": True, "split": split, "checked": rc.get("checked", 0), "method": rc.get("method"),
+        "drift": rc.get("max_abs_diff"),
+        "trainable": rc.get("trainable_drift"), "state": rc.get("state_drift"),
+        "trainable_text": f"{rc['trainable_drift']:.3g}" if split else "",
+        "state_text": f"{rc['state_drift']:.3g}" if split else "",
+        "state_groups": [dict(g, count=len(g["variables"]), drift=f"{g['drift']:.3g}") for g in rc.get("state") or []],
+        "largest": [row(n, d) for n, d in largest], "largest_bad": lb, "largest_warn": lw,
+        "grouped": {"by": "layer", "total_headers": ["variables", "max abs diff"],
+                    "headers": ["variable", "class", "max abs diff"], "num": (2,), "groups": groups},
+    }
+
+
+def _input(p: dict, metrics, charts, x) -> dict | None:
+    pipe, prec = p.get("input_pipeline"), p.get("precision") or {}
+    if not pipe and prec.get("policy", "float32") == "float32":
+        return None
+    rows = []
+    if pipe:
+        shard = pipe.get("sharding") or {}
+        rows.append(["input pipeline", f"{pipe.get('kind')} from {pipe.get('source')}", _dev(pipe.get("device", ""), x["phys"])])
+        if shard.get("by") == "none":
+            rows.append(["sharding", "none (one worker reads everything)", ""])
+        else:
+            rows.append(["sharding", f"by {shard.get('by')}: worker {shard.get('worker')} of "
+                         f"{shard.get('workers')}, {shard.get('files')} file(s)", ""])
+        ops = {k: v for k, v in (pipe.get("ops") or {}).items() if not k.startswith("_")}
+        rows.append(["dataset ops", ", ".join(f"{k} x{v}" for k, v in ops.items()), ""])
+    if prec:
+        casts = prec.get("casts_by_device") or {}
+        rows.append(["precision", prec.get("policy"), ", ".join(f"{d}: {n} Cast" for d, n in casts.items())])
+    return {"rows": rows}
+
+
+def _tasks(p: dict, metrics, charts, x) -> dict | None:
+    tasks = p.get("tasks") or {}
+    if not tasks:
+        return None
+    rows = []
+    for t, tp in tasks.items():
+        per = (tp.get("transfers") or {}).get("per_step") or {}
+        rows.append([t, ", ".join(tp.get("devices") or []), sum((tp.get("ops_by_device") or {}).values()),
+                     per.get("count", 0), human_bytes(per.get("bytes", 0)), len(tp.get("fallbacks") or []),
+                     (tp.get("conformance") or {}).get("score")])
+    return {"rows": rows}
+
+
+def _functions(p: dict, metrics, charts, x) -> dict | None:
+    """`pinpoint trace` / train.entrypoint: every captured function of the program."""
+    if "functions" not in p:
+        return None
+    rows = [[("training: " if f.get("training") else "") + f["name"], f["kind"], f["calls"],
+             f["ops_per_call"] if f.get("captured", True) else "not captured",
              ", ".join(f"{d} {n}" for d, n in f["ops_by_device"].items()), f["transfers_per_call"],
-             human_bytes(f["transfer_bytes_per_call"]), f["collectives_per_call"]]
-            for f in placement["functions"]]
-    train = placement.get("training_function")
-    what = ex.get("functions", "") + (f" Training function: {train}." if train else " No training function found.")
-    out = [_section("Functions", what, _table(
-        ["function", "kind", "calls", "ops / call", "ops / call by device", "transfers / call", "bytes / call",
-         "collectives / call"], rows, num_cols=(2, 3, 5, 6, 7)) if rows else "<p>none ran</p>", "functions")]
-    eager = placement.get("eager") or {}
-    body = _table(["device", "eager ops", "most frequent op types"],
-                  [[d, n, ", ".join(f"{t} {c}" for t, c in list((eager.get("op_types_by_device") or {}).get(d, {})
-                                                                       .items())[:6])]
-                   for d, n in (eager.get("ops_by_device") or {}).items()], num_cols=(1,))
-    copies = eager.get("copies") or []
-    if copies:
-        body += "<h3>Copies between devices</h3>" + _table(
-            ["from", "to", "copies", "bytes", "for ops"],
-            [[c["from"], c["to"], c["count"], human_bytes(c["bytes"]), ", ".join(f"{t} {n}" for t, n in c["ops"].items())]
-             for c in copies], num_cols=(2, 3))
-    moved = eager.get("not_where_requested") or []
-    if moved:
-        body += "<h3>Not where requested</h3>" + _table(
-            ["op type", "requested", "ran on", "count"], [[m["op_type"], m["requested"], m["ran"], m["count"]]
-                                                          for m in moved], num_cols=(3,))
-    pred = eager.get("predicted_fallbacks") or []
-    if pred:
-        body += "<h3>Predicted fallbacks (no GPU kernel)</h3>" + _table(
-            ["op type", "ran on", "a GPU machine runs it on", "count", "why"],
-            [[f["op_type"], f["ran_on"], f["would_run_on"], f["count"], f["reason"]] for f in pred], num_cols=(3,))
-    out.append(_section(f"Eager ops ({eager.get('ops', 0)})", ex.get("eager", ""), body, "eager"))
+             human_bytes(f["transfer_bytes_per_call"]), f["collectives_per_call"]] for f in p["functions"]]
+    return {"rows": rows}
+
+
+def _functions_what(p: dict, ex: dict) -> str:
+    train = p.get("training_function")
+    return (ex.get("functions", "") or EXPLAIN.get("functions", "")) + (
+        f" Training function: {train}." if train else " No training function found.")
+
+
+def _eager(p: dict, metrics, charts, x) -> dict | None:
+    """`pinpoint trace` / train.entrypoint: the program's eager ops, copies and predicted fallbacks."""
+    if "eager" not in p:
+        return None
+    e = p.get("eager") or {}
+    types = e.get("op_types_by_device") or {}
+    return {
+        "ops": e.get("ops", 0),
+        "by_device": [[d, n, ", ".join(f"{t} {c}" for t, c in list(types.get(d, {}).items())[:6])]
+                      for d, n in (e.get("ops_by_device") or {}).items()],
+        "copies": [[c["from"], c["to"], c["count"], human_bytes(c["bytes"]),
+                    ", ".join(f"{t} {n}" for t, n in c["ops"].items())] for c in e.get("copies") or []],
+        "moved": [[m["op_type"], m["requested"], m["ran"], m["count"]] for m in e.get("not_where_requested") or []],
+        "predicted": [[f["op_type"], f["ran_on"], f["would_run_on"], f["count"], f["reason"]]
+                      for f in e.get("predicted_fallbacks") or []],
+    }
+
+
+def _explained(key: str) -> Callable[[dict, dict], str]:
+    return lambda p, ex: ex.get(key, "") or EXPLAIN.get(key, "")
+
+
+SECTIONS: list[Section] = [
+    Section("summary", "summary", "Summary", "summary.html.j2", _summary,
+            lambda p, ex: "Read from the partition graphs the TensorFlow runtime actually executed on the sampled "
+            f"step(s) {p.get('captured_steps')}; op.device is only a request, this is what ran."),
+    Section("functions", "functions", "Functions the program ran", "functions.html.j2", _functions, _functions_what),
+    Section("eager", "eager ops", "Eager ops", "eager.html.j2", _eager, _explained("eager")),
+    Section("devices", "devices", "Devices", "devices.html.j2", _devices, _devices_what),
+    Section("ops", "ops", "Ops by device", "ops.html.j2", _ops, _explained("ops_by_device")),
+    Section("transfers", "transfers", "Transfers between devices", "transfers.html.j2", _transfers, _transfers_what),
+    Section("timing", "time", "Time per device", "timing.html.j2", _timing, _explained("timing")),
+    Section("fallbacks", "fallbacks", "Fallbacks", "fallbacks.html.j2", _fallbacks, _explained("fallbacks")),
+    Section("variables", "variables", "Variables", "variables.html.j2", _variables, _variables_what),
+    Section("gradients", "gradients", "Gradients (backward pass)", "gradients.html.j2", _gradients,
+            _explained("gradients")),
+    Section("conformance", "conformance", "Conformance with the plan", "conformance.html.j2", _conformance,
+            _conformance_what),
+    Section("layers", "layers", "Layers split across devices", "layers.html.j2", _layers,
+            lambda p, ex: "Model parallelism at a glance: each pinning key's device and the number of layers it "
+            "matched, where their forward and backward ops ran per step, and the bytes their ops receive from and "
+            "send to other devices per step (the boundary activation out, its gradient back in). A row is red when "
+            "some of its ops ran elsewhere."),
+    Section("replicas", "replicas", "Replica consistency", "replicas.html.j2", _replicas,
+            _explained("replica_consistency")),
+    Section("input", "input", "Input pipeline and precision", "input.html.j2", _input,
+            lambda p, ex: "A tf.data pipeline runs its dataset ops inside the iterator, on the iterator's device; "
+            "each replica's batch is then copied to the replica (a transfer above). Under a mixed policy, float32 "
+            "variables are cast to the compute dtype where each layer runs: the Cast ops per device."),
+    Section("tasks", "tasks", "Tasks of the cluster", "tasks.html.j2", _tasks,
+            lambda p, ex: "Each task captured and analysed its own partition graphs; the chief merged them "
+            "(devices united, counts summed, conformance averaged)."),
+]
+
+
+def _environment():
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                              trim_blocks=True, lstrip_blocks=True)
+
+
+def _inline(charts: dict[str, Path]) -> dict[str, str]:
+    """{chart name without .png: base64 PNG} for the charts that exist (a missing one renders as
+    nothing)."""
+    out = {}
+    for name, path in (charts or {}).items():
+        if path and Path(path).is_file():
+            out[Path(name).stem] = base64.b64encode(Path(path).read_bytes()).decode()
     return out
 
 
-def _timing_section(timing: dict, what: str, phys: dict, charts: dict[str, Path]) -> str:
-    devs = timing.get("devices") or {}
-    notes = "".join(f"<p><b>Note:</b> {_e(n)}</p>" for n in timing.get("notes") or [])
-    if not devs:
-        return _section("Time per device", what, notes or "<p class='muted'>Not measured.</p>", "timing")
-    steps = timing.get("steps") or []
-    head = (f"<p>Timed steps {_e(steps)}: {timing.get('wall_ms')} ms wall"
-            + (f" ({timing['step_ms']} ms per step)" if timing.get("step_ms") is not None else "")
-            + (f"; the trace is in <code>{_e(timing['trace'])}/</code>: open it with "
-               f"<code>tensorboard --logdir {_e(timing['trace'])}</code> (Profile tab)" if timing.get("trace") else "")
-            + ".</p>")
-    rows = [[_dev(d, phys), t.get("busy_ms"), t.get("compute_ms"), t.get("transfer_ms"),
-             f"{100 * t.get('transfer_share', 0):.1f}%",
-             "n/a" if t.get("idle_share") is None else f"{100 * t['idle_share']:.1f}%", t.get("ops")]
-            for d, t in devs.items()]
-    top = [[_dev(d, phys), o["op"], o["type"], o["ms"], o["count"]] for d, t in devs.items() for o in t.get("top_ops") or []]
-    return _section(
-        "Time per device", what,
-        head + _img(charts.get("time_per_device.png"), "time per device")
-        + _table(["device", "busy ms", "compute ms", "transfer ms", "transfers / busy", "idle", "op runs"], rows,
-                 num_cols=(1, 2, 3, 4, 5, 6))
-        + "<p class='what'>Top ops by time on each device (their own time, summed over the timed steps):</p>"
-        + _table(["device", "op", "type", "ms", "runs"], top, num_cols=(3, 4)) + notes,
-        "timing")
+def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], title: str,
+                sections: list[Section] | None = None) -> str:
+    """The whole report as one HTML string (no external resources, no script)."""
+    ex = placement.get("explain") or {}
+    fallbacks, predicted = split_fallbacks(placement)
+    shared = {"ex": ex, "phys": placement.get("physical_devices") or {}, "fallbacks": fallbacks,
+              "predicted": predicted}
+    inline = _inline(charts)
+    rendered = []
+    for s in sections or SECTIONS:
+        context = s.context(placement, metrics, inline, shared)
+        if context is not None:
+            rendered.append({"anchor": s.anchor, "nav": s.nav, "title": s.title, "template": s.template,
+                             "what": s.what(placement, ex), "context": context})
+    return _environment().get_template("report.html.j2").render(
+        title=title, css=CSS, strategy=placement.get("strategy"), task=placement.get("task"), sections=rendered)
 
 
 def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:
@@ -463,7 +504,7 @@ def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run_dir: got '{run_dir}', which is not a folder; pass a trained run folder such as runs/demo")
-    placement = read_json(run_dir / PLACEMENT)
+    placement = read_placement(run_dir / PLACEMENT)
     if not isinstance(placement, dict) or "ops_by_device" not in placement:
         raise ConfigError(
             f"run_dir: got '{run_dir}', whose {PLACEMENT} is not a placement file; re-run `pinpoint train` with "

@@ -28,7 +28,11 @@ EXPLAIN = {
     "variable's device; its input is copied there first.",
     "gradients": "Backward-pass ops (name scopes 'gradients/' and 'gradient_tape/') per device.",
     "replica_consistency": "Largest absolute difference between the components of each mirrored "
-    "variable at the end of training; synchronous training keeps it at 0.",
+    "variable at the end of training, split by what the strategy promises for it. Trainable drift "
+    "(trainable weights, optimizer slots, aggregated state) must be 0: anything else is a broken "
+    "all-reduce. State drift (non-trainable state assigned inside each replica, such as "
+    "BatchNormalization's moving statistics, and ON_READ variables) is expected: each replica keeps "
+    "the statistics of its own share of the batch, and a checkpoint keeps the first replica's.",
     "conformance": "Each pinning rule: planned device versus the devices the relevant ops really ran "
     "on. Score = fraction of relevant ops on the planned device.",
     "timing": "placement.timing: the sampled steps ran as one call under TensorFlow's profiler; each "

@@ -24,6 +24,19 @@ def human_bytes(n: float | None) -> str:
     return f"{n:.1f} GiB"
 
 
+def drift_line(rc: Mapping[str, Any]) -> str:
+    """Trainable drift (must be 0) and state drift (per-replica state, explained) in one line."""
+    trainable = rc["trainable_drift"]
+    line = (f"replica drift: trainable {trainable:.3g}"
+            + (" (copies that must be identical differ: a sync bug)" if trainable else "")
+            + f", state {rc.get('state_drift', 0):.3g} over {rc.get('checked', 0)} mirrored variable(s)")
+    for group in rc.get("state") or []:
+        names = group["variables"]
+        line += (f"; {len(names)} {group['what']} differ by design (each replica's own batch share; a "
+                 f"checkpoint keeps replica 0's), e.g. {names[0]['variable']}; fix: {group['fix'].split(':')[0]}")
+    return line
+
+
 def timing_lines(timing: Mapping[str, Any]) -> list[str]:
     """placement.timing: the timed window, then one line per device (busy, transfers, idle, top op)."""
     devices = timing.get("devices") or {}
@@ -164,8 +177,10 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
     if rc:
         if rc.get("max_abs_diff") is None:
             lines.append(f"replica drift: not checked ({rc.get('error', 'components unreadable')})")
-        else:
+        elif rc.get("trainable_drift") is None:  # a placement.json from before the split
             lines.append(f"replica drift: max |diff| {rc['max_abs_diff']:.3g} over {rc.get('checked', 0)} mirrored variable(s)")
+        else:
+            lines.append(drift_line(rc))
     else:
         lines.append("replica drift: not applicable (no mirrored variables)")
     return "\n".join(lines)

@@ -35,6 +35,10 @@ def _dtype_size(enum: int) -> int | None:
 # has no traced shape (ArithmeticOptimizer's AddOpsRewrite_AddN merges hierarchical_copy's
 # AddN(AddN(a, b), c) into one), but its inputs have one.
 _SAME_SHAPE = {"AddN", "Identity", "Snapshot"}
+# Element-wise binary ops: their output has the broadcast shape of their two inputs. Grappler's
+# ArithmeticOptimizer rewrites a residual block's Add into nodes of its own (AddOpsRewrite_Add)
+# that have no traced shape; their inputs do.
+_BROADCAST = {"Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum", "RealDiv"}
 
 
 def _shape_of(name: str, index: int, cap, nodes: dict, depth: int = 0) -> list[int] | None:
@@ -62,6 +66,18 @@ def _shape_of(name: str, index: int, cap, nodes: dict, depth: int = 0) -> list[i
                     shape = _shape_of(iname, int(idx or 0), cap, nodes, depth + 1)
                     if shape is not None:
                         return shape
+        if n.op in _BROADCAST and index == 0 and depth < 8:
+            shapes = []
+            for inp in (i for i in n.input if not i.startswith("^")):
+                iname, _, idx = inp.partition(":")
+                shapes.append(_shape_of(iname, int(idx or 0), cap, nodes, depth + 1))
+            if len(shapes) == 2 and all(sh is not None and None not in sh and min(sh, default=0) >= 0 for sh in shapes):
+                import numpy as np
+
+                try:
+                    return [int(d) for d in np.broadcast_shapes(tuple(shapes[0]), tuple(shapes[1]))]
+                except ValueError:
+                    return None
     return None
 
 

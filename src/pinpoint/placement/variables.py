@@ -28,11 +28,75 @@ def _read(component, cache: dict | None):
     return cache[key]
 
 
-def replica_consistency(variables: list, cache: dict | None = None) -> dict:
-    """Max |component_i - component_0| for every variable with more than one local component."""
+# What the strategy promises for each kind of distributed variable (placement.json's
+# replica_consistency.classes). "synced" classes must hold identical copies: any drift is a sync
+# bug. "state" classes may differ by design; their drift is explained, not alarmed on.
+CLASSES = {
+    "trainable": ("synced", "trainable, synchronization ON_WRITE: updated from all-reduced gradients, "
+                  "so every replica's copy must stay identical"),
+    "optimizer": ("synced", "optimizer slot: updated from all-reduced gradients, identical on every replica"),
+    "aggregated_state": ("synced", "non-trainable, ON_WRITE with aggregation {aggregation}: an assignment in "
+                         "replica context is aggregated first, so the copies stay identical"),
+    "replica_state": ("state", "non-trainable state assigned inside each replica (ON_WRITE, aggregation NONE): "
+                      "each replica keeps the value computed from its own share of the batch"),
+    "sync_on_read": ("state", "ON_READ with aggregation {aggregation}: each replica keeps its own value by "
+                     "design; reading it outside a replica returns their {aggregation}"),
+}
+BATCHNORM_STATS = ("moving_mean", "moving_variance")
+
+
+def classify(v, optimizer_ids: set[int] | frozenset = frozenset()) -> tuple[str, str]:
+    """(class, aggregation) of a distributed variable by what the strategy promises for it."""
+    import tensorflow as tf
+
+    inner = _unwrap(v)
+    agg = getattr(inner, "aggregation", None)
+    agg_name = getattr(agg, "name", str(agg or "NONE")).upper()
+    if id(inner) in optimizer_ids:
+        return "optimizer", agg_name
+    if getattr(inner, "synchronization", None) == tf.VariableSynchronization.ON_READ:
+        return "sync_on_read", agg_name
+    if bool(getattr(v, "trainable", getattr(inner, "trainable", False))):
+        return "trainable", agg_name
+    return ("replica_state" if agg_name == "NONE" else "aggregated_state"), agg_name
+
+
+def explain_state(name: str, cls: str, aggregation: str) -> dict:
+    """Why a per-replica state variable differs across replicas, what a checkpoint keeps and the
+    fix that applies (one explanation per group of variables sharing it)."""
+    short = name.rpartition("/")[2]
+    if cls == "sync_on_read":
+        return {
+            "what": f"ON_READ variables (aggregation {aggregation})",
+            "cause": CLASSES[cls][1].format(aggregation=aggregation.lower()),
+            "checkpoint_keeps": f"the {aggregation.lower()} of the replicas' values (read in cross-replica context)",
+            "fix": "none needed: per-replica by design, aggregated when read",
+        }
+    bn = short in BATCHNORM_STATS
+    return {
+        "what": "BatchNormalization moving statistics" if bn else "non-trainable state assigned per replica",
+        "cause": CLASSES[cls][1],
+        "checkpoint_keeps": "the first replica's value only (a MirroredVariable saves its primary component)",
+        # The part before ':' is the short form the terminal summary prints.
+        "fix": ("BatchNormalization(synchronized=True): Keras then all-reduces the batch statistics across "
+                "replicas every step, so every replica (and the checkpoint) holds the same moving statistics"
+                if bn else
+                "aggregation=MEAN: create the variable with it (or assign it in cross-replica context) so the "
+                "replicas' assignments are combined"),
+    }
+
+
+def replica_consistency(variables: list, cache: dict | None = None, optimizer_variables: list | None = None) -> dict:
+    """Max |component_i - component_0| for every variable with more than one local component,
+    split by what the strategy promises: `trainable_drift` over the classes that must stay
+    identical (trainable weights, optimizer slots, aggregated state: anything but 0 is a sync bug)
+    and `state_drift` over per-replica state (e.g. BatchNormalization's moving statistics)."""
     import numpy as np
 
+    optimizer_ids = {id(_unwrap(v)) for v in optimizer_variables or []}
     per_var: dict[str, float] = {}
+    classes: dict[str, str] = {}
+    aggregations: dict[str, str] = {}
     for v in _dedupe(variables):
         comps = _components(_unwrap(v))
         if len(comps) < 2:
@@ -43,18 +107,45 @@ def replica_consistency(variables: list, cache: dict | None = None) -> dict:
             arr = _read(c, cache)
             if arr.size:
                 diff = max(diff, float(np.max(np.abs(arr.astype(np.float64) - base.astype(np.float64)))))
-        per_var[_var_name(v)] = diff
+        name = _var_name(v)
+        per_var[name] = diff
+        classes[name], aggregations[name] = classify(v, optimizer_ids)
+    return summarize_consistency(per_var, classes, aggregations)
+
+
+def summarize_consistency(per_var: dict[str, float], classes: dict[str, str],
+                          aggregations: dict[str, str] | None = None) -> dict:
+    """placement.json's replica_consistency from per-variable drift and classes (also used by
+    merge, across tasks)."""
+    aggregations = aggregations or {}
+
+    def worst(group: str) -> float:
+        return max((d for n, d in per_var.items() if CLASSES[classes.get(n, "trainable")][0] == group), default=0.0)
+
+    groups: dict[str, dict] = {}
+    for n, d in sorted(per_var.items(), key=lambda kv: (-kv[1], kv[0])):
+        if d <= 0 or CLASSES[classes.get(n, "trainable")][0] != "state":
+            continue
+        why = explain_state(n, classes[n], aggregations.get(n, "NONE"))
+        group = groups.setdefault(why["what"], dict(why, drift=d, variables=[]))
+        group["variables"].append({"variable": n, "layer": n.rpartition("/")[0] or "(model)", "drift": d})
     return {
         "checked": len(per_var),
         "max_abs_diff": max(per_var.values()) if per_var else 0.0,
+        "trainable_drift": worst("synced"),
+        "state_drift": worst("state"),
         "variables": per_var,
+        "classes": classes,
+        "aggregations": aggregations,
+        # Per-replica state that differs, grouped by explanation (largest drift first).
+        "state": list(groups.values()),
     }
 
 
-def safe_consistency(variables: list, cache: dict | None = None) -> dict | None:
+def safe_consistency(variables: list, cache: dict | None = None, optimizer_variables: list | None = None) -> dict | None:
     """placement.json's replica_consistency: None without mirrored variables, the error if unreadable."""
     try:
-        rc = replica_consistency(variables, cache)
+        rc = replica_consistency(variables, cache, optimizer_variables)
     except Exception as err:  # noqa: BLE001 - e.g. remote components that cannot be read here
         return {"checked": 0, "max_abs_diff": None, "variables": {}, "error": str(err).splitlines()[0][:200]}
     return rc if rc["checked"] else None
@@ -144,11 +235,14 @@ def _resource_source(name: str, nodes: dict) -> str | None:
     return None
 
 
-def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: dict | None = None) -> dict:
-    """placement.json's `variables` (components, devices, update devices, fingerprint) and
-    `variable_updates` (how the update ops were attributed), as {"variables", "updates"}."""
+def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: dict | None = None,
+                      optimizer_variables: list | None = None) -> dict:
+    """placement.json's `variables` (components, devices, update devices, fingerprint, the
+    consistency class) and `variable_updates` (how the update ops were attributed), as
+    {"variables", "updates"}."""
     import numpy as np
 
+    optimizer_ids = {id(_unwrap(v)) for v in optimizer_variables or []}
     out = []
     handle_to_var: dict[int, int] = {}
     shared_to_var: dict[str, int] = {}
@@ -173,6 +267,7 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
             {
                 "name": _var_name(v),
                 "kind": _kind(inner),
+                "class": classify(v, optimizer_ids)[0],
                 "shape": shape,
                 "dtype": inner.dtype.name,
                 "bytes": nbytes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from pinpoint.placement.files import ops_path
 from pinpoint.placement.report import CHARTS_DIR, write_report
 from pinpoint.runfolder import CONFIG_FILE, PLACEMENT
 
@@ -31,6 +32,8 @@ def report_command(run_dir, *, parent_run_id: str | None = None) -> int:
         with open_step_run(cfg, "report", run_dir, parent_run_id=parent_run_id) as run:
             run.log_metrics(headline_metrics(placement), step=metrics_step(placement))  # the captured step
             run.log_artifact(run_dir / PLACEMENT)
+            if ops_path(run_dir / PLACEMENT).is_file():
+                run.log_artifact(ops_path(run_dir / PLACEMENT))
             run.log_artifact(out)
             if charts:
                 run.log_artifacts(run_dir / CHARTS_DIR, artifact_path=CHARTS_DIR)

@@ -145,13 +145,14 @@ class _ProgramFailed(Exception):
 
 def finish(cap: Capture, run, out: Path, label: str, exit_code: int) -> dict:
     """placement.json, metrics.json, report.html, MLflow, the summary."""
+    from pinpoint.placement.files import write_placement
     from pinpoint.placement.report import write_report
     from pinpoint.placement.summary import format_summary
     from pinpoint.tracking.hook import TrackingHook
 
     placement = cap.placement(label)
     metrics = cap.metrics(placement, exit_code)
-    atomic_write_json(out / PLACEMENT, placement)
+    write_placement(out / PLACEMENT, placement)
     atomic_write_json(out / METRICS, metrics)
     html, charts, _ = write_report(out)
     hook = TrackingHook(run) if run.enabled else None

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.hooks import Hook
+from pinpoint.placement.files import ops_path, split_placement
 from pinpoint.placement.metrics import headline_metrics, metrics_step
 from pinpoint.runfolder import CLUSTER_SPEC, METRICS, PLACEMENT, TRAIN_LOG
 from pinpoint.tracking.checkpoints import artifact_dir, checkpoint_files
@@ -49,7 +50,13 @@ class TrackingHook(Hook):
     def on_placement(self, placement: Mapping[str, Any]) -> None:
         # The placement metrics (the report logs the same ones) at the step they were captured at.
         self.run.log_metrics(headline_metrics(placement), step=metrics_step(placement))
-        self.run.log_dict(dict(placement), PLACEMENT)
+        # placement.json and its per-op file as the run folder has them (placement.files).
+        main, ops = self.run_dir / PLACEMENT, ops_path(self.run_dir / PLACEMENT)
+        if main.is_file() and ops.is_file():
+            self.run.log_artifact(main)
+            self.run.log_artifact(ops)
+        else:
+            self.run.log_dict(split_placement(dict(placement))[0], PLACEMENT)
         # placement.timing: the profiler trace, a TensorBoard logdir (`tensorboard --logdir profile`).
         trace = (placement.get("timing") or {}).get("trace")
         if trace and (self.run_dir / trace).is_dir():

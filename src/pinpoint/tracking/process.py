@@ -11,11 +11,15 @@ TensorFlow is imported) so MLflow is ready when training begins, and talks over 
 
 The tracking URI (which may hold credentials) reaches the child in its environment, never on
 its command line. The child ignores SIGINT (Ctrl-C ends the run KILLED through the parent) and
-finishes (a last pass, then exit) when its stdin closes: the parent exited or was killed.
+finishes (a last pass, then exit) when its stdin closes: the parent exited or was killed. A child
+that finds its parent gone (a write to the closed pipe) stops writing and exits quietly: an error
+found after start-up ends the parent with its one `pinpoint:` line and nothing after it. A warm
+child that no run took is stopped when the parent exits (`discard_warm`, at exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -116,6 +120,17 @@ class SenderProcess:
                 self._proc.kill()
         return self.done
 
+    def discard(self) -> None:
+        """End a sender that was never opened: it holds nothing to send."""
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(5)
+
 
 _WARM: dict[str, SenderProcess] = {}
 
@@ -124,7 +139,17 @@ def warm(uri: str) -> None:
     """Start a sender process for `uri` now (it imports MLflow and opens the store while this
     process starts TensorFlow); the next `take(uri)` gets it."""
     if uri not in _WARM or not _WARM[uri].alive:
+        if not _WARM:
+            atexit.register(discard_warm)
         _WARM[uri] = SenderProcess(uri).start()
+
+
+def discard_warm() -> None:
+    """Stop the warm sender processes no run took (an error came before the step run opened):
+    they hold nothing to send, so they end now rather than outlive this process."""
+    while _WARM:
+        _, proc = _WARM.popitem()
+        proc.discard()
 
 
 def take(uri: str) -> SenderProcess:
@@ -134,9 +159,23 @@ def take(uri: str) -> SenderProcess:
 
 
 # ---- the child ------------------------------------------------------------------------------
+_PARENT_GONE = threading.Event()
+
+
 def _emit(event: str, **fields: Any) -> None:
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
+    """One event line to the parent; once the parent is gone (its end of the pipe closed), the
+    events go nowhere: stdout is pointed at /dev/null so neither this write nor the interpreter's
+    last flush raises, and main() ends at the end of stdin."""
+    if _PARENT_GONE.is_set():
+        return
+    try:
+        sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        _PARENT_GONE.set()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def main() -> int:

@@ -153,12 +153,23 @@ def capture_ps_step(trainer):
 
 
 def profiled_steps(trainer, n: int, out_dir: Path, ctx) -> tuple[dict, dict]:
-    """Run n steps under TensorFlow's profiler, the trace in the run folder's profile/ folder."""
-    from pinpoint.placement.timing import profile_call
+    """Run n steps under TensorFlow's profiler, the trace in the run folder's profile/ folder:
+    one call per step, each under a step marker (as Keras marks its steps), so TensorBoard's
+    profile overview, step-time graph and trace viewer show the steps."""
+    from pinpoint.placement.timing import profile_call, step_marker
 
     rel = PROFILE if not ctx.multi_worker else f"{PROFILE}/{ctx.role}-{ctx.index}"
     first = trainer.step
-    m, xplane, why = profile_call(lambda: trainer.train_steps(n), out_dir / rel)
+
+    def marked_steps() -> dict:
+        calls = []
+        for step in range(first, first + n):
+            with step_marker(step):
+                calls.append(trainer.train_steps(1))
+        mean = {k: sum(c[k] for c in calls) / n for k in calls[0] if k != "examples_per_sec"}
+        return dict(mean, examples_per_sec=trainer.global_batch / mean["step_time"])
+
+    m, xplane, why = profile_call(marked_steps, out_dir / rel)
     return m, {"steps": list(range(first, first + n)), "xplane": xplane, "why": why, "trace": rel}
 
 
@@ -189,10 +200,14 @@ def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
 def placement_report(cfg: Config, ctx, trainer, captures) -> dict:
     """placement.json's content (without `timing`) from the captured steps."""
     from pinpoint.placement.analyze import build_placement
+    from pinpoint.training.models import layer_scopes
 
+    pinned = cfg.train.pinning.layers
     placement = build_placement(
         captures, variables=trainer.variables(), plan=cfg.train.pinning, strategy=cfg.train.strategy,
         device_map=ctx.device_map, task=ctx.task, gradient_scope="gradients",
+        optimizer_variables=list(trainer.optimizer.variables),
+        layer_scopes=layer_scopes(trainer.model, pinned) if pinned else None,
     )
     placement.setdefault("device_aliases", dict(ctx.device_map.aliases))
     placement.setdefault("device_map", ctx.device_map.to_json())

@@ -14,6 +14,7 @@ from typing import Any
 
 from pinpoint.config import Config
 from pinpoint.hooks import Hook, HookList
+from pinpoint.placement.files import write_placement
 from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG, atomic_write_json
 from pinpoint.training.actions import Action, Checkpointing, ProgressBar, TrainLog
 from pinpoint.training.capture import (
@@ -159,7 +160,7 @@ class Controller:
         if plan.timing:
             placement["timing"] = timing_section(ctx, plan.loop_captured, plan.timed)
         if ctx.multi_worker:  # this task's view; the chief merges them, finish() writes placement.json
-            atomic_write_json(self.out / f"placement-{ctx.role}-{ctx.index}.json", placement)
+            write_placement(self.out / f"placement-{ctx.role}-{ctx.index}.json", placement)
         return placement
 
     def finalize(self, run: RunState, placement: dict | None) -> TrainResult:
@@ -199,7 +200,7 @@ class Controller:
         metrics = result.metrics
         placement = placement if placement is not None else result.placement
         if placement is not None:
-            atomic_write_json(self.out / PLACEMENT, placement)
+            write_placement(self.out / PLACEMENT, placement)
             self.hooks.on_placement(placement)
         atomic_write_json(self.out / METRICS, metrics)
         self.hooks.on_train_end(metrics, result.model)

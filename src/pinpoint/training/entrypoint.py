@@ -16,6 +16,7 @@ from typing import Any
 from pinpoint.config import Config
 from pinpoint.errors import PinpointError
 from pinpoint.hooks import HookList
+from pinpoint.placement.files import write_placement
 from pinpoint.runfolder import CHECKPOINTS, METRICS, PLACEMENT, atomic_write_json
 from pinpoint.training.engine import TaskContext
 
@@ -153,7 +154,7 @@ def run_entrypoint(cfg: Config, out: Path, task: TaskContext, *, resume_from_run
             placement = merged if merged is not None else placement
             metrics = _metrics(cfg, task, ctx, cap, placement, failed=failure is not None)
             if placement is not None:
-                atomic_write_json(out / PLACEMENT, placement)
+                write_placement(out / PLACEMENT, placement)
                 hooks.on_placement(placement)
             atomic_write_json(out / METRICS, metrics)
             hooks.on_train_end(metrics, ctx.model if failure is None else None)
@@ -183,7 +184,7 @@ def _placement(cfg: Config, out: Path, task: TaskContext, cap) -> dict | None:
     placement = cap.placement(cfg.train.entrypoint)
     placement["task"] = task.task
     if task.multi_worker:  # this task's view; the chief merges them
-        atomic_write_json(out / f"placement-{task.role}-{task.index}.json", placement)
+        write_placement(out / f"placement-{task.role}-{task.index}.json", placement)
     return placement
 
 

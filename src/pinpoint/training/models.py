@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from pinpoint import layer_keys
 from pinpoint.errors import ConfigError
 
 
@@ -173,13 +174,8 @@ def build_model(
     if len(input_shape) > 1:  # the built-ins take flat feature vectors (e.g. streamed images)
         stack.insert(0, keras.layers.Flatten(name="flatten_input"))
     valid = [layer.name for layer in stack]
-    for layer in layer_devices:
-        if layer not in valid:
-            raise ConfigError(
-                f"train.pinning.layers.{layer}: got {layer!r}, which is no layer of model "
-                f"'{name}'; use one of: {', '.join(valid)}"
-            )
-    model = PinnedModel(stack, layer_devices, name=name)
+    owner = layer_keys.resolve(layer_devices, valid, name)  # keys may be patterns: layer name -> key
+    model = PinnedModel(stack, {layer: layer_devices[key] for layer, key in owner.items()}, name=name)
     model.build_all(tuple(input_shape))
     return model
 
@@ -236,22 +232,33 @@ def build_user_model(cfg, data, layer_devices: Mapping[str, str]) -> keras.Model
             )
         if not model.built:
             _build(model, data)
-    names = layer_names_of(model)
-    unknown = [name for name in layer_devices if name not in names]
-    if unknown:
-        raise ConfigError(
-            f"train.pinning.layers.{unknown[0]}: got {unknown[0]!r}, which is no layer of model "
-            f"'{t.model}'; use one of its layers: {', '.join(names)}"
-        )
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        if layer.name in layer_devices:
-            _pin_call(layer, layer_devices[layer.name])
+    layers = layer_paths_of(model)
+    owner = layer_keys.resolve(layer_devices, layers, t.model)
+    for path, key in owner.items():
+        _pin_call(layers[path], layer_devices[key])
     return model
 
 
-def layer_names_of(model: keras.Model) -> list[str]:
-    """Every layer's name, nested models' layers included, in order."""
-    return [layer.name for layer in model._flatten_layers(include_self=False, recursive=True)]
+def layer_paths_of(model: keras.Model) -> dict[str, keras.layers.Layer]:
+    """{path: layer} for every layer, nested ones as 'outer/inner', in order (what the keys of
+    train.pinning.layers are matched against)."""
+    out: dict[str, keras.layers.Layer] = {}
+
+    def walk(layer, prefix: str) -> None:
+        for child in layer._flatten_layers(include_self=False, recursive=False):
+            path = f"{prefix}{child.name}"
+            out.setdefault(path, child)
+            walk(child, path + "/")
+
+    walk(model, "")
+    return out
+
+
+def layer_scopes(model: keras.Model, keys) -> dict[str, list[str]]:
+    """{key: [layer name, ...]}: the layers each key of train.pinning.layers selects (placement
+    scores one conformance rule per key over their ops)."""
+    owner = layer_keys.resolve(keys, layer_paths_of(model), model.name)
+    return {key: [p.rpartition("/")[2] for p in paths] for key, paths in layer_keys.layers_by_key(owner).items()}
 
 
 def _build(model: keras.Model, data) -> None:
@@ -282,10 +289,12 @@ def _pin_variables(layer_devices: Mapping[str, str]):
     from keras.src.backend.common.name_scope import current_path
 
     def creator(next_creator, **kwargs):
-        for part in reversed(current_path().split("/")):
-            if part in layer_devices:
-                with tf.device(layer_devices[part]):
-                    return next_creator(**kwargs)
+        parts = current_path().split("/")
+        for i in reversed(range(len(parts))):  # the innermost layer first, by name or nested path
+            for key, device in layer_devices.items():
+                if any(layer_keys.key_matches(key, "/".join(parts[j:i + 1])) for j in range(i + 1)):
+                    with tf.device(device):
+                        return next_creator(**kwargs)
         return next_creator(**kwargs)
 
     with tf.variable_creator_scope(creator):

@@ -139,14 +139,14 @@ def _training_tasks(cfg: Config) -> list[str]:
 
 def _merge_worker_placements(cfg: Config, out: Path) -> dict | None:
     """Wait for every training task's placement-<role>-<index>.json and merge them."""
+    from pinpoint.placement.files import read_placement
     from pinpoint.placement.merge import merge_placements
-    from pinpoint.runfolder import read_json
 
     files = [out / f"placement-{t}.json" for t in _training_tasks(cfg)]
     deadline = time.monotonic() + PLACEMENT_WAIT
     while time.monotonic() < deadline and not all(f.is_file() for f in files):
         time.sleep(0.5)
-    present = [read_json(f) for f in files if f.is_file()]
+    present = [read_placement(f) for f in files if f.is_file()]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         print(f"pinpoint: warning: no placement from {', '.join(missing)}; merging the others", file=sys.stderr)

@@ -1,0 +1,100 @@
+"""Time to answer at scale: one `pinpoint train` of a real model with placement on, measured.
+
+Adds to the Pinpoint record: ops per step, the seconds `build_placement` took (the analysis of
+the captured step, after training) and writing the two placement files, their sizes in MB, the
+process's peak RSS and how much the analysis raised it. With `open_report`: the seconds
+`pinpoint report` took to write report.html, its size, and the time Chromium (headless) takes
+to load it (`open_report_ms`, the median of 3: a page outside the report, with a script, loads it
+in an iframe and notes the iframe's load event; the report itself has no script). The analysis is timed by wrapping
+`pinpoint.placement.analyze.build_placement` and `pinpoint.placement.files.write_placement` in
+this process (the trainer imports them when it needs them)."""
+
+from __future__ import annotations
+
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+CHROMIUM = "chromium"
+OPENER = """<!DOCTYPE html><html><head><script>var t0 = performance.now();</script></head><body>
+<iframe style="width:1300px;height:900px" src="report.html"
+ onload="document.title = 'LOADED ' + (performance.now() - t0).toFixed(1)"></iframe></body></html>
+"""
+
+
+def open_report_ms(run_dir: Path, times: int = 3) -> float | None:
+    """Median milliseconds from navigation to report.html's load event in headless Chromium."""
+    exe = shutil.which(CHROMIUM)
+    if exe is None:
+        return None
+    opener = run_dir / "open-report.html"
+    opener.write_text(OPENER)
+    found = []
+    for _ in range(times):
+        p = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", opener.as_uri()],
+                           capture_output=True, text=True, timeout=120, check=False)
+        m = re.search(r"LOADED ([0-9.]+)", p.stdout)
+        if m:
+            found.append(float(m.group(1)))
+    opener.unlink()
+    return statistics.median(found) if found else None
+
+
+def measure(spec: dict) -> dict[str, Any]:
+    from benchmarks.pinpoint_run import pinpoint_train
+    from pinpoint.placement import analyze, files
+
+    timed: dict[str, float] = {"analysis_s": 0.0, "write_s": 0.0, "rss_before_analysis_mb": 0.0,
+                               "rss_after_analysis_mb": 0.0}
+
+    def wrap(module, name, key, rss=False):
+        original = getattr(module, name)
+
+        def timed_call(*args, **kwargs):
+            if rss:
+                timed["rss_before_analysis_mb"] = _rss_mb()
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                timed[key] += time.perf_counter() - t0
+                if rss:
+                    timed["rss_after_analysis_mb"] = _rss_mb()
+
+        setattr(module, name, timed_call)
+
+    wrap(analyze, "build_placement", "analysis_s", rss=True)
+    wrap(files, "write_placement", "write_s")
+    rec = pinpoint_train(spec)
+    out = Path(spec["out"])
+    placement = files.read_placement(out, detail=True)
+    main, ops = out / "placement.json", files.ops_path(out / "placement.json")
+    rec.update(
+        ops_per_step=sum((placement.get("ops_by_device") or {}).values()),
+        ops_listed=len(placement.get("ops") or []),
+        variables=len(placement.get("variables") or []),
+        analysis_s=timed["analysis_s"],
+        write_s=timed["write_s"],
+        placement_json_mb=main.stat().st_size / 1e6,
+        placement_ops_mb=ops.stat().st_size / 1e6 if ops.is_file() else 0.0,
+        peak_rss_mb=_rss_mb(),
+        analysis_rss_growth_mb=timed["rss_after_analysis_mb"] - timed["rss_before_analysis_mb"],
+    )
+    if spec.get("open_report"):
+        from pinpoint.placement.report import write_report
+
+        t0 = time.perf_counter()
+        html, _, _ = write_report(out)
+        rec.update(report_s=time.perf_counter() - t0, report_mb=html.stat().st_size / 1e6,
+                   open_report_ms=open_report_ms(out))
+    return rec
