@@ -160,13 +160,18 @@ def _model():
                              keras.layers.Dense(1, name="out")], name="regressor")
 
 
-def mwms(ctx):
-    strategy, batch = ctx.strategy, 32
-    with strategy.scope():
+def _model_and_optimizer(ctx):
+    """Both built under the strategy; restored from the latest checkpoint: (model, optimizer, step)."""
+    with ctx.strategy.scope():
         model = _model()
         optimizer = keras.optimizers.SGD(0.05)
         optimizer.build(model.trainable_variables)
-    start = ctx.checkpoint(model=model, optimizer=optimizer)
+    return model, optimizer, ctx.checkpoint(model=model, optimizer=optimizer)
+
+
+def mwms(ctx):
+    strategy, batch = ctx.strategy, 32
+    model, optimizer, start = _model_and_optimizer(ctx)
 
     def dataset_fn(input_context):
         ds = tf.data.Dataset.from_tensor_slices(_data()).shard(input_context.num_input_pipelines,
@@ -195,11 +200,7 @@ def mwms(ctx):
 def ps(ctx):
     strategy = ctx.strategy
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    with strategy.scope():
-        model = _model()
-        optimizer = keras.optimizers.SGD(0.05)
-        optimizer.build(model.trainable_variables)
-    start = ctx.checkpoint(model=model, optimizer=optimizer)
+    model, optimizer, start = _model_and_optimizer(ctx)
 
     def dataset_fn(input_context):
         return tf.data.Dataset.from_tensor_slices(_data()).repeat().batch(16)

@@ -39,6 +39,23 @@ JOB_FAILED_FIXES = {
 }
 
 
+def failed_create(since: dict, key, events: list, all_pods: bool, now: float, grace: float, namespace: str):
+    """(the latest FailedCreate event, "reason: message); fix") once `events` have lasted `grace`
+    seconds with pods still missing; None before (the timer under `key` in `since` restarts
+    whenever every pod exists or no event is left)."""
+    if not events or all_pods:
+        since.pop(key, None)
+        return None
+    if now - since.setdefault(key, now) < grace:
+        return None
+    latest = max(events, key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp or ""))
+    message = first_line(latest.message)[:300]
+    fix = (f"free or raise the ResourceQuota (`kubectl describe resourcequota -n {namespace}`) or request "
+           "fewer resources per replica (cluster.*)") if "exceeded quota" in message else \
+        "fix what the message names (quota, admission policy, service account)"
+    return latest, f"{latest.reason}: {message}); {fix}"
+
+
 @dataclass
 class _LogStream:
     last: tuple[int, int] | None = None  # (epoch seconds, nanoseconds) of the last line printed
@@ -233,18 +250,12 @@ class Watcher:
         if not w.uid:
             return None
         events = [e for e in self.api.list_events(w.uid) if e.reason in FAILED_CREATE_REASONS]
-        if not events or len(pods) >= self.expected_pods:
-            self.failed_create_since.pop(w.uid, None)
+        found = failed_create(self.failed_create_since, w.uid, events, len(pods) >= self.expected_pods, now,
+                              self.opts.failed_create_grace_seconds, w.namespace)
+        if found is None:
             return None
-        since = self.failed_create_since.setdefault(w.uid, now)
-        if now - since < self.opts.failed_create_grace_seconds:
-            return None
-        latest = max(events, key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp or ""))
-        message = first_line(latest.message)[:300]
-        fix = (f"free or raise the ResourceQuota (`kubectl describe resourcequota -n {w.namespace}`) or request "
-               "fewer resources per replica (cluster.*)") if "exceeded quota" in message else \
-            "fix what the message names (quota, admission policy, service account)"
-        return f"kubernetes: {w.kind} {w.namespace}/{w.name} cannot create its pods ({latest.reason}: {message}); {fix}"
+        latest, why = found
+        return f"kubernetes: {w.kind} {w.namespace}/{w.name} cannot create its pods ({why}"
 
     # ---- the loop ---------------------------------------------------------------------------
     def wait(self) -> None:
@@ -391,19 +402,12 @@ class GroupWatcher(Watcher):
         events = [e for e in self.api.list_events(field_selector="involvedObject.kind=Job")
                   if e.reason in FAILED_CREATE_REASONS
                   and str(getattr(e.involved_object, "name", "") or "").startswith(f"{self.name}-")]
-        if not events or len(pods) >= self.expected_pods:
-            self.failed_create_since.pop("group", None)
+        found = failed_create(self.failed_create_since, "group", events, len(pods) >= self.expected_pods, now,
+                              self.opts.failed_create_grace_seconds, self.namespace)
+        if found is None:
             return None
-        since = self.failed_create_since.setdefault("group", now)
-        if now - since < self.opts.failed_create_grace_seconds:
-            return None
-        latest = max(events, key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp or ""))
-        message = first_line(latest.message)[:300]
-        fix = (f"free or raise the ResourceQuota (`kubectl describe resourcequota -n {self.namespace}`) or request "
-               "fewer resources per replica (cluster.*)") if "exceeded quota" in message else \
-            "fix what the message names (quota, admission policy, service account)"
-        return (f"kubernetes: Job {self.namespace}/{latest.involved_object.name} cannot create its pods "
-                f"({latest.reason}: {message}); {fix}")
+        latest, why = found
+        return f"kubernetes: Job {self.namespace}/{latest.involved_object.name} cannot create its pods ({why}"
 
     def wait(self) -> None:
         """Until the workload is Completed; TrainingFailed on Failed or a failure that will not fix itself."""

@@ -119,16 +119,20 @@ def add_trace_info(fn, args, kwargs, captured: CapturedGraphs) -> None:
     # _Arg index i is the i-th flat input of the function; captured inputs come after the
     # explicit ones and map internal placeholders to the outer tensors (variable handles).
     external = {id(internal): ext for ext, internal in cf.graph.captures}
-    inputs = list(cf.inputs)
+    map_arg_values(captured, [external.get(id(t)) for t in cf.inputs])
+
+
+def map_arg_values(captured: CapturedGraphs, values: list) -> None:
+    """_Arg node -> values[its index] (None: left out), in every captured function graph with
+    exactly len(values) arguments (the function that was called, not the ones it calls)."""
     for _, pre, _ in captured.functions:
-        args_ = [n for n in pre.node if n.op == "_Arg"]
-        if len(args_) != len(inputs):
+        args = [n for n in pre.node if n.op == "_Arg"]
+        if len(args) != len(values):
             continue
-        for n in args_:
-            idx = n.attr["index"].i
-            ext = external.get(id(inputs[idx])) if idx < len(inputs) else None
-            if ext is not None:
-                captured.arg_values[n.name] = ext
+        for n in args:
+            value = values[n.attr["index"].i]
+            if value is not None:
+                captured.arg_values[n.name] = value
 
 
 def capture_on_device(py_fn: Callable[..., Any], device: str, *args, step: int = 0, **kwargs):

@@ -25,7 +25,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from pinpoint.placement.capture import CapturedGraphs
+from pinpoint.placement.capture import CapturedGraphs, map_arg_values
 
 _SUFFIX_RE = re.compile(r"^__(inference|forward|backward)_(.*?)(_\d+)?$")
 _UPDATE_RE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
@@ -162,7 +162,7 @@ class Recorder:
         _shapes(fn, cap)
         if md is not None:
             _run_shapes(md.step_stats, cap)
-        _arg_values(args, cap)
+        map_arg_values(cap, list(args))  # the handles attribute the variable updates
         self._find_variables({id(a) for a in args if _is_resource(a)})
         return out, cap
 
@@ -451,13 +451,3 @@ def _run_shapes(step_stats, cap: CapturedGraphs) -> None:
             cap.shapes[ns.node_name] = row
 
 
-def _arg_values(args, cap: CapturedGraphs) -> None:
-    """_Arg node -> the tensor it was called with (variable handles attribute the updates)."""
-    for _, pre, _ in cap.functions:
-        nodes = [n for n in pre.node if n.op == "_Arg"]
-        if len(nodes) != len(args):
-            continue
-        for n in nodes:
-            idx = n.attr["index"].i
-            if idx < len(args):
-                cap.arg_values[n.name] = args[idx]
