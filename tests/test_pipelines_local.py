@@ -90,7 +90,7 @@ def test_make_run_with_your_own_training_code_as_the_train_step(live_mlflow, tmp
     placement = read_placement(run_dir)
     assert (placement["training_function"], placement["functions"][0]["calls"]) == ("train_step", 30)
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-15.index", "ckpt-30.index"]
-    assert "<h2>Functions</h2>" in (run_dir / "report.html").read_text()
+    assert "<h2>Functions the program ran</h2>" in (run_dir / "report.html").read_text()
     runs = _runs(live_mlflow.uri)
     (parent,) = [r for r in runs if r.info.run_name == "local-entry-pipeline"]
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
