@@ -167,9 +167,12 @@ def check_conformance(ops, variables, plan, strategy, device_map, namer, grad_re
             rules.append(_rule("input", namer.canonical_spec(plan.input), rel))
     replicas = [namer.canonical_spec(d) for d in (getattr(device_map, "replica_devices", None) or [])]
     if strategy in ("mirrored", "multi_worker_mirrored") and replicas:
-        # One component of every variable on every replica device.
+        # One component of every variable on every replica device. A plain variable (created
+        # outside the strategy's scope, e.g. a program's own counters) is not mirrored by design.
         missing, present = [], []
         for v in variables:
+            if v.get("kind") == "variable":
+                continue
             devs = set(v["devices"])
             for r in replicas:
                 (present if any(matches(r, d) for d in devs) else missing).append((v["name"], r))

@@ -181,22 +181,12 @@ def eager_predicted(eager, namer: DeviceMap) -> list[dict]:
 
 
 def _outside_strategy(placement: dict) -> None:
-    """Under mirrored, a plain variable (created outside the strategy's scope, e.g. Keras' own
-    counters) is a finding, not a broken mirror: the variables_mirrored rule checks the
-    distributed ones and the plain ones are named in a note."""
-    rules = placement["conformance"]["rules"]
+    """Under mirrored, name the plain variables (created outside the strategy's scope, e.g.
+    Keras' own counters) in a note: a finding, not a broken mirror (the variables_mirrored rule
+    checks the distributed ones)."""
     plain = [v for v in placement["variables"] if v["kind"] == "variable"]
-    rule = next((r for r in rules if r["rule"] == "strategy.variables_mirrored"), None)
-    if rule is None or not plain:
+    if placement["strategy"] not in ("mirrored", "multi_worker_mirrored") or not plain:
         return
-    names = {v["name"] for v in plain}
-    replicas = [d.strip() for d in rule["planned"].split(",") if d.strip()]
-    present = sum(1 for v in placement["variables"] if v["name"] not in names
-                  for r in replicas if any(matches(r, d) for d in v["devices"]))
-    bad = [x for x in rule["violations"] if x["op"] not in names]
-    total = present + len(bad)
-    rule.update(relevant=total, violations=bad, violations_total=len(bad),
-                score=round(present / total, 4) if total else None)
     where = Counter(d for v in plain for d in v["devices"])
     placement["notes"].append(
         f"{len(plain)} plain variable(s) outside the strategy (created outside its scope): "
