@@ -53,6 +53,11 @@ def inside(root: str | Path, relative: str | Path) -> Path:
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write via a temp file in the same folder and rename, so readers never see half a file."""
+    return atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """atomic_write_text for bytes (e.g. a gzipped file)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
@@ -62,8 +67,8 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
