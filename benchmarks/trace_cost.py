@@ -60,9 +60,9 @@ def trace_comparisons(s: Settings) -> list[Comparison]:
     loop = _program("custom_loop", "loop_example.train", ["--steps", str(LOOP_STEPS), "--batch-size", str(LOOP_BATCH)])
     return [
         program_comparison("trace-fit", f"`pinpoint trace` vs `python`: the keras_fit example (model.fit, "
-                                        f"{FIT_EPOCHS}x{FIT_STEPS_PER_EPOCH} batches of {FIT_BATCH})", fit, run_s=18.0),
+                                        f"{FIT_EPOCHS}x{FIT_STEPS_PER_EPOCH} batches of {FIT_BATCH})", fit, run_s=8.0),
         program_comparison("trace-loop", f"`pinpoint trace` vs `python`: the custom_loop example (GradientTape, "
-                                         f"{LOOP_STEPS} steps of {LOOP_BATCH})", loop, run_s=14.0),
+                                         f"{LOOP_STEPS} steps of {LOOP_BATCH})", loop, run_s=8.7),
         entrypoint_comparison(s),
     ]
 
@@ -95,7 +95,7 @@ def entrypoint_comparison(s: Settings) -> Comparison:
                                                   "peak": False})),
         ratios=(Ratio("entrypoint / own loop, steady examples/s", "entrypoint", "own-loop", "examples_per_sec"),),
         repeats=ROUNDS,
-        run_s=13.0,
+        run_s=9.5,
         note=f"both train digits_mlp (fit_example.train:build_model) with sgd 0.1, global batch {FIT_BATCH}, "
              f"{steps} steps, placement capture on, checkpoints and MLflow off for the own loop (the entrypoint "
              "checkpoints once per epoch through ctx.callbacks()); the entrypoint's rate is the program's own "

@@ -13,7 +13,7 @@ from benchmarks.flops import (
     param_bytes,
     ring_allreduce_min_bytes,
 )
-from benchmarks.stats import fmt_summary, paired_ratios, summarize
+from benchmarks.stats import fmt, fmt_summary, paired_ratios, summarize
 from benchmarks.table import markdown_table
 
 pytestmark = pytest.mark.unit
@@ -227,6 +227,17 @@ def test_results_md_carries_the_fault_suite_table(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(rows))
     text = section_reliability(tmp_path / "r.json")
     assert "SIGKILL worker" in text and "metrics lost: 0" in text
+
+
+def test_keras_rows_with_a_target_get_every_round_and_recorded_rows_fewer():
+    """The issue-3.8 rows (a target) run `repeats` rounds; a Pinpoint-vs-Keras row that is only
+    recorded runs `recorded_repeats` (never more than `repeats`)."""
+    from benchmarks.plan import Settings, build_plan, rounds
+
+    for s, recorded in ((Settings(repeats=5, recorded_repeats=3), 3), (Settings(repeats=2, recorded_repeats=3), 2)):
+        got = {c.key: rounds(c, s) for c in build_plan(s) if c.section == "keras"}
+        assert got == {"keras-none": s.repeats, "keras-mirrored": s.repeats, "keras-mwm": recorded,
+                       "keras-user-model": recorded, "keras-cnn": recorded, "keras-transformer": recorded}
 
 
 def test_overhead_capture_arms_get_more_rounds_and_a_capped_arm_only_its_own(monkeypatch, tmp_path):
@@ -457,7 +468,8 @@ def test_a_full_run_writes_all_of_results_md_with_every_target_met_or_not(monkey
     assert all(re.search(r"\*\*(met|NOT met) \(target [<>]= [0-9.]+\)\*\*$", t) for t in targets), targets
     assert "- `make run` (pinpoint run configs/demo.yaml through kfp.local): wall time s = 20 (20–20): " \
            "**met (target <= 30)**" in targets
-    assert "| keras-none | keras | 0.467 |" in md.split("## Time per comparison")[1]  # planned: 2 x 2 runs of 7 s
+    none = next(c for c in plan if c.key == "keras-none")  # planned: 2 rounds x 2 arms x its run_s
+    assert f"| keras-none | keras | {fmt(4 * none.run_s / 60, 3)} |" in md.split("## Time per comparison")[1]
     assert list((tmp_path / "runs").glob("*")) == []
 
 
