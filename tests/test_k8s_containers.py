@@ -120,6 +120,20 @@ def test_expand_is_the_kubelets_var_expansion():
     assert expand("$$(A) $(MISSING) $(B)$(A)", env) == "$(A) $(MISSING) x1"
 
 
+def _resolve_every_address(tmp_path, pods, services, *, pod_name) -> dict[str, str]:
+    """Give the pods IPs 10.0.0.10, .11, ...; their DNS names -> IP, after checking that every
+    address of the provisioned TF_CONFIG resolves to its own pod (`pod_name(role, index)`)."""
+    hosts = {}
+    for i, p in enumerate(pods):
+        p.ip = f"10.0.0.{10 + i}"
+        hosts.update({n: p.ip for n in dns_names(p, services)})
+    spec = json.loads((tmp_path / "provision" / "cluster_spec.json").read_text())
+    for role, addrs in spec["cluster"].items():
+        for i, addr in enumerate(addrs):
+            assert hosts[addr.rsplit(":", 1)[0]] == next(p.ip for p in pods if p.name == pod_name(role, i))
+    return hosts
+
+
 @pytest.mark.unit
 def test_converter_translates_the_provisioned_pod_specs(tmp_path):
     cfg = _cfg("conv", steps=20, checkpoint_every=10)
@@ -127,15 +141,7 @@ def test_converter_translates_the_provisioned_pod_specs(tmp_path):
     conv, shared = _converter(tmp_path, objects)
     pods = [p for j in jobs for p in indexed_job_pods(j)]
     assert [p.name for p in pods] == ["conv-chief-0", "conv-worker-0"]
-    hosts = {}
-    for i, p in enumerate(pods):
-        p.ip = f"10.0.0.{10 + i}"
-        hosts.update({n: p.ip for n in dns_names(p, services)})
-    # Every address of TF_CONFIG resolves, to the right pod.
-    spec = json.loads((tmp_path / "provision" / "cluster_spec.json").read_text())
-    for role, addrs in spec["cluster"].items():
-        for i, addr in enumerate(addrs):
-            assert hosts[addr.rsplit(":", 1)[0]] == next(p.ip for p in pods if p.name == f"conv-{role}-{i}")
+    hosts = _resolve_every_address(tmp_path, pods, services, pod_name=lambda role, i: f"conv-{role}-{i}")
     assert hosts["conv-worker-0.conv.default.svc.cluster.local"] == "10.0.0.11"  # hostname.subdomain
 
     worker = pods[1]
@@ -174,14 +180,7 @@ def test_converter_runs_the_jobsets_pods_under_its_dns_names(tmp_path):
     pods = [p for j in jobs for p in indexed_job_pods(j)]
     assert [p.name for p in pods] == ["convj-chief-0-0", "convj-worker-0-0"]
     assert {p.labels["jobset.sigs.k8s.io/restart-attempt"] for p in pods} == {"2"}
-    hosts = {}
-    for i, p in enumerate(pods):
-        p.ip = f"10.0.0.{10 + i}"
-        hosts.update({n: p.ip for n in dns_names(p, services)})
-    spec = json.loads((tmp_path / "provision" / "cluster_spec.json").read_text())
-    for role, addrs in spec["cluster"].items():
-        for i, addr in enumerate(addrs):
-            assert hosts[addr.rsplit(":", 1)[0]] == next(p.ip for p in pods if p.name == f"convj-{role}-0-{i}")
+    hosts = _resolve_every_address(tmp_path, pods, services, pod_name=lambda role, i: f"convj-{role}-0-{i}")
     args = conv.run_args(pods[1], name="c", network="net", hosts=hosts)
     entry = json.loads(args[args.index("--entrypoint") + 1])
     assert entry[entry.index("--task") + 1] == "worker:0"

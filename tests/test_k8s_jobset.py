@@ -231,33 +231,12 @@ def test_requests_per_poll_do_not_grow_with_the_pods(tmp_path, flavor):
 
 
 def test_sigterm_cleans_up_a_jobset(claim):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+    from tests.test_k8s_launch import sigterm_launch
 
-    from tests.test_k8s_launch import SIGTERM_SCRIPT
-
-    repo = Path(__file__).resolve().parents[1]
     cfg, root, out = claim("jobset")
     with FakeKubeApiServer("hang") as fake:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "src")])}
-        script = SIGTERM_SCRIPT.replace('"k8s-test"', '"grp"')
-        proc = subprocess.Popen([sys.executable, "-c", script, fake.url, str(out)], cwd=repo, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            deadline = time.monotonic() + 40
-            while fake.pod_lists < 3 and time.monotonic() < deadline and proc.poll() is None:
-                time.sleep(0.05)
-            assert fake.pod_lists >= 3, "the launch never got to watching its pods"
-            proc.send_signal(signal.SIGTERM)
-            _, stderr = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        assert proc.returncode == 143
+        rc, _, stderr = sigterm_launch(fake, out, "grp")
+        assert rc == 143
         assert stderr.strip().splitlines()[-1] == (
             "pinpoint: kubernetes: grp stopped by SIGTERM (run terminated or pod evicted); deleted 2 object(s)")
         _assert_cleaned_up(fake)

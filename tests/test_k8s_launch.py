@@ -619,7 +619,9 @@ run_step(launch_manifests, client.ApiClient(conf), Path(sys.argv[2]), "k8s-test"
 """
 
 
-def test_sigterm_cleans_up_and_exits_143(run_dir):
+def sigterm_launch(fake, out, name: str, watching=lambda fake: None) -> tuple[int, str, str]:
+    """Run the launch step as its own process against `fake`, wait until it watches its pods (its
+    third pod list), call `watching(fake)`, send it SIGTERM; its exit code, stdout and stderr."""
     import os
     import signal
     import subprocess
@@ -628,23 +630,32 @@ def test_sigterm_cleans_up_and_exits_143(run_dir):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "src")])}
+    script = SIGTERM_SCRIPT.replace('"k8s-test"', repr(name))
+    proc = subprocess.Popen([sys.executable, "-c", script, fake.url, str(out)], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 40
+        while fake.pod_lists < 3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert fake.pod_lists >= 3, "the launch never got to watching its pods"
+        watching(fake)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, stdout, stderr
+
+
+def test_sigterm_cleans_up_and_exits_143(run_dir):
     cfg, out = run_dir("tfjob")
     with FakeKubeApiServer("hang") as fake:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "src")])}
-        proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT, fake.url, str(out)], cwd=repo, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            deadline = time.monotonic() + 40
-            while fake.pod_lists < 3 and time.monotonic() < deadline and proc.poll() is None:
-                time.sleep(0.05)
-            assert fake.pod_lists >= 3, "the launch never got to watching its pods"
+        def two_objects(fake):
             assert len(fake.objects) == 2
-            proc.send_signal(signal.SIGTERM)
-            stdout, stderr = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        assert proc.returncode == 143
+
+        rc, stdout, stderr = sigterm_launch(fake, out, "k8s-test", watching=two_objects)
+        assert rc == 143
         assert stderr.strip().splitlines()[-1] == (
             "pinpoint: kubernetes: k8s-test stopped by SIGTERM (run terminated or pod evicted); deleted 2 object(s)"
         )

@@ -68,46 +68,41 @@ def to_json(tf_config_dict: dict) -> str:
     return json.dumps(tf_config_dict, separators=(",", ":"))
 
 
-def k8s_host(name: str, role: str, index: int, namespace: str, domain: str | None, port: int) -> str:
+def _svc_address(pod_host: str, c: ClusterConfig) -> str:
+    """A pod's address in the cluster DNS: '<pod_host>.<ns>.svc[.<domain>]:<port>'."""
+    host = f"{pod_host}.{namespace_of(c)}.svc"
+    if c.cluster_domain:
+        host += f".{c.cluster_domain}"
+    return f"{host}:{c.port}"
+
+
+def k8s_host(name: str, role: str, index: int, c: ClusterConfig) -> str:
     """The Training Operator's address for a replica (GenGeneralName + '.<ns>.svc[.<domain>]')."""
-    host = f"{name}-{role}-{index}.{namespace}.svc"
-    if domain:
-        host += f".{domain}"
-    return f"{host}:{port}"
+    return _svc_address(f"{name}-{role}-{index}", c)
 
 
 def k8s_cluster(name: str, c: ClusterConfig) -> dict[str, list[str]]:
     """The cluster dict the Training Operator generates for this topology (evaluator included)."""
-    return cluster_dict(
-        c, lambda r, i: k8s_host(name, r, i, namespace_of(c), c.cluster_domain, c.port), include_evaluator=True
-    )
+    return cluster_dict(c, lambda r, i: k8s_host(name, r, i, c), include_evaluator=True)
 
 
-def jobset_host(name: str, role: str, index: int, namespace: str, domain: str | None, port: int) -> str:
+def jobset_host(name: str, role: str, index: int, c: ClusterConfig) -> str:
     """A JobSet pod's address: the Indexed Job `<name>-<role>-0` (replicatedJob `role`, job index 0)
     names its pod `<job>-<index>` in the headless Service `<name>` (jobset's GenPodName; Trainer
     v2's IdentifyPodNetwork builds the same '<trainjob>-<rjob>-<jobIdx>-<podIdx>.<subdomain>')."""
-    host = f"{name}-{role}-0-{index}.{name}.{namespace}.svc"
-    if domain:
-        host += f".{domain}"
-    return f"{host}:{port}"
+    return _svc_address(f"{name}-{role}-0-{index}.{name}", c)
 
 
 def jobset_cluster(name: str, c: ClusterConfig) -> dict[str, list[str]]:
     """The cluster dict of a JobSet's pods (evaluator included, as the plain flavour's)."""
-    return cluster_dict(
-        c, lambda r, i: jobset_host(name, r, i, namespace_of(c), c.cluster_domain, c.port), include_evaluator=True
-    )
+    return cluster_dict(c, lambda r, i: jobset_host(name, r, i, c), include_evaluator=True)
 
 
 def trainjob_cluster(name: str, c: ClusterConfig) -> dict[str, list[str]]:
     """The cluster dict of a TrainJob on the pinpoint-tensorflow runtime: every task is a completion
     index of the one replicatedJob 'node', in task order (chief, workers, ps, evaluator)."""
     index = {t: k for k, t in enumerate(task_list(c))}
-    return cluster_dict(
-        c, lambda r, i: jobset_host(name, "node", index[(r, i)], namespace_of(c), c.cluster_domain, c.port),
-        include_evaluator=True,
-    )
+    return cluster_dict(c, lambda r, i: jobset_host(name, "node", index[(r, i)], c), include_evaluator=True)
 
 
 def training_tf_config(tf_config_dict: dict) -> dict:
