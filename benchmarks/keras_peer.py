@@ -59,6 +59,20 @@ def _timer_callback(keras, warmup_steps: int):
     return StepTimer()
 
 
+def measure(spec: dict) -> dict[str, Any]:
+    """A worker spec's Keras run (kind keras, or keras_task: one task of a multi-worker run):
+    the timing record, with its wall time and MFU fields."""
+    from benchmarks.worker import _mfu_fields
+    from pinpoint.config import config_from_dict
+
+    cfg = config_from_dict(spec["config"])
+    t0 = time.perf_counter()
+    rec = keras_fit(cfg, warmup_steps=spec["warmup_steps"], multi_worker=spec["kind"] == "keras_task")
+    rec["wall_s"] = time.perf_counter() - t0
+    rec.update(_mfu_fields(cfg, rec, peak=spec.get("peak", False)))
+    return rec
+
+
 def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str, Any]:
     """Train cfg's model with Keras `fit` in this process; return the timing record."""
     from pinpoint.devices import setup_devices

@@ -14,12 +14,13 @@ The printed line starts with RESULT_PREFIX so it can be told apart from TensorFl
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 RESULT_PREFIX = "BENCH_RESULT "
 
@@ -51,71 +52,24 @@ def _mfu_fields(cfg, record: dict, *, peak: bool) -> dict:
     return out
 
 
-def run_keras(spec: dict) -> dict:
-    from benchmarks.keras_peer import keras_fit
-    from pinpoint.config import config_from_dict
-
-    cfg = config_from_dict(spec["config"])
-    t0 = time.perf_counter()
-    rec = keras_fit(cfg, warmup_steps=spec["warmup_steps"], multi_worker=spec["kind"] == "keras_task")
-    rec["wall_s"] = time.perf_counter() - t0
-    rec.update(_mfu_fields(cfg, rec, peak=spec.get("peak", False)))
-    return rec
-
-
-def run_keras_mwm(spec: dict) -> dict:
-    from benchmarks.keras_mwm import launch
-
-    return launch(spec)
-
-
-def run_pinpoint(spec: dict) -> dict:
-    from benchmarks.pinpoint_run import pinpoint_train
-
-    return pinpoint_train(spec)
-
-
-def run_placement_scale(spec: dict) -> dict:
-    from benchmarks.placement_scale import measure
-
-    return measure(spec)
-
-
-def run_make_run(spec: dict) -> dict:
-    from benchmarks.make_run import time_make_run
-
-    return time_make_run(spec)
-
-
-def run_program(spec: dict) -> dict:
-    from benchmarks.trace_cost import run_program as run
-
-    return run(spec)
-
-
-def run_entrypoint(spec: dict) -> dict:
-    from benchmarks.trace_cost import run_entrypoint as run
-
-    return run(spec)
-
-
-def run_k8s_scale(spec: dict) -> dict:
-    from benchmarks.k8s_scale import measure
-
-    return measure(spec)
-
-
+# Each kind's runner as "module:function", imported only when a run of that kind is made (each
+# imports the frameworks its kind needs: TensorFlow, MLflow, kfp).
 KINDS = {
-    "program": run_program,
-    "entrypoint": run_entrypoint,
-    "pinpoint": run_pinpoint,
-    "keras": run_keras,
-    "keras_task": run_keras,
-    "keras_mwm": run_keras_mwm,
-    "make_run": run_make_run,
-    "k8s_scale": run_k8s_scale,
-    "placement_scale": run_placement_scale,
+    "program": "benchmarks.trace_cost:run_program",
+    "entrypoint": "benchmarks.trace_cost:run_entrypoint",
+    "pinpoint": "benchmarks.pinpoint_run:pinpoint_train",
+    "keras": "benchmarks.keras_peer:measure",
+    "keras_task": "benchmarks.keras_peer:measure",
+    "keras_mwm": "benchmarks.keras_mwm:launch",
+    "make_run": "benchmarks.make_run:time_make_run",
+    "k8s_scale": "benchmarks.k8s_scale:measure",
+    "placement_scale": "benchmarks.placement_scale:measure",
 }
+
+
+def _runner(kind: str) -> Callable[[dict], dict]:
+    module, _, name = KINDS[kind].partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def main(argv: list[str]) -> int:
@@ -129,7 +83,7 @@ def main(argv: list[str]) -> int:
         print(f"benchmarks.worker: kind: got {kind!r}; use one of {', '.join(KINDS)}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    record = KINDS[kind](spec)
+    record = _runner(kind)(spec)
     record.setdefault("process_s", time.perf_counter() - t0)
     record["kind"] = kind
     record["pid"] = os.getpid()
