@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pinpoint"
 LAYERS = [
     ("foundation", {"__init__", "errors", "quiet", "hooks", "runfolder", "signals", "userlog"}),
     ("config", {"device_names", "config", "layer_keys"}),
-    ("machine", {"devices", "kernels", "usercode"}),
+    ("machine", {"devices", "kernels", "usercode", "tfcompat"}),
     ("analysis", {"placement", "provision"}),
     ("tracking", {"tracking"}),
     ("execution", {"training", "trace", "k8s", "compare", "steps"}),

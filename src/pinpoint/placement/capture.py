@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensorflow.core.framework import graph_pb2
-from tensorflow.python.eager import context
+
+from pinpoint.tfcompat.graphs import called_graphs, collect_graphs, output_shapes
 
 
 @dataclass
@@ -53,32 +54,17 @@ class CapturedGraphs:
 
 
 @contextlib.contextmanager
-def _collection():
-    ctx = context.context()
-    # Graph collection alone: the function graphs are recorded at instantiation; per-op step
-    # stats (enable_run_metadata) are not needed and would slow the captured call.
-    ctx.enable_graph_collection()
-    # Exporting clears the context's run metadata: drop whatever earlier work left there
-    # (other functions, eager ops), so the capture holds only this call's graphs.
-    ctx.export_run_metadata()
-    try:
-        yield ctx
-    finally:
-        ctx.disable_graph_collection()
-
-
-@contextlib.contextmanager
 def collecting(step: int = 0):
     """Graph collection around the block; yields the CapturedGraphs it fills when the block ends.
 
     The block must make the first call of a tf.function (which instantiates it), otherwise its
     partition graphs were recorded earlier and are not reported again."""
     captured = CapturedGraphs(step=step)
-    with _collection() as ctx:
+    # Graph collection alone: the function graphs are recorded at instantiation; per-op step
+    # stats are not needed and would slow the captured call.
+    with collect_graphs() as collected:
         yield captured
-        # Wait for async eager work so all function instantiations are recorded.
-        context.async_wait()
-        md = ctx.export_run_metadata()
+    md = collected.metadata
     for fg in md.function_graphs if md is not None else []:
         pre = fg.pre_optimization_graph
         name = pre.library.function[0].signature.name if pre.library.function else ""
@@ -104,18 +90,9 @@ def add_trace_info(fn, args, kwargs, captured: CapturedGraphs) -> None:
         cf = fn.get_concrete_function(*args, **kwargs)
     except Exception:  # noqa: BLE001 - not a tf.function, or arguments it cannot re-specialise on
         return
-    graphs = [cf.graph]
-    for f in getattr(cf.graph, "_functions", {}).values():
-        g = getattr(f, "graph", None)
-        if g is not None:
-            graphs.append(g)
-    for g in graphs:
+    for g in [cf.graph, *called_graphs(cf.graph).values()]:
         for op in g.get_operations():
-            outs = []
-            for t in op.outputs:
-                dims = t.shape.as_list() if t.shape.rank is not None else None
-                outs.append((t.dtype.as_datatype_enum, dims))
-            captured.shapes.setdefault(op.name, outs)
+            captured.shapes.setdefault(op.name, output_shapes(op))
     # _Arg index i is the i-th flat input of the function; captured inputs come after the
     # explicit ones and map internal placeholders to the outer tensors (variable handles).
     external = {id(internal): ext for ext, internal in cf.graph.captures}

@@ -21,9 +21,9 @@ On a CPU-only machine `emulate(n)` gives the process n+1 logical CPUs (`/CPU:0` 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 from pinpoint.device_names import DeviceMap, emulation_aliases
+from pinpoint.tfcompat.patches import Patches, patch_local_devices
 
 GPU = "GPU"
 
@@ -67,19 +67,16 @@ class GpuNames:
         self.dm = dm
         self.n = len(dm.spec_replica_devices)
         self.ignored: list[str] = []  # program settings emulation accepted but cannot follow
-        self._undo: list[tuple[Any, str, Any]] = []
+        self._patches = Patches()
 
     # ---- patches ---------------------------------------------------------------------------
     def install(self) -> GpuNames:
         if not self.dm.emulated:
             return self
-        from tensorflow.python.distribute import collective_all_reduce_strategy as cars
-        from tensorflow.python.distribute import mirrored_strategy
         from tensorflow.python.eager import context
         from tensorflow.python.framework import device_spec
 
-        spec_cls = device_spec.DeviceSpecV2
-        parse = spec_cls._string_to_components
+        parse = Patches.current("DeviceSpecV2._string_to_components")
         n = self.n
 
         def string_to_components(spec=None):
@@ -89,12 +86,12 @@ class GpuNames:
                 return job, replica, task, "CPU", (index if index is not None else 0) + 1
             return job, replica, task, dtype, index
 
-        self._patch(spec_cls, "_string_to_components", staticmethod(string_to_components))
+        self._patch("DeviceSpecV2._string_to_components", staticmethod(string_to_components))
         device_spec._STRING_TO_COMPONENTS_CACHE.clear()
         context._device_parsing_cache.clear()
 
-        ctx_cls = context.Context
-        list_logical, list_physical = ctx_cls.list_logical_devices, ctx_cls.list_physical_devices
+        list_logical = Patches.current("Context.list_logical_devices")
+        list_physical = Patches.current("Context.list_physical_devices")
         from tensorflow.python.eager.context import LogicalDevice, PhysicalDevice
 
         def logical(ctx, device_type=None):
@@ -109,18 +106,17 @@ class GpuNames:
                 return [PhysicalDevice(name=f"/physical_device:GPU:{i}", device_type=GPU) for i in range(n)]
             return found
 
-        self._patch(ctx_cls, "list_logical_devices", logical)
-        self._patch(ctx_cls, "list_physical_devices", physical)
-        self._patch(ctx_cls, "num_gpus", lambda ctx: n)
-        self._accept(ctx_cls, "set_memory_growth", "memory growth")
-        self._accept(ctx_cls, "set_logical_device_configuration", "GPU virtual devices (memory_limit)")
-        self._accept(ctx_cls, "set_visible_devices", "visible GPUs")
-        get_growth = ctx_cls.get_memory_growth
-        self._patch(ctx_cls, "get_memory_growth",
+        self._patch("Context.list_logical_devices", logical)
+        self._patch("Context.list_physical_devices", physical)
+        self._patch("Context.num_gpus", lambda ctx: n)
+        self._accept("Context.set_memory_growth", "memory growth")
+        self._accept("Context.set_logical_device_configuration", "GPU virtual devices (memory_limit)")
+        self._accept("Context.set_visible_devices", "visible GPUs")
+        get_growth = Patches.current("Context.get_memory_growth")
+        self._patch("Context.get_memory_growth",
                     lambda ctx, dev: False if _is_gpu(dev) else get_growth(ctx, dev))
 
-        extended = mirrored_strategy.MirroredExtended
-        init = extended.__init__
+        init = Patches.current("MirroredExtended.__init__")
         dm = self.dm
 
         def mirrored_init(ext, container_strategy, devices=None, cross_device_ops=None):
@@ -128,19 +124,14 @@ class GpuNames:
                 cross_device_ops = _emulated_all_reduce(devices, dm)
             init(ext, container_strategy, devices=devices, cross_device_ops=cross_device_ops)
 
-        self._patch(extended, "__init__", mirrored_init)
-        local = [int(p.rsplit(":", 1)[1]) for p in dm.replica_devices]
-
-        def mwms_local_devices(ext, cluster_resolver, worker_device):
-            # TF picks a worker's local devices from its GPU count: hand it the emulated GPUs,
-            # as CPUs (the collectives then use the ring, NCCL needs real GPUs).
-            return tuple(f"{worker_device}/device:CPU:{i}" for i in local), "CPU"
-
-        self._patch(cars.CollectiveAllReduceExtended, "_initialize_local_devices", mwms_local_devices)
+        self._patch("MirroredExtended.__init__", mirrored_init)
+        # MultiWorkerMirroredStrategy: each task's local devices are the emulated GPUs.
+        patch_local_devices(self._patches, [int(p.rsplit(":", 1)[1]) for p in dm.replica_devices])
         return self
 
-    def _accept(self, cls, name: str, what: str) -> None:
-        original = getattr(cls, name)
+    def _accept(self, key: str, what: str) -> None:
+        name = key.rsplit(".", 1)[1]
+        original = Patches.current(key)
 
         def accept(ctx, dev, *args, **kwargs):
             devs = dev if isinstance(dev, (list, tuple)) else [dev]
@@ -151,16 +142,15 @@ class GpuNames:
                 return None
             return original(ctx, dev, *args, **kwargs)
 
-        self._patch(cls, name, accept)
+        self._patch(key, accept)
 
-    def _patch(self, owner, name: str, value) -> None:
-        self._undo.append((owner, name, owner.__dict__[name]))
-        setattr(owner, name, value)
+    def _patch(self, key: str, value) -> None:
+        """Replace registered target `key` (pinpoint.tfcompat.targets) until `uninstall`."""
+        self._patches.replace(key, value)
 
     def uninstall(self) -> None:
-        for owner, name, value in reversed(self._undo):
-            setattr(owner, name, value)
-        self._undo.clear()
+        """Undo what `install` did (also a part-way install), newest first."""
+        self._patches.close()
 
     # ---- the default device ----------------------------------------------------------------
     def default_scope(self):

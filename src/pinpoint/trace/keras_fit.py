@@ -9,6 +9,8 @@ from typing import Any
 
 import keras
 
+from pinpoint.tfcompat.patches import Patches
+
 
 class KerasLogger(keras.callbacks.Callback):
     """Keras logs -> `send(metrics, step=)`; params -> `params(dict)`; the last logs kept in `final`."""
@@ -108,12 +110,10 @@ class FitPatch:
     def __init__(self, make_logger: Callable[[int | None], KerasLogger]):
         self.make_logger = make_logger
         self.loggers: list[KerasLogger] = []
-        self._owner = None
-        self._original = None
+        self._patches = Patches()
 
     def install(self) -> FitPatch:
-        owner = next(c for c in keras.Model.__mro__ if "fit" in c.__dict__)
-        original = owner.__dict__["fit"]
+        original = Patches.current("Model.fit")
         patch = self
 
         def fit(model, *args, **kwargs):
@@ -126,14 +126,11 @@ class FitPatch:
             return original(model, *args, **kwargs)
 
         fit.__wrapped__ = original
-        self._owner, self._original = owner, original
-        owner.fit = fit
+        self._patches.replace("Model.fit", fit)
         return self
 
     def uninstall(self) -> None:
-        if self._owner is not None:
-            self._owner.fit = self._original
-            self._owner = None
+        self._patches.close()
 
     def summary(self) -> dict:
         """The last fit call's summary (none: {})."""

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pinpoint.placement.capture import CapturedGraphs, map_arg_values
+from pinpoint.tfcompat.graphs import called_graphs, collect_graphs, output_shapes
+from pinpoint.tfcompat.patches import Patches
 
 _SUFFIX_RE = re.compile(r"^__(inference|forward|backward)_(.*?)(_\d+)?$")
 _UPDATE_RE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
@@ -81,17 +83,12 @@ class Recorder:
         self._seen_handles: set[int] = set()
         self._resolved: set[int] = set()
         self._pending: dict[int, bool] = {}  # eager-updated handles not yet matched to a variable
-        self._undo: list = []
-        self._callback = None
+        self._patches = Patches()
         self.active = False
 
     # ---- install -----------------------------------------------------------------------------
     def install(self) -> Recorder:
-        from tensorflow.python.client import session as session_lib
-        from tensorflow.python.eager.polymorphic_function import atomic_function
-        from tensorflow.python.framework import op_callbacks
-
-        call_flat = atomic_function.AtomicFunction.call_flat
+        call_flat = Patches.current("AtomicFunction.call_flat")
         rec = self
 
         def recorded_call_flat(fn, *args):
@@ -110,52 +107,31 @@ class Recorder:
             out, r.capture = rec._capture_first_call(lambda: call_flat(fn, *args), fn, args)
             return out
 
-        self._patch(atomic_function.AtomicFunction, "call_flat", recorded_call_flat)
-        run = session_lib.BaseSession.run
+        self._patches.replace("AtomicFunction.call_flat", recorded_call_flat)
+        run = Patches.current("BaseSession.run")
 
         def recorded_run(sess, fetches, feed_dict=None, options=None, run_metadata=None):
             if not rec.active or options is not None or run_metadata is not None:
                 return run(sess, fetches, feed_dict, options, run_metadata)
             return rec._session_run(run, sess, fetches, feed_dict)
 
-        self._patch(session_lib.BaseSession, "run", recorded_run)
-        self._callback = self._on_op
-        op_callbacks.add_op_callback(self._callback)
+        self._patches.replace("BaseSession.run", recorded_run)
+        self._patches.op_callback(self._on_op)
         self.active = True
         return self
 
-    def _patch(self, owner, name: str, value) -> None:
-        self._undo.append((owner, name, owner.__dict__[name]))
-        setattr(owner, name, value)
-
     def uninstall(self) -> None:
+        """Undo what `install` did (also a part-way install), newest first."""
         self.active = False
-        from tensorflow.python.framework import op_callbacks
-
-        if self._callback is not None:
-            op_callbacks.remove_op_callback(self._callback)
-            self._callback = None
-        for owner, name, value in reversed(self._undo):
-            setattr(owner, name, value)
-        self._undo.clear()
+        self._patches.close()
 
     # ---- tf.function ---------------------------------------------------------------------------
     def _capture_first_call(self, call, fn, args) -> tuple[Any, CapturedGraphs]:
-        from tensorflow.python.eager import context
-
-        ctx = context.context()
-        ctx.enable_graph_collection()
         # Step stats of this one call: the shape every node really produced (sizes the transfers
         # whose static shape is dynamic, e.g. a batch dimension of None).
-        ctx.enable_run_metadata()
-        ctx.export_run_metadata()  # drop what earlier work left there
-        try:
+        with collect_graphs(step_stats=True) as collected:
             out = call()
-            context.async_wait()  # every instantiation of this call is recorded
-            md = ctx.export_run_metadata()
-        finally:
-            ctx.disable_run_metadata()
-            ctx.disable_graph_collection()
+        md = collected.metadata
         cap = CapturedGraphs(step=0)
         for fg in md.function_graphs if md is not None else []:
             cap.functions.append((fn.name, fg.pre_optimization_graph, list(fg.partition_graphs)))
@@ -191,8 +167,7 @@ class Recorder:
         cap = CapturedGraphs(step=0)
         cap.functions.append((key, graph.as_graph_def(), list(md.partition_graphs)))
         for op in graph.get_operations():
-            cap.shapes.setdefault(op.name, [(t.dtype.as_datatype_enum, t.shape.as_list() if t.shape.rank is not None
-                                             else None) for t in op.outputs])
+            cap.shapes.setdefault(op.name, output_shapes(op))
         _run_shapes(md.step_stats, cap)
         self.functions[key] = FunctionRecord(key, key, calls=1, capture=cap, kind="Session.run")
         for v in graph.get_collection("variables"):
@@ -409,15 +384,9 @@ _CALL_OPS = {"StatefulPartitionedCall", "PartitionedCall"}
 
 
 def _graph_shapes(graph, prefix: str, cap: CapturedGraphs, depth: int) -> None:
-    library = {}
-    for name, f in getattr(graph, "_functions", {}).items():
-        g = getattr(f, "graph", None)
-        if g is not None:
-            library[name if isinstance(name, str) else name.decode()] = g
+    library = called_graphs(graph)
     for op in graph.get_operations():
-        cap.shapes.setdefault(prefix + op.name, [(t.dtype.as_datatype_enum,
-                                                  t.shape.as_list() if t.shape.rank is not None else None)
-                                                 for t in op.outputs])
+        cap.shapes.setdefault(prefix + op.name, output_shapes(op))
         if op.type in _CALL_OPS and depth < 8:
             try:
                 callee = op.get_attr("f").name

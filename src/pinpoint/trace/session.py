@@ -34,21 +34,34 @@ class Capture:
         from tensorflow.python.eager import context
 
         from pinpoint import userlog
+        from pinpoint.tfcompat.check import require
         from pinpoint.trace.gpus import GpuNames
         from pinpoint.trace.keras_fit import FitPatch, KerasLogger
         from pinpoint.trace.recorder import Recorder
 
-        self.names = GpuNames(self.dm).install()
-        self._scope = self.names.default_scope() if self.default_scope else contextlib.nullcontext()
-        self._scope.__enter__()
-        # The scope's full name (the job differs in a cluster): its requests are not the program's.
-        default = context.context().device_name if self.default_scope and self.dm.emulated else ""
-        from pinpoint.training.emulation import GpuPlacement
+        require()  # every private name the patches below replace is where they expect it
+        # Each part's undo is on the stack before the part installs: a failure part-way undoes
+        # what was installed (also within a part), newest first, and leaves nothing patched.
+        with contextlib.ExitStack() as stack:
+            self.names = GpuNames(self.dm)
+            stack.callback(self.names.uninstall)
+            self.names.install()
+            self._scope = self.names.default_scope() if self.default_scope else contextlib.nullcontext()
+            stack.enter_context(self._scope)
+            # The scope's full name (the job differs in a cluster): its requests are not the program's.
+            default = context.context().device_name if self.default_scope and self.dm.emulated else ""
+            from pinpoint.training.emulation import GpuPlacement
 
-        self.recorder = Recorder(default, GpuPlacement(self.dm) if self.dm.emulated else None).install()
-        self.fit = FitPatch(lambda batch: KerasLogger(self.send_metrics, self.params, log_every=self.log_every,
-                                                      batch_size=batch)).install()
-        userlog.set_sink(self._log)
+            self.recorder = Recorder(default, GpuPlacement(self.dm) if self.dm.emulated else None)
+            stack.callback(self.recorder.uninstall)
+            self.recorder.install()
+            self.fit = FitPatch(lambda batch: KerasLogger(self.send_metrics, self.params, log_every=self.log_every,
+                                                          batch_size=batch))
+            stack.callback(self.fit.uninstall)
+            self.fit.install()
+            stack.callback(userlog.set_sink, None)
+            userlog.set_sink(self._log)
+            self._undo = stack.pop_all()
         return self
 
     def _log(self, step: int, metrics: dict) -> None:
@@ -61,13 +74,7 @@ class Capture:
             self.send(metrics, step=step)
 
     def __exit__(self, *exc) -> None:
-        from pinpoint import userlog
-
-        self._scope.__exit__(None, None, None)
-        userlog.set_sink(None)
-        self.fit.uninstall()
-        self.recorder.uninstall()
-        self.names.uninstall()
+        self._undo.close()
 
     def placement(self, program: str) -> dict:
         from pinpoint.trace.analysis import trace_placement
@@ -106,12 +113,16 @@ def trace_command(program, *, out: str | Path | None, gpus: int | None, tracking
 
     program.check()  # nothing runs and nothing is written for a script that is not there
     cfg = trace_config(program.name, tracking=tracking, experiment=experiment)
-    out = ensure_dir(Path(out) if out else Path("runs") / program.name)
+    out = Path(out) if out else Path("runs") / program.name
     if tracking:
         from pinpoint.tracking import warm_tracking
 
         warm_tracking(cfg)
     import_tensorflow()
+    from pinpoint.tfcompat.check import require
+
+    require()  # a moved private TensorFlow name fails here, in one line, before anything is written
+    ensure_dir(out)
     from pinpoint.trace.gpus import device_map_for
     from pinpoint.tracking import open_step_run
 

@@ -30,12 +30,14 @@ def train_command(
     per task), and `task="worker:1"` runs one task of such a cluster (TF_CONFIG from the env).
     """
     from pinpoint.quiet import import_tensorflow
+    from pinpoint.tfcompat.check import require
 
     if task is not None:
         from pinpoint.training.task import run_task
 
         role, index = parse_task(task)
         import_tensorflow()
+        require()
         return run_task(cfg, ensure_dir(out_dir), role, index, resume_from_run=resume_from_run,
                         parent_run_id=parent_run_id)
     from pinpoint.usercode import preflight, uses_user_code
@@ -56,6 +58,7 @@ def train_command(
     from pinpoint.devices import setup_devices
 
     import_tensorflow()
+    require()  # the private TensorFlow names Pinpoint patches and reads (one line if one moved)
     dm = setup_devices(cfg)  # before TensorFlow initializes anything
     from pinpoint.training import engine
     from pinpoint.training.setup import task_context

@@ -54,20 +54,12 @@ def _local_devices(devices: Sequence[str], emulated: bool):
     if not emulated or len(devices) < 1:
         yield
         return
-    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+    from pinpoint.tfcompat.patches import Patches, patch_local_devices
 
-    cls = cars.CollectiveAllReduceExtended
-    original = cls._initialize_local_devices
-    local = [parse_name(d)[3] for d in devices]  # the logical CPU indices standing in for the GPUs
-
-    def patched(self, cluster_resolver, worker_device):
-        return tuple(f"{worker_device}/device:CPU:{i}" for i in local), "CPU"
-
-    cls._initialize_local_devices = patched
-    try:
+    with Patches() as patches:
+        # The logical CPU indices standing in for the GPUs.
+        patch_local_devices(patches, [parse_name(d)[3] for d in devices])
         yield
-    finally:
-        cls._initialize_local_devices = original
 
 
 def emulated_local_devices(dm):
