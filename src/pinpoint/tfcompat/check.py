@@ -33,7 +33,7 @@ def problem(target: Target) -> str | None:
     if target.patched:
         try:
             target.owner()
-        except StopIteration:
+        except AttributeError:
             return "not found on the class (it cannot be patched)"
     if target.signature is None:
         return None

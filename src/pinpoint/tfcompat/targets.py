@@ -52,7 +52,10 @@ class Target:
         for part in self.parts[:-1]:
             cls = getattr(cls, part)
         name = self.parts[-1]
-        return next(c for c in cls.__mro__ if name in c.__dict__), name
+        for c in cls.__mro__:
+            if name in c.__dict__:
+                return c, name
+        raise AttributeError(f"{'.'.join(self.parts)}: not defined by {cls.__name__} or its bases")
 
 
 def render(fn) -> str:

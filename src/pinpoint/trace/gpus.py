@@ -134,7 +134,8 @@ class GpuNames:
         original = Patches.current(key)
 
         def accept(ctx, dev, *args, **kwargs):
-            devs = dev if isinstance(dev, (list, tuple)) else [dev]
+            # A list of devices, or one (a PhysicalDevice is a namedtuple: not a list of two).
+            devs = [dev] if _is_gpu(dev) or not isinstance(dev, (list, tuple)) else dev
             if any(_is_gpu(d) for d in devs):
                 note = f"{name}: {what} of the emulated GPUs is accepted but not applied"
                 if note not in self.ignored:

@@ -1,0 +1,162 @@
+"""pinpoint.tfcompat: the registry of private TensorFlow/Keras names matches the installed versions,
+a moved or changed target fails a command in one line before anything runs, and every patched name
+is the original object again after a trace and after a capture whose set-up failed part-way."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata as md
+import json
+import textwrap
+
+import pytest
+
+from pinpoint.tfcompat import check as check_mod
+from pinpoint.tfcompat.check import DOCS, PrivateApiError, check, problem
+from pinpoint.tfcompat.patches import Patches, originals
+from pinpoint.tfcompat.targets import TARGETS, Target, render
+
+AF = "tensorflow.python.eager.polymorphic_function.atomic_function"
+SUPPORTED = next(r for r in md.requires("pinpoint") if r.startswith("tensorflow"))
+
+
+def versions() -> str:
+    return f"tensorflow {md.version('tensorflow')}, keras {md.version('keras')}"
+
+
+def expected_line(target: Target, what: str) -> str:
+    return (f"{versions()}: {target.key} ({target.module}) {what}; Pinpoint relies on it to {target.used_for} "
+            f"and supports {SUPPORTED}: install that version — see {DOCS}")
+
+
+# ---- unit: the start-up check ----------------------------------------------------------------------
+@pytest.mark.unit
+def test_every_registered_target_matches_the_installed_tensorflow_and_keras():
+    assert {key: problem(t) for key, t in TARGETS.items() if problem(t) is not None} == {}
+
+
+@pytest.mark.unit
+def test_a_target_that_moved_fails_in_one_line_naming_the_version_and_the_target(monkeypatch):
+    from tensorflow.python.eager.polymorphic_function import atomic_function
+
+    monkeypatch.delattr(atomic_function.AtomicFunction, "call_flat")  # as a TensorFlow release could
+    with pytest.raises(PrivateApiError) as err:
+        check()
+    assert str(err.value) == expected_line(TARGETS["AtomicFunction.call_flat"], "not found")
+
+
+@pytest.mark.unit
+def test_a_changed_signature_names_the_signature_found_and_the_one_expected(monkeypatch):
+    from tensorflow.python.client import session
+
+    monkeypatch.setattr(session.BaseSession, "run", lambda self, fetches, *, options=None: None)
+    with pytest.raises(PrivateApiError) as err:
+        check()
+    assert str(err.value) == expected_line(
+        TARGETS["BaseSession.run"],
+        "has signature (self, fetches, *, options=None) "
+        "(expected (self, fetches, feed_dict=None, options=None, run_metadata=None))")
+
+
+@pytest.mark.unit
+def test_an_instance_attribute_no_method_uses_any_more_is_reported():
+    moved = dataclasses.replace(TARGETS["Graph._functions"], path="Graph._functions_v3")
+    assert problem(moved) == "no longer used by Graph"
+
+
+@pytest.mark.unit
+def test_render_prints_names_kinds_and_simple_defaults():
+    def f(a, b=None, *args, c=1, d=object(), **kw):
+        return a
+
+    assert render(f) == "(a, b=None, *args, c=1, d=..., **kw)"
+    assert render(lambda x, *, y="s": x) == "(x, *, y='s')"
+
+
+@pytest.mark.unit
+def test_only_registered_patch_targets_can_be_replaced():
+    with Patches() as patches, pytest.raises(KeyError, match="Operation._set_attr is not registered as patched"):
+        patches.replace("Operation._set_attr", None)
+
+
+@pytest.mark.unit
+def test_pinpoint_trace_with_a_moved_target_prints_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    from tensorflow.python.eager.polymorphic_function import atomic_function
+
+    from pinpoint.cli import main
+
+    monkeypatch.setattr(check_mod, "_checked", False)
+    monkeypatch.delattr(atomic_function.AtomicFunction, "call_flat")
+    script = tmp_path / "prog.py"
+    script.write_text("print('ran')\n")
+    out = tmp_path / "out"
+    code = main(["trace", "--no-tracking", "--out", str(out), str(script)])
+    err = capsys.readouterr()
+    assert (code, err.out, out.exists()) == (2, "", False)
+    assert err.err == "pinpoint: " + expected_line(TARGETS["AtomicFunction.call_flat"], "not found") + "\n"
+
+
+# ---- integration: every patch is undone ------------------------------------------------------------
+PROGRAM = """
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    from pinpoint.tfcompat.patches import originals
+
+    during = {k: id(v) for k, v in originals().items()}  # what each patched name is while traced
+    tf.config.experimental.set_memory_growth(tf.config.list_physical_devices("GPU")[0], True)
+    strategy = tf.distribute.MirroredStrategy()
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss="mse")
+    model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), batch_size=4, epochs=1, verbose=0)
+    with tf.Graph().as_default():
+        total = tf.constant(1.0) + 1.0
+        with tf.compat.v1.Session() as sess:
+            sess.run(total)
+    json.dump(during, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.integration
+def test_after_a_trace_every_patched_name_is_the_original_again(tf, tmp_path):
+    from pinpoint import userlog
+    from pinpoint.cli import main
+
+    before = originals()
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(PROGRAM))
+    during = tmp_path / "during.json"
+    out = tmp_path / "out"
+    assert main(["trace", "--gpus", "2", "--no-tracking", "--out", str(out), str(script), str(during)]) == 0
+    patched = json.loads(during.read_text())
+    # Every registered patch was in place while the program ran ...
+    assert sorted(k for k, v in before.items() if patched[k] == id(v)) == []
+    # ... and is the very object it was before, once the trace ended.
+    assert sorted(k for k, v in originals().items() if v is not before[k]) == []
+    assert userlog._sink is None
+    placement = json.loads((out / "placement.json").read_text())
+    assert sorted({f["kind"] for f in placement["functions"]}) == ["Session.run", "tf.function"]
+    assert ("emulation: set_memory_growth: memory growth of the emulated GPUs is accepted but not applied"
+            in placement["notes"])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("failing", ["MirroredExtended.__init__", "Model.fit"])
+def test_a_capture_whose_set_up_fails_part_way_leaves_nothing_patched(tf, monkeypatch, failing):
+    """The GPU-name patches fail after 8 of their own (a failure inside one part), or the Keras fit
+    patch fails after the GPU names, the default scope, the recorder and its op callback."""
+    from tensorflow.python.eager import context
+
+    from pinpoint import userlog
+    from pinpoint.trace.gpus import emulate
+    from pinpoint.trace.session import Capture
+
+    before, device = originals(), context.context().device_name
+    monkeypatch.setattr(check_mod, "_checked", True)  # a failure the start-up check cannot see
+    monkeypatch.setitem(TARGETS, failing, dataclasses.replace(TARGETS[failing], path=failing + "_moved"))
+    with pytest.raises(AttributeError, match=f"{failing}_moved"), Capture(emulate(2)):
+        pass
+    monkeypatch.undo()
+    assert sorted(k for k, v in originals().items() if v is not before[k]) == []
+    assert (context.context().device_name, userlog._sink) == (device, None)
