@@ -4,10 +4,12 @@ is the original object again after a trace and after a capture whose set-up fail
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.metadata as md
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from pinpoint.tfcompat.patches import Patches, originals
 from pinpoint.tfcompat.targets import TARGETS, Target, render
 
 AF = "tensorflow.python.eager.polymorphic_function.atomic_function"
+DEFAULT = object()
 SUPPORTED = next(r for r in md.requires("pinpoint") if r.startswith("tensorflow"))
 
 
@@ -66,7 +69,7 @@ def test_an_instance_attribute_no_method_uses_any_more_is_reported():
 
 @pytest.mark.unit
 def test_render_prints_names_kinds_and_simple_defaults():
-    def f(a, b=None, *args, c=1, d=object(), **kw):
+    def f(a, b=None, *args, c=1, d=DEFAULT, **kw):
         return a
 
     assert render(f) == "(a, b=None, *args, c=1, d=..., **kw)"
@@ -94,6 +97,69 @@ def test_pinpoint_trace_with_a_moved_target_prints_one_line_and_writes_nothing(t
     err = capsys.readouterr()
     assert (code, err.out, out.exists()) == (2, "", False)
     assert err.err == "pinpoint: " + expected_line(TARGETS["AtomicFunction.call_flat"], "not found") + "\n"
+
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "pinpoint"
+# Private uses still outside the seam, in modules other work is changing now (each one is a
+# registered, checked target): move them behind pinpoint.tfcompat.api and shrink this list.
+NOT_YET_MOVED = {
+    ("trace/analysis.py", "tensorflow.python.framework.op_def_registry"),
+    ("placement/transfers.py", "tensorflow.python.framework.dtypes"),
+    ("placement/variables.py", "_value"),
+    ("placement/variables.py", "_shared_name"),
+}
+
+
+def _private_uses(path: Path, attrs: set[str]) -> set[str]:
+    """Private modules `path` imports and registered private attributes it reads or sets."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.Attribute) and node.attr in attrs:
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.add(node.attr)
+            continue
+        elif isinstance(node, ast.Constant) and node.value in attrs:
+            found.add(node.value)  # getattr(v, "_value")
+            continue
+        else:
+            continue
+        for name in names:
+            if name.startswith(("tensorflow.python", "keras.src")):
+                module = name.rsplit(".", 1)[0] if name.rsplit(".", 1)[1][:1].isupper() else name
+                found.add(module)
+    return found
+
+
+@pytest.mark.unit
+def test_private_names_are_spelled_only_in_tfcompat():
+    attrs = {part for t in TARGETS.values() for part in t.parts if part.startswith("_") and not part.startswith("__")}
+    uses = {(str(p.relative_to(SRC)), use) for p in sorted(SRC.rglob("*.py")) if p.parent.name != "tfcompat"
+            for use in _private_uses(p, attrs)}
+    assert sorted(uses - NOT_YET_MOVED) == []
+    assert sorted(NOT_YET_MOVED - uses) == []  # a moved one leaves this list
+
+
+@pytest.mark.unit
+def test_nothing_outside_tfcompat_patches_with_setattr():
+    """Every patch goes through tfcompat.patches.Patches (registered, undone, checked)."""
+    calls = [f"{p.relative_to(SRC)}:{n.lineno}" for p in sorted(SRC.rglob("*.py")) if p.parent.name != "tfcompat"
+             for n in ast.walk(ast.parse(p.read_text()))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setattr"]
+    assert calls == []
+
+
+@pytest.mark.unit
+def test_the_guard_sees_a_private_import_and_a_private_attribute(tmp_path):
+    """Negative control for the test above."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from tensorflow.python.eager import context\n"
+                   "def f(layer):\n    return layer._flatten_layers(), getattr(layer, '_value')\n")
+    assert _private_uses(bad, {"_flatten_layers", "_value"}) == {
+        "tensorflow.python.eager.context", "_flatten_layers", "_value"}
 
 
 # ---- integration: every patch is undone ------------------------------------------------------------

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from pinpoint.tfcompat.api import dtype_name, find_kernel, op_def
+
 _cache: dict[tuple, bool] = {}
 
 
@@ -58,13 +60,12 @@ def has_kernel(op_type: str, attrs: Mapping[str, Any], device_type: str) -> bool
     found = _cache.get(key)
     if found is None:
         from tensorflow.core.framework import node_def_pb2
-        from tensorflow.python.util import _pywrap_kernel_registry
 
         node = node_def_pb2.NodeDef(op=op_type, name="pinpoint_kernel_probe", device=f"/device:{device_type}:0")
         for k, v in attrs.items():
             node.attr[k].CopyFrom(v)
         with _quiet_stderr():
-            found = bool(_pywrap_kernel_registry.TryFindKernelClass(node.SerializeToString()))
+            found = find_kernel(node.SerializeToString())
         _cache[key] = found
     return found
 
@@ -73,9 +74,7 @@ def missing_gpu_kernel(op_type: str, attrs: Mapping[str, Any]) -> str | None:
     """Why a GPU machine would run this op on the CPU ("no GPU kernel for PadV2 (T=int64,
     Tpaddings=int32)"), or None when a GPU kernel accepts it, or the op has no kernel on any
     device (not a registered op, e.g. a function name, or an op a graph pass rewrites)."""
-    from tensorflow.python.framework import op_def_registry
-
-    if op_def_registry.get(op_type) is None or has_kernel(op_type, attrs, "GPU"):
+    if op_def(op_type) is None or has_kernel(op_type, attrs, "GPU"):
         return None
     if not has_kernel(op_type, attrs, "CPU"):
         return None
@@ -84,15 +83,13 @@ def missing_gpu_kernel(op_type: str, attrs: Mapping[str, Any]) -> str | None:
 
 def _describe(op_type: str, attrs: Mapping[str, Any]) -> str:
     """' (T=int64, out_idx=int32)': the op's type attributes (from its OpDef, defaults filled in)."""
-    from tensorflow.python.framework import dtypes, op_def_registry
-
-    op_def = op_def_registry.get(op_type)
+    definition = op_def(op_type)
     parts = []
-    for a in sorted(op_def.attr, key=lambda a: a.name) if op_def else []:
+    for a in sorted(definition.attr, key=lambda a: a.name) if definition else []:
         if a.type not in ("type", "list(type)"):
             continue
         value = attrs[a.name] if a.name in attrs else (a.default_value if a.HasField("default_value") else None)
         got = _types(value) if value is not None else None
         if got:
-            parts.append(f"{a.name}={','.join(dtypes.as_dtype(t).name for t in got)}")
+            parts.append(f"{a.name}={','.join(dtype_name(t) for t in got)}")
     return f" ({', '.join(parts)})" if parts else ""

@@ -149,6 +149,8 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
            path="TryFindKernelClass", used_for="which ops have a GPU kernel (predicted fallbacks)"),
     Target("op_def_registry.get", "tensorflow.python.framework.op_def_registry", "(name)", path="get",
            used_for="op definitions (kernel lookups, type attributes)"),
+    Target("dtypes.as_dtype", "tensorflow.python.framework.dtypes", "(type_value)", path="as_dtype",
+           used_for="name a type attribute's dtypes"),
     Target("mirrored_strategy.all_local_devices", _MS, "(num_gpus=None)", path="all_local_devices",
            used_for=f"MirroredStrategy()'s default devices on the {_DEVICES}"),
     Target("device_util.canonicalize", "tensorflow.python.distribute.device_util", "(d, default=None)",

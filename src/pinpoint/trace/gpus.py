@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 
 from pinpoint.device_names import DeviceMap, emulation_aliases
+from pinpoint.tfcompat.api import forget_parsed_devices, logical_device, physical_device
 from pinpoint.tfcompat.patches import Patches, patch_local_devices
 
 GPU = "GPU"
@@ -73,9 +74,6 @@ class GpuNames:
     def install(self) -> GpuNames:
         if not self.dm.emulated:
             return self
-        from tensorflow.python.eager import context
-        from tensorflow.python.framework import device_spec
-
         parse = Patches.current("DeviceSpecV2._string_to_components")
         n = self.n
 
@@ -87,23 +85,21 @@ class GpuNames:
             return job, replica, task, dtype, index
 
         self._patch("DeviceSpecV2._string_to_components", staticmethod(string_to_components))
-        device_spec._STRING_TO_COMPONENTS_CACHE.clear()
-        context._device_parsing_cache.clear()
+        forget_parsed_devices()
 
         list_logical = Patches.current("Context.list_logical_devices")
         list_physical = Patches.current("Context.list_physical_devices")
-        from tensorflow.python.eager.context import LogicalDevice, PhysicalDevice
 
         def logical(ctx, device_type=None):
             found = list_logical(ctx, device_type)
             if device_type == GPU:
-                return [LogicalDevice(name=f"/device:GPU:{i}", device_type=GPU) for i in range(n)]
+                return [logical_device(f"/device:GPU:{i}", GPU) for i in range(n)]
             return found
 
         def physical(ctx, device_type=None):
             found = list_physical(ctx, device_type)
             if device_type == GPU:
-                return [PhysicalDevice(name=f"/physical_device:GPU:{i}", device_type=GPU) for i in range(n)]
+                return [physical_device(f"/physical_device:GPU:{i}", GPU) for i in range(n)]
             return found
 
         self._patch("Context.list_logical_devices", logical)
@@ -176,13 +172,12 @@ def _is_gpu(dev) -> bool:
 def _emulated_all_reduce(devices, dm: DeviceMap):
     """MirroredStrategy's default cross-device ops on emulated GPUs: the ring collective (None
     when a device is not an emulated GPU: TensorFlow's own choice)."""
-    from tensorflow.python.distribute import device_util, mirrored_strategy
-
     from pinpoint.device_names import local_name
+    from pinpoint.tfcompat.api import canonical_device, local_devices
     from pinpoint.training.strategies import mirrored_ops
 
-    names = list(devices) if devices else [d.name for d in mirrored_strategy.all_local_devices()]
-    physical = [device_util.canonicalize(d) for d in names]
+    names = list(devices) if devices else local_devices()
+    physical = [canonical_device(d) for d in names]
     emulated = {p.lstrip("/") for p in dm.aliases.values()}
     if len(physical) < 2 or any(local_name(p).lstrip("/") not in emulated for p in physical):
         return None

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pinpoint.placement.capture import CapturedGraphs, map_arg_values
+from pinpoint.tfcompat.api import current_device, executing_eagerly, keras_variable_class, keras_wrapped, set_op_device
 from pinpoint.tfcompat.graphs import called_graphs, collect_graphs, output_shapes
 from pinpoint.tfcompat.patches import Patches
 
@@ -92,7 +93,7 @@ class Recorder:
         rec = self
 
         def recorded_call_flat(fn, *args):
-            if not rec.active or not fn._bound_context.executing_eagerly():
+            if not rec.active or not executing_eagerly(fn):
                 return call_flat(fn, *args)
             name = fn.name.decode() if isinstance(fn.name, bytes) else str(fn.name)
             r = rec.functions.get(name)
@@ -159,7 +160,7 @@ class Recorder:
                 if not op.device:
                     device = self.graph_placement.unrequested(op)
                     if device:
-                        op._set_device(device)
+                        set_op_device(op, device)
         options = tf.compat.v1.RunOptions(output_partition_graphs=True,
                                           trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         md = tf.compat.v1.RunMetadata()
@@ -191,9 +192,7 @@ class Recorder:
             if op_type not in kinds:
                 e.attrs[(device, op_type)] = attrs  # for the kernel lookup (predicted fallbacks)
             kinds[op_type] += 1
-        from tensorflow.python.eager import context
-
-        requested = context.context().device_name
+        requested = current_device()
         if requested and requested != self.default_device and _short(requested) != _short(device):
             k = (op_type, requested, device)
             e.moved[k] = e.moved.get(k, 0) + 1
@@ -294,10 +293,7 @@ def live_variables() -> list:
     distributed variable its components)."""
     import tensorflow as tf
 
-    try:
-        from keras.src.backend.common.variables import Variable as KerasVariable
-    except ImportError:  # pragma: no cover - Keras 3 ships with TensorFlow 2.21
-        KerasVariable = ()
+    KerasVariable = keras_variable_class()
     keras_vars, tf_vars = [], []
     for obj in gc.get_objects():
         if KerasVariable and isinstance(obj, KerasVariable):
@@ -306,7 +302,7 @@ def live_variables() -> list:
             tf_vars.append(obj)
     inner = set()
     for kv in keras_vars:
-        value = getattr(kv, "_value", None)
+        value = keras_wrapped(kv)
         if value is not None:
             inner.add(id(value))
             inner.update(id(c) for c in _components(value))
@@ -314,7 +310,7 @@ def live_variables() -> list:
         comps = _components(v)
         if len(comps) != 1 or comps[0] is not v:  # (== on variables compares values)
             inner.update(id(c) for c in comps)
-    outer = [kv for kv in keras_vars if getattr(kv, "_value", None) is not None]
+    outer = [kv for kv in keras_vars if keras_wrapped(kv) is not None]
     return outer + [v for v in tf_vars if id(v) not in inner]
 
 

@@ -31,9 +31,8 @@ class Capture:
     last_logged: dict = field(default_factory=dict)  # the last pinpoint.log metrics
 
     def __enter__(self) -> Capture:
-        from tensorflow.python.eager import context
-
         from pinpoint import userlog
+        from pinpoint.tfcompat.api import current_device
         from pinpoint.tfcompat.check import require
         from pinpoint.trace.gpus import GpuNames
         from pinpoint.trace.keras_fit import FitPatch, KerasLogger
@@ -49,7 +48,7 @@ class Capture:
             self._scope = self.names.default_scope() if self.default_scope else contextlib.nullcontext()
             stack.enter_context(self._scope)
             # The scope's full name (the job differs in a cluster): its requests are not the program's.
-            default = context.context().device_name if self.default_scope and self.dm.emulated else ""
+            default = current_device() if self.default_scope and self.dm.emulated else ""
             from pinpoint.training.emulation import GpuPlacement
 
             self.recorder = Recorder(default, GpuPlacement(self.dm) if self.dm.emulated else None)

@@ -27,6 +27,7 @@ from pinpoint.errors import PlacementError
 from pinpoint.kernels import missing_gpu_kernel
 from pinpoint.placement.conformance import gradient_re, layer_re
 from pinpoint.placement.naming import EMULATED_ATTR
+from pinpoint.tfcompat.api import set_op_attr
 
 # Function calls take variable handles as inputs but are not colocated with them: the call
 # goes to the default device like any op (an XLA-compiled call then runs there as one program).
@@ -90,7 +91,7 @@ class GpuPlacement:
             return None
         if missing_gpu_kernel(op.type, op.node_def.attr) is not None:
             return None  # the real placer runs it on the host
-        op._set_attr(EMULATED_ATTR, attr_value_pb2.AttrValue(b=True))
+        set_op_attr(op, EMULATED_ATTR, attr_value_pb2.AttrValue(b=True))
         return self.device
 
     def _refuse(self, op) -> None:

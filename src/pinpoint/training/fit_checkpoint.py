@@ -7,6 +7,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from pinpoint.tfcompat.api import set_initial_epoch
+
 
 class FitCheckpoint(keras.callbacks.Callback):
     def __init__(self, ctx):
@@ -21,7 +23,7 @@ class FitCheckpoint(keras.callbacks.Callback):
         self.batches = self.ctx.checkpoint(model=self.model, optimizer=self.model.optimizer, epoch=self.epoch)
         if self.batches:
             # As keras.callbacks.BackupAndRestore does: fit runs from the restored epoch on.
-            self.model._initial_epoch = int(self.epoch.numpy())
+            set_initial_epoch(self.model, int(self.epoch.numpy()))
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches += 1

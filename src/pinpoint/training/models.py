@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from pinpoint import layer_keys
 from pinpoint.errors import ConfigError
+from pinpoint.tfcompat.api import child_layers, keras_scope_path
 
 
 class PinnedModel(keras.Model):
@@ -245,7 +246,7 @@ def layer_paths_of(model: keras.Model) -> dict[str, keras.layers.Layer]:
     out: dict[str, keras.layers.Layer] = {}
 
     def walk(layer, prefix: str) -> None:
-        for child in layer._flatten_layers(include_self=False, recursive=False):
+        for child in child_layers(layer):
             path = f"{prefix}{child.name}"
             out.setdefault(path, child)
             walk(child, path + "/")
@@ -286,10 +287,8 @@ def _pin_variables(layer_devices: Mapping[str, str]):
     if not layer_devices:
         yield
         return
-    from keras.src.backend.common.name_scope import current_path
-
     def creator(next_creator, **kwargs):
-        parts = current_path().split("/")
+        parts = keras_scope_path().split("/")
         for i in reversed(range(len(parts))):  # the innermost layer first, by name or nested path
             for key, device in layer_devices.items():
                 if any(layer_keys.key_matches(key, "/".join(parts[j:i + 1])) for j in range(i + 1)):

@@ -15,11 +15,11 @@ _strategies_made = 0
 def _collective_keys():
     """Keys of a new collective group: instance keys restart at the same number in every group,
     so two strategies in one process (a second run, a test) must not share a group key."""
-    from tensorflow.python.distribute import cross_device_utils
+    from pinpoint.tfcompat.api import collective_keys
 
     global _strategies_made
     _strategies_made += 1
-    return cross_device_utils.CollectiveKeys(group_key_start=1 + 1000 * _strategies_made)
+    return collective_keys(group_key_start=1 + 1000 * _strategies_made)
 
 
 def communication_options(all_reduce: str = "auto", timeout_seconds: float | None = None):
@@ -84,11 +84,9 @@ def mirrored_ops(all_reduce: str, devices: list[str], host: str, emulated: bool)
         else:
             return None  # real GPUs: TensorFlow's default, NCCL
     if all_reduce == "ring":
-        from tensorflow.python.distribute import collective_util, cross_device_ops
+        from pinpoint.tfcompat.api import ring_all_reduce
 
-        ring = collective_util.Options(implementation=collective_util.CommunicationImplementation.RING)
-        return cross_device_ops.CollectiveAllReduce(devices=devices, group_size=len(devices), options=ring,
-                                                    collective_keys=_collective_keys())
+        return ring_all_reduce(devices, _collective_keys())
     if all_reduce == "reduce_to_host":
         return tf.distribute.ReductionToOneDevice(reduce_to_device=host)
     if all_reduce == "hierarchical_copy":

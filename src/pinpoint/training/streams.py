@@ -343,8 +343,10 @@ class StreamInput:
         try:
             from tensorflow.core.framework import graph_pb2
 
+            from pinpoint.tfcompat.api import dataset_graph
+
             g = graph_pb2.GraphDef()
-            g.ParseFromString(self.ds._as_serialized_graph().numpy())
+            g.ParseFromString(dataset_graph(self.ds).numpy())
             types.update(n.op for n in g.node if n.op not in ("Const", "Identity"))
             for f in g.library.function:
                 types.update(n.op for n in f.node_def if n.op not in ("Const", "Identity", "NoOp"))

@@ -1,0 +1,148 @@
+"""The private TensorFlow and Keras names Pinpoint reads or calls, behind plain functions.
+
+Each one is a registered target (`targets.TARGETS`, checked at start); the rest of Pinpoint calls
+these functions and never spells a private module or attribute itself (tests/test_tfcompat.py
+keeps it so). TensorFlow is imported inside the functions: importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# ---- the eager context -----------------------------------------------------------------------
+
+
+def current_device() -> str:
+    """The eager context's current device scope, fully named ('' outside any scope)."""
+    from tensorflow.python.eager import context
+
+    return context.context().device_name
+
+
+def executing_eagerly(fn) -> bool:
+    """True when tf.function `fn` (an AtomicFunction) is called eagerly, not while tracing."""
+    return fn._bound_context.executing_eagerly()
+
+
+def forget_parsed_devices() -> None:
+    """Drop TensorFlow's caches of parsed device strings (parsed before emulation began)."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import device_spec
+
+    device_spec._STRING_TO_COMPONENTS_CACHE.clear()
+    context._device_parsing_cache.clear()
+
+
+def logical_device(name: str, device_type: str):
+    from tensorflow.python.eager.context import LogicalDevice
+
+    return LogicalDevice(name=name, device_type=device_type)
+
+
+def physical_device(name: str, device_type: str):
+    from tensorflow.python.eager.context import PhysicalDevice
+
+    return PhysicalDevice(name=name, device_type=device_type)
+
+
+# ---- graphs and kernels ------------------------------------------------------------------------
+
+
+def set_op_attr(op, name: str, value) -> None:
+    """Set attr `name` (an AttrValue) of a graph op before it is instantiated."""
+    op._set_attr(name, value)
+
+
+def set_op_device(op, device: str) -> None:
+    """Request `device` for a graph op before its graph is sent to the runtime."""
+    op._set_device(device)
+
+
+def find_kernel(node_def: bytes) -> bool:
+    """TensorFlow's own kernel lookup for a serialized NodeDef (device, type attrs, labels)."""
+    from tensorflow.python.util import _pywrap_kernel_registry
+
+    return bool(_pywrap_kernel_registry.TryFindKernelClass(node_def))
+
+
+def op_def(op_type: str):
+    """The registered OpDef of `op_type`, or None (not an op: e.g. a function name)."""
+    from tensorflow.python.framework import op_def_registry
+
+    return op_def_registry.get(op_type)
+
+
+def dtype_name(enum: int) -> str:
+    from tensorflow.python.framework import dtypes
+
+    return dtypes.as_dtype(enum).name
+
+
+def dataset_graph(ds):
+    """A tf.data.Dataset's serialized GraphDef (a string tensor)."""
+    return ds._as_serialized_graph()
+
+
+# ---- distribution ------------------------------------------------------------------------------
+
+
+def local_devices() -> list[str]:
+    """The names of the devices MirroredStrategy() uses by default (every local GPU, else the CPU)."""
+    from tensorflow.python.distribute import mirrored_strategy
+
+    return [d.name for d in mirrored_strategy.all_local_devices()]
+
+
+def canonical_device(name: str) -> str:
+    from tensorflow.python.distribute import device_util
+
+    return device_util.canonicalize(name)
+
+
+def collective_keys(group_key_start: int):
+    from tensorflow.python.distribute import cross_device_utils
+
+    return cross_device_utils.CollectiveKeys(group_key_start=group_key_start)
+
+
+def ring_all_reduce(devices: list[str], collective_keys):
+    """TensorFlow's collective all-reduce among `devices` with the ring implementation."""
+    from tensorflow.python.distribute import collective_util, cross_device_ops
+
+    ring = collective_util.Options(implementation=collective_util.CommunicationImplementation.RING)
+    return cross_device_ops.CollectiveAllReduce(devices=devices, group_size=len(devices), options=ring,
+                                                collective_keys=collective_keys)
+
+
+# ---- Keras -------------------------------------------------------------------------------------
+
+
+def child_layers(layer) -> list:
+    """A Keras layer's direct sublayers (attributes, lists, dicts), in creation order."""
+    return list(layer._flatten_layers(include_self=False, recursive=False))
+
+
+def keras_scope_path() -> str:
+    """Keras' current name-scope path ('model/dense_1'): the layer whose variables are being made."""
+    from keras.src.backend.common.name_scope import current_path
+
+    return current_path()
+
+
+def keras_variable_class() -> Any:
+    """Keras 3's Variable class (a tuple no object is an instance of when Keras has none)."""
+    try:
+        from keras.src.backend.common.variables import Variable
+    except ImportError:  # pragma: no cover - Keras 3 ships with TensorFlow 2.21
+        return ()
+    return Variable
+
+
+def keras_wrapped(v):
+    """The tf.Variable (or distributed variable) a Keras variable wraps; None when it has none."""
+    return getattr(v, "_value", None)
+
+
+def set_initial_epoch(model, epoch: int) -> None:
+    """The epoch model.fit starts from (a resumed fit)."""
+    model._initial_epoch = epoch
