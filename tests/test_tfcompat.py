@@ -144,6 +144,17 @@ def test_private_names_are_spelled_only_in_tfcompat():
 
 
 @pytest.mark.unit
+def test_docs_list_every_target_with_its_module_and_parameters():
+    docs = (SRC.parents[1] / "docs" / "trace.md").read_text()
+    section = docs.split("\n## Private APIs\n", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip().strip("`") for c in r.strip().strip("|").split("|")] for r in section.splitlines()
+            if r.startswith("| `")]
+    assert {r[0]: (r[1], r[2] == "patched", r[3] or None) for r in rows} == {
+        k: (t.module, t.patched, t.signature) for k, t in TARGETS.items()}
+    assert DOCS == "docs/trace.md#private-apis"  # the heading's anchor
+
+
+@pytest.mark.unit
 def test_nothing_outside_tfcompat_patches_with_setattr():
     """Every patch goes through tfcompat.patches.Patches (registered, undone, checked)."""
     calls = [f"{p.relative_to(SRC)}:{n.lineno}" for p in sorted(SRC.rglob("*.py")) if p.parent.name != "tfcompat"

@@ -92,7 +92,7 @@ def member_used(cls: type, name: str) -> bool:
     return False
 
 
-_DEVICES = "emulated GPUs (pinpoint trace --gpus, cluster.emulate)"
+_DEVICES = "emulated GPUs"
 
 TARGETS: dict[str, Target] = {t.key: t for t in [
     # ---- patched while a program is traced (trace.recorder, trace.gpus, trace.keras_fit) ----
@@ -102,7 +102,7 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
            "(self, fetches, feed_dict=None, options=None, run_metadata=None)", patched=True,
            used_for="capture a tf.compat.v1 Session.run's partition graphs"),
     Target("DeviceSpecV2._string_to_components", _SPEC, "(spec=None)", patched=True,
-           used_for=f"translate /GPU:i to its logical CPU ({_DEVICES})"),
+           used_for="translate /GPU:i to the logical CPU that emulates it"),
     Target("Context.list_logical_devices", _CTX, "(self, device_type=None)", patched=True,
            used_for=f"list the {_DEVICES}"),
     Target("Context.list_physical_devices", _CTX, "(self, device_type=None)", patched=True,
