@@ -109,7 +109,9 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
         f"{d}{short_phys(d)} {n} ({grads.get(d, 0)} grad)" for d, n in ops.items()
     ) or "none captured"))
     per = (placement.get("transfers") or {}).get("per_step") or {}
-    sized = f" ({per.get('unsized', 0)} unsized)" if per.get("unsized") else ""
+    reasons = (placement.get("transfers") or {}).get("unsized_reasons") or {}
+    sized = (f" ({per.get('unsized', 0)} unsized: " + "; ".join(reasons) + ")" if reasons
+             else f" ({per.get('unsized', 0)} unsized)" if per.get("unsized") else "")
     loop = (placement.get("transfers") or {}).get("loop_control") or {}
     if loop.get("count"):
         sized += f" (+{loop['count']} loop control)"

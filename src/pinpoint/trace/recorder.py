@@ -25,7 +25,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from pinpoint.placement.capture import CapturedGraphs, map_arg_values
+from pinpoint.placement.capture import (
+    GET_NEXT,
+    CapturedGraphs,
+    add_function_graphs,
+    map_arg_values,
+    run_profiled,
+    size_iterator_outputs,
+)
 
 _SUFFIX_RE = re.compile(r"^__(inference|forward|backward)_(.*?)(_\d+)?$")
 _UPDATE_RE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
@@ -143,25 +150,24 @@ class Recorder:
     def _capture_first_call(self, call, fn, args) -> tuple[Any, CapturedGraphs]:
         from tensorflow.python.eager import context
 
+        cap = CapturedGraphs(step=0)
+        _shapes(fn, cap)  # the traced shapes, before the call: they tell whether the profiler is needed
         ctx = context.context()
         ctx.enable_graph_collection()
-        # Step stats of this one call: the shape every node really produced (sizes the transfers
-        # whose static shape is dynamic, e.g. a batch dimension of None).
-        ctx.enable_run_metadata()
         ctx.export_run_metadata()  # drop what earlier work left there
         try:
-            out = call()
+            if cap.dynamic_inputs:
+                # TensorFlow records no step stats for a tf.function call (dev_stats stays empty), so a
+                # dynamic batch dimension is read off the bytes the iterator handed out (the profiler).
+                out, element_bytes, why = run_profiled(call)
+            else:
+                out, element_bytes, why = call(), None, None
             context.async_wait()  # every instantiation of this call is recorded
             md = ctx.export_run_metadata()
         finally:
-            ctx.disable_run_metadata()
             ctx.disable_graph_collection()
-        cap = CapturedGraphs(step=0)
-        for fg in md.function_graphs if md is not None else []:
-            cap.functions.append((fn.name, fg.pre_optimization_graph, list(fg.partition_graphs)))
-        _shapes(fn, cap)
-        if md is not None:
-            _run_shapes(md.step_stats, cap)
+        add_function_graphs(cap, md, fn.name)
+        size_iterator_outputs(cap, element_bytes, why)
         map_arg_values(cap, list(args))  # the handles attribute the variable updates
         self._find_variables({id(a) for a in args if _is_resource(a)})
         return out, cap
@@ -415,9 +421,11 @@ def _graph_shapes(graph, prefix: str, cap: CapturedGraphs, depth: int) -> None:
         if g is not None:
             library[name if isinstance(name, str) else name.decode()] = g
     for op in graph.get_operations():
-        cap.shapes.setdefault(prefix + op.name, [(t.dtype.as_datatype_enum,
-                                                  t.shape.as_list() if t.shape.rank is not None else None)
-                                                 for t in op.outputs])
+        outs = [(t.dtype.as_datatype_enum, t.shape.as_list() if t.shape.rank is not None else None)
+                for t in op.outputs]
+        cap.shapes.setdefault(prefix + op.name, outs)
+        if op.type in GET_NEXT and any(dims is None or None in dims for _, dims in outs):
+            cap.dynamic_inputs.append(prefix + op.name)
         if op.type in _CALL_OPS and depth < 8:
             try:
                 callee = op.get_attr("f").name
