@@ -117,6 +117,36 @@ def eager_op_function(graph) -> str | None:
     return body[0].op
 
 
+def _peel_eager_ops(pre):
+    """`pre` less the one-op functions the runtime appended to it (it records the graphs of a
+    py_function body's eager ops into the calling function's entry): (graph, their nodes)."""
+    nodes = list(pre.node)
+    peeled = []
+    while True:
+        i = len(nodes)
+        while i > 0 and nodes[i - 1].op in ("_Retval", "_DeviceRetval"):
+            i -= 1
+        body = i - 1
+        j = body
+        while j > 0 and nodes[j - 1].op in ("_Arg", "_DeviceArg"):
+            j -= 1
+        if body <= 0 or j == body or j == 0:
+            break
+        block = graph_pb2.GraphDef()
+        block.node.extend(nodes[j:])
+        if not eager_op_function(block):
+            break
+        peeled.append(nodes[body])
+        nodes = nodes[:j]
+    if not peeled:
+        return pre, []
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(pre)
+    del out.node[:]
+    out.node.extend(nodes)
+    return out, peeled
+
+
 def add_function_graphs(captured: CapturedGraphs, md, name) -> None:
     """The run metadata's function graphs, less the one-op functions of eager ops that ran on the
     runtime's threads meanwhile (kept in `runtime_ops`)."""
@@ -126,6 +156,8 @@ def add_function_graphs(captured: CapturedGraphs, md, name) -> None:
             for part in fg.partition_graphs:
                 captured.runtime_ops.extend((n.op, n.device) for n in part.node if n.op not in _ARGS)
             continue
+        pre, peeled = _peel_eager_ops(pre)
+        captured.runtime_ops.extend((n.op, n.device) for n in peeled if not fg.partition_graphs)
         parts = []
         for part in fg.partition_graphs:
             if eager_op_function(part):

@@ -63,7 +63,12 @@ def program_lines(placement: Mapping[str, Any]) -> list[str]:
     if "functions" not in placement:
         return []
     funcs = placement.get("functions") or []
-    shown = ", ".join(f"{f['name']} x{f['calls']}" + (" (training)" if f.get("training") else "") for f in funcs[:3])
+    def label(f) -> str:
+        role = f.get("role")
+        tags = (["training"] if f.get("training") else []) + ([role] if role and role not in ("train", "other") else [])
+        return f"{f['name']} x{f['calls']}" + (f" ({', '.join(tags)})" if tags else "")
+
+    shown = ", ".join(label(f) for f in funcs[:3])
     lines = [f"functions  : {len(funcs)}" + (f": {shown}" + (" ..." if len(funcs) > 3 else "") if funcs else "")]
     eager = placement.get("eager") or {}
     by_dev = ", ".join(f"{d} {n}" for d, n in (eager.get("ops_by_device") or {}).items())

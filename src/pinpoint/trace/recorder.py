@@ -46,6 +46,51 @@ def python_name(concrete: str) -> str:
     return m.group(2) if m else concrete
 
 
+# TensorFlow's wrapper around a function whose first call creates variables it cannot lift out.
+_WRAPPERS = {"fn_with_cond"}
+_KERAS_ROLES = {"fit": "train", "train_on_batch": "train", "evaluate": "evaluate", "test_on_batch": "evaluate",
+                "predict": "predict", "predict_on_batch": "predict"}
+
+
+def user_name(fn, concrete: str) -> str:
+    """The program's name for a function: TensorFlow's `fn_with_cond` (the first call of a
+    function that creates variables) is named after the user's function it wraps."""
+    name = python_name(concrete)
+    if name not in _WRAPPERS:
+        return name
+    try:
+        library = getattr(fn.graph, "_functions", {})
+    except Exception:  # noqa: BLE001 - no Python graph
+        return name
+    for key in library:
+        inner = python_name(key if isinstance(key, str) else key.decode())
+        if inner != key and inner not in _WRAPPERS:
+            return inner
+    return name
+
+
+def error_line(err: BaseException) -> str:
+    """'<type>: <the line that says what went wrong>' (a graph execution error's cause is last)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    text = (lines[-1] if lines and lines[0].rstrip(":") == "Graph execution error" else lines[0]) if lines else ""
+    return f"{type(err).__name__}: {text[:200]}"
+
+
+def keras_role(frame=None) -> str | None:
+    """Which Keras method (fit, evaluate, predict) the call comes from: the innermost one on the
+    stack (fit's validation runs evaluate)."""
+    import sys
+
+    f = frame or sys._getframe(1)
+    while f is not None:
+        code = f.f_code
+        role = _KERAS_ROLES.get(code.co_name)
+        if role and "/keras/src/" in code.co_filename.replace("\\", "/"):
+            return role
+        f = f.f_back
+    return None
+
+
 @dataclass
 class FunctionRecord:
     """One concrete function (or one Session.run signature): its calls and what its first call ran."""
@@ -55,6 +100,10 @@ class FunctionRecord:
     calls: int = 0
     capture: CapturedGraphs | None = None
     kind: str = "tf.function"  # or "Session.run"
+    # The Keras method its first call came from ("train", "evaluate", "predict"), else None.
+    role: str | None = None
+    # The exception its first call raised (type and first line), else None.
+    error: str | None = None
 
 
 @dataclass
@@ -109,12 +158,16 @@ class Recorder:
             if r is not None:
                 r.calls += 1
                 return call_flat(fn, *args)
-            r = rec.functions[name] = FunctionRecord(name, python_name(name), calls=1)
+            r = rec.functions[name] = FunctionRecord(name, user_name(fn, name), calls=1, role=keras_role())
             if threading.current_thread() is not threading.main_thread():
                 # e.g. a ClusterCoordinator's closures: graph collection is process-wide, and
                 # those functions are instantiated by the remote workers' runtimes anyway.
                 return call_flat(fn, *args)
-            out, r.capture = rec._capture_first_call(lambda: call_flat(fn, *args), fn, args)
+            try:
+                out, r.capture = rec._capture_first_call(lambda: call_flat(fn, *args), fn, args)
+            except BaseException as err:
+                r.error = error_line(err)
+                raise
             return out
 
         self._patch(atomic_function.AtomicFunction, "call_flat", recorded_call_flat)
