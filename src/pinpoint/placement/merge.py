@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from pinpoint.device_names import sort_key
 from pinpoint.placement.schema import EXPLAIN, SCHEMA_VERSION, json_number
-from pinpoint.placement.variables import FINGERPRINT_SAMPLES, summarize_consistency
+from pinpoint.placement.variables import FINGERPRINT_SAMPLES, coverage_text, summarize_consistency, user_variables
 
 
 def _sum_into(dst: dict, src: dict) -> None:
@@ -126,14 +126,15 @@ def _variable_updates(ps: list[dict]) -> dict:
         vu = p.get("variable_updates") or {}
         for k in updates:
             updates[k] += vu.get(k, 0)
-    variables = _united_variables(ps)
-    attributed = sum(1 for v in variables.values() if v["update_devices"])
+    rows = list(_united_variables(ps).values())
+    users = user_variables(rows)
     return dict(
         updates,
         method=(ps[0].get("variable_updates") or {}).get("method", ""),
-        variables_with_updates=attributed,
-        variables=len(variables),
-        coverage=f"updates attributed for {attributed}/{len(variables)} variables",
+        variables_with_updates=sum(1 for v in users if v["update_devices"]),
+        variables=len(users),
+        internal_variables=len(rows) - len(users),
+        coverage=coverage_text(rows, updates["unattributed_ops"]),
     )
 
 

@@ -215,7 +215,9 @@ def _outside_strategy(placement: dict) -> None:
     """Under mirrored, name the plain variables (created outside the strategy's scope, e.g.
     Keras' own counters) in a note: a finding, not a broken mirror (the variables_mirrored rule
     checks the distributed ones)."""
-    plain = [v for v in placement["variables"] if v["kind"] == "variable"]
+    from pinpoint.placement.variables import user_variables
+
+    plain = [v for v in user_variables(placement["variables"]) if v["kind"] == "variable"]
     if placement["strategy"] not in ("mirrored", "multi_worker_mirrored") or not plain:
         return
     where = Counter(d for v in plain for d in v["devices"])
@@ -227,7 +229,7 @@ def _outside_strategy(placement: dict) -> None:
 def _eager_variable_updates(placement: dict, recorder, namer: DeviceMap) -> None:
     """Variables updated by eager ops (a `v.assign(...)` outside any tf.function): their update
     devices from what the eager runtime ran."""
-    from pinpoint.placement.variables import components, unwrap, var_name
+    from pinpoint.placement.variables import components, coverage_text, unwrap, user_variables, var_name
 
     by_handle = recorder.eager.updates
     if not by_handle:
@@ -243,9 +245,8 @@ def _eager_variable_updates(placement: dict, recorder, namer: DeviceMap) -> None
             row["eager_update_devices"] = sorted(devs, key=sort_key)
             row["update_devices"] = sorted(set(row["update_devices"]) | devs, key=sort_key)
     updates = placement["variable_updates"]
-    attributed = sum(1 for v in placement["variables"] if v["update_devices"])
-    updates["variables_with_updates"] = attributed
-    updates["coverage"] = f"updates attributed for {attributed}/{len(placement['variables'])} variables"
+    updates["variables_with_updates"] = sum(1 for v in user_variables(placement["variables"]) if v["update_devices"])
+    updates["coverage"] = coverage_text(placement["variables"], updates.get("unattributed_ops", 0))
     updates["method"] += "; an eager update runs on the device of the variable whose handle it takes"
 
 
