@@ -74,8 +74,11 @@ def _transfers(ps: list[dict]) -> dict:
     loop_control = {"count": 0, "bytes": 0}
     collectives: dict[str, dict] = {}
     largest = []
+    reasons: dict[str, float] = {}
     for p in ps:
         tr = p.get("transfers") or {}
+        for why, n in (tr.get("unsized_reasons") or {}).items():
+            reasons[why] = reasons.get(why, 0) + n
         for k in per_step:
             per_step[k] += (tr.get("per_step") or {}).get(k, 0)
         for k in loop_control:
@@ -91,6 +94,7 @@ def _transfers(ps: list[dict]) -> dict:
             cur["input_bytes"] += c.get("input_bytes", 0)
     return {
         "per_step": {k: json_number(v) for k, v in per_step.items()},
+        "unsized_reasons": {k: json_number(v) for k, v in reasons.items()},
         "matrix": {s: {d: dict(c) for d, c in _by_device(row)} for s, row in _by_device(matrix)},
         "collectives": {d: collectives[d] for d in sorted(collectives, key=sort_key)},
         "largest": sorted(largest, key=lambda t: -(t.get("bytes") or 0))[:25],

@@ -189,7 +189,9 @@ def _transfers_what(p: dict, ex: dict) -> str:
     tr = p.get("transfers") or {}
     per = tr.get("per_step") or {}
     sized = f"{per.get('sized', 0)} of {per.get('count', 0)} transfers per step were sized" + (
-        f"; {per.get('unsized')} could not be (shape unknown), their bytes are not counted" if per.get("unsized") else "")
+        f"; {per.get('unsized')} could not be ("
+        + ("; ".join(tr.get("unsized_reasons") or {}) or "shape unknown") + "), their bytes are not counted"
+        if per.get("unsized") else "")
     loop = tr.get("loop_control") or {}
     if loop.get("count"):
         sized += (f"; not in the table: {loop['count']} transfer(s) per step of the training loop's own "

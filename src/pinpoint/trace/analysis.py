@@ -75,6 +75,10 @@ def _stats(record, namer: DeviceMap) -> dict:
         "optimizer_updates": applies,
         "role": role_of(record.python_name, getattr(record, "role", None), applies, modifies),
         "error": getattr(record, "error", None),
+        # Eager ops the runtime ran on its own threads during the captured call (a py_function
+        # body): reported, not the function's ops and not requests of the program.
+        "runtime_ops": [{"op_type": t, "device": namer.canonical_spec(d), "count": n}
+                        for (t, d), n in sorted(Counter(cap.runtime_ops if cap else ()).items())],
     }
 
 
@@ -285,6 +289,11 @@ def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] =
     placement["program"] = program
     placement["device_map"] = dm.to_json()
     placement["notes"] = [n for n in placement["notes"] if not n.startswith("no step was captured")] + list(notes)
+    runtime = sum(o["count"] for r in rows for o in r["runtime_ops"])
+    if runtime:
+        placement["notes"].append(
+            f"{runtime} eager op(s) ran on TensorFlow's runtime threads during the captured calls (py_function "
+            "bodies): listed in functions[].runtime_ops, not counted as the functions' ops or as requests")
     if not records:
         placement["notes"].append("the program ran no tf.function and no Session.run: only its eager ops are shown")
     elif train and cap is None and train.get("error"):
