@@ -72,7 +72,10 @@ def user_name(fn, concrete: str) -> str:
 def error_line(err: BaseException) -> str:
     """'<type>: <the line that says what went wrong>' (a graph execution error's cause is last)."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    text = (lines[-1] if lines and lines[0].rstrip(":") == "Graph execution error" else lines[0]) if lines else ""
+    if lines and lines[0].rstrip(":") == "Graph execution error":
+        # The cause is the last line before the runtime's '[[{{node X}}]] [Op:...]' trailer.
+        lines = [ln for ln in lines if not ln.startswith("[[")][-1:] or lines[-1:]
+    text = lines[0] if lines else ""
     return f"{type(err).__name__}: {text[:200]}"
 
 
