@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from test_trace import F32, placement, trace, write
+from tests.test_trace import F32, placement, trace, write
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 I64 = 8
