@@ -100,14 +100,6 @@ def test_pinpoint_trace_with_a_moved_target_prints_one_line_and_writes_nothing(t
 
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pinpoint"
-# Private uses still outside the seam, in modules other work is changing now (each one is a
-# registered, checked target): move them behind pinpoint.tfcompat.api and shrink this list.
-NOT_YET_MOVED = {
-    ("trace/analysis.py", "tensorflow.python.framework.op_def_registry"),
-    ("placement/transfers.py", "tensorflow.python.framework.dtypes"),
-    ("placement/variables.py", "_value"),
-    ("placement/variables.py", "_shared_name"),
-}
 
 
 def _private_uses(path: Path, attrs: set[str]) -> set[str]:
@@ -139,8 +131,7 @@ def test_private_names_are_spelled_only_in_tfcompat():
     attrs = {part for t in TARGETS.values() for part in t.parts if part.startswith("_") and not part.startswith("__")}
     uses = {(str(p.relative_to(SRC)), use) for p in sorted(SRC.rglob("*.py")) if p.parent.name != "tfcompat"
             for use in _private_uses(p, attrs)}
-    assert sorted(uses - NOT_YET_MOVED) == []
-    assert sorted(NOT_YET_MOVED - uses) == []  # a moved one leaves this list
+    assert sorted(uses) == []
 
 
 @pytest.mark.unit

@@ -33,8 +33,11 @@ def test_concrete_function_names_become_the_python_names():
     assert python_name("Session.run(loss:0)") == "Session.run(loss:0)"
 
 
-def _row(name, calls, updates, ops=10):
-    return {"name": name, "calls": calls, "variable_updates": updates, "ops_per_call": ops}
+def _row(name, calls, updates, ops=10, keras=None):
+    from pinpoint.trace.analysis import role_of
+
+    return {"name": name, "calls": calls, "variable_updates": updates, "optimizer_updates": updates,
+            "ops_per_call": ops, "role": role_of(name, keras, updates, updates)}
 
 
 def test_the_training_function_updates_variables_and_keras_names_win():
@@ -44,6 +47,32 @@ def test_the_training_function_updates_variables_and_keras_names_win():
     # TensorFlow's own checkpoint functions never are, even when nothing else updates variables.
     assert pick_training([_row("tf_function_save", 3, 5), _row("step", 30, 0)])["name"] == "step"
     assert pick_training([]) is None
+
+
+def test_keras_evaluate_function_has_its_role_and_is_not_the_training_function():
+    # Keras names fit's and evaluate's functions alike; the method on the stack tells them apart.
+    train = _row("multi_step_on_iterator", 4, 8, keras="train")
+    evaluate = _row("multi_step_on_iterator", 40, 0, keras="evaluate")
+    assert (train["role"], evaluate["role"]) == ("train", "evaluate")
+    assert pick_training([evaluate, train]) is train
+    assert [_row(n, 1, 0)["role"] for n in ("test_step", "predict_step", "train_step", "helper")] == [
+        "evaluate", "predict", "train", "other"]
+
+
+def test_keras_role_is_the_innermost_keras_method_on_the_stack():
+    import types
+
+    from pinpoint.trace.recorder import keras_role
+
+    def frame(name, filename, back):
+        return types.SimpleNamespace(f_code=types.SimpleNamespace(co_name=name, co_filename=filename), f_back=back)
+
+    fit = frame("fit", "/x/site-packages/keras/src/backend/tensorflow/trainer.py", None)
+    validation = frame("evaluate", "/x/site-packages/keras/src/backend/tensorflow/trainer.py", fit)
+    user = frame("evaluate", "/home/me/my_model.py", frame("main", "/home/me/run.py", None))
+    assert keras_role(frame("call", "/x/f.py", validation)) == "evaluate"
+    assert keras_role(frame("call", "/x/f.py", fit)) == "train"
+    assert keras_role(user) is None
 
 
 def test_pinpoint_log_does_nothing_without_a_run_and_sends_with_one():
@@ -79,3 +108,14 @@ def test_the_example_configs_provision_like_any_other(tmp_path, example):
     tfjob = yaml.safe_load((out / "manifests" / "tfjob.yaml").read_text())
     (container,) = tfjob["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"]
     assert container["command"][:3] == ["pinpoint", "train", "/config/config.yaml"]
+
+
+def test_a_graph_execution_error_is_told_by_its_cause_not_the_node_trailer():
+    import tensorflow as tf
+
+    from pinpoint.trace.recorder import error_line
+
+    err = tf.errors.InvalidArgumentError(None, None, "Graph execution error:\n\nDetected at node X defined at:\n"
+                                         "  File \"a.py\", line 8, in f\n\nbad input : Tensor had NaN values\n"
+                                         "\t [[{{node CheckNumerics}}]] [Op:__inference_fn_with_cond_62]")
+    assert error_line(err) == "InvalidArgumentError: bad input : Tensor had NaN values"

@@ -43,6 +43,14 @@ class CapturedGraphs:
     requested: dict[str, str] | None = None
     # Node name -> pre-optimization NodeDef (op type and attrs), when a view renamed the nodes.
     defs: dict[str, Any] | None = None
+    # Input-pipeline ops (IteratorGetNext) whose traced shape has a dynamic dimension: sized
+    # from the bytes the runtime reports they handed out (size_iterator_outputs).
+    dynamic_inputs: list[str] = field(default_factory=list)
+    # Node name -> why its output could not be sized, when a reason is known.
+    unsized_why: dict[str, str] = field(default_factory=dict)
+    # Eager ops the runtime ran on its own threads during the call (a py_function body, run as
+    # one-op functions): (op type, device). Reported, not part of the function.
+    runtime_ops: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:
@@ -64,11 +72,134 @@ def collecting(step: int = 0):
     # stats are not needed and would slow the captured call.
     with collect_graphs() as collected:
         yield captured
-    md = collected.metadata
+    add_function_graphs(captured, collected.metadata, None)
+
+
+GET_NEXT = {"IteratorGetNext", "IteratorGetNextSync"}
+_ARGS = {"_Arg", "_DeviceArg", "_Retval", "_DeviceRetval"}
+
+
+def eager_op_function(graph) -> str | None:
+    """The op type if `graph` is the one-op function the eager runtime wraps an eager op in
+    (TensorFlow runs every eager op as a function: its arguments and results are named after the
+    op's own input and output args, its one node after the op type), else None. A py_function's
+    body runs this way on the runtime's threads while the calling function is captured."""
+    from pinpoint.tfcompat.api import op_def as registered_op_def
+
+    body = [n for n in graph.node if n.op not in _ARGS]
+    if len(body) != 1 or body[0].name != body[0].op:
+        return None
+    op_def = registered_op_def(body[0].op)
+    if op_def is None:
+        return None
+    ins = {a.name for a in op_def.input_arg}
+    outs = tuple(a.name for a in op_def.output_arg)
+    for n in graph.node:
+        if n.op in ("_Arg", "_DeviceArg") and n.name.split("_", 1)[0] not in ins and n.name not in ins:
+            return None
+        if n.op in ("_Retval", "_DeviceRetval") and not (n.name.endswith("_RetVal") and n.name.startswith(outs)):
+            return None
+    return body[0].op
+
+
+def _peel_eager_ops(pre):
+    """`pre` less the one-op functions the runtime appended to it (it records the graphs of a
+    py_function body's eager ops into the calling function's entry): (graph, their nodes)."""
+    nodes = list(pre.node)
+    peeled = []
+    while True:
+        i = len(nodes)
+        while i > 0 and nodes[i - 1].op in ("_Retval", "_DeviceRetval"):
+            i -= 1
+        body = i - 1
+        j = body
+        while j > 0 and nodes[j - 1].op in ("_Arg", "_DeviceArg"):
+            j -= 1
+        if body <= 0 or j == body or j == 0:
+            break
+        block = graph_pb2.GraphDef()
+        block.node.extend(nodes[j:])
+        if not eager_op_function(block):
+            break
+        peeled.append(nodes[body])
+        nodes = nodes[:j]
+    if not peeled:
+        return pre, []
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(pre)
+    del out.node[:]
+    out.node.extend(nodes)
+    return out, peeled
+
+
+def add_function_graphs(captured: CapturedGraphs, md, name) -> None:
+    """The run metadata's function graphs, less the one-op functions of eager ops that ran on the
+    runtime's threads meanwhile (kept in `runtime_ops`)."""
     for fg in md.function_graphs if md is not None else []:
         pre = fg.pre_optimization_graph
-        name = pre.library.function[0].signature.name if pre.library.function else ""
-        captured.functions.append((name, pre, list(fg.partition_graphs)))
+        if eager_op_function(pre):
+            for part in fg.partition_graphs:
+                captured.runtime_ops.extend((n.op, n.device) for n in part.node if n.op not in _ARGS)
+            continue
+        pre, peeled = _peel_eager_ops(pre)
+        captured.runtime_ops.extend((n.op, n.device) for n in peeled if not fg.partition_graphs)
+        parts = []
+        for part in fg.partition_graphs:
+            if eager_op_function(part):
+                captured.runtime_ops.extend((n.op, n.device) for n in part.node if n.op not in _ARGS)
+            else:
+                parts.append(part)
+        fname = name or (pre.library.function[0].signature.name if pre.library.function else "")
+        captured.functions.append((fname, pre, parts))
+
+
+def run_profiled(call: Callable[[], Any]) -> tuple[Any, list[int] | None, str | None]:
+    """call() under TensorFlow's profiler: (result, the bytes of each element the input
+    pipeline's iterators handed out, or None and why not)."""
+    import tempfile
+
+    from pinpoint.placement.timing import iterator_element_bytes, profile_call, read_xspace
+
+    with tempfile.TemporaryDirectory(prefix="pinpoint-shapes-") as tmp:
+        result, xplane, why = profile_call(call, tmp)
+        if xplane is None:
+            return result, None, why
+        return result, iterator_element_bytes(read_xspace(xplane)), None
+
+
+def size_iterator_outputs(captured: CapturedGraphs, element_bytes: list[int] | None, why: str | None) -> None:
+    """Give the input pipeline's outputs the shape they really had in the captured call. An
+    element's components share their dynamic (batch) dimension: the bytes the iterator handed out
+    over the bytes per batch row give it, when every traced dimension but that one is known."""
+    import tensorflow as tf
+
+    for name in captured.dynamic_inputs:
+        outs = captured.shapes.get(name) or []
+        row_bytes = 0
+        ok = bool(outs)
+        for dtype, dims in outs:
+            dt = tf.dtypes.as_dtype(dtype)
+            if dims is None or not dims or dims[0] is not None or None in dims[1:] or not dt.is_numpy_compatible:
+                ok = False
+                break
+            n = dt.size
+            for d in dims[1:]:
+                n *= d
+            row_bytes += n
+        if not ok or not row_bytes:
+            captured.unsized_why[name] = ("an input batch whose dimensions other than the batch are dynamic too: "
+                                          "the bytes the step took do not fix each one")
+            continue
+        batches = {b // row_bytes for b in element_bytes or () if b % row_bytes == 0}
+        if len(batches) != 1:
+            captured.unsized_why[name] = (
+                f"an input batch with a dynamic batch dimension, and the profiler could not tell its size ({why})"
+                if element_bytes is None else
+                "an input batch with a dynamic batch dimension; the iterators handed out elements of "
+                f"{sorted(set(element_bytes or ()))} bytes, none or several fitting its shape")
+            continue
+        (batch,) = batches
+        captured.shapes[name] = [(dtype, [batch, *dims[1:]]) for dtype, dims in outs]
 
 
 def capture_call(fn: Callable[..., Any], *args, step: int = 0, **kwargs) -> tuple[Any, CapturedGraphs]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from pinpoint.device_names import sort_key
 from pinpoint.placement.schema import EXPLAIN, SCHEMA_VERSION, json_number
-from pinpoint.placement.variables import FINGERPRINT_SAMPLES, summarize_consistency
+from pinpoint.placement.variables import FINGERPRINT_SAMPLES, coverage_text, summarize_consistency, user_variables
 
 
 def _sum_into(dst: dict, src: dict) -> None:
@@ -74,8 +74,11 @@ def _transfers(ps: list[dict]) -> dict:
     loop_control = {"count": 0, "bytes": 0}
     collectives: dict[str, dict] = {}
     largest = []
+    reasons: dict[str, float] = {}
     for p in ps:
         tr = p.get("transfers") or {}
+        for why, n in (tr.get("unsized_reasons") or {}).items():
+            reasons[why] = reasons.get(why, 0) + n
         for k in per_step:
             per_step[k] += (tr.get("per_step") or {}).get(k, 0)
         for k in loop_control:
@@ -91,6 +94,7 @@ def _transfers(ps: list[dict]) -> dict:
             cur["input_bytes"] += c.get("input_bytes", 0)
     return {
         "per_step": {k: json_number(v) for k, v in per_step.items()},
+        "unsized_reasons": {k: json_number(v) for k, v in reasons.items()},
         "matrix": {s: {d: dict(c) for d, c in _by_device(row)} for s, row in _by_device(matrix)},
         "collectives": {d: collectives[d] for d in sorted(collectives, key=sort_key)},
         "largest": sorted(largest, key=lambda t: -(t.get("bytes") or 0))[:25],
@@ -126,14 +130,15 @@ def _variable_updates(ps: list[dict]) -> dict:
         vu = p.get("variable_updates") or {}
         for k in updates:
             updates[k] += vu.get(k, 0)
-    variables = _united_variables(ps)
-    attributed = sum(1 for v in variables.values() if v["update_devices"])
+    rows = list(_united_variables(ps).values())
+    users = user_variables(rows)
     return dict(
         updates,
         method=(ps[0].get("variable_updates") or {}).get("method", ""),
-        variables_with_updates=attributed,
-        variables=len(variables),
-        coverage=f"updates attributed for {attributed}/{len(variables)} variables",
+        variables_with_updates=sum(1 for v in users if v["update_devices"]),
+        variables=len(users),
+        internal_variables=len(rows) - len(users),
+        coverage=coverage_text(rows, updates["unattributed_ops"]),
     )
 
 

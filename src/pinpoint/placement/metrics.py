@@ -8,6 +8,7 @@ from typing import Any
 
 from pinpoint.placement.conformance import split_fallbacks
 from pinpoint.placement.naming import metric_key
+from pinpoint.placement.variables import user_variables
 
 
 def headline_metrics(placement: Mapping[str, Any]) -> dict[str, float]:
@@ -27,14 +28,17 @@ def headline_metrics(placement: Mapping[str, Any]) -> dict[str, float]:
     out["placement.fallbacks"] = float(len(observed))
     out["placement.predicted_fallbacks"] = float(len(predicted))
     out["placement.devices"] = float(len(placement.get("devices") or []))
-    out["placement.variables"] = float(len(placement.get("variables") or []))
+    out["placement.variables"] = float(len(user_variables(placement.get("variables") or [])))
     score = (placement.get("conformance") or {}).get("score")
     if score is not None:
         out["placement.conformance"] = float(score)
     rc = placement.get("replica_consistency") or {}
     if rc.get("max_abs_diff") is not None:
-        out["placement.replica_drift"] = float(rc["max_abs_diff"])
-        for part in ("trainable", "state"):
+        # The headline: what must not drift (a placement.json from before the split: the overall max).
+        split = rc.get("trainable_drift") is not None and rc.get("state_drift") is not None
+        out["placement.replica_drift"] = float(max(rc["trainable_drift"], rc["state_drift"]) if split
+                                               else rc["max_abs_diff"])
+        for part in ("trainable", "state", "on_read"):
             if rc.get(f"{part}_drift") is not None:
                 out[f"placement.replica_drift.{part}"] = float(rc[f"{part}_drift"])
     timing = placement.get("timing") or {}

@@ -24,11 +24,13 @@ from pinpoint.placement.conformance import split_fallbacks
 from pinpoint.placement.files import read_placement
 from pinpoint.placement.schema import EXPLAIN
 from pinpoint.placement.summary import format_summary, human_bytes
+from pinpoint.placement.variables import INTERNAL, user_variables
 from pinpoint.runfolder import METRICS, PLACEMENT, REPORT_HTML, atomic_write_text
 
 CHARTS_DIR = "charts"
 TEMPLATES = Path(__file__).parent / "templates"
 LARGEST = 20  # rows of each "largest N" view
+INTERNAL_GROUP = "(internal: TensorFlow's own variables)"
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0;color:#222;background:#fafafa}
@@ -187,7 +189,9 @@ def _transfers_what(p: dict, ex: dict) -> str:
     tr = p.get("transfers") or {}
     per = tr.get("per_step") or {}
     sized = f"{per.get('sized', 0)} of {per.get('count', 0)} transfers per step were sized" + (
-        f"; {per.get('unsized')} could not be (shape unknown), their bytes are not counted" if per.get("unsized") else "")
+        f"; {per.get('unsized')} could not be ("
+        + ("; ".join(tr.get("unsized_reasons") or {}) or "shape unknown") + "), their bytes are not counted"
+        if per.get("unsized") else "")
     loop = tr.get("loop_control") or {}
     if loop.get("count"):
         sized += (f"; not in the table: {loop['count']} transfer(s) per step of the training loop's own "
@@ -228,7 +232,7 @@ def _variables(p: dict, metrics, charts, x) -> dict:
     vars_ = p.get("variables") or []
 
     def row(v):
-        return [v["name"], v.get("kind", ""), "x".join(map(str, v.get("shape") or [])) or "scalar",
+        return [v["name"], v.get("kind", "") + (" (internal)" if v.get("class") == INTERNAL else ""), "x".join(map(str, v.get("shape") or [])) or "scalar",
                 human_bytes(v.get("bytes")), len(v.get("components") or []),
                 ", ".join(_dev(d, phys) for d in v.get("devices", [])),
                 ", ".join(_dev(d, phys) for d in v.get("update_devices", [])) or "-"]
@@ -239,9 +243,10 @@ def _variables(p: dict, metrics, charts, x) -> dict:
     largest = sorted(vars_, key=lambda v: -(v.get("bytes") or 0))[:LARGEST] if len(vars_) > LARGEST else []
     by_layer: dict[str, list] = defaultdict(list)
     for v in vars_:
-        by_layer[_group_of_var(v["name"])].append(v)
+        # TensorFlow's own variables (collective-ordering tokens) apart from the program's.
+        by_layer[INTERNAL_GROUP if v.get("class") == INTERNAL else _group_of_var(v["name"])].append(v)
     return {
-        "charts": charts, "count": len(vars_), "largest": [row(v) for v in largest],
+        "charts": charts, "count": len(user_variables(vars_)), "largest": [row(v) for v in largest],
         "largest_bad": {i for i, v in enumerate(largest) if bad(v)},
         "headers": ["variable", "kind", "shape", "bytes", "components", "lives on", "updated on"],
         "grouped": {

@@ -11,8 +11,10 @@ EXPLAIN = {
     "ops_by_device": "Ops executed per step on each device, read from the partition graphs the runtime "
     "ran (not from op.device, which is only the request). _Send/_Recv/_Arg/_Retval are not counted.",
     "transfers": "Every edge between ops on different devices becomes a _Send/_Recv pair; each pair "
-    "is one transfer. Bytes = dtype size x static shape; transfers whose shape could not be resolved "
-    "(grappler-renamed nodes, dynamic shapes) are counted but not sized. The trainer's multi-step loop "
+    "is one transfer. Bytes = dtype size x shape: the traced shape, an argument's real shape, and for an "
+    "input batch with a dynamic batch dimension the bytes the iterator handed out in the captured call. "
+    "A transfer that still has no size (a string tensor, a data-dependent shape) is counted, not sized, "
+    "and unsized_reasons says why. The trainer's multi-step loop "
     "also sends its predicate and a control signal to each device every step: counted apart as "
     "loop_control.",
     "collectives": "Collective ops (all-reduce, all-gather) exchange data between replicas through "
@@ -25,16 +27,20 @@ EXPLAIN = {
     "predicted: a GPU machine would run it on the host.",
     "variables": "Where each variable lives (every mirrored component; central storage on the host; "
     "parameter-server tasks) and where its update ops (assign/apply) ran. An update always runs on the "
-    "variable's device; its input is copied there first.",
+    "variable's device; its input is copied there first. Class 'internal': TensorFlow's own variables "
+    "(a strategy's collective-ordering tokens), shown apart and never counted as the program's.",
     "gradients": "Backward-pass ops (name scopes 'gradients/' and 'gradient_tape/') per device.",
     "replica_consistency": "Largest absolute difference between the components of each mirrored "
     "variable at the end of training, split by what the strategy promises for it. Trainable drift "
     "(trainable weights, optimizer slots, aggregated state) must be 0: anything else is a broken "
     "all-reduce. State drift (non-trainable state assigned inside each replica, such as "
-    "BatchNormalization's moving statistics, and ON_READ variables) is expected: each replica keeps "
-    "the statistics of its own share of the batch, and a checkpoint keeps the first replica's.",
+    "BatchNormalization's moving statistics) is expected: each replica keeps "
+    "the statistics of its own share of the batch, and a checkpoint keeps the first replica's. ON_READ "
+    "variables (Keras' metric accumulators) differ on each replica by design and are summed or averaged "
+    "when read: their drift is on_read_drift, not part of state drift.",
     "conformance": "Each pinning rule: planned device versus the devices the relevant ops really ran "
-    "on. Score = fraction of relevant ops on the planned device.",
+    "on (a predicted fallback counts where a GPU machine would run it). Score = fraction of relevant ops "
+    "on the planned device.",
     "timing": "placement.timing: the sampled steps ran as one call under TensorFlow's profiler; each "
     "kernel event of the trace is attributed to its device through the partition graphs. busy = union of "
     "the device's op intervals (ops overlap on the inter-op threads; work nested inside an op's event, "

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pinpoint.placement.conformance import split_fallbacks
+from pinpoint.placement.variables import user_variables
 
 
 def _number(metrics: Mapping[str, Any], key: str) -> float | None:
@@ -30,10 +31,13 @@ def drift_line(rc: Mapping[str, Any]) -> str:
     line = (f"replica drift: trainable {trainable:.3g}"
             + (" (copies that must be identical differ: a sync bug)" if trainable else "")
             + f", state {rc.get('state_drift', 0):.3g} over {rc.get('checked', 0)} mirrored variable(s)")
+    if rc.get("on_read_drift"):
+        line += f" (ON_READ accumulators {rc['on_read_drift']:.3g}, not counted: per replica by design)"
     for group in rc.get("state") or []:
         names = group["variables"]
         line += (f"; {len(names)} {group['what']} differ by design (each replica's own batch share; a "
-                 f"checkpoint keeps replica 0's), e.g. {names[0]['variable']}; fix: {group['fix'].split(':')[0]}")
+                 f"checkpoint keeps {group.get('checkpoint_keeps', 'one copy')}), e.g. {names[0]['variable']}; "
+                 f"fix: {group['fix'].split(':')[0]}")
     return line
 
 
@@ -63,7 +67,12 @@ def program_lines(placement: Mapping[str, Any]) -> list[str]:
     if "functions" not in placement:
         return []
     funcs = placement.get("functions") or []
-    shown = ", ".join(f"{f['name']} x{f['calls']}" + (" (training)" if f.get("training") else "") for f in funcs[:3])
+    def label(f) -> str:
+        role = f.get("role")
+        tags = (["training"] if f.get("training") else []) + ([role] if role and role not in ("train", "other") else [])
+        return f"{f['name']} x{f['calls']}" + (f" ({', '.join(tags)})" if tags else "")
+
+    shown = ", ".join(label(f) for f in funcs[:3])
     lines = [f"functions  : {len(funcs)}" + (f": {shown}" + (" ..." if len(funcs) > 3 else "") if funcs else "")]
     eager = placement.get("eager") or {}
     by_dev = ", ".join(f"{d} {n}" for d, n in (eager.get("ops_by_device") or {}).items())
@@ -109,7 +118,9 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
         f"{d}{short_phys(d)} {n} ({grads.get(d, 0)} grad)" for d, n in ops.items()
     ) or "none captured"))
     per = (placement.get("transfers") or {}).get("per_step") or {}
-    sized = f" ({per.get('unsized', 0)} unsized)" if per.get("unsized") else ""
+    reasons = (placement.get("transfers") or {}).get("unsized_reasons") or {}
+    sized = (f" ({per.get('unsized', 0)} unsized: " + "; ".join(reasons) + ")" if reasons
+             else f" ({per.get('unsized', 0)} unsized)" if per.get("unsized") else "")
     loop = (placement.get("transfers") or {}).get("loop_control") or {}
     if loop.get("count"):
         sized += f" (+{loop['count']} loop control)"
@@ -128,7 +139,8 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
         lines.append("  busiest  : " + ", ".join(f"{s}->{d} {human_bytes(b)}" for s, d, b in top))
     if placement.get("timing"):
         lines.extend(timing_lines(placement["timing"]))
-    vars_ = placement.get("variables") or []
+    every = placement.get("variables") or []
+    vars_ = user_variables(every)
     by_dev: dict[str, int] = {}
     for v in vars_:
         for dev in v.get("devices", []):
@@ -136,6 +148,7 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
     lines.append(
         f"variables  : {len(vars_)} ("
         + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
+        + (f"; +{len(every) - len(vars_)} internal, TensorFlow's own" if len(every) > len(vars_) else "")
         + f"); {(placement.get('variable_updates') or {}).get('coverage', '')}"
     )
     fb, pred = split_fallbacks(placement)

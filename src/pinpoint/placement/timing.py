@@ -175,6 +175,25 @@ def op_events(xspace) -> tuple[list[OpEvent], list[str]]:
     return events, notes
 
 
+def iterator_element_bytes(xspace) -> list[int]:
+    """The bytes of every element the tf.data iterators handed out in the trace (one event per
+    IteratorGetNext: the runtime's own count of what the step took from its input pipeline)."""
+    out = []
+    for plane in xspace.planes:
+        if plane.name != "/host:CPU":
+            continue
+        stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+        for line in plane.lines:
+            for e in line.events:
+                meta = plane.event_metadata.get(e.metadata_id)
+                if meta is None or meta.name != "IteratorGetNextOp::DoCompute":
+                    continue
+                for s in e.stats:
+                    if stat_names.get(s.metadata_id) == "element_size":
+                        out.append(int(_stat(s, stat_names)))
+    return out
+
+
 def _exclusive(ops: list[OpEvent], foreign: list[tuple[int, int]]) -> list[OpEvent]:
     """Each op's own time on its thread: its interval minus the executor work nested in it. A
     local _Send hands its tensor to a waiting receive, whose callback goes on to run the

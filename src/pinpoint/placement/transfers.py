@@ -5,7 +5,7 @@ mean over the captured steps."""
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from pinpoint.device_names import DeviceMap, normalize, sort_key
 from pinpoint.placement.naming import LOOP_ATTR
@@ -20,7 +20,9 @@ COLLECTIVE_RE = re.compile(r"^(Collective\w+|NcclAllReduce|_NcclReduceSend|_Nccl
 
 
 def _dtype_size(enum: int) -> int | None:
-    from tensorflow.python.framework import dtypes
+    import tensorflow as tf
+
+    dtypes = tf.dtypes
 
     try:
         dt = dtypes.as_dtype(enum)
@@ -100,6 +102,7 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
                 if key and n.op not in BOOKKEEPING:
                     consumers[key].append(n.name)
     count = nbytes = sized = 0
+    why: Counter = Counter()
     matrix: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
     items = []
     loop = {"count": 0, "bytes": 0}
@@ -134,8 +137,12 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
                 sized += 1
                 nbytes += size
                 cell["bytes"] += size
-            items.append({"tensor": inp, "from": s, "to": d, "bytes": size,
-                          "consumers": consumers.get(n.attr["tensor_name"].s.decode(), [])})
+            item = {"tensor": inp, "from": s, "to": d, "bytes": size,
+                    "consumers": consumers.get(n.attr["tensor_name"].s.decode(), [])}
+            if size is None:
+                item["unsized_reason"] = unsized_reason(name, dsize, n, cap)
+                why[item["unsized_reason"]] += 1
+            items.append(item)
     # Collective ops (all-reduce, all-gather, broadcast) move data between replicas outside the
     # _Send/_Recv pairs (ring/NCCL/gRPC); counted separately with the size of their input.
     coll: dict[str, dict[str, int]] = defaultdict(lambda: {"count": 0, "bytes": 0})
@@ -161,7 +168,31 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
         "items": items,
         "collectives": {d: dict(c) for d, c in coll.items()},
         "loop_control": loop,
+        "unsized_reasons": dict(why),
     }
+
+
+def unsized_reason(name: str, dsize: int | None, send, cap) -> str:
+    """Why a transfer has no size: what the summary prints beside the figure."""
+    import tensorflow as tf
+
+    dtypes = tf.dtypes
+
+    if dsize is None:
+        dtype = dtypes.as_dtype(send.attr["T"].type).name if "T" in send.attr else "unknown"
+        return f"a {dtype} tensor: its bytes are not fixed by its shape"
+    known = (getattr(cap, "unsized_why", None) or {}).get(name)
+    if known:
+        return known
+    return ("a dynamic shape (data-dependent, or derived from one) that the runtime does not report for a "
+            "tf.function call")
+
+
+def _reasons(steps: list[dict], n: int) -> dict:
+    total: Counter = Counter()
+    for st in steps:
+        total.update(st.get("unsized_reasons") or {})
+    return {r: json_number(c / n) for r, c in total.most_common()}
 
 
 def merge_transfer_steps(steps: list[dict], step_ids: list[list[int]] | None = None) -> dict:
@@ -194,6 +225,8 @@ def merge_transfer_steps(steps: list[dict], step_ids: list[list[int]] | None = N
             "sized": json_number(sum(st["sized"] for st in steps) / n),
             "unsized": json_number((count - sum(st["sized"] for st in steps)) / n),
         },
+        # Why the unsized transfers have no size (reason -> transfers per step).
+        "unsized_reasons": _reasons(steps, n),
         "matrix": matrix_out,
         "collectives": {
             d: {"count": json_number(c["count"] / n), "input_bytes": json_number(c["bytes"] / n)}

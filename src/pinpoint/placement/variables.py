@@ -43,6 +43,32 @@ CLASSES = {
                      "design; reading it outside a replica returns their {aggregation}"),
 }
 BATCHNORM_STATS = ("moving_mean", "moving_variance")
+# Variables that are TensorFlow's own, not the program's: classed "internal", shown apart and never
+# counted as the user's (placement.json's `class`).
+INTERNAL = "internal"
+
+
+def internal_variable_ids() -> set[int]:
+    """ids of the live variables TensorFlow makes for itself: the collective-ordering token each
+    all-reduce launcher of a tf.distribute strategy keeps per device."""
+    from pinpoint.tfcompat.api import collective_ordering_tokens
+
+    return collective_ordering_tokens()
+
+
+def user_variables(rows: list[dict]) -> list[dict]:
+    """placement.json's variables less the internal ones."""
+    return [v for v in rows if v.get("class") != INTERNAL]
+
+
+def coverage_text(rows: list[dict], unattributed_ops: int = 0) -> str:
+    """The one sentence on update attribution the summary, the report and placement.json share."""
+    users = user_variables(rows)
+    attributed = sum(1 for v in users if v.get("update_devices"))
+    text = f"updates attributed for {attributed}/{len(users)} variables"
+    if unattributed_ops:
+        text += f"; {unattributed_ops} update op(s) attributed to no variable"
+    return text
 
 
 def classify(v, optimizer_ids: set[int] | frozenset = frozenset()) -> tuple[str, str]:
@@ -119,8 +145,9 @@ def summarize_consistency(per_var: dict[str, float], classes: dict[str, str],
     merge, across tasks)."""
     aggregations = aggregations or {}
 
-    def worst(group: str) -> float:
-        return max((d for n, d in per_var.items() if CLASSES[classes.get(n, "trainable")][0] == group), default=0.0)
+    def worst(group: str, on_read: bool = False) -> float:
+        return max((d for n, d in per_var.items() if CLASSES[classes.get(n, "trainable")][0] == group
+                    and (classes.get(n) == "sync_on_read") == on_read), default=0.0)
 
     groups: dict[str, dict] = {}
     for n, d in sorted(per_var.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -133,7 +160,11 @@ def summarize_consistency(per_var: dict[str, float], classes: dict[str, str],
         "checked": len(per_var),
         "max_abs_diff": max(per_var.values()) if per_var else 0.0,
         "trainable_drift": worst("synced"),
+        # Per-replica state that a checkpoint keeps one replica's copy of (BatchNormalization's
+        # moving statistics): not the ON_READ accumulators (Keras' metrics), which are summed or
+        # averaged when read and differ on each replica by design (`on_read_drift`).
         "state_drift": worst("state"),
+        "on_read_drift": worst("state", on_read=True),
         "variables": per_var,
         "classes": classes,
         "aggregations": aggregations,
@@ -155,8 +186,10 @@ def _unwrap(v):
     """Keras 3 variables wrap a tf.Variable (or a distributed one) in `_value`."""
     import tensorflow as tf
 
-    if not isinstance(v, tf.Variable) and getattr(v, "_value", None) is not None:
-        return v._value
+    from pinpoint.tfcompat.api import keras_wrapped
+
+    if not isinstance(v, tf.Variable) and keras_wrapped(v) is not None:
+        return keras_wrapped(v)
     return v
 
 
@@ -242,7 +275,10 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
     {"variables", "updates"}."""
     import numpy as np
 
+    from pinpoint.tfcompat.api import resource_shared_name
+
     optimizer_ids = {id(_unwrap(v)) for v in optimizer_variables or []}
+    internal_ids = internal_variable_ids()
     out = []
     handle_to_var: dict[int, int] = {}
     shared_to_var: dict[str, int] = {}
@@ -259,15 +295,14 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
             handle = getattr(c, "handle", None)
             if handle is not None:
                 handle_to_var[id(handle)] = i
-                try:
-                    shared_to_var[c._shared_name] = i
-                except AttributeError:
-                    pass
+                shared = resource_shared_name(c)
+                if shared is not None:
+                    shared_to_var[shared] = i
         out.append(
             {
                 "name": _var_name(v),
                 "kind": _kind(inner),
-                "class": classify(v, optimizer_ids)[0],
+                "class": INTERNAL if id(inner) in internal_ids else classify(v, optimizer_ids)[0],
                 "shape": shape,
                 "dtype": inner.dtype.name,
                 "bytes": nbytes,
@@ -307,7 +342,7 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
     for i, info in enumerate(out):
         info["update_devices"] = sorted(update_devs.get(i, ()), key=sort_key)
         info["update_ops"] = update_ops.get(i, 0)
-    attributed = sum(1 for info in out if info["update_devices"])
+    attributed = sum(1 for info in user_variables(out) if info["update_devices"])
     return {
         "variables": out,
         "updates": {
@@ -316,8 +351,9 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
             "update_ops": total_updates,
             "unattributed_ops": unattributed,
             "variables_with_updates": attributed,
-            "variables": len(out),
-            "coverage": f"updates attributed for {attributed}/{len(out)} variables",
+            "variables": len(user_variables(out)),
+            "internal_variables": len(out) - len(user_variables(out)),
+            "coverage": coverage_text(out, unattributed),
         },
     }
 

@@ -114,6 +114,22 @@ def ring_all_reduce(devices: list[str], collective_keys):
                                                 collective_keys=collective_keys)
 
 
+def collective_ordering_tokens() -> set[int]:
+    """ids of the collective-ordering token variables every live all-reduce launcher of a
+    tf.distribute strategy keeps per device (TensorFlow's own variables, not the program's)."""
+    import gc
+
+    from tensorflow.python.distribute.cross_device_utils import CollectiveReplicaLauncher
+
+    out = set()
+    for obj in gc.get_objects():
+        if isinstance(obj, CollectiveReplicaLauncher):
+            token = getattr(obj, "_ordering_token", None)
+            if token is not None:
+                out.add(id(token))
+    return out
+
+
 # ---- Keras -------------------------------------------------------------------------------------
 
 
@@ -141,6 +157,11 @@ def keras_variable_class() -> Any:
 def keras_wrapped(v):
     """The tf.Variable (or distributed variable) a Keras variable wraps; None when it has none."""
     return getattr(v, "_value", None)
+
+
+def resource_shared_name(v) -> str | None:
+    """The shared name of a resource variable's resource (how the graphs name it), None if none."""
+    return getattr(v, "_shared_name", None)
 
 
 def set_initial_epoch(model, epoch: int) -> None:

@@ -157,6 +157,8 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
            path="canonicalize", used_for=f"MirroredStrategy()'s devices on the {_DEVICES}"),
     Target("CollectiveKeys", "tensorflow.python.distribute.cross_device_utils", "(group_key_start=1)",
            used_for="a fresh collective group key per strategy"),
+    Target("CollectiveReplicaLauncher._ordering_token", "tensorflow.python.distribute.cross_device_utils",
+           member=True, used_for="class TensorFlow's collective-ordering tokens as internal variables"),
     Target("collective_util.Options", "tensorflow.python.distribute.collective_util",
            "(bytes_per_pack=0, timeout_seconds=None, implementation=...)", path="Options",
            used_for="the ring all-reduce (train.all_reduce: ring)"),

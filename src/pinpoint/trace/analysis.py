@@ -11,7 +11,7 @@ from typing import Any
 
 from pinpoint.device_names import DeviceMap, local_name, matches, normalize, sort_key
 from pinpoint.placement.analyze import build_placement
-from pinpoint.placement.conformance import BOOKKEEPING, NOT_COMPUTE, requested_devices
+from pinpoint.placement.conformance import BOOKKEEPING, NOT_COMPUTE, mark_predicted, requested_devices
 from pinpoint.placement.schema import json_number
 from pinpoint.placement.transfers import step_transfers
 
@@ -21,19 +21,44 @@ TRAIN_NAMES = re.compile(r"(^|_)(train_function|one_step_on_iterator|multi_step_
 # TensorFlow's own checkpoint functions (tf.train.Checkpoint's save/restore): never the training function.
 PLATFORM_FUNCTIONS = re.compile(r"^(tf_function_save|tf_function_restore|save_fn|restore_fn)$")
 _APPLY_RE = re.compile(r"^(ResourceApply\w+|ResourceSparseApply\w+|Apply\w+|AssignSubVariableOp)$")
+# Names custom code gives its evaluation and inference functions (a role when Keras gives none).
+_EVAL_NAMES = re.compile(r"(^|_)(test|eval|evaluate|evaluation|valid|validation|val)(_|$)")
+_PREDICT_NAMES = re.compile(r"(^|_)(predict|prediction|infer|inference|serve|serving)(_|$)")
+ROLES = ("train", "evaluate", "predict", "other")
+
+
+def role_of(name: str, keras_role: str | None, applies: int, modifies: int) -> str:
+    """A function's role: the Keras method it came from; else train when it applies optimizer
+    updates; evaluate or predict by its name; train when it is named so or changes variables
+    (not only assigns them, as TensorFlow's lifted initializers do); else other."""
+    if keras_role:
+        return keras_role
+    if applies:
+        return "train"
+    if _EVAL_NAMES.search(name):
+        return "evaluate"
+    if _PREDICT_NAMES.search(name):
+        return "predict"
+    if TRAIN_NAMES.search(name) or modifies:
+        return "train"
+    return "other"
 
 
 def _stats(record, namer: DeviceMap) -> dict:
     """One function's row: ops per call (per device), transfers and their bytes per call."""
     cap = record.capture
+    from pinpoint.placement.variables import UPDATE_RE
+
     ops: Counter = Counter()
-    updates = 0
+    updates = applies = modifies = 0
     for g in cap.partition_graphs if cap else []:
         for n in g.node:
             if n.op in BOOKKEEPING:
                 continue
             ops[namer.canonical_spec(n.device)] += 1
-            updates += bool(_APPLY_RE.match(n.op))
+            updates += bool(UPDATE_RE.match(n.op))
+            modifies += bool(UPDATE_RE.match(n.op)) and n.op != "AssignVariableOp"
+            applies += bool(_APPLY_RE.match(n.op))
     tr = step_transfers(cap, namer) if cap else {"count": 0, "bytes": 0, "collectives": {}}
     return {
         "name": record.python_name,
@@ -47,6 +72,13 @@ def _stats(record, namer: DeviceMap) -> dict:
         "transfer_bytes_per_call": tr["bytes"],
         "collectives_per_call": sum(c["count"] for c in tr["collectives"].values()),
         "variable_updates": updates,
+        "optimizer_updates": applies,
+        "role": role_of(record.python_name, getattr(record, "role", None), applies, modifies),
+        "error": getattr(record, "error", None),
+        # Eager ops the runtime ran on its own threads during the captured call (a py_function
+        # body): reported, not the function's ops and not requests of the program.
+        "runtime_ops": [{"op_type": t, "device": namer.canonical_spec(d), "count": n}
+                        for (t, d), n in sorted(Counter(cap.runtime_ops if cap else ()).items())],
     }
 
 
@@ -56,8 +88,8 @@ def pick_training(rows: list[dict]) -> dict | None:
     rows = [r for r in rows if not PLATFORM_FUNCTIONS.match(r["name"])]
     if not rows:
         return None
-    updating = [r for r in rows if r["variable_updates"]]
-    pool = updating or rows
+    pool = ([r for r in rows if r["role"] == "train"] or [r for r in rows if r["optimizer_updates"]]
+            or [r for r in rows if r["role"] == "other"] or rows)
     return max(pool, key=lambda r: (bool(TRAIN_NAMES.search(r["name"])), r["calls"], r["ops_per_call"]))
 
 
@@ -89,9 +121,10 @@ def replica_devices(variables: list, dm: DeviceMap) -> tuple[str, ...]:
     return dm.replica_devices
 
 
-def requested_rules(cap, namer: DeviceMap) -> list[dict]:
+def requested_rules(cap, namer: DeviceMap, predicted: dict | None = None) -> list[dict]:
     """One conformance rule per device the program requested in its own scopes: the ops that
-    asked for it against where they ran."""
+    asked for it against where they ran, a predicted fallback (no GPU kernel: a GPU machine runs
+    it on the host) against where it would run."""
     if cap is None:
         return []
     requested = requested_devices(cap)
@@ -105,7 +138,9 @@ def requested_rules(cap, namer: DeviceMap) -> list[dict]:
     for op, req in requested.items():
         if op not in placed or types[op] in NOT_COMPUTE:
             continue
-        by_device[namer.canonical_spec(req)].append((op, namer.canonical_spec(placed[op])))
+        fb = (predicted or {}).get(op)
+        ran = fb["would_run_on"] if fb else namer.canonical_spec(placed[op])
+        by_device[namer.canonical_spec(req)].append((op, ran))
     rules = []
     for dev in sorted(by_device, key=sort_key):
         rel = by_device[dev]
@@ -145,9 +180,10 @@ def attr_values(op_type: str, attrs) -> dict:
     """An op callback's attrs (name, value, name, value, ...) as AttrValues (type attrs only: all a
     kernel lookup keys on)."""
     from tensorflow.core.framework import attr_value_pb2
-    from tensorflow.python.framework import op_def_registry
 
-    op_def = op_def_registry.get(op_type)
+    from pinpoint.tfcompat.api import op_def as registered_op_def
+
+    op_def = registered_op_def(op_type)
     if op_def is None or not attrs:
         return {}
     kinds = {a.name: a.type for a in op_def.attr}
@@ -184,7 +220,9 @@ def _outside_strategy(placement: dict) -> None:
     """Under mirrored, name the plain variables (created outside the strategy's scope, e.g.
     Keras' own counters) in a note: a finding, not a broken mirror (the variables_mirrored rule
     checks the distributed ones)."""
-    plain = [v for v in placement["variables"] if v["kind"] == "variable"]
+    from pinpoint.placement.variables import user_variables
+
+    plain = [v for v in user_variables(placement["variables"]) if v["kind"] == "variable"]
     if placement["strategy"] not in ("mirrored", "multi_worker_mirrored") or not plain:
         return
     where = Counter(d for v in plain for d in v["devices"])
@@ -196,7 +234,7 @@ def _outside_strategy(placement: dict) -> None:
 def _eager_variable_updates(placement: dict, recorder, namer: DeviceMap) -> None:
     """Variables updated by eager ops (a `v.assign(...)` outside any tf.function): their update
     devices from what the eager runtime ran."""
-    from pinpoint.placement.variables import components, unwrap, var_name
+    from pinpoint.placement.variables import components, coverage_text, unwrap, user_variables, var_name
 
     by_handle = recorder.eager.updates
     if not by_handle:
@@ -212,9 +250,8 @@ def _eager_variable_updates(placement: dict, recorder, namer: DeviceMap) -> None
             row["eager_update_devices"] = sorted(devs, key=sort_key)
             row["update_devices"] = sorted(set(row["update_devices"]) | devs, key=sort_key)
     updates = placement["variable_updates"]
-    attributed = sum(1 for v in placement["variables"] if v["update_devices"])
-    updates["variables_with_updates"] = attributed
-    updates["coverage"] = f"updates attributed for {attributed}/{len(placement['variables'])} variables"
+    updates["variables_with_updates"] = sum(1 for v in user_variables(placement["variables"]) if v["update_devices"])
+    updates["coverage"] = coverage_text(placement["variables"], updates.get("unattributed_ops", 0))
     updates["method"] += "; an eager update runs on the device of the variable whose handle it takes"
 
 
@@ -236,9 +273,11 @@ def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] =
                                 device_map=view, task="chief:0")
     placement["captured_steps"] = [1] if cap else []
     _outside_strategy(placement)
-    rules = requested_rules(cap, namer)
+    predicted = {f["op"]: f for f in placement["fallbacks"] if f.get("predicted")}
+    rules = requested_rules(cap, namer, predicted)
     conf = placement["conformance"]
     conf["rules"] = rules + conf["rules"]
+    mark_predicted(conf, predicted)
     scored = [r["score"] for r in conf["rules"] if r["score"] is not None]
     conf["score"] = round(sum(scored) / len(scored), 4) if scored else None
     _eager_variable_updates(placement, recorder, namer)
@@ -251,8 +290,17 @@ def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] =
     placement["program"] = program
     placement["device_map"] = dm.to_json()
     placement["notes"] = [n for n in placement["notes"] if not n.startswith("no step was captured")] + list(notes)
+    runtime = sum(o["count"] for r in rows for o in r["runtime_ops"])
+    if runtime:
+        placement["notes"].append(
+            f"{runtime} eager op(s) ran on TensorFlow's runtime threads during the captured calls (py_function "
+            "bodies): listed in functions[].runtime_ops, not counted as the functions' ops or as requests")
     if not records:
         placement["notes"].append("the program ran no tf.function and no Session.run: only its eager ops are shown")
+    elif train and cap is None and train.get("error"):
+        placement["notes"].append(
+            f"the training function {train['name']} raised in its first call ({train['error']}): its calls are "
+            "counted, its graphs were not recorded; variables and eager ops are")
     elif train and cap is None:
         placement["notes"].append(
             f"the training function {train['name']} ran in another thread or process (e.g. parameter_server's "

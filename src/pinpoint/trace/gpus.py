@@ -116,7 +116,12 @@ class GpuNames:
         dm = self.dm
 
         def mirrored_init(ext, container_strategy, devices=None, cross_device_ops=None):
-            if cross_device_ops is None:
+            import tensorflow as tf
+
+            # Eagerly (TF2) TensorFlow's own default among the emulated GPUs (CPU devices) already is
+            # the ring collective: a second one would add collective-ordering variables a real
+            # strategy does not have. A tf.compat.v1 graph's default would reduce on one device.
+            if cross_device_ops is None and not tf.compat.v1.executing_eagerly_outside_functions():
                 cross_device_ops = _emulated_all_reduce(devices, dm)
             init(ext, container_strategy, devices=devices, cross_device_ops=cross_device_ops)
 

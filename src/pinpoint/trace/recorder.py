@@ -25,7 +25,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from pinpoint.placement.capture import CapturedGraphs, map_arg_values
+from pinpoint.placement.capture import (
+    GET_NEXT,
+    CapturedGraphs,
+    add_function_graphs,
+    map_arg_values,
+    run_profiled,
+    size_iterator_outputs,
+)
 from pinpoint.tfcompat.api import current_device, executing_eagerly, keras_variable_class, keras_wrapped, set_op_device
 from pinpoint.tfcompat.graphs import called_graphs, collect_graphs, output_shapes
 from pinpoint.tfcompat.patches import Patches
@@ -42,6 +49,54 @@ def python_name(concrete: str) -> str:
     return m.group(2) if m else concrete
 
 
+# TensorFlow's wrapper around a function whose first call creates variables it cannot lift out.
+_WRAPPERS = {"fn_with_cond"}
+_KERAS_ROLES = {"fit": "train", "train_on_batch": "train", "evaluate": "evaluate", "test_on_batch": "evaluate",
+                "predict": "predict", "predict_on_batch": "predict"}
+
+
+def user_name(fn, concrete: str) -> str:
+    """The program's name for a function: TensorFlow's `fn_with_cond` (the first call of a
+    function that creates variables) is named after the user's function it wraps."""
+    name = python_name(concrete)
+    if name not in _WRAPPERS:
+        return name
+    try:
+        library = called_graphs(fn.graph)
+    except Exception:  # noqa: BLE001 - no Python graph
+        return name
+    for key in library:
+        inner = python_name(key if isinstance(key, str) else key.decode())
+        if inner != key and inner not in _WRAPPERS:
+            return inner
+    return name
+
+
+def error_line(err: BaseException) -> str:
+    """'<type>: <the line that says what went wrong>' (a graph execution error's cause is last)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    if lines and lines[0].rstrip(":") == "Graph execution error":
+        # The cause is the last line before the runtime's '[[{{node X}}]] [Op:...]' trailer.
+        lines = [ln for ln in lines if not ln.startswith("[[")][-1:] or lines[-1:]
+    text = lines[0] if lines else ""
+    return f"{type(err).__name__}: {text[:200]}"
+
+
+def keras_role(frame=None) -> str | None:
+    """Which Keras method (fit, evaluate, predict) the call comes from: the innermost one on the
+    stack (fit's validation runs evaluate)."""
+    import sys
+
+    f = frame or sys._getframe(1)
+    while f is not None:
+        code = f.f_code
+        role = _KERAS_ROLES.get(code.co_name)
+        if role and "/keras/src/" in code.co_filename.replace("\\", "/"):
+            return role
+        f = f.f_back
+    return None
+
+
 @dataclass
 class FunctionRecord:
     """One concrete function (or one Session.run signature): its calls and what its first call ran."""
@@ -51,6 +106,10 @@ class FunctionRecord:
     calls: int = 0
     capture: CapturedGraphs | None = None
     kind: str = "tf.function"  # or "Session.run"
+    # The Keras method its first call came from ("train", "evaluate", "predict"), else None.
+    role: str | None = None
+    # The exception its first call raised (type and first line), else None.
+    error: str | None = None
 
 
 @dataclass
@@ -100,12 +159,16 @@ class Recorder:
             if r is not None:
                 r.calls += 1
                 return call_flat(fn, *args)
-            r = rec.functions[name] = FunctionRecord(name, python_name(name), calls=1)
+            r = rec.functions[name] = FunctionRecord(name, user_name(fn, name), calls=1, role=keras_role())
             if threading.current_thread() is not threading.main_thread():
                 # e.g. a ClusterCoordinator's closures: graph collection is process-wide, and
                 # those functions are instantiated by the remote workers' runtimes anyway.
                 return call_flat(fn, *args)
-            out, r.capture = rec._capture_first_call(lambda: call_flat(fn, *args), fn, args)
+            try:
+                out, r.capture = rec._capture_first_call(lambda: call_flat(fn, *args), fn, args)
+            except BaseException as err:
+                r.error = error_line(err)
+                raise
             return out
 
         self._patches.replace("AtomicFunction.call_flat", recorded_call_flat)
@@ -128,17 +191,17 @@ class Recorder:
 
     # ---- tf.function ---------------------------------------------------------------------------
     def _capture_first_call(self, call, fn, args) -> tuple[Any, CapturedGraphs]:
-        # Step stats of this one call: the shape every node really produced (sizes the transfers
-        # whose static shape is dynamic, e.g. a batch dimension of None).
-        with collect_graphs(step_stats=True) as collected:
-            out = call()
-        md = collected.metadata
         cap = CapturedGraphs(step=0)
-        for fg in md.function_graphs if md is not None else []:
-            cap.functions.append((fn.name, fg.pre_optimization_graph, list(fg.partition_graphs)))
-        _shapes(fn, cap)
-        if md is not None:
-            _run_shapes(md.step_stats, cap)
+        _shapes(fn, cap)  # the traced shapes, before the call: they tell whether the profiler is needed
+        with collect_graphs() as collected:
+            if cap.dynamic_inputs:
+                # TensorFlow records no step stats for a tf.function call (dev_stats stays empty), so a
+                # dynamic batch dimension is read off the bytes the iterator handed out (the profiler).
+                out, element_bytes, why = run_profiled(call)
+            else:
+                out, element_bytes, why = call(), None, None
+        add_function_graphs(cap, collected.metadata, fn.name)
+        size_iterator_outputs(cap, element_bytes, why)
         map_arg_values(cap, list(args))  # the handles attribute the variable updates
         self._find_variables({id(a) for a in args if _is_resource(a)})
         return out, cap
@@ -382,7 +445,9 @@ _CALL_OPS = {"StatefulPartitionedCall", "PartitionedCall"}
 def _graph_shapes(graph, prefix: str, cap: CapturedGraphs, depth: int) -> None:
     library = called_graphs(graph)
     for op in graph.get_operations():
-        cap.shapes.setdefault(prefix + op.name, output_shapes(op))
+        outs = cap.shapes.setdefault(prefix + op.name, output_shapes(op))
+        if op.type in GET_NEXT and any(dims is None or None in dims for _, dims in outs):
+            cap.dynamic_inputs.append(prefix + op.name)
         if op.type in _CALL_OPS and depth < 8:
             try:
                 callee = op.get_attr("f").name

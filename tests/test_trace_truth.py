@@ -1,0 +1,222 @@
+"""`pinpoint trace` tells the truth in the common cases (issue 35): an input batch crossing to the
+GPU is sized; the tf.device rule counts the fallbacks that break it and no rule appears that the
+program did not write; TensorFlow's own variables are apart; counts, function roles and the
+replica-drift headline agree. Each test runs a tiny program as users write it, for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_trace import F32, placement, trace, write
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+I64 = 8
+
+
+def _summary(proc) -> str:
+    return proc.stdout[proc.stdout.index("== pinpoint summary"):]
+
+
+# ---- 1. model.fit on a tf.data pipeline: the input batch is sized ---------------------------------
+BATCH, FEATURES, ROWS = 64, 32, 256
+
+
+def test_fit_input_batch_with_a_dynamic_batch_dimension_is_sized(tmp_path):
+    script = write(tmp_path, "fit_ds.py", f"""
+        import numpy as np, tensorflow as tf, keras
+        x = np.random.rand({ROWS}, {FEATURES}).astype("float32")
+        y = np.random.randint(0, 4, {ROWS}).astype("int64")
+        with tf.device("/CPU:0"):
+            ds = tf.data.Dataset.from_tensor_slices((x, y)).batch({BATCH})
+        model = keras.Sequential([keras.Input(({FEATURES},)), keras.layers.Dense(16), keras.layers.Dense(4)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(ds, epochs=1, verbose=0)
+    """)
+    out = tmp_path / "out"
+    proc = trace(["--gpus", "2", str(script)], cwd=tmp_path, out=out)
+    tr = placement(out)["transfers"]
+    items = {it["tensor"]: it for it in tr["largest"]}
+    # The batch (x: BATCH x FEATURES float32, y: BATCH int64) moves from the pipeline on /CPU:0.
+    assert (items["IteratorGetNext"]["from"], items["IteratorGetNext"]["to"]) == ("/CPU:0", "/GPU:0")
+    assert items["IteratorGetNext"]["bytes"] == BATCH * FEATURES * F32
+    assert items["IteratorGetNext:1"]["bytes"] == BATCH * I64
+    assert (tr["per_step"]["unsized"], tr["unsized_reasons"]) == (0, {})
+    assert tr["per_step"]["bytes"] == sum(it["bytes"] for it in tr["largest"])
+    assert "unsized" not in _summary(proc)
+
+
+# ---- 4 and 5: string ops under tf.device('/GPU:0') with soft placement, a py_function, an assign_add
+STRING_OPS = {"StringJoin", "StringLength", "StringUpper", "StringToHashBucketFast", "EagerPyFunc"}
+
+
+@pytest.fixture(scope="module")
+def strings(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("strings")
+    script = write(tmp, "strings.py", """
+        import tensorflow as tf
+        tf.config.set_soft_device_placement(True)
+
+        @tf.function
+        def step(s, v):
+            with tf.device("/GPU:0"):
+                a = tf.strings.join([s, s])
+                n = tf.strings.length(a)
+                h = tf.strings.to_hash_bucket_fast(tf.strings.upper(a), 10)
+                w = tf.py_function(lambda t: tf.strings.length(t) * 2, [a], tf.int32)
+                v.assign_add(tf.reduce_sum(tf.cast(n + tf.cast(h, tf.int32) + w, tf.float32)))
+            return v
+
+        v = tf.Variable(0.0)
+        for _ in range(3):
+            step(tf.constant(["ab", "cde"]), v)
+    """)
+    out = tmp / "out"
+    proc = trace(["--gpus", "2", str(script)], cwd=tmp, out=out)
+    return placement(out), _summary(proc)
+
+
+def test_predicted_fallbacks_count_against_the_gpu_request_they_break(strings):
+    p, summary = strings
+    predicted = {f["op"] for f in p["fallbacks"] if f.get("predicted") and f["requested"] == "/GPU:0"}
+    assert predicted == STRING_OPS  # no GPU kernel: a GPU machine runs them on the host
+    (rule,) = [r for r in p["conformance"]["rules"] if r["rule"].startswith("tf.device")]
+    assert rule["rule"] == "tf.device /GPU:0"
+    assert {v["op"] for v in rule["violations"]} == STRING_OPS
+    assert all(v["predicted"] and v["placed"] == "/CPU:0" for v in rule["violations"])
+    assert rule["score"] == round(1 - len(STRING_OPS) / rule["relevant"], 4)
+    assert f"tf.device /GPU:0 {rule['score']:.2f}" in summary
+
+
+def test_py_function_body_ops_are_reported_not_made_into_a_cpu_rule(strings):
+    p, _ = strings
+    assert [r["rule"] for r in p["conformance"]["rules"]] == ["tf.device /GPU:0"]
+    (fn,) = p["functions"]
+    # The body (`tf.strings.length(t) * 2`) ran eagerly on the runtime's thread, on the host.
+    assert {(o["op_type"], o["device"]) for o in fn["runtime_ops"]} >= {("StringLength", "/CPU:0"), ("Mul", "/CPU:0")}
+    assert "/CPU:0" not in fn["ops_by_device"]
+    assert not [f for f in p["fallbacks"] if not f.get("predicted")]
+
+
+def test_assign_add_in_a_function_is_counted_alike_everywhere(strings):
+    p, summary = strings
+    vu = p["variable_updates"]
+    (fn,) = p["functions"]
+    assert (vu["update_ops"], vu["unattributed_ops"], fn["variable_updates"]) == (1, 0, 1)
+    assert vu["coverage"] == "updates attributed for 1/1 variables"
+    assert "updates attributed for 1/1 variables" in summary
+
+
+# ---- 3 and 5: MirroredStrategy fit with BatchNormalization, then evaluate --------------------------
+SAMPLES, IN, HIDDEN, OUT, FIT_BATCH = 128, 8, 4, 2, 32
+MIRRORED = f"""
+    import numpy as np, tensorflow as tf, keras
+    x = np.random.rand({SAMPLES}, {IN}).astype("float32"); y = np.random.randint(0, {OUT}, {SAMPLES})
+    s = tf.distribute.MirroredStrategy()
+    with s.scope():
+        model = keras.Sequential([keras.Input(({IN},)), keras.layers.Dense({HIDDEN}),
+                                  keras.layers.BatchNormalization(), keras.layers.Dense({OUT})])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.fit(x, y, batch_size={FIT_BATCH}, epochs=1, verbose=0)
+    model.evaluate(x, y, batch_size={FIT_BATCH}, verbose=0)
+"""
+# dense kernel+bias, BatchNormalization gamma, beta, moving mean and variance, dense_1 kernel+bias;
+# SGD's iteration and learning rate; the loss and accuracy metrics' total and count.
+USER_VARIABLES = 2 + 4 + 2 + 2 + 4
+
+
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mirrored")
+    script = write(tmp, "mirrored.py", MIRRORED)
+    out = tmp / "out"
+    proc = trace(["--gpus", "2", str(script)], cwd=tmp, out=out)
+    return placement(out), _summary(proc)
+
+
+def _plain_tf_ordering_tokens() -> int:
+    """The collective-ordering tokens plain TensorFlow makes for MirroredStrategy over two devices."""
+    code = """
+import gc, tensorflow as tf
+from tensorflow.python.distribute.cross_device_utils import CollectiveReplicaLauncher
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 3)
+s = tf.distribute.MirroredStrategy(["/cpu:1", "/cpu:2"])
+s.run(tf.function(lambda: tf.distribute.get_replica_context().all_reduce("sum", 1.0)))
+print(sum(1 for o in gc.get_objects() if isinstance(o, CollectiveReplicaLauncher) and o._ordering_token is not None))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return int(r.stdout.split()[-1])
+
+
+def test_tensorflows_collective_tokens_are_internal_and_apart(mirrored):
+    p, summary = mirrored
+    internal = [v for v in p["variables"] if v["class"] == "internal"]
+    assert sorted(d for v in internal for d in v["devices"]) == ["/GPU:0", "/GPU:1"]
+    # Emulation adds none: plain TensorFlow has as many for the same strategy.
+    assert len(internal) == _plain_tf_ordering_tokens()
+    assert len(p["variables"]) - len(internal) == USER_VARIABLES
+    assert (p["variable_updates"]["variables"], p["variable_updates"]["internal_variables"]) == (USER_VARIABLES, 2)
+    assert not [n for n in p["notes"] if "outside the strategy" in n]
+    assert f"variables  : {USER_VARIABLES} (" in summary and "+2 internal" in summary
+
+    from pinpoint.placement.metrics import headline_metrics
+
+    assert headline_metrics(p)["placement.variables"] == USER_VARIABLES
+
+
+def test_keras_evaluate_function_is_named_for_its_role(mirrored):
+    p, summary = mirrored
+    steps = SAMPLES // FIT_BATCH
+    rows = [(f["name"], f["role"], f["calls"], f["training"]) for f in p["functions"]]
+    assert rows == [("multi_step_on_iterator", "train", steps, True),
+                    ("multi_step_on_iterator", "evaluate", steps, False)]
+    assert f"multi_step_on_iterator x{steps} (evaluate)" in summary
+
+
+def test_replica_drift_headline_leaves_out_on_read_metric_accumulators(mirrored):
+    from pinpoint.placement.metrics import headline_metrics
+
+    p, summary = mirrored
+    rc = p["replica_consistency"]
+    by_class: dict[str, list[float]] = {}
+    for name, cls in rc["classes"].items():
+        by_class.setdefault(cls, []).append(rc["variables"][name])
+    assert rc["state_drift"] == max(by_class["replica_state"])  # BatchNormalization's moving statistics
+    assert rc["on_read_drift"] == max(by_class["sync_on_read"])  # Keras' metric accumulators
+    assert rc["trainable_drift"] == 0.0
+    assert headline_metrics(p)["placement.replica_drift"] == rc["state_drift"]
+    assert f"replica drift: trainable 0, state {rc['state_drift']:.3g} over" in summary
+
+
+# ---- 5: a program that fails in its first step names its own function -----------------------------
+def test_a_first_step_that_raises_names_the_users_function(tmp_path):
+    script = write(tmp_path, "fail.py", """
+        import tensorflow as tf
+        v = None
+
+        @tf.function
+        def train_step(x):
+            global v
+            if v is None:
+                v = tf.Variable(x * 0.0)  # initial value from the input: TensorFlow wraps it in fn_with_cond
+            v.assign_add(tf.debugging.check_numerics(x, "bad input"))
+            return v
+
+        train_step(tf.constant([1.0, float("nan"), 0.0]))
+    """)
+    out = tmp_path / "out"
+    trace(["--gpus", "2", str(script)], cwd=tmp_path, out=out, expect=1)
+    p = placement(out)
+    assert p["training_function"] == "train_step"
+    (fn,) = p["functions"]
+    assert (fn["name"], fn["captured"]) == ("train_step", False)
+    assert fn["error"].startswith("InvalidArgumentError: ") and "bad input" in fn["error"]
+    assert any(n.startswith("the training function train_step raised in its first call") for n in p["notes"])
+    assert json.loads((out / "metrics.json").read_text())["training_function"] == "train_step"
