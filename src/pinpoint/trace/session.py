@@ -81,10 +81,8 @@ class Capture:
         self.names.uninstall()
 
     def placement(self, program: str) -> dict:
-        from pinpoint.trace.analysis import trace_placement
-
-        from pinpoint.device_names import DeviceMap
         from pinpoint.placement.requests import add_weight_rules
+        from pinpoint.trace.analysis import trace_placement
 
         notes = [f"emulation: {n}" for n in self.names.ignored]
         placement = trace_placement(self.recorder, self.dm, program=program, notes=notes)
