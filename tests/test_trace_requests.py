@@ -7,7 +7,8 @@ flagged. One program holds the four models, run for real under `--gpus 2`."""
 from __future__ import annotations
 
 import pytest
-from test_trace import placement, trace, write
+
+from tests.test_trace import placement, trace, write
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
