@@ -124,6 +124,9 @@ CASES = [
     # --- your own training code: pinpoint trace and train.entrypoint ------------------------------
     Case("trace-missing-script", [*TRACE, "{tmp}/nope.py", "--epochs", "2"], None, ("SCRIPT", "nope.py", "does not exist")),
     Case("trace-no-script", TRACE, None, ("SCRIPT", "got nothing", "-m MODULE")),
+    # A folder is a program for `python` only with a __main__.py in it; it does exist.
+    Case("trace-script-is-a-folder", [*TRACE, "{tmp}/code"], None, ("SCRIPT", "a folder without __main__.py"),
+         files={"code/train.py": "print('not run')\n"}),
     Case("trace-module-not-found", [*TRACE, "-m", "no_such_pkg_xyz.train"], None,
          ("-m", "no_such_pkg_xyz.train", "does not import")),
     Case("trace-negative-gpus", ["trace", "--gpus", "-1", "{tmp}/x.py"], None, ("--gpus", "-1")),

@@ -9,6 +9,7 @@ A variable the user set themselves is left alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -29,9 +30,17 @@ QUIET_ENV = {
 }
 
 
+# The warning filters and PYTHONWARNINGS as the process started (the user's -W / PYTHONWARNINGS
+# included), before quiet_start silenced the libraries: a traced program's own warnings use them.
+_STARTED_WITH: tuple[list, str | None] | None = None
+
+
 def quiet_start(verbose: bool) -> None:
     """Keep start-up noise off (the default), or show everything with verbose=True (or when the
     process that started this one was verbose: the tasks of a `pinpoint train --verbose` cluster)."""
+    global _STARTED_WITH
+    if _STARTED_WITH is None:
+        _STARTED_WITH = (list(warnings.filters), os.environ.get("PYTHONWARNINGS"))
     if verbose or os.environ.get(VERBOSE_ENV) == "1":
         os.environ[VERBOSE_ENV] = "1"
         return
@@ -63,3 +72,30 @@ def import_tensorflow() -> None:
             if failed:
                 captured.seek(0)
                 sys.stderr.write(captured.read().decode(errors="replace"))
+
+
+@contextlib.contextmanager
+def program_warnings():
+    """While a user's program runs (`pinpoint trace`): its warnings (its own `warnings.warn`,
+    Keras' UserWarnings) are shown as `python` shows them, with the filters the process started
+    with; Pinpoint's start-up noise before and after stays quiet."""
+    if _STARTED_WITH is None:
+        yield
+        return
+    filters, env = _STARTED_WITH
+    saved_env = os.environ.get("PYTHONWARNINGS")
+    with warnings.catch_warnings():
+        warnings.resetwarnings()  # also invalidates the modules' once-per-location registries
+        warnings.filters[:] = filters
+        _set_env("PYTHONWARNINGS", env)  # the program's own child processes, as under python
+        try:
+            yield
+        finally:
+            _set_env("PYTHONWARNINGS", saved_env)
+
+
+def _set_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value

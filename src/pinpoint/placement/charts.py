@@ -235,7 +235,9 @@ CHARTS = {
 
 
 def write_charts(placement: dict, folder: Path) -> dict[str, Path]:
-    """Write every applicable chart into folder; return {file name: path}."""
+    """Write every applicable chart into folder; return {file name: path}. A chart of an earlier
+    placement written into the same folder that does not apply to this one is removed (only
+    Pinpoint's own chart names are touched), so the folder shows this placement only."""
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
     for name, fn in CHARTS.items():
@@ -247,4 +249,5 @@ def write_charts(placement: dict, folder: Path) -> dict[str, Path]:
             out[name] = final
         else:
             tmp.unlink(missing_ok=True)
+            (folder / name).unlink(missing_ok=True)
     return out

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pinpoint.placement.conformance import split_fallbacks
+from pinpoint.placement.requests import weight_lines
 from pinpoint.placement.variables import user_variables
 
 
@@ -183,6 +184,7 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
             f"conformance: {conf['score']:.2f} over {len(rules)} rule(s)"
             + ("; below 1: " + ", ".join(f"{r['rule']} {r['score']:.2f}" for r in bad[:3]) if bad else "")
         )
+    lines.extend(weight_lines(placement))
     lines.extend(program_lines(placement))
     for note in (placement.get("notes") or [])[:1]:
         lines.append(f"note       : {note}")

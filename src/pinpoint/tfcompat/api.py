@@ -12,6 +12,31 @@ from typing import Any
 # ---- the eager context -----------------------------------------------------------------------
 
 
+def requested_device() -> str:
+    """The device the innermost `tf.device` scopes ask for now, merged as TensorFlow merges them
+    for a new op ('' when none). While a function is traced, the graph's scope stack; eagerly,
+    the context's device."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import ops
+
+    if context.executing_eagerly():
+        return context.context().device_name or ""
+    probe = _Probe()
+    for spec in ops.get_default_graph()._device_function_stack.peek_objs():  # innermost first
+        if spec.is_null_merge:
+            continue
+        if spec.function is None or not spec.fast_string_merge:
+            break  # tf.device(None) clears the outer scopes; a device function is not a string request
+        probe.device = spec.string_merge(probe)
+    return probe.device
+
+
+class _Probe:
+    """Stands in for a new op's NodeDef while the scope stack is merged."""
+
+    device = ""
+
+
 def current_device() -> str:
     """The eager context's current device scope, fully named ('' outside any scope)."""
     from tensorflow.python.eager import context
@@ -162,6 +187,12 @@ def keras_wrapped(v):
 def resource_shared_name(v) -> str | None:
     """The shared name of a resource variable's resource (how the graphs name it), None if none."""
     return getattr(v, "_shared_name", None)
+
+
+def keras_deferred(var) -> bool:
+    """The Keras weight was declared without memory (Keras 3 in a symbolic build, a
+    StatelessScope): its TensorFlow variable is created later, under whatever scope is active then."""
+    return getattr(var, "_value", False) is None
 
 
 def set_initial_epoch(model, epoch: int) -> None:

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pinpoint.errors import ConfigError
+from pinpoint.quiet import program_warnings
 
-_OWN = (str(Path(__file__).resolve().parents[1]), os.path.dirname(runpy.__file__) + os.sep + "runpy.py")
+# Pinpoint's and runpy's frames (runpy's are "<frozen runpy>" when Python runs it frozen, as 3.11 does).
+_OWN = (str(Path(__file__).resolve().parents[1]), os.path.dirname(runpy.__file__) + os.sep + "runpy.py",
+        "<frozen runpy>")
 
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
 
@@ -49,7 +52,11 @@ class Program:
                                   "name and that its package is on sys.path (run from its folder or install it)")
             return
         path = Path(self.target)
-        if not path.is_file():
+        if path.is_dir() and not (path / "__main__.py").is_file():
+            # `python DIR` runs DIR/__main__.py; a folder without one is not a program.
+            raise ConfigError(f"SCRIPT: got {self.target!r}, a folder without __main__.py; pass the path of a "
+                              "Python file in it (or -m MODULE)")
+        if not path.is_file() and not path.is_dir():
             raise ConfigError(f"SCRIPT: got {self.target!r}, which does not exist; pass the path of a Python "
                               "file (or -m MODULE)")
 
@@ -70,12 +77,15 @@ def run(program: Program, on_end=None) -> Outcome:
         if program.module:
             sys.argv = [program.target, *program.args]
             sys.path.insert(0, os.getcwd())
-            namespace = runpy.run_module(program.target, run_name="__main__", alter_sys=True)
+            with program_warnings():
+                namespace = runpy.run_module(program.target, run_name="__main__", alter_sys=True)
         else:
             script = str(Path(program.target).resolve())
             sys.argv = [program.target, *program.args]
-            sys.path.insert(0, os.path.dirname(script))
-            namespace = runpy.run_path(script, run_name="__main__")
+            # A folder runs its __main__.py with the folder itself first on sys.path, as `python DIR`.
+            sys.path.insert(0, script if os.path.isdir(script) else os.path.dirname(script))
+            with program_warnings():
+                namespace = runpy.run_path(script, run_name="__main__")
         if on_end is not None:
             on_end()
         del namespace

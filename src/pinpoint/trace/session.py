@@ -26,9 +26,11 @@ class Capture:
     default_scope: bool = True  # unrequested ops on the emulated /GPU:0, as on a GPU machine
     names: Any = None
     recorder: Any = None
+    requests: Any = None  # trace.requests.RequestLog: the layers' and weights' device requests
     fit: Any = None
     started: float = field(default_factory=time.monotonic)
     last_logged: dict = field(default_factory=dict)  # the last pinpoint.log metrics
+    weight_rows: list | None = None  # the weights' requests, read by on_end while the layers live
 
     def __enter__(self) -> Capture:
         from pinpoint import userlog
@@ -54,6 +56,11 @@ class Capture:
             self.recorder = Recorder(default, GpuPlacement(self.dm) if self.dm.emulated else None)
             stack.callback(self.recorder.uninstall)
             self.recorder.install()
+            from pinpoint.trace.requests import RequestLog
+
+            self.requests = RequestLog(default)
+            stack.callback(self.requests.uninstall)
+            self.requests.install()
             self.fit = FitPatch(lambda batch: KerasLogger(self.send_metrics, self.params, log_every=self.log_every,
                                                           batch_size=batch))
             stack.callback(self.fit.uninstall)
@@ -62,6 +69,11 @@ class Capture:
             userlog.set_sink(self._log)
             self._undo = stack.pop_all()
         return self
+
+    def on_end(self) -> None:
+        """The program ended and its objects are still alive: read what needs them."""
+        self.recorder.resolve_pending()
+        self.weight_rows = self.requests.rows()
 
     def _log(self, step: int, metrics: dict) -> None:
         """pinpoint.log from a custom loop."""
@@ -76,10 +88,14 @@ class Capture:
         self._undo.close()
 
     def placement(self, program: str) -> dict:
+        from pinpoint.placement.requests import add_weight_rules
         from pinpoint.trace.analysis import trace_placement
 
         notes = [f"emulation: {n}" for n in self.names.ignored]
-        return trace_placement(self.recorder, self.dm, program=program, notes=notes)
+        placement = trace_placement(self.recorder, self.dm, program=program, notes=notes)
+        rows = self.weight_rows if self.weight_rows is not None else self.requests.rows()
+        add_weight_rules(placement, rows, DeviceMap.of(self.dm))
+        return placement
 
     def metrics(self, placement: dict, exit_code: int) -> dict:
         from pinpoint.trace.analysis import trace_metrics
@@ -134,7 +150,7 @@ def trace_command(program, *, out: str | Path | None, gpus: int | None, tracking
                             "trace.gpus": gpus or 0, "trace.emulated": dm.emulated})
             cap = Capture(dm, log_every=log_every, send=run.log_metrics, params=run.log_params)
             with cap:
-                outcome = prog.run(program, on_end=cap.recorder.resolve_pending)
+                outcome = prog.run(program, on_end=cap.on_end)
             finish(cap, run, out, label, outcome.exit_code)
             if outcome.status == prog.KILLED:
                 raise KeyboardInterrupt  # the run ends KILLED

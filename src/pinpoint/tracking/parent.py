@@ -12,11 +12,11 @@ from __future__ import annotations
 from pinpoint.tracking.sender import (
     LOCAL_ID_TAG,
     PIPELINE_TAG,
-    brief,
     find_run_by_local_id,
     get_or_create_experiment,
     mlflow_client,
     new_local_id,
+    store_problem,
 )
 from pinpoint.tracking.spool import warn
 from pinpoint.tracking.uri import configure_http, redact, resolve_tracking_uri
@@ -51,7 +51,7 @@ def start_parent_run(cfg, run_name: str | None = None, *, uri: str | None = None
         _PARENTS[run.info.run_id] = (uri, cfg.tracking.experiment)
         return run.info.run_id
     except Exception as err:  # noqa: BLE001 - tracking must never stop a pipeline
-        warn(f"MLflow tracking server {redact(uri)} unreachable ({brief(err)}); "
+        warn(f"{store_problem(err, uri)}; "
              f"the pipeline's parent run will be created by its first step that reaches it")
         _PARENTS[local_id] = (uri, cfg.tracking.experiment)
         return local_id

@@ -40,6 +40,12 @@ class Transient(Exception):
     """The server could not be reached (or answered 5xx): keep the records and retry later."""
 
 
+class Refused(Transient):
+    """The tracking store refused the run outright (a 4xx answer, e.g. a `file:` store, which
+    MLflow 3 no longer opens): the records are kept as for an outage, but the store is not
+    "unreachable" and will not come back by itself; the message is MLflow's, whole."""
+
+
 _CLIENTS: dict[str, Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
@@ -74,6 +80,15 @@ def _classify(err: Exception) -> Exception:
         if 400 <= status < 500 and status != 429:
             return err
     return Transient(brief(err))
+
+
+def store_problem(err: Exception, uri: str) -> str:
+    """A warning's start for a failed MLflow call: the server unreachable (with a short reason),
+    or the store's refusal (a 4xx answer, e.g. a `file:` store MLflow 3 no longer opens) in
+    MLflow's own words, whole, on one line."""
+    if isinstance(_classify(err), Transient):
+        return f"MLflow tracking server {redact(uri)} unreachable ({brief(err)})"
+    return f"MLflow tracking store {redact(uri)} refused: {' '.join(str(err).split())}"
 
 
 def brief(err: Exception) -> str:
@@ -251,8 +266,12 @@ class Sender:
             self._on_event("failure")
             if not self.offline:
                 self.offline = True
-                warn(f"MLflow tracking server {redact(self.uri)} unreachable ({err}); spooling to "
-                     f"{self.spool.folder} and resending when it is back")
+                if isinstance(err, Refused):
+                    warn(f"MLflow tracking store {redact(self.uri)} refused the run: {err} Spooling to "
+                         f"{self.spool.folder}.")
+                else:
+                    warn(f"MLflow tracking server {redact(self.uri)} unreachable ({err}); spooling to "
+                         f"{self.spool.folder} and resending when it is back")
             return False
         if self.offline:
             self.offline = False
@@ -325,7 +344,9 @@ class Sender:
                                    run_name=rec["run_name"])
                 run_id = run.info.run_id
         except Exception as err:  # noqa: BLE001 - run creation must succeed eventually: retry
-            raise Transient(brief(err)) from None
+            if isinstance(_classify(err), Transient):
+                raise Transient(brief(err)) from None
+            raise Refused(" ".join(str(err).split())) from None
         self.run_id = run_id
         self.spool.update_meta(run_id=run_id, experiment_id=exp_id)
         if self._on_run_created:
