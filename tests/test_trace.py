@@ -164,6 +164,54 @@ def test_eager_assign_runs_on_the_variables_device_after_a_copy(tmp_path):
     assert (var["devices"], var["update_devices"]) == (["/GPU:1"], ["/GPU:1"])
 
 
+# ---- issue 34: eager ops are counted until they stop bringing new signatures, and the report says so --
+def test_eager_counting_stops_after_a_quiet_window_and_the_report_says_where(tmp_path):
+    import json
+
+    from pinpoint.trace.recorder import EAGER_QUIET_OPS as Q
+
+    # 900 adds, a multiply (a new signature: the window starts again), then adds until the window
+    # of Q quiet ops passes: the callback goes after the (Q - 900)th add of the last 2 * Q.
+    script = write(tmp_path, "quiet.py", f"""
+        import tensorflow as tf
+        x, y = tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])
+        for _ in range(900):
+            tf.add(x, y)
+        tf.multiply(x, y)
+        for _ in range(2 * {Q}):
+            tf.add(x, y)
+    """)
+    out = tmp_path / "out"
+    proc = trace([str(script)], cwd=tmp_path, out=out)
+    p = placement(out)
+    eager = p["eager"]
+    (dev,) = eager["op_types_by_device"]
+    assert eager["op_types_by_device"][dev]["AddV2"] == 900 + Q  # of 900 + 2Q run
+    assert eager["op_types_by_device"][dev]["Mul"] == 1
+    assert (eager["counted_until"], eager["quiet_ops"]) == (eager["ops"], Q)
+    assert any(n.startswith(f"eager ops: the counts are of the program's first {eager['ops']} eager op(s)")
+               for n in p["notes"])
+    assert json.loads((out / "metrics.json").read_text())["eager_ops_counted_until"] == eager["ops"]
+    assert f"eager ops  : {eager['ops']} (counted until op {eager['ops']}, then sampling stopped)" in proc.stdout
+
+
+def test_eager_ops_under_the_quiet_window_are_all_counted(tmp_path):
+    from pinpoint.trace.recorder import EAGER_QUIET_OPS as Q
+
+    script = write(tmp_path, "busy.py", f"""
+        import tensorflow as tf
+        x, y = tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])
+        for _ in range({Q} - 10):
+            tf.add(x, y)
+    """)
+    out = tmp_path / "out"
+    trace([str(script)], cwd=tmp_path, out=out)
+    eager = placement(out)["eager"]
+    (dev,) = eager["op_types_by_device"]
+    assert eager["op_types_by_device"][dev]["AddV2"] == Q - 10
+    assert (eager["counted_until"], eager["quiet_ops"]) == (None, None)
+
+
 # ---- a tf.compat.v1 Session program ---------------------------------------------------------------
 def test_session_run_partition_graphs_are_captured(tmp_path):
     script = write(tmp_path, "sess.py", """

@@ -79,7 +79,9 @@ def program_lines(placement: Mapping[str, Any]) -> list[str]:
     by_dev = ", ".join(f"{d} {n}" for d, n in (eager.get("ops_by_device") or {}).items())
     copies = eager.get("copies") or []
     copy = "; copies: " + ", ".join(f"{c['from']}->{c['to']} {human_bytes(c['bytes'])}" for c in copies[:2]) if copies else ""
-    lines.append(f"eager ops  : {eager.get('ops', 0)}" + (f" ({by_dev})" if by_dev else "") + copy)
+    until = eager.get("counted_until")
+    counted = f" (counted until op {until}, then sampling stopped)" if until is not None else ""
+    lines.append(f"eager ops  : {eager.get('ops', 0)}{counted}" + (f" ({by_dev})" if by_dev else "") + copy)
     return lines
 
 

@@ -9,7 +9,7 @@ part-way (the stack holds exactly what was done).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pinpoint.tfcompat.targets import TARGETS
@@ -36,12 +36,22 @@ class Patches(contextlib.ExitStack):
         owner, name = TARGETS[key].owner()
         return getattr(owner, name)
 
-    def op_callback(self, callback) -> None:
-        """TensorFlow's op callback `callback` until close."""
+    def op_callback(self, callback) -> Callable[[], None]:
+        """TensorFlow's op callback `callback` until close; returns a function that removes it
+        earlier (on the thread that added it: op callbacks are thread-local), after which close
+        has nothing left to do for it."""
         from tensorflow.python.framework import op_callbacks
 
         op_callbacks.add_op_callback(callback)
-        self.callback(op_callbacks.remove_op_callback, callback)
+        added = [True]
+
+        def remove() -> None:
+            if added[0]:
+                added[0] = False
+                op_callbacks.remove_op_callback(callback)
+
+        self.callback(remove)
+        return remove
 
 
 def patch_local_devices(patches: Patches, indices: Sequence[int]) -> None:

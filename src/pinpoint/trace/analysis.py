@@ -173,6 +173,10 @@ def eager_section(eager, namer: DeviceMap, default_device: str) -> dict:
         "copy_bytes": sum(c["bytes"] for c in copies),
         "not_where_requested": moved,
         "default_device": spec(default_device) if default_device else None,
+        # Every eager op of the program counted (None), or only the first N: the op callback was
+        # removed after `quiet_ops` callbacks in a row brought no new signature.
+        "counted_until": eager.stopped,
+        "quiet_ops": eager.quiet if eager.stopped is not None else None,
     }
 
 
@@ -295,6 +299,13 @@ def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] =
         placement["notes"].append(
             f"{runtime} eager op(s) ran on TensorFlow's runtime threads during the captured calls (py_function "
             "bodies): listed in functions[].runtime_ops, not counted as the functions' ops or as requests")
+    if recorder.eager.stopped is not None:
+        placement["notes"].append(
+            f"eager ops: the counts are of the program's first {recorder.eager.stopped} eager op(s): after "
+            f"{recorder.eager.quiet} op callbacks in a row with no new signature (op type and device, copy, request "
+            "not met, updated variable) the op callback was removed, so later eager ops ran uncounted: their "
+            "numbers, copies, requests not met and variable updates are not in these counts (tf.function calls "
+            "still are)")
     if not records:
         placement["notes"].append("the program ran no tf.function and no Session.run: only its eager ops are shown")
     elif train and cap is None and train.get("error"):
@@ -336,6 +347,8 @@ def trace_metrics(recorder, placement: dict, *, exit_code: int, seconds: float, 
         "functions": len(placement.get("functions", [])),
         "eager_ops": recorder.eager.total,
     }
+    if recorder.eager.stopped is not None:  # later eager ops ran uncounted (placement.json's notes)
+        out["eager_ops_counted_until"] = recorder.eager.stopped
     if keras:
         out.update(keras)
     return out

@@ -7,7 +7,12 @@
 - eager ops: an op callback (TensorFlow's own hook, as tf.debugging's numeric checks use) sees
   every eager op with its inputs and outputs: the device it ran on (its outputs' device; an op
   without outputs that takes a variable runs on the variable's device) and every input that
-  had to be copied there, with its bytes.
+  had to be copied there, with its bytes. TensorFlow's callback mechanism alone costs an eager
+  op more than the microsecond counting it may cost (issue 34), so once the program's eager ops
+  (and tf.function calls) have produced no new signature -- (op type, device) pair, copy
+  (source, destination), request not met, or updated variable -- for `quiet_ops` callbacks in a
+  row, the callback is removed: the eager counts are then those of the ops up to that point
+  (`EagerRecord.stopped`), and the report says so.
 - tf.compat.v1 sessions: the first `Session.run` of each fetch/feed signature asks the runtime
   for its partition graphs (RunOptions.output_partition_graphs).
 
@@ -41,6 +46,8 @@ _SUFFIX_RE = re.compile(r"^__(inference|forward|backward)_(.*?)(_\d+)?$")
 _UPDATE_RE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
 _PLATFORM_VARIABLES = {"save_counter:0", "save_counter"}
 MAX_EAGER_KINDS = 5000  # distinct (op type, device) and copy keys kept: a bound on memory, not on counts
+# Op callbacks in a row that bring no new eager signature, after which the callback is removed.
+EAGER_QUIET_OPS = 1000
 
 
 def python_name(concrete: str) -> str:
@@ -124,12 +131,16 @@ class EagerRecord:
     handles: dict = field(default_factory=dict)  # handle id -> the handle tensor (kept alive)
     attrs: dict = field(default_factory=dict)  # (device, op type) -> the first call's attrs
     total: int = 0
+    # Eager ops counted when the op callback was removed (no new signature in `quiet` callbacks
+    # in a row); None: every eager op of the program was counted.
+    stopped: int | None = None
+    quiet: int = 0
 
 
 class Recorder:
     """Install with `install()`, read the records, `uninstall()` when the program ended."""
 
-    def __init__(self, default_device: str = "", graph_placement=None):
+    def __init__(self, default_device: str = "", graph_placement=None, quiet_ops: int = EAGER_QUIET_OPS):
         # The emulated /GPU:0 scope the program runs in (its requests are not the program's).
         self.default_device = default_device
         # training.emulation.GpuPlacement under emulation: a tf.compat.v1 graph's unrequested
@@ -145,21 +156,37 @@ class Recorder:
         self._pending: dict[int, bool] = {}  # eager-updated handles not yet matched to a variable
         self._patches = Patches()
         self.active = False
+        self.quiet_ops = quiet_ops
+        self._quiet = 0  # op callbacks since the last new eager signature
+        self._remove_op_callback = None
+        self._known: dict[int, FunctionRecord] = {}  # id(AtomicFunction) -> its record
+        self._alive: list = []  # the functions in _known (kept alive: an id is not reused)
 
     # ---- install -----------------------------------------------------------------------------
     def install(self) -> Recorder:
         call_flat = Patches.current("AtomicFunction.call_flat")
         rec = self
 
+        known = self._known
+
         def recorded_call_flat(fn, *args):
             if not rec.active or not executing_eagerly(fn):
+                return call_flat(fn, *args)
+            # A function called before: one dict lookup and a counter (issue 34: <= 2 µs a call).
+            r = known.get(id(fn))
+            if r is not None:
+                r.calls += 1
                 return call_flat(fn, *args)
             name = fn.name.decode() if isinstance(fn.name, bytes) else str(fn.name)
             r = rec.functions.get(name)
             if r is not None:
+                known[id(fn)] = r
+                rec._alive.append(fn)  # its id stays its own while it is in `known`
                 r.calls += 1
                 return call_flat(fn, *args)
             r = rec.functions[name] = FunctionRecord(name, user_name(fn, name), calls=1, role=keras_role())
+            known[id(fn)] = r
+            rec._alive.append(fn)
             if threading.current_thread() is not threading.main_thread():
                 # e.g. a ClusterCoordinator's closures: graph collection is process-wide, and
                 # those functions are instantiated by the remote workers' runtimes anyway.
@@ -180,7 +207,7 @@ class Recorder:
             return rec._session_run(run, sess, fetches, feed_dict)
 
         self._patches.replace("BaseSession.run", recorded_run)
-        self._patches.op_callback(self._on_op)
+        self._remove_op_callback = self._patches.op_callback(self._on_op)
         self.active = True
         return self
 
@@ -240,24 +267,32 @@ class Recorder:
 
     # ---- eager ops ---------------------------------------------------------------------------
     def _on_op(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if graph is not None or not self.active:
+            return None  # graph construction
         if isinstance(op_type, bytes):  # the eager fallback path passes bytes
             op_type = op_type.decode()
-        if graph is not None or not self.active or op_type.startswith("__"):
-            return None  # graph construction, or a tf.function call (counted by call_flat)
+        if op_type.startswith("__"):
+            self._quiet += 1  # a tf.function call (counted by call_flat): nothing new for eager
+            if self._quiet >= self.quiet_ops:
+                self._stop_eager()
+            return None
         e = self.eager
         e.total += 1
         device = _ran_on(inputs, outputs)
         if not device:
             return None
+        new = False
         e.ops[device] += 1
         kinds = e.op_types[device]
         if op_type in kinds or len(e.attrs) < MAX_EAGER_KINDS:
             if op_type not in kinds:
                 e.attrs[(device, op_type)] = attrs  # for the kernel lookup (predicted fallbacks)
+                new = True
             kinds[op_type] += 1
         requested = current_device()
         if requested and requested != self.default_device and _short(requested) != _short(device):
             k = (op_type, requested, device)
+            new = new or k not in e.moved
             e.moved[k] = e.moved.get(k, 0) + 1
         for t in inputs:
             src = getattr(t, "device", "")
@@ -269,14 +304,36 @@ class Recorder:
                 if len(e.copies) >= MAX_EAGER_KINDS:
                     continue
                 c = e.copies[k] = {"count": 0, "bytes": 0, "ops": Counter()}
+                new = True
+            new = new or op_type not in c["ops"]
             c["count"] += 1
             c["bytes"] += _nbytes(t)
             c["ops"][op_type] += 1
         if _UPDATE_RE.match(op_type) and inputs and _is_resource(inputs[0]):
-            e.updates[id(inputs[0])].add(device)
-            e.handles.setdefault(id(inputs[0]), inputs[0])
-            self._on_update(id(inputs[0]))
+            h = id(inputs[0])
+            # New: a handle or device not seen updating, or a variable not yet looked for.
+            new = (new or device not in e.updates.get(h, ())
+                   or (h not in self._resolved and not self._pending.get(h, False)))
+            e.updates[h].add(device)
+            e.handles.setdefault(h, inputs[0])
+            self._on_update(h)
+        if new:
+            self._quiet = 0
+        else:
+            self._quiet += 1
+            if self._quiet >= self.quiet_ops:
+                self._stop_eager()
         return None
+
+    def _stop_eager(self) -> None:
+        """Remove the op callback: the program's eager ops have stopped producing new signatures
+        (called from the callback, on the thread that added it)."""
+        if self._remove_op_callback is None:
+            return
+        e = self.eager
+        e.stopped, e.quiet = e.total, self.quiet_ops
+        remove, self._remove_op_callback = self._remove_op_callback, None
+        remove()
 
     def _on_update(self, handle_id: int) -> None:
         """Find the variable an eager op updated. A variable's first update is its initializer,
