@@ -77,8 +77,9 @@ class Capture:
 
     def _log(self, step: int, metrics: dict) -> None:
         """pinpoint.log from a custom loop."""
-        self.last_logged = dict(metrics)
-        self.send_metrics(metrics, step=step)
+        self.last_logged = metrics  # a dict of its own (pinpoint.log builds one per call)
+        if self.send is not None:
+            self.send(metrics, step=step)
 
     def send_metrics(self, metrics: dict, step: int) -> None:
         if self.send is not None:

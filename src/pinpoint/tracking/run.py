@@ -156,13 +156,16 @@ class StepRun:
         if step is None:
             step = self._step
             self._step += 1
-        ts = now_ms()
-        rows = []
-        for key, value in metrics.items():
-            try:
-                rows.append([str(key), float(value), ts, int(step)])
-            except (TypeError, ValueError):
-                continue  # not a number: not a metric
+        ts, step = now_ms(), int(step)
+        try:  # the common case in one pass (a training step's logging path: issue 34, <= 5 µs)
+            rows = [[str(key), float(value), ts, step] for key, value in metrics.items()]
+        except (TypeError, ValueError):
+            rows = []
+            for key, value in metrics.items():
+                try:
+                    rows.append([str(key), float(value), ts, step])
+                except (TypeError, ValueError):
+                    continue  # not a number: not a metric
         if rows:
             # In memory until the sender's next pass (no disk write or request per step).
             self.spool.append("metrics", metrics=rows)
