@@ -52,6 +52,9 @@ class Ratio:
     target: str | None = None  # e.g. ">= 1" (issue 3.8) or "<= 1.03" (issue 4.6)
     difference: bool = False  # num - den (e.g. seconds of fixed cost) instead of num / den
     # den "": not a ratio but num's own value (e.g. `make run`'s wall time <= 30 s).
+    # A list field of num's records pooled over the rounds instead of one value per round (e.g.
+    # the per-call microbenchmarks' pairs of blocks): its median and interval.
+    pooled: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,9 @@ class Comparison:
     # wall, measured), and the comparison's own fixed cost (prepare, server start).
     run_s: float = 0.0
     setup_s: float = 0.0
+    # Issue 34.3: more rounds than `repeats` while a targeted interval is wider than ±3% of its
+    # median, until this many seconds of the comparison's runs (None: `repeats` rounds only).
+    time_cap_s: float | None = None
     section: str = ""  # the key of the section that runs it (set by build_plan)
 
 
@@ -95,7 +101,8 @@ def own_runs(comp: Comparison, s: Settings, keys: set[str]) -> int:
 def plan_seconds(plan: list[Comparison], s: Settings) -> dict[str, float]:
     """The estimated seconds of each comparison the plan runs (skipped ones: 0)."""
     keys = {c.key for c in plan if not c.skipped}
-    return {c.key: 0.0 if c.skipped else own_runs(c, s, keys) * c.run_s + c.setup_s for c in plan}
+    return {c.key: 0.0 if c.skipped else max(own_runs(c, s, keys) * c.run_s, c.time_cap_s or 0.0) + c.setup_s
+            for c in plan}
 
 
 SERVER_URI = "@mlflow-server@"  # replaced by the comparison's server address (run.py)

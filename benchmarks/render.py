@@ -11,7 +11,7 @@ from typing import Any
 
 from benchmarks.flops import ring_allreduce_min_bytes
 from benchmarks.plan import Comparison
-from benchmarks.stats import Summary, fmt, fmt_summary, paired_ratios, summarize
+from benchmarks.stats import Summary, decide, fmt, fmt_summary, paired_ratios, summarize
 from benchmarks.table import markdown_table
 
 Results = dict[str, dict[str, list[dict]]]
@@ -22,39 +22,43 @@ def values(recs: Sequence[dict], key: str) -> list[float | None]:
     return [None if ("error" in r or r.get(key) is None) else float(r[key]) for r in recs]
 
 
-def summ(recs: Sequence[dict], key: str, scale: float = 1.0) -> Summary | None:
+def summ(recs: Sequence[dict], key: str, scale: float = 1.0, *, interval: bool = False) -> Summary | None:
     vals = [None if v is None else v * scale for v in values(recs, key)]
-    return summarize(vals)
+    return summarize(vals, interval=interval)
 
 
 def ratio_summary(results: Results, comp: str, num: str, den: str, metric: str) -> Summary | None:
+    """The same-round ratios num / den: median, range and the median's 95% interval."""
     runs = results.get(comp) or {}
     if num not in runs or den not in runs:
         return None
     a, b = values(runs[num], metric), values(runs[den], metric)
     n = min(len(a), len(b))
-    return summarize(paired_ratios(a[:n], b[:n]))
+    return summarize(paired_ratios(a[:n], b[:n]), interval=True)
+
+
+def pooled(recs: Sequence[dict], key: str) -> list[float]:
+    """The list field `key` of every good record, one list (e.g. the pairs of blocks of every round)."""
+    return [float(v) for r in recs if "error" not in r for v in (r.get(key) or [])]
 
 
 def compare_summary(results: Results, comp: str, rt) -> Summary | None:
-    """A Ratio's same-round values: num / den, num - den for a difference, num's own for den ""."""
+    """A Ratio's same-round values with their interval: num / den, num - den for a difference,
+    num's own for den "" (or, with `pooled`, num's list field pooled over the rounds)."""
+    if getattr(rt, "pooled", None):
+        return summarize(pooled((results.get(comp) or {}).get(rt.num, []), rt.pooled), interval=True)
     if not rt.den:
-        return summ((results.get(comp) or {}).get(rt.num, []), rt.metric)
+        return summ((results.get(comp) or {}).get(rt.num, []), rt.metric, interval=True)
     if not rt.difference:
         return ratio_summary(results, comp, rt.num, rt.den, rt.metric)
     runs = results.get(comp) or {}
     a, b = values(runs.get(rt.num, []), rt.metric), values(runs.get(rt.den, []), rt.metric)
-    return summarize([None if x is None or y is None else x - y for x, y in zip(a, b)])
+    return summarize([None if x is None or y is None else x - y for x, y in zip(a, b)], interval=True)
 
 
 def target_met(s: Summary | None, target: str | None) -> str:
-    if not target:
-        return ""
-    if s is None:
-        return f"NOT met (no data: every run failed; target {target})"
-    op, _, num = target.partition(" ")
-    ok = s.median >= float(num) if op == ">=" else s.median <= float(num)
-    return f"{'met' if ok else 'NOT met'} (target {target})"
+    """The verdict by the interval (stats.decide); "" without a target."""
+    return decide(s, target) if target else ""
 
 
 def _pct(s: Summary | None) -> str:
@@ -339,10 +343,11 @@ def section_make_run(plan: list[Comparison], results: Results) -> str:
          first, "of which in the train step s", "runs"],
         [["make run", *(fmt_summary(summ(runs, c)) for c in cols), str(len(runs))]],
     )
-    wall = summ(runs, "wall_s")
-    verdict = "not run" if wall is None else ("met" if wall.median <= TARGET_WALL_S else "NOT met")
+    wall = summ(runs, "wall_s", interval=True)
+    verdict = "not run" if wall is None else decide(wall, f"<= {TARGET_WALL_S:g}")
     return table + (
-        f"\nTarget (issue 15.7): wall time <= {TARGET_WALL_S:g} s: **{verdict}**. A step's time is its "
+        f"\nTarget (issue 15.7): wall time <= {TARGET_WALL_S:g} s: {fmt_summary(wall)} s: **{verdict}**. "
+        "A step's time is its "
         "process's, from kfp.local starting it to its exit (imports, its MLflow step run and exit included); "
         "before the steps: the CLI, kfp and the MLflow parent run; after: the parent run's end, the summary, "
         "exit. The first training step's time is its train_log.jsonl record's (step 1 runs as a call of its "
@@ -363,7 +368,12 @@ def failures(results: Results) -> list[str]:
 
 SETTINGS = """\
 - Every figure is the median of the runs, with (min–max); ratios are taken between the arms of
-  the same round, then summarized. Each run is its own process; the arms of a comparison run back
+  the same round, then summarized. A ratio (or difference) also shows [low, high], the 95%
+  bootstrap interval of its median (the rounds resampled with replacement, 4,000 times), and a
+  target is decided by that interval: met when all of it is on the target's side, NOT met when
+  none of it is, undecided when it straddles the target (or a single round gives no interval).
+  A comparison with a time cap runs more rounds until every targeted interval is within ±3% of
+  its median or the cap is reached. Each run is its own process; the arms of a comparison run back
   to back, alternating order between rounds (A B, B A, ...). On a shared machine (see the load
   average above) the absolute numbers move with the load; the same-round ratios much less.
 - Same model (`pinpoint.training.models.build_model`, same seeds), same data arrays (scikit-learn

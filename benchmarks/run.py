@@ -131,16 +131,31 @@ def _run_rounds(comp: Comparison, repeats: int, out: Path, results: dict, log=pr
         if a not in own:
             runs[a.name] = results[a.reuse[0]][a.reuse[1]][:repeats]
             log(f"[{comp.key}] {a.name}: reusing the {len(runs[a.name])} runs of {a.reuse[0]}/{a.reuse[1]}")
-    for r in range(repeats):
+    started = time.perf_counter()
+    r = 0
+    while r < repeats or more_rounds(comp, runs, time.perf_counter() - started, r):
         order = own if r % 2 == 0 else list(reversed(own))
         for a in order:
             if a.max_rounds is not None and r >= a.max_rounds:
                 continue
             rec = run_worker(a.spec, out / comp.key / f"r{r}-{a.name}")
             runs.setdefault(a.name, []).append(rec)
-            log(f"[{comp.key}] round {r + 1}/{repeats} {a.name}: {_headline(rec)}")
+            log(f"[{comp.key}] round {r + 1}/{repeats}{'+' if r >= repeats else ''} {a.name}: {_headline(rec)}")
+        r += 1
     # Keep the rounds aligned with the arm order for same-round ratios.
     return runs
+
+
+def more_rounds(comp: Comparison, runs: dict, elapsed: float, done: int) -> bool:
+    """Issue 34.3: one more round, when the comparison has a time cap that another round fits in
+    (at its rounds' mean time so far) and a targeted interval is still wider than ±3%."""
+    from benchmarks.render import compare_summary
+    from benchmarks.stats import settled
+
+    if comp.time_cap_s is None or done == 0 or elapsed + elapsed / done > comp.time_cap_s:
+        return False
+    results = {comp.key: runs}
+    return not all(settled(compare_summary(results, comp.key, rt)) for rt in comp.ratios if rt.target)
 
 
 def _save(out: Path, machine: dict, command: str, s: Settings, elapsed: float, results: dict, *,

@@ -129,20 +129,27 @@ def test_render_markdown_reports_same_round_ratios_targets_and_failures():
 
     plan, results, raw = _fake_results()
     md = render_markdown(plan, results, raw, "RESULTS.png")
-    # none: rounds 110/100=1.1 and 99/90=1.1 -> median 1.1, target >= 1 met
-    assert "| strategy none, 1 device | 104.5 (99–110) | 95 (90–100) | 1.1 (1.1–1.1) | met (target >= 1) |" in md
+    # none: rounds 110/100=1.1 and 99/90=1.1 -> median 1.1, interval [1.1, 1.1], target >= 1 met
+    assert "| strategy none, 1 device | 104.5 (99–110) | 95 (90–100) | 1.1 [1.1, 1.1] (1.1–1.1) | met (target >= 1) |" in md
     assert "| XLA ? / ? |" not in md and "XLA ? / ?, 10 / ? |" in md
     # mirrored: round 1 Keras failed, so one ratio: 84/80 = 1.05
-    assert "1.05 (1.05–1.05) | met (target >= 1)" in md
+    assert "1.05 (1.05–1.05) | undecided (one value, no interval; target >= 1)" in md
     assert "keras-mirrored/keras round 1: exit 1: boom" in md
-    # capture on/off 1.02 and 1.06 -> median 1.04 -> NOT met (<= 1.03)
-    assert "| capture on / off, train time | 1.04 (1.02–1.06) | 0.2 s (0.1–0.3) | 1 (1–1) | NOT met (target <= 1.03) |" in md
-    # tracking: steady 0.99 and 0.97 -> median 0.98 met; fixed cost 1 s and 3.5 s -> median 2.25 s NOT met
-    assert "| local store: steady ex/s on / off | 0.98 (0.97–0.99) |  | met (target >= 0.98) |" in md
-    assert "| local store: fixed cost, train time on - off (s) | 2.25 s (1–3.5) | 0 s (0–0) | NOT met (target <= 2) |" in md
-    assert "| local store: model export, train time with - without the model (s) | 1 s (1–1) | 0 s (0–0) | recorded |" in md
-    assert "| mlflow server: fixed cost, train time on - off (s) | 1.5 s (1.5–1.5) | 0 s (0–0) | met (target <= 2) |" in md
-    assert "local store: fixed cost, train time on - off (s) = 2.25 (1–3.5): **NOT met (target <= 2)**" in md
+    # capture on/off 1.02 and 1.06 -> median 1.04, but the interval of two rounds is [1.02, 1.06]:
+    # it straddles <= 1.03 (the median alone said NOT met)
+    assert ("| capture on / off, train time | 1.04 [1.02, 1.06] (1.02–1.06) | 0.2 s (0.1–0.3) | 1 [1, 1] (1–1) | "
+            "undecided (the interval straddles it; target <= 1.03) |") in md
+    # tracking: steady 0.99 and 0.97 -> [0.97, 0.99] straddles 0.98; fixed cost 1 s and 3.5 s straddles 2 s
+    assert ("| local store: steady ex/s on / off | 0.98 [0.97, 0.99] (0.97–0.99) |  | "
+            "undecided (the interval straddles it; target >= 0.98) |") in md
+    assert ("| local store: fixed cost, train time on - off (s) | 2.25 s [1, 3.5] (1–3.5) | 0 s [0, 0] (0–0) | "
+            "undecided (the interval straddles it; target <= 2) |") in md
+    assert ("| local store: model export, train time with - without the model (s) | 1 s [1, 1] (1–1) | "
+            "0 s [0, 0] (0–0) | recorded |") in md
+    assert ("| mlflow server: fixed cost, train time on - off (s) | 1.5 s [1.5, 1.5] (1.5–1.5) | 0 s [0, 0] (0–0) | "
+            "met (target <= 2) |") in md
+    assert ("local store: fixed cost, train time on - off (s) = 2.25 [1, 3.5] (1–3.5): "
+            "**undecided (the interval straddles it; target <= 2)**") in md
     # scaling: 2 devices, 4000 bytes -> 2000 per device vs ring min 1000 -> 2x
     assert "| 2 | 80 (80–80) | n/a | 4,000 | 0 | 2,000 | 1,000 | 2x | 2 |" in md
     # 4 devices all-reducing by collectives (1000 B each): a ring sends 2*3/4*1000 = 1500 per device,
@@ -151,11 +158,13 @@ def test_render_markdown_reports_same_round_ratios_targets_and_failures():
     assert "n/a (nothing to reduce)" in md  # one device
     assert "| make run | 32 (20–44) | 3 (3–3) | 3 (2–4) | 10 (9–11) | 4 (3–5) | 0.2 (0.1–0.3) | 16 (10–22) | 6 (5–7) | 2 |" in md
     assert "time to first training step s | of which in the train step s |" in md
-    assert "Target (issue 15.7): wall time <= 30 s: **NOT met**" in md  # median 32 s
+    assert ("Target (issue 15.7): wall time <= 30 s: 32 [20, 44] (20–44) s: "
+            "**undecided (the interval straddles it; target <= 30)**") in md  # median 32 s, two rounds
     assert "Command: `python -m benchmarks.run --repeats 2`" in md and "AMD EPYC" in md
     assert "![benchmarks](RESULTS.png)" in md
-    assert "- strategy none, 1 device: pinpoint / Keras examples/sec = 1.1 (1.1–1.1): **met (target >= 1)**" in md
-    assert "capture on / off, train time = 1.04 (1.02–1.06): **NOT met (target <= 1.03)**" in md
+    assert "- strategy none, 1 device: pinpoint / Keras examples/sec = 1.1 [1.1, 1.1] (1.1–1.1): **met (target >= 1)**" in md
+    assert ("capture on / off, train time = 1.04 [1.02, 1.06] (1.02–1.06): "
+            "**undecided (the interval straddles it; target <= 1.03)**") in md
 
 
 def test_chart_is_written(tmp_path):
@@ -342,7 +351,7 @@ def test_render_lists_the_user_model_row_and_its_note():
                                               "steps_per_execution": 10}] * 2}
     md = render_markdown(plan, results, raw, None)
     title = next(c.title for c in plan if c.key == "keras-user-model")
-    assert f"| {title} | 30 (30–30) | 20 (20–20) | 1.5 (1.5–1.5) | recorded | n/a / n/a | XLA off / off, 10 / 10 | 2 |" in md
+    assert f"| {title} | 30 (30–30) | 20 (20–20) | 1.5 [1.5, 1.5] (1.5–1.5) | recorded | n/a / n/a | XLA off / off, 10 / 10 | 2 |" in md
     assert f"- {title}: both sides build the model with the user's callable `digits_cnn.model:build_model`" in md
 
 
@@ -423,7 +432,10 @@ def _fake_record(arm) -> dict:
     return {"examples_per_sec": 100.0, "train_s": 5.0, "process_wall_s": 9.0, "wall_s": 20.0, "fixed_s": 1.0,
             # what a k8s-scale arm measures
             "provision_s": 0.5, "manifest_bytes": 3000, "manifest_bytes_per_pod": 300, "cluster_spec_bytes": 6000,
-            "cluster_spec_bytes_per_pod": 600, "requests_per_poll": 4}
+            "cluster_spec_bytes_per_pod": 600, "requests_per_poll": 4,
+            # what the overheads arm measures (pairs of blocks: added µs, Pinpoint's µs)
+            **{f"{name}_{kind}_blocks": [0.5, 0.5] for name in ("tf_function", "eager_op", "log")
+               for kind in ("added", "pinpoint")}}
 
 
 def _fake_comparisons(monkeypatch):
@@ -466,7 +478,7 @@ def test_a_full_run_writes_all_of_results_md_with_every_target_met_or_not(monkey
     targets = md.split("## Targets\n")[1].split("\n## ")[0].strip().splitlines()
     assert len(targets) == sum(1 for c in plan for rt in c.ratios if rt.target)
     assert all(re.search(r"\*\*(met|NOT met) \(target [<>]= [0-9.]+\)\*\*$", t) for t in targets), targets
-    assert "- `make run` (pinpoint run configs/demo.yaml through kfp.local): wall time s = 20 (20–20): " \
+    assert "- `make run` (pinpoint run configs/demo.yaml through kfp.local): wall time s = 20 [20, 20] (20–20): " \
            "**met (target <= 30)**" in targets
     none = next(c for c in plan if c.key == "keras-none")  # planned: 2 rounds x 2 arms x its run_s
     assert f"| keras-none | keras | {fmt(4 * none.run_s / 60, 3)} |" in md.split("## Time per comparison")[1]
@@ -486,7 +498,7 @@ def test_a_partial_run_writes_its_own_dated_file_and_leaves_results_md_alone(mon
     md = report.read_text()
     assert md.startswith("# Benchmarks: a partial run\n")
     targets = md.split("## Targets\n")[1].split("\n## ")[0].strip().splitlines()
-    assert targets == ["- strategy none, 1 device: pinpoint / Keras examples/sec = 1 (1–1): **met (target >= 1)**"]
+    assert targets == ["- strategy none, 1 device: pinpoint / Keras examples/sec = 1 [1, 1] (1–1): **met (target >= 1)**"]
     assert "## Scaling" in md and "## Placement capture" not in md and "## Reliability" not in md
     assert (tmp_path / "out" / "runs" / report.stem / "results.json").is_file()
     # A section's key stands for its comparisons; --quick alone is partial too.
@@ -542,8 +554,8 @@ def test_a_section_is_one_registered_function(monkeypatch):
     md = render_markdown(plan, {"new-thing": {"on": [rec(5.5)] * 2, "off": [rec(5.0)] * 2}}, raw, None)
     body = md.split("## Something new\n")[1].split("\n## ")[0]
     assert "| thing on | 5.5 (5.5–5.5) | 10 (10–10) | 3 (3–3) | 2 |" in body
-    assert "| on / off | 1.1 (1.1–1.1) | met (target <= 1.1) |" in body
-    assert "- a new thing: on / off = 1.1 (1.1–1.1): **met (target <= 1.1)**" in md
+    assert "| on / off | 1.1 [1.1, 1.1] (1.1–1.1) | met (target <= 1.1) |" in body
+    assert "- a new thing: on / off = 1.1 [1.1, 1.1] (1.1–1.1): **met (target <= 1.1)**" in md
     with pytest.raises(ValueError, match="order 35 is taken by something-new"):
         reg.section("Clash", order=35)(lambda s, out: [])
 
@@ -600,3 +612,126 @@ def test_real_models_section_states_the_growth_and_the_report_open_time():
     assert "- resnet50: analysis time per op 100-200 µs over 3 device counts (largest / smallest 2); " \
            "target linear in ops (per-op time within 2x): **met**" in md
     assert "opened in headless Chromium in 420 ms (load event, median of 3); target under 2 s: **met**" in md
+
+
+# ---- issue 34.3: intervals, verdicts, more rounds -------------------------------------------------
+def test_bootstrap_interval_brackets_the_median_and_is_the_same_every_time():
+    from benchmarks.stats import bootstrap_interval
+
+    vals = [0.95, 0.97, 0.98, 0.99, 1.0, 1.01, 1.3]
+    low, high = bootstrap_interval(vals)
+    assert (low, high) == bootstrap_interval(vals)  # seeded: a report does not change between renders
+    assert 0.95 <= low < 0.99 < high <= 1.3
+    assert bootstrap_interval([1.0, 1.0, 1.0]) == (1.0, 1.0)  # no spread, no width
+    assert bootstrap_interval([1.02]) == (None, None)  # one round has no spread to resample
+
+
+def test_bootstrap_interval_narrows_with_more_rounds_of_the_same_spread():
+    from benchmarks.stats import bootstrap_interval
+
+    few = bootstrap_interval([0.9, 1.0, 1.1] * 2)
+    many = bootstrap_interval([0.9, 1.0, 1.1] * 20)
+    assert (many[1] - many[0]) < (few[1] - few[0])
+
+
+@pytest.mark.parametrize("low, high, target, verdict", [
+    (1.01, 1.05, ">= 1", "met (target >= 1)"),
+    (0.90, 0.99, ">= 1", "NOT met (target >= 1)"),
+    (0.97, 1.02, ">= 1", "undecided (the interval straddles it; target >= 1)"),
+    (0.5, 1.9, "<= 2", "met (target <= 2)"),
+    (2.1, 3.0, "<= 2", "NOT met (target <= 2)"),
+    (1.5, 2.5, "<= 2", "undecided (the interval straddles it; target <= 2)"),
+    (None, None, "<= 2", "undecided (one value, no interval; target <= 2)"),
+])
+def test_a_target_is_decided_by_its_interval_not_its_median(low, high, target, verdict):
+    from benchmarks.stats import Summary, decide
+
+    median = 1.0 if target == ">= 1" else 2.0  # on the line: the median alone would decide nothing
+    assert decide(Summary(median, 0.0, 9.0, 5, 0, low, high), target) == verdict
+
+
+def test_decide_without_data_and_with_a_bad_target():
+    from benchmarks.stats import Summary, decide
+
+    assert decide(None, ">= 1") == "NOT met (no data: every run failed; target >= 1)"
+    with pytest.raises(ValueError, match="target: got '== 1'"):
+        decide(Summary(1.0, 1.0, 1.0, 2, 0, 1.0, 1.0), "== 1")
+
+
+def test_settled_is_an_interval_within_three_percent_of_the_median():
+    from benchmarks.stats import Summary, settled
+
+    assert settled(Summary(1.0, 0.9, 1.1, 5, 0, 0.975, 1.029))
+    assert not settled(Summary(1.0, 0.9, 1.1, 5, 0, 0.96, 1.01))  # 4% below
+    assert not settled(Summary(1.0, 1.0, 1.0, 1))  # one round: no interval
+
+
+def test_ratios_show_their_interval_and_summaries_of_runs_do_not():
+    from benchmarks.render import ratio_summary
+    from benchmarks.stats import fmt_summary
+
+    results = {"c": {"a": [{"x": 2.0}, {"x": 2.2}, {"x": 2.1}], "b": [{"x": 2.0}, {"x": 2.0}, {"x": 2.0}]}}
+    r = ratio_summary(results, "c", "a", "b", "x")
+    assert (r.median, r.n) == (1.05, 3) and 1.0 <= r.low <= 1.05 <= r.high <= 1.1
+    assert fmt_summary(r) == f"1.05 [{r.low:.3g}, {r.high:.3g}] (1–1.1)"
+    assert fmt_summary(summarize([2.0, 2.2])) == "2.1 (2–2.2)"
+
+
+def _capped(cap):
+    from benchmarks.plan import Arm, Comparison, Ratio
+
+    return Comparison(key="c", title="t", arms=(Arm("a", "a"), Arm("b", "b")),
+                      ratios=(Ratio("a / b", "a", "b", "x", ">= 1"),), time_cap_s=cap)
+
+
+def test_more_rounds_while_the_interval_is_wide_and_the_cap_allows():
+    from benchmarks.run import more_rounds
+
+    wide = {"a": [{"x": 1.0}, {"x": 1.2}], "b": [{"x": 1.0}, {"x": 1.0}]}  # 1.0 and 1.2: ±10%
+    tight = {"a": [{"x": 1.0}, {"x": 1.01}], "b": [{"x": 1.0}, {"x": 1.0}]}
+    assert more_rounds(_capped(100.0), wide, elapsed=40.0, done=2)  # 20 s a round: a third fits
+    assert not more_rounds(_capped(100.0), wide, elapsed=90.0, done=2)  # a third would pass the cap
+    assert not more_rounds(_capped(100.0), tight, elapsed=40.0, done=2)  # within ±3% already
+    assert not more_rounds(_capped(None), wide, elapsed=40.0, done=2)  # no cap: the planned rounds
+
+
+def test_run_rounds_adds_rounds_until_the_interval_settles(monkeypatch, tmp_path):
+    import itertools
+
+    import benchmarks.run as run
+
+    ratios = itertools.chain([1.3], itertools.repeat(1.0))  # wide at first, then the same value
+
+    def worker(spec, out, timeout=0):
+        return {"x": next(ratios) if out.name.endswith("-a") else 1.0, "process_wall_s": 1.0}
+
+    monkeypatch.setattr(run, "run_worker", worker)
+    runs = run._run_rounds(_capped(1e6), 2, tmp_path, {}, log=lambda m: None)
+    # One 1.3 among n rounds of 1.0 moves the resampled median above 1.0 in more than 2.5% of the
+    # resamples up to n = 6 (3 of 6 drawn 1.3: 6.2%), in 1.0% at n = 7: the interval is [1, 1] then.
+    assert [r["x"] for r in runs["a"]] == [1.3] + [1.0] * 6 and len(runs["b"]) == 7
+    from benchmarks.render import ratio_summary
+    from benchmarks.stats import settled
+
+    assert settled(ratio_summary({"c": runs}, "c", "a", "b", "x"))
+
+
+def test_the_overheads_section_states_each_calls_paths_and_decides_by_the_pairs():
+    from benchmarks.plan import Settings
+    from benchmarks.sections.overheads import ARM, ROWS, comparison, render
+
+    comp = comparison(Settings())
+    rec = {"eager_quiet_ops": 1000}
+    for name, *_ in ROWS:
+        rec.update({f"{name}_plain_us": 10.0, f"{name}_pinpoint_us": 10.5, f"{name}_calls": 100,
+                    f"{name}_added_blocks": [0.4, 0.5, 0.6, 0.5], f"{name}_pinpoint_blocks": [4.0, 4.2, 4.1, 4.1],
+                    f"{name}_added_us": 0.5})
+    text = render([comp], {"overheads": {ARM: [rec, rec]}})
+    tf_row = next(ln for ln in text.splitlines() if ln.startswith("| `tf.function` call, after capture"))
+    cells = [c.strip() for c in tf_row.strip("|").split("|")]
+    assert cells[1:3] == ["10", "10.5"]
+    assert cells[3].startswith("0.5 [") and cells[3].endswith("(0.4–0.6)")
+    assert cells[4:] == ["met (target <= 2)", "100 x 8"]  # 2 rounds x 4 pairs, all under 2 µs
+    assert "Pinpoint's median block 4.1" in text and "met (target <= 5)" in text
+    targets = [rt.target for rt in comp.ratios if rt.target]
+    assert targets == ["<= 2", "<= 1", "<= 5"]

@@ -1,0 +1,181 @@
+"""Issue 34.1: what Pinpoint adds per call, measured where it arises, in one process.
+
+Each microbenchmark times blocks of many calls of one thing on the plain path and on Pinpoint's
+path, in pairs (plain then Pinpoint) within one process, in CPU time of the process (all of its
+threads; time waiting for a core on the shared machine is not counted); a block's time is the
+best of its SUBS sub-blocks. Per path: the best block (the least disturbed one) in µs per call. Added: each pair's Pinpoint block - its plain block, so
+a slow spell of the machine hits both; the list is kept (`<name>_added_blocks`) and the report
+takes its median and a bootstrap 95% interval over the pairs of every round.
+Pinpoint's path is the real one, installed as `pinpoint trace` installs it
+(`pinpoint.trace.session.Capture` on the devices plain python sees, its recorder, request log,
+fit patch and `pinpoint.log` sink), entered before and left after each Pinpoint block:
+
+- tf_function: a small tf.function called after its first (captured) call, once every signature
+  is recorded (the recorder's quiet window has passed: its op callback is gone);
+  tf_function_recording: the same before that (the first calls of a program), recorded, no target.
+- eager_op: `tf.add` of two 4-element tensors once its (op, devices) signature is recorded (the
+  quiet window has passed); eager_recording: the same op while the recorder still counts every
+  eager op (the first ops of a program), recorded, no target.
+- train_on_batch: a Keras `train_on_batch` of a 64-32-10 MLP on a batch of 32, after the window.
+- log: `pinpoint.log(step, loss=..., accuracy=...)`: plain, no Pinpoint run (a no-op); Pinpoint,
+  the trace session's sink into a real MLflow step run (`open_step_run`: journal in memory,
+  its sender process and a local sqlite store).
+- checkpoint: a CheckpointManager save of that MLP and its optimizer; Pinpoint, the
+  `train.entrypoint` path (`training.checkpoints.Checkpoints.save`, then the tracking hook's
+  `on_checkpoint`: hard-link snapshots and a journal record) under the Capture.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# (name, calls per block, pairs of blocks). A block is SUBS sub-blocks; its time is its best
+# sub-block's (a load spike of the shared machine lands in one sub-block, not in the figure).
+BENCHES = (("tf_function", 100, 24), ("tf_function_recording", 100, 10), ("eager_op", 1000, 24),
+           ("eager_recording", 500, 10), ("train_on_batch", 30, 10), ("log", 500, 16), ("checkpoint", 5, 6))
+SUBS = 5
+
+
+def block_us(call: Callable[[], Any], calls: int) -> float:
+    """CPU µs of this process per call: the best of SUBS sub-blocks of calls / SUBS calls each."""
+    per = max(1, calls // SUBS)
+    best = float("inf")
+    for _ in range(SUBS if calls >= SUBS else 1):
+        t0 = time.process_time()
+        for _ in range(per):
+            call()
+        best = min(best, (time.process_time() - t0) / per)
+    return 1e6 * best
+
+
+def measure(spec: dict) -> dict[str, Any]:
+    """The worker kind `overheads`: every microbenchmark, plain and Pinpoint's path."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from pinpoint.quiet import import_tensorflow
+
+    import_tensorflow()
+    import tensorflow as tf
+
+    from pinpoint.trace.gpus import device_map_for
+    from pinpoint.trace.session import Capture
+
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    scale = float(spec.get("scale", 1.0))  # --quick: fewer calls
+    dm = device_map_for(None)  # the devices plain python sees
+    record: dict[str, Any] = {}
+    step = {"n": 0}
+
+    @tf.function
+    def small(x):
+        return x * 2.0 + 1.0
+
+    x, y = tf.ones([4]), tf.ones([4])
+    small(x)
+    model, batch = _mlp(tf)
+    model.train_on_batch(*batch)
+
+    def pinpoint_log():
+        import pinpoint
+
+        step["n"] += 1
+        pinpoint.log(step["n"], loss=0.25, accuracy=0.75)
+
+    def bench(name: str, call: Callable[[], Any], *, warm: Callable[[Capture], None] | None = None,
+              send=None, plain_call: Callable[[], Any] | None = None) -> None:
+        calls, repeats = next((c, r) for n, c, r in BENCHES if n == name)
+        calls = max(1, int(calls * scale))
+        plain, ours = [], []
+        for _ in range(repeats):
+            plain.append(block_us(plain_call or call, calls))
+            with Capture(dm, send=send) as cap:
+                (warm or (lambda c: call()))(cap)
+                ours.append(block_us(call, calls))
+        record[f"{name}_plain_us"] = min(plain)
+        record[f"{name}_pinpoint_us"] = min(ours)
+        record[f"{name}_plain_blocks"], record[f"{name}_pinpoint_blocks"] = plain, ours
+        record[f"{name}_added_blocks"] = [b - a for a, b in zip(plain, ours)]
+        record[f"{name}_added_us"] = statistics.median(record[f"{name}_added_blocks"])
+        record[f"{name}_calls"] = calls
+        record[f"{name}_repeats"] = repeats
+
+    def past_window(call: Callable[[], Any]) -> Callable[[Capture], None]:
+        """Warm-up: calls until the recorder's quiet window has passed (its op callback removed:
+        every signature recorded), at most 10 windows' worth."""
+
+        def warm(cap: Capture) -> None:
+            for _ in range(10 * cap.recorder.quiet_ops):
+                if cap.recorder.eager.stopped is not None:
+                    return
+                call()
+            raise RuntimeError(f"the recorder's op callback was not removed after {10 * cap.recorder.quiet_ops} calls")
+
+        return warm
+
+    fn = lambda: small(x)  # noqa: E731
+    add = lambda: tf.add(x, y)  # noqa: E731
+    step_fn = lambda: model.train_on_batch(*batch)  # noqa: E731
+    record["eager_quiet_ops"] = _quiet_ops()
+    bench("tf_function", fn, warm=past_window(fn))
+    bench("tf_function_recording", fn)  # the first call captured, the op callback still there
+    bench("eager_op", add, warm=past_window(add))
+    bench("eager_recording", add)  # every op counted (a block is shorter than the window)
+    bench("train_on_batch", step_fn, warm=past_window(step_fn))
+
+    # Tracking: one real step run (sender process, local sqlite store) for the log and checkpoint.
+    from pinpoint.trace.session import trace_config
+    from pinpoint.tracking import open_step_run
+    from pinpoint.tracking.hook import TrackingHook
+    from pinpoint.training.checkpoints import Checkpoints
+
+    cfg = trace_config("bench-overheads", tracking=True, experiment="pinpoint-bench")
+    uri = f"sqlite:///{out.resolve() / 'mlflow.db'}"
+    with open_step_run(cfg, "trace", out / "run", uri=uri) as run:
+        bench("log", pinpoint_log, send=run.log_metrics)
+        ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        plain_mgr = tf.train.CheckpointManager(ckpt, str(out / "plain-ckpt"), max_to_keep=3)
+        ours = Checkpoints(ckpt, out / "run" / "checkpoints", keep=3)
+        hook = TrackingHook(run)
+        n = {"plain": 0, "ours": 0}
+
+        def plain_save():
+            n["plain"] += 1
+            plain_mgr.save(checkpoint_number=n["plain"])
+
+        def our_save():
+            n["ours"] += 1
+            path = ours.save(n["ours"])
+            hook.on_checkpoint(n["ours"], path)
+
+        # Warm-up: two saves (the save counter's variable is looked up at its second update).
+        bench("checkpoint", our_save, plain_call=plain_save, send=run.log_metrics,
+              warm=lambda cap: (our_save(), our_save()))
+        record["unsent_at_end"] = run.unsent()
+        closing = time.perf_counter()
+    # The sender's work after the last call (sending what was logged), not a per-call cost.
+    record["tracking_close_s"] = time.perf_counter() - closing
+    return record
+
+
+def _quiet_ops() -> int:
+    from pinpoint.trace.recorder import EAGER_QUIET_OPS
+
+    return EAGER_QUIET_OPS
+
+
+def _mlp(tf):
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    batch = (rng.standard_normal((32, 64)).astype("float32"), rng.integers(0, 10, 32).astype("int32"))
+    return model, batch

@@ -1,0 +1,91 @@
+"""Issue 34.1: per-call overheads, each microbenchmark's plain path against Pinpoint's in one
+process (benchmarks/overheads.py): µs per call of each path and what Pinpoint adds, with targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks import plan as p
+from benchmarks.sections import section
+
+# (record name, label, target on the added µs, target on Pinpoint's own µs)
+ROWS = (
+    ("tf_function", "`tf.function` call, after capture and the recorder's quiet window", "<= 2", None),
+    ("tf_function_recording", "`tf.function` call, within the quiet window (op callback on)", None, None),
+    ("eager_op", "eager `tf.add`, signature recorded (quiet window passed)", "<= 1", None),
+    ("eager_recording", "eager `tf.add`, within the quiet window (every op counted)", None, None),
+    ("train_on_batch", "Keras `train_on_batch` (64-32-10 MLP, batch 32)", None, None),
+    ("log", "`pinpoint.log(step, loss=, accuracy=)` into a real MLflow step run", None, "<= 5"),
+    ("checkpoint", "checkpoint save (CheckpointManager; Pinpoint: + the tracking hook's snapshot)", None, None),
+)
+ARM = "calls"
+
+
+def comparison(s: p.Settings) -> p.Comparison:
+    ratios = []
+    for name, label, added, own in ROWS:
+        ratios.append(p.Ratio(f"{label}: added µs", ARM, "", f"{name}_added_us", added,
+                              pooled=f"{name}_added_blocks"))
+        if own:
+            ratios.append(p.Ratio(f"{label}: µs", ARM, "", f"{name}_pinpoint_us", own,
+                                  pooled=f"{name}_pinpoint_blocks"))
+    return p.Comparison(
+        key="overheads",
+        title="per-call overheads: plain against Pinpoint's path in one process",
+        arms=(p.Arm(ARM, "microbenchmarks", {"kind": "overheads"}),),
+        ratios=tuple(ratios),
+        repeats=2,
+        run_s=60.0,
+        # A third round when a targeted interval is wider than ±3% and it fits.
+        time_cap_s=190.0,
+        note="",
+    )
+
+
+def render(comps: list[p.Comparison], results: dict) -> str:
+    from benchmarks.render import compare_summary, pooled, target_met
+    from benchmarks.stats import fmt, fmt_summary, summarize
+    from benchmarks.table import markdown_table
+
+    comp = next((c for c in comps if c.key == "overheads"), None)
+    if comp is None or comp.key not in results:
+        return "not run\n"
+    recs = results[comp.key].get(ARM, [])
+    good = [r for r in recs if "error" not in r]
+    if not good:
+        return "every run failed (see Skipped and failed runs)\n"
+    by_metric = {rt.pooled: rt for rt in comp.ratios}
+    rows = []
+    for name, label, added, own in ROWS:
+        best = lambda key: fmt(min(r[key] for r in good if r.get(key) is not None), 3)  # noqa: E731
+        if not all(r.get(f"{name}_plain_us") is not None for r in good):
+            continue
+        add = compare_summary(results, comp.key, by_metric[f"{name}_added_blocks"])
+        verdicts = [target_met(add, added) if added else ""]
+        if own:
+            mine = compare_summary(results, comp.key, by_metric[f"{name}_pinpoint_blocks"])
+            verdicts.append(f"Pinpoint's median block {fmt_summary(mine)}: {target_met(mine, own)}")
+        blocks = len(pooled(good, f"{name}_added_blocks"))
+        rows.append([label, best(f"{name}_plain_us"), best(f"{name}_pinpoint_us"), fmt_summary(add, 3),
+                     "; ".join(v for v in verdicts if v) or "recorded",
+                     f"{good[0][f'{name}_calls']} x {blocks}"])
+    out = markdown_table(["call", "plain µs (best block)", "Pinpoint µs (best block)",
+                          "added µs: median of pairs [95% interval] (min–max)", "target", "calls x pairs"], rows)
+    quiet = good[0].get("eager_quiet_ops")
+    rec = summarize([r.get("eager_recording_added_us") for r in good])
+    if quiet and rec:
+        out += (f"\nThe recorder counts every eager op until {quiet:,} op callbacks in a row bring no new signature "
+                f"(op type and device, copy, request not met, updated variable), then removes its op callback: a "
+                f"program pays about {fmt(rec.median, 3)} µs per eager op for its first ops, "
+                f"{fmt(rec.median * quiet / 1000, 3)} ms for a window's worth, once.\n")
+    return out + (
+        "\nIn one process, in pairs of blocks (plain, then Pinpoint's path: `pinpoint.trace.session.Capture` "
+        "entered as `pinpoint trace` enters it), in CPU time of the process (time waiting for a core on the "
+        "shared machine is not counted). Best block: the least disturbed of a path's blocks; added: each pair's "
+        "difference, pooled over the rounds, its median and bootstrap 95% interval (the verdict). The log call's "
+        "target is on Pinpoint's own time per call (its median block), the others on the added time.\n")
+
+
+@section("Per-call overheads (µs per call)", order=58, render=render)
+def overheads(s: p.Settings, out: Path) -> list[p.Comparison]:
+    return [comparison(s)]
