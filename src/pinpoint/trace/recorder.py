@@ -18,6 +18,7 @@ program ends, so the report can show them and compare their mirrored copies.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import re
 import threading
@@ -145,6 +146,7 @@ class Recorder:
         self._pending: dict[int, bool] = {}  # eager-updated handles not yet matched to a variable
         self._patches = Patches()
         self.active = False
+        self._quiet = threading.local()  # set while Pinpoint itself runs eager ops on this thread
 
     # ---- install -----------------------------------------------------------------------------
     def install(self) -> Recorder:
@@ -188,6 +190,16 @@ class Recorder:
         """Undo what `install` did (also a part-way install), newest first."""
         self.active = False
         self._patches.close()
+
+    @contextlib.contextmanager
+    def quiet(self):
+        """Eager ops Pinpoint runs itself on this thread (reading a Keras parameter) are not recorded."""
+        before = getattr(self._quiet, "on", False)
+        self._quiet.on = True
+        try:
+            yield
+        finally:
+            self._quiet.on = before
 
     # ---- tf.function ---------------------------------------------------------------------------
     def _capture_first_call(self, call, fn, args) -> tuple[Any, CapturedGraphs]:
@@ -242,11 +254,12 @@ class Recorder:
     def _on_op(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
         if isinstance(op_type, bytes):  # the eager fallback path passes bytes
             op_type = op_type.decode()
-        if graph is not None or not self.active or op_type.startswith("__"):
-            return None  # graph construction, or a tf.function call (counted by call_flat)
+        if graph is not None or not self.active or op_type.startswith("__") or getattr(self._quiet, "on", False):
+            return None  # graph construction, a tf.function call (counted by call_flat), or Pinpoint's own
         e = self.eager
         e.total += 1
-        device = _ran_on(inputs, outputs)
+        # An op with no inputs and no outputs (NoOp) runs on the device of its scope.
+        device = _ran_on(inputs, outputs) or ("" if inputs or outputs else current_device())
         if not device:
             return None
         e.ops[device] += 1
