@@ -114,8 +114,11 @@ def oracle_view(placement: dict, shapes: dict, log: str) -> View:
         transfers: Counter = Counter()
         unsized: list[str] = []
         for parts in f["partitions"]:
+            # One function graph's partitions: a tensor received is followed to its sender.
+            nodes = {n["name"]: n for graph in parts for n in graph}
+            senders = {n["tensor_name"]: n for graph in parts for n in graph if n["op"] in SENDS}
+            nodes["__senders__"] = senders
             for graph in parts:
-                nodes = {n["name"]: n for n in graph}
                 for n in graph:
                     if n["op"] not in BOOKKEEPING:
                         ops[(node_name(n["name"]), spec_device(n["device"]))] += 1
@@ -175,11 +178,13 @@ def _short(device: str) -> str:
     return short(device)
 
 
-def _oracle_size(send: dict, tensor: str, nodes: dict, args: dict, shapes: dict):
+def _oracle_size(send: dict, tensor: str, nodes: dict, args: dict, shapes: dict, depth: int = 0):
     """Bytes of one transfer: dtype x the shape TensorFlow produced ('?' when none is known)."""
     dtype = send.get("T")
     if dtype in _UNSIZED:
         return None
+    if depth > 20:
+        return "?"
     name, _, idx = tensor.partition(":")
     src = nodes.get(name)
     if src is not None and src["op"] in ("_Arg", "_DeviceArg") and name in args:
@@ -188,14 +193,21 @@ def _oracle_size(send: dict, tensor: str, nodes: dict, args: dict, shapes: dict)
         return _nbytes(*src["const"])
     if src is not None and src["op"] == "Identity" and src["inputs"] and not src["inputs"][0].startswith("^"):
         # Identity's output is its input (tfdbg does not trace a function's output Identity).
-        return _oracle_size(send, src["inputs"][0], nodes, args, shapes)
+        return _oracle_size(send, src["inputs"][0], nodes, args, shapes, depth + 1)
     if src is not None and src["op"] in ("_Recv", "_HostRecv"):
-        # A tensor received from another partition: the shapes its producer made ('<producer>/_<n>'
-        # is the receiving node; a producer with several outputs of this dtype stays unsized).
-        found = [ds for k, v in shapes.items() if k.rsplit(":", 1)[0] == node_name(name) for ds in v]
-        sized = {_nbytes(d, s) for d, s in found if d == dtype}
+        # A tensor received from another partition: what its sender sent.
+        sender = nodes["__senders__"].get(src.get("tensor_name"))
+        if sender is not None:
+            return _oracle_size(sender, sender["inputs"][0], nodes, args, shapes, depth + 1)
+    if src is not None and src["op"] == "Merge":
+        # A lowered cond's output is the input of the branch that ran; tfdbg traces that
+        # branch's ops, not the Merge: the one size its data inputs have at run time (a branch's
+        # constant placeholder output is not a runtime size).
+        sized = {_oracle_size(send, i, nodes, args, shapes, depth + 1) for i in src["inputs"]
+                 if not i.startswith("^") and nodes.get(i.split(":")[0], {}).get("op") != "Const"}
+        sized.discard("?")
         return sized.pop() if len(sized) == 1 else "?"
-    key = f"{name}:{idx or 0}"
+    key = f"{node_name(name)}:{idx or 0}"
     parts = key.split("/")
     for i in range(len(parts)):  # an inlined callee's op is '<call op>/<op>'
         found = shapes.get("/".join(parts[i:]))
@@ -405,7 +417,10 @@ def run_program(name: str, work: Path) -> Result:
             p.kill()
             raise RuntimeError(f"{name}: the {k} run took more than {TIMEOUT}s; see {work / (k + '.log')}") from None
         if p.returncode != 0:
-            raise RuntimeError(f"{name}: the {k} run exited {p.returncode}:\n{(work / (k + '.log')).read_text()[-3000:]}")
+            log = (work / f"{k}.log").read_text()
+            errors = [line for line in log.splitlines() if re.match(r"^[\w.]+(Error|Exception): ", line)]
+            first = errors[-1] if errors else f"exit status {p.returncode}"
+            raise RuntimeError(f"{name}: the {k} run failed with {first}\n{log[-3000:]}")
     seconds = time.monotonic() - t0
     pp = pinpoint_view(read_placement(work / "pinpoint"))
     tf = oracle_view(json.loads((work / "oracle.json").read_text()), json.loads((work / "shapes.json").read_text()),
@@ -426,23 +441,31 @@ def table(result: Result) -> str:
     return "\n".join(" | ".join(str(c)[:60].ljust(w) for c, w in zip(r, widths)) for r in rows)
 
 
-def docs_table(results: list[Result]) -> str:
+def docs_table(results: list[Result], failed: dict[str, str], seconds: float) -> str:
     lines = [BEGIN, "",
              "| program | training function | functions | ops | variables | transfers | bytes compared "
-             "| eager op types | differences | seconds |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| transfers TF could not size | eager op types | differences | seconds |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    total: Counter = Counter()
     for r in results:
         c = r.counts
+        total.update(c)
+        total["differences"] += len(r.differences)
         lines.append(f"| `{r.program}` | {TRAINING[r.program] or '(eager only)'} | {c['functions']} | {c['ops']} "
-                     f"| {c['variables']} | {c['transfers']} | {c['bytes']} | {c['eager op types']} "
-                     f"| {len(r.differences)} | {r.seconds:.0f} |")
-    lines += ["", END]
+                     f"| {c['variables']} | {c['transfers']} | {c['bytes']} | {c['transfers TF could not size']} "
+                     f"| {c['eager op types']} | {len(r.differences)} | {r.seconds:.0f} |")
+    for name, why in sorted(failed.items()):
+        lines.append(f"| `{name}` | {TRAINING[name]} | did not run: {why} | | | | | | | | |")
+    lines += ["", f"{len(results)} programs compared ({len(failed)} did not run): {total['ops']} ops, "
+              f"{total['variables']} variables, {total['transfers']} transfers ({total['bytes']} bytes), "
+              f"{total['eager op types']} eager op types; {total['differences']} differences; "
+              f"{seconds:.0f} s in all.", "", END]
     return "\n".join(lines)
 
 
-def write_docs(results: list[Result]) -> None:
+def write_docs(results: list[Result], failed: dict[str, str], seconds: float) -> None:
     text = DOC.read_text()
-    block = docs_table(results)
+    block = docs_table(results, failed, seconds)
     if BEGIN in text:
         text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
     else:
@@ -456,20 +479,23 @@ def main(argv=None) -> int:
     ap.add_argument("--work", help="keep the runs in this folder (default: a temporary one)")
     ap.add_argument("programs", nargs="*", default=sorted(TRAINING))
     args = ap.parse_args(argv)
-    results, failed = [], []
+    results, failed = [], {}
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="differential-") as tmp:
         for name in args.programs:
             try:
                 r = run_program(name, Path(args.work or tmp) / name)
             except RuntimeError as e:
                 print(f"{name}: FAILED TO RUN: {e}", flush=True)
-                failed.append(name)
+                failed[name] = str(e).splitlines()[0].split(": ", 1)[1]
                 continue
-            print(table(r) if r.rows else f"{name}: no differences", flush=True)
+            print(table(r) if r.rows or r.notes else f"{name}: no differences", flush=True)
             print(f"{name}: {dict(r.counts)} in {r.seconds:.0f}s", flush=True)
             results.append(r)
+    seconds = time.monotonic() - t0
+    print(f"{len(results)} programs compared, {len(failed)} did not run, in {seconds:.0f}s", flush=True)
     if args.write:
-        write_docs(results)
+        write_docs(results, failed, seconds)
     return 0 if not failed and all(not r.differences for r in results) else 1
 
 
