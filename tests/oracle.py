@@ -214,7 +214,7 @@ def _variables(created: list) -> list[dict]:
         seen.add(id(outer))
         comps = [c for c in created if owner.get(id(c), c) is outer]
         kv = keras_of.get(id(outer))
-        name = kv.path if kv is not None else outer.name.removesuffix(":0")
+        name = getattr(kv, "path", kv.name) if kv is not None else outer.name.removesuffix(":0")
         out.append({"name": name, "devices": [short(c.device) for c in comps], "type": type(outer).__name__})
     return out
 
