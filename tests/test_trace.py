@@ -32,10 +32,15 @@ def trace(args: list[str], *, cwd: Path, out: Path, tracking: bool = False, env:
     return proc
 
 
-def placement(out: Path) -> dict:
+def placement(out: Path, *, sized: bool = True) -> dict:
+    """placement.json of a traced program; with `sized`, every transfer it made has its bytes
+    (issue 35: a test program whose transfer goes unsized fails wherever it is traced)."""
     from pinpoint.placement.files import read_placement
 
-    return read_placement(out)
+    p = read_placement(out)
+    if sized and p.get("transfers"):
+        assert (p["transfers"]["per_step"]["unsized"], p["transfers"].get("unsized_reasons", {})) == (0, {})
+    return p
 
 
 def write(folder: Path, name: str, text: str) -> Path:

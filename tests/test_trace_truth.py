@@ -77,7 +77,14 @@ def strings(tmp_path_factory):
     """)
     out = tmp / "out"
     proc = trace(["--gpus", "2", str(script)], cwd=tmp, out=out)
-    return placement(out), _summary(proc)
+    return placement(out, sized=False), _summary(proc)
+
+
+def test_a_string_tensor_crossing_is_the_one_unsized_transfer_and_says_why(strings):
+    p, summary = strings
+    reason = "a string tensor: its bytes are not fixed by its shape"
+    assert (p["transfers"]["per_step"]["unsized"], p["transfers"]["unsized_reasons"]) == (1, {reason: 1})
+    assert reason in summary
 
 
 def test_predicted_fallbacks_count_against_the_gpu_request_they_break(strings):
