@@ -32,7 +32,8 @@ BEGIN = "<!-- differential table: written by `python -m tests.differential --wri
 END = "<!-- end of differential table -->"
 TIMEOUT = 300
 
-# The program -> the function that trains (the one Pinpoint must call the training function).
+# The program -> the function that trains it, as its author wrote it (TensorFlow has no notion of
+# a training function: this one row is checked against the program, not the oracle).
 TRAINING = {
     "custom_loop_mirrored": "distributed_train_step",
     "split_two_gpus": "train_step",

@@ -9,7 +9,8 @@ import pytest
 
 from tests import differential
 
-pytestmark = pytest.mark.integration
+# Three processes per program, each limited to differential.TIMEOUT (the shapes run may be made twice).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3 * differential.TIMEOUT)]
 
 # Differences Pinpoint still makes, each named exactly (the error they fail with, the reason);
 # strict: the test fails once Pinpoint is fixed, and the entry must go.
