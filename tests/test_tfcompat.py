@@ -173,7 +173,10 @@ PROGRAM = """
 
     during = {k: id(v) for k, v in originals().items()}  # what each patched name is while traced
     tf.config.experimental.set_memory_growth(tf.config.list_physical_devices("GPU")[0], True)
-    strategy = tf.distribute.MirroredStrategy()
+    # Reduced on one device, not TensorFlow's default collective: this trace runs inside the test
+    # process, where another MirroredStrategy() may already have used collective group key 1, and
+    # two strategies sharing it abort the process's collectives (as in plain TensorFlow).
+    strategy = tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.ReductionToOneDevice())
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
         model.compile(optimizer="sgd", loss="mse")
