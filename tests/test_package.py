@@ -25,6 +25,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 import pinpoint
+from pinpoint.placement.files import read_placement
 from pinpoint.versions import CHECKED, SUPPORTED, VersionError, check_version, installed
 from tests.conftest import REPO
 
@@ -88,6 +89,15 @@ def test_the_two_locks_are_the_two_ends_of_the_tensorflow_range():
     newest, oldest = (_lock_version(REPO / f, "tensorflow") for f in ("requirements.lock", "requirements-compat.txt"))
     assert (oldest.major, oldest.minor) == (low.major, low.minor)
     assert (newest.major, newest.minor + 1) == (high.major, high.minor)
+
+
+@pytest.mark.unit
+def test_the_readme_states_the_range_and_the_versions_of_both_ends():
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "TensorFlow `{tensorflow}`, Keras `{keras}`, MLflow `{mlflow}`".format(**SUPPORTED) in readme
+    for lock in ("requirements.lock", "requirements-compat.txt"):
+        tf, keras, mlflow = (_lock_version(REPO / lock, n) for n in ("tensorflow", "keras", "mlflow"))
+        assert f"TensorFlow {tf} with Keras {keras}" in readme and f"MLflow {mlflow}" in readme
 
 
 @pytest.mark.unit
@@ -270,25 +280,33 @@ def test_a_fresh_venv_with_only_the_wheel_runs_trace_an_entrypoint_config_and_ru
         f"pinpoint {pinpoint.__version__}",
         f"tensorflow {_lock_version(REPO / 'requirements.lock', 'tensorflow')} (supported: {SUPPORTED['tensorflow']})"]
 
-    # 1. pinpoint trace on a program (a module of a copied example: the cwd is its code folder).
+    # 1. pinpoint trace on a program (a module of a copied example: the cwd is its code folder):
+    # model.fit under MirroredStrategy() finds the 2 emulated GPUs and mirrors every weight on them.
     shutil.copytree(REPO / "examples" / "keras_fit", work / "keras_fit", ignore=_NOT_SOURCE)
     _ok(_in_venv(venv, "pinpoint", "trace", "--gpus", "2", "--no-tracking", "--out", str(tmp_path / "trace"),
                  "-m", "fit_example.train", "--epochs", "1", "--steps-per-epoch", "5", "--batch-size", "32",
                  cwd=work / "keras_fit"))
-    assert (tmp_path / "trace" / "placement.json").is_file()
+    p = read_placement(tmp_path / "trace")
+    assert (p["strategy"], p["devices"]) == ("mirrored", ["/CPU:0", "/GPU:0", "/GPU:1"])
+    assert {v["name"]: [c["device"] for c in v["components"]] for v in p["variables"]
+            if v["name"].startswith("digits_mlp/")} == dict.fromkeys(
+        ["digits_mlp/hidden/kernel", "digits_mlp/hidden/bias", "digits_mlp/logits/kernel", "digits_mlp/logits/bias"],
+        ["/GPU:0", "/GPU:1"])
     assert (tmp_path / "trace" / "report.html").is_file()
 
-    # 2. A train.entrypoint config (the custom loop: its entrypoint imports through pinpoint.trace).
+    # 2. A train.entrypoint config (the custom loop: one replica, the head pinned to /GPU:1 by its code).
     shutil.copytree(REPO / "examples" / "custom_loop", work / "custom_loop", ignore=_NOT_SOURCE)
     config = work / "custom_loop" / "config.yaml"
     text = re.sub(r"^  entrypoint_args: .*$", "  entrypoint_args: {steps: 20, batch_size: 32, save_every: 10}",
                   config.read_text(), flags=re.M)
     config.write_text(re.sub(r"^  enabled: true", "  enabled: false", text, flags=re.M))
     _ok(_in_venv(venv, "pinpoint", "train", str(config), "--out", str(tmp_path / "train"), cwd=work))
-    assert (tmp_path / "train" / "placement.json").is_file()
+    p = read_placement(tmp_path / "train")
+    assert (p["training_function"], p["functions"][0]["calls"]) == ("train_step", 20)
+    assert {v["name"]: v["devices"] for v in p["variables"]}["head/kernel"] == ["/GPU:1"]
 
     # 3. pinpoint run: the pipeline through kfp.local (its commands come from the pipelines package's
-    # entry points), the local MLflow store in the cwd.
+    # entry points), the local MLflow store in the cwd; mirrored on the 2 emulated GPUs.
     demo = work / "demo.yaml"
     text = (REPO / "configs" / "demo.yaml").read_text()
     for key, value in (("name", "wheel-run"), ("  steps", "20"), ("  checkpoint_every", "10")):
@@ -298,6 +316,10 @@ def test_a_fresh_venv_with_only_the_wheel_runs_trace_an_entrypoint_config_and_ru
                        timeout=1500))
     run_dir = tmp_path / "runs" / "wheel-run"
     assert f"Run folder: {run_dir}" in out.splitlines()
-    assert sorted(p.name for p in run_dir.iterdir() if p.name in {"cluster_spec.json", "placement.json",
-                                                                   "metrics.json", "report.html"}) == [
-        "cluster_spec.json", "metrics.json", "placement.json", "report.html"]
+    p = read_placement(run_dir)
+    assert (p["strategy"], p["devices"]) == ("mirrored", ["/CPU:0", "/GPU:0", "/GPU:1"])
+    # The mlp's three dense kernels (dense_1, dense_2, head), each one component per emulated GPU.
+    kernels = [v for v in p["variables"] if v["name"].endswith("kernel")]
+    assert [[c["device"] for c in v["components"]] for v in kernels] == [["/GPU:0", "/GPU:1"]] * 3
+    assert sorted(f.name for f in run_dir.iterdir() if f.name in {"cluster_spec.json", "metrics.json", "report.html"}) \
+        == ["cluster_spec.json", "metrics.json", "report.html"]
