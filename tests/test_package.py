@@ -123,6 +123,24 @@ def test_keras_2_and_a_missing_keras_are_refused():
         check_version("keras", None)
 
 
+@pytest.mark.unit
+def test_tensorflow_installed_as_tensorflow_cpu_is_found_and_checked(monkeypatch):
+    """The CPU-only distribution imports as `tensorflow` too: its version is the one checked."""
+    from pinpoint import versions
+
+    dists = {"tensorflow-cpu": "2.15.0", "keras": "3.15.1"}  # a FAKE installed set (metadata only)
+
+    def version(name):
+        if name not in dists:
+            raise metadata.PackageNotFoundError(name)
+        return dists[name]
+
+    monkeypatch.setattr(versions.metadata, "version", version)
+    assert installed("tensorflow") == "2.15.0"
+    with pytest.raises(VersionError, match=r"^tensorflow: got 2\.15\.0; "):
+        versions.check_supported()
+
+
 def _shadow_tensorflow(root: Path, version: str) -> dict[str, str]:
     """An environment whose `tensorflow` distribution metadata says `version`: a FAKE dist-info
     (metadata only) on PYTHONPATH, found before the real one in site-packages."""
