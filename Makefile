@@ -86,12 +86,11 @@ test: $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
 # requirements-compat.txt, rebuilt when that file or pyproject.toml changes. It runs the tests whose
 # answers depend on TensorFlow's behaviour: trace, placement, the private names of tfcompat and (where
 # it exists) the differential suite against plain TensorFlow. The kfp side is not installed there
-# (kfp 2.17 needs protobuf 6). test_tfcompat.py runs in a process of its own: its in-process trace
-# builds a MirroredStrategy on the logical CPUs test_placement's in-process one used, and TensorFlow
-# (2.16 and 2.21 alike) reuses collective instance keys across two strategies on the same devices.
+# (kfp 2.17 needs protobuf 6).
 COMPAT_VENV := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
-COMPAT_TESTS = $(sort $(wildcard tests/test_trace*.py tests/test_placement*.py)) $(wildcard tests/test_differential.py)
+COMPAT_TESTS = $(sort $(wildcard tests/test_trace*.py tests/test_placement*.py)) tests/test_tfcompat.py \
+               $(wildcard tests/test_differential.py)
 
 $(COMPAT_STAMP): requirements-compat.txt pyproject.toml | $(STAMP)
 	rm -rf $(COMPAT_VENV)
@@ -103,7 +102,6 @@ $(COMPAT_STAMP): requirements-compat.txt pyproject.toml | $(STAMP)
 test-compat: $(COMPAT_STAMP) ## the trace and placement tests on the oldest supported TensorFlow (.venv-compat)
 	$(COMPAT_VENV)/bin/python -c "import tensorflow as tf, keras; print('test-compat: tensorflow', tf.__version__, 'keras', keras.__version__)"
 	$(COMPAT_VENV)/bin/pytest -p no:cacheprovider --durations=8 -m "not gpu" $(COMPAT_TESTS) $(PYTEST_ARGS)
-	$(COMPAT_VENV)/bin/pytest -p no:cacheprovider -m "not gpu" tests/test_tfcompat.py $(PYTEST_ARGS)
 
 test-fast: test-unit ## quick iteration: unit tests only
 
