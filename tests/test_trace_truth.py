@@ -265,3 +265,28 @@ def test_a_coordinator_connecting_to_its_cluster_leaves_the_default_gpu_scope(tm
     assert [n for n in p["notes"] if "set_server_def" in n] == [
         "emulation: set_server_def: the program connected to a cluster as /job:chief; from then on its ops with "
         "no device request ran where TensorFlow puts them, not on the emulated /GPU:0"]
+
+
+def test_the_default_scope_stays_under_a_scope_of_the_programs_and_ends_once(tf):
+    """The connection ends the default scope only when it is the innermost one: a program's own
+    scope inside it is the program's to leave (exiting the default under it would break nesting)."""
+    from pinpoint.device_names import DeviceMap, emulation_aliases
+    from pinpoint.tfcompat.api import current_device
+    from pinpoint.trace.gpus import GpuNames
+
+    aliases = emulation_aliases(range(2))
+    names = GpuNames(DeviceMap(aliases=aliases, replica_devices=tuple(aliases.values()),
+                               spec_replica_devices=tuple(aliases), emulated=True))
+    gpu0 = "/job:localhost/replica:0/task:0/device:CPU:1"
+    with names.default_scope():
+        assert current_device() == gpu0
+        with tf.device("/CPU:0"):
+            names._leave_default_scope("chief")
+            assert (current_device(), names.ignored) == ("/job:localhost/replica:0/task:0/device:CPU:0", [])
+        names._leave_default_scope("chief")
+        assert current_device() == ""
+        names._leave_default_scope("chief")  # already ended: the `with` exit below does nothing either
+        assert names.ignored == [
+            "set_server_def: the program connected to a cluster as /job:chief; from then on its ops with no device "
+            "request ran where TensorFlow puts them, not on the emulated /GPU:0"]
+    assert current_device() == ""
