@@ -38,6 +38,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 from collections import Counter, defaultdict
 
 HOST = "/CPU:0"
@@ -247,7 +248,8 @@ def placement(program: str, out: str) -> None:
                 self.scopes.insert(0, tf.device(GPUS[0]))
             for s in self.scopes:
                 s.__enter__()
-            print("ORACLE-BEGIN", file=sys.stderr, flush=True)
+            # The main thread's id, as TensorFlow's log lines name the thread that logged them.
+            print(f"ORACLE-BEGIN {threading.get_native_id()}", file=sys.stderr, flush=True)
 
         def __exit__(self, *exc):
             print("ORACLE-END", file=sys.stderr, flush=True)

@@ -227,3 +227,66 @@ def test_a_first_step_that_raises_names_the_users_function(tmp_path):
     assert fn["error"].startswith("InvalidArgumentError: ") and "bad input" in fn["error"]
     assert any(n.startswith("the training function train_step raised in its first call") for n in p["notes"])
     assert json.loads((out / "metrics.json").read_text())["training_function"] == "train_step"
+
+
+# ---- a parameter-server coordinator: the default /GPU:0 scope ends where it connects -----------
+ROWS_PS, COLS_PS = 4, 2
+
+
+def test_a_coordinator_connecting_to_its_cluster_leaves_the_default_gpu_scope(tmp_path):
+    script = write(tmp_path, "coordinator.py", f"""
+        import socket
+        import tensorflow as tf
+
+        def port():
+            with socket.socket() as s:
+                s.bind(("localhost", 0))
+                return s.getsockname()[1]
+
+        before = tf.zeros([3])  # not yet connected: on the emulated /GPU:0
+        spec = tf.train.ClusterSpec({{"worker": [f"localhost:{{port()}}"], "ps": [f"localhost:{{port()}}"]}})
+        tf.distribute.Server(spec, job_name="worker", task_index=0, protocol="grpc")
+        tf.distribute.Server(spec, job_name="ps", task_index=0, protocol="grpc")
+        strategy = tf.distribute.experimental.ParameterServerStrategy(
+            tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc"))
+        with strategy.scope():
+            v = tf.Variable(tf.zeros([{ROWS_PS}, {COLS_PS}]), name="v")
+    """)
+    out = tmp_path / "out"
+    trace(["--gpus", "2", str(script)], cwd=tmp_path, out=out)
+    p = placement(out)
+    chief, ps = "/job:chief/task:0/CPU:0", "/job:ps/task:0/CPU:0"
+    # Each tf.zeros is one Fill: the first under the default scope, the second the coordinator's
+    # own (its job's CPU, as plain TensorFlow puts it); the variable is made and set on the ps.
+    assert p["eager"]["op_types_by_device"] == {
+        "/GPU:0": {"Fill": 1}, chief: {"Fill": 1}, ps: {"VarHandleOp": 1, "AssignVariableOp": 1}}
+    assert [(c["from"], c["to"], c["bytes"]) for c in p["eager"]["copies"]] == [(chief, ps, ROWS_PS * COLS_PS * F32)]
+    assert [(v["name"], [c["device"] for c in v["components"]]) for v in p["variables"]] == [("v", [ps])]
+    assert [n for n in p["notes"] if "set_server_def" in n] == [
+        "emulation: set_server_def: the program connected to a cluster as /job:chief; from then on its ops with "
+        "no device request ran where TensorFlow puts them, not on the emulated /GPU:0"]
+
+
+def test_the_default_scope_stays_under_a_scope_of_the_programs_and_ends_once(tf):
+    """The connection ends the default scope only when it is the innermost one: a program's own
+    scope inside it is the program's to leave (exiting the default under it would break nesting)."""
+    from pinpoint.device_names import DeviceMap, emulation_aliases
+    from pinpoint.tfcompat.api import current_device
+    from pinpoint.trace.gpus import GpuNames
+
+    aliases = emulation_aliases(range(2))
+    names = GpuNames(DeviceMap(aliases=aliases, replica_devices=tuple(aliases.values()),
+                               spec_replica_devices=tuple(aliases), emulated=True))
+    gpu0 = "/job:localhost/replica:0/task:0/device:CPU:1"
+    with names.default_scope():
+        assert current_device() == gpu0
+        with tf.device("/CPU:0"):
+            names._leave_default_scope("chief")
+            assert (current_device(), names.ignored) == ("/job:localhost/replica:0/task:0/device:CPU:0", [])
+        names._leave_default_scope("chief")
+        assert current_device() == ""
+        names._leave_default_scope("chief")  # already ended: the `with` exit below does nothing either
+        assert names.ignored == [
+            "set_server_def: the program connected to a cluster as /job:chief; from then on its ops with no device "
+            "request ran where TensorFlow puts them, not on the emulated /GPU:0"]
+    assert current_device() == ""

@@ -116,6 +116,8 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
            used_for=f"accept visible-GPU settings on the {_DEVICES}"),
     Target("Context.get_memory_growth", _CTX, "(self, dev)", patched=True,
            used_for=f"answer memory growth of the {_DEVICES}"),
+    Target("Context.set_server_def", _CTX, "(self, server_def, keep_alive_secs=600)", patched=True,
+           used_for="end the emulated /GPU:0 default scope when the program connects to a cluster"),
     Target("MirroredExtended.__init__", _MS, "(self, container_strategy, devices=None, cross_device_ops=None)",
            patched=True, used_for=f"give MirroredStrategy() a collective all-reduce among the {_DEVICES}"),
     Target("CollectiveAllReduceExtended._initialize_local_devices", _CARS, "(self, cluster_resolver, worker_device)",
