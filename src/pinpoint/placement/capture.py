@@ -203,6 +203,10 @@ def size_iterator_outputs(captured: CapturedGraphs, element_bytes: list[int] | N
         captured.shapes[name] = [(dtype, [batch, *dims[1:]]) for dtype, dims in outs]
 
 
+DEAD_BRANCH = ("sent from a cond branch that did not run in the captured call (a dead tensor: no data moved, "
+               "so no shape was produced)")
+
+
 def size_from_inference(captured: CapturedGraphs, element_bytes: list[int] | None, kernels: set[str] | None) -> None:
     """Every tensor derived from the input batch (a cond's output, an identity, a reshape) gets the
     shape it had in the captured call: TensorFlow's shape inference over the partition graphs from
@@ -212,11 +216,13 @@ def size_from_inference(captured: CapturedGraphs, element_bytes: list[int] | Non
     if kernels is None or not captured.partition_graphs:
         return
     try:
-        inferred = infer_shapes(captured.partition_graphs, element_bytes, kernels)
+        inferred, dead = infer_shapes(captured.partition_graphs, element_bytes, kernels)
     except Exception as err:  # noqa: BLE001 - best effort: the transfers keep their reason
         captured.notes.append(f"the shapes of the captured call could not be inferred ({type(err).__name__}: "
                               f"{(str(err).splitlines() or [''])[0][:160]})")
         return
+    for name in dead:
+        captured.unsized_why[name] = DEAD_BRANCH
     for name, outs in inferred.items():
         known = captured.shapes.get(name)
         if known and all(dims is not None and None not in dims for _, dims in known):

@@ -101,7 +101,7 @@ def ran_tensors(graph, kernels: set[str]) -> tuple[set[str], set[tuple[str, int]
     taken: set[tuple[str, int]] = set()
     # Backwards: a kernel ran only when every input it reads was produced (a Merge: one of them).
     stack = [k for k in kernels if k in nodes and nodes[k].op not in _MERGES | _SWITCHES | _LOOP]
-    stack += [n.name for n in graph.node if not n.input and n.op not in _LOOP]
+    stack += [n.name for n in graph.node if not n.input and n.op not in _LOOP | {"Placeholder"}]
     while stack:
         name = stack.pop()
         if name in ran:
@@ -126,23 +126,83 @@ def ran_tensors(graph, kernels: set[str]) -> tuple[set[str], set[tuple[str, int]
             return False
         return nodes[src].op not in _SWITCHES or inp.startswith("^") or (src, idx) in taken
 
-    # Forwards: a node whose inputs were all produced ran (a Merge: any of them).
-    changed = True
-    while changed:
-        changed = False
-        for n in graph.node:
-            if n.name in ran or not n.input or n.op in _SWITCHES | _LOOP:
-                continue
-            data = [i for i in n.input if not i.startswith("^")]
-            if (n.op in _MERGES and any(produced(i) for i in data)) or all(produced(i) for i in n.input):
-                ran.add(n.name)
-                changed = True
+    # Forwards: a node whose inputs were all produced ran (a Merge: any of them). A node is looked at
+    # again only when one of its inputs turned out to have run.
+    consumers: dict[str, list[str]] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(_tensor(i.lstrip("^"))[0], []).append(n.name)
+    work = [n.name for n in graph.node]
+    while work:
+        n = nodes[work.pop()]
+        if n.name in ran or not n.input or n.op in _SWITCHES | _LOOP:
+            continue
+        data = [i for i in n.input if not i.startswith("^")]
+        if (n.op in _MERGES and any(produced(i) for i in data)) or all(produced(i) for i in n.input):
+            ran.add(n.name)
+            work.extend(consumers.get(n.name, ()))
     return ran, taken
 
 
-def resolve_merges(graph, kernels: set[str]) -> int:
-    """Give each conditional Merge with exactly one input that ran that input alone (in place);
-    returns how many were resolved. A loop's Merge (fed by NextIteration) is left as it is."""
+def dead_nodes(graph, taken: set[tuple[str, int]]) -> set[str]:
+    """The nodes of a cond branch that did not run: every Switch on a predicate whose taken output is
+    known (any Switch on the same predicate, through identities and copies, took it) sent a dead
+    tensor out of its other output, and a node reading a dead tensor is dead (a Merge: when all are)."""
+    nodes = {n.name: n for n in graph.node}
+
+    def root(inp: str) -> str:
+        name, idx = _tensor(inp)
+        seen = set()
+        while name in nodes and nodes[name].op in ("Identity", "Snapshot") and name not in seen:
+            seen.add(name)
+            data = [i for i in nodes[name].input if not i.startswith("^")]
+            if not data:
+                break
+            name, idx = _tensor(data[0])
+        return f"{name}:{idx}"
+
+    pred_port: dict[str, set[int]] = {}
+    for sw, port in taken:
+        if nodes[sw].op in _SWITCHES and len(nodes[sw].input) > 1:
+            pred_port.setdefault(root(nodes[sw].input[1]), set()).add(port)
+    dead_ports = set()
+    for n in graph.node:
+        if n.op in _SWITCHES and len(n.input) > 1:
+            ports = pred_port.get(root(n.input[1]))
+            if ports is not None and len(ports) == 1:
+                dead_ports.add((n.name, 1 - next(iter(ports))))
+    consumers: dict[str, list[str]] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(_tensor(i.lstrip("^"))[0], []).append(n.name)
+
+    dead: set[str] = set()
+
+    def is_dead(inp: str) -> bool:
+        src, idx = _tensor(inp.lstrip("^"))
+        # A control edge from a Switch that ran is live: only its outputs are dead or not.
+        return src in dead or (not inp.startswith("^") and (src, idx) in dead_ports)
+
+    work = [c for sw, _ in dead_ports for c in consumers.get(sw, ())]
+    while work:
+        n = nodes[work.pop()]
+        if n.name in dead or n.op in _LOOP:
+            continue
+        data = [i for i in n.input if not i.startswith("^")]
+        if n.op in _MERGES:
+            if not data or not all(is_dead(i) for i in data):
+                continue
+        elif not any(is_dead(i) for i in n.input):
+            continue
+        dead.add(n.name)
+        work.extend(consumers.get(n.name, ()))
+    return dead
+
+
+def resolve_merges(graph, kernels: set[str], dead: set[str] = frozenset()) -> int:
+    """Give each conditional Merge with exactly one input that ran (or exactly one not in a branch
+    that did not run) that input alone (in place); returns how many were resolved. A loop's Merge
+    (fed by NextIteration) is left as it is."""
     nodes = {n.name: n for n in graph.node}
     ran, taken = ran_tensors(graph, kernels)
 
@@ -158,6 +218,8 @@ def resolve_merges(graph, kernels: set[str]) -> int:
         if len(data) < 2 or any(_tensor(i)[0] in nodes and nodes[_tensor(i)[0]].op in _LOOP for i in data):
             continue
         live = [i for i in data if produced(i)]
+        if not live:
+            live = [i for i in data if _tensor(i)[0] not in dead]
         if len(live) != 1:
             continue
         control = [i for i in n.input if i.startswith("^")]
@@ -168,10 +230,12 @@ def resolve_merges(graph, kernels: set[str]) -> int:
     return resolved
 
 
-def infer_shapes(partitions: list, element_bytes: list[int] | None, kernels: set[str]) -> dict[str, list]:
-    """Node name -> [(dtype enum, dims or None), ...]: TensorFlow's shape inference over the captured
-    partition graphs, the input elements that ran given their real batch, conditional Merges
-    resolved to the branch that ran. Raises ValueError when TensorFlow cannot import the graph."""
+def infer_shapes(partitions: list, element_bytes: list[int] | None,
+                 kernels: set[str]) -> tuple[dict[str, list], set[str]]:
+    """(node name -> [(dtype enum, dims or None), ...], the nodes of branches that did not run):
+    TensorFlow's shape inference over the captured partition graphs, the input elements that ran
+    given their real batch, conditional Merges resolved to the branch that ran. Raises ValueError
+    when TensorFlow cannot import the graph."""
     import tensorflow as tf
 
     from pinpoint.tfcompat.graphs import output_shapes
@@ -189,10 +253,12 @@ def infer_shapes(partitions: list, element_bytes: list[int] | None, kernels: set
         n.attr["output_shapes"].list.ClearField("shape")
         for dims in shapes:
             n.attr["output_shapes"].list.shape.add().CopyFrom(tf.TensorShape([batch, *dims[1:]]).as_proto())
-    resolve_merges(graph, kernels)
+    _, taken = ran_tensors(graph, kernels)
+    dead = dead_nodes(graph, taken)
+    resolve_merges(graph, kernels, dead)
     with tf.Graph().as_default() as g:
         tf.graph_util.import_graph_def(graph, name="")
-        return {op.name: output_shapes(op) for op in g.get_operations()}
+        return {op.name: output_shapes(op) for op in g.get_operations()}, dead
 
 
 def merge_shapes(traced: list | None, inferred: list) -> list:
