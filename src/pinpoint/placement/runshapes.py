@@ -164,7 +164,10 @@ def dead_nodes(graph, taken: set[tuple[str, int]]) -> set[str]:
     pred_port: dict[str, set[int]] = {}
     for sw, port in taken:
         if nodes[sw].op in _SWITCHES and len(nodes[sw].input) > 1:
-            pred_port.setdefault(root(nodes[sw].input[1]), set()).add(port)
+            pred = root(nodes[sw].input[1])
+            if nodes.get(_tensor(pred)[0]) is not None and nodes[_tensor(pred)[0]].op == "LoopCond":
+                continue  # a while loop's Switch takes both outputs over its iterations
+            pred_port.setdefault(pred, set()).add(port)
     dead_ports = set()
     for n in graph.node:
         if n.op in _SWITCHES and len(n.input) > 1:
