@@ -14,13 +14,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(3 * differential.TIME
 
 # Differences Pinpoint still makes, each named exactly (the error they fail with, the reason);
 # strict: the test fails once Pinpoint is fixed, and the entry must go.
-KNOWN: dict[str, tuple[type, str]] = {
-    "mirrored_fit_batchnorm": (AssertionError, (
-        "Pinpoint leaves unsized the input batch each replica's multi_step_on_iterator takes through the "
-        "lowered cond of Keras' data handler (cond/output /GPU:0->/GPU:1 and cond/then/cond/cond_1/output "
-        "/GPU:1->/GPU:0: 256 B and 32 B each, [8, 8] and [8, 1] float32): 22 transfers of 35 B per call where "
-        "TensorFlow moved 611 B (evaluate's: 19 B against 595 B)")),
-}
+KNOWN: dict[str, tuple[type, str]] = {}
 
 
 def _param(name: str):

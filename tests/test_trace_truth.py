@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from pinpoint.placement.capture import DEAD_BRANCH
 from tests.test_trace import F32, placement, trace, write
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -48,6 +49,39 @@ def test_fit_input_batch_with_a_dynamic_batch_dimension_is_sized(tmp_path):
     assert (tr["per_step"]["unsized"], tr["unsized_reasons"]) == (0, {})
     assert tr["per_step"]["bytes"] == sum(it["bytes"] for it in tr["largest"])
     assert "unsized" not in _summary(proc)
+
+
+# MirroredStrategy fit on a tf.data pipeline: each replica's half of the batch reaches the step through
+# the lowered tf.cond of Keras' data handler (its output crosses between the replicas' devices).
+GLOBAL_BATCH, MIRRORED_FEATURES = 32, 12
+
+
+def test_mirrored_fit_batch_derived_through_the_data_handlers_cond_is_sized(tmp_path):
+    script = write(tmp_path, "mirrored_ds.py", f"""
+        import numpy as np, tensorflow as tf, keras
+        x = np.random.rand({4 * GLOBAL_BATCH}, {MIRRORED_FEATURES}).astype("float32")
+        y = np.random.rand({4 * GLOBAL_BATCH}, 1).astype("float32")
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch({GLOBAL_BATCH})
+        with tf.distribute.MirroredStrategy().scope():
+            model = keras.Sequential([keras.Input(({MIRRORED_FEATURES},)), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+        model.fit(ds, epochs=1, verbose=0)
+    """)
+    out = tmp_path / "out"
+    proc = trace(["--gpus", "2", str(script)], cwd=tmp_path, out=out)
+    tr = placement(out, sized=False)["transfers"]
+    replica_batch = GLOBAL_BATCH // 2
+    batch_items = sorted((it["from"], it["to"], it["bytes"]) for it in tr["largest"]
+                         if it["tensor"].startswith(("cond/output", "cond/then/")))
+    # Each replica's x (replica_batch x features float32) and y (replica_batch x 1) cross once each way.
+    x_bytes, y_bytes = replica_batch * MIRRORED_FEATURES * F32, replica_batch * F32
+    assert batch_items == sorted([("/GPU:0", "/GPU:1", x_bytes), ("/GPU:0", "/GPU:1", y_bytes),
+                                  ("/GPU:1", "/GPU:0", x_bytes), ("/GPU:1", "/GPU:0", y_bytes)])
+    # Unsized: only what the handler's other branch would have sent; it did not run (a dead tensor).
+    unsized = [it for it in tr["largest"] if it["bytes"] is None]
+    assert {(it["tensor"].split("/")[1], it["unsized_reason"]) for it in unsized} == {("else", DEAD_BRANCH)}
+    assert tr["unsized_reasons"] == {DEAD_BRANCH: len(unsized)}
+    assert DEAD_BRANCH in _summary(proc)
 
 
 # ---- 4 and 5: string ops under tf.device('/GPU:0') with soft placement, a py_function, an assign_add

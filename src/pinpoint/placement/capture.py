@@ -153,18 +153,19 @@ def add_function_graphs(captured: CapturedGraphs, md, name) -> None:
         captured.functions.append((fname, pre, parts))
 
 
-def run_profiled(call: Callable[[], Any]) -> tuple[Any, list[int] | None, str | None]:
+def run_profiled(call: Callable[[], Any]) -> tuple[Any, list[int] | None, set[str] | None, str | None]:
     """call() under TensorFlow's profiler: (result, the bytes of each element the input
-    pipeline's iterators handed out, or None and why not)."""
+    pipeline's iterators handed out, the nodes whose kernels ran; or None, None and why not)."""
     import tempfile
 
-    from pinpoint.placement.timing import iterator_element_bytes, profile_call, read_xspace
+    from pinpoint.placement.timing import iterator_element_bytes, kernel_nodes, profile_call, read_xspace
 
     with tempfile.TemporaryDirectory(prefix="pinpoint-shapes-") as tmp:
         result, xplane, why = profile_call(call, tmp)
         if xplane is None:
-            return result, None, why
-        return result, iterator_element_bytes(read_xspace(xplane)), None
+            return result, None, None, why
+        xspace = read_xspace(xplane)
+        return result, iterator_element_bytes(xspace), kernel_nodes(xspace), None
 
 
 def size_iterator_outputs(captured: CapturedGraphs, element_bytes: list[int] | None, why: str | None) -> None:
@@ -200,6 +201,33 @@ def size_iterator_outputs(captured: CapturedGraphs, element_bytes: list[int] | N
             continue
         (batch,) = batches
         captured.shapes[name] = [(dtype, [batch, *dims[1:]]) for dtype, dims in outs]
+
+
+DEAD_BRANCH = ("sent from a cond branch that did not run in the captured call (a dead tensor: no data moved, "
+               "so no shape was produced)")
+
+
+def size_from_inference(captured: CapturedGraphs, element_bytes: list[int] | None, kernels: set[str] | None) -> None:
+    """Every tensor derived from the input batch (a cond's output, an identity, a reshape) gets the
+    shape it had in the captured call: TensorFlow's shape inference over the partition graphs from
+    the input elements' real shapes (placement.runshapes). Only unknown dimensions are filled."""
+    from pinpoint.placement.runshapes import infer_shapes, merge_shapes
+
+    if kernels is None or not captured.partition_graphs:
+        return
+    try:
+        inferred, dead = infer_shapes(captured.partition_graphs, element_bytes, kernels)
+    except Exception as err:  # noqa: BLE001 - best effort: the transfers keep their reason
+        captured.notes.append(f"the shapes of the captured call could not be inferred ({type(err).__name__}: "
+                              f"{(str(err).splitlines() or [''])[0][:160]})")
+        return
+    for name in dead:
+        captured.unsized_why[name] = DEAD_BRANCH
+    for name, outs in inferred.items():
+        known = captured.shapes.get(name)
+        if known and all(dims is not None and None not in dims for _, dims in known):
+            continue
+        captured.shapes[name] = merge_shapes(known, outs)
 
 
 def capture_call(fn: Callable[..., Any], *args, step: int = 0, **kwargs) -> tuple[Any, CapturedGraphs]:

@@ -32,6 +32,7 @@ from pinpoint.placement.capture import (
     add_function_graphs,
     map_arg_values,
     run_profiled,
+    size_from_inference,
     size_iterator_outputs,
 )
 from pinpoint.tfcompat.api import current_device, executing_eagerly, keras_variable_class, keras_wrapped, set_op_device
@@ -204,16 +205,19 @@ class Recorder:
     # ---- tf.function ---------------------------------------------------------------------------
     def _capture_first_call(self, call, fn, args) -> tuple[Any, CapturedGraphs]:
         cap = CapturedGraphs(step=0)
-        _shapes(fn, cap)  # the traced shapes, before the call: they tell whether the profiler is needed
+        # The traced shapes, before the call: they tell whether the profiler is needed.
+        dynamic = _shapes(fn, cap)
         with collect_graphs() as collected:
-            if cap.dynamic_inputs:
+            if dynamic:
                 # TensorFlow records no step stats for a tf.function call (dev_stats stays empty), so a
-                # dynamic batch dimension is read off the bytes the iterator handed out (the profiler).
-                out, element_bytes, why = run_profiled(call)
+                # dynamic batch dimension is read off the bytes the iterator handed out (the profiler),
+                # and what derives from it off TensorFlow's shape inference (size_from_inference).
+                out, element_bytes, kernels, why = run_profiled(call)
             else:
-                out, element_bytes, why = call(), None, None
+                out, element_bytes, kernels, why = call(), None, None, None
         add_function_graphs(cap, collected.metadata, fn.name)
         size_iterator_outputs(cap, element_bytes, why)
+        size_from_inference(cap, element_bytes, kernels)
         map_arg_values(cap, list(args))  # the handles attribute the variable updates
         self._find_variables({id(a) for a in args if _is_resource(a)})
         return out, cap
@@ -441,15 +445,32 @@ def _fetch_names(fetches) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _shapes(fn, cap: CapturedGraphs) -> None:
+def _shapes(fn, cap: CapturedGraphs) -> bool:
     """Static output shapes by op name (sizes the transfers), from the function's graph and the
     graphs of the functions it calls: the runtime inlines a call, naming the callee's ops
-    '<call op>/<op>' (Keras' train function calls its step function this way)."""
+    '<call op>/<op>' (Keras' train function calls its step function this way). True when an input
+    element (in the function or any function it calls, a cond's branch too) has a dynamic shape."""
     try:
         graph = fn.graph
     except Exception:  # noqa: BLE001 - a function loaded without its Python graph
-        return
+        return False
     _graph_shapes(graph, "", cap, depth=0)
+    return bool(cap.dynamic_inputs) or _dynamic_source(graph, set())
+
+
+def _dynamic_source(graph, seen: set) -> bool:
+    """An op handing out input elements of a dynamic shape, in `graph` or the functions it calls."""
+    from pinpoint.placement.runshapes import SOURCES
+
+    for op in graph.get_operations():
+        if op.type in SOURCES and any(dims is None or None in dims for _, dims in output_shapes(op)):
+            return True
+    for name, inner in called_graphs(graph).items():
+        if name not in seen:
+            seen.add(name)
+            if _dynamic_source(inner, seen):
+                return True
+    return False
 
 
 _CALL_OPS = {"StatefulPartitionedCall", "PartitionedCall"}
