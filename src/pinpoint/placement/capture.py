@@ -172,34 +172,22 @@ def size_iterator_outputs(captured: CapturedGraphs, element_bytes: list[int] | N
     """Give the input pipeline's outputs the shape they really had in the captured call. An
     element's components share their dynamic (batch) dimension: the bytes the iterator handed out
     over the bytes per batch row give it, when every traced dimension but that one is known."""
-    import tensorflow as tf
+    from pinpoint.placement.runshapes import batch_size, row_bytes
 
     for name in captured.dynamic_inputs:
         outs = captured.shapes.get(name) or []
-        row_bytes = 0
-        ok = bool(outs)
-        for dtype, dims in outs:
-            dt = tf.dtypes.as_dtype(dtype)
-            if dims is None or not dims or dims[0] is not None or None in dims[1:] or not dt.is_numpy_compatible:
-                ok = False
-                break
-            n = dt.size
-            for d in dims[1:]:
-                n *= d
-            row_bytes += n
-        if not ok or not row_bytes:
+        if row_bytes(outs) is None:
             captured.unsized_why[name] = ("an input batch whose dimensions other than the batch are dynamic too: "
                                           "the bytes the step took do not fix each one")
             continue
-        batches = {b // row_bytes for b in element_bytes or () if b % row_bytes == 0}
-        if len(batches) != 1:
+        batch = batch_size(outs, element_bytes)
+        if batch is None:
             captured.unsized_why[name] = (
                 f"an input batch with a dynamic batch dimension, and the profiler could not tell its size ({why})"
                 if element_bytes is None else
                 "an input batch with a dynamic batch dimension; the iterators handed out elements of "
                 f"{sorted(set(element_bytes or ()))} bytes, none or several fitting its shape")
             continue
-        (batch,) = batches
         captured.shapes[name] = [(dtype, [batch, *dims[1:]]) for dtype, dims in outs]
 
 

@@ -26,10 +26,9 @@ _MERGES = {"Merge", "RefMerge"}
 _SWITCHES = {"Switch", "RefSwitch"}
 
 
-def batch_size(outs: list[tuple[int, list[int] | None]], element_bytes: list[int] | None) -> int | None:
-    """The batch an input element of traced shapes `outs` (dtype enum, dims) had, from the bytes the
-    iterators handed out: the one size that is a whole number of batch rows; None when the dims other
-    than the batch are unknown too, or no single size fits."""
+def row_bytes(outs: list[tuple[int, list[int] | None]]) -> int | None:
+    """The bytes of one batch row of an input element of traced shapes `outs` (dtype enum, dims);
+    None unless every component's first dimension is the dynamic batch and the rest are known."""
     import tensorflow as tf
 
     row = 0
@@ -41,7 +40,15 @@ def batch_size(outs: list[tuple[int, list[int] | None]], element_bytes: list[int
         for d in dims[1:]:
             n *= d
         row += n
-    if not outs or not row:
+    return row or None
+
+
+def batch_size(outs: list[tuple[int, list[int] | None]], element_bytes: list[int] | None) -> int | None:
+    """The batch an input element of traced shapes `outs` had, from the bytes the iterators handed
+    out: the one size that is a whole number of batch rows; None when the dims other than the batch
+    are unknown too, or no single size fits."""
+    row = row_bytes(outs)
+    if row is None:
         return None
     batches = {b // row for b in element_bytes or () if b % row == 0}
     return batches.pop() if len(batches) == 1 else None
