@@ -6,7 +6,9 @@ A difference fails with the table of differing rows."""
 from __future__ import annotations
 
 import pytest
+from packaging.version import Version
 
+from pinpoint.versions import installed
 from tests import differential
 
 # Three processes per program, each limited to differential.TIMEOUT (the shapes run may be made twice).
@@ -15,6 +17,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(3 * differential.TIME
 # Differences Pinpoint still makes, each named exactly (the error they fail with, the reason);
 # strict: the test fails once Pinpoint is fixed, and the entry must go.
 KNOWN: dict[str, tuple[type, str]] = {}
+# Differences of the oracle, not of Pinpoint, on an older TensorFlow of the supported range.
+if Version(installed("tensorflow")) < Version("2.17"):
+    KNOWN["parameter_server"] = (AssertionError, (
+        "TensorFlow 2.16's log lines carry no thread id, so the oracle cannot leave out the eager ops a "
+        "ClusterCoordinator's threads sent to the workers (AnonymousIteratorV3, MakeIterator) or the calls of "
+        "worker_fn the workers' runtimes logged; Pinpoint's side is what it is on 2.21"))
 
 
 def _param(name: str):
