@@ -76,6 +76,11 @@ def collecting(step: int = 0):
 
 
 GET_NEXT = {"IteratorGetNext", "IteratorGetNextSync"}
+
+
+def has_dynamic_dims(outs: list[tuple[int, list[int] | None]]) -> bool:
+    """An op's output shapes (dtype enum, dims) leave a rank or a dimension unknown."""
+    return any(dims is None or None in dims for _, dims in outs)
 _ARGS = {"_Arg", "_DeviceArg", "_Retval", "_DeviceRetval"}
 
 
@@ -213,7 +218,7 @@ def size_from_inference(captured: CapturedGraphs, element_bytes: list[int] | Non
         captured.unsized_why[name] = DEAD_BRANCH
     for name, outs in inferred.items():
         known = captured.shapes.get(name)
-        if known and all(dims is not None and None not in dims for _, dims in known):
+        if known and not has_dynamic_dims(known):
             continue
         captured.shapes[name] = merge_shapes(known, outs)
 

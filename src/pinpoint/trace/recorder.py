@@ -30,6 +30,7 @@ from pinpoint.placement.capture import (
     GET_NEXT,
     CapturedGraphs,
     add_function_graphs,
+    has_dynamic_dims,
     map_arg_values,
     run_profiled,
     size_from_inference,
@@ -463,7 +464,7 @@ def _dynamic_source(graph, seen: set) -> bool:
     from pinpoint.placement.runshapes import SOURCES
 
     for op in graph.get_operations():
-        if op.type in SOURCES and any(dims is None or None in dims for _, dims in output_shapes(op)):
+        if op.type in SOURCES and has_dynamic_dims(output_shapes(op)):
             return True
     for name, inner in called_graphs(graph).items():
         if name not in seen:
@@ -480,7 +481,7 @@ def _graph_shapes(graph, prefix: str, cap: CapturedGraphs, depth: int) -> None:
     library = called_graphs(graph)
     for op in graph.get_operations():
         outs = cap.shapes.setdefault(prefix + op.name, output_shapes(op))
-        if op.type in GET_NEXT and any(dims is None or None in dims for _, dims in outs):
+        if op.type in GET_NEXT and has_dynamic_dims(outs):
             cap.dynamic_inputs.append(prefix + op.name)
         if op.type in _CALL_OPS and depth < 8:
             try:
