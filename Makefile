@@ -18,7 +18,7 @@ PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=8
 export PYTHONUNBUFFERED := 1
 
 .PHONY: help setup run provision train report example-data compile submit images docs lint mlflow-ui \
-        system-deps test test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
+        system-deps test test-compat test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
 
 help: ## list the targets
 	@echo "Pinpoint: make TARGET [CONFIG=configs/demo.yaml]"
@@ -81,6 +81,27 @@ test: $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
 	@$(TIER) "unit"
 	@$(TIER) "integration and not slow"
 	@$(TIER) "slow" $(RELIABILITY)
+
+# The oldest end of the supported TensorFlow range (src/pinpoint/versions.py) in a second venv from
+# requirements-compat.txt, rebuilt when that file or pyproject.toml changes. It runs the tests whose
+# answers depend on TensorFlow's behaviour: trace, placement, the private names of tfcompat and (where
+# it exists) the differential suite against plain TensorFlow. The kfp side is not installed there
+# (kfp 2.17 needs protobuf 6).
+COMPAT_VENV := .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+COMPAT_TESTS = $(sort $(wildcard tests/test_trace*.py tests/test_placement*.py)) tests/test_tfcompat.py \
+               $(wildcard tests/test_differential.py)
+
+$(COMPAT_STAMP): requirements-compat.txt pyproject.toml | $(STAMP)
+	rm -rf $(COMPAT_VENV)
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(BIN)/uv pip install -q --compile-bytecode --python $(COMPAT_VENV)/bin/python -r requirements-compat.txt
+	$(BIN)/uv pip install -q --compile-bytecode --python $(COMPAT_VENV)/bin/python --no-deps -e .
+	touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP) ## the trace and placement tests on the oldest supported TensorFlow (.venv-compat)
+	$(COMPAT_VENV)/bin/python -c "import tensorflow as tf, keras; print('test-compat: tensorflow', tf.__version__, 'keras', keras.__version__)"
+	$(COMPAT_VENV)/bin/pytest -p no:cacheprovider --durations=8 -m "not gpu" $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 test-fast: test-unit ## quick iteration: unit tests only
 

@@ -16,7 +16,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pinpoint"
 
 # Lowest first. A name is a top-level module or package of pinpoint.
 LAYERS = [
-    ("foundation", {"__init__", "errors", "quiet", "hooks", "runfolder", "signals", "userlog"}),
+    ("foundation", {"__init__", "errors", "quiet", "hooks", "runfolder", "signals", "userlog",
+                    "versions"}),
     ("config", {"device_names", "config", "layer_keys"}),
     ("machine", {"devices", "kernels", "usercode", "tfcompat"}),
     ("analysis", {"placement", "provision"}),

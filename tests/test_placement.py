@@ -503,3 +503,56 @@ def test_the_tf_fixture_fails_rather_than_skips_when_an_earlier_test_took_the_de
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "1 passed, 1 error" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-3000:]
     assert "initialized in this process with 1 logical CPU device(s)" in proc.stdout
+
+
+# ---- shapes of the captured call: a lowered cond whose then-branch reads the input batch ------------
+def _lowered_cond():
+    """pred ? relu(iterator.get_next()) : zeros([0, 3]), lowered to Switch/Merge as the runtime runs it."""
+    import tensorflow as tf
+
+    g = tf.compat.v1.GraphDef()
+
+    def node(name, op, inputs=(), **attrs):
+        n = g.node.add(name=name, op=op, input=list(inputs))
+        for k, v in attrs.items():
+            n.attr[k].CopyFrom(v)
+        return n
+
+    def attr(**kw):
+        return tf.compat.v1.AttrValue(**kw)
+
+    f32, boolean, res = tf.float32.as_datatype_enum, tf.bool.as_datatype_enum, tf.resource.as_datatype_enum
+    shapes = attr(list=tf.compat.v1.AttrValue.ListValue(shape=[tf.TensorShape([None, 3]).as_proto()]))
+    types = attr(list=tf.compat.v1.AttrValue.ListValue(type=[f32]))
+    node("pred", "Placeholder", dtype=attr(type=boolean), shape=attr(shape=tf.TensorShape([]).as_proto()))
+    node("it", "IteratorV2", shared_name=attr(s=b""), container=attr(s=b""), output_types=types,
+         output_shapes=shapes)
+    node("sw_it", "Switch", ["it", "pred"], T=attr(type=res))
+    node("sw_pred", "Switch", ["pred", "pred"], T=attr(type=boolean))
+    node("pivot_t", "Identity", ["sw_pred:1"], T=attr(type=boolean))
+    node("pivot_f", "Identity", ["sw_pred"], T=attr(type=boolean))
+    node("get", "IteratorGetNext", ["sw_it:1", "^pivot_t"], output_types=types, output_shapes=shapes)
+    node("relu", "Relu", ["get"], T=attr(type=f32))
+    node("zeros", "Const", ["^pivot_f"], dtype=attr(type=f32),
+         value=attr(tensor=tf.make_tensor_proto(tf.zeros([0, 3]).numpy())))
+    node("merge", "Merge", ["relu", "zeros"], T=attr(type=f32), N=attr(i=2))
+    node("out", "Identity", ["merge"], T=attr(type=f32))
+    return g
+
+
+BATCH_ROWS, ROW_FLOATS = 4, 3
+
+
+def test_shape_inference_sizes_a_tensor_derived_from_the_batch_through_the_branch_that_ran():
+    from pinpoint.placement.runshapes import infer_shapes
+
+    element = BATCH_ROWS * ROW_FLOATS * 4
+    shapes, dead = infer_shapes([_lowered_cond()], [element], {"get", "relu"})
+    assert (shapes["out"][0][1], sorted(dead)) == ([BATCH_ROWS, ROW_FLOATS], ["pivot_f", "zeros"])
+
+
+def test_shape_inference_leaves_a_merge_unresolved_when_no_branch_is_known_to_have_run():
+    from pinpoint.placement.runshapes import infer_shapes
+
+    shapes, dead = infer_shapes([_lowered_cond()], [BATCH_ROWS * ROW_FLOATS * 4], set())
+    assert (shapes["out"][0][1], dead) == ([None, ROW_FLOATS], set())

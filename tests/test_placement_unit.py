@@ -98,6 +98,17 @@ def _as_task(p: dict, job: str, task: int) -> dict:
     return q
 
 
+def test_merge_leaves_tensorflows_own_variables_out_of_the_cross_task_drift():
+    # Each task's collective-ordering token differs from the others' by design (multi-worker).
+    base = _sample()
+    a, b = _as_task(base, "chief", 0), _as_task(base, "worker", 0)
+    for task, value in ((a, 1.0), (b, 7.0)):
+        task["variables"].append({"name": "Variable", "class": "internal", "devices": [], "update_devices": [],
+                                  "components": [], "fingerprint": {"sample": [value]}})
+    rc = merge_placements([a, b])["replica_consistency"]
+    assert "Variable" not in rc["variables"]
+
+
 def test_merge_placements_unites_tasks():
     base = _sample()
     a, b = _as_task(base, "chief", 0), _as_task(base, "worker", 0)

@@ -188,11 +188,37 @@ def test_eager_counting_stops_after_a_quiet_window_and_the_report_says_where(tmp
     (dev,) = eager["op_types_by_device"]
     assert eager["op_types_by_device"][dev]["AddV2"] == 900 + Q  # of 900 + 2Q run
     assert eager["op_types_by_device"][dev]["Mul"] == 1
-    assert (eager["counted_until"], eager["quiet_ops"]) == (eager["ops"], Q)
-    assert any(n.startswith(f"eager ops: the counts are of the program's first {eager['ops']} eager op(s)")
-               for n in p["notes"])
+    assert (eager["counted_until"], eager["quiet_ops"], eager["sampling_windows"]) == (eager["ops"], Q, 0)
+    assert any(n.startswith(f"eager ops: every eager op up to op {eager['ops']} was counted;") for n in p["notes"])
     assert json.loads((out / "metrics.json").read_text())["eager_ops_counted_until"] == eager["ops"]
-    assert f"eager ops  : {eager['ops']} (counted until op {eager['ops']}, then sampling stopped)" in proc.stdout
+    assert f"eager ops  : {eager['ops']} (all counted up to op {eager['ops']}, then sampled in 0 window(s))" in proc.stdout
+
+
+@pytest.mark.parametrize("late", ["new_function", "timer"])
+def test_a_signature_that_first_appears_after_the_quiet_window_is_found_in_a_sampling_window(tmp_path, late):
+    """After the callback is switched off, an op type never seen before (Sub) still gets recorded:
+    the first call of a new tf.function, or the timer (first after 1 s), switches it on again."""
+    from pinpoint.trace.recorder import EAGER_QUIET_OPS as Q
+
+    wake = "tf.function(lambda a: a * 2.0)(x)" if late == "new_function" else "time.sleep(3)"
+    script = write(tmp_path, "late.py", f"""
+        import time
+        import tensorflow as tf
+        x, y = tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])
+        for _ in range(2 * {Q}):
+            tf.add(x, y)
+        {wake}
+        for _ in range(5):
+            tf.subtract(x, y)
+    """)
+    out = tmp_path / "out"
+    trace([str(script)], cwd=tmp_path, out=out)
+    eager = placement(out)["eager"]
+    (dev,) = eager["op_types_by_device"]
+    # The first add is new, the next Q are quiet: counting stops there; no add runs in the window.
+    assert eager["op_types_by_device"][dev]["AddV2"] == Q + 1
+    assert eager["op_types_by_device"][dev]["Sub"] == 5
+    assert (eager["counted_until"], eager["sampling_windows"]) == (Q + 1, 1)
 
 
 def test_eager_ops_under_the_quiet_window_are_all_counted(tmp_path):

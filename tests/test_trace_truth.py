@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from pinpoint.placement.capture import DEAD_BRANCH
 from tests.test_trace import F32, placement, trace, write
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -48,6 +49,39 @@ def test_fit_input_batch_with_a_dynamic_batch_dimension_is_sized(tmp_path):
     assert (tr["per_step"]["unsized"], tr["unsized_reasons"]) == (0, {})
     assert tr["per_step"]["bytes"] == sum(it["bytes"] for it in tr["largest"])
     assert "unsized" not in _summary(proc)
+
+
+# MirroredStrategy fit on a tf.data pipeline: each replica's half of the batch reaches the step through
+# the lowered tf.cond of Keras' data handler (its output crosses between the replicas' devices).
+GLOBAL_BATCH, MIRRORED_FEATURES = 32, 12
+
+
+def test_mirrored_fit_batch_derived_through_the_data_handlers_cond_is_sized(tmp_path):
+    script = write(tmp_path, "mirrored_ds.py", f"""
+        import numpy as np, tensorflow as tf, keras
+        x = np.random.rand({4 * GLOBAL_BATCH}, {MIRRORED_FEATURES}).astype("float32")
+        y = np.random.rand({4 * GLOBAL_BATCH}, 1).astype("float32")
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch({GLOBAL_BATCH})
+        with tf.distribute.MirroredStrategy().scope():
+            model = keras.Sequential([keras.Input(({MIRRORED_FEATURES},)), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+        model.fit(ds, epochs=1, verbose=0)
+    """)
+    out = tmp_path / "out"
+    proc = trace(["--gpus", "2", str(script)], cwd=tmp_path, out=out)
+    tr = placement(out, sized=False)["transfers"]
+    replica_batch = GLOBAL_BATCH // 2
+    batch_items = sorted((it["from"], it["to"], it["bytes"]) for it in tr["largest"]
+                         if it["tensor"].startswith(("cond/output", "cond/then/")))
+    # Each replica's x (replica_batch x features float32) and y (replica_batch x 1) cross once each way.
+    x_bytes, y_bytes = replica_batch * MIRRORED_FEATURES * F32, replica_batch * F32
+    assert batch_items == sorted([("/GPU:0", "/GPU:1", x_bytes), ("/GPU:0", "/GPU:1", y_bytes),
+                                  ("/GPU:1", "/GPU:0", x_bytes), ("/GPU:1", "/GPU:0", y_bytes)])
+    # Unsized: only what the handler's other branch would have sent; it did not run (a dead tensor).
+    unsized = [it for it in tr["largest"] if it["bytes"] is None]
+    assert {(it["tensor"].split("/")[1], it["unsized_reason"]) for it in unsized} == {("else", DEAD_BRANCH)}
+    assert tr["unsized_reasons"] == {DEAD_BRANCH: len(unsized)}
+    assert DEAD_BRANCH in _summary(proc)
 
 
 # ---- 4 and 5: string ops under tf.device('/GPU:0') with soft placement, a py_function, an assign_add
@@ -104,7 +138,9 @@ def test_py_function_body_ops_are_reported_not_made_into_a_cpu_rule(strings):
     assert [r["rule"] for r in p["conformance"]["rules"]] == ["tf.device /GPU:0"]
     (fn,) = p["functions"]
     # The body (`tf.strings.length(t) * 2`) ran eagerly on the runtime's thread, on the host.
-    assert {(o["op_type"], o["device"]) for o in fn["runtime_ops"]} >= {("StringLength", "/CPU:0"), ("Mul", "/CPU:0")}
+    # (_EagerConst: the Python 2 made a tensor.)
+    assert {(o["op_type"], o["device"]) for o in fn["runtime_ops"]} == {
+        ("StringLength", "/CPU:0"), ("Mul", "/CPU:0"), ("_EagerConst", "/CPU:0")}
     assert "/CPU:0" not in fn["ops_by_device"]
     assert not [f for f in p["fallbacks"] if not f.get("predicted")]
 
@@ -227,3 +263,66 @@ def test_a_first_step_that_raises_names_the_users_function(tmp_path):
     assert fn["error"].startswith("InvalidArgumentError: ") and "bad input" in fn["error"]
     assert any(n.startswith("the training function train_step raised in its first call") for n in p["notes"])
     assert json.loads((out / "metrics.json").read_text())["training_function"] == "train_step"
+
+
+# ---- a parameter-server coordinator: the default /GPU:0 scope ends where it connects -----------
+ROWS_PS, COLS_PS = 4, 2
+
+
+def test_a_coordinator_connecting_to_its_cluster_leaves_the_default_gpu_scope(tmp_path):
+    script = write(tmp_path, "coordinator.py", f"""
+        import socket
+        import tensorflow as tf
+
+        def port():
+            with socket.socket() as s:
+                s.bind(("localhost", 0))
+                return s.getsockname()[1]
+
+        before = tf.zeros([3])  # not yet connected: on the emulated /GPU:0
+        spec = tf.train.ClusterSpec({{"worker": [f"localhost:{{port()}}"], "ps": [f"localhost:{{port()}}"]}})
+        tf.distribute.Server(spec, job_name="worker", task_index=0, protocol="grpc")
+        tf.distribute.Server(spec, job_name="ps", task_index=0, protocol="grpc")
+        strategy = tf.distribute.experimental.ParameterServerStrategy(
+            tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc"))
+        with strategy.scope():
+            v = tf.Variable(tf.zeros([{ROWS_PS}, {COLS_PS}]), name="v")
+    """)
+    out = tmp_path / "out"
+    trace(["--gpus", "2", str(script)], cwd=tmp_path, out=out)
+    p = placement(out)
+    chief, ps = "/job:chief/task:0/CPU:0", "/job:ps/task:0/CPU:0"
+    # Each tf.zeros is one Fill: the first under the default scope, the second the coordinator's
+    # own (its job's CPU, as plain TensorFlow puts it); the variable is made and set on the ps.
+    assert p["eager"]["op_types_by_device"] == {
+        "/GPU:0": {"Fill": 1}, chief: {"Fill": 1}, ps: {"VarHandleOp": 1, "AssignVariableOp": 1}}
+    assert [(c["from"], c["to"], c["bytes"]) for c in p["eager"]["copies"]] == [(chief, ps, ROWS_PS * COLS_PS * F32)]
+    assert [(v["name"], [c["device"] for c in v["components"]]) for v in p["variables"]] == [("v", [ps])]
+    assert [n for n in p["notes"] if "set_server_def" in n] == [
+        "emulation: set_server_def: the program connected to a cluster as /job:chief; from then on its ops with "
+        "no device request ran where TensorFlow puts them, not on the emulated /GPU:0"]
+
+
+def test_the_default_scope_stays_under_a_scope_of_the_programs_and_ends_once(tf):
+    """The connection ends the default scope only when it is the innermost one: a program's own
+    scope inside it is the program's to leave (exiting the default under it would break nesting)."""
+    from pinpoint.device_names import DeviceMap, emulation_aliases
+    from pinpoint.tfcompat.api import current_device
+    from pinpoint.trace.gpus import GpuNames
+
+    aliases = emulation_aliases(range(2))
+    names = GpuNames(DeviceMap(aliases=aliases, replica_devices=tuple(aliases.values()),
+                               spec_replica_devices=tuple(aliases), emulated=True))
+    gpu0 = "/job:localhost/replica:0/task:0/device:CPU:1"
+    with names.default_scope():
+        assert current_device() == gpu0
+        with tf.device("/CPU:0"):
+            names._leave_default_scope("chief")
+            assert (current_device(), names.ignored) == ("/job:localhost/replica:0/task:0/device:CPU:0", [])
+        names._leave_default_scope("chief")
+        assert current_device() == ""
+        names._leave_default_scope("chief")  # already ended: the `with` exit below does nothing either
+        assert names.ignored == [
+            "set_server_def: the program connected to a cluster as /job:chief; from then on its ops with no device "
+            "request ran where TensorFlow puts them, not on the emulated /GPU:0"]
+    assert current_device() == ""

@@ -125,8 +125,24 @@ def add_registered_commands(sub) -> None:
         add(sub)
 
 
+class _Version(argparse.Action):
+    """`pinpoint --version`: Pinpoint's, TensorFlow's, Keras' and MLflow's versions (read when
+    asked, not each time the parser is built)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print Pinpoint's, TensorFlow's, Keras' and "
+                         "MLflow's versions and exit", default=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from pinpoint.versions import version_text
+
+        print(version_text())
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="pinpoint", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     s = sub.add_parser("provision", help="topology request -> cluster_spec.json, manifests/, feasibility")
@@ -225,6 +241,9 @@ def _main(argv: list[str] | None) -> int:
         args = build_parser().parse_args(front)
         if args.command == "trace":
             args.program = [*args.program, *program_args]
+        from pinpoint.versions import check_supported
+
+        check_supported()  # a TensorFlow outside the supported range: one line, before any work
         if argv is None:  # the process's entry point: its environment is ours to set
             from pinpoint.quiet import quiet_start
 

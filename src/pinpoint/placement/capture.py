@@ -76,6 +76,11 @@ def collecting(step: int = 0):
 
 
 GET_NEXT = {"IteratorGetNext", "IteratorGetNextSync"}
+
+
+def has_dynamic_dims(outs: list[tuple[int, list[int] | None]]) -> bool:
+    """An op's output shapes (dtype enum, dims) leave a rank or a dimension unknown."""
+    return any(dims is None or None in dims for _, dims in outs)
 _ARGS = {"_Arg", "_DeviceArg", "_Retval", "_DeviceRetval"}
 
 
@@ -153,53 +158,69 @@ def add_function_graphs(captured: CapturedGraphs, md, name) -> None:
         captured.functions.append((fname, pre, parts))
 
 
-def run_profiled(call: Callable[[], Any]) -> tuple[Any, list[int] | None, str | None]:
+def run_profiled(call: Callable[[], Any]) -> tuple[Any, list[int] | None, set[str] | None, str | None]:
     """call() under TensorFlow's profiler: (result, the bytes of each element the input
-    pipeline's iterators handed out, or None and why not)."""
+    pipeline's iterators handed out, the nodes whose kernels ran; or None, None and why not)."""
     import tempfile
 
-    from pinpoint.placement.timing import iterator_element_bytes, profile_call, read_xspace
+    from pinpoint.placement.timing import iterator_element_bytes, kernel_nodes, profile_call, read_xspace
 
     with tempfile.TemporaryDirectory(prefix="pinpoint-shapes-") as tmp:
         result, xplane, why = profile_call(call, tmp)
         if xplane is None:
-            return result, None, why
-        return result, iterator_element_bytes(read_xspace(xplane)), None
+            return result, None, None, why
+        xspace = read_xspace(xplane)
+        return result, iterator_element_bytes(xspace), kernel_nodes(xspace), None
 
 
 def size_iterator_outputs(captured: CapturedGraphs, element_bytes: list[int] | None, why: str | None) -> None:
     """Give the input pipeline's outputs the shape they really had in the captured call. An
     element's components share their dynamic (batch) dimension: the bytes the iterator handed out
     over the bytes per batch row give it, when every traced dimension but that one is known."""
-    import tensorflow as tf
+    from pinpoint.placement.runshapes import batch_size, row_bytes
 
     for name in captured.dynamic_inputs:
         outs = captured.shapes.get(name) or []
-        row_bytes = 0
-        ok = bool(outs)
-        for dtype, dims in outs:
-            dt = tf.dtypes.as_dtype(dtype)
-            if dims is None or not dims or dims[0] is not None or None in dims[1:] or not dt.is_numpy_compatible:
-                ok = False
-                break
-            n = dt.size
-            for d in dims[1:]:
-                n *= d
-            row_bytes += n
-        if not ok or not row_bytes:
+        if row_bytes(outs) is None:
             captured.unsized_why[name] = ("an input batch whose dimensions other than the batch are dynamic too: "
                                           "the bytes the step took do not fix each one")
             continue
-        batches = {b // row_bytes for b in element_bytes or () if b % row_bytes == 0}
-        if len(batches) != 1:
+        batch = batch_size(outs, element_bytes)
+        if batch is None:
             captured.unsized_why[name] = (
                 f"an input batch with a dynamic batch dimension, and the profiler could not tell its size ({why})"
                 if element_bytes is None else
                 "an input batch with a dynamic batch dimension; the iterators handed out elements of "
                 f"{sorted(set(element_bytes or ()))} bytes, none or several fitting its shape")
             continue
-        (batch,) = batches
         captured.shapes[name] = [(dtype, [batch, *dims[1:]]) for dtype, dims in outs]
+
+
+DEAD_BRANCH = ("sent from a cond branch that did not run in the captured call (a dead tensor: no data moved, "
+               "so no shape was produced)")
+
+
+def size_from_inference(captured: CapturedGraphs, element_bytes: list[int] | None, kernels: set[str] | None) -> None:
+    """Every tensor derived from the input batch (a cond's output, an identity, a reshape) gets the
+    shape it had in the captured call: TensorFlow's shape inference over the partition graphs from
+    the input elements' real shapes (placement.runshapes). Only unknown dimensions are filled."""
+    from pinpoint.placement.runshapes import infer_shapes, merge_shapes
+
+    if kernels is None or not captured.partition_graphs:
+        return
+    try:
+        inferred, dead = infer_shapes(captured.partition_graphs, element_bytes, kernels)
+    except Exception as err:  # noqa: BLE001 - best effort: the transfers keep their reason
+        captured.notes.append(f"the shapes of the captured call could not be inferred ({type(err).__name__}: "
+                              f"{(str(err).splitlines() or [''])[0][:160]})")
+        return
+    for name in dead:
+        captured.unsized_why[name] = DEAD_BRANCH
+    for name, outs in inferred.items():
+        known = captured.shapes.get(name)
+        if known and not has_dynamic_dims(known):
+            continue
+        captured.shapes[name] = merge_shapes(known, outs)
 
 
 def capture_call(fn: Callable[..., Any], *args, step: int = 0, **kwargs) -> tuple[Any, CapturedGraphs]:

@@ -14,7 +14,13 @@ from collections.abc import Callable
 
 from pinpoint.device_names import sort_key
 from pinpoint.placement.schema import EXPLAIN, SCHEMA_VERSION, json_number
-from pinpoint.placement.variables import FINGERPRINT_SAMPLES, coverage_text, summarize_consistency, user_variables
+from pinpoint.placement.variables import (
+    FINGERPRINT_SAMPLES,
+    INTERNAL,
+    coverage_text,
+    summarize_consistency,
+    user_variables,
+)
 
 
 def _sum_into(dst: dict, src: dict) -> None:
@@ -159,6 +165,9 @@ def _cross_task_drift(ps: list[dict]) -> dict[str, float]:
     prints: dict[str, list] = defaultdict(list)
     for p in ps:
         for v in p.get("variables") or []:
+            # TensorFlow's own variables (collective-ordering tokens) are each task's own by design.
+            if v.get("class") == INTERNAL:
+                continue
             if v.get("fingerprint") and v["fingerprint"].get("sample") is not None:
                 prints[v["name"]].append(v["fingerprint"]["sample"])
     return {name: max((abs(a - b) for other in samples[1:] for a, b in zip(samples[0], other)), default=0.0)

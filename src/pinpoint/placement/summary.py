@@ -80,7 +80,8 @@ def program_lines(placement: Mapping[str, Any]) -> list[str]:
     copies = eager.get("copies") or []
     copy = "; copies: " + ", ".join(f"{c['from']}->{c['to']} {human_bytes(c['bytes'])}" for c in copies[:2]) if copies else ""
     until = eager.get("counted_until")
-    counted = f" (counted until op {until}, then sampling stopped)" if until is not None else ""
+    counted = (f" (all counted up to op {until}, then sampled in {eager.get('sampling_windows') or 0} window(s))"
+               if until is not None else "")
     lines.append(f"eager ops  : {eager.get('ops', 0)}{counted}" + (f" ({by_dev})" if by_dev else "") + copy)
     return lines
 

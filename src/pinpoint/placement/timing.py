@@ -175,10 +175,12 @@ def op_events(xspace) -> tuple[list[OpEvent], list[str]]:
     return events, notes
 
 
-def iterator_element_bytes(xspace) -> list[int]:
-    """The bytes of every element the tf.data iterators handed out in the trace (one event per
-    IteratorGetNext: the runtime's own count of what the step took from its input pipeline)."""
-    out = []
+# The iterator kernels' own events, with the bytes of the element each handed out.
+_GET_NEXT_EVENTS = {"IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute"}
+
+
+def _host_events(xspace):
+    """(event, its metadata, the plane's stat names) of every event on the host plane."""
     for plane in xspace.planes:
         if plane.name != "/host:CPU":
             continue
@@ -186,11 +188,36 @@ def iterator_element_bytes(xspace) -> list[int]:
         for line in plane.lines:
             for e in line.events:
                 meta = plane.event_metadata.get(e.metadata_id)
-                if meta is None or meta.name != "IteratorGetNextOp::DoCompute":
-                    continue
-                for s in e.stats:
-                    if stat_names.get(s.metadata_id) == "element_size":
-                        out.append(int(_stat(s, stat_names)))
+                if meta is not None:
+                    yield e, meta, stat_names
+
+
+def iterator_element_bytes(xspace) -> list[int]:
+    """The bytes of every element the tf.data iterators handed out in the trace (one event per
+    IteratorGetNext: the runtime's own count of what the step took from its input pipeline)."""
+    out = []
+    for e, meta, stat_names in _host_events(xspace):
+        if meta.name not in _GET_NEXT_EVENTS:
+            continue
+        for s in e.stats:
+            if stat_names.get(s.metadata_id) == "element_size":
+                out.append(int(_stat(s, stat_names)))
+    return out
+
+
+def kernel_nodes(xspace) -> set[str]:
+    """The nodes whose kernels ran in the trace (a transfer's kernel runs for a tensor that was
+    never produced too, so transfers are left out)."""
+    out = set()
+    for e, meta, stat_names in _host_events(xspace):
+        kind = meta.display_name
+        if kind and meta.name.endswith(":" + kind):
+            if kind not in TRANSFER_TYPES:
+                out.add(meta.name[: -len(kind) - 1])
+        elif meta.name == _ASYNC_START:
+            stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
+            if stats.get("name") and stats.get("kernel_type") not in TRANSFER_TYPES:
+                out.add(stats["name"])
     return out
 
 

@@ -59,20 +59,15 @@ def _versions() -> str:
 
 
 def _supported() -> str:
-    """The TensorFlow requirement of Pinpoint's own package metadata ('tensorflow==2.21.0')."""
-    import importlib.metadata as md
+    """The TensorFlow range Pinpoint declares ('tensorflow>=2.16,<2.22')."""
+    from pinpoint.versions import SUPPORTED
 
-    try:
-        reqs = md.requires("pinpoint") or []
-    except md.PackageNotFoundError:
-        return "the TensorFlow version in requirements.lock"
-    pins = [r.split(";")[0].strip() for r in reqs if r.replace(" ", "").startswith("tensorflow")]
-    return pins[0] if pins else "the TensorFlow version in requirements.lock"
+    return "tensorflow" + SUPPORTED["tensorflow"]
 
 
 def message(target: Target, what: str) -> str:
     return (f"{_versions()}: {target.key} ({target.module}) {what}; Pinpoint relies on it to {target.used_for} "
-            f"and supports {_supported()}: install that version — see {DOCS}")
+            f"and supports {_supported()}: install a version in that range — see {DOCS}")
 
 
 def check(targets: Iterable[Target] | None = None) -> None:

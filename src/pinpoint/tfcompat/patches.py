@@ -9,6 +9,7 @@ part-way (the stack holds exactly what was done).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,22 +37,67 @@ class Patches(contextlib.ExitStack):
         owner, name = TARGETS[key].owner()
         return getattr(owner, name)
 
-    def op_callback(self, callback) -> Callable[[], None]:
-        """TensorFlow's op callback `callback` until close; returns a function that removes it
-        earlier (on the thread that added it: op callbacks are thread-local), after which close
-        has nothing left to do for it."""
+    def op_callback(self, callback) -> OpCallback:
+        """TensorFlow's op callback `callback` on this thread until close, as a switch (see
+        `OpCallback`); close removes it for good."""
+        switch = OpCallback(callback)
+        self.callback(switch.close)
+        return switch
+
+
+class OpCallback:
+    """An op callback that can be switched off and on again without leaving TensorFlow's slow
+    path on: `off()` and `on()` edit the adding thread's own callback list (op callbacks are
+    thread-local), which TensorFlow's eager fast path reads before every op. An empty list puts
+    each eager op back on the C fast path (the callback mechanism alone costs an op microseconds);
+    a non-empty one sends it through `execute_with_callbacks`, which TensorFlow installed when the
+    callback was added and which stays installed until `close`. Either may be called from any
+    thread: a timer re-arms the program's thread this way."""
+
+    def __init__(self, callback) -> None:
         from tensorflow.python.framework import op_callbacks
 
         op_callbacks.add_op_callback(callback)
-        added = [True]
+        # The adding thread's list object itself: another thread appends to it to re-arm.
+        self._list = _context()._thread_local_data.op_callbacks
+        self._callback = callback
+        self._lock = threading.Lock()
+        self.armed = True
+        self._closed = False
 
-        def remove() -> None:
-            if added[0]:
-                added[0] = False
-                op_callbacks.remove_op_callback(callback)
+    def off(self) -> None:
+        with self._lock:
+            if self.armed:
+                self.armed = False
+                # Also from inside the callback: TensorFlow iterates over this list, so an entry
+                # after ours is skipped for this one op (ours is normally the only one).
+                self._list.remove(self._callback)
 
-        self.callback(remove)
-        return remove
+    def on(self) -> None:
+        with self._lock:
+            if not self.armed and not self._closed:
+                self.armed = True
+                self._list.append(self._callback)
+
+    def close(self) -> None:
+        """Remove the callback as TensorFlow does (on the adding thread): the fast path's
+        `execute` is restored once no callback is left."""
+        from tensorflow.python.framework import op_callbacks
+
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if not self.armed:
+                self._list.append(self._callback)
+            self.armed = False
+        op_callbacks.remove_op_callback(self._callback)
+
+
+def _context():
+    from tensorflow.python.eager import context
+
+    return context.context()
 
 
 def patch_local_devices(patches: Patches, indices: Sequence[int]) -> None:

@@ -173,10 +173,12 @@ def eager_section(eager, namer: DeviceMap, default_device: str) -> dict:
         "copy_bytes": sum(c["bytes"] for c in copies),
         "not_where_requested": moved,
         "default_device": spec(default_device) if default_device else None,
-        # Every eager op of the program counted (None), or only the first N: the op callback was
-        # removed after `quiet_ops` callbacks in a row brought no new signature.
+        # Every eager op of the program counted (None), or every op up to the Nth: the op callback
+        # was switched off after `quiet_ops` callbacks in a row brought no new signature, and on
+        # again for `sampling_windows` windows (recorder: a new tf.function, the timer).
         "counted_until": eager.stopped,
         "quiet_ops": eager.quiet if eager.stopped is not None else None,
+        "sampling_windows": eager.windows if eager.stopped is not None else None,
     }
 
 
@@ -301,11 +303,13 @@ def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] =
             "bodies): listed in functions[].runtime_ops, not counted as the functions' ops or as requests")
     if recorder.eager.stopped is not None:
         placement["notes"].append(
-            f"eager ops: the counts are of the program's first {recorder.eager.stopped} eager op(s): after "
+            f"eager ops: every eager op up to op {recorder.eager.stopped} was counted; after "
             f"{recorder.eager.quiet} op callbacks in a row with no new signature (op type and device, copy, request "
-            "not met, updated variable) the op callback was removed, so later eager ops ran uncounted: their "
-            "numbers, copies, requests not met and variable updates are not in these counts (tf.function calls "
-            "still are)")
+            f"not met, updated variable) the op callback was switched off, then on again for "
+            f"{recorder.eager.windows} sampling window(s) (at each new tf.function's first call, and after 1, 2, "
+            "4 ... 16 s): later eager ops are counted only inside those windows, so the eager numbers are lower "
+            "bounds, and a signature first appearing later is found when it recurs in a window (tf.function "
+            "calls are all counted)")
     if not records:
         placement["notes"].append("the program ran no tf.function and no Session.run: only its eager ops are shown")
     elif train and cap is None and train.get("error"):
@@ -349,6 +353,7 @@ def trace_metrics(recorder, placement: dict, *, exit_code: int, seconds: float, 
     }
     if recorder.eager.stopped is not None:  # later eager ops ran uncounted (placement.json's notes)
         out["eager_ops_counted_until"] = recorder.eager.stopped
+        out["eager_sampling_windows"] = recorder.eager.windows
     if keras:
         out.update(keras)
     return out

@@ -15,12 +15,14 @@ On a CPU-only machine `emulate(n)` gives the process n+1 logical CPUs (`/CPU:0` 
   among the emulated GPUs (the stand-in for NCCL), as `train.all_reduce: auto` does;
 - `MultiWorkerMirroredStrategy` takes the emulated GPUs as each task's local devices;
 - `default_scope()`: ops with no device request run on the emulated `/GPU:0`, where a GPU
-  machine's runtime puts them (entered around the program).
+  machine's runtime puts them (entered around the program), until the program connects to a
+  cluster (a parameter-server coordinator): the scope names the old job, so it ends there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from pinpoint.device_names import DeviceMap, emulation_aliases
 from pinpoint.tfcompat.api import forget_parsed_devices, logical_device, physical_device
@@ -69,6 +71,7 @@ class GpuNames:
         self.n = len(dm.spec_replica_devices)
         self.ignored: list[str] = []  # program settings emulation accepted but cannot follow
         self._patches = Patches()
+        self._default: _DefaultScope | None = None
 
     # ---- patches ---------------------------------------------------------------------------
     def install(self) -> GpuNames:
@@ -128,7 +131,31 @@ class GpuNames:
         self._patch("MirroredExtended.__init__", mirrored_init)
         # MultiWorkerMirroredStrategy: each task's local devices are the emulated GPUs.
         patch_local_devices(self._patches, [int(p.rsplit(":", 1)[1]) for p in dm.replica_devices])
+        set_server_def = Patches.current("Context.set_server_def")
+
+        def connect(ctx, server_def, *args, **kwargs):
+            self._leave_default_scope(server_def.job_name)
+            return set_server_def(ctx, server_def, *args, **kwargs)
+
+        self._patch("Context.set_server_def", connect)
         return self
+
+    def _leave_default_scope(self, job: str) -> None:
+        """The program connects to a cluster as `job`: the default scope ends.
+
+        Eager device scopes are fully named, and '/job:localhost/...' is no device of the
+        connected context (TensorFlow rejects every op under it). The coordinator's own
+        unrequested ops then go where TensorFlow puts them, as Pinpoint's own parameter_server
+        coordinator keeps TensorFlow's default (training/entrypoint.py): the same as the
+        plain-TensorFlow run of the differential suite.
+        """
+        d = self._default
+        if d is None or not d.left_by(threading.get_ident()):
+            return
+        note = (f"set_server_def: the program connected to a cluster as /job:{job}; from then on its ops with no "
+                "device request ran where TensorFlow puts them, not on the emulated /GPU:0")
+        if note not in self.ignored:
+            self.ignored.append(note)
 
     def _accept(self, key: str, what: str) -> None:
         name = key.rsplit(".", 1)[1]
@@ -167,7 +194,38 @@ class GpuNames:
             return contextlib.nullcontext()
         import tensorflow as tf
 
-        return tf.device("/device:" + self.dm.aliases["/GPU:0"].lstrip("/"))
+        self._default = _DefaultScope(tf.device("/device:" + self.dm.aliases["/GPU:0"].lstrip("/")))
+        return self._default
+
+
+class _DefaultScope:
+    """The default device scope, which the program's connection to a cluster can end early."""
+
+    def __init__(self, scope):
+        self._scope = scope
+        self._thread: int | None = None  # the thread that entered it (device scopes are per thread)
+        self._name = ""
+
+    def __enter__(self) -> _DefaultScope:
+        from pinpoint.tfcompat.api import current_device
+
+        self._scope.__enter__()
+        self._thread, self._name = threading.get_ident(), current_device()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._thread = None
+            self._scope.__exit__(None, None, None)
+
+    def left_by(self, thread: int) -> bool:
+        """Exit now if `thread` entered it and no scope of the program's is inside it."""
+        from pinpoint.tfcompat.api import current_device
+
+        if self._thread != thread or current_device() != self._name:
+            return False
+        self.__exit__(None, None, None)
+        return True
 
 
 def _is_gpu(dev) -> bool:

@@ -4,6 +4,8 @@ program without editing it (as MLflow's autolog does)."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -16,9 +18,12 @@ class KerasLogger(keras.callbacks.Callback):
     """Keras logs -> `send(metrics, step=)`; params -> `params(dict)`; the last logs kept in `final`."""
 
     def __init__(self, send: Callable[..., None], params: Callable[[dict], None] | None = None,
-                 *, log_every: int = 10, batch_size: int | None = None):
+                 *, log_every: int = 10, batch_size: int | None = None,
+                 quiet: Callable[[], Any] = contextlib.nullcontext):
         super().__init__()
         self.send, self.send_params = send, params
+        # Reading fit's parameters runs eager ops (the learning rate's read): not the program's.
+        self.quiet = quiet
         self.log_every = max(1, int(log_every))
         self.batch_size = batch_size
         self.step = 0  # batches trained over every fit call of the program
@@ -27,7 +32,9 @@ class KerasLogger(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self.send_params is not None:
-            self.send_params(fit_params(self.model, self.params, self.batch_size))
+            with self.quiet():
+                params = fit_params(self.model, self.params, self.batch_size)
+            self.send_params(params)
 
     def on_train_batch_end(self, batch, logs=None):
         self.step += 1
@@ -84,7 +91,8 @@ def fit_params(model, params: dict, batch_size: int | None) -> dict:
         "fit.num_replicas": strategy.num_replicas_in_sync,
         "fit.device_count": len(devices) or 1,
         "fit.model": getattr(model, "name", None),
-        "fit.params": int(sum(int(tf.size(v)) for v in model.trainable_variables)) if model.built else None,
+        # From the shapes: tf.size would read every variable (eager ops the program did not run).
+        "fit.params": sum(math.prod(v.shape) for v in model.trainable_variables) if model.built else None,
     }
     return {k: v for k, v in out.items() if v is not None}
 

@@ -11,8 +11,12 @@
   op more than the microsecond counting it may cost (issue 34), so once the program's eager ops
   (and tf.function calls) have produced no new signature -- (op type, device) pair, copy
   (source, destination), request not met, or updated variable -- for `quiet_ops` callbacks in a
-  row, the callback is removed: the eager counts are then those of the ops up to that point
-  (`EagerRecord.stopped`), and the report says so.
+  row, the callback is switched off: later eager ops run on TensorFlow's fast path. It is
+  switched on again for a sampling window (which ends the same way) at the first call of each
+  new tf.function (a new phase: evaluation, prediction) and by a timer after 1, 2, 4 ... s (at
+  most `EAGER_RESAMPLE_MAX_S`), so a signature that first appears later (an eager fallback in
+  a late phase) is still found when it recurs. Every op up to `EagerRecord.stopped` is counted;
+  after that the counts are those of the windows, and the report says so.
 - tf.compat.v1 sessions: the first `Session.run` of each fetch/feed signature asks the runtime
   for its partition graphs (RunOptions.output_partition_graphs).
 
@@ -23,6 +27,7 @@ program ends, so the report can show them and compare their mirrored copies.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import re
 import threading
@@ -34,8 +39,10 @@ from pinpoint.placement.capture import (
     GET_NEXT,
     CapturedGraphs,
     add_function_graphs,
+    has_dynamic_dims,
     map_arg_values,
     run_profiled,
+    size_from_inference,
     size_iterator_outputs,
 )
 from pinpoint.tfcompat.api import current_device, executing_eagerly, keras_variable_class, keras_wrapped, set_op_device
@@ -46,8 +53,11 @@ _SUFFIX_RE = re.compile(r"^__(inference|forward|backward)_(.*?)(_\d+)?$")
 _UPDATE_RE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
 _PLATFORM_VARIABLES = {"save_counter:0", "save_counter"}
 MAX_EAGER_KINDS = 5000  # distinct (op type, device) and copy keys kept: a bound on memory, not on counts
-# Op callbacks in a row that bring no new eager signature, after which the callback is removed.
+# Op callbacks in a row that bring no new eager signature, after which the callback is switched off.
 EAGER_QUIET_OPS = 1000
+# The timer's first wait before a sampling window, doubled after each up to the last: a window
+# of EAGER_QUIET_OPS slow-path ops (~5 ms) every 16 s costs a program well under 0.1%.
+EAGER_RESAMPLE_S = (1.0, 16.0)
 
 
 def python_name(concrete: str) -> str:
@@ -131,10 +141,11 @@ class EagerRecord:
     handles: dict = field(default_factory=dict)  # handle id -> the handle tensor (kept alive)
     attrs: dict = field(default_factory=dict)  # (device, op type) -> the first call's attrs
     total: int = 0
-    # Eager ops counted when the op callback was removed (no new signature in `quiet` callbacks
-    # in a row); None: every eager op of the program was counted.
+    # Eager ops counted when the op callback was first switched off (no new signature in `quiet`
+    # callbacks in a row); None: every eager op of the program was counted.
     stopped: int | None = None
     quiet: int = 0
+    windows: int = 0  # sampling windows since (a new tf.function or the timer switched it on)
 
 
 class Recorder:
@@ -156,9 +167,12 @@ class Recorder:
         self._pending: dict[int, bool] = {}  # eager-updated handles not yet matched to a variable
         self._patches = Patches()
         self.active = False
+        self._quiet = threading.local()  # set while Pinpoint itself runs eager ops on this thread
         self.quiet_ops = quiet_ops
-        self._quiet = 0  # op callbacks since the last new eager signature
-        self._remove_op_callback = None
+        self._since_new = 0  # op callbacks since the last new eager signature
+        self._callback = None  # tfcompat.patches.OpCallback
+        self._resample_started = False
+        self._done = threading.Event()  # set at uninstall: the resampling timer ends
         self._known: dict[int, FunctionRecord] = {}  # id(AtomicFunction) -> its record
         self._alive: list = []  # the functions in _known (kept alive: an id is not reused)
 
@@ -185,6 +199,7 @@ class Recorder:
                 r.calls += 1
                 return call_flat(fn, *args)
             r = rec.functions[name] = FunctionRecord(name, user_name(fn, name), calls=1, role=keras_role())
+            rec._resample()  # a new function may start a new phase: its eager ops are sampled
             known[id(fn)] = r
             rec._alive.append(fn)
             if threading.current_thread() is not threading.main_thread():
@@ -207,7 +222,8 @@ class Recorder:
             return rec._session_run(run, sess, fetches, feed_dict)
 
         self._patches.replace("BaseSession.run", recorded_run)
-        self._remove_op_callback = self._patches.op_callback(self._on_op)
+        self._callback = self._patches.op_callback(self._on_op)
+        self._patches.callback(self._done.set)  # undone first: the timer stops before the callback goes
         self.active = True
         return self
 
@@ -216,19 +232,32 @@ class Recorder:
         self.active = False
         self._patches.close()
 
+    @contextlib.contextmanager
+    def quiet(self):
+        """Eager ops Pinpoint runs itself on this thread (reading a Keras parameter) are not recorded."""
+        before = getattr(self._quiet, "on", False)
+        self._quiet.on = True
+        try:
+            yield
+        finally:
+            self._quiet.on = before
+
     # ---- tf.function ---------------------------------------------------------------------------
     def _capture_first_call(self, call, fn, args) -> tuple[Any, CapturedGraphs]:
         cap = CapturedGraphs(step=0)
-        _shapes(fn, cap)  # the traced shapes, before the call: they tell whether the profiler is needed
+        # The traced shapes, before the call: they tell whether the profiler is needed.
+        dynamic = _shapes(fn, cap)
         with collect_graphs() as collected:
-            if cap.dynamic_inputs:
+            if dynamic:
                 # TensorFlow records no step stats for a tf.function call (dev_stats stays empty), so a
-                # dynamic batch dimension is read off the bytes the iterator handed out (the profiler).
-                out, element_bytes, why = run_profiled(call)
+                # dynamic batch dimension is read off the bytes the iterator handed out (the profiler),
+                # and what derives from it off TensorFlow's shape inference (size_from_inference).
+                out, element_bytes, kernels, why = run_profiled(call)
             else:
-                out, element_bytes, why = call(), None, None
+                out, element_bytes, kernels, why = call(), None, None, None
         add_function_graphs(cap, collected.metadata, fn.name)
         size_iterator_outputs(cap, element_bytes, why)
+        size_from_inference(cap, element_bytes, kernels)
         map_arg_values(cap, list(args))  # the handles attribute the variable updates
         self._find_variables({id(a) for a in args if _is_resource(a)})
         return out, cap
@@ -271,14 +300,17 @@ class Recorder:
             return None  # graph construction
         if isinstance(op_type, bytes):  # the eager fallback path passes bytes
             op_type = op_type.decode()
+        if getattr(self._quiet, "on", False):
+            return None  # Pinpoint's own eager ops
         if op_type.startswith("__"):
-            self._quiet += 1  # a tf.function call (counted by call_flat): nothing new for eager
-            if self._quiet >= self.quiet_ops:
+            self._since_new += 1  # a tf.function call (counted by call_flat): nothing new for eager
+            if self._since_new >= self.quiet_ops:
                 self._stop_eager()
             return None
         e = self.eager
         e.total += 1
-        device = _ran_on(inputs, outputs)
+        # An op with no inputs and no outputs (NoOp) runs on the device of its scope.
+        device = _ran_on(inputs, outputs) or ("" if inputs or outputs else current_device())
         if not device:
             return None
         new = False
@@ -318,22 +350,39 @@ class Recorder:
             e.handles.setdefault(h, inputs[0])
             self._on_update(h)
         if new:
-            self._quiet = 0
+            self._since_new = 0
         else:
-            self._quiet += 1
-            if self._quiet >= self.quiet_ops:
+            self._since_new += 1
+            if self._since_new >= self.quiet_ops:
                 self._stop_eager()
         return None
 
     def _stop_eager(self) -> None:
-        """Remove the op callback: the program's eager ops have stopped producing new signatures
-        (called from the callback, on the thread that added it)."""
-        if self._remove_op_callback is None:
+        """Switch the op callback off: the program's eager ops have stopped producing new
+        signatures (called from the callback, on the thread that added it)."""
+        if not self._callback.armed:
             return
         e = self.eager
-        e.stopped, e.quiet = e.total, self.quiet_ops
-        remove, self._remove_op_callback = self._remove_op_callback, None
-        remove()
+        if e.stopped is None:
+            e.stopped, e.quiet = e.total, self.quiet_ops
+        self._callback.off()
+        if not self._resample_started:
+            self._resample_started = True
+            threading.Thread(target=self._resample_timer, name="pinpoint-eager-sampling", daemon=True).start()
+
+    def _resample(self) -> None:
+        """Switch the op callback on for a sampling window (any thread; a no-op while it is on)."""
+        if self._callback is None or self._callback.armed or self.eager.stopped is None:
+            return
+        self._since_new = 0  # the callback is off: nothing else writes it now
+        self.eager.windows += 1
+        self._callback.on()
+
+    def _resample_timer(self) -> None:
+        delay, longest = EAGER_RESAMPLE_S
+        while not self._done.wait(delay):
+            self._resample()
+            delay = min(delay * 2, longest)
 
     def _on_update(self, handle_id: int) -> None:
         """Find the variable an eager op updated. A variable's first update is its initializer,
@@ -485,15 +534,32 @@ def _fetch_names(fetches) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _shapes(fn, cap: CapturedGraphs) -> None:
+def _shapes(fn, cap: CapturedGraphs) -> bool:
     """Static output shapes by op name (sizes the transfers), from the function's graph and the
     graphs of the functions it calls: the runtime inlines a call, naming the callee's ops
-    '<call op>/<op>' (Keras' train function calls its step function this way)."""
+    '<call op>/<op>' (Keras' train function calls its step function this way). True when an input
+    element (in the function or any function it calls, a cond's branch too) has a dynamic shape."""
     try:
         graph = fn.graph
     except Exception:  # noqa: BLE001 - a function loaded without its Python graph
-        return
+        return False
     _graph_shapes(graph, "", cap, depth=0)
+    return bool(cap.dynamic_inputs) or _dynamic_source(graph, set())
+
+
+def _dynamic_source(graph, seen: set) -> bool:
+    """An op handing out input elements of a dynamic shape, in `graph` or the functions it calls."""
+    from pinpoint.placement.runshapes import SOURCES
+
+    for op in graph.get_operations():
+        if op.type in SOURCES and has_dynamic_dims(output_shapes(op)):
+            return True
+    for name, inner in called_graphs(graph).items():
+        if name not in seen:
+            seen.add(name)
+            if _dynamic_source(inner, seen):
+                return True
+    return False
 
 
 _CALL_OPS = {"StatefulPartitionedCall", "PartitionedCall"}
@@ -503,7 +569,7 @@ def _graph_shapes(graph, prefix: str, cap: CapturedGraphs, depth: int) -> None:
     library = called_graphs(graph)
     for op in graph.get_operations():
         outs = cap.shapes.setdefault(prefix + op.name, output_shapes(op))
-        if op.type in GET_NEXT and any(dims is None or None in dims for _, dims in outs):
+        if op.type in GET_NEXT and has_dynamic_dims(outs):
             cap.dynamic_inputs.append(prefix + op.name)
         if op.type in _CALL_OPS and depth < 8:
             try:

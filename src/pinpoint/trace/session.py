@@ -62,7 +62,7 @@ class Capture:
             stack.callback(self.requests.uninstall)
             self.requests.install()
             self.fit = FitPatch(lambda batch: KerasLogger(self.send_metrics, self.params, log_every=self.log_every,
-                                                          batch_size=batch))
+                                                          batch_size=batch, quiet=self.recorder.quiet))
             stack.callback(self.fit.uninstall)
             self.fit.install()
             stack.callback(userlog.set_sink, None)

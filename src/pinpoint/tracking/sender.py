@@ -88,7 +88,12 @@ def store_problem(err: Exception, uri: str) -> str:
     MLflow's own words, whole, on one line."""
     if isinstance(_classify(err), Transient):
         return f"MLflow tracking server {redact(uri)} unreachable ({brief(err)})"
-    return f"MLflow tracking store {redact(uri)} refused: {' '.join(str(err).split())}"
+    return f"MLflow tracking store {redact(uri)} refused: {whole(err)}"
+
+
+def whole(err: Exception) -> str:
+    """The error's whole message on one line (a store's refusal is read in full, not briefly)."""
+    return " ".join(str(err).split())
 
 
 def brief(err: Exception) -> str:
@@ -346,7 +351,7 @@ class Sender:
         except Exception as err:  # noqa: BLE001 - run creation must succeed eventually: retry
             if isinstance(_classify(err), Transient):
                 raise Transient(brief(err)) from None
-            raise Refused(" ".join(str(err).split())) from None
+            raise Refused(whole(err)) from None
         self.run_id = run_id
         self.spool.update_meta(run_id=run_id, experiment_id=exp_id)
         if self._on_run_created:

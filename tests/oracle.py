@@ -1,0 +1,314 @@
+"""The differential suite's oracle: a program run as plain TensorFlow, with what TensorFlow itself
+says about where things ran. No Pinpoint module is imported here (the oracle must not share the
+code it checks).
+
+    python tests/oracle.py placement PROGRAM.py OUT.json   # devices, functions, variables, eager ops
+    python tests/oracle.py shapes PROGRAM.py OUT.json      # the shape every graph op produced
+
+Devices: the process gets 3 logical CPUs (/CPU:0 the host, /CPU:1 for /GPU:0, /CPU:2 for /GPU:1).
+The program's text is rewritten before it runs: every '/GPU:i' literal becomes '/CPU:i+1' and
+`MirroredStrategy()` gets the two stand-in devices and TensorFlow's own default cross-device ops
+for them (on CPU devices that is the ring collective: the exchange a GPU machine does with NCCL).
+A source rewrite, not a device function: TensorFlow's device functions act in
+graph mode only, and a strategy's device list must be concrete strings. The body runs under
+`tf.device('/CPU:1')`, where a GPU machine puts the ops nobody asked for a device for.
+
+What is read, each from TensorFlow:
+- tf.functions: graph collection (`context.enable_graph_collection`) is on for the whole run; the
+  run metadata is exported at every eager op, so the partition graphs exported at a function's
+  first call are the ones its first call instantiated. The call's inputs give its arguments' shapes.
+- eager ops: `tf.debugging.set_log_device_placement(True)`: TensorFlow logs "Executing op X in
+  device Y" for every eager op (read from stderr by the test); an op callback records the inputs
+  the runtime had to copy to the op's device (input device != the op's outputs' device).
+- variables: a `tf.variable_creator_scope` around the program records every variable it creates
+  through `tf.Variable` (Keras', the optimizer's and the program's own). After the run, the
+  distributed and Keras wrappers holding them are found among the live objects, and each
+  component's `.device` is read. TensorFlow's own variables (tf.distribute's collective-ordering
+  tokens, constructed directly, past the creator scope) are every other live plain variable.
+- shapes (a separate run, since tfdbg instruments the graphs): tfdbg v2 in SHAPE mode
+  (`tf.debugging.experimental.enable_dump_debug_info`) records the shape of every tensor each
+  op inside a tf.function produced at run time; they size the transfers whose shape is dynamic.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+from collections import Counter, defaultdict
+
+HOST = "/CPU:0"
+# Off for a program that connects to a cluster (a parameter-server coordinator): an eager device
+# scope names its job, and TensorFlow rejects the old job's device once the context reconnects.
+DEFAULT_DEVICE = os.environ.get("ORACLE_DEFAULT_DEVICE", "1") == "1"
+GPUS = ("/CPU:1", "/CPU:2")  # /GPU:0, /GPU:1
+_GPU_RE = re.compile(r"""(['"])/(?:device:)?[Gg][Pp][Uu]:(\d)""")
+_MIRRORED_RE = re.compile(r"MirroredStrategy\(\)")
+
+
+def rewrite(source: str) -> str:
+    """The program as it runs on the logical devices."""
+    source = _GPU_RE.sub(lambda m: f"{m.group(1)}/CPU:{int(m.group(2)) + 1}", source)
+    return _MIRRORED_RE.sub(f"MirroredStrategy({list(GPUS)!r})", source)
+
+
+def short(device: str) -> str:
+    """'/job:localhost/replica:0/task:0/device:CPU:1' -> '/CPU:1'; another job keeps its task."""
+    m = re.match(r"^(?:/job:([^/]+))?(?:/replica:\d+)?(?:/task:(\d+))?(?:/device:)?/?([A-Za-z_]+):(\d+)$", device or "")
+    if not m:
+        return device or ""
+    job, task, kind, index = m.groups()
+    local = f"/{kind.upper()}:{index}"
+    if job in (None, "localhost"):
+        return local
+    return f"/job:{job}/task:{task or 0}{local}"
+
+
+def _configure(tf) -> None:
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(3)])
+
+
+def _run_program(path: str, wrap, work: str) -> None:
+    """Run the rewritten program as __main__ inside `wrap()` (a context manager)."""
+    with open(path) as f:
+        source = rewrite(f.read())
+    # AutoGraph reads a tf.function's source back from its file: the rewritten text must be in a
+    # file of its own, or AutoGraph would convert the original '/GPU:i' spelling.
+    copy = os.path.join(tempfile.mkdtemp(prefix="program-", dir=work), os.path.basename(path))
+    with open(copy, "w") as f:
+        f.write(source)
+    code = compile(source, copy, "exec")
+    sys.argv = [path]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    scope = {"__name__": "__main__", "__file__": path}
+    with wrap():
+        exec(code, scope)  # noqa: S102 - running the program is the point
+    return scope
+
+
+def _shape(t):
+    try:
+        dims = t.shape.as_list() if t.shape.rank is not None else None
+    except (AttributeError, ValueError):
+        dims = None
+    return [t.dtype.as_datatype_enum if getattr(t, "dtype", None) is not None else 0, dims]
+
+
+# ---- placement -------------------------------------------------------------------------------
+class Observer:
+    """The op callback: function calls (and their first call's partition graphs), eager copies."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.functions: dict[str, dict] = {}
+        self.order: list[str] = []
+        self.copies: dict[tuple, dict] = {}
+        self.eager = Counter()  # (op type, device) by the callback's rule (a check of the log)
+
+    def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if graph is not None:
+            return None
+        if isinstance(op_type, bytes):
+            op_type = op_type.decode()
+        md = self.ctx.export_run_metadata()  # what was instantiated since the previous eager op
+        if op_type.startswith("__"):
+            f = self.functions.get(op_type)
+            if f is None:
+                fgs = md.function_graphs if md is not None else []
+                graphs = [[_nodes(g) for g in fg.partition_graphs] for fg in fgs]
+                # The called function's arguments by name (its graph is the one with as many
+                # _Arg nodes as the call has inputs): they size the transfers of an argument.
+                args = {}
+                for fg in fgs:
+                    nodes = [n for n in fg.pre_optimization_graph.node if n.op == "_Arg"]
+                    if len(nodes) == len(inputs):
+                        args = {n.name: _shape(inputs[n.attr["index"].i]) for n in nodes}
+                f = self.functions[op_type] = {"calls": 0, "partitions": graphs, "args": args}
+                self.order.append(op_type)
+            f["calls"] += 1
+            return None
+        device = ""
+        for t in outputs or ():
+            device = getattr(t, "device", "") or device
+            if device:
+                break
+        if not device:
+            for t in inputs or ():
+                if getattr(getattr(t, "dtype", None), "name", "") == "resource" and t.device:
+                    device = t.device
+                    break
+        self.eager[(op_type, short(device))] += 1
+        for t in inputs or ():
+            src = getattr(t, "device", "")
+            if not src or not device or short(src) == short(device):
+                continue
+            if getattr(t.dtype, "name", "") == "resource":
+                continue  # a handle is not copied: the op runs where its resource is
+            k = (short(src), short(device))
+            c = self.copies.setdefault(k, {"count": 0, "bytes": 0})
+            c["count"] += 1
+            n = t.shape.num_elements()
+            c["bytes"] += int(n * t.dtype.size) if n is not None and t.dtype.is_numpy_compatible else 0
+        return None
+
+
+def _nodes(graph) -> list[dict]:
+    """A partition graph's nodes: name, op, device, inputs and the attrs a transfer needs."""
+    out = []
+    for n in graph.node:
+        row = {"name": n.name, "op": n.op, "device": short(n.device), "inputs": list(n.input)}
+        if n.op in ("_Send", "_HostSend", "_Recv", "_HostRecv"):
+            row["send_device"] = short(n.attr["send_device"].s.decode())
+            row["recv_device"] = short(n.attr["recv_device"].s.decode())
+            row["tensor_name"] = n.attr["tensor_name"].s.decode()
+        if "T" in n.attr:
+            row["T"] = n.attr["T"].type
+        if n.op == "Const" and "value" in n.attr:
+            t = n.attr["value"].tensor
+            row["const"] = [t.dtype, [d.size for d in t.tensor_shape.dim]]
+        out.append(row)
+    return out
+
+
+def _variables(created: list) -> list[dict]:
+    """Every variable the program created, by its outermost wrapper: name and component devices."""
+    import tensorflow as tf
+    from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
+
+    try:
+        from keras.src.backend.common.variables import Variable as KerasVariable
+    except ImportError:
+        KerasVariable = ()
+    ids = {id(v): v for v in created}
+    owner: dict[int, object] = {}  # component id -> distributed wrapper
+    keras_of: dict[int, object] = {}  # tf variable (or wrapper) id -> Keras variable
+    gc.collect()
+    for obj in gc.get_objects():
+        if KerasVariable and isinstance(obj, KerasVariable):
+            value = getattr(obj, "_value", None)
+            if value is not None:
+                keras_of[id(value)] = obj
+        elif isinstance(obj, tf.Variable) and id(obj) not in ids:
+            parts = getattr(obj, "values", None) or ((obj._v,) if hasattr(obj, "_v") else ())
+            for c in parts:
+                if id(c) in ids:
+                    owner[id(c)] = obj
+    # TensorFlow's own variables (a strategy's collective-ordering tokens, one per device) are
+    # made by constructing ResourceVariable directly, past the creator scope: every other live
+    # plain variable, one entry each.
+    inner = set(ids) | {id(c) for w in gc.get_objects() if isinstance(w, tf.Variable) and id(w) not in ids
+                        for c in (getattr(w, "values", None) or ((w._v,) if hasattr(w, "_v") else ()))}
+    others = [o for o in gc.get_objects() if isinstance(o, BaseResourceVariable) and id(o) not in inner
+              and not hasattr(o, "values") and not hasattr(o, "_v")]
+    out, seen = [], set()
+    for v in others:
+        out.append({"name": v.name.removesuffix(":0"), "devices": [short(v.device)], "type": "internal"})
+    for v in created:
+        outer = owner.get(id(v), v)
+        if id(outer) in seen:
+            continue
+        seen.add(id(outer))
+        comps = [c for c in created if owner.get(id(c), c) is outer]
+        kv = keras_of.get(id(outer))
+        name = getattr(kv, "path", kv.name) if kv is not None else outer.name.removesuffix(":0")
+        out.append({"name": name, "devices": [short(c.device) for c in comps], "type": type(outer).__name__})
+    return out
+
+
+def placement(program: str, out: str) -> None:
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import op_callbacks
+
+    _configure(tf)
+    ctx = context.context()
+    created: list = []
+
+    def creator(next_creator, **kwargs):
+        v = next_creator(**kwargs)
+        created.append(v)
+        return v
+
+    obs = Observer(ctx)
+
+    class Wrap:
+        def __enter__(self):
+            tf.debugging.set_log_device_placement(True)
+            ctx.enable_graph_collection()
+            ctx.enable_run_metadata()
+            ctx.export_run_metadata()
+            op_callbacks.add_op_callback(obs)
+            self.scopes = [tf.variable_creator_scope(creator)]
+            if DEFAULT_DEVICE:
+                self.scopes.insert(0, tf.device(GPUS[0]))
+            for s in self.scopes:
+                s.__enter__()
+            # The main thread's id, as TensorFlow's log lines name the thread that logged them.
+            print(f"ORACLE-BEGIN {threading.get_native_id()}", file=sys.stderr, flush=True)
+
+        def __exit__(self, *exc):
+            print("ORACLE-END", file=sys.stderr, flush=True)
+            for s in reversed(self.scopes):
+                s.__exit__(None, None, None)
+            op_callbacks.remove_op_callback(obs)
+            ctx.disable_run_metadata()
+            ctx.disable_graph_collection()
+            tf.debugging.set_log_device_placement(False)
+
+    scope = _run_program(program, Wrap, os.path.dirname(os.path.abspath(out)))
+    result = {
+        "functions": [dict(obs.functions[n], name=n) for n in obs.order],
+        "variables": _variables(created),
+        "copies": [{"from": s, "to": d, **c} for (s, d), c in sorted(obs.copies.items())],
+        "eager_callback": [[t, d, n] for (t, d), n in sorted(obs.eager.items())],
+    }
+    del scope
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+# ---- shapes ----------------------------------------------------------------------------------
+def shapes(program: str, out: str) -> None:
+    import contextlib
+
+    import tensorflow as tf
+    from tensorflow.python.debug.lib import debug_events_reader
+
+    _configure(tf)
+    root = tempfile.mkdtemp(prefix="tfdbg-", dir=os.path.dirname(os.path.abspath(out)))
+
+    @contextlib.contextmanager
+    def wrap():
+        tf.debugging.experimental.enable_dump_debug_info(root, tensor_debug_mode="SHAPE", circular_buffer_size=-1)
+        with tf.device(GPUS[0]) if DEFAULT_DEVICE else contextlib.nullcontext():
+            yield
+        tf.debugging.experimental.disable_dump_debug_info()
+
+    _run_program(program, wrap, os.path.dirname(os.path.abspath(out)))
+    found: dict[str, set] = defaultdict(set)
+    with debug_events_reader.DebugDataReader(root) as reader:
+        reader.update()
+        for t in reader.graph_execution_traces():
+            v = reader.graph_execution_trace_to_tensor_value(t)
+            # SHAPE mode: [tensor id, dtype enum, rank, element count, dims (up to 6, padded)].
+            rank = int(v[2])
+            if rank > 6:
+                continue
+            found[f"{t.op_name}:{t.output_slot}"].add((int(v[1]), tuple(int(d) for d in v[4:4 + rank])))
+    with open(out, "w") as f:
+        json.dump({k: sorted([d, list(s)] for d, s in v) for k, v in found.items()}, f)
+
+
+if __name__ == "__main__":
+    mode, program_path, out_path = sys.argv[1:4]
+    {"placement": placement, "shapes": shapes}[mode](program_path, out_path)
+    # Everything is written: TensorFlow 2.21 can crash tearing down a distributed program that
+    # ran under tfdbg (a segfault at interpreter exit, after the results are out).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

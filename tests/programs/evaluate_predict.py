@@ -1,0 +1,17 @@
+"""Keras fit, evaluate and predict on NumPy arrays (the "Training and evaluation" guide)."""
+
+import numpy as np
+import tensorflow as tf
+
+rng = np.random.RandomState(0)
+x = rng.normal(size=(64, 8)).astype("float32")
+y = rng.normal(size=(64, 1)).astype("float32")
+
+inputs = tf.keras.Input((8,))
+hidden = tf.keras.layers.Dense(16, activation="relu")(inputs)
+outputs = tf.keras.layers.Dense(1)(hidden)
+model = tf.keras.Model(inputs, outputs)
+model.compile(optimizer="rmsprop", loss="mse", metrics=["mae"])
+model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+print(model.evaluate(x, y, batch_size=16, verbose=0))
+print(model.predict(x, batch_size=16, verbose=0).shape)
