@@ -48,11 +48,12 @@ class Patches(contextlib.ExitStack):
 class OpCallback:
     """An op callback that can be switched off and on again without leaving TensorFlow's slow
     path on: `off()` and `on()` edit the adding thread's own callback list (op callbacks are
-    thread-local), which TensorFlow's eager fast path reads before every op. An empty list puts
-    each eager op back on the C fast path (the callback mechanism alone costs an op microseconds);
-    a non-empty one sends it through `execute_with_callbacks`, which TensorFlow installed when the
-    callback was added and which stays installed until `close`. Either may be called from any
-    thread: a timer re-arms the program's thread this way."""
+    thread-local), which TensorFlow's eager fast path reads before every op: an empty list puts
+    each eager op back on the C fast path (the callback mechanism alone costs an op microseconds),
+    a non-empty one sends it down the slow path. Like TensorFlow's own add/remove, they also set
+    the slow path's `execute` (which every tf.function call goes through) to
+    `execute_with_callbacks` and back to `quick_execute`. Either may be called from any thread:
+    a timer re-arms the program's thread this way."""
 
     def __init__(self, callback) -> None:
         from tensorflow.python.framework import op_callbacks
@@ -72,11 +73,15 @@ class OpCallback:
                 # Also from inside the callback: TensorFlow iterates over this list, so an entry
                 # after ours is skipped for this one op (ours is normally the only one).
                 self._list.remove(self._callback)
+                if not self._list:
+                    _execute().execute = _execute().quick_execute
 
     def on(self) -> None:
         with self._lock:
             if not self.armed and not self._closed:
                 self.armed = True
+                # The slow path first: an op that sees the list non-empty must find the callbacks.
+                _execute().execute = _execute().execute_with_callbacks
                 self._list.append(self._callback)
 
     def close(self) -> None:
@@ -89,9 +94,16 @@ class OpCallback:
                 return
             self._closed = True
             if not self.armed:
+                _execute().execute = _execute().execute_with_callbacks
                 self._list.append(self._callback)
             self.armed = False
         op_callbacks.remove_op_callback(self._callback)
+
+
+def _execute():
+    from tensorflow.python.eager import execute
+
+    return execute
 
 
 def _context():

@@ -15,6 +15,7 @@ from typing import Any
 
 _AF = "tensorflow.python.eager.polymorphic_function.atomic_function"
 _CTX = "tensorflow.python.eager.context"
+_EXE = "tensorflow.python.eager.execute"
 _SPEC = "tensorflow.python.framework.device_spec"
 _OPS = "tensorflow.python.framework.ops"
 _MS = "tensorflow.python.distribute.mirrored_strategy"
@@ -151,6 +152,13 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
     Target("AtomicFunction._bound_context", _AF, member=True, used_for="skip calls made while tracing"),
     Target("Context._thread_local_data", _CTX, member=True,
            used_for="switch the eager op callback off and on again (a thread's callback list)"),
+    Target("execute.execute", _EXE, path="execute",
+           used_for="switch the eager op callback off and on again (the slow path, as TensorFlow does)"),
+    Target("execute.quick_execute", _EXE, "(op_name, num_outputs, inputs, attrs, ctx, name=None)",
+           path="quick_execute", used_for="switch the eager op callback off and on again (the slow path, as TensorFlow does)"),
+    Target("execute.execute_with_callbacks", _EXE, "(op_name, num_outputs, inputs, attrs, ctx, name=None)",
+           path="execute_with_callbacks",
+           used_for="switch the eager op callback off and on again (the slow path, as TensorFlow does)"),
     Target("Graph._functions", _OPS, member=True, used_for="output shapes of the functions a graph calls"),
     Target("Graph._device_function_stack", _OPS, member=True,
            used_for="the tf.device request a Keras layer or weight is made under, while tracing"),
