@@ -20,7 +20,8 @@ from pinpoint.tracking import (
     start_parent_run,
 )
 from pinpoint.tracking.params import config_params
-from pinpoint.tracking.spool import SPOOL_DIR, Spool, find_spools, upload_spool_command
+from pinpoint.tracking.replay import upload_spool_command
+from pinpoint.tracking.spool import SPOOL_DIR, Spool, find_spools
 from pinpoint.tracking.uri import local_store, repo_root
 
 

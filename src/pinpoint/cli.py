@@ -106,7 +106,7 @@ def cmd_trace(args) -> int:
 
 
 def cmd_upload_spool(args) -> int:
-    from pinpoint.tracking.spool import upload_spool_command
+    from pinpoint.tracking.replay import upload_spool_command
 
     return upload_spool_command(Path(args.dir), uri=args.uri)
 

@@ -221,8 +221,8 @@ def main() -> int:
 
 def _adopt(folders: list[str]) -> None:
     """Send what earlier processes of this run folder journaled but could not send; their runs
-    end KILLED (see run.open_step_run and run.adopt_spool)."""
-    from pinpoint.tracking.run import adopt_spool
+    end KILLED (see run.open_step_run and replay.adopt_spool)."""
+    from pinpoint.tracking.replay import adopt_spool
 
     for folder in folders:
         adopt_spool(Path(folder))

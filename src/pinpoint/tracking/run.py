@@ -313,21 +313,4 @@ def _orphans(run_dir: Path, exclude: Path) -> list[Path]:
     return [f for f in find_spools(run_dir) if f != exclude and _orphaned(f)]
 
 
-def adopt_spool(folder: Path) -> None:
-    """Replay an orphaned spool (its writer is gone) and end its run KILLED."""
-    from pinpoint.tracking.sender import replay
-
-    spool = Spool(folder)
-    if not _has_end(spool):
-        spool.append("end_run", status="KILLED", end_time=now_ms())
-    ok, sent, run_id = replay(spool)
-    if ok:
-        spool.remove()
-        warn(f"sent {sent} MLflow record(s) left by an earlier process to run {run_id}")
-
-
-def _has_end(spool: Spool) -> bool:
-    return any(r["op"] == "end_run" for r in spool.records())
-
-
-__all__ = ["PARENT_TAG", "STEP_TAG", "NullStepRun", "StepRun", "adopt_spool", "open_step_run"]
+__all__ = ["PARENT_TAG", "STEP_TAG", "NullStepRun", "StepRun", "open_step_run"]

@@ -414,15 +414,6 @@ def _classify_transient(err: Exception) -> Exception:
     return e if isinstance(e, Transient) else Transient(brief(err))
 
 
-def replay(spool: Spool, uri: str | None = None) -> tuple[bool, int, str | None]:
-    """Send every unacknowledged record of `spool` now (upload-spool); (all sent?, count, run id)."""
-    sender = Sender(spool, uri=uri, replay=True)
-    if uri:
-        spool.update_meta(uri=redact(uri))
-    ok = sender.drain_once() if sender.pending else True
-    return ok, sender.sent, sender.run_id
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -433,4 +424,4 @@ def new_local_id() -> str:
     return f"local-{uuid.uuid4().hex}"
 
 
-__all__ = ["Sender", "Transient", "mlflow_client", "new_local_id", "now_ms", "replay"]
+__all__ = ["Sender", "Transient", "mlflow_client", "new_local_id", "now_ms"]

@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pinpoint.errors import ConfigError
 from pinpoint.runfolder import atomic_write_json
 
 SPOOL_DIR = ".mlflow-spool"
@@ -206,28 +205,3 @@ def find_spools(folder: str | Path) -> list[Path]:
     found += sorted(p.parent for p in f.glob(f"*/{JOURNAL}"))
     found += sorted(p.parent for p in f.glob(f"*/{SPOOL_DIR}/*/{JOURNAL}"))
     return sorted(set(found), key=lambda p: (p / META).stat().st_mtime if (p / META).exists() else 0)
-
-
-def upload_spool_command(folder: str | Path, uri: str | None = None) -> int:
-    """`pinpoint upload-spool DIR [--uri]`: replay leftover spools; 0 when everything arrived."""
-    from pinpoint.tracking.sender import replay
-
-    f = Path(folder)
-    if not f.is_dir():
-        raise ConfigError(f"upload-spool DIR: got '{f}', which is not a folder; pass a run folder such as runs/demo")
-    spools = find_spools(f)
-    if not spools:
-        print(f"pinpoint: nothing to upload in {f} (no {SPOOL_DIR}/ with pending records)")
-        return 0
-    failed = 0
-    for folder_ in spools:
-        spool = Spool(folder_)
-        ok, sent, run_id = replay(spool, uri=uri)
-        if ok:
-            print(f"pinpoint: uploaded {sent} record(s) of {folder_.name} to run {run_id}")
-            spool.remove()
-        else:
-            failed += 1
-            warn(f"{folder_}: {spool.unacked_count()} record(s) still pending; is the server up? "
-                 "rerun `pinpoint upload-spool` later")
-    return 1 if failed else 0
