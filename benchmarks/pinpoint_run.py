@@ -112,12 +112,28 @@ def pinpoint_train(spec: dict) -> dict[str, Any]:
         "param_bytes": _param_bytes(placement, metrics),
     }
     rec.update(steady_state(out / TRAIN_LOG, spec["warmup_steps"], metrics["global_batch"]))
+    rec.update(_tracking_cost(out))
     rec.update(_transfers(placement))
     rec["model_layers"] = _kernels_from_placement(placement) or _dense_layers(cfg)
     rec.update(_mfu_fields(cfg, rec, peak=spec.get("peak", False)))
     if spec.get("log_mfu") and cfg.tracking.enabled and rec.get("mfu") is not None:
         rec["mlflow_run_id"] = _log_mfu(cfg, out, started_ms, {"mfu": rec["mfu"], "matmul_peak_flops": rec.get("peak_flops")})
     return rec
+
+
+def _tracking_cost(out: Path) -> dict[str, Any]:
+    """Issue 34.2, from the run's tracking.json: the sender's CPU share while sending (training's
+    part), the training's µs per logging call, the wait at close."""
+    from pinpoint.runfolder import TRACKING_COST
+
+    path = out / TRACKING_COST
+    if not path.is_file():
+        return {}
+    cost = json.loads(path.read_text())
+    train = cost.get("train") or {}
+    return {"sender_cpu_share": train.get("sender_cpu_share"), "sender_cpu_s": train.get("sender_cpu_s"),
+            "sending_wall_s": train.get("sending_wall_s"), "log_us_per_call": train.get("log_us_per_call"),
+            "tracking_close_s": cost.get("close_s")}
 
 
 def _param_bytes(placement: dict | None, metrics: dict) -> int | None:

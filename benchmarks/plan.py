@@ -27,7 +27,7 @@ class Settings:
     overhead_repeat_factor: int = 2
     # A Pinpoint-vs-Keras row without a target is recorded, not judged: fewer rounds (each is
     # two 15-20 s runs) keep the full run within its 40 minutes.
-    recorded_repeats: int = 3
+    recorded_repeats: int = 2  # (issue 34's longer tracking runs and per-call section need the time)
     scaling_devices: tuple[int, ...] = (1, 2, 4)
     per_replica_batch: int = 32
     make_run_repeats: int | None = None  # default: repeats
@@ -105,6 +105,8 @@ def plan_seconds(plan: list[Comparison], s: Settings) -> dict[str, float]:
             for c in plan}
 
 
+# Tracking runs: this many times the Keras rows' steps (a steady window of several seconds).
+TRACKING_STEPS_FACTOR = 2
 SERVER_URI = "@mlflow-server@"  # replaced by the comparison's server address (run.py)
 
 
@@ -247,7 +249,7 @@ def real_models_comparison(s: Settings) -> Comparison:
     )
 
 
-def _pair_real_model(s: Settings) -> Comparison:
+def _pair_real_model(s: Settings, out: Path = OUT) -> Comparison:
     cfg = real_model_config("bench-keras-mobilenetv2", "mobilenetv2", devices=2, steps=REAL_KERAS_STEPS,
                             batch=REAL_KERAS_BATCH)
     cfg["train"]["checkpoint_every"] = 0
@@ -261,7 +263,20 @@ def _pair_real_model(s: Settings) -> Comparison:
         peak=False,
         run_s=41.0,
     )
-    return dataclasses.replace(pair, repeats=2)  # a compute-bound run is long: 2 rounds
+    # Issue 34.2: tracking on/off on a compute-bound model: the same Pinpoint run, tracked to a
+    # local store (the sender sends while MobileNetV2 trains).
+    tracked = copy.deepcopy(cfg)
+    tracked["name"] = "bench-keras-mobilenetv2-tracked"
+    tracked["tracking"].update(enabled=True, uri=f"sqlite:///{(out.resolve() / 'tracking-mnv2' / 'mlflow.db')}",
+                               log_model=False)
+    arms = pair.arms + (dataclasses.replace(pair.arms[0], name="pinpoint-tracked", label="pinpoint train, tracked",
+                                            spec=dict(pair.arms[0].spec, config=tracked)),)
+    ratios = pair.ratios + (
+        Ratio("tracking (local store) steady ex/s on / off", "pinpoint-tracked", "pinpoint", "examples_per_sec",
+              ">= 0.98"),
+        Ratio("sender process CPU, share of one core while sending", "pinpoint-tracked", "", "sender_cpu_share",
+              "<= 0.02"))
+    return dataclasses.replace(pair, arms=arms, ratios=ratios, repeats=2)  # a compute-bound run is long: 2 rounds
 
 
 def build_plan(s: Settings, out: Path = OUT) -> list[Comparison]:
@@ -354,9 +369,10 @@ def make_run_comparison(s: Settings) -> Comparison:
 def tracking_comparison(s: Settings, b2: int, out: Path) -> Comparison:
     """Issue 15.4: what MLflow tracking costs a demo run (mirrored on 2 devices, checkpoints every
     100 steps, placement capture on as by default), with a local sqlite store and with a real
-    `mlflow server` over HTTP, with and without the final model. Runs of `steps` steps (the
-    steady-state window of a 500-step run is ~0.15 s here, too short to compare throughput)
-    and twice the rounds: five arms, small differences."""
+    `mlflow server` over HTTP, and the final model's export (local store). Issue 34.2: runs of
+    TRACKING_STEPS_FACTOR x steps (a steady window of several seconds, the sender sending through it), the
+    sender process's CPU share of one core while it sends and the training's µs per logging call,
+    from the run's tracking.json."""
 
     def arm(name: str, label: str, uri: str | None, log_model: bool = False, mfu: bool = False) -> Arm:
         cfg = bench_config(f"bench-trk-{name}", strategy="mirrored", devices=2, steps=s.steps,
@@ -368,14 +384,15 @@ def tracking_comparison(s: Settings, b2: int, out: Path) -> Comparison:
                                  "warmup_steps": s.warmup_steps})
 
     store = f"sqlite:///{(out.resolve() / 'tracking' / 'mlruns' / 'mlflow.db')}"
+    steps = s.steps * TRACKING_STEPS_FACTOR
+    s = dataclasses.replace(s, steps=steps)
     return Comparison(
         key="tracking",
-        title=f"MLflow tracking, {s.steps}-step demo runs (mirrored, 2 devices)",
+        title=f"MLflow tracking, {steps}-step demo runs (mirrored, 2 devices)",
         arms=(arm("off", "tracking off", None),
               arm("local", "local store, no model", store),
               arm("local-model", "local store, with the model", store, log_model=True, mfu=True),
-              arm("server", "mlflow server, no model", SERVER_URI),
-              arm("server-model", "mlflow server, with the model", SERVER_URI, log_model=True)),
+              arm("server", "mlflow server, no model", SERVER_URI)),
         ratios=(
             Ratio("local store: steady ex/s on / off", "local", "off", "examples_per_sec", ">= 0.98"),
             Ratio("local store: fixed cost, train time on - off (s)", "local", "off", "train_s", "<= 2",
@@ -385,8 +402,13 @@ def tracking_comparison(s: Settings, b2: int, out: Path) -> Comparison:
             Ratio("mlflow server: steady ex/s on / off", "server", "off", "examples_per_sec", ">= 0.98"),
             Ratio("mlflow server: fixed cost, train time on - off (s)", "server", "off", "train_s", "<= 2",
                   difference=True),
-            Ratio("mlflow server: model export, train time with - without the model (s)", "server-model",
-                  "server", "train_s", difference=True),
+            Ratio("local store: sender process CPU, share of one core while sending", "local", "",
+                  "sender_cpu_share", "<= 0.02"),
+            Ratio("mlflow server: sender process CPU, share of one core while sending", "server", "",
+                  "sender_cpu_share", "<= 0.02"),
+            Ratio("local store: training's logging path, µs per step-metrics call", "local", "", "log_us_per_call"),
+            Ratio("mlflow server: training's logging path, µs per step-metrics call", "server", "",
+                  "log_us_per_call"),
         ),
         note=("train time: `train_command` with TensorFlow imported, as in the capture rows. As `pinpoint train` "
               "does, the worker starts the MLflow sender process before importing TensorFlow (MLflow's import and "
@@ -394,9 +416,7 @@ def tracking_comparison(s: Settings, b2: int, out: Path) -> Comparison:
               "whatever of that is not hidden. Model export: the extra train time of logging the final model, "
               "which the end of the step waits for."),
         mlflow_server=True,
-        # One round more than the others (five arms, small differences), within the full run's 40 min.
-        repeats=s.repeats + 1,
-        run_s=10.6,
+        run_s=13.0,
         setup_s=15.0,  # the server's start, the store's tables
         # The local store exists before the first round, as after a user's first run (creating
         # its tables takes seconds once; opening it, ~1 s each time, is in every arm's figure).

@@ -90,6 +90,10 @@ def section_keras(plan: list[Comparison], results: Results) -> str:
             str(_n(runs)),
         ])
     notes = [f"- {c.title}: {c.note}" for c in plan if c.key.startswith("keras-") and c.note]
+    # A pair's further ratios (issue 34.2: MobileNetV2 tracked against untracked), one line each.
+    notes += [f"- {c.title}: {rt.label} = {fmt_summary(compare_summary(results, c.key, rt), 4)}"
+              + (f": **{target_met(compare_summary(results, c.key, rt), rt.target)}**" if rt.target else "")
+              for c in plan if c.key.startswith("keras-") and c.key in results for rt in c.ratios[1:]]
     return markdown_table(
         ["setup", "pinpoint train ex/s", "Keras fit ex/s", "ratio pinpoint/Keras", "issue 3.8",
          "MFU pinpoint / Keras", "XLA, steps per call (pinpoint / Keras)", "runs"],

@@ -83,6 +83,7 @@ def test_make_run_with_your_own_training_code_as_the_train_step(live_mlflow, tmp
     cfg["name"] = "local-entry"
     cfg["train"]["entrypoint_args"] = {"steps": 30, "batch_size": 32, "save_every": 15}
     cfg["tracking"]["uri"] = live_mlflow.uri
+    cfg["tracking"]["step_metrics_every_s"] = 0  # every logged step: the exact steps are asserted
     (example / "config.yaml").write_text(yaml.safe_dump(cfg))
     proc = _pinpoint("run", str(example / "config.yaml"), "--runs-root", str(tmp_path / "runs"), cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -110,7 +110,8 @@ def test_fit_under_mirrored_strategy_mirrors_every_variable_and_logs_keras_loss(
     from mlflow.tracking import MlflowClient
 
     out = tmp_path / "fit"
-    proc = trace(["--gpus", "2", "--experiment", "trace-fit", "--log-every", "10", "-m", "fit_example.train",
+    proc = trace(["--gpus", "2", "--experiment", "trace-fit", "--log-every", "10", "--metrics-every-s", "0",
+                  "-m", "fit_example.train",
                   "--epochs", "2", "--steps-per-epoch", "20"],
                  cwd=EXAMPLES / "keras_fit", out=out, tracking=True, env={"MLFLOW_TRACKING_URI": live_mlflow.uri})
     assert "training on 2 replica(s)" in proc.stdout  # MirroredStrategy() found the 2 emulated GPUs
@@ -162,6 +163,35 @@ def test_eager_assign_runs_on_the_variables_device_after_a_copy(tmp_path):
                                 "ops": {"AssignVariableOp": 1}}]
     (var,) = placement(out)["variables"]
     assert (var["devices"], var["update_devices"]) == (["/GPU:1"], ["/GPU:1"])
+
+
+# ---- issue 34: step metrics reach MLflow by time, each metric's latest value kept ------------------
+def test_step_metrics_reach_mlflow_at_most_once_per_interval_and_each_metrics_latest_value_arrives(tmp_path):
+    """--metrics-every-s 3600: the first logged step goes out, every later one is held back (per
+    metric, the latest), and the end of the run sends what was held, each at its own step."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    script = write(tmp_path, "fast.py", """
+        import pinpoint
+        for step in range(1, 201):
+            pinpoint.log(step, loss=1.0 / step)
+            if step == 50:
+                pinpoint.log(step, learning_rate=0.1)
+    """)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "out"
+    trace(["--experiment", "thin", "--metrics-every-s", "3600", str(script)], cwd=tmp_path, out=out,
+          tracking=True, env={"MLFLOW_TRACKING_URI": uri})
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("thin").experiment_id])
+    history = {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k))
+               for k in ("loss", "learning_rate")}
+    assert history == {"loss": [(1, 1.0), (200, 1.0 / 200)], "learning_rate": [(50, 0.1)]}
+    cost = json.loads((out / "tracking.json").read_text())
+    assert cost["train"]["log_calls"] == 201  # every call counted, sent or held
+    assert cost["run"]["sender_cpu_s"] > 0  # read from the sender process's /proc entry
 
 
 # ---- issue 34: eager ops are counted until they stop bringing new signatures, and the report says so --

@@ -31,7 +31,7 @@ def make_cfg(uri=None, **train):
             "name": "trk",
             "cluster": {"devices_per_worker": 1},
             "train": {"strategy": "none", "steps": 50, **train},
-            "tracking": {"uri": uri, "experiment": f"t-{uuid.uuid4().hex[:8]}"},
+            "tracking": {"uri": uri, "experiment": f"t-{uuid.uuid4().hex[:8]}", "step_metrics_every_s": 0},
         }
     )
 

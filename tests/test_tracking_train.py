@@ -30,7 +30,7 @@ def write_config(path: Path, uri: str, experiment: str, steps: int) -> Path:
                   "batch_size": 32, "steps": steps, "log_every": LOG_EVERY, "checkpoint_every": CKPT_EVERY,
                   "keep_checkpoints": 2, "pinning": {"input": "/CPU:0"}},
         "placement": {"warmup_steps": 2},
-        "tracking": {"uri": uri, "experiment": experiment},
+        "tracking": {"uri": uri, "experiment": experiment, "step_metrics_every_s": 0},
     }
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -149,7 +149,7 @@ def test_placement_metrics_are_logged_at_the_captured_step(tmp_path):
         "train": {"strategy": "mirrored", "model": "mlp", "data": "synthetic", "synthetic_examples": 256,
                   "batch_size": 32, "steps": 8, "log_every": 4, "checkpoint_every": 0},
         "placement": {"warmup_steps": 2, "sample_steps": 2},
-        "tracking": {"uri": uri, "experiment": experiment, "log_model": False},
+        "tracking": {"uri": uri, "experiment": experiment, "log_model": False, "step_metrics_every_s": 0},
     }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "run"

@@ -37,7 +37,7 @@ def comparison(s: p.Settings) -> p.Comparison:
         repeats=2,
         run_s=60.0,
         # A third round when a targeted interval is wider than ±3% and it fits.
-        time_cap_s=190.0,
+        time_cap_s=150.0,
         note="",
     )
 

@@ -13,4 +13,4 @@ from benchmarks.sections import section
 
 @section("Placement at scale: real models", order=45, render=r.section_real_models)
 def real_models(s: p.Settings, out: Path) -> list[p.Comparison]:
-    return [p.real_models_comparison(s), p._pair_real_model(s)]
+    return [p.real_models_comparison(s), p._pair_real_model(s, out)]

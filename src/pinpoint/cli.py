@@ -101,8 +101,11 @@ def cmd_trace(args) -> int:
         raise ConfigError(f"--gpus: got {args.gpus}; pass 0 or more GPUs to emulate")
     if args.log_every < 1:
         raise ConfigError(f"--log-every: got {args.log_every}; pass 1 or more batches")
+    if not 0 <= args.metrics_every_s <= 3600:
+        raise ConfigError(f"--metrics-every-s: got {args.metrics_every_s}; pass 0 (every logged step) to 3600 seconds")
     return trace_command(program, out=args.out, gpus=args.gpus, tracking=not args.no_tracking,
-                         log_every=args.log_every, experiment=args.experiment)
+                         log_every=args.log_every, experiment=args.experiment,
+                         metrics_every_s=args.metrics_every_s)
 
 
 def cmd_upload_spool(args) -> int:
@@ -180,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-tracking", action="store_true", help="no MLflow run")
     s.add_argument("--experiment", default="pinpoint", help="MLflow experiment (pinpoint)")
     s.add_argument("--log-every", type=int, default=10, help="send Keras' batch logs every N batches (10)")
+    s.add_argument("--metrics-every-s", type=float, default=1.0,
+                   help="step metrics reach MLflow at most once per S seconds per metric, the latest kept "
+                        "(1.0; 0: every logged step): tracking.step_metrics_every_s")
     s.add_argument("-m", dest="module", metavar="MODULE", help="run a module as `python -m MODULE` would")
     s.add_argument("program", nargs=argparse.REMAINDER, help="SCRIPT.py and its arguments (or the module's arguments)")
     s.set_defaults(fn=cmd_trace)
@@ -212,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-_TRACE_VALUED = {"--out", "--gpus", "--log-every", "--experiment"}
+_TRACE_VALUED = {"--out", "--gpus", "--log-every", "--experiment", "--metrics-every-s"}
 
 
 def split_trace_argv(argv: list[str]) -> tuple[list[str], list[str]]:

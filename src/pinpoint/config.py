@@ -368,6 +368,11 @@ class TrackingConfig(_Frozen):
     # Seconds between two sends of the journaled metrics (every step's values, batched): the
     # request rate to the server is bounded by time, not by steps per second.
     metrics_interval_s: float = Field(1.0, gt=0, le=300)
+    # Step metrics (the trainer's logged steps, Keras fit's batches, pinpoint.log) reach MLflow
+    # at most once per this many seconds per metric, the latest value of each kept and sent at
+    # the next send and at the end: the sender's work is bounded by time whatever the step rate
+    # (train_log.jsonl keeps every logged step). 0: every logged step.
+    step_metrics_every_s: float = Field(1.0, ge=0, le=3600)
     log_model: bool = True  # log the final model (MLflow keras flavor) at the end of training
 
 

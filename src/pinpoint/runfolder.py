@@ -21,6 +21,7 @@ METRICS = "metrics.json"
 CHECKPOINTS = "checkpoints"
 REPORT_HTML = "report.html"
 TRAIN_LOG = "train_log.jsonl"
+TRACKING_COST = "tracking.json"  # what MLflow tracking cost the run (tracking.run)
 # Where the run folders' volume is mounted in every pipeline step and training pod on Kubernetes.
 RUNS_MOUNT = "/runs"
 PROFILE = "profile"  # placement.timing: the TensorFlow profiler trace (TensorBoard logdir)

@@ -109,7 +109,7 @@ class Capture:
         return out
 
 
-def trace_config(name: str, *, tracking: bool, experiment: str = "pinpoint"):
+def trace_config(name: str, *, tracking: bool, experiment: str = "pinpoint", metrics_every_s: float = 1.0):
     """The Config a traced program's MLflow run is logged under (tracking fields only matter)."""
     import re
 
@@ -118,17 +118,18 @@ def trace_config(name: str, *, tracking: bool, experiment: str = "pinpoint"):
     slug = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:32] or "program"
     if not slug[0].isalpha():
         slug = f"trace-{slug}"[:32]
-    return Config(name=slug, tracking={"enabled": tracking, "experiment": experiment})
+    return Config(name=slug, tracking={"enabled": tracking, "experiment": experiment,
+                                       "step_metrics_every_s": metrics_every_s})
 
 
 def trace_command(program, *, out: str | Path | None, gpus: int | None, tracking: bool,
-                  log_every: int = 10, experiment: str = "pinpoint") -> int:
+                  log_every: int = 10, experiment: str = "pinpoint", metrics_every_s: float = 1.0) -> int:
     """`pinpoint trace`: run `program` with capture on; the program's exit code."""
     from pinpoint.quiet import import_tensorflow
     from pinpoint.trace import program as prog
 
     program.check()  # nothing runs and nothing is written for a script that is not there
-    cfg = trace_config(program.name, tracking=tracking, experiment=experiment)
+    cfg = trace_config(program.name, tracking=tracking, experiment=experiment, metrics_every_s=metrics_every_s)
     out = Path(out) if out else Path("runs") / program.name
     if tracking:
         from pinpoint.tracking import warm_tracking
@@ -149,7 +150,7 @@ def trace_command(program, *, out: str | Path | None, gpus: int | None, tracking
         with open_step_run(cfg, "trace", out) as run:
             run.log_params({"trace.program": label, "trace.args": " ".join(program.args),
                             "trace.gpus": gpus or 0, "trace.emulated": dm.emulated})
-            cap = Capture(dm, log_every=log_every, send=run.log_metrics, params=run.log_params)
+            cap = Capture(dm, log_every=log_every, send=run.log_step_metrics, params=run.log_params)
             with cap:
                 outcome = prog.run(program, on_end=cap.on_end)
             finish(cap, run, out, label, outcome.exit_code)

@@ -40,7 +40,7 @@ class TrackingHook(Hook):
             self.run.log_artifact(spec)
 
     def on_step_end(self, step: int, metrics: Mapping[str, float]) -> None:
-        self.run.log_metrics(metrics, step=int(step))
+        self.run.log_step_metrics(metrics, step=int(step))
 
     def on_checkpoint(self, step: int, path: str) -> None:
         # Snapshot now (hard links): the manager may delete old checkpoints before upload.
@@ -63,6 +63,13 @@ class TrackingHook(Hook):
             self.run.log_artifacts(self.run_dir / trace, trace)
 
     def on_train_end(self, summary: Mapping[str, Any], model: Any = None) -> None:
+        self.run.flush_step_metrics()  # the last logged step is in the run before its summary
+        self.run.train_cost = cost = self.run.cost()
+        last = summary.get("steps")
+        step = int(last) if isinstance(last, (int, float)) else 0
+        # What tracking cost training (tracking.json has the same, and the close's wait).
+        self.run.log_metrics({f"tracking.{k}": v for k, v in cost.items()
+                              if k in ("sender_cpu_share", "log_us_per_call") and v is not None}, step=step)
         # Run-level numbers (final_*, eval_*, steady-state throughput) at the last step; renamed
         # where they would otherwise add a point to a per-step series such as examples_per_sec.
         final = {}
@@ -73,8 +80,7 @@ class TrackingHook(Hook):
                 final[key] = float(value)
             elif key == "examples_per_sec":
                 final["steady_examples_per_sec"] = float(value)
-        last = summary.get("steps")
-        self.run.log_metrics(final, step=int(last) if isinstance(last, (int, float)) else 0)
+        self.run.log_metrics(final, step=step)
         self.run.log_dict(dict(summary), METRICS)
         log = self.run_dir / TRAIN_LOG
         if log.is_file():

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ class SenderProcess:
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._on_run_created = None
+        # (monotonic, CPU s) when the run was created: from then on the sender only sends.
+        self.run_created_at: tuple[float, float | None] | None = None
 
     def start(self) -> SenderProcess:
         # MLflow's INFO lines (the sqlite store's table checks on every open) stay out of the
@@ -75,6 +78,7 @@ class SenderProcess:
                 continue
             kind = event.get("event")
             if kind == "run":
+                self.run_created_at = (time.monotonic(), self.cpu_s())
                 self.run_id = event["run_id"]
                 if self._on_run_created:
                     self._on_run_created(self.run_id)
@@ -90,6 +94,15 @@ class SenderProcess:
         # The child is gone (closed, or died): nobody waits on it any more.
         self.tried_create.set()
         self.closed.set()
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds (user + system) the sender process has used so far, from /proc (None where
+        there is no /proc, or once the process is gone)."""
+        try:
+            fields = Path(f"/proc/{self._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError, AttributeError):
+            return None
 
     def send(self, cmd: str, **fields: Any) -> bool:
         with self._lock:

@@ -15,6 +15,7 @@ import os
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -45,6 +46,8 @@ class NullStepRun:
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+    def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def flush_step_metrics(self) -> None: ...
     def set_tags(self, tags: Mapping[str, Any]) -> None: ...
     def log_artifact(self, path, artifact_path: str | None = None) -> None: ...
     def log_artifacts(self, folder, artifact_path: str | None = None) -> None: ...
@@ -60,7 +63,8 @@ class StepRun:
     enabled = True
 
     def __init__(self, spool: Spool, sender: SenderProcess, *, system_metrics: bool = False,
-                 node_id: str | None = None, interval: float = 1.0, log_model: bool = True):
+                 node_id: str | None = None, interval: float = 1.0, log_model: bool = True,
+                 step_metrics_every_s: float = 0.0):
         self.spool = spool
         self._local_id = spool.meta["local_id"]
         self._sender = sender
@@ -74,12 +78,23 @@ class StepRun:
         self._exports: list[threading.Thread] = []
         self._stop_writer = threading.Event()
         self._writer: threading.Thread | None = None
+        # What tracking costs (issue 34): the sender's CPU over the run, the logging path's time.
+        self._opened: tuple[float, float | None] = (0.0, None)  # (monotonic, sender CPU s) at open
+        self.log_calls = 0
+        self.log_s = 0.0
+        self.train_cost: dict[str, Any] | None = None  # cost() at the end of training
+        # Step metrics by time (tracking.step_metrics_every_s): the latest value of each metric
+        # not sent yet, with its step.
+        self.step_metrics_every_s = step_metrics_every_s
+        self._held: dict[str, tuple[float, int]] = {}
+        self._step_sent_at = float("-inf")
 
     # ---- lifecycle -------------------------------------------------------------------------
     def _start(self) -> None:
         # The run is created by the sender process: training waits neither for MLflow's import,
         # the store nor the server (an outage spools and creates the run later).
         self._sender.open(self.spool.folder, self._interval)
+        self._opened = (time.monotonic(), self._sender.cpu_s())
         self._writer = threading.Thread(target=self._write_journal, name="pinpoint-journal", daemon=True)
         self._writer.start()
         if self._system_metrics:
@@ -108,8 +123,6 @@ class StepRun:
     def flush(self, timeout: float = 30.0) -> bool:
         """Send everything logged so far now; False after `timeout` s or as soon as a send
         attempt fails (server down: the spool keeps it)."""
-        import time
-
         failures = self._sender.failures
         self.spool.write_buffered()
         self._sender.wake(force=True)
@@ -130,9 +143,13 @@ class StepRun:
             self._sys.stop()
         for export in self._exports:  # the model is part of the run: wait for its export
             export.join()
+        self.flush_step_metrics()
         self.spool.append("end_run", status=status, end_time=now_ms())
         self._stop_writer.set()
+        cost = self.cost()
+        closing = time.monotonic()
         done = self._sender.close(FLUSH_TIMEOUT_S)
+        self._write_cost(cost, time.monotonic() - closing)
         if done:
             self.spool.remove()
         else:
@@ -140,6 +157,18 @@ class StepRun:
                  f"{redact(self._sender.uri)}; they are kept in {self.spool.folder}; send them with "
                  f"`pinpoint upload-spool {self.spool.folder}`")
         return done
+
+    def _write_cost(self, at_close: dict[str, Any], close_s: float) -> None:
+        """tracking.json in the run folder: the cost over training (`train`, taken when training
+        ended), over the whole run (`run`), and the wait for the last records at close."""
+        run_dir = self.spool.meta.get("run_dir")
+        if not run_dir:
+            return
+        from pinpoint.runfolder import TRACKING_COST, atomic_write_json
+
+        with contextlib.suppress(OSError):
+            atomic_write_json(Path(run_dir) / TRACKING_COST,
+                              {"train": self.train_cost, "run": at_close, "close_s": round(close_s, 3)})
 
     # ---- logging (journal only: never touches the network) ----------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -151,6 +180,50 @@ class StepRun:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         if tags:
             self.spool.append("tags", tags={str(k): str(v) for k, v in tags.items()})
+
+    def cost(self) -> dict[str, Any]:
+        """What tracking has cost: the sender process's CPU seconds since the run opened (its
+        start-up's tail, the run's creation, what it sent) and, from the run's creation on (only
+        sending), their share of one core over the wall time; and this process's calls of and
+        time in `log_step_metrics` (the per-step logging path)."""
+        now, cpu = time.monotonic(), self._sender.cpu_s()
+        t0, cpu0 = self._opened
+        used = cpu - cpu0 if cpu is not None and cpu0 is not None else None
+        t1, cpu1 = self._sender.run_created_at or (now, None)
+        steady = cpu - cpu1 if cpu is not None and cpu1 is not None and now - t1 > 0 else None
+        return {"wall_s": round(now - t0, 3), "sender_cpu_s": used,
+                "sending_wall_s": round(now - t1, 3),
+                "sender_cpu_share": round(steady / (now - t1), 5) if steady is not None else None,
+                "log_calls": self.log_calls, "log_s": round(self.log_s, 6),
+                "log_us_per_call": round(1e6 * self.log_s / self.log_calls, 3) if self.log_calls else None,
+                "records": self.spool.count()}
+
+    def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """A training step's metrics, sent at most once per `step_metrics_every_s` (per metric: a
+        metric held back is sent, at its own step, with the next send or `flush_step_metrics`):
+        at 1,000 steps a second the sender still writes a few values a second, not thousands.
+        The training's logging path: its calls and time are counted (`cost`)."""
+        started = time.perf_counter()
+        if started - self._step_sent_at >= self.step_metrics_every_s:
+            self._step_sent_at = started
+            if self._held:
+                self.flush_step_metrics()
+            self.log_metrics(metrics, step=step)
+        else:
+            held = self._held
+            for key, value in metrics.items():
+                held[key] = (value, step)
+        self.log_calls += 1
+        self.log_s += time.perf_counter() - started
+
+    def flush_step_metrics(self) -> None:
+        """Send the step metrics held back (each at its own step)."""
+        held, self._held = self._held, {}
+        by_step: dict[int, dict[str, float]] = {}
+        for key, (value, step) in held.items():
+            by_step.setdefault(step, {})[key] = value
+        for step, metrics in sorted(by_step.items()):
+            self.log_metrics(metrics, step=step)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         if step is None:
@@ -267,7 +340,8 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
     if system_metrics is None:
         system_metrics = step == "train"
     run = StepRun(spool, take_sender(uri), system_metrics=system_metrics, node_id=node_id,
-                  interval=cfg.tracking.metrics_interval_s, log_model=cfg.tracking.log_model)
+                  interval=cfg.tracking.metrics_interval_s, log_model=cfg.tracking.log_model,
+                  step_metrics_every_s=cfg.tracking.step_metrics_every_s)
     from pinpoint.tracking.params import config_params
 
     run.log_params(config_params(cfg))

@@ -125,7 +125,7 @@ def run_entrypoint(cfg: Config, out: Path, task: TaskContext, *, resume_from_run
         hooks.on_train_begin(_info(cfg, task, out, resume_from_run))
         # The coordinator of parameter_server keeps TensorFlow's own default device: its steps
         # run on the workers.
-        cap = Capture(task.device_map, log_every=t.log_every, send=run.log_metrics, params=run.log_params,
+        cap = Capture(task.device_map, log_every=t.log_every, send=run.log_step_metrics, params=run.log_params,
                       default_scope=task.coordinator is None)
         ctx = EntrypointContext(cfg, task, out, hooks=hooks, capture=cap, resume_prefix=prefix)
         failure = None
