@@ -11,7 +11,7 @@ Pinpoint's path is the real one, installed as `pinpoint trace` installs it
 fit patch and `pinpoint.log` sink), entered before and left after each Pinpoint block:
 
 - tf_function: a small tf.function called after its first (captured) call, once every signature
-  is recorded (the recorder's quiet window has passed: its op callback is gone);
+  is recorded (the recorder's quiet window has passed: its op callback is switched off);
   tf_function_recording: the same before that (the first calls of a program), recorded, no target.
 - eager_op: `tf.add` of two 4-element tensors once its (op, devices) signature is recorded (the
   quiet window has passed); eager_recording: the same op while the recorder still counts every
@@ -105,15 +105,15 @@ def measure(spec: dict) -> dict[str, Any]:
         record[f"{name}_repeats"] = repeats
 
     def past_window(call: Callable[[], Any]) -> Callable[[Capture], None]:
-        """Warm-up: calls until the recorder's quiet window has passed (its op callback removed:
-        every signature recorded), at most 10 windows' worth."""
+        """Warm-up: calls until the recorder's quiet window has passed (its op callback switched
+        off: every signature recorded), at most 10 windows' worth."""
 
         def warm(cap: Capture) -> None:
             for _ in range(10 * cap.recorder.quiet_ops):
                 if cap.recorder.eager.stopped is not None:
                     return
                 call()
-            raise RuntimeError(f"the recorder's op callback was not removed after {10 * cap.recorder.quiet_ops} calls")
+            raise RuntimeError(f"the recorder's op callback was not switched off after {10 * cap.recorder.quiet_ops} calls")
 
         return warm
 
@@ -143,7 +143,7 @@ def measure(spec: dict) -> dict[str, Any]:
     cfg = trace_config("bench-overheads", tracking=True, experiment="pinpoint-bench")
     uri = f"sqlite:///{out.resolve() / 'mlflow.db'}"
     with open_step_run(cfg, "trace", out / "run", uri=uri) as run:
-        bench("log", pinpoint_log, send=run.log_metrics)
+        bench("log", pinpoint_log, send=run.log_step_metrics)
         ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
         plain_mgr = tf.train.CheckpointManager(ckpt, str(out / "plain-ckpt"), max_to_keep=3)
         ours = Checkpoints(ckpt, out / "run" / "checkpoints", keep=3)

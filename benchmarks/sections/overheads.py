@@ -75,9 +75,10 @@ def render(comps: list[p.Comparison], results: dict) -> str:
     rec = summarize([r.get("eager_recording_added_us") for r in good])
     if quiet and rec:
         out += (f"\nThe recorder counts every eager op until {quiet:,} op callbacks in a row bring no new signature "
-                f"(op type and device, copy, request not met, updated variable), then removes its op callback: a "
-                f"program pays about {fmt(rec.median, 3)} µs per eager op for its first ops, "
-                f"{fmt(rec.median * quiet / 1000, 3)} ms for a window's worth, once.\n")
+                f"(op type and device, copy, request not met, updated variable), then switches its op callback off "
+                f"(on again for a window of the same kind at a new tf.function's first call and after 1, 2, 4 ... 16 s): "
+                f"a program pays about {fmt(rec.median, 3)} µs per eager op for its first ops, "
+                f"{fmt(rec.median * quiet / 1000, 3)} ms for a window's worth: once, then at most every 16 s.\n")
     return out + (
         "\nIn one process, in pairs of blocks (plain, then Pinpoint's path: `pinpoint.trace.session.Capture` "
         "entered as `pinpoint trace` enters it), in CPU time of the process (time waiting for a core on the "

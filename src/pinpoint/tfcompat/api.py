@@ -49,6 +49,14 @@ def executing_eagerly(fn) -> bool:
     return fn._bound_context.executing_eagerly()
 
 
+def eager_state():
+    """The eager context's thread-local state: `.is_eager` reads the calling thread's mode (False
+    while a tf.function traces), a cheaper test than `executing_eagerly` for a hot path."""
+    from tensorflow.python.eager import context
+
+    return context.context()._thread_local_data
+
+
 def forget_parsed_devices() -> None:
     """Drop TensorFlow's caches of parsed device strings (parsed before emulation began)."""
     from tensorflow.python.eager import context
