@@ -22,14 +22,16 @@ LAYERS = [
     ("machine", {"devices", "kernels", "usercode", "tfcompat"}),
     ("analysis", {"placement", "provision"}),
     ("tracking", {"tracking"}),
-    ("execution", {"training", "trace", "k8s", "compare", "steps"}),
+    ("runtime", {"distribute", "outcome"}),
+    ("capture", {"trace"}),
+    ("execution", {"training", "k8s", "compare", "steps"}),
     ("entry", {"cli"}),
 ]
 LAYER_OF = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
 
 
 def _unit(module: str) -> str:
-    """pinpoint.training.engine -> training; pinpoint -> __init__."""
+    """pinpoint.training.loop.engine -> training; pinpoint -> __init__."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 

@@ -71,9 +71,9 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
     import tensorflow as tf
 
     from pinpoint.devices import setup_devices
-    from pinpoint.training import engine
+    from pinpoint.distribute.strategies import get_strategy
     from pinpoint.training.checkpoints import restore_latest_good
-    from pinpoint.training.strategies import get_strategy
+    from pinpoint.training.loop import engine
 
     cfg = make_cfg("none", steps=30, checkpoint_every=10)
     _train(cfg, tmp_path)

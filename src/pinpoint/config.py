@@ -271,7 +271,7 @@ class TrainConfig(_Frozen):
     strategy: Literal[STRATEGIES] = "mirrored"  # type: ignore[valid-type]
     pinning: PinningConfig = Field(default_factory=PinningConfig)
     # Your own training code as the train step: "package.module:function", called as function(ctx)
-    # (pinpoint.training.entrypoint.EntrypointContext; docs/trace.md). model/data/loss are then unused.
+    # (pinpoint.training.entrypoint.context.EntrypointContext; docs/trace.md). model/data/loss are then unused.
     entrypoint: Optional[str] = None
     entrypoint_args: Union[dict[str, Any], list[str]] = Field(default_factory=dict)  # ctx.args, as given
     # A built-in model name or "package.module:callable" returning a keras.Model.

@@ -236,8 +236,8 @@ def _emulated_all_reduce(devices, dm: DeviceMap):
     """MirroredStrategy's default cross-device ops on emulated GPUs: the ring collective (None
     when a device is not an emulated GPU: TensorFlow's own choice)."""
     from pinpoint.device_names import local_name
+    from pinpoint.distribute.strategies import mirrored_ops
     from pinpoint.tfcompat.api import canonical_device, local_devices
-    from pinpoint.training.strategies import mirrored_ops
 
     names = list(devices) if devices else local_devices()
     physical = [canonical_device(d) for d in names]

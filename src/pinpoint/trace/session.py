@@ -51,7 +51,7 @@ class Capture:
             stack.enter_context(self._scope)
             # The scope's full name (the job differs in a cluster): its requests are not the program's.
             default = current_device() if self.default_scope and self.dm.emulated else ""
-            from pinpoint.training.emulation import GpuPlacement
+            from pinpoint.distribute.emulation import GpuPlacement
 
             self.recorder = Recorder(default, GpuPlacement(self.dm) if self.dm.emulated else None)
             stack.callback(self.recorder.uninstall)

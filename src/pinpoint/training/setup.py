@@ -10,7 +10,7 @@ import os
 from pinpoint.config import Config
 from pinpoint.device_names import DeviceMap
 from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV
-from pinpoint.training.engine import TaskContext
+from pinpoint.training.loop.engine import TaskContext
 
 
 def resolver():
@@ -27,7 +27,7 @@ def task_context(cfg: Config, dm: DeviceMap, role: str = "chief", index: int = 0
     of the cluster TF_CONFIG describes (parameter_server's chief, or any multi_worker_mirrored task).
     role "evaluator": the side-car evaluator (no distribution).
     """
-    from pinpoint.training.strategies import get_strategy
+    from pinpoint.distribute.strategies import get_strategy
 
     name = cfg.train.strategy
     if role == "evaluator":

@@ -17,8 +17,8 @@ def train_tracked(cfg: Config, out: Path, ctx, *, resume_from_run: str | None = 
     placement.json: `cluster_placement()`'s (the cluster's merged view) if given and not None,
     else its own."""
     from pinpoint.tracking import open_step_run
-    from pinpoint.training.controller import Controller
-    from pinpoint.training.engine import build_state, make_trainer, restore
+    from pinpoint.training.loop.controller import Controller
+    from pinpoint.training.loop.engine import build_state, make_trainer, restore
 
     with open_step_run(cfg, "train", out, parent_run_id=parent_run_id, is_chief=ctx.is_chief) as run:
         prefix = fetch_resume(cfg, out, resume_from_run, task=f"{ctx.role}-{ctx.index}")

@@ -50,7 +50,7 @@ from pinpoint.runfolder import (
     latest_checkpoint_step,
 )
 from pinpoint.signals import Terminated, sigterm_raises
-from pinpoint.training.supervise import Emitter, ProcessGroup, TaskSpec, watch_attempt
+from pinpoint.training.cluster.supervise import Emitter, ProcessGroup, TaskSpec, watch_attempt
 
 TASKS_FILE = "tasks.json"
 LAUNCHER_FILE = "launcher.json"

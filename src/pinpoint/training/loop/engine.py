@@ -1,6 +1,6 @@
 """What a run trains, shared by the single-process path and every cluster task: who this task
 is (`TaskContext`), the data, model, optimizer and step counter (`build_state`), the input
-pipeline, XLA's choice and the final evaluation. The run itself: training.controller."""
+pipeline, XLA's choice and the final evaluation. The run itself: training.loop.controller."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class TrainState:
     """Everything a run trains: built before the run folder exists, so bad user code or data
     fails with nothing written. The input pipeline comes later (it starts at the resumed step)."""
 
-    data: Any  # training.data.Data
+    data: Any  # training.input.data.Data
     model: Any
     optimizer: Any
     step_var: Any
@@ -51,9 +51,9 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
     import keras
     import tensorflow as tf
 
-    from pinpoint.training.data import check_divisible, load_data
-    from pinpoint.training.emulation import eager_default
-    from pinpoint.training.models import make_model
+    from pinpoint.distribute.emulation import eager_default
+    from pinpoint.training.input.data import check_divisible, load_data
+    from pinpoint.training.loop.models import make_model
     from pinpoint.training.objectives import get_objective
 
     t, pin, dm = cfg.train, cfg.train.pinning, ctx.device_map
@@ -110,8 +110,8 @@ def restore(cfg: Config, out, ctx: TaskContext, state: TrainState, resume_prefix
 def make_trainer(cfg: Config, ctx: TaskContext, state: TrainState):
     """The Trainer for `state`, starting at state.step_var (the restored step), its input
     pipeline positioned there."""
-    from pinpoint.training.emulation import GpuPlacement
-    from pinpoint.training.loop import Trainer
+    from pinpoint.distribute.emulation import GpuPlacement
+    from pinpoint.training.loop.trainer import Trainer
 
     pin, dm = cfg.train.pinning, ctx.device_map
     start = int(state.step_var.numpy())

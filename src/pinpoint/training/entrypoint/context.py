@@ -18,7 +18,7 @@ from pinpoint.errors import PinpointError
 from pinpoint.hooks import HookList
 from pinpoint.placement.files import write_placement
 from pinpoint.runfolder import CHECKPOINTS, METRICS, PLACEMENT, atomic_write_json
-from pinpoint.training.engine import TaskContext
+from pinpoint.training.loop.engine import TaskContext
 
 
 class UserCodeFailed(PinpointError):
@@ -69,7 +69,7 @@ class EntrypointContext:
         """For model.fit: Keras' logs to MLflow, and checkpoints in run_dir/checkpoints that
         resume (a whole-group restart or --resume-from-run continues at the saved epoch)."""
         from pinpoint.trace.keras_fit import KerasLogger
-        from pinpoint.training.fit_checkpoint import FitCheckpoint
+        from pinpoint.training.entrypoint.fit_checkpoint import FitCheckpoint
 
         cap = self._capture
         logger = KerasLogger(cap.send_metrics, cap.params, log_every=self._cfg.train.log_every)
@@ -113,7 +113,7 @@ def run_entrypoint(cfg: Config, out: Path, task: TaskContext, *, resume_from_run
     placement.json and metrics.json (chief) from what was captured."""
     from pinpoint.trace.session import Capture
     from pinpoint.tracking import open_step_run
-    from pinpoint.training.tracked import fetch_resume
+    from pinpoint.training.run import fetch_resume
     from pinpoint.usercode import load_callable
 
     t = cfg.train
@@ -135,7 +135,7 @@ def run_entrypoint(cfg: Config, out: Path, task: TaskContext, *, resume_from_run
             except (PinpointError, KeyboardInterrupt):
                 raise
             except Exception as err:  # noqa: BLE001 - the user's code failed: shown as Python shows it
-                from pinpoint.training.task import peer_lost
+                from pinpoint.training.cluster.task import peer_lost
 
                 if peer_lost(err):
                     raise  # the task exits 138 and the group restarts (training.task)

@@ -122,11 +122,11 @@ def _train_task(cfg, out, dm, role, index, resume_from_run, parent_run_id) -> in
     if ctx.multi_worker and cfg.placement.enabled:
         merged = lambda: _merge_worker_placements(cfg, out)  # noqa: E731
     if cfg.train.entrypoint:
-        from pinpoint.training.entrypoint import run_entrypoint
+        from pinpoint.training.entrypoint.context import run_entrypoint
 
         return run_entrypoint(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id,
                               cluster_placement=merged)
-    from pinpoint.training.tracked import train_tracked
+    from pinpoint.training.run import train_tracked
 
     return train_tracked(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id,
                          cluster_placement=merged)
@@ -162,7 +162,7 @@ def run_evaluator(cfg: Config, out: Path, dm: DeviceMap, *, poll: float = 2.0) -
     import tensorflow as tf
 
     from pinpoint.training.checkpoints import candidates, verify
-    from pinpoint.training.engine import build_state, evaluate
+    from pinpoint.training.loop.engine import build_state, evaluate
     from pinpoint.training.setup import task_context
 
     # The model as every training task builds it (seed, precision, pinning), outside any cluster.

@@ -1,5 +1,5 @@
-"""The controller of a run, handed a trainer already at its restored step (training.engine:
-restore, make_trainer). The Trainer (training.loop) only takes steps; the controller runs
+"""The controller of a run, handed a trainer already at its restored step (training.loop.engine:
+restore, make_trainer). The Trainer (training.loop.trainer) only takes steps; the controller runs
 begin -> train until -> capture -> finalize, calling the hooks and the actions (progress bar,
 train log, checkpointing: training.actions) after every trainer call, and on the chief
 `finish` writes the run's files."""
@@ -16,8 +16,8 @@ from pinpoint.config import Config
 from pinpoint.hooks import Hook, HookList
 from pinpoint.placement.files import write_placement
 from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG, atomic_write_json
-from pinpoint.training.actions import Action, Checkpointing, ProgressBar, TrainLog
-from pinpoint.training.capture import (
+from pinpoint.training.loop.actions import Action, Checkpointing, ProgressBar, TrainLog
+from pinpoint.training.loop.capture import (
     CAPTURE_STEP,
     CAPTURE_STEPS,
     FIRST_LOGGED_STEP,
@@ -30,7 +30,7 @@ from pinpoint.training.capture import (
     profiled_steps,
     timing_section,
 )
-from pinpoint.training.engine import TaskContext, TrainState, evaluate
+from pinpoint.training.loop.engine import TaskContext, TrainState, evaluate
 
 
 @dataclass
@@ -38,7 +38,7 @@ class RunState:
     """What the phases of one run share: the trainer, what it trains, what it measured."""
 
     state: TrainState
-    trainer: Any  # training.loop.Trainer (its `step` is the run's one step counter)
+    trainer: Any  # training.loop.trainer.Trainer (its `step` is the run's one step counter)
     plan: CapturePlan
     num_params: int
     last: dict = field(default_factory=dict)  # the last trainer call's metrics
