@@ -271,7 +271,7 @@ def test_only_a_lost_peer_maps_to_the_retry_exit_code():
     step (e.g. a shape error) stays an error the operator does not retry."""
     import tensorflow as tf
 
-    from pinpoint.training.cluster.task import peer_lost
+    from pinpoint.training.peers import peer_lost
 
     assert [peer_lost(e(None, None, "x")) for e in (
         tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.DeadlineExceededError,

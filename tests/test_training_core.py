@@ -67,7 +67,7 @@ def _state():
 def test_the_controller_drives_a_fake_trainer_logs_then_checkpoints(tmp_path, start):
     from pinpoint.device_names import DeviceMap
     from pinpoint.training.loop.controller import Controller
-    from pinpoint.training.loop.engine import TaskContext
+    from pinpoint.training.setup import TaskContext
 
     cfg = config_from_dict({"name": "fake", "train": {"strategy": "none", "steps": 40, "log_every": 10,
                                                        "checkpoint_every": 20},
@@ -134,6 +134,6 @@ def test_a_training_step_is_at_most_8_frames_below_the_cli(tmp_path, monkeypatch
                                       "tracking": {"enabled": False}}))
     assert cli.main(["train", str(config), "--out", str(Path(tmp_path) / "run")]) == 0
     (path,) = {tuple(p) for p in paths}  # every replica's trace takes the same path
-    assert path == ("command.train_command", "run.train_tracked", "controller.train", "controller.train_until",
+    assert path == ("command.train_command", "run.run_training", "controller.train", "controller.train_until",
                     "capture.capture_first_call", "trainer._train_n_py", "trainer._replica_step"), path
     assert len(path) + 1 <= 8  # and replica_update itself

@@ -60,17 +60,8 @@ def train_command(
     import_tensorflow()
     require()  # the private TensorFlow names Pinpoint patches and reads (one line if one moved)
     dm = setup_devices(cfg)  # before TensorFlow initializes anything
-    from pinpoint.training.loop import engine
+    from pinpoint.training.run import run_training
     from pinpoint.training.setup import task_context
 
-    ctx = task_context(cfg, dm)
-    if cfg.train.entrypoint:
-        from pinpoint.training.entrypoint.context import run_entrypoint
-
-        return run_entrypoint(cfg, ensure_dir(out_dir), ctx, resume_from_run=resume_from_run,
-                              parent_run_id=parent_run_id)
-    from pinpoint.training.run import train_tracked
-
-    state = engine.build_state(cfg, ctx)  # bad user code or data fails here: nothing written yet
-    return train_tracked(cfg, ensure_dir(out_dir), ctx, resume_from_run=resume_from_run,
-                         parent_run_id=parent_run_id, state=state)
+    return run_training(cfg, out_dir, task_context(cfg, dm), resume_from_run=resume_from_run,
+                        parent_run_id=parent_run_id)

@@ -2,7 +2,7 @@
 
 The platform owns what it owns everywhere else: the task's devices and strategy (the same
 set-up as Pinpoint's own loop, training.setup), the run folder, checkpoints, the MLflow step
-run, placement capture (trace.session.Capture: nothing for the user to call). The function is
+run (the run skeleton, training.run and training.skeleton), placement capture (trace.session.Capture: nothing for the user to call). The function is
 called as `function(ctx)` with an `EntrypointContext`; see docs/trace.md.
 """
 
@@ -16,9 +16,16 @@ from typing import Any
 from pinpoint.config import Config
 from pinpoint.errors import PinpointError
 from pinpoint.hooks import HookList
-from pinpoint.placement.files import write_placement
-from pinpoint.runfolder import CHECKPOINTS, METRICS, PLACEMENT, atomic_write_json
-from pinpoint.training.loop.engine import TaskContext
+from pinpoint.outcome import write_outcome
+from pinpoint.training.peers import peer_lost
+from pinpoint.training.setup import TaskContext
+from pinpoint.training.skeleton import (
+    chief_placement,
+    input_pipelines,
+    open_checkpoints,
+    run_info,
+    write_task_placement,
+)
 
 
 class UserCodeFailed(PinpointError):
@@ -50,14 +57,7 @@ class EntrypointContext:
         """This task's tf.distribute.InputContext (input pipelines and replicas of the cluster)."""
         import tensorflow as tf
 
-        cfg, t = self._cfg, self._task
-        pipelines, pipeline_id = 1, 0
-        if t.multi_worker:
-            # Pipeline ids follow TF's id_in_cluster: the chief first, then the workers.
-            pipelines = cfg.cluster.replicas
-            pipeline_id = t.index + (cfg.cluster.chief if t.role == "worker" else 0)
-        elif t.coordinator is not None:
-            pipelines = cfg.cluster.workers
+        pipeline_id, pipelines = input_pipelines(self._cfg, self._task)
         return tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
                                           num_replicas_in_sync=self.strategy.num_replicas_in_sync)
 
@@ -81,15 +81,8 @@ class EntrypointContext:
         --resume-from-run one) and returns its step (0: start from scratch). Save with ctx.save(step)."""
         import tensorflow as tf
 
-        from pinpoint.training.checkpoints import Checkpoints, restore_prefix
-
-        t = self._task
-        self._checkpoints = Checkpoints(tf.train.Checkpoint(**trackables), self.run_dir / CHECKPOINTS,
-                                        keep=self._cfg.train.keep_checkpoints, is_chief=t.is_chief, task=t.task)
-        if self._resume_prefix:
-            self.start_step = restore_prefix(self._checkpoints.checkpoint, self._resume_prefix)
-        else:
-            self.start_step = self._checkpoints.restore_latest()
+        self._checkpoints, self.start_step = open_checkpoints(self._cfg, self.run_dir, self._task,
+                                                              tf.train.Checkpoint(**trackables), self._resume_prefix)
         if self.start_step and self.is_chief:
             print(f"pinpoint: resuming from checkpoint step {self.start_step}", file=sys.stderr, flush=True)
         return self.start_step
@@ -107,75 +100,47 @@ class EntrypointContext:
         return path
 
 
-def run_entrypoint(cfg: Config, out: Path, task: TaskContext, *, resume_from_run: str | None = None,
-                   parent_run_id: str | None = None, cluster_placement=None) -> int:
-    """Call the user's function as this task's train step inside the MLflow step run; write
-    placement.json and metrics.json (chief) from what was captured."""
+def run_entrypoint(cfg: Config, out: Path, task: TaskContext, run, fn, *, resume_prefix: str | None = None,
+                   resumed_from_run: str | None = None) -> int:
+    """Call the user's function `fn` as this task's train step inside the MLflow step run `run`
+    (training.run); the chief writes placement.json and metrics.json from what was captured."""
     from pinpoint.trace.session import Capture
-    from pinpoint.tracking import open_step_run
-    from pinpoint.training.run import fetch_resume
-    from pinpoint.usercode import load_callable
 
     t = cfg.train
-    fn = load_callable(cfg, "train.entrypoint", t.entrypoint)
-    out = Path(out)
-    with open_step_run(cfg, "train", out, parent_run_id=parent_run_id, is_chief=task.is_chief) as run:
-        prefix = fetch_resume(cfg, out, resume_from_run, task=f"{task.role}-{task.index}")
-        hooks = HookList([run.hook()] if task.is_chief else [])
-        hooks.on_train_begin(_info(cfg, task, out, resume_from_run))
-        # The coordinator of parameter_server keeps TensorFlow's own default device: its steps
-        # run on the workers.
-        cap = Capture(task.device_map, log_every=t.log_every, send=run.log_metrics, params=run.log_params,
-                      default_scope=task.coordinator is None)
-        ctx = EntrypointContext(cfg, task, out, hooks=hooks, capture=cap, resume_prefix=prefix)
-        failure = None
-        with cap:
-            try:
-                fn(ctx)
-            except (PinpointError, KeyboardInterrupt):
-                raise
-            except Exception as err:  # noqa: BLE001 - the user's code failed: shown as Python shows it
-                from pinpoint.training.cluster.task import peer_lost
+    hooks = HookList([run.hook()] if task.is_chief else [])
+    hooks.on_train_begin(run_info(cfg, task, out, resumed_from_run, start_step=0, entrypoint=t.entrypoint))
+    # The coordinator of parameter_server keeps TensorFlow's own default device: its steps
+    # run on the workers.
+    cap = Capture(task.device_map, log_every=t.log_every, send=run.log_metrics, params=run.log_params,
+                  default_scope=task.coordinator is None)
+    ctx = EntrypointContext(cfg, task, out, hooks=hooks, capture=cap, resume_prefix=resume_prefix)
+    failure = None
+    with cap:
+        try:
+            fn(ctx)
+        except (PinpointError, KeyboardInterrupt):
+            raise
+        except Exception as err:  # noqa: BLE001 - the user's code failed: shown as Python shows it
+            if peer_lost(err):
+                raise  # the task exits 138 and the group restarts (training.cluster.task)
+            from pinpoint.trace.program import print_user_traceback
 
-                if peer_lost(err):
-                    raise  # the task exits 138 and the group restarts (training.task)
-                from pinpoint.trace.program import print_user_traceback
-
-                print_user_traceback(err)
-                failure = err
-        placement = _placement(cfg, out, task, cap)
-        if task.is_chief:
-            merged = cluster_placement() if cluster_placement is not None and failure is None else None
-            if merged is not None and placement is not None:
-                # The merge unites the tasks' ops, transfers and variables; the program's own
-                # sections (its functions and eager ops) are the chief's.
-                for key in ("functions", "training_function", "eager", "program"):
-                    merged[key] = placement.get(key)
-            placement = merged if merged is not None else placement
-            metrics = _metrics(cfg, task, ctx, cap, placement, failed=failure is not None)
-            if placement is not None:
-                write_placement(out / PLACEMENT, placement)
-                hooks.on_placement(placement)
-            atomic_write_json(out / METRICS, metrics)
-            hooks.on_train_end(metrics, ctx.model if failure is None else None)
-            from pinpoint.placement.summary import format_summary
-
-            print(format_summary(placement, metrics), flush=True)
-        if failure is not None:
-            raise UserCodeFailed(
-                f"train.entrypoint: got {t.entrypoint!r}; it raised {type(failure).__name__} (traceback above); "
-                f"what it ran until then and its checkpoints are in {out}/; fix the code and rerun (it resumes "
-                "from the latest checkpoint)")
+            print_user_traceback(err)
+            failure = err
+    placement = _placement(cfg, out, task, cap)
+    if task.is_chief:
+        # The merge unites the tasks' ops, transfers and variables; the program's own sections
+        # (its functions and eager ops) are the chief's.
+        placement = chief_placement(cfg, out, task, placement, merge=failure is None,
+                                    keep=("functions", "training_function", "eager", "program"))
+        metrics = _metrics(cfg, task, ctx, cap, placement, failed=failure is not None)
+        write_outcome(out, placement, metrics, hooks, model=ctx.model if failure is None else None)
+    if failure is not None:
+        raise UserCodeFailed(
+            f"train.entrypoint: got {t.entrypoint!r}; it raised {type(failure).__name__} (traceback above); "
+            f"what it ran until then and its checkpoints are in {out}/; fix the code and rerun (it resumes "
+            "from the latest checkpoint)")
     return 0
-
-
-def _info(cfg: Config, task: TaskContext, out: Path, resumed_from_run: str | None) -> dict:
-    dm = task.device_map
-    return {"config": cfg.model_dump(mode="json"), "strategy": cfg.train.strategy, "task": task.task,
-            "start_step": 0, "num_replicas": task.strategy.num_replicas_in_sync,
-            "devices": list(dm.local_devices), "replica_devices": list(dm.spec_replica_devices),
-            "device_aliases": dict(dm.aliases), "pinning": cfg.train.pinning.model_dump(mode="json"),
-            "out_dir": str(out), "resumed_from_run": resumed_from_run, "entrypoint": cfg.train.entrypoint}
 
 
 def _placement(cfg: Config, out: Path, task: TaskContext, cap) -> dict | None:
@@ -183,8 +148,7 @@ def _placement(cfg: Config, out: Path, task: TaskContext, cap) -> dict | None:
         return None
     placement = cap.placement(cfg.train.entrypoint)
     placement["task"] = task.task
-    if task.multi_worker:  # this task's view; the chief merges them
-        write_placement(out / f"placement-{task.role}-{task.index}.json", placement)
+    write_task_placement(out, task, placement)  # multi_worker: the chief merges them
     return placement
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from pinpoint.config import Config
 from pinpoint.errors import ConfigError
+from pinpoint.training.input.batch import check_divisible
 
 NUM_SYNTHETIC_CLASSES = 10
 SYNTHETIC_FEATURES = 64
@@ -86,14 +87,6 @@ def load_data(cfg: Config) -> Data:
         data = Data(shape, num_classes, label, src.description, stream=src)
     check_labels(cfg, data.label_spec)
     return data
-
-
-def check_divisible(global_batch: int, num_replicas: int) -> None:
-    if global_batch % num_replicas:
-        raise ConfigError(
-            f"train.batch_size: got {global_batch}; it must be divisible by the "
-            f"{num_replicas} replicas; use a multiple of {num_replicas}"
-        )
 
 
 def load_arrays(cfg: Config) -> Arrays:
