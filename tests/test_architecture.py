@@ -5,6 +5,7 @@ function: importing lazily makes an import cheap, not a dependency go away."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -201,3 +202,14 @@ def test_the_collective_timeout_variable_is_spelled_once():
                for path in sorted((repo / folder).rglob("*.py")) if path != podenv
                for line, value in _string_constants(path) if name in value]
     assert spelled == []
+
+
+def test_docs_architecture_names_every_layer_unit_and_training_room():
+    """docs/architecture.md draws every unit of LAYERS and lists every room of training/."""
+    docs = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    units = {name for _, names in LAYERS for name in names} - {"__init__"}
+    assert sorted(u for u in units if not re.search(rf"\b{u}\b", docs)) == []
+    rooms = {f"training/{p.name}/" if p.is_dir() else f"training/{p.name}"
+             for p in (SRC / "training").iterdir() if p.name not in ("__init__.py", "__pycache__")}
+    # A top-level file may share a line with another: named by its file name.
+    assert sorted(r for r in rooms if r not in docs and r.removeprefix("training/") not in docs) == []
