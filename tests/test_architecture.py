@@ -163,6 +163,32 @@ def test_no_circle_of_files_in_the_execution_rooms():
     assert _circles(*_file_graph(ACYCLIC)) == []
 
 
+# The rooms of training/, top first (docs/architecture.md); one rank may hold several rooms.
+TRAINING_ROOMS = [{"command"}, {"cluster"}, {"run"}, {"loop", "entrypoint"}, {"input"}, {"skeleton"},
+                  {"setup", "objectives", "checkpoints", "peers"}]
+
+
+def test_training_rooms_import_only_rooms_below_them():
+    rank = {room: i for i, rooms in enumerate(TRAINING_ROOMS) for room in rooms}
+    modules, edges = _file_graph(("training",))
+    room = {m: m.split(".")[2] for m in modules if m.count(".") >= 2}
+    assert sorted(set(room.values()) - set(rank)) == [], "add the new room to TRAINING_ROOMS and the docs"
+    upward = sorted((a, b) for a, bs in edges.items() for b in bs
+                    if a in room and b in room and rank[room[b]] < rank[room[a]])
+    assert upward == []
+
+
+def test_the_room_check_sees_an_arrow_up(tmp_path, monkeypatch):
+    """Negative control: the skeleton reaching up to the run that uses it is reported."""
+    fake = tmp_path / "pinpoint" / "training"
+    fake.mkdir(parents=True)
+    (fake / "skeleton.py").write_text("def f():\n    from pinpoint.training.run import run_training\n")
+    (fake / "run.py").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path / "pinpoint")
+    with pytest.raises(AssertionError, match=r"pinpoint\.training\.skeleton', 'pinpoint\.training\.run"):
+        test_training_rooms_import_only_rooms_below_them()
+
+
 def test_the_circle_check_sees_a_circle(tmp_path, monkeypatch):
     """Negative control: the data <-> streams circle the input room once had is reported."""
     fake = tmp_path / "pinpoint" / "training" / "input"
