@@ -35,7 +35,7 @@ LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy", "binary
 # Streamed file sources of train.data: "<prefix>:<glob or folder>".
 FILE_SOURCES = ("tfrecord", "csv", "parquet", "images")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-# Layer names of each model (the keys of train.pinning.layers); training/models.py builds
+# Layer names of each model (the keys of train.pinning.layers); training/loop/models.py builds
 # exactly these (a test keeps the two in sync), so a typo is caught at config load.
 MODEL_LAYERS = {
     "mlp": ("dense_1", "dense_2", "head"),

@@ -146,7 +146,7 @@ class GpuNames:
         Eager device scopes are fully named, and '/job:localhost/...' is no device of the
         connected context (TensorFlow rejects every op under it). The coordinator's own
         unrequested ops then go where TensorFlow puts them, as Pinpoint's own parameter_server
-        coordinator keeps TensorFlow's default (training/entrypoint.py): the same as the
+        coordinator keeps TensorFlow's default (training/entrypoint/context.py): the same as the
         plain-TensorFlow run of the differential suite.
         """
         d = self._default

@@ -1,7 +1,7 @@
 """The controller of a run, handed a trainer already at its restored step (training.loop.engine:
 restore, make_trainer). The Trainer (training.loop.trainer) only takes steps; the controller runs
 begin -> train until -> capture -> finalize, calling the hooks and the actions (progress bar,
-train log, checkpointing: training.actions) after every trainer call, and on the chief
+train log, checkpointing: training.loop.actions) after every trainer call, and on the chief
 `finish` writes the run's files."""
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class Trainer:
 
     `step` is the run's one step counter: the step the next call starts at (the resumed
     checkpoint's step at first). Capturing placement is the capture plan's business
-    (training.capture); the trainer exposes the function it captures (`train_n`) and one
+    (training.loop.capture); the trainer exposes the function it captures (`train_n`) and one
     replica's update (`replica_update`)."""
 
     def __init__(
