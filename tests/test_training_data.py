@@ -5,7 +5,7 @@ import pytest
 
 from pinpoint.config import config_from_dict
 from pinpoint.errors import ConfigError
-from pinpoint.training.data import load_arrays, synthetic
+from pinpoint.training.input.data import load_arrays, synthetic
 
 pytestmark = pytest.mark.unit
 

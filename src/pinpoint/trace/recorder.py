@@ -161,7 +161,7 @@ class Recorder:
     def __init__(self, default_device: str = "", graph_placement=None, quiet_ops: int = EAGER_QUIET_OPS):
         # The emulated /GPU:0 scope the program runs in (its requests are not the program's).
         self.default_device = default_device
-        # training.emulation.GpuPlacement under emulation: a tf.compat.v1 graph's unrequested
+        # distribute.emulation.GpuPlacement under emulation: a tf.compat.v1 graph's unrequested
         # ops are placed as on a GPU machine before its first Session.run.
         self.graph_placement = graph_placement
         self._placed_graphs: set[int] = set()
