@@ -15,7 +15,7 @@ from pinpoint.config import Config, Toleration
 from pinpoint.errors import ProvisionError
 from pinpoint.provision.inventory import Node, Taint
 from pinpoint.provision.quantity import format_bytes, format_cpu
-from pinpoint.provision.spec import Task
+from pinpoint.provision.tasks import Task
 
 SEARCH_BUDGET = 50_000  # ~1 s; beyond it the request is reported as not placeable
 _EPS = 1e-9
