@@ -49,7 +49,7 @@ JOBSET_FAILURE_RULES = [
 def _child_job(cfg: Config, task: Task, replicas: int, run_rel: str | None) -> dict:
     """The Job template of one replicatedJob: an Indexed Job of `replicas` pods that fails as a
     whole on its first failed pod (backoffLimit 0), so the JobSet decides what happens next."""
-    template = pod_template(cfg, task, plain=True, run_rel=run_rel)
+    template = pod_template(cfg, task, podenv=True, run_rel=run_rel)
     template["spec"]["restartPolicy"] = "Never"  # required by podFailurePolicy
     return {
         "completionMode": "Indexed",

@@ -57,7 +57,7 @@ def plain_services(cfg: Config) -> list[dict]:
 
 def plain_job(cfg: Config, task: Task, replicas: int, run_rel: str | None = None) -> dict:
     """One Indexed Job per role; pod hostnames are `<job>-<index>` = `<name>-<role>-<index>`."""
-    template = pod_template(cfg, task, plain=True, run_rel=run_rel)
+    template = pod_template(cfg, task, podenv=True, run_rel=run_rel)
     template["spec"]["restartPolicy"] = "Never"  # required by podFailurePolicy
     template["spec"]["subdomain"] = cfg.name
     return {

@@ -28,20 +28,20 @@ def pod_run_dir(rel: str, runs_mount: str = RUNS_MOUNT) -> str:
 
 
 
-def _command(cfg: Config, role: str, plain: bool, run_dir: str) -> list[str]:
+def _command(cfg: Config, role: str, podenv: bool, run_dir: str) -> list[str]:
     # '$$' is a literal '$' after the kubelet's $(VAR) expansion of the command.
     cmd = ["pinpoint", "train", "/config/config.yaml", "--out", run_dir.replace("$", "$$")]
     if cfg.train.strategy in MULTI_PROCESS_STRATEGIES:
         # $(VAR) is expanded by the kubelet from the container's env.
         cmd += ["--task", f"{role}:$(PINPOINT_TASK_INDEX)"]
-    if plain:
+    if podenv:
         cmd = ["python", "-m", "pinpoint.provision.podenv", "--", *cmd]
     return cmd
 
 
-def _env(cfg: Config, task: Task, plain: bool) -> list[dict]:
+def _env(cfg: Config, task: Task, podenv: bool) -> list[dict]:
     index_path = (
-        f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']" if plain else f"metadata.labels['{REPLICA_INDEX_LABEL}']"
+        f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']" if podenv else f"metadata.labels['{REPLICA_INDEX_LABEL}']"
     )
     env = [
         {"name": "PINPOINT_TASK_INDEX", "valueFrom": {"fieldRef": {"fieldPath": index_path}}},
@@ -57,7 +57,7 @@ def _env(cfg: Config, task: Task, plain: bool) -> list[dict]:
             {"name": var, "valueFrom": {"secretKeyRef": {"name": cfg.cluster.mlflow_secret, "key": key, "optional": True}}}
             for key, var in MLFLOW_SECRET_KEYS.items()
         ]
-    if plain:
+    if podenv:
         env += [
             {"name": "PINPOINT_TASK_ROLE", "value": task.role},
             {"name": "PINPOINT_TF_CLUSTER", "value": json.dumps(task.tf_config["cluster"], separators=(",", ":"))},
@@ -65,9 +65,10 @@ def _env(cfg: Config, task: Task, plain: bool) -> list[dict]:
     return env
 
 
-def pod_template(cfg: Config, task: Task, *, plain: bool, run_rel: str | None = None) -> dict:
+def pod_template(cfg: Config, task: Task, *, podenv: bool, run_rel: str | None = None) -> dict:
     """The pod of one role (every replica of a role is identical but for its index); it writes
-    the run folder /runs/<run_rel> (default: the run's name)."""
+    the run folder /runs/<run_rel> (default: the run's name). podenv: its TF_CONFIG is built in the pod
+    by pinpoint.provision.podenv from its completion index (else the Training Operator sets it)."""
     rel = run_rel or cfg.name
     run_dir = pod_run_dir(rel)
     c, res = cfg.cluster, task.resources
@@ -97,8 +98,8 @@ def pod_template(cfg: Config, task: Task, *, plain: bool, run_rel: str | None = 
                 "name": CONTAINER,
                 "image": c.image,
                 "imagePullPolicy": "IfNotPresent",
-                "command": _command(cfg, task.role, plain, run_dir),
-                "env": _env(cfg, task, plain),
+                "command": _command(cfg, task.role, podenv, run_dir),
+                "env": _env(cfg, task, podenv),
                 "ports": [{"name": PORT_NAME, "containerPort": c.port, "protocol": "TCP"}],
                 # requests == limits for cpu/memory: Guaranteed QoS, so a busy node does not
                 # throttle one replica and stall every collective of the group.

@@ -24,7 +24,7 @@ def tfjob(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict:
             # recreations do not count against backoffLimit: the launch step enforces
             # train.max_restarts by counting them.
             "restartPolicy": "ExitCode",
-            "template": pod_template(cfg, task, plain=False, run_rel=run_rel),
+            "template": pod_template(cfg, task, podenv=False, run_rel=run_rel),
         }
         for role, task in first_tasks(tasks).items()
     }

@@ -146,7 +146,7 @@ def trainjob(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict
     check_trainjob(cfg)
     c = cfg.cluster
     # The jobset flavour's pod of the first task, reshaped into what a TrainJob may set.
-    pod = pod_template(cfg, tasks[0], plain=True, run_rel=run_rel or cfg.name)
+    pod = pod_template(cfg, tasks[0], podenv=True, run_rel=run_rel or cfg.name)
     (container,) = pod["spec"]["containers"]
     spec = pod["spec"]
     command = list(container["command"])
