@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pinpoint.config import FLAVORS, config_from_dict
+from pinpoint.config import FLAVORS
 from pinpoint.provision.flavours import BY_KIND, FLAVOURS
 from pinpoint.provision.manifests import build_manifests
 from pinpoint.provision.spec import build_tasks
+from tests.conftest import make_config
 
 pytestmark = pytest.mark.unit
 
@@ -26,15 +27,30 @@ def test_the_registry_has_one_class_per_config_flavour():
     assert {k: f.kind for k, f in BY_KIND.items()} == {k: k for k in BY_KIND}
 
 
+CHIEF, WORKERS, EVALUATOR = 1, 3, 1
+
+
+def _workloads(flavor: str) -> tuple[list[dict], int]:
+    """The flavour's workload documents for CHIEF + WORKERS + EVALUATOR tasks, and the tasks."""
+    cfg = make_config("job", train={"strategy": "multi_worker_mirrored"},
+                      cluster={"flavor": flavor, "chief": CHIEF, "workers": WORKERS, "evaluator": EVALUATOR,
+                               "emulate": True, "runs_volume_claim": "runs-rwx"})
+    tasks = build_tasks(cfg)
+    docs = [d for docs in build_manifests(cfg, tasks).values() for d in docs if d["kind"] == FLAVOURS[flavor].kind]
+    return docs, len(tasks)
+
+
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_a_flavours_pod_count_is_its_manifests_tasks(flavor):
-    chief, workers, evaluator = 1, 3, 1
-    cfg = config_from_dict({"name": "job", "train": {"strategy": "multi_worker_mirrored"},
-                            "cluster": {"flavor": flavor, "chief": chief, "workers": workers, "evaluator": evaluator,
-                                        "emulate": True, "runs_volume_claim": "runs-rwx"}})
-    flavour = FLAVOURS[flavor]
-    docs = [d for docs in build_manifests(cfg, build_tasks(cfg)).values() for d in docs if d["kind"] == flavour.kind]
-    assert sum(flavour.pod_count(d) for d in docs) == chief + workers + evaluator == len(build_tasks(cfg))
+    docs, tasks = _workloads(flavor)
+    assert sum(FLAVOURS[flavor].pod_count(d) for d in docs) == tasks == CHIEF + WORKERS + EVALUATOR
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_flavours_api_is_the_api_version_its_manifests_write(flavor):
+    resource, group, version = FLAVOURS[flavor].api
+    docs, _ = _workloads(flavor)
+    assert {d["apiVersion"] for d in docs} == {f"{group}/{version}"}
 
 
 def _switches(path: Path) -> list[str]:

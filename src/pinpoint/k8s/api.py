@@ -11,20 +11,20 @@ import time
 from typing import Any, Callable
 
 from pinpoint.errors import TrainingFailed
+from pinpoint.provision.flavours import FLAVOURS
 
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)
-# kind -> (resource, API group, version) of what the run folder's manifests hold.
+# kind -> (resource, API group, version) of what the run folder's manifests hold: the ConfigMap,
+# Secrets and Services, and each flavour's workload (its class knows its API).
 KINDS = {
     "ConfigMap": ("configmaps", "", "v1"),
     "Secret": ("secrets", "", "v1"),
     "Service": ("services", "", "v1"),
-    "Job": ("jobs", "batch", "v1"),
-    "TFJob": ("tfjobs", "kubeflow.org", "v1"),
-    "JobSet": ("jobsets", "jobset.x-k8s.io", "v1alpha2"),
-    "TrainJob": ("trainjobs", "trainer.kubeflow.org", "v1alpha1"),
+    **{f.kind: f.api for f in FLAVOURS.values()},
 }
+BUILTIN_GROUPS = ("", "batch")  # served by CoreV1Api and BatchV1Api
 # Kinds served by CustomResourceDefinitions (the CustomObjectsApi).
-CUSTOM_KINDS = ("TFJob", "JobSet", "TrainJob")
+CUSTOM_KINDS = tuple(kind for kind, (_, group, _) in KINDS.items() if group not in BUILTIN_GROUPS)
 RBAC_HINT = "apply docker/rbac.yaml (Role + RoleBinding for the pipeline's service account)"
 
 

@@ -50,7 +50,6 @@ from pinpoint.k8s.watch import GroupWatcher, Watcher
 from pinpoint.provision.flavour import Flavour
 from pinpoint.provision.flavours import BY_KIND, WORKLOAD_KINDS, flavour_of_docs
 from pinpoint.provision.namespace import namespace_of, pod_namespace
-from pinpoint.provision.plain import role_of
 from pinpoint.runfolder import MANIFESTS_DIR, RUNS_MOUNT
 from pinpoint.signals import Terminated, sigterm_raises
 
@@ -203,15 +202,13 @@ class Launcher:
 
     def create(self, docs: list[dict]) -> None:
         workloads = [d for d in docs if d["kind"] in WORKLOAD_KINDS]
-        roles = {role_of(d) for d in workloads}
-        primary_role = "chief" if "chief" in roles else "worker"
         for doc in docs:
             doc = {**doc, "metadata": {**doc["metadata"]}}
             meta = doc["metadata"]
             meta["annotations"] = {**(meta.get("annotations") or {}), LAUNCH_ID_ANNOTATION: self.launch_id}
             if self.owner:
                 meta["ownerReferences"] = [*(meta.get("ownerReferences") or []), dict(self.owner)]
-            primary = doc["kind"] in WORKLOAD_KINDS and self.flavour.is_primary(doc, primary_role)
+            primary = doc["kind"] in WORKLOAD_KINDS and self.flavour.is_primary(doc, workloads)
             self._create_one(doc, primary)
 
     def _wait_gone(self, kind: str, name: str, ns: str, timeout: float = 60.0) -> None:

@@ -1,7 +1,9 @@
 """Watch a launched run until it is done: its pods (logs, failures, restarts), its TFJob/Jobs'
 status conditions and the Events of its workloads. Every failure is one TrainingFailed line.
 
-GroupWatcher watches a JobSet or TrainJob, which restart the whole group themselves.
+GroupWatcher watches a JobSet or TrainJob, which restart the whole group themselves. What differs
+between the flavours (done conditions, failure fixes, a missing controller, the container) comes
+from the run's flavour class (pinpoint.provision.flavour).
 
 Grace timers are keyed by pod UID: the Training Operator recreates a pod under the same name,
 and a recreated pod starts a fresh timer (and its own log stream).
@@ -18,6 +20,7 @@ from pinpoint.errors import TrainingFailed
 from pinpoint.k8s.api import KubeApi, first_line
 from pinpoint.k8s.options import Created, LaunchOptions
 from pinpoint.provision.flavour import Flavour
+from pinpoint.provision.jobset import GroupFlavour
 from pinpoint.provision.names import INDEX_LABELS, INSTANCE_LABEL, JOBSET_NAME_LABEL, ROLE_LABEL
 from pinpoint.provision.tasks import is_retryable_exit_code
 
@@ -302,6 +305,7 @@ def _phases(pods) -> str:
 JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 
+
 class GroupWatcher(Watcher):
     """Watch a JobSet (or a TrainJob and the JobSet it instantiates). The JobSet controller restarts
     the whole group (failurePolicy); this reads the conditions and status.restarts, streams the
@@ -309,7 +313,9 @@ class GroupWatcher(Watcher):
     current attempt. Requests per poll do not grow with the pods: one pod list by label selector,
     one get of the workload (a TrainJob: also its JobSet), the chief's log, one Event list."""
 
-    def __init__(self, api: KubeApi, name: str, opts: LaunchOptions, flavour: Flavour, workloads: list[Created],
+    flavour: GroupFlavour
+
+    def __init__(self, api: KubeApi, name: str, opts: LaunchOptions, flavour: GroupFlavour, workloads: list[Created],
                  expected_pods: int):
         super().__init__(api, name, opts, flavour, workloads, expected_pods)
         self.workload = next(w for w in workloads if w.kind == flavour.kind)

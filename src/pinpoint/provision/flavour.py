@@ -22,6 +22,7 @@ POD_LOGS_FIX = "see the pod logs above"
 class Flavour(ABC):
     name: ClassVar[str]  # cluster.flavor
     kind: ClassVar[str]  # the kind of its workload object(s)
+    api: ClassVar[tuple[str, str, str]]  # (resource, API group, version) of that kind
     # The cluster restarts the whole group itself (a JobSet's failurePolicy): the launch step only
     # watches the group (pinpoint.k8s.watch.GroupWatcher) instead of counting pod restarts.
     restarts_group: ClassVar[bool] = False
@@ -70,8 +71,8 @@ class Flavour(ABC):
     def pod_templates(self, doc: dict) -> list[dict]:
         """The pod templates of its workload document (where the `pinpoint train` commands are)."""
 
-    def is_primary(self, doc: dict, primary_role: str) -> bool:
-        """Whether this document's completion means the run is done."""
+    def is_primary(self, doc: dict, workloads: list[dict]) -> bool:
+        """Whether this workload document's completion (of the run's `workloads`) means the run is done."""
         return True
 
     def with_parent_run(self, doc: dict, parent_run_id: str) -> dict:

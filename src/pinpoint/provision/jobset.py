@@ -145,6 +145,7 @@ class GroupFlavour(Flavour):
 class JobSetFlavour(GroupFlavour):
     name = "jobset"
     kind = "JobSet"
+    api = ("jobsets", "jobset.x-k8s.io", "v1alpha2")
     tf_cluster = staticmethod(jobset_cluster)
     done_conditions = ("Completed",)
     not_installed = ("kubernetes: the JobSet resource (jobset.x-k8s.io/v1alpha2 jobsets) is not installed; install "

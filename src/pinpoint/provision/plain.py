@@ -104,6 +104,7 @@ def role_of(doc: dict) -> str | None:
 class PlainFlavour(Flavour):
     name = "plain"
     kind = "Job"
+    api = ("jobs", "batch", "v1")
     tf_cluster = staticmethod(k8s_cluster)
 
     def manifests(self, cfg: Config, tasks: list[Task], run_rel: str | None) -> dict[str, list[dict]]:
@@ -125,8 +126,10 @@ class PlainFlavour(Flavour):
     def pod_templates(self, doc: dict) -> list[dict]:
         return [doc["spec"]["template"]]
 
-    def is_primary(self, doc: dict, primary_role: str) -> bool:
-        return role_of(doc) == primary_role
+    def is_primary(self, doc: dict, workloads: list[dict]) -> bool:
+        """The chief's Job, else the workers'."""
+        roles = {role_of(d) for d in workloads}
+        return role_of(doc) == ("chief" if "chief" in roles else "worker")
 
     def failed_fix(self, reason: str | None) -> str:
         return JOB_FAILED_FIXES.get(reason or "", super().failed_fix(reason))

@@ -56,6 +56,7 @@ def tfjob(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict:
 class TFJobFlavour(Flavour):
     name = "tfjob"
     kind = "TFJob"
+    api = ("tfjobs", "kubeflow.org", "v1")
     tf_cluster = staticmethod(k8s_cluster)
     not_installed = ("kubernetes: the TFJob resource (kubeflow.org/v1 tfjobs) is not installed; install the Kubeflow "
                      "Training Operator, or set cluster.flavor: jobset (JobSet installed) or cluster.flavor: plain")
