@@ -85,7 +85,6 @@ def check_manifest_inputs(cfg: Config) -> None:
         )
 
 
-
 def configmap(cfg: Config) -> dict:
     return {
         "apiVersion": "v1",
@@ -93,7 +92,6 @@ def configmap(cfg: Config) -> dict:
         "metadata": {"name": f"{cfg.name}-config", "namespace": namespace_of(cfg.cluster), "labels": labels(cfg)},
         "data": {"config.yaml": config_to_yaml(cfg)},
     }
-
 
 
 def build_manifests(cfg: Config, tasks: list[Task], *, run_rel: str | None = None) -> dict[str, list[dict]]:

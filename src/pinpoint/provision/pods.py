@@ -27,7 +27,6 @@ def pod_run_dir(rel: str, runs_mount: str = RUNS_MOUNT) -> str:
     return f"{posixpath.normpath(runs_mount)}/{rel}"
 
 
-
 def _command(cfg: Config, role: str, podenv: bool, run_dir: str) -> list[str]:
     # '$$' is a literal '$' after the kubelet's $(VAR) expansion of the command.
     cmd = ["pinpoint", "train", "/config/config.yaml", "--out", run_dir.replace("$", "$$")]

@@ -29,7 +29,6 @@ NO_CLAIM_LINE = (
 )
 
 
-
 @dataclass(frozen=True)
 class Resources:
     cpu: str
