@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pinpoint.config import FLAVORS
 from pinpoint.provision.flavours import BY_KIND, FLAVOURS
@@ -15,7 +16,9 @@ from tests.conftest import make_config
 
 pytestmark = pytest.mark.unit
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "pinpoint"
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src" / "pinpoint"
+SCHEMAS = HERE.parent.parent / "shared" / "schemas"
 # The modules that may name flavours and kinds in comparisons: the classes and their registry.
 FLAVOUR_MODULES = {"flavour.py", "flavours.py", "tfjob.py", "plain.py", "jobset.py", "trainjob.py"}
 
@@ -48,9 +51,20 @@ def test_a_flavours_pod_count_is_its_manifests_tasks(flavor):
 
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_a_flavours_api_is_the_api_version_its_manifests_write(flavor):
-    resource, group, version = FLAVOURS[flavor].api
+    _, group, version = FLAVOURS[flavor].api
     docs, _ = _workloads(flavor)
     assert {d["apiVersion"] for d in docs} == {f"{group}/{version}"}
+
+
+@pytest.mark.parametrize("flavor", ["tfjob", "jobset", "trainjob"])
+def test_a_custom_flavours_api_is_its_crds(flavor):
+    """What the launch step's client calls the kind (KubeApi.KINDS) is what the real CRD serves."""
+    resource, group, version = FLAVOURS[flavor].api
+    file = f"{group}_{resource}.yaml"
+    path = next(p for p in (HERE / "data" / "provision" / file, SCHEMAS / file) if p.is_file())
+    crd = yaml.safe_load(path.read_text())["spec"]
+    assert (crd["group"], crd["names"]["plural"], crd["names"]["kind"]) == (group, resource, FLAVOURS[flavor].kind)
+    assert version in [v["name"] for v in crd["versions"] if v["served"]]
 
 
 def _switches(path: Path) -> list[str]:

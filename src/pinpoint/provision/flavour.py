@@ -20,9 +20,12 @@ POD_LOGS_FIX = "see the pod logs above"
 
 
 class Flavour(ABC):
+    """A flavour class declares its identity in its header:
+    `class TFJobFlavour(Flavour, name="tfjob", kind="TFJob", api_version=..., tf_cluster=k8s_cluster)`."""
+
     name: ClassVar[str]  # cluster.flavor
     kind: ClassVar[str]  # the kind of its workload object(s)
-    api: ClassVar[tuple[str, str, str]]  # (resource, API group, version) of that kind
+    api_version: ClassVar[str]  # the apiVersion of that kind, as its manifests write it
     # The cluster restarts the whole group itself (a JobSet's failurePolicy): the launch step only
     # watches the group (pinpoint.k8s.watch.GroupWatcher) instead of counting pod restarts.
     restarts_group: ClassVar[bool] = False
@@ -34,6 +37,21 @@ class Flavour(ABC):
 
     # (name, cluster) -> the `cluster` dict of its pods' TF_CONFIG (pinpoint.provision.tfconfig).
     tf_cluster: ClassVar[Callable[[str, ClusterConfig], dict[str, list[str]]]]
+
+    def __init_subclass__(cls, name: str | None = None, kind: str | None = None, api_version: str | None = None,
+                          tf_cluster: Callable | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for key, value in (("name", name), ("kind", kind), ("api_version", api_version)):
+            if value is not None:
+                setattr(cls, key, value)
+        if tf_cluster is not None:
+            cls.tf_cluster = staticmethod(tf_cluster)
+
+    @property
+    def api(self) -> tuple[str, str, str]:
+        """(resource, API group, version) of its kind: what the Kubernetes client calls it."""
+        group, _, version = self.api_version.rpartition("/")
+        return f"{self.kind.lower()}s", group, version
 
     # ---- provision -----------------------------------------------------------------------
     def cluster(self, cfg: Config) -> dict[str, list[str]]:

@@ -142,11 +142,7 @@ class GroupFlavour(Flavour):
         return JOBSET_FAILED_FIXES.get(reason or "", "see the logs above")
 
 
-class JobSetFlavour(GroupFlavour):
-    name = "jobset"
-    kind = "JobSet"
-    api = ("jobsets", "jobset.x-k8s.io", "v1alpha2")
-    tf_cluster = staticmethod(jobset_cluster)
+class JobSetFlavour(GroupFlavour, name="jobset", kind="JobSet", api_version=JOBSET_API, tf_cluster=jobset_cluster):
     done_conditions = ("Completed",)
     not_installed = ("kubernetes: the JobSet resource (jobset.x-k8s.io/v1alpha2 jobsets) is not installed; install "
                      "JobSet (v0.9.1: kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/"

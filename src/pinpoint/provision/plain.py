@@ -20,6 +20,7 @@ from pinpoint.provision.pods import first_tasks, pod_template
 from pinpoint.provision.tasks import Task
 from pinpoint.provision.tfconfig import k8s_cluster, role_counts, task_list
 
+JOB_API = "batch/v1"
 # A Job's Failed reasons -> the fix.
 JOB_FAILED_FIXES = {
     "BackoffLimitExceeded": "its pods failed more often than spec.backoffLimit; see the pod logs above",
@@ -61,7 +62,7 @@ def plain_job(cfg: Config, task: Task, replicas: int, run_rel: str | None = None
     template["spec"]["restartPolicy"] = "Never"  # required by podFailurePolicy
     template["spec"]["subdomain"] = cfg.name
     return {
-        "apiVersion": "batch/v1",
+        "apiVersion": JOB_API,
         "kind": "Job",
         # gang: kueue is only allowed with a single role (config.py), so this Job is the whole run.
         "metadata": {"name": f"{cfg.name}-{task.role}", "namespace": namespace_of(cfg.cluster),
@@ -101,11 +102,7 @@ def role_of(doc: dict) -> str | None:
     return ((doc["spec"].get("template") or {}).get("metadata", {}).get("labels") or {}).get(ROLE_LABEL)
 
 
-class PlainFlavour(Flavour):
-    name = "plain"
-    kind = "Job"
-    api = ("jobs", "batch", "v1")
-    tf_cluster = staticmethod(k8s_cluster)
+class PlainFlavour(Flavour, name="plain", kind="Job", api_version=JOB_API, tf_cluster=k8s_cluster):
 
     def manifests(self, cfg: Config, tasks: list[Task], run_rel: str | None) -> dict[str, list[dict]]:
         files = {"services.yaml": plain_services(cfg)}

@@ -11,6 +11,8 @@ from pinpoint.provision.pods import first_tasks, pod_template
 from pinpoint.provision.tasks import Task
 from pinpoint.provision.tfconfig import TFJOB_REPLICA_TYPES, k8s_cluster, role_counts
 
+TFJOB_API = "kubeflow.org/v1"
+
 
 def tfjob(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict:
     """A kubeflow.org/v1 TFJob for the Training Operator 1.x (schema of release 1.9)."""
@@ -43,7 +45,7 @@ def tfjob(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict:
             policy["queue"] = c.queue
         run_policy["schedulingPolicy"] = policy
     return {
-        "apiVersion": "kubeflow.org/v1",
+        "apiVersion": TFJOB_API,
         "kind": "TFJob",
         "metadata": {"name": cfg.name, "namespace": namespace_of(c), "labels": workload_labels(cfg)},
         "spec": {
@@ -53,11 +55,7 @@ def tfjob(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict:
     }
 
 
-class TFJobFlavour(Flavour):
-    name = "tfjob"
-    kind = "TFJob"
-    api = ("tfjobs", "kubeflow.org", "v1")
-    tf_cluster = staticmethod(k8s_cluster)
+class TFJobFlavour(Flavour, name="tfjob", kind="TFJob", api_version=TFJOB_API, tf_cluster=k8s_cluster):
     not_installed = ("kubernetes: the TFJob resource (kubeflow.org/v1 tfjobs) is not installed; install the Kubeflow "
                      "Training Operator, or set cluster.flavor: jobset (JobSet installed) or cluster.flavor: plain")
 

@@ -189,11 +189,8 @@ def trainjob(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict
     }
 
 
-class TrainJobFlavour(GroupFlavour):
-    name = "trainjob"
-    kind = "TrainJob"
-    api = ("trainjobs", "trainer.kubeflow.org", "v1alpha1")
-    tf_cluster = staticmethod(trainjob_cluster)
+class TrainJobFlavour(GroupFlavour, name="trainjob", kind="TrainJob", api_version=TRAINER_API,
+                      tf_cluster=trainjob_cluster):
     # The runtime's JobSet is named like the TrainJob; its failurePolicy.maxRestarts is only a
     # ceiling (RUNTIME_MAX_RESTARTS): the watcher enforces train.max_restarts.
     is_jobset = False
