@@ -1,7 +1,7 @@
 """The Keras peer: the same model, data, batch size, strategy and devices, trained by `model.fit`.
 
 Settings (kept equal to Pinpoint's so the ratio measures the training loops, not the setups):
-- model: `pinpoint.training.models.build_model` (same layers, seeds, initializers), built under
+- model: `pinpoint.training.loop.models.build_model` (same layers, seeds, initializers), built under
   the same strategy's scope on the same devices (`pinpoint.devices.setup_devices` + `get_strategy`).
   A user's model (`train.model: package.module:callable`) is built by the user's callable, with
   the arguments Pinpoint passes it (`user_model`);
@@ -12,7 +12,7 @@ Settings (kept equal to Pinpoint's so the ratio measures the training loops, not
 - loss: sparse categorical cross-entropy from logits (`train.from_logits`), averaged over the
   global batch (the same objective as Pinpoint's per-replica sum / global batch), metric: accuracy;
 - optimizer: the same class and learning rate; `jit_compile` as Pinpoint decides for the config
-  (`pinpoint.training.engine.use_jit`), so both sides use XLA or neither does;
+  (`pinpoint.training.loop.engine.use_jit`), so both sides use XLA or neither does;
 - `steps_per_execution = train.log_every`: Pinpoint runs `log_every` steps per tf.function call,
   so Keras gets the same number of steps per host round trip (except under
   MultiWorkerMirroredStrategy, where Keras 3.15 only works with 1; see `steps_per_execution`).
@@ -83,15 +83,15 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
     import tensorflow as tf
 
     keras.config.disable_traceback_filtering()  # a failure in fit shows where it happened
-    from pinpoint.training.data import load_arrays
-    from pinpoint.training.emulation import eager_default
-    from pinpoint.training.models import build_model
-    from pinpoint.training.strategies import get_strategy
+    from pinpoint.distribute.emulation import eager_default
+    from pinpoint.distribute.strategies import get_strategy
+    from pinpoint.training.input.data import load_arrays
+    from pinpoint.training.loop.models import build_model
 
     if multi_worker:
         # Exactly how `pinpoint train --task` builds it: emulated GPUs (logical CPUs 1..n) are
         # handed to the strategy as this task's local devices.
-        from pinpoint.training.strategies import emulated_local_devices as _emulated_local_devices
+        from pinpoint.distribute.strategies import emulated_local_devices as _emulated_local_devices
 
         with _emulated_local_devices(dm):
             strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -174,7 +174,7 @@ def streamed_input(cfg):
     input shape and the number of classes."""
     import tensorflow as tf
 
-    from pinpoint.training.data import load_data
+    from pinpoint.training.input.data import load_data
 
     t = cfg.train
     data = load_data(cfg)
@@ -204,7 +204,7 @@ def jit_setting(cfg) -> bool:
     """The XLA choice Pinpoint makes for this config, so both sides compile alike (Keras's own
     "auto" turns XLA off on CPU-only machines and on for GPUs)."""
     try:
-        from pinpoint.training.engine import use_jit
+        from pinpoint.training.loop.engine import use_jit
     except ImportError:  # a trainer without XLA support
         return False
     return bool(use_jit(cfg))

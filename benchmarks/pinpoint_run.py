@@ -140,8 +140,8 @@ def _dense_layers(cfg) -> list[tuple[int, int]]:
         return []
     from benchmarks.keras_peer import dense_shapes
     from pinpoint.devices import setup_devices
-    from pinpoint.training.data import load_arrays
-    from pinpoint.training.models import build_model
+    from pinpoint.training.input.data import load_arrays
+    from pinpoint.training.loop.models import build_model
 
     setup_devices(cfg)  # a launcher parent has not initialized TensorFlow yet
     arrays = load_arrays(cfg)

@@ -185,7 +185,7 @@ def _pair_builtin(s: Settings, b2: int, model: str) -> Comparison:
     cfg = bench_config(f"bench-{model}", strategy="none", devices=1, steps=s.steps, batch=b2)
     cfg["train"]["model"] = model
     return _pair(f"keras-{model}", f"built-in `{model}` on digits, strategy none, 1 device", cfg, s,
-                 note=(f"the `{model}` built-in (`pinpoint.training.models.build_model`, same seed) on both sides; "
+                 note=(f"the `{model}` built-in (`pinpoint.training.loop.models.build_model`, same seed) on both sides; "
                        "digits, sgd, global batch as above. No MFU: the FLOPs count knows Dense layers only."),
                  peak=False, run_s={"cnn": 16.0, "transformer": 19.5}.get(model, 19.5))
 

@@ -366,7 +366,7 @@ SETTINGS = """\
   the same round, then summarized. Each run is its own process; the arms of a comparison run back
   to back, alternating order between rounds (A B, B A, ...). On a shared machine (see the load
   average above) the absolute numbers move with the load; the same-round ratios much less.
-- Same model (`pinpoint.training.models.build_model`, same seeds), same data arrays (scikit-learn
+- Same model (`pinpoint.training.loop.models.build_model`, same seeds), same data arrays (scikit-learn
   digits, 1,797 x 64), same global batch ({batch}), same optimizer (SGD, learning rate {lr}),
   same strategy and the same devices (`pinpoint.devices.setup_devices`: emulated GPUs are
   logical CPU devices; `get_strategy` builds the strategy for both sides).

@@ -5,6 +5,7 @@ function: importing lazily makes an import cheap, not a dependency go away."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -22,14 +23,16 @@ LAYERS = [
     ("machine", {"devices", "kernels", "usercode", "tfcompat"}),
     ("analysis", {"placement", "provision"}),
     ("tracking", {"tracking"}),
-    ("execution", {"training", "trace", "k8s", "compare", "steps"}),
+    ("runtime", {"distribute", "outcome"}),
+    ("capture", {"trace"}),
+    ("execution", {"training", "k8s", "compare", "steps"}),
     ("entry", {"cli"}),
 ]
 LAYER_OF = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
 
 
 def _unit(module: str) -> str:
-    """pinpoint.training.engine -> training; pinpoint -> __init__."""
+    """pinpoint.training.loop.engine -> training; pinpoint -> __init__."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -73,6 +76,129 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     assert LAYER_OF[_unit("pinpoint.training")] > LAYER_OF[_unit("pinpoint.errors")]
 
 
+def _upward(imports) -> list[tuple[str, str]]:
+    return [(src, dst) for src, dst, _ in imports if LAYER_OF[_unit(dst)] > LAYER_OF[_unit(src)]]
+
+
+def test_trace_sits_below_training(tmp_path, monkeypatch):
+    """Negative control: trace (what `pinpoint trace` and train.entrypoint's capture share) is a
+    layer below training, so a trace module reaching up into the trainer fails the check, while
+    training using trace does not."""
+    fake = tmp_path / "pinpoint"
+    (fake / "trace").mkdir(parents=True)
+    (fake / "training").mkdir()
+    (fake / "trace" / "session.py").write_text("def f():\n    from pinpoint.training.setup import TaskContext\n")
+    (fake / "training" / "run.py").write_text("from pinpoint.trace.session import Capture\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    assert _upward(_imports()) == [("pinpoint.trace.session", "pinpoint.training.setup")]
+
+
+def test_the_run_skeleton_sits_below_trace(tmp_path, monkeypatch):
+    """Negative control: distribute and outcome (used by trace and training alike) importing
+    either of them is an upward arrow."""
+    fake = tmp_path / "pinpoint"
+    (fake / "distribute").mkdir(parents=True)
+    (fake / "distribute" / "emulation.py").write_text("import pinpoint.trace.gpus\n")
+    (fake / "outcome.py").write_text("from pinpoint.training import run\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    assert sorted(_upward(_imports())) == [("pinpoint.distribute.emulation", "pinpoint.trace.gpus"),
+                                           ("pinpoint.outcome", "pinpoint.training")]
+
+
+def _circles(modules: set[str], edges: dict[str, set[str]]) -> list[list[str]]:
+    """The circles (strongly connected groups of two or more) of the import graph."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(m: str) -> None:
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for n in edges.get(m, ()):
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            group = []
+            while not group or group[-1] != m:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for m in sorted(modules):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def _file_graph(units: tuple[str, ...]) -> tuple[set[str], dict[str, set[str]]]:
+    """The modules of `units` and who imports whom among them (`from pkg import mod` counts as
+    importing mod)."""
+    modules = {"pinpoint." + ".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+               for p in SRC.rglob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        module = ("pinpoint." + ".".join(path.relative_to(SRC).with_suffix("").parts)).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            edges.setdefault(module, set()).update(t for t in targets if t in modules and t != module)
+    mine = {m for m in modules if _unit(m) in units}
+    return mine, {m: edges.get(m, set()) & mine for m in mine}
+
+
+ACYCLIC = ("training", "trace", "distribute", "outcome")
+
+
+def test_no_circle_of_files_in_the_execution_rooms():
+    """No two files of training/, trace/, distribute/ import each other, directly or round a
+    circle: each room reads top to bottom."""
+    assert _circles(*_file_graph(ACYCLIC)) == []
+
+
+# The rooms of training/, top first (docs/architecture.md); one rank may hold several rooms.
+TRAINING_ROOMS = [{"command"}, {"cluster"}, {"run"}, {"loop", "entrypoint"}, {"input"}, {"skeleton"},
+                  {"setup", "objectives", "checkpoints", "peers"}]
+
+
+def test_training_rooms_import_only_rooms_below_them():
+    rank = {room: i for i, rooms in enumerate(TRAINING_ROOMS) for room in rooms}
+    modules, edges = _file_graph(("training",))
+    room = {m: m.split(".")[2] for m in modules if m.count(".") >= 2}
+    assert sorted(set(room.values()) - set(rank)) == [], "add the new room to TRAINING_ROOMS and the docs"
+    upward = sorted((a, b) for a, bs in edges.items() for b in bs
+                    if a in room and b in room and rank[room[b]] < rank[room[a]])
+    assert upward == []
+
+
+def test_the_room_check_sees_an_arrow_up(tmp_path, monkeypatch):
+    """Negative control: the skeleton reaching up to the run that uses it is reported."""
+    fake = tmp_path / "pinpoint" / "training"
+    fake.mkdir(parents=True)
+    (fake / "skeleton.py").write_text("def f():\n    from pinpoint.training.run import run_training\n")
+    (fake / "run.py").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path / "pinpoint")
+    with pytest.raises(AssertionError, match=r"pinpoint\.training\.skeleton', 'pinpoint\.training\.run"):
+        test_training_rooms_import_only_rooms_below_them()
+
+
+def test_the_circle_check_sees_a_circle(tmp_path, monkeypatch):
+    """Negative control: the data <-> streams circle the input room once had is reported."""
+    fake = tmp_path / "pinpoint" / "training" / "input"
+    fake.mkdir(parents=True)
+    (fake / "data.py").write_text("def f():\n    from pinpoint.training.input.streams import probe\n")
+    (fake / "streams.py").write_text("from pinpoint.training.input import data\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path / "pinpoint")
+    assert _circles(*_file_graph(ACYCLIC)) == [["pinpoint.training.input.data", "pinpoint.training.input.streams"]]
+
+
 def test_the_library_never_imports_the_repositorys_kfp_side():
     others = sorted({(src, t) for path in SRC.rglob("*.py")
                      for src in ["pinpoint." + ".".join(path.relative_to(SRC).with_suffix("").parts)]
@@ -102,3 +228,14 @@ def test_the_collective_timeout_variable_is_spelled_once():
                for path in sorted((repo / folder).rglob("*.py")) if path != podenv
                for line, value in _string_constants(path) if name in value]
     assert spelled == []
+
+
+def test_docs_architecture_names_every_layer_unit_and_training_room():
+    """docs/architecture.md draws every unit of LAYERS and lists every room of training/."""
+    docs = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    units = {name for _, names in LAYERS for name in names} - {"__init__"}
+    assert sorted(u for u in units if not re.search(rf"\b{u}\b", docs)) == []
+    rooms = {f"training/{p.name}/" if p.is_dir() else f"training/{p.name}"
+             for p in (SRC / "training").iterdir() if p.name not in ("__init__.py", "__pycache__")}
+    # A top-level file may share a line with another: named by its file name.
+    assert sorted(r for r in rooms if r not in docs and r.removeprefix("training/") not in docs) == []

@@ -25,7 +25,7 @@ import pytest
 from pinpoint.config import config_to_yaml
 from pinpoint.errors import RETRY_EXIT_CODE
 from pinpoint.runfolder import METRICS, atomic_write_json, latest_checkpoint_step
-from pinpoint.training.faults import (
+from pinpoint.training.cluster.faults import (
     NetnsLink,
     current_attempt,
     history_gaps,
@@ -35,7 +35,7 @@ from pinpoint.training.faults import (
     wait_for,
     wait_for_step,
 )
-from pinpoint.training.launcher import run_local_cluster
+from pinpoint.training.cluster.launcher import run_local_cluster
 from tests.conftest import NO_TRACKING, make_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,7 +271,7 @@ def test_only_a_lost_peer_maps_to_the_retry_exit_code():
     step (e.g. a shape error) stays an error the operator does not retry."""
     import tensorflow as tf
 
-    from pinpoint.training.task import peer_lost
+    from pinpoint.training.peers import peer_lost
 
     assert [peer_lost(e(None, None, "x")) for e in (
         tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.DeadlineExceededError,

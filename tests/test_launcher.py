@@ -15,9 +15,9 @@ from pinpoint.config import config_from_dict
 from pinpoint.errors import TrainingFailed
 from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV
 from pinpoint.runfolder import checkpoint_name, checkpoint_step, last_logged_step, latest_checkpoint_step
-from pinpoint.training import launcher
-from pinpoint.training.launcher import task_specs
-from pinpoint.training.supervise import Exit, ProcessGroup, TaskSpec
+from pinpoint.training.cluster import launcher
+from pinpoint.training.cluster.launcher import task_specs
+from pinpoint.training.cluster.supervise import Exit, ProcessGroup, TaskSpec
 from tests.conftest import NO_TRACKING, make_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +141,7 @@ def test_tasks_die_with_a_killed_launcher(tmp_path):
     # A launcher killed with SIGKILL cannot clean up; the kernel must kill its tasks for it.
     code = textwrap.dedent(f"""
         import sys, time
-        from pinpoint.training.supervise import ProcessGroup, TaskSpec
+        from pinpoint.training.cluster.supervise import ProcessGroup, TaskSpec
         g = ProcessGroup([TaskSpec("worker:0", (sys.executable, "-c", "import time; time.sleep(120)"))])
         g.start()
         open({str(tmp_path / 'pid')!r}, 'w').write(str(g.pids['worker:0']))
@@ -304,7 +304,7 @@ def test_sigterm_to_the_launcher_stops_every_task(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         from pinpoint.config import config_from_dict
-        from pinpoint.training.launcher import run_local_cluster
+        from pinpoint.training.cluster.launcher import run_local_cluster
         from pinpoint.errors import PinpointError
         hang = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"]
         cfg = config_from_dict({{"name": "lt", "cluster": {{"chief": 1, "workers": 1}},

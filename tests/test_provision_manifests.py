@@ -340,7 +340,7 @@ def _env(template):
 @pytest.mark.parametrize("flavor", ["tfjob", "plain"])
 def test_pods_read_mlflow_from_the_steps_secret_and_get_the_collective_timeout(flavor):
     from pinpoint.provision.podenv import MLFLOW_SECRET_KEYS
-    from pinpoint.training.launcher import task_specs
+    from pinpoint.training.cluster.launcher import task_specs
     from pipelines import settings
 
     assert settings.MLFLOW_SECRET_KEYS is MLFLOW_SECRET_KEYS  # one table for steps and pods

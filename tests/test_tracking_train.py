@@ -105,7 +105,7 @@ def test_real_training_survives_server_restart_and_resumes_from_run(live_mlflow,
     import mlflow
     import numpy as np
 
-    from pinpoint.training.data import synthetic
+    from pinpoint.training.input.data import synthetic
 
     mlflow.set_tracking_uri(live_mlflow.uri)
     try:

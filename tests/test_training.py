@@ -135,8 +135,8 @@ def test_gradient_pin_seen_directly_in_partition_graphs():
     import tensorflow as tf
 
     from pinpoint.devices import setup_devices
-    from pinpoint.training import engine
-    from pinpoint.training.capture import capture_first_call
+    from pinpoint.training.loop import engine
+    from pinpoint.training.loop.capture import capture_first_call
     from pinpoint.training.setup import task_context
 
     cfg = make_cfg("none", {"gradients": "/GPU:1"})
@@ -172,7 +172,7 @@ def test_cnn_trains(tmp_path):
 
 
 def test_unknown_layer_name_lists_the_valid_ones():
-    from pinpoint.training.models import build_model
+    from pinpoint.training.loop.models import build_model
 
     with pytest.raises(ConfigError) as err:  # at config load, before anything runs
         make_cfg("none", {"layers": {"dense_9": "/GPU:0"}})
@@ -185,7 +185,7 @@ def test_unknown_layer_name_lists_the_valid_ones():
 @pytest.mark.parametrize("model", ["mlp", "cnn", "transformer"])
 def test_config_knows_the_real_layer_names(model):
     from pinpoint.config import MODEL_LAYERS
-    from pinpoint.training.models import build_model
+    from pinpoint.training.loop.models import build_model
 
     built = build_model(model, (64,), 10, {})
     assert tuple(layer.name for layer in built.stack) == MODEL_LAYERS[model]

@@ -57,7 +57,7 @@ def _state():
     step_var = type("S", (), {"assign": lambda self, v: None})()
     data = type("D", (), {"source": "fake"})()
     objective = type("O", (), {"has_accuracy": True})()
-    from pinpoint.training.engine import TrainState
+    from pinpoint.training.loop.engine import TrainState
 
     return TrainState(data, model, None, step_var, objective, 1)
 
@@ -66,8 +66,8 @@ def _state():
 @pytest.mark.parametrize("start", [0, 20])
 def test_the_controller_drives_a_fake_trainer_logs_then_checkpoints(tmp_path, start):
     from pinpoint.device_names import DeviceMap
-    from pinpoint.training.controller import Controller
-    from pinpoint.training.engine import TaskContext
+    from pinpoint.training.loop.controller import Controller
+    from pinpoint.training.setup import TaskContext
 
     cfg = config_from_dict({"name": "fake", "train": {"strategy": "none", "steps": 40, "log_every": 10,
                                                        "checkpoint_every": 20},
@@ -108,7 +108,7 @@ def test_a_training_step_is_at_most_8_frames_below_the_cli(tmp_path, monkeypatch
 
     import pinpoint
     from pinpoint import cli
-    from pinpoint.training.loop import Trainer
+    from pinpoint.training.loop.trainer import Trainer
 
     src = str(Path(pinpoint.__file__).parent)
     paths = []
@@ -118,7 +118,7 @@ def test_a_training_step_is_at_most_8_frames_below_the_cli(tmp_path, monkeypatch
         if f.filename.startswith(src) and not f.filename.endswith("cli.py"):
             return f"{Path(f.filename).stem}.{f.function}"
         if "__autograph_generated" in f.filename and f.function.startswith("tf__") and f.function != "tf__measured":
-            return f"loop.{f.function[len('tf__'):]}"  # autograph's conversion of a Pinpoint function
+            return f"trainer.{f.function[len('tf__'):]}"  # autograph's conversion of a Pinpoint function
         return None
 
     def measured(self, x, y):
@@ -134,6 +134,6 @@ def test_a_training_step_is_at_most_8_frames_below_the_cli(tmp_path, monkeypatch
                                       "tracking": {"enabled": False}}))
     assert cli.main(["train", str(config), "--out", str(Path(tmp_path) / "run")]) == 0
     (path,) = {tuple(p) for p in paths}  # every replica's trace takes the same path
-    assert path == ("command.train_command", "tracked.train_tracked", "controller.train", "controller.train_until",
-                    "capture.capture_first_call", "loop._train_n_py", "loop._replica_step"), path
+    assert path == ("command.train_command", "run.run_training", "controller.train", "controller.train_until",
+                    "capture.capture_first_call", "trainer._train_n_py", "trainer._replica_step"), path
     assert len(path) + 1 <= 8  # and replica_update itself

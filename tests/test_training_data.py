@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pinpoint.errors import ConfigError
-from pinpoint.training.data import load_arrays, synthetic
+from pinpoint.training.input.data import load_arrays, synthetic
 from tests.conftest import make_config
 
 pytestmark = pytest.mark.unit

@@ -71,9 +71,10 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
     import tensorflow as tf
 
     from pinpoint.devices import setup_devices
-    from pinpoint.training import engine
+    from pinpoint.distribute.strategies import get_strategy
     from pinpoint.training.checkpoints import restore_latest_good
-    from pinpoint.training.strategies import get_strategy
+    from pinpoint.training.loop import engine
+    from pinpoint.training.setup import TaskContext
 
     cfg = make_cfg("none", steps=30, checkpoint_every=10)
     _train(cfg, tmp_path)
@@ -84,7 +85,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
     # ckpt-40: only a garbage index, as if killed in the middle of a save
     (ckpts / "ckpt-40.index").write_bytes(b"\x00garbage")
     dm = setup_devices(cfg)
-    ctx = engine.TaskContext(strategy=get_strategy("none", dm.replica_devices), device_map=dm)
+    ctx = TaskContext(strategy=get_strategy("none", dm.replica_devices), device_map=dm)
     state = engine.build_state(cfg, ctx)
     model, optimizer, step_var = state.model, state.optimizer, state.step_var
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)

@@ -35,7 +35,7 @@ LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy", "binary
 # Streamed file sources of train.data: "<prefix>:<glob or folder>".
 FILE_SOURCES = ("tfrecord", "csv", "parquet", "images")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-# Layer names of each model (the keys of train.pinning.layers); training/models.py builds
+# Layer names of each model (the keys of train.pinning.layers); training/loop/models.py builds
 # exactly these (a test keeps the two in sync), so a typo is caught at config load.
 MODEL_LAYERS = {
     "mlp": ("dense_1", "dense_2", "head"),
@@ -287,7 +287,7 @@ class TrainConfig(_Frozen):
     strategy: Literal[STRATEGIES] = "mirrored"  # type: ignore[valid-type]
     pinning: PinningConfig = Field(default_factory=PinningConfig)
     # Your own training code as the train step: "package.module:function", called as function(ctx)
-    # (pinpoint.training.entrypoint.EntrypointContext; docs/trace.md). model/data/loss are then unused.
+    # (pinpoint.training.entrypoint.context.EntrypointContext; docs/trace.md). model/data/loss are then unused.
     entrypoint: Optional[str] = None
     entrypoint_args: Union[dict[str, Any], list[str]] = Field(default_factory=dict)  # ctx.args, as given
     # A built-in model name or "package.module:callable" returning a keras.Model.

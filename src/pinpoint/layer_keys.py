@@ -3,7 +3,7 @@
 A key is a layer name (`block_1_expand`), a nested path (`backbone/block_3`: that layer and every
 layer inside it), a glob pattern (`block_[1-8]_*`) or a regular expression (`re:^block_\\d+_add$`).
 Names and globs are matched against a layer's path and against its own name; a regular expression
-must match either of them in full. Pure string functions: the trainer (training.models) pins the
+must match either of them in full. Pure string functions: the trainer (training.loop.models) pins the
 layers they select, placement scores one conformance rule per key.
 """
 

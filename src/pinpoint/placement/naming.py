@@ -11,7 +11,7 @@ from pinpoint.device_names import parse_name
 # a _Send of the training loop's own predicate/control signal.
 LOOP_ATTR = "_pinpoint_loop_control"
 # NodeDef attr on ops that GPU emulation placed on the emulated /GPU:0 (no device request of the
-# user's: a GPU machine's placer would have put them there), see pinpoint.training.emulation.
+# user's: a GPU machine's placer would have put them there), see pinpoint.distribute.emulation.
 EMULATED_ATTR = "_pinpoint_emulated"
 # NodeDef attr on ops expanded from an XLA-compiled call (XLA, not the kernel registry, runs them).
 XLA_ATTR = "_pinpoint_xla"

@@ -148,7 +148,7 @@ def per_step_view(captured: CapturedGraphs) -> CapturedGraphs:
             for nd in f.node_def:
                 name = names.function_node(nd.name)
                 defs.setdefault(name, nd)
-                # GPU emulation's default requests are not the user's (see training.emulation).
+                # GPU emulation's default requests are not the user's (see distribute.emulation).
                 if nd.device and EMULATED_ATTR not in nd.attr:
                     requested.setdefault(name, nd.device)
     out.requested = requested

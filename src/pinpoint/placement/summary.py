@@ -89,7 +89,7 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
     placement = placement or {}
     metrics = metrics or {}
     lines = ["== pinpoint summary " + "=" * 40]
-    # metrics.json's keys (pinpoint.training.controller, Controller.finalize; "loss_fn" names the loss function).
+    # metrics.json's keys (pinpoint.training.loop.controller, Controller.finalize; "loss_fn" names the loss function).
     loss = _number(metrics, "final_loss")
     acc = _number(metrics, "final_accuracy")
     eps = _number(metrics, "examples_per_sec")

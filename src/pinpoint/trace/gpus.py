@@ -146,7 +146,7 @@ class GpuNames:
         Eager device scopes are fully named, and '/job:localhost/...' is no device of the
         connected context (TensorFlow rejects every op under it). The coordinator's own
         unrequested ops then go where TensorFlow puts them, as Pinpoint's own parameter_server
-        coordinator keeps TensorFlow's default (training/entrypoint.py): the same as the
+        coordinator keeps TensorFlow's default (training/entrypoint/context.py): the same as the
         plain-TensorFlow run of the differential suite.
         """
         d = self._default
@@ -236,8 +236,8 @@ def _emulated_all_reduce(devices, dm: DeviceMap):
     """MirroredStrategy's default cross-device ops on emulated GPUs: the ring collective (None
     when a device is not an emulated GPU: TensorFlow's own choice)."""
     from pinpoint.device_names import local_name
+    from pinpoint.distribute.strategies import mirrored_ops
     from pinpoint.tfcompat.api import canonical_device, local_devices
-    from pinpoint.training.strategies import mirrored_ops
 
     names = list(devices) if devices else local_devices()
     physical = [canonical_device(d) for d in names]

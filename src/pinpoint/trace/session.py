@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.device_names import DeviceMap
-from pinpoint.runfolder import METRICS, PLACEMENT, atomic_write_json, ensure_dir
+from pinpoint.runfolder import PLACEMENT, ensure_dir
 
 
 @dataclass
@@ -51,7 +51,7 @@ class Capture:
             stack.enter_context(self._scope)
             # The scope's full name (the job differs in a cluster): its requests are not the program's.
             default = current_device() if self.default_scope and self.dm.emulated else ""
-            from pinpoint.training.emulation import GpuPlacement
+            from pinpoint.distribute.emulation import GpuPlacement
 
             self.recorder = Recorder(default, GpuPlacement(self.dm) if self.dm.emulated else None)
             stack.callback(self.recorder.uninstall)
@@ -170,23 +170,21 @@ class _ProgramFailed(Exception):
 
 
 def finish(cap: Capture, run, out: Path, label: str, exit_code: int) -> dict:
-    """placement.json, metrics.json, report.html, MLflow, the summary."""
-    from pinpoint.placement.files import write_placement
+    """placement.json and metrics.json (pinpoint.outcome, their one writer), MLflow, the summary;
+    then report.html."""
+    from pinpoint.hooks import HookList
+    from pinpoint.outcome import write_outcome
     from pinpoint.placement.report import write_report
-    from pinpoint.placement.summary import format_summary
     from pinpoint.tracking.hook import TrackingHook
 
     placement = cap.placement(label)
     metrics = cap.metrics(placement, exit_code)
-    write_placement(out / PLACEMENT, placement)
-    atomic_write_json(out / METRICS, metrics)
-    html, charts, _ = write_report(out)
     hook = TrackingHook(run) if run.enabled else None
     if hook is not None:
         hook.run_dir = out
-        hook.on_placement(placement)
-        hook.on_train_end(metrics)
+    write_outcome(out, placement, metrics, HookList([hook]))
+    html, charts, _ = write_report(out)
+    if hook is not None:
         run.log_artifact(html)
-    print(format_summary(placement, metrics), flush=True)
     print(f"Run folder: {out}", flush=True)
     return placement

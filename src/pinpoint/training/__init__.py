@@ -1,3 +1,3 @@
 """The training engine. `pinpoint train` runs training.command.train_command: one process
-(training.tracked -> training.controller -> training.loop's Trainer), a local cluster
-(training.launcher) or one task of a cluster (training.task)."""
+(training.run -> training.loop.controller -> training.loop.trainer's Trainer), a local cluster
+(training.cluster.launcher) or one task of a cluster (training.cluster.task)."""

@@ -33,7 +33,7 @@ def train_command(
     from pinpoint.tfcompat.check import require
 
     if task is not None:
-        from pinpoint.training.task import run_task
+        from pinpoint.training.cluster.task import run_task
 
         role, index = parse_task(task)
         import_tensorflow()
@@ -46,7 +46,7 @@ def train_command(
         import_tensorflow()  # the user's modules import it: quietly, before they do
     preflight(cfg)  # user modules and files, before any folder or process exists
     if cfg.train.strategy in MULTI_PROCESS_STRATEGIES:
-        from pinpoint.training.launcher import run_local_cluster
+        from pinpoint.training.cluster.launcher import run_local_cluster
 
         return run_local_cluster(cfg, ensure_dir(out_dir), parent_run_id=parent_run_id,
                                  resume_from_run=resume_from_run)
@@ -60,17 +60,8 @@ def train_command(
     import_tensorflow()
     require()  # the private TensorFlow names Pinpoint patches and reads (one line if one moved)
     dm = setup_devices(cfg)  # before TensorFlow initializes anything
-    from pinpoint.training import engine
+    from pinpoint.training.run import run_training
     from pinpoint.training.setup import task_context
 
-    ctx = task_context(cfg, dm)
-    if cfg.train.entrypoint:
-        from pinpoint.training.entrypoint import run_entrypoint
-
-        return run_entrypoint(cfg, ensure_dir(out_dir), ctx, resume_from_run=resume_from_run,
-                              parent_run_id=parent_run_id)
-    from pinpoint.training.tracked import train_tracked
-
-    state = engine.build_state(cfg, ctx)  # bad user code or data fails here: nothing written yet
-    return train_tracked(cfg, ensure_dir(out_dir), ctx, resume_from_run=resume_from_run,
-                         parent_run_id=parent_run_id, state=state)
+    return run_training(cfg, out_dir, task_context(cfg, dm), resume_from_run=resume_from_run,
+                        parent_run_id=parent_run_id)

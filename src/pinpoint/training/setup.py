@@ -6,11 +6,30 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass, field
+from typing import Any
 
 from pinpoint.config import Config
 from pinpoint.device_names import DeviceMap
 from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV
-from pinpoint.training.engine import TaskContext
+
+
+@dataclass
+class TaskContext:
+    """Who this process is in the cluster and what it trains with."""
+
+    strategy: Any
+    device_map: DeviceMap
+    role: str = "chief"
+    index: int = 0
+    is_chief: bool = True
+    multi_worker: bool = False
+    coordinator: Any = None
+    extra_info: dict = field(default_factory=dict)
+
+    @property
+    def task(self) -> str:
+        return f"{self.role}:{self.index}"
 
 
 def resolver():
@@ -27,7 +46,7 @@ def task_context(cfg: Config, dm: DeviceMap, role: str = "chief", index: int = 0
     of the cluster TF_CONFIG describes (parameter_server's chief, or any multi_worker_mirrored task).
     role "evaluator": the side-car evaluator (no distribution).
     """
-    from pinpoint.training.strategies import get_strategy
+    from pinpoint.distribute.strategies import get_strategy
 
     name = cfg.train.strategy
     if role == "evaluator":

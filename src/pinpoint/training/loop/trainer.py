@@ -34,7 +34,7 @@ class Trainer:
 
     `step` is the run's one step counter: the step the next call starts at (the resumed
     checkpoint's step at first). Capturing placement is the capture plan's business
-    (training.capture); the trainer exposes the function it captures (`train_n`) and one
+    (training.loop.capture); the trainer exposes the function it captures (`train_n`) and one
     replica's update (`replica_update`)."""
 
     def __init__(
@@ -73,7 +73,7 @@ class Trainer:
         self.train_n = tf.function(self._train_n_py, input_signature=[
             tf.TensorSpec([], tf.int64, name="start"), tf.TensorSpec([], tf.int32, name="n")])
         # Entered while the step is traced: default placement for ops without a device request
-        # (GPU emulation: where a GPU machine's placer would put them; see training.emulation).
+        # (GPU emulation: where a GPU machine's placer would put them; see distribute.emulation).
         self.trace_scope = trace_scope or contextlib.nullcontext
         self.calls = 0
         self._ps_iter = None

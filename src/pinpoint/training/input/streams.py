@@ -307,7 +307,7 @@ class StreamInput:
                  worker: int = 0, num_workers: int = 1, local_replicas: int | None = None, start_step: int = 0):
         import tensorflow as tf
 
-        from pinpoint.training.data import check_divisible
+        from pinpoint.training.input.batch import check_divisible
 
         check_divisible(global_batch, num_replicas)
         self.src, self.cfg = src, cfg

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pinpoint.runfolder import TRAIN_LOG, last_logged_step
-from pinpoint.training.launcher import LAUNCHER_FILE, TASKS_FILE
+from pinpoint.training.cluster.launcher import LAUNCHER_FILE, TASKS_FILE
 
 
 def read_json_or_none(path: Path) -> dict | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -19,9 +18,9 @@ from pinpoint.device_names import DeviceMap
 from pinpoint.devices import setup_devices
 from pinpoint.errors import RETRY_EXIT_CODE, ConfigError, PeerLost
 from pinpoint.runfolder import CHECKPOINTS, METRICS
+from pinpoint.training.peers import first_line, peer_lost
 
 EVAL_LOG = "eval_log.jsonl"
-PLACEMENT_WAIT = 120.0  # seconds the chief waits for the workers' placement files
 
 
 def run_task(
@@ -68,34 +67,10 @@ def run_task(
             # Exit with the retry code, not 1: on Kubernetes an exit code below 128 fails the
             # whole job for good, while the group could restart from its last checkpoint.
             raise PeerLost(
-                f"{role}:{index} lost a peer of the cluster ({type(err).__name__}: {_first_line(err)}); "
+                f"{role}:{index} lost a peer of the cluster ({type(err).__name__}: {first_line(err)}); "
                 f"exiting with {RETRY_EXIT_CODE} so the group restarts from the latest checkpoint"
             ) from None
         raise
-
-
-# Status codes of a collective or remote call whose peer went away (killed, partitioned,
-# preempted): the coordination service reports UNAVAILABLE, an aborted collective CANCELLED or
-# ABORTED, a collective past train.collective_timeout_s DEADLINE_EXCEEDED.
-_PEER_LOST_CODES = ("UNAVAILABLE", "ABORTED", "CANCELLED", "DEADLINE_EXCEEDED")
-
-
-def peer_lost(err: BaseException) -> bool:
-    tf = sys.modules.get("tensorflow")
-    if tf is None or not isinstance(err, tf.errors.OpError):
-        return False
-    return any(err.error_code == getattr(tf.errors, code) for code in _PEER_LOST_CODES)
-
-
-_CAUSE_WORDS = ("unhealthy", "aborted", "timed out", "deadline", "unavailable", "connect", "socket", "cancel")
-
-
-def _first_line(err: BaseException) -> str:
-    """The line of a TensorFlow error that says what happened (its first line is often only
-    'Graph execution error:')."""
-    lines = [ln.strip() for ln in (getattr(err, "message", None) or str(err)).splitlines() if ln.strip()]
-    cause = next((ln for ln in lines if any(w in ln.lower() for w in _CAUSE_WORDS)), lines[-1] if lines else "")
-    return cause[:200]
 
 
 def _serve(role: str, index: int) -> int:
@@ -113,44 +88,12 @@ def _serve(role: str, index: int) -> int:
 
 
 def _train_task(cfg, out, dm, role, index, resume_from_run, parent_run_id) -> int:
-    """parameter_server's chief (the coordinator) or a multi_worker_mirrored task: Pinpoint's
-    own loop, or the user's train.entrypoint."""
+    """parameter_server's chief (the coordinator) or a multi_worker_mirrored task."""
+    from pinpoint.training.run import run_training
     from pinpoint.training.setup import task_context
 
     ctx = task_context(cfg, dm, role, index, cluster=True)
-    merged = None
-    if ctx.multi_worker and cfg.placement.enabled:
-        merged = lambda: _merge_worker_placements(cfg, out)  # noqa: E731
-    if cfg.train.entrypoint:
-        from pinpoint.training.entrypoint import run_entrypoint
-
-        return run_entrypoint(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id,
-                              cluster_placement=merged)
-    from pinpoint.training.tracked import train_tracked
-
-    return train_tracked(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id,
-                         cluster_placement=merged)
-
-
-def _training_tasks(cfg: Config) -> list[str]:
-    c = cfg.cluster
-    return [f"chief-{i}" for i in range(c.chief)] + [f"worker-{i}" for i in range(c.workers)]
-
-
-def _merge_worker_placements(cfg: Config, out: Path) -> dict | None:
-    """Wait for every training task's placement-<role>-<index>.json and merge them."""
-    from pinpoint.placement.files import read_placement
-    from pinpoint.placement.merge import merge_placements
-
-    files = [out / f"placement-{t}.json" for t in _training_tasks(cfg)]
-    deadline = time.monotonic() + PLACEMENT_WAIT
-    while time.monotonic() < deadline and not all(f.is_file() for f in files):
-        time.sleep(0.5)
-    present = [read_placement(f) for f in files if f.is_file()]
-    missing = [f.name for f in files if not f.is_file()]
-    if missing:
-        print(f"pinpoint: warning: no placement from {', '.join(missing)}; merging the others", file=sys.stderr)
-    return merge_placements(present) if present else None
+    return run_training(cfg, out, ctx, resume_from_run=resume_from_run, parent_run_id=parent_run_id)
 
 
 def run_evaluator(cfg: Config, out: Path, dm: DeviceMap, *, poll: float = 2.0) -> int:
@@ -162,7 +105,7 @@ def run_evaluator(cfg: Config, out: Path, dm: DeviceMap, *, poll: float = 2.0) -
     import tensorflow as tf
 
     from pinpoint.training.checkpoints import candidates, verify
-    from pinpoint.training.engine import build_state, evaluate
+    from pinpoint.training.loop.engine import build_state, evaluate
     from pinpoint.training.setup import task_context
 
     # The model as every training task builds it (seed, precision, pinning), outside any cluster.

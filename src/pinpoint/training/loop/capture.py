@@ -200,7 +200,7 @@ def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
 def placement_report(cfg: Config, ctx, trainer, captures) -> dict:
     """placement.json's content (without `timing`) from the captured steps."""
     from pinpoint.placement.analyze import build_placement
-    from pinpoint.training.models import layer_scopes
+    from pinpoint.training.loop.models import layer_scopes
 
     pinned = cfg.train.pinning.layers
     placement = build_placement(

@@ -1,36 +1,20 @@
-"""What a run trains, shared by the single-process path and every cluster task: who this task
-is (`TaskContext`), the data, model, optimizer and step counter (`build_state`), the input
-pipeline, XLA's choice and the final evaluation. The run itself: training.controller."""
+"""What Pinpoint's own loop trains, for the single-process path and every cluster task: the
+data, model, optimizer and step counter (`build_state`), the input pipeline, XLA's choice and
+the final evaluation. The run itself: training.loop.controller; who the task is:
+training.setup.TaskContext."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pinpoint.config import Config
-from pinpoint.device_names import DeviceMap
 from pinpoint.devices import device_scope
 from pinpoint.errors import ConfigError
+from pinpoint.training.setup import TaskContext
+from pinpoint.training.skeleton import input_pipelines, open_checkpoints
 
 EVAL_LIMIT = 4096  # examples used for the final accuracy (cheap even for large synthetic sets)
-
-
-@dataclass
-class TaskContext:
-    """Who this process is in the cluster and what it trains with."""
-
-    strategy: Any
-    device_map: DeviceMap
-    role: str = "chief"
-    index: int = 0
-    is_chief: bool = True
-    multi_worker: bool = False
-    coordinator: Any = None
-    extra_info: dict = field(default_factory=dict)
-
-    @property
-    def task(self) -> str:
-        return f"{self.role}:{self.index}"
 
 
 @dataclass
@@ -38,7 +22,7 @@ class TrainState:
     """Everything a run trains: built before the run folder exists, so bad user code or data
     fails with nothing written. The input pipeline comes later (it starts at the resumed step)."""
 
-    data: Any  # training.data.Data
+    data: Any  # training.input.data.Data
     model: Any
     optimizer: Any
     step_var: Any
@@ -51,9 +35,10 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
     import keras
     import tensorflow as tf
 
-    from pinpoint.training.data import check_divisible, load_data
-    from pinpoint.training.emulation import eager_default
-    from pinpoint.training.models import make_model
+    from pinpoint.distribute.emulation import eager_default
+    from pinpoint.training.input.batch import check_divisible
+    from pinpoint.training.input.data import load_data
+    from pinpoint.training.loop.models import make_model
     from pinpoint.training.objectives import get_objective
 
     t, pin, dm = cfg.train, cfg.train.pinning, ctx.device_map
@@ -90,28 +75,17 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
 def restore(cfg: Config, out, ctx: TaskContext, state: TrainState, resume_prefix: str | None = None):
     """The run's checkpoints (training.checkpoints.Checkpoints) with the latest good one restored
     into `state` (or `resume_prefix`, fetched from an MLflow run); state.step_var holds its step."""
-    from pathlib import Path
-
     import tensorflow as tf
 
-    from pinpoint.runfolder import CHECKPOINTS
-    from pinpoint.training.checkpoints import Checkpoints, restore_prefix
-
     ckpt = tf.train.Checkpoint(model=state.model, optimizer=state.optimizer, step=state.step_var)
-    ckpts = Checkpoints(ckpt, Path(out) / CHECKPOINTS, keep=cfg.train.keep_checkpoints, is_chief=ctx.is_chief,
-                        task=ctx.task)
-    if resume_prefix:
-        restore_prefix(ckpt, resume_prefix)
-    else:
-        ckpts.restore_latest()
-    return ckpts
+    return open_checkpoints(cfg, out, ctx, ckpt, resume_prefix)[0]
 
 
 def make_trainer(cfg: Config, ctx: TaskContext, state: TrainState):
     """The Trainer for `state`, starting at state.step_var (the restored step), its input
     pipeline positioned there."""
-    from pinpoint.training.emulation import GpuPlacement
-    from pinpoint.training.loop import Trainer
+    from pinpoint.distribute.emulation import GpuPlacement
+    from pinpoint.training.loop.trainer import Trainer
 
     pin, dm = cfg.train.pinning, ctx.device_map
     start = int(state.step_var.numpy())
@@ -147,13 +121,7 @@ def make_pipeline(cfg: Config, ctx: TaskContext, state: TrainState, start_step: 
     """This task's input pipeline on the input device, positioned at `start_step`."""
     pin, dm = cfg.train.pinning, ctx.device_map
     input_device = dm.physical(pin.input) if pin.input else dm.host
-    worker, workers = 0, 1
-    if ctx.multi_worker:
-        # Input pipeline ids follow TF's id_in_cluster: the chief first, then the workers.
-        worker = ctx.index + (cfg.cluster.chief if ctx.role == "worker" else 0)
-        workers = cfg.cluster.replicas
-    elif ctx.coordinator is not None:
-        workers = cfg.cluster.workers
+    worker, workers = input_pipelines(cfg, ctx)
     local = len(dm.replica_devices) if ctx.multi_worker else None
     return state.data.pipeline(cfg, cfg.train.batch_size, state.replicas, input_device, worker=worker,
                                num_workers=workers, local_replicas=local, start_step=start_step)

@@ -1,7 +1,7 @@
-"""The controller of a run, handed a trainer already at its restored step (training.engine:
-restore, make_trainer). The Trainer (training.loop) only takes steps; the controller runs
+"""The controller of a run, handed a trainer already at its restored step (training.loop.engine:
+restore, make_trainer). The Trainer (training.loop.trainer) only takes steps; the controller runs
 begin -> train until -> capture -> finalize, calling the hooks and the actions (progress bar,
-train log, checkpointing: training.actions) after every trainer call, and on the chief
+train log, checkpointing: training.loop.actions) after every trainer call, and on the chief
 `finish` writes the run's files."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 
 from pinpoint.config import Config
 from pinpoint.hooks import Hook, HookList
-from pinpoint.placement.files import write_placement
-from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG, atomic_write_json
-from pinpoint.training.actions import Action, Checkpointing, ProgressBar, TrainLog
-from pinpoint.training.capture import (
+from pinpoint.outcome import write_outcome
+from pinpoint.runfolder import METRICS, TRAIN_LOG
+from pinpoint.training.loop.actions import Action, Checkpointing, ProgressBar, TrainLog
+from pinpoint.training.loop.capture import (
     CAPTURE_STEP,
     CAPTURE_STEPS,
     FIRST_LOGGED_STEP,
@@ -30,7 +30,9 @@ from pinpoint.training.capture import (
     profiled_steps,
     timing_section,
 )
-from pinpoint.training.engine import TaskContext, TrainState, evaluate
+from pinpoint.training.loop.engine import TrainState, evaluate
+from pinpoint.training.setup import TaskContext
+from pinpoint.training.skeleton import chief_placement, run_info, write_task_placement
 
 
 @dataclass
@@ -38,7 +40,7 @@ class RunState:
     """What the phases of one run share: the trainer, what it trains, what it measured."""
 
     state: TrainState
-    trainer: Any  # training.loop.Trainer (its `step` is the run's one step counter)
+    trainer: Any  # training.loop.trainer.Trainer (its `step` is the run's one step counter)
     plan: CapturePlan
     num_params: int
     last: dict = field(default_factory=dict)  # the last trainer call's metrics
@@ -98,16 +100,9 @@ class Controller:
         return run
 
     def _info(self, run: RunState, resumed_from_run: str | None) -> dict:
-        cfg, ctx, t, dm = self.cfg, self.ctx, self.cfg.train, self.ctx.device_map
-        return {
-            "config": cfg.model_dump(mode="json"), "strategy": t.strategy, "task": ctx.task,
-            "start_step": run.trainer.start_step, "num_params": run.num_params,
-            "num_replicas": ctx.strategy.num_replicas_in_sync,
-            "devices": list(dm.local_devices), "replica_devices": list(dm.spec_replica_devices),
-            "device_aliases": dict(dm.aliases), "pinning": t.pinning.model_dump(mode="json"),
-            "out_dir": str(self.out), "resumed_from_run": resumed_from_run, "data": run.state.data.source,
-            "precision": t.precision, **ctx.extra_info,
-        }
+        return run_info(self.cfg, self.ctx, self.out, resumed_from_run, start_step=run.trainer.start_step,
+                        num_params=run.num_params, data=run.state.data.source, precision=self.cfg.train.precision,
+                        **self.ctx.extra_info)
 
     def train_until(self, run: RunState, total: int) -> None:
         """Trainer calls until step `total`, each up to the plan's next stop, captured or profiled
@@ -159,8 +154,7 @@ class Controller:
         placement = placement_report(self.cfg, ctx, run.trainer, captures)
         if plan.timing:
             placement["timing"] = timing_section(ctx, plan.loop_captured, plan.timed)
-        if ctx.multi_worker:  # this task's view; the chief merges them, finish() writes placement.json
-            write_placement(self.out / f"placement-{ctx.role}-{ctx.index}.json", placement)
+        write_task_placement(self.out, ctx, placement)  # multi_worker: the chief merges them in finish()
         return placement
 
     def finalize(self, run: RunState, placement: dict | None) -> TrainResult:
@@ -194,18 +188,13 @@ class Controller:
         }
         return TrainResult(metrics, placement, state.model, trained=trainer.step > trainer.start_step)
 
-    def finish(self, result: TrainResult, *, placement: dict | None = None) -> dict:
-        """Chief only: write placement.json (the cluster's merged `placement`, else this process's
-        own) and metrics.json, tell the hooks, print a summary. placement.json's only writer."""
-        metrics = result.metrics
-        placement = placement if placement is not None else result.placement
-        if placement is not None:
-            write_placement(self.out / PLACEMENT, placement)
-            self.hooks.on_placement(placement)
-        atomic_write_json(self.out / METRICS, metrics)
-        self.hooks.on_train_end(metrics, result.model)
-        print(summary(placement or result.placement, metrics, trained=result.trained), flush=True)
-        return metrics
+    def finish(self, result: TrainResult) -> dict:
+        """Chief only: placement.json (the cluster's merged view under multi_worker_mirrored, else
+        this process's own) and metrics.json, the hooks told, a summary printed."""
+        placement = chief_placement(self.cfg, self.out, self.ctx, result.placement)
+        write_outcome(self.out, placement, result.metrics, self.hooks, model=result.model,
+                      summary=summary(placement, result.metrics, trained=result.trained))
+        return result.metrics
 
 
 def summary(placement, metrics, *, trained: bool = True) -> str:

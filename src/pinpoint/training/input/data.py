@@ -1,5 +1,5 @@
 """Training data. In memory (digits, synthetic, one .npz/.csv file): batches are a pure function
-of (seed, step). Streamed (a user's tf.data callable or files): see training.streams.
+of (seed, step). Streamed (a user's tf.data callable or files): see training.input.streams.
 
 The example order is a stateless shuffle (tf.random.experimental.index_shuffle) of each epoch,
 so the batch at step k is the same whether the run started at 0 or resumed at k: an interrupted
@@ -16,6 +16,7 @@ import numpy as np
 
 from pinpoint.config import Config
 from pinpoint.errors import ConfigError
+from pinpoint.training.input.batch import check_divisible
 
 NUM_SYNTHETIC_CLASSES = 10
 SYNTHETIC_FEATURES = 64
@@ -42,13 +43,13 @@ class Data:
     label_spec: Any  # tf.TensorSpec of one label
     source: str
     arrays: Arrays | None = None  # in memory
-    stream: Any = None  # training.streams.Source
+    stream: Any = None  # training.input.streams.Source
 
     def pipeline(self, cfg: Config, global_batch: int, num_replicas: int, input_device: str, *,
                  worker: int = 0, num_workers: int = 1, local_replicas: int | None = None, start_step: int = 0):
         if self.stream is None:
             return InputPipeline(self.arrays, global_batch, num_replicas, input_device, cfg.train.seed)
-        from pinpoint.training.streams import StreamInput
+        from pinpoint.training.input.streams import StreamInput
 
         return StreamInput(self.stream, cfg, global_batch, num_replicas, input_device, worker=worker,
                            num_workers=num_workers, local_replicas=local_replicas, start_step=start_step)
@@ -57,7 +58,7 @@ class Data:
         """(x, y) batches of the first `limit` examples, unshuffled (the final evaluation)."""
         if self.stream is None:
             return [(self.arrays.x[:limit], self.arrays.y[:limit])]
-        from pinpoint.training.streams import eval_batches
+        from pinpoint.training.input.streams import eval_batches
 
         return eval_batches(self.stream, limit)
 
@@ -74,7 +75,7 @@ def load_data(cfg: Config) -> Data:
         data = Data((arrays.features,), t.num_classes or arrays.num_classes, tf.TensorSpec([], tf.int32),
                     arrays.source, arrays=arrays)
     else:
-        from pinpoint.training.streams import open_source, probe
+        from pinpoint.training.input.streams import open_source, probe
 
         src = open_source(cfg)
         features, label = probe(cfg, src)
@@ -86,14 +87,6 @@ def load_data(cfg: Config) -> Data:
         data = Data(shape, num_classes, label, src.description, stream=src)
     check_labels(cfg, data.label_spec)
     return data
-
-
-def check_divisible(global_batch: int, num_replicas: int) -> None:
-    if global_batch % num_replicas:
-        raise ConfigError(
-            f"train.batch_size: got {global_batch}; it must be divisible by the "
-            f"{num_replicas} replicas; use a multiple of {num_replicas}"
-        )
 
 
 def load_arrays(cfg: Config) -> Arrays:
