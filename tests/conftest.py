@@ -14,8 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
-from pinpoint.config import DEFAULT_IMAGE
+from pinpoint.config import DEFAULT_IMAGE, config_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,6 +137,28 @@ def live_mlflow(mlflow_server):
     yield mlflow_server
     if mlflow_server.proc is None or not mlflow_server.healthy():
         mlflow_server.start()
+
+
+# ---- configs -----------------------------------------------------------------------------------
+NO_TRACKING = {"enabled": False}
+
+
+def make_config(name: str, *, cluster: dict | None = None, train: dict | None = None, tracking: dict | None = None,
+                placement: dict | None = None, path: Path | None = None, as_dict: bool = False):
+    """The tests' one config factory: a config named `name` with the sections a test gives (a
+    section left None is left out: its defaults apply; NO_TRACKING turns MLflow off). Returns the
+    validated Config; with as_dict the dict; with path the YAML file written there."""
+    data: dict = {"name": name}
+    for key, section in (("cluster", cluster), ("train", train), ("tracking", tracking), ("placement", placement)):
+        if section is not None:
+            data[key] = section
+    if as_dict:
+        return data
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(data))
+        return path
+    return config_from_dict(data)
 
 
 # ---- TensorFlow in this process -----------------------------------------------------------------

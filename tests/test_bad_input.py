@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from pinpoint.cli import main
+from tests.conftest import NO_TRACKING, make_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "provision"
@@ -33,14 +34,8 @@ class Case:
 
 
 def base(**train) -> dict:
-    t = {"strategy": "none", "steps": 4, "batch_size": 8, "checkpoint_every": 0}
-    t.update(train)
-    return {
-        "name": "bad",
-        "cluster": {"devices_per_worker": 2},
-        "train": t,
-        "tracking": {"enabled": False},
-    }
+    return make_config("bad", cluster={"devices_per_worker": 2}, tracking=NO_TRACKING, as_dict=True,
+                       train={"strategy": "none", "steps": 4, "batch_size": 8, "checkpoint_every": 0, **train})
 
 
 def tracked(config: dict) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pinpoint.config import config_from_dict, config_to_yaml
+from pinpoint.config import config_to_yaml
 from pinpoint.errors import RETRY_EXIT_CODE
 from pinpoint.runfolder import METRICS, atomic_write_json, latest_checkpoint_step
 from pinpoint.training.cluster.faults import (
@@ -36,6 +36,7 @@ from pinpoint.training.cluster.faults import (
     wait_for_step,
 )
 from pinpoint.training.cluster.launcher import run_local_cluster
+from tests.conftest import NO_TRACKING, make_config
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, CKPT_EVERY, LOG_EVERY = 240, 40, 10
@@ -46,17 +47,16 @@ LIMITS = {"startup_timeout": 300.0, "stall_timeout": 60.0, "grace": 5.0}
 
 
 def _cfg(strategy="multi_worker_mirrored", *, max_restarts=2, **cluster):
-    return config_from_dict({
-        "name": "faults",
-        "cluster": {"chief": 1, "workers": 1, "device_type": "CPU", "devices_per_worker": 1, **cluster},
-        "train": {
+    return make_config(
+        "faults",
+        cluster={"chief": 1, "workers": 1, "device_type": "CPU", "devices_per_worker": 1, **cluster},
+        train={
             "strategy": strategy, "model": "mlp", "data": "digits", "batch_size": 32,
             "steps": STEPS, "checkpoint_every": CKPT_EVERY, "log_every": LOG_EVERY,
             "max_restarts": max_restarts, "keep_checkpoints": 10,
         },
-        "placement": {"enabled": False},
-        "tracking": {"enabled": False},
-    })
+        placement={"enabled": False}, tracking=NO_TRACKING,
+    )
 
 
 class Injector(threading.Thread):

@@ -17,6 +17,7 @@ import yaml
 
 from pinpoint.placement.files import read_placement
 from tests import fidelity
+from tests.conftest import NO_TRACKING, make_config
 
 MATRIX = fidelity.load()
 CHECKED = sorted({r["scenario"] for r in MATRIX["rows"] if r.get("check")})
@@ -35,8 +36,8 @@ def _train_section(name: str) -> dict:
 
 
 def _config(name: str, *, emulate: bool = True) -> dict:
-    return {"name": f"fidelity-{name.replace('_', '-')}", "cluster": {"devices_per_worker": 2, "emulate": emulate},
-            "train": _train_section(name), "tracking": {"enabled": False}, "placement": {"warmup_steps": 2}}
+    return make_config(f"fidelity-{name.replace('_', '-')}", cluster={"devices_per_worker": 2, "emulate": emulate},
+                       train=_train_section(name), tracking=NO_TRACKING, placement={"warmup_steps": 2}, as_dict=True)
 
 
 # ---- the docs table ------------------------------------------------------------------------
@@ -139,13 +140,11 @@ CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.sta
 
 
 @pytest.fixture(scope="module")
-def placements(tmp_path_factory):
-    """Each checked scenario trained once, in-process, on the 3-logical-CPU layout."""
+def placements(tmp_path_factory, tf):
+    """Each checked scenario trained once, in-process, on the 3-logical-CPU layout (the tf fixture's)."""
     from pinpoint.config import config_from_dict
-    from pinpoint.devices import setup_devices
     from pinpoint.training.command import train_command
 
-    setup_devices(config_from_dict(_config("none")))
     cache: dict[str, dict] = {}
 
     def get(name: str) -> dict:

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from pinpoint.config import DEFAULT_RUNS_CLAIM, config_from_dict
+from pinpoint.config import DEFAULT_RUNS_CLAIM
 from pinpoint.errors import RETRY_EXIT_CODE
 from pinpoint.provision import provision
 from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV
 from pinpoint.runfolder import last_logged_step, latest_checkpoint_step
-from tests.conftest import CPU_IMAGE
+from tests.conftest import CPU_IMAGE, NO_TRACKING, make_config
 from tests.k8s_pods import (
     Converter,
     Pod,
@@ -63,20 +63,20 @@ THREAD_BUDGET = 1024
 
 def _cfg(name: str, *, steps: int, checkpoint_every: int, log_every: int = 10, devices: int = 2,
          flavor: str = "plain", max_restarts: int = 0) -> object:
-    return config_from_dict({
-        "name": name,
-        "cluster": {
+    return make_config(
+        name,
+        cluster={
             "chief": 1, "workers": 1, "devices_per_worker": devices, "device_type": "GPU", "emulate": True,
             "flavor": flavor, "runs_volume_claim": CLAIM, "image": CPU_IMAGE,
             "cpu": "1", "memory": "2Gi", "shm_size": "256Mi",
         },
-        "train": {
+        train={
             "strategy": "multi_worker_mirrored", "model": "mlp", "data": "digits", "batch_size": 32,
             "steps": steps, "checkpoint_every": checkpoint_every, "log_every": log_every,
             "keep_checkpoints": 3, "max_restarts": max_restarts,
         },
-        "tracking": {"enabled": False},
-    })
+        tracking=NO_TRACKING,
+    )
 
 
 def _provisioned(tmp_path: Path, cfg) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import NO_TRACKING, make_config
 from tests.fakes.kube_api import FakeKubeApiServer
 from tests.test_k8s_launch import _assert_cleaned_up
 
@@ -14,15 +15,10 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
 def _config(flavor="jobset", max_restarts=2, **cluster):
-    from pinpoint.config import config_from_dict
-
-    return config_from_dict({
-        "name": "grp",
-        "cluster": {"chief": 1, "workers": 2, "evaluator": 1, "flavor": flavor, "image": "registry.example/p:1",
-                    "runs_volume_claim": "shared-runs", "namespace": "team-a", **cluster},
-        "train": {"strategy": "multi_worker_mirrored", "max_restarts": max_restarts},
-        "tracking": {"enabled": False},
-    })
+    return make_config("grp", cluster={"chief": 1, "workers": 2, "evaluator": 1, "flavor": flavor,
+                                       "image": "registry.example/p:1", "runs_volume_claim": "shared-runs",
+                                       "namespace": "team-a", **cluster},
+                       train={"strategy": "multi_worker_mirrored", "max_restarts": max_restarts}, tracking=NO_TRACKING)
 
 
 @pytest.fixture

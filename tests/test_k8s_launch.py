@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from tests.conftest import NO_TRACKING, make_config
 from tests.fakes.kube_api import FakeKubeApiServer
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -18,17 +19,12 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 def _config(flavor: str = "tfjob", image: str = "registry.example/pinpoint-cpu:0.1.0", name: str = "k8s-test",
             cluster: dict | None = None, train: dict | None = None):
-    from pinpoint.config import config_from_dict
-
-    return config_from_dict(
-        {
-            "name": name,
-            "cluster": {"chief": 1, "workers": 1, "devices_per_worker": 1, "flavor": flavor, "image": image,
-                        "runs_volume_claim": "shared-runs",
-                        "namespace": "team-a", "memory": "3Gi", **(cluster or {})},
-            "train": {"strategy": "multi_worker_mirrored", "steps": 2, **(train or {})},
-            "tracking": {"enabled": False},
-        }
+    return make_config(
+        name,
+        cluster={"chief": 1, "workers": 1, "devices_per_worker": 1, "flavor": flavor, "image": image,
+                 "runs_volume_claim": "shared-runs", "namespace": "team-a", "memory": "3Gi", **(cluster or {})},
+        train={"strategy": "multi_worker_mirrored", "steps": 2, **(train or {})},
+        tracking=NO_TRACKING,
     )
 
 

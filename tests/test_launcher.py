@@ -18,17 +18,14 @@ from pinpoint.runfolder import checkpoint_name, checkpoint_step, last_logged_ste
 from pinpoint.training.cluster import launcher
 from pinpoint.training.cluster.launcher import task_specs
 from pinpoint.training.cluster.supervise import Exit, ProcessGroup, TaskSpec
+from tests.conftest import NO_TRACKING, make_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cfg(strategy="multi_worker_mirrored", train=None, **cluster):
-    cluster = {"chief": 1, "workers": 1, "devices_per_worker": 1, **cluster}
-    return config_from_dict({
-        "name": "lt", "cluster": cluster,
-        "train": {"strategy": strategy, **(train or {})},
-        "tracking": {"enabled": False},
-    })
+    return make_config("lt", cluster={"chief": 1, "workers": 1, "devices_per_worker": 1, **cluster},
+                       train={"strategy": strategy, **(train or {})}, tracking=NO_TRACKING)
 
 
 # ---- unit: commands, TF_CONFIG, run-folder readers ------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from pinpoint.placement.files import read_placement
+from tests.conftest import NO_TRACKING, make_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,17 +26,13 @@ def _run(args, cwd, timeout):
 
 
 def _config(tmp_path: Path, **train) -> Path:
-    cfg = {
-        "name": "placement-it",
-        "cluster": {"devices_per_worker": 2, "device_type": "GPU", "emulate": True},
-        "train": {"strategy": "mirrored", "pinning": {"input": "/CPU:0"}, "model": "mlp", "data": "digits",
-                  "batch_size": 32, "steps": 8, "checkpoint_every": 0, "log_every": 4, **train},
-        "tracking": {"enabled": False},
-        "placement": {"warmup_steps": 2, "sample_steps": 2},
-    }
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return make_config(
+        "placement-it",
+        cluster={"devices_per_worker": 2, "device_type": "GPU", "emulate": True},
+        train={"strategy": "mirrored", "pinning": {"input": "/CPU:0"}, "model": "mlp", "data": "digits",
+               "batch_size": 32, "steps": 8, "checkpoint_every": 0, "log_every": 4, **train},
+        tracking=NO_TRACKING, placement={"warmup_steps": 2, "sample_steps": 2}, path=tmp_path / "cfg.yaml",
+    )
 
 
 @pytest.mark.integration

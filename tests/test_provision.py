@@ -13,7 +13,7 @@ from pinpoint.errors import ConfigError, PinpointError, ProvisionError
 from pinpoint.provision import PLACEMENT_PLAN, provision
 from pinpoint.provision.local import local_tasks
 from pinpoint.provision.spec import build_tasks
-from tests.conftest import CPU_IMAGE
+from tests.conftest import CPU_IMAGE, make_config
 
 ROOT = Path(__file__).parent.parent
 DATA = Path(__file__).parent / "data" / "provision"
@@ -24,8 +24,7 @@ NO_CLAIM = ("cluster.runs_volume_claim: got None; multi-process runs on Kubernet
 
 def _cfg(strategy="multi_worker_mirrored", tracking=False, **cluster):
     cluster = {"workers": 1, **cluster} if strategy == "multi_worker_mirrored" else cluster
-    return config_from_dict({"name": "job", "cluster": cluster, "train": {"strategy": strategy},
-                             "tracking": {"enabled": tracking}})
+    return make_config("job", cluster=cluster, train={"strategy": strategy}, tracking={"enabled": tracking})
 
 
 # ---- traps: one line naming the field, the value and the fix -----------------------------------

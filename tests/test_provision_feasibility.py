@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from pinpoint.config import config_from_dict
 from pinpoint.errors import ProvisionError
 from pinpoint.provision.feasibility import plan_placement
 from pinpoint.provision.inventory import Taint, inventory_from_cluster, load_inventory, node_from_v1
 from pinpoint.provision.spec import build_tasks
+from tests.conftest import make_config
 
 pytestmark = pytest.mark.unit
 DATA = Path(__file__).parent / "data" / "provision"
@@ -20,7 +20,7 @@ TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSch
 
 def _cfg(strategy="multi_worker_mirrored", **cluster):
     base = {"workers": 1, "emulate": False, "gpu_type": "A100", "tolerations": TOLERATE_GPU}
-    return config_from_dict({"name": "job", "cluster": {**base, **cluster}, "train": {"strategy": strategy}})
+    return make_config("job", cluster={**base, **cluster}, train={"strategy": strategy})
 
 
 def _plan(cfg, inventory):

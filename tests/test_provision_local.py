@@ -5,15 +5,15 @@ import socket
 
 import pytest
 
-from pinpoint.config import config_from_dict
 from pinpoint.errors import ProvisionError
 from pinpoint.provision.local import LocalTask, free_ports, local_tasks
+from tests.conftest import make_config
 
 pytestmark = pytest.mark.unit
 
 
 def _cfg(strategy, **cluster):
-    return config_from_dict({"name": "t", "cluster": cluster, "train": {"strategy": strategy}})
+    return make_config("t", cluster=cluster, train={"strategy": strategy})
 
 
 def test_multiworker_with_evaluator_keeps_evaluator_out_of_cluster():

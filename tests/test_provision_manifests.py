@@ -15,6 +15,7 @@ from pinpoint.errors import ProvisionError
 from pinpoint.provision.manifests import build_manifests
 from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV
 from pinpoint.provision.spec import build_tasks
+from tests.conftest import make_config
 
 pytestmark = pytest.mark.unit
 
@@ -60,11 +61,8 @@ def _cfg(flavor, strategy="multi_worker_mirrored", tracking=None, train_extra=No
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "node_selector": {"topology.kubernetes.io/zone": "zone-a"}, "image": IMAGE,
             "runs_volume_claim": "runs-rwx"}
-    data = {"name": "job", "cluster": {**base, **cluster},
-            "train": {"strategy": strategy, "max_restarts": 3, **(train_extra or {})}}
-    if tracking:
-        data["tracking"] = tracking
-    return config_from_dict(data)
+    return make_config("job", cluster={**base, **cluster}, tracking=tracking or None,
+                       train={"strategy": strategy, "max_restarts": 3, **(train_extra or {})})
 
 
 TOPOLOGIES = {

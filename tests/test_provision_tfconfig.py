@@ -8,15 +8,15 @@ import sys
 
 import pytest
 
-from pinpoint.config import config_from_dict
 from pinpoint.provision.manifests import build_manifests
 from pinpoint.provision.podenv import tf_config_from_env
 from pinpoint.provision.spec import build_tasks
 from pinpoint.provision.tfconfig import training_tf_config
+from tests.conftest import make_config
 
 
 def _cfg(name, strategy, **cluster):
-    return config_from_dict({"name": name, "cluster": cluster, "train": {"strategy": strategy}})
+    return make_config(name, cluster=cluster, train={"strategy": strategy})
 
 
 # (config, task, exact TF_CONFIG JSON as the operator's json.Marshal writes it)

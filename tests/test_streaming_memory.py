@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
+
+from tests.conftest import NO_TRACKING, make_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -74,17 +75,14 @@ def _config(folder: Path, data: Path, steps: int) -> Path:
         "    inp = keras.Input(input_shape)\n"
         "    return keras.Model(inp, keras.layers.Dense(num_classes, name='head')(inp))\n"
     )
-    cfg = {
-        "name": "stream",
-        "cluster": {"devices_per_worker": 1},
-        "train": {"strategy": "none", "model": "model.wide:linear", "data": f"tfrecord:{data}/*.tfrecord",
-                  "features": {"x": {"shape": [FEATURES]}, "label": {"dtype": "int64"}}, "num_classes": 10,
-                  "batch_size": BATCH, "steps": steps, "log_every": 64, "checkpoint_every": 0, "shuffle_buffer": 256},
-        "tracking": {"enabled": False},
-    }
-    path = folder / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return make_config(
+        "stream",
+        cluster={"devices_per_worker": 1},
+        train={"strategy": "none", "model": "model.wide:linear", "data": f"tfrecord:{data}/*.tfrecord",
+               "features": {"x": {"shape": [FEATURES]}, "label": {"dtype": "int64"}}, "num_classes": 10,
+               "batch_size": BATCH, "steps": steps, "log_every": 64, "checkpoint_every": 0, "shuffle_buffer": 256},
+        tracking=NO_TRACKING, path=folder / "config.yaml",
+    )
 
 
 def test_a_dataset_larger_than_the_memory_bound_streams_through(tmp_path):

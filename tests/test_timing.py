@@ -9,6 +9,7 @@ import json
 import pytest
 
 from pinpoint.config import config_from_dict
+from tests.conftest import NO_TRACKING, make_config
 from tests.test_training import _three_logical_cpus, train  # noqa: F401 (autouse fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -21,13 +22,12 @@ LAYERS = {"reshape": HEAVY, "conv_1": HEAVY, "conv_2": HEAVY, "pool": HEAVY, "fl
 
 
 def _cfg(timing: bool, steps: int = 6):
-    return config_from_dict({
-        "name": "t", "cluster": {"devices_per_worker": 2, "emulate": True},
-        "train": {"strategy": "none", "model": "cnn", "steps": steps, "batch_size": 128, "learning_rate": 0.05,
-                  "log_every": 10, "checkpoint_every": 0, "jit_compile": False, "pinning": {"layers": LAYERS}},
-        "tracking": {"enabled": False},
-        "placement": {"warmup_steps": 2, "sample_steps": 2, "timing": timing},
-    })
+    return make_config(
+        "t", cluster={"devices_per_worker": 2, "emulate": True},
+        train={"strategy": "none", "model": "cnn", "steps": steps, "batch_size": 128, "learning_rate": 0.05,
+               "log_every": 10, "checkpoint_every": 0, "jit_compile": False, "pinning": {"layers": LAYERS}},
+        tracking=NO_TRACKING, placement={"warmup_steps": 2, "sample_steps": 2, "timing": timing},
+    )
 
 
 def test_the_device_with_more_work_is_busier_and_the_trace_is_in_the_run_folder(tmp_path):

@@ -23,17 +23,13 @@ from pinpoint.tracking.params import config_params
 from pinpoint.tracking.replay import upload_spool_command
 from pinpoint.tracking.spool import SPOOL_DIR, Spool, find_spools
 from pinpoint.tracking.uri import local_store, repo_root
+from tests.conftest import make_config
 
 
 def make_cfg(uri=None, **train):
-    return config_from_dict(
-        {
-            "name": "trk",
-            "cluster": {"devices_per_worker": 1},
-            "train": {"strategy": "none", "steps": 50, **train},
-            "tracking": {"uri": uri, "experiment": f"t-{uuid.uuid4().hex[:8]}", "step_metrics_every_s": 0},
-        }
-    )
+    return make_config("trk", cluster={"devices_per_worker": 1}, train={"strategy": "none", "steps": 50, **train},
+                       tracking={"uri": uri, "experiment": f"t-{uuid.uuid4().hex[:8]}",
+                                 "step_metrics_every_s": 0})
 
 
 def client(uri):

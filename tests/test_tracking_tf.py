@@ -8,16 +8,14 @@ import uuid
 import numpy as np
 import pytest
 
-from pinpoint.config import config_from_dict
 from pinpoint.errors import ConfigError
 from pinpoint.tracking import fetch_checkpoint, open_step_run
+from tests.conftest import make_config
 
 
 def make_cfg(uri):
-    return config_from_dict({
-        "name": "trk-tf", "cluster": {"devices_per_worker": 1}, "train": {"strategy": "none"},
-        "tracking": {"uri": uri, "experiment": f"tf-{uuid.uuid4().hex[:8]}"},
-    })
+    return make_config("trk-tf", cluster={"devices_per_worker": 1}, train={"strategy": "none"},
+                       tracking={"uri": uri, "experiment": f"tf-{uuid.uuid4().hex[:8]}"})
 
 
 @pytest.mark.integration

@@ -17,23 +17,22 @@ import yaml
 
 from pinpoint.placement.files import read_placement
 from pinpoint.tracking.spool import find_spools
+from tests.conftest import make_config
 
 PINPOINT = str(Path(sys.executable).parent / "pinpoint")
 STEPS, LOG_EVERY, CKPT_EVERY = 3000, 10, 500
 
 
 def write_config(path: Path, uri: str, experiment: str, steps: int) -> Path:
-    cfg = {
-        "name": "trk-train",
-        "cluster": {"chief": 1, "workers": 0, "devices_per_worker": 2, "device_type": "GPU", "emulate": True},
-        "train": {"strategy": "mirrored", "model": "mlp", "data": "synthetic", "synthetic_examples": 512,
-                  "batch_size": 32, "steps": steps, "log_every": LOG_EVERY, "checkpoint_every": CKPT_EVERY,
-                  "keep_checkpoints": 2, "pinning": {"input": "/CPU:0"}},
-        "placement": {"warmup_steps": 2},
-        "tracking": {"uri": uri, "experiment": experiment, "step_metrics_every_s": 0},
-    }
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return make_config(
+        "trk-train",
+        cluster={"chief": 1, "workers": 0, "devices_per_worker": 2, "device_type": "GPU", "emulate": True},
+        train={"strategy": "mirrored", "model": "mlp", "data": "synthetic", "synthetic_examples": 512,
+               "batch_size": 32, "steps": steps, "log_every": LOG_EVERY, "checkpoint_every": CKPT_EVERY,
+               "keep_checkpoints": 2, "pinning": {"input": "/CPU:0"}},
+        placement={"warmup_steps": 2}, tracking={"uri": uri, "experiment": experiment, "step_metrics_every_s": 0},
+        path=path,
+    )
 
 
 def log_steps(out: Path) -> list[int]:

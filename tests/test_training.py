@@ -15,6 +15,7 @@ import pytest
 from pinpoint.config import config_from_dict
 from pinpoint.errors import ConfigError, PlacementError
 from pinpoint.placement.files import read_placement
+from tests.conftest import NO_TRACKING, make_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -25,18 +26,13 @@ def make_cfg(strategy="mirrored", pinning=None, **train):
         "log_every": 10, "checkpoint_every": 20, "pinning": pinning or {},
     }
     base.update(train)
-    return config_from_dict({
-        "name": "t", "cluster": {"devices_per_worker": 2, "emulate": True},
-        "train": base, "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
-    })
+    return make_config("t", cluster={"devices_per_worker": 2, "emulate": True}, train=base, tracking=NO_TRACKING,
+                       placement={"warmup_steps": 2})
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _three_logical_cpus():
-    """Configure the layout first, whichever test runs first (-k, reordering)."""
-    from pinpoint.devices import setup_devices
-
-    setup_devices(make_cfg())
+def _three_logical_cpus(tf):
+    """The tf fixture's layout first, whichever test runs first (-k, reordering)."""
 
 
 def train(cfg, out: Path):
@@ -243,12 +239,10 @@ def test_gpu_spec_without_emulation_follows_soft_placement(tmp_path):
     from pinpoint.training.command import train_command
 
     def cfg(soft):
-        return config_from_dict({
-            "name": "t", "cluster": {"devices_per_worker": 2, "emulate": False},
-            "train": {"strategy": "mirrored", "steps": 10, "batch_size": 32, "log_every": 5,
-                      "checkpoint_every": 0, "pinning": {"soft_placement": soft}},
-            "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
-        })
+        return make_config("t", cluster={"devices_per_worker": 2, "emulate": False},
+                           train={"strategy": "mirrored", "steps": 10, "batch_size": 32, "log_every": 5,
+                                  "checkpoint_every": 0, "pinning": {"soft_placement": soft}},
+                           tracking=NO_TRACKING, placement={"warmup_steps": 2})
 
     with pytest.raises(PlacementError, match="cluster.device_type: got GPU, but this machine has no GPU"):
         setup_devices(cfg(False))

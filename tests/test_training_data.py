@@ -3,15 +3,15 @@
 import numpy as np
 import pytest
 
-from pinpoint.config import config_from_dict
 from pinpoint.errors import ConfigError
 from pinpoint.training.input.data import load_arrays, synthetic
+from tests.conftest import make_config
 
 pytestmark = pytest.mark.unit
 
 
 def _cfg(**train):
-    return config_from_dict({"name": "d", "train": train})
+    return make_config("d", train=train)
 
 
 def test_digits_are_bundled_and_scaled():

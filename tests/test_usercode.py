@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pinpoint.config import config_from_dict
+from tests.conftest import NO_TRACKING, make_config
 from tests.test_training import rule, train, var_devices
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -104,10 +104,8 @@ def make_cfg(code_dir, pinning=None, **train):
         "checkpoint_every": 20, "pinning": pinning or {}, "code_dir": str(code_dir) if code_dir else None,
     }
     base.update(train)
-    return config_from_dict({
-        "name": "u", "cluster": {"devices_per_worker": 2, "emulate": True},
-        "train": base, "tracking": {"enabled": False}, "placement": {"warmup_steps": 2},
-    })
+    return make_config("u", cluster={"devices_per_worker": 2, "emulate": True}, train=base, tracking=NO_TRACKING,
+                       placement={"warmup_steps": 2})
 
 
 def write_digits_tfrecords(folder: Path, shards: int) -> None:

@@ -6,18 +6,16 @@ from __future__ import annotations
 import sys
 
 import pytest
-import yaml
 
 from pinpoint.config import load_config
 from pinpoint.errors import ConfigError
+from tests.conftest import make_config
 
 pytestmark = pytest.mark.unit
 
 
 def _write(path, train):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({"name": "u", "train": {"strategy": "none", **train}}))
-    return path
+    return make_config("u", train={"strategy": "none", **train}, path=path)
 
 
 def test_code_dir_defaults_to_the_config_folder_and_relative_paths_resolve_against_it(tmp_path):

@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, NamedTuple, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -42,6 +42,22 @@ MODEL_LAYERS = {
     "cnn": ("reshape", "conv_1", "conv_2", "pool", "flatten", "dense_1", "head"),
     "transformer": ("embed", "block_0", "block_1", "pool", "head"),
 }
+class FlavorRules(NamedTuple):
+    """What validating a config needs to know of a Kubernetes flavour; its class
+    (pinpoint.provision.flavours, a layer above) owns everything else."""
+
+    gangs: tuple[str, ...]  # the cluster.gang values it can express
+    one_object: bool  # one workload object holds every role (plain: one Job per role)
+
+
+# cluster.flavor -> its rules; the names are the registry of pinpoint.provision.flavours.
+FLAVOR_RULES = {
+    "tfjob": FlavorRules(("off", "operator", "kueue"), True),
+    "plain": FlavorRules(("off", "kueue"), False),
+    "jobset": FlavorRules(("off", "kueue"), True),
+    "trainjob": FlavorRules(("off", "kueue"), True),
+}
+FLAVORS = tuple(FLAVOR_RULES)
 MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 # train.all_reduce: TensorFlow's cross-device ops (mirrored) / collective implementation
 # (multi_worker_mirrored) for the gradient all-reduce (training/strategies.py maps them).
@@ -115,7 +131,7 @@ class ClusterConfig(_Frozen):
     # TFJob; 'plain' Indexed Jobs + headless Services; 'jobset' one JobSet (jobset.x-k8s.io) that
     # restarts the whole group itself; 'trainjob' a Kubeflow Trainer v2 TrainJob on Pinpoint's
     # 'pinpoint-tensorflow' ClusterTrainingRuntime (which instantiates that JobSet).
-    flavor: Literal["tfjob", "plain", "jobset", "trainjob"] = "tfjob"
+    flavor: Literal[FLAVORS] = "tfjob"  # type: ignore[valid-type]
     # PersistentVolumeClaim (ReadWriteMany) holding the run folders: the pipeline steps mount it at
     # /runs, the training pods the run's own folder (subPath), so checkpoints are shared and survive
     # pod restarts. Required for multi-process strategies on Kubernetes; None: an emptyDir per pod
@@ -475,12 +491,14 @@ def _check_scheduling(cfg: Config) -> None:
         _fail("cluster.queue", None, "gang: kueue admits the job through a Kueue LocalQueue; set cluster.queue "
               "to its name")
     roles = [r for r, n in (("chief", c.chief), ("worker", c.workers), ("ps", c.ps), ("evaluator", c.evaluator)) if n]
-    if c.gang != "off" and c.flavor == "plain" and len(roles) > 1:
-        _fail("cluster.gang", c.gang, f"the plain flavour makes one Job per role ({', '.join(roles)}), which a "
+    rules = FLAVOR_RULES[c.flavor]
+    if c.gang != "off" and not rules.one_object and len(roles) > 1:
+        _fail("cluster.gang", c.gang, f"the {c.flavor} flavour makes one Job per role ({', '.join(roles)}), which a "
               "scheduler admits one at a time; use flavor: jobset (or tfjob) for all-or-nothing scheduling")
-    if c.gang == "operator" and c.flavor != "tfjob":
+    if c.gang not in rules.gangs:
+        able = " or ".join(name for name, r in FLAVOR_RULES.items() if c.gang in r.gangs)
         _fail("cluster.gang", c.gang, f"schedulingPolicy is the Training Operator's, flavor {c.flavor} has none; use "
-              "flavor: tfjob or gang: kueue")
+              f"flavor: {able} or gang: kueue")
 
 
 def _check_pinning_vs_strategy(cfg: Config) -> None:

@@ -11,20 +11,20 @@ import time
 from typing import Any, Callable
 
 from pinpoint.errors import TrainingFailed
+from pinpoint.provision.flavours import FLAVOURS
 
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)
-# kind -> (resource, API group, version) of what the run folder's manifests hold.
+# kind -> (resource, API group, version) of what the run folder's manifests hold: the ConfigMap,
+# Secrets and Services, and each flavour's workload (its class knows its API).
 KINDS = {
     "ConfigMap": ("configmaps", "", "v1"),
     "Secret": ("secrets", "", "v1"),
     "Service": ("services", "", "v1"),
-    "Job": ("jobs", "batch", "v1"),
-    "TFJob": ("tfjobs", "kubeflow.org", "v1"),
-    "JobSet": ("jobsets", "jobset.x-k8s.io", "v1alpha2"),
-    "TrainJob": ("trainjobs", "trainer.kubeflow.org", "v1alpha1"),
+    **{f.kind: f.api for f in FLAVOURS.values()},
 }
+BUILTIN_GROUPS = ("", "batch")  # served by CoreV1Api and BatchV1Api
 # Kinds served by CustomResourceDefinitions (the CustomObjectsApi).
-CUSTOM_KINDS = ("TFJob", "JobSet", "TrainJob")
+CUSTOM_KINDS = tuple(kind for kind, (_, group, _) in KINDS.items() if group not in BUILTIN_GROUPS)
 RBAC_HINT = "apply docker/rbac.yaml (Role + RoleBinding for the pipeline's service account)"
 
 
@@ -107,30 +107,28 @@ class KubeApi:
         raise AssertionError("unreachable")  # pragma: no cover
 
     # ---- objects of the run folder ------------------------------------------------------
-    def create(self, doc: dict, namespace: str, handle: tuple[int, ...] = ()) -> dict:
-        kind = doc["kind"]
+    def _object_call(self, verb: str, kind: str, namespace: str, target) -> tuple[Callable, tuple]:
+        """The client method and arguments to `verb` (create/read/delete) one object of `kind`:
+        `target` is the document to create, else the object's name."""
         resource, group, version = KINDS[kind]
-        fns = {
-            "ConfigMap": (self.core.create_namespaced_config_map, (namespace, doc)),
-            "Secret": (self.core.create_namespaced_secret, (namespace, doc)),
-            "Service": (self.core.create_namespaced_service, (namespace, doc)),
-            "Job": (self.batch.create_namespaced_job, (namespace, doc)),
-        }
-        fn, args = fns[kind] if kind not in CUSTOM_KINDS else (self.custom.create_namespaced_custom_object, (group, version, namespace, resource, doc))
-        out = self.call("create", resource, fn, *args, handle=handle, namespace=namespace)
+        if kind in CUSTOM_KINDS:
+            custom_verb = "get" if verb == "read" else verb
+            return (getattr(self.custom, f"{custom_verb}_namespaced_custom_object"),
+                    (group, version, namespace, resource, target))
+        api = self.batch if group == "batch" else self.core
+        snake = "".join(f"_{ch.lower()}" if ch.isupper() else ch for ch in kind).lstrip("_")  # ConfigMap -> config_map
+        args = (namespace, target) if verb == "create" else (target, namespace)
+        return getattr(api, f"{verb}_namespaced_{snake}"), args
+
+    def create(self, doc: dict, namespace: str, handle: tuple[int, ...] = ()) -> dict:
+        fn, args = self._object_call("create", doc["kind"], namespace, doc)
+        out = self.call("create", KINDS[doc["kind"]][0], fn, *args, handle=handle, namespace=namespace)
         return out if isinstance(out, dict) else self.client.sanitize_for_serialization(out)
 
     def get(self, kind: str, name: str, namespace: str, handle: tuple[int, ...] = (404,)) -> dict:
         """The object as a plain dict (camelCase keys, as in the manifests)."""
-        resource, group, version = KINDS[kind]
-        fns = {
-            "ConfigMap": (self.core.read_namespaced_config_map, (name, namespace)),
-            "Secret": (self.core.read_namespaced_secret, (name, namespace)),
-            "Service": (self.core.read_namespaced_service, (name, namespace)),
-            "Job": (self.batch.read_namespaced_job, (name, namespace)),
-        }
-        fn, args = fns[kind] if kind not in CUSTOM_KINDS else (self.custom.get_namespaced_custom_object, (group, version, namespace, resource, name))
-        out = self.call("get", resource, fn, *args, handle=handle, namespace=namespace, what=name)
+        fn, args = self._object_call("read", kind, namespace, name)
+        out = self.call("get", KINDS[kind][0], fn, *args, handle=handle, namespace=namespace, what=name)
         return out if isinstance(out, dict) else self.client.sanitize_for_serialization(out)
 
     def delete(self, kind: str, name: str, namespace: str) -> bool:
@@ -138,17 +136,10 @@ class KubeApi:
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 
-        resource, group, version = KINDS[kind]
         body = client.V1DeleteOptions(propagation_policy="Background")
-        fns = {
-            "ConfigMap": (self.core.delete_namespaced_config_map, (name, namespace)),
-            "Secret": (self.core.delete_namespaced_secret, (name, namespace)),
-            "Service": (self.core.delete_namespaced_service, (name, namespace)),
-            "Job": (self.batch.delete_namespaced_job, (name, namespace)),
-        }
-        fn, args = fns[kind] if kind not in CUSTOM_KINDS else (self.custom.delete_namespaced_custom_object, (group, version, namespace, resource, name))
+        fn, args = self._object_call("delete", kind, namespace, name)
         try:
-            self.call("delete", resource, fn, *args, body=body, handle=(404,), namespace=namespace, what=name)
+            self.call("delete", KINDS[kind][0], fn, *args, body=body, handle=(404,), namespace=namespace, what=name)
         except ApiException:
             return False
         return True

@@ -38,60 +38,26 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
 from pinpoint.errors import ConfigError, ProvisionError, TrainingFailed
 from pinpoint.k8s.api import KubeApi, api_message, first_line
-from pinpoint.k8s.watch import ROLE_LABEL, GroupWatcher, Watcher
+from pinpoint.k8s.options import Created, LaunchOptions
+from pinpoint.k8s.watch import GroupWatcher, Watcher
+from pinpoint.provision.flavour import Flavour
+from pinpoint.provision.flavours import BY_KIND, WORKLOAD_KINDS, flavour_of_docs
 from pinpoint.provision.namespace import namespace_of, pod_namespace
 from pinpoint.runfolder import MANIFESTS_DIR, RUNS_MOUNT
 from pinpoint.signals import Terminated, sigterm_raises
 
 # Kinds in creation order: what pods need (config, DNS names) exists before the pods do.
-CREATE_ORDER = {"ConfigMap": 0, "Secret": 0, "Service": 1, "Job": 2, "TFJob": 2, "JobSet": 2, "TrainJob": 2}
-WORKLOAD_KINDS = ("TFJob", "Job", "JobSet", "TrainJob")
-# Workloads that restart the whole group themselves: the launch step only watches them.
-GROUP_KINDS = ("JobSet", "TrainJob")
+CREATE_ORDER = {"ConfigMap": 0, "Secret": 0, "Service": 1, **dict.fromkeys(WORKLOAD_KINDS, 2)}
+__all__ = ["Created", "LaunchOptions", "launch_manifests", "launch_training"]
 LAUNCH_ID_ANNOTATION = "pinpoint.dev/launch-id"
 SIGTERM_EXIT_CODE = 143
-
-
-@dataclass
-class LaunchOptions:
-    poll_seconds: float = 2.0
-    timeout_seconds: float = 24 * 3600.0  # launch_training: cluster.deadline_s
-    unschedulable_grace_seconds: float = 120.0  # launch_training: cluster.unschedulable_grace_s
-    image_pull_grace_seconds: float = 30.0
-    # Up to this many pods every pod's log is streamed; above, the chief's and each failed pod's
-    # (the requests per poll stay constant: 1,024 workers would be 1,024 log reads per poll).
-    stream_all_logs_up_to: int = 8
-    failed_create_grace_seconds: float = 60.0  # FailedCreate Events (quota...) tolerated this long
-    operator_grace_seconds: float = 120.0  # a TFJob without status and pods after this: no operator
-    max_restarts: int | None = None  # per replica; None: not enforced; launch_training: train.max_restarts
-    retry_attempts: int = 5  # per API call, on 429/5xx/timeouts/connection errors
-    retry_base_seconds: float = 0.5  # backoff: base, 2*base, 4*base...
-    request_timeout_seconds: float = 30.0
-    # The pod running this step (created objects get an ownerReference to it); None: none.
-    # launch_training: $HOSTNAME when a service-account namespace file exists.
-    owner_pod: str | None = None
-    keep: bool = False  # leave the objects for debugging (they are still listed)
-    log: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
-    clock: Callable[[], float] = time.monotonic
-
-
-@dataclass(frozen=True)
-class Created:
-    kind: str
-    name: str
-    namespace: str
-    api_version: str
-    uid: str = ""
-    primary: bool = False  # its completion means the run is done (the TFJob, the chief's Job)
-    created_at: float = 0.0
 
 
 class StoppedBySignal(TrainingFailed):
@@ -139,32 +105,16 @@ def launcher_pod_name(sa_namespace_file: Path | None = None) -> str | None:
     return os.environ.get("HOSTNAME") or None
 
 
-def _role_of(doc: dict) -> str | None:
-    return ((doc["spec"].get("template") or {}).get("metadata", {}).get("labels") or {}).get(ROLE_LABEL)
-
-
 def _expected_pods(docs: list[dict]) -> int:
-    n = 0
-    for d in docs:
-        if d["kind"] == "TFJob":
-            n += sum(s.get("replicas", 1) for s in d["spec"]["tfReplicaSpecs"].values())
-        elif d["kind"] == "Job":
-            n += d["spec"].get("parallelism", d["spec"].get("completions", 1))
-        elif d["kind"] == "JobSet":
-            n += sum(r.get("replicas", 1) * r["template"]["spec"].get("parallelism", 1)
-                     for r in d["spec"]["replicatedJobs"])
-        elif d["kind"] == "TrainJob":
-            from pinpoint.provision.trainjob import trainjob_pod_count
-
-            n += trainjob_pod_count(d)
-    return n
+    return sum(BY_KIND[d["kind"]].pod_count(d) for d in docs if d["kind"] in BY_KIND)
 
 
 class Launcher:
     """Create -> watch -> (fail) -> clean up, against one namespace."""
 
-    def __init__(self, api_client, name: str, namespace: str, options: LaunchOptions | None = None):
-        self.name, self.namespace = name, namespace
+    def __init__(self, api_client, name: str, namespace: str, flavour: Flavour,
+                 options: LaunchOptions | None = None):
+        self.name, self.namespace, self.flavour = name, namespace, flavour
         self.opts = options or LaunchOptions()
         self.api = KubeApi(api_client, namespace, attempts=self.opts.retry_attempts,
                            base_delay=self.opts.retry_base_seconds,
@@ -198,7 +148,7 @@ class Launcher:
             if err.status == 409:
                 self._already_exists(doc, ns, primary)
                 return
-            raise TrainingFailed(_create_error(doc, ns, err)) from None
+            raise TrainingFailed(self._create_error(doc, ns, err)) from None
         self._record(doc, ns, obj, primary)
         self.opts.log(f"[k8s] created {kind} {ns}/{name}")
 
@@ -252,15 +202,13 @@ class Launcher:
 
     def create(self, docs: list[dict]) -> None:
         workloads = [d for d in docs if d["kind"] in WORKLOAD_KINDS]
-        roles = {_role_of(d) for d in workloads}
-        primary_role = "chief" if "chief" in roles else "worker"
         for doc in docs:
             doc = {**doc, "metadata": {**doc["metadata"]}}
             meta = doc["metadata"]
             meta["annotations"] = {**(meta.get("annotations") or {}), LAUNCH_ID_ANNOTATION: self.launch_id}
             if self.owner:
                 meta["ownerReferences"] = [*(meta.get("ownerReferences") or []), dict(self.owner)]
-            primary = doc["kind"] in ("TFJob", *GROUP_KINDS) or (doc["kind"] == "Job" and _role_of(doc) == primary_role)
+            primary = doc["kind"] in WORKLOAD_KINDS and self.flavour.is_primary(doc, workloads)
             self._create_one(doc, primary)
 
     def _wait_gone(self, kind: str, name: str, ns: str, timeout: float = 60.0) -> None:
@@ -290,35 +238,26 @@ class Launcher:
     # ---- watch ---------------------------------------------------------------------
     def wait(self, expected_pods: int) -> None:
         workloads = [c for c in self.created if c.kind in WORKLOAD_KINDS]
-        if any(c.kind in GROUP_KINDS for c in workloads):
-            # The JobSet controller restarts the group (failurePolicy): watch, do not count pod restarts.
-            GroupWatcher(self.api, self.name, self.opts, workloads, expected_pods).wait()
-        else:
-            Watcher(self.api, self.name, self.opts, workloads, expected_pods).wait()
+        # A JobSet's controller restarts the group (failurePolicy): watch it, do not count pod restarts.
+        watcher = GroupWatcher if self.flavour.restarts_group else Watcher
+        watcher(self.api, self.name, self.opts, self.flavour, workloads, expected_pods).wait()
+
+    def _create_error(self, doc: dict, ns: str, err) -> str:
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        line = self.flavour.create_error(err.status, api_message(err), ns, name) if kind in WORKLOAD_KINDS else None
+        if line:
+            return line
+        if err.status == 404:
+            return f"kubernetes: namespace '{ns}' not found while creating {kind} {name}; create it or fix cluster.namespace"
+        return f"kubernetes: {kind} {ns}/{name} rejected as invalid ({api_message(err)[:160]}); rerun provision"
 
 
 def with_parent_run(doc: dict, parent_run_id: str | None) -> dict:
-    """Add `--parent-run-id` to the `pinpoint train` containers of a TFJob/Job/JobSet (a
-    TrainJob's command lives in the runtime: its PINPOINT_PARENT_RUN_ID env), so the pods'
-    MLflow runs are children of the pipeline's parent run."""
+    """Add `--parent-run-id` to the workload's `pinpoint train` containers (its flavour knows
+    where they are), so the pods' MLflow runs are children of the pipeline's parent run."""
     if not parent_run_id or doc["kind"] not in WORKLOAD_KINDS:
         return doc
-    if doc["kind"] == "TrainJob":
-        from pinpoint.provision.trainjob import with_parent_run_env
-
-        return with_parent_run_env(doc, parent_run_id)
-    if doc["kind"] == "TFJob":
-        templates = [r["template"] for r in doc["spec"]["tfReplicaSpecs"].values()]
-    elif doc["kind"] == "JobSet":
-        templates = [r["template"]["spec"]["template"] for r in doc["spec"]["replicatedJobs"]]
-    else:
-        templates = [doc["spec"]["template"]]
-    for template in templates:
-        for container in template["spec"]["containers"]:
-            cmd = container.get("command") or []
-            if "train" in cmd and "--parent-run-id" not in cmd:
-                container["command"] = [*cmd, "--parent-run-id", parent_run_id]
-    return doc
+    return BY_KIND[doc["kind"]].with_parent_run(doc, parent_run_id)
 
 
 def launch_manifests(api_client, run_dir: Path, name: str, namespace: str,
@@ -328,7 +267,7 @@ def launch_manifests(api_client, run_dir: Path, name: str, namespace: str,
     from kubernetes.client.rest import ApiException
 
     docs = [with_parent_run(d, parent_run_id) for d in load_manifests(run_dir)]
-    launcher = Launcher(api_client, name, namespace, options)
+    launcher = Launcher(api_client, name, namespace, flavour_of_docs(docs), options)
     with sigterm_raises() as guard:
         try:
             launcher.resolve_owner()
@@ -408,27 +347,6 @@ def launch_training(cfg, run_dir, *, parent_run_id: str | None = None, kubeconfi
                             request_timeout=opts.request_timeout_seconds, log=opts.log),
                     claim, cfg.train.strategy)
     return launch_manifests(client, run_dir, cfg.name, namespace, opts, parent_run_id=parent_run_id)
-
-
-# ---- helpers ------------------------------------------------------------------------
-def _create_error(doc: dict, ns: str, err) -> str:
-    kind, name = doc["kind"], doc["metadata"]["name"]
-    if err.status == 404 and kind == "TFJob":
-        return ("kubernetes: the TFJob resource (kubeflow.org/v1 tfjobs) is not installed; install the Kubeflow "
-                "Training Operator, or set cluster.flavor: jobset (JobSet installed) or cluster.flavor: plain")
-    if err.status == 404 and kind == "JobSet":
-        return ("kubernetes: the JobSet resource (jobset.x-k8s.io/v1alpha2 jobsets) is not installed; install JobSet "
-                "(v0.9.1: kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/"
-                "v0.9.1/manifests.yaml) or set cluster.flavor: plain")
-    if err.status == 404 and kind == "TrainJob":
-        return ("kubernetes: the TrainJob resource (trainer.kubeflow.org/v1alpha1 trainjobs) is not installed; install "
-                "Kubeflow Trainer v2 or set cluster.flavor: jobset")
-    if err.status == 422 and kind == "TrainJob" and "ClusterTrainingRuntime" in api_message(err):
-        return (f"kubernetes: TrainJob {ns}/{name} refused: the ClusterTrainingRuntime pinpoint-tensorflow is not "
-                "installed; apply docker/runtime.yaml (or `pinpoint provision CONFIG --runtime`) once per cluster")
-    if err.status == 404:
-        return f"kubernetes: namespace '{ns}' not found while creating {kind} {name}; create it or fix cluster.namespace"
-    return f"kubernetes: {kind} {ns}/{name} rejected as invalid ({api_message(err)[:160]}); rerun provision"
 
 
 if __name__ == "__main__":  # pragma: no cover - manual use: python -m pinpoint.k8s.launch RUN_DIR

@@ -1,7 +1,9 @@
 """Watch a launched run until it is done: its pods (logs, failures, restarts), its TFJob/Jobs'
 status conditions and the Events of its workloads. Every failure is one TrainingFailed line.
 
-GroupWatcher watches a JobSet or TrainJob, which restart the whole group themselves.
+GroupWatcher watches a JobSet or TrainJob, which restart the whole group themselves. What differs
+between the flavours (done conditions, failure fixes, a missing controller, the container) comes
+from the run's flavour class (pinpoint.provision.flavour).
 
 Grace timers are keyed by pod UID: the Training Operator recreates a pod under the same name,
 and a recreated pod starts a fresh timer (and its own log stream).
@@ -13,31 +15,19 @@ import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from pinpoint.errors import TrainingFailed
 from pinpoint.k8s.api import KubeApi, first_line
-from pinpoint.provision.spec import is_retryable_exit_code
+from pinpoint.k8s.options import Created, LaunchOptions
+from pinpoint.provision.flavour import Flavour
+from pinpoint.provision.jobset import GroupFlavour
+from pinpoint.provision.names import INDEX_LABELS, INSTANCE_LABEL, JOBSET_NAME_LABEL, ROLE_LABEL
+from pinpoint.provision.tasks import is_retryable_exit_code
 
-if TYPE_CHECKING:  # pragma: no cover
-    from pinpoint.k8s.launch import Created, LaunchOptions
-
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-ROLE_LABEL = "pinpoint.dev/role"
-INDEX_LABELS = ("training.kubeflow.org/replica-index", "batch.kubernetes.io/job-completion-index")
-CONTAINER = "tensorflow"
 IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
 FAILED_CREATE_REASONS = ("FailedCreate", "FailedCreatePod")
 # Seconds of log re-read before the previous read (latency, clock steps); duplicates are dropped.
 LOG_OVERLAP_SECONDS = 5
-JOB_FAILED_FIXES = {
-    "BackoffLimitExceeded": "its pods failed more often than spec.backoffLimit; see the pod logs above",
-    "FailedIndexes": "an index failed more often than backoffLimitPerIndex (train.max_restarts); see the pod "
-                     "logs above, fix the cause or raise train.max_restarts",
-    "PodFailurePolicy": "a container exited with a permanent code (1-127), which fails the Job; see the pod logs above",
-    "DeadlineExceeded": "it ran longer than activeDeadlineSeconds; raise cluster.deadline_s",
-}
-
 
 def failed_create(since: dict, key, events: list, all_pods: bool, now: float, grace: float, namespace: str):
     """(the latest FailedCreate event, "reason: message); fix") once `events` have lasted `grace`
@@ -88,9 +78,11 @@ def parse_timestamp(text: str) -> tuple[int, int] | None:
 
 
 class Watcher:
-    def __init__(self, api: KubeApi, name: str, opts: "LaunchOptions", workloads: list["Created"],
+    """Watch a TFJob or plain Jobs: pods, each replica's restarts, the workloads' conditions."""
+
+    def __init__(self, api: KubeApi, name: str, opts: LaunchOptions, flavour: Flavour, workloads: list[Created],
                  expected_pods: int):
-        self.api, self.name, self.opts = api, name, opts
+        self.api, self.name, self.opts, self.flavour = api, name, opts, flavour
         self.namespace = api.namespace
         self.workloads = workloads
         self.expected_pods = expected_pods
@@ -98,7 +90,7 @@ class Watcher:
         self.first_seen: dict[str, float] = {}  # pod uid -> when first seen
         self.failed_create_since: dict[str, float] = {}  # workload uid -> first FailedCreate seen
         self.replicas: dict[tuple[str, str], _Replica] = {}
-        self.container = CONTAINER  # whose log is streamed
+        self.container = flavour.container  # whose log is streamed
 
     # ---- pods --------------------------------------------------------------------------
     def pods(self) -> list:
@@ -229,18 +221,15 @@ class Watcher:
             ref = f"{w.kind} {w.namespace}/{w.name}"
             if "Failed" in types:
                 c = types["Failed"]
-                fix = JOB_FAILED_FIXES.get(c.get("reason"), "see the pod logs above") if w.kind == "Job" else \
-                    "see the pod logs above"
+                fix = self.flavour.failed_fix(c.get("reason"))
                 return done, f"kubernetes: {ref} failed ({c.get('reason')}: {first_line(c.get('message'))}); {fix}"
-            if w.primary and ("Complete" in types or "Succeeded" in types):
+            if w.primary and any(t in types for t in self.flavour.done_conditions):
                 done = True
-            if w.kind == "TFJob" and not conditions and not pods:
-                age = now - w.created_at
-                if age >= self.opts.operator_grace_seconds:
-                    return done, (
-                        f"kubernetes: the Training Operator does not seem to run (no status on TFJob {w.namespace}/"
-                        f"{w.name} after {age:.0f}s); check `kubectl get pods -n kubeflow`, or set cluster.flavor: plain"
-                    )
+            age = now - w.created_at
+            if not conditions and not pods and age >= self.opts.operator_grace_seconds:
+                line = self.flavour.controller_missing(w.namespace, w.name, age)
+                if line:
+                    return done, line
             line = self._failed_create(w, now, pods)
             if line:
                 return done, line
@@ -250,12 +239,16 @@ class Watcher:
         if not w.uid:
             return None
         events = [e for e in self.api.list_events(w.uid) if e.reason in FAILED_CREATE_REASONS]
-        found = failed_create(self.failed_create_since, w.uid, events, len(pods) >= self.expected_pods, now,
-                              self.opts.failed_create_grace_seconds, w.namespace)
+        return self._cannot_create(w.uid, events, now, pods, w.namespace, lambda _: f"{w.kind} {w.namespace}/{w.name}")
+
+    def _cannot_create(self, key: str, events: list, now: float, pods, namespace: str, who) -> str | None:
+        """The line for FailedCreate `events` that lasted the grace period; who(latest event) names the object."""
+        found = failed_create(self.failed_create_since, key, events, len(pods) >= self.expected_pods, now,
+                              self.opts.failed_create_grace_seconds, namespace)
         if found is None:
             return None
         latest, why = found
-        return f"kubernetes: {w.kind} {w.namespace}/{w.name} cannot create its pods ({why}"
+        return f"kubernetes: {who(latest)} cannot create its pods ({why}"
 
     # ---- the loop ---------------------------------------------------------------------------
     def wait(self) -> None:
@@ -309,17 +302,8 @@ def _phases(pods) -> str:
 
 
 # ---- JobSet / TrainJob: the cluster restarts the group ------------------------------------------
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
-# The JobSet controller's Failed reasons (pkg/constants of JobSet v0.9.1) -> the fix.
-JOBSET_FAILED_FIXES = {
-    "ReachedMaxRestarts": "a task kept exiting with a retryable code (>= 128: a lost peer, a signal); see the logs "
-                          "above, fix the cause or raise train.max_restarts",
-    "FailJobSetFailurePolicyAction": "a task exited with a permanent code (1-127) or its Job ran past "
-                                     "cluster.deadline_s; see the logs above",
-    "FailedJobs": "a child Job failed and the JobSet has no failure policy; rerun provision",
-}
 
 
 class GroupWatcher(Watcher):
@@ -329,16 +313,17 @@ class GroupWatcher(Watcher):
     current attempt. Requests per poll do not grow with the pods: one pod list by label selector,
     one get of the workload (a TrainJob: also its JobSet), the chief's log, one Event list."""
 
-    def __init__(self, api: KubeApi, name: str, opts: "LaunchOptions", workloads: list["Created"],
+    flavour: GroupFlavour
+
+    def __init__(self, api: KubeApi, name: str, opts: LaunchOptions, flavour: GroupFlavour, workloads: list[Created],
                  expected_pods: int):
-        super().__init__(api, name, opts, workloads, expected_pods)
-        self.workload = next(w for w in workloads if w.kind in ("JobSet", "TrainJob"))
-        self.jobset_uid = self.workload.uid if self.workload.kind == "JobSet" else None
+        super().__init__(api, name, opts, flavour, workloads, expected_pods)
+        self.workload = next(w for w in workloads if w.kind == flavour.kind)
+        self.jobset_uid = self.workload.uid if flavour.is_jobset else None
         self.restarts = 0
-        # A TrainJob's pods run the runtime's container 'node'; its runtime's maxRestarts is a
-        # ceiling, train.max_restarts is enforced here (a JobSet's own maxRestarts is exact).
-        self.container = "node" if self.workload.kind == "TrainJob" else CONTAINER
-        self.limit = opts.max_restarts if self.workload.kind == "TrainJob" else None
+        # A TrainJob's runtime's maxRestarts is a ceiling: train.max_restarts is enforced here
+        # (a JobSet's own maxRestarts is exact).
+        self.limit = None if flavour.enforces_max_restarts else opts.max_restarts
 
     def pods(self) -> list:
         pods = self.api.list_pods(f"{JOBSET_NAME_LABEL}={self.name}")
@@ -362,7 +347,7 @@ class GroupWatcher(Watcher):
         obj = self._get(w.kind)
         if obj is None:
             return False, f"kubernetes: {ref} was deleted while running (by someone else, or a TTL); rerun the step"
-        jobset = obj if w.kind == "JobSet" else self._get("JobSet")
+        jobset = obj if self.flavour.is_jobset else self._get("JobSet")
         js_status = (jobset or {}).get("status") or {}
         if jobset is not None and self.jobset_uid is None:
             self.jobset_uid = (jobset.get("metadata") or {}).get("uid")
@@ -376,25 +361,19 @@ class GroupWatcher(Watcher):
             self.restarts = restarts
         if self.limit is not None and counted > self.limit:
             return False, (f"kubernetes: {ref} restarted {counted} times, more than train.max_restarts={self.limit} "
-                           f"({JOBSET_FAILED_FIXES['ReachedMaxRestarts']})")
-        done_type = "Completed" if w.kind == "JobSet" else "Complete"
+                           f"({self.flavour.failed_fix('ReachedMaxRestarts')})")
         conditions = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []
                       if c.get("status") == "True"}
         if "Failed" in conditions:
             c = conditions["Failed"]
-            fix = JOBSET_FAILED_FIXES.get(c.get("reason"), "see the logs above")
+            fix = self.flavour.failed_fix(c.get("reason"))
             return False, (f"kubernetes: {ref} failed after {restarts} restart(s) ({c.get('reason')}: "
                            f"{first_line(c.get('message'))}); {fix}")
-        if done_type in conditions:
+        if any(t in conditions for t in self.flavour.done_conditions):
             return True, None
         age = now - w.created_at
         if not js_status and age >= self.opts.operator_grace_seconds:
-            who = ("the JobSet controller does not seem to run (no status on JobSet" if w.kind == "JobSet" else
-                   "the Trainer controller made no JobSet (or the JobSet controller does not run) for TrainJob")
-            fix = ("install JobSet (kubectl get pods -n jobset-system), or set cluster.flavor: plain" if w.kind == "JobSet"
-                   else "check `kubectl get clustertrainingruntime pinpoint-tensorflow` (pinpoint provision --runtime) "
-                        "and `kubectl get pods -n kubeflow-system`")
-            return False, f"kubernetes: {who} {w.namespace}/{w.name} after {age:.0f}s); {fix}"
+            return False, self.flavour.controller_missing(w.namespace, w.name, age)
         return False, None
 
     def _failed_create_group(self, now: float, pods) -> str | None:
@@ -402,12 +381,8 @@ class GroupWatcher(Watcher):
         events = [e for e in self.api.list_events(field_selector="involvedObject.kind=Job")
                   if e.reason in FAILED_CREATE_REASONS
                   and str(getattr(e.involved_object, "name", "") or "").startswith(f"{self.name}-")]
-        found = failed_create(self.failed_create_since, "group", events, len(pods) >= self.expected_pods, now,
-                              self.opts.failed_create_grace_seconds, self.namespace)
-        if found is None:
-            return None
-        latest, why = found
-        return f"kubernetes: Job {self.namespace}/{latest.involved_object.name} cannot create its pods ({why}"
+        return self._cannot_create("group", events, now, pods, self.namespace,
+                                   lambda latest: f"Job {self.namespace}/{latest.involved_object.name}")
 
     def wait(self) -> None:
         """Until the workload is Completed; TrainingFailed on Failed or a failure that will not fix itself."""

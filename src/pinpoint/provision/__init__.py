@@ -108,8 +108,9 @@ def provision(cfg: Config, out_dir, *, nodes=None, kubeconfig=None, rbac=None, r
     hold every replica; then nothing is written (the error names the replica and the reason) and
     a previous provision's outputs in the folder are left as they were.
     """
-    from pinpoint.provision.manifests import build_manifests, check_manifest_inputs, pod_run_dir, pod_run_rel
+    from pinpoint.provision.manifests import build_manifests, check_manifest_inputs, pod_run_rel
     from pinpoint.provision.namespace import namespace_of, with_namespace
+    from pinpoint.provision.pods import pod_run_dir
     from pinpoint.provision.rbac import RBAC_FILE, rbac_yaml
     from pinpoint.provision.spec import build_tasks, cluster_spec
 

@@ -15,7 +15,7 @@ from pinpoint.config import Config, Toleration
 from pinpoint.errors import ProvisionError
 from pinpoint.provision.inventory import Node, Taint
 from pinpoint.provision.quantity import format_bytes, format_cpu
-from pinpoint.provision.spec import Task
+from pinpoint.provision.tasks import Task
 
 SEARCH_BUDGET = 50_000  # ~1 s; beyond it the request is reported as not placeable
 _EPS = 1e-9
@@ -122,15 +122,7 @@ def plan_placement(cfg: Config, tasks: list[Task], nodes: list[Node], *, source:
     """The placement plan (dict for placement_plan.json); ProvisionError with the reason if
     some replica cannot be placed."""
     needs = _needs(cfg, tasks)
-    tolerations = cfg.cluster.tolerations
-    eligible_idx: list[list[int]] = []
-    for need in needs:
-        excluded, ok = [], []
-        for i, node in enumerate(nodes):
-            why = _exclusion(node, need, tolerations)
-            (excluded.append(why) if why else ok.append(i))
-        _single_replica_check(need, [nodes[i] for i in ok], excluded, len(nodes))
-        eligible_idx.append(ok)
+    eligible_idx = _eligible(needs, nodes, cfg.cluster.tolerations)
 
     # Biggest replicas first (GPUs, then memory, then CPU): they are the hardest to place.
     def weight(k: int):
@@ -192,6 +184,24 @@ def plan_placement(cfg: Config, tasks: list[Task], nodes: list[Node], *, source:
     if not search(0):
         raise ProvisionError(_packing_failure(needs, nodes, eligible_idx, first_dead_end, steps > SEARCH_BUDGET))
 
+    return _feasible_plan(needs, nodes, assign, source)
+
+
+def _eligible(needs: list[_Need], nodes: list[Node], tolerations) -> list[list[int]]:
+    """Per replica, the indices of the nodes that could take it; ProvisionError when none can."""
+    eligible_idx: list[list[int]] = []
+    for need in needs:
+        excluded, ok = [], []
+        for i, node in enumerate(nodes):
+            why = _exclusion(node, need, tolerations)
+            (excluded.append(why) if why else ok.append(i))
+        _single_replica_check(need, [nodes[i] for i in ok], excluded, len(nodes))
+        eligible_idx.append(ok)
+    return eligible_idx
+
+
+def _feasible_plan(needs: list[_Need], nodes: list[Node], assign: dict[int, int], source: str) -> dict:
+    """The plan of a found assignment (replica index -> node index), with each node's use."""
     used = [dict.fromkeys(n.allocatable, 0.0) for n in nodes]
     placements = []
     for k, need in enumerate(needs):

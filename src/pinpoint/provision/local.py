@@ -9,7 +9,7 @@ from typing import Mapping, Sequence, Union
 
 from pinpoint.config import Config
 from pinpoint.errors import ProvisionError
-from pinpoint.provision.spec import role_devices
+from pinpoint.provision.tasks import role_devices
 from pinpoint.provision.tfconfig import cluster_dict, task_list, tf_config
 
 Ports = Union[Sequence[int], Mapping[str, int], None]

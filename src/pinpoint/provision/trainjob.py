@@ -27,16 +27,12 @@ import yaml
 
 from pinpoint.config import Config
 from pinpoint.errors import ProvisionError
-from pinpoint.provision.manifests import (
-    EXAMPLE_REGISTRY,
-    UID,
-    _workload_labels,
-    labels,
-    pod_template,
-)
+from pinpoint.provision.jobset import CONTAINER_EXIT_RULES, JOBSET_FAILURE_RULES, GroupFlavour
+from pinpoint.provision.names import EXAMPLE_REGISTRY, UID, labels, workload_labels
 from pinpoint.provision.namespace import namespace_of
-from pinpoint.provision.spec import Task, role_gpus
-from pinpoint.provision.tfconfig import role_counts
+from pinpoint.provision.pods import pod_template
+from pinpoint.provision.tasks import Task, role_gpus
+from pinpoint.provision.tfconfig import role_counts, task_list, trainjob_cluster
 
 RUNTIME_NAME = "pinpoint-tensorflow"
 RUNTIME_FILE = "runtime.yaml"
@@ -73,8 +69,6 @@ def check_trainjob(cfg: Config) -> None:
 
 def _node_job_template() -> dict:
     """The Job of the runtime's 'node' replicatedJob (sized by the TrainJob)."""
-    from pinpoint.provision.manifests import CONTAINER_EXIT_RULES
-
     return {
         "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
         "spec": {
@@ -115,8 +109,6 @@ def _node_job_template() -> dict:
 
 def runtime(max_restarts: int = RUNTIME_MAX_RESTARTS, ttl_after_finished_s: int = 3600) -> dict:
     """The ClusterTrainingRuntime 'pinpoint-tensorflow' (cluster-scoped, one per cluster)."""
-    from pinpoint.provision.manifests import JOBSET_FAILURE_RULES
-
     return {
         "apiVersion": TRAINER_API,
         "kind": "ClusterTrainingRuntime",
@@ -154,7 +146,7 @@ def trainjob(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict
     check_trainjob(cfg)
     c = cfg.cluster
     # The jobset flavour's pod of the first task, reshaped into what a TrainJob may set.
-    pod = pod_template(cfg, tasks[0], plain=True, run_rel=run_rel or cfg.name)
+    pod = pod_template(cfg, tasks[0], podenv=True, run_rel=run_rel or cfg.name)
     (container,) = pod["spec"]["containers"]
     spec = pod["spec"]
     command = list(container["command"])
@@ -172,7 +164,7 @@ def trainjob(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict
         "apiVersion": TRAINER_API,
         "kind": "TrainJob",
         # gang: kueue: the queue label on the TrainJob (Kueue's TrainJob integration admits it whole).
-        "metadata": {"name": cfg.name, "namespace": namespace_of(c), "labels": _workload_labels(cfg)},
+        "metadata": {"name": cfg.name, "namespace": namespace_of(c), "labels": workload_labels(cfg)},
         "spec": {
             "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": RUNTIME_NAME},
             "activeDeadlineSeconds": c.deadline_s,
@@ -197,14 +189,49 @@ def trainjob(cfg: Config, tasks: list[Task], run_rel: str | None = None) -> dict
     }
 
 
-def trainjob_pod_count(doc: dict) -> int:
-    return int(doc["spec"]["trainer"].get("numNodes", 1))
+class TrainJobFlavour(GroupFlavour, name="trainjob", kind="TrainJob", api_version=TRAINER_API,
+                      tf_cluster=trainjob_cluster):
+    # The runtime's JobSet is named like the TrainJob; its failurePolicy.maxRestarts is only a
+    # ceiling (RUNTIME_MAX_RESTARTS): the watcher enforces train.max_restarts.
+    is_jobset = False
+    enforces_max_restarts = False
+    container = NODE
+    done_conditions = ("Complete",)
+    not_installed = ("kubernetes: the TrainJob resource (trainer.kubeflow.org/v1alpha1 trainjobs) is not installed; "
+                     "install Kubeflow Trainer v2 or set cluster.flavor: jobset")
 
+    def longest_name(self, cfg: Config, role: str, replicas: int) -> tuple[str, str]:
+        # One replicatedJob 'node' holds every task.
+        return f"{cfg.name}-{NODE}-0-{len(task_list(cfg.cluster)) - 1}-abcde", "a JobSet pod name"
 
-def with_parent_run_env(doc: dict, parent_run_id: str) -> dict:
-    """`--parent-run-id` on the TrainJob's command (the pods' MLflow runs become its children)."""
-    cmd = doc["spec"]["trainer"].get("command") or []
-    if "train" in cmd and "--parent-run-id" not in cmd:
-        doc["spec"]["trainer"]["command"] = [*cmd, "--parent-run-id", parent_run_id]
-    return doc
+    def manifests(self, cfg: Config, tasks: list[Task], run_rel: str | None) -> dict[str, list[dict]]:
+        return {"trainjob.yaml": [trainjob(cfg, tasks, run_rel)]}
 
+    def notes(self, cfg: Config) -> list[str]:
+        return [f"the TrainJob runs on the ClusterTrainingRuntime '{RUNTIME_NAME}': apply docker/runtime.yaml once "
+                "per cluster (`pinpoint provision CONFIG --runtime` writes it)"]
+
+    def pod_count(self, doc: dict) -> int:
+        return int(doc["spec"]["trainer"].get("numNodes", 1))
+
+    def pod_templates(self, doc: dict) -> list[dict]:
+        return []  # the pod template is the runtime's; the TrainJob holds the command
+
+    def with_parent_run(self, doc: dict, parent_run_id: str) -> dict:
+        """`--parent-run-id` on the TrainJob's command (the pods' MLflow runs become its children)."""
+        cmd = doc["spec"]["trainer"].get("command") or []
+        if "train" in cmd and "--parent-run-id" not in cmd:
+            doc["spec"]["trainer"]["command"] = [*cmd, "--parent-run-id", parent_run_id]
+        return doc
+
+    def create_error(self, status: int, message: str, namespace: str, name: str) -> str | None:
+        if status == 422 and "ClusterTrainingRuntime" in message:
+            return (f"kubernetes: TrainJob {namespace}/{name} refused: the ClusterTrainingRuntime {RUNTIME_NAME} is "
+                    "not installed; apply docker/runtime.yaml (or `pinpoint provision CONFIG --runtime`) once per "
+                    "cluster")
+        return super().create_error(status, message, namespace, name)
+
+    def controller_missing(self, namespace: str, name: str, age: float) -> str | None:
+        return (f"kubernetes: the Trainer controller made no JobSet (or the JobSet controller does not run) for "
+                f"TrainJob {namespace}/{name} after {age:.0f}s); check `kubectl get clustertrainingruntime "
+                f"{RUNTIME_NAME}` (pinpoint provision --runtime) and `kubectl get pods -n kubeflow-system`")
