@@ -163,6 +163,11 @@ def test_no_circle_of_files_in_the_execution_rooms():
     assert _circles(*_file_graph(ACYCLIC)) == []
 
 
+def test_no_circle_of_files_anywhere_in_src():
+    """Issue 32: no two files of the library import each other, directly or round a circle."""
+    assert _circles(*_file_graph(tuple(LAYER_OF))) == []
+
+
 # The rooms of training/, top first (docs/architecture.md); one rank may hold several rooms.
 TRAINING_ROOMS = [{"command"}, {"cluster"}, {"run"}, {"loop", "entrypoint"}, {"input"}, {"skeleton"},
                   {"setup", "objectives", "checkpoints", "peers"}]
