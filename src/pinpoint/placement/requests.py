@@ -76,18 +76,6 @@ def weight_rules(rows: list[dict], namer: DeviceMap) -> tuple[list[dict], dict]:
     return rules, explain
 
 
-def add_weight_rules(placement: dict, rows: list[dict], namer: DeviceMap) -> None:
-    """Append the weight rules to placement.json's conformance (its score is the rules' mean)."""
-    rules, explain = weight_rules(rows, namer)
-    if not rules:
-        return
-    conf = placement.setdefault("conformance", {"score": None, "rules": []})
-    conf["rules"] = list(conf.get("rules") or []) + rules
-    scored = [r["score"] for r in conf["rules"] if r.get("score") is not None]
-    conf["score"] = round(sum(scored) / len(scored), 4) if scored else None
-    placement["explain"] = dict(placement.get("explain") or {}, **explain)
-
-
 def weight_lines(placement: dict) -> list[str]:
     """The summary's line for weights not where the program requested them."""
     bad = [v for r in (placement.get("conformance") or {}).get("rules") or [] if r["rule"].endswith(": weights")

@@ -156,9 +156,8 @@ class Controller:
         captures = plan.sampled(run.trainer.step)
         if not captures:
             return None
-        placement = placement_report(self.cfg, ctx, run.trainer, captures)
-        if plan.timing:
-            placement["timing"] = timing_section(ctx, plan.loop_captured, plan.timed)
+        timing = timing_section(ctx, plan.loop_captured, plan.timed) if plan.timing else None
+        placement = placement_report(self.cfg, ctx, run.trainer, captures, timing=timing)
         if ctx.multi_worker:  # this task's view; the chief merges them, finish() writes placement.json
             write_placement(self.out / f"placement-{ctx.role}-{ctx.index}.json", placement)
         return placement

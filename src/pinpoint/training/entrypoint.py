@@ -181,8 +181,7 @@ def _info(cfg: Config, task: TaskContext, out: Path, resumed_from_run: str | Non
 def _placement(cfg: Config, out: Path, task: TaskContext, cap) -> dict | None:
     if not cfg.placement.enabled:
         return None
-    placement = cap.placement(cfg.train.entrypoint)
-    placement["task"] = task.task
+    placement = cap.placement(cfg.train.entrypoint, task=task.task)
     if task.multi_worker:  # this task's view; the chief merges them
         write_placement(out / f"placement-{task.role}-{task.index}.json", placement)
     return placement

@@ -1,0 +1,184 @@
+"""The placement model: what placement.json holds, as frozen dataclasses with named fields.
+
+`placement.build.build` makes one from its inputs in one pass; `Placement.to_json()` is
+placement.json's content and `Placement.from_json()` reads it back, older schema versions
+included (`upgrade`). The report and the summary read these fields by name. The sections whose
+shape the merge and MLflow share as JSON (transfers, variables, timing, ...) stay mappings inside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from pinpoint.placement.schema import SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One `train.pinning.layers` key: its device, the layers it matched, forward and backward ops
+    per device, and the bytes its ops receive from and send to other devices each step."""
+
+    layer: str
+    device: str
+    forward_ops: Mapping[str, Any]
+    backward_ops: Mapping[str, Any]
+    bytes_in: int
+    bytes_out: int
+    layers_matched: int | None = None
+    matched: tuple[str, ...] | None = None
+
+    def to_json(self) -> dict:
+        return {"layer": self.layer, "layers_matched": self.layers_matched,
+                "matched": list(self.matched) if self.matched is not None else None, "device": self.device,
+                "forward_ops": dict(self.forward_ops), "backward_ops": dict(self.backward_ops),
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> LayerRow:
+        matched = d.get("matched")
+        return cls(layer=d["layer"], device=d["device"], forward_ops=d.get("forward_ops") or {},
+                   backward_ops=d.get("backward_ops") or {}, bytes_in=d.get("bytes_in") or 0,
+                   bytes_out=d.get("bytes_out") or 0, layers_matched=d.get("layers_matched"),
+                   matched=tuple(matched) if matched is not None else None)
+
+
+@dataclass(frozen=True)
+class Conformance:
+    """Each rule (planned device, observed devices, score, violations) and their mean score."""
+
+    score: float | None = None
+    rules: tuple[Mapping[str, Any], ...] = ()
+    by_task: Mapping[str, Any] | None = None  # a merged cluster placement: each task's score
+
+    def to_json(self) -> dict:
+        out = {"score": self.score, "rules": [dict(r) for r in self.rules]}
+        if self.by_task is not None:
+            out["by_task"] = dict(self.by_task)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping | None) -> Conformance:
+        d = d or {}
+        return cls(score=d.get("score"), rules=tuple(d.get("rules") or ()), by_task=d.get("by_task"))
+
+
+def mean_score(rules) -> float | None:
+    """A conformance score: the mean of the rules' scores (rules without relevant ops skipped)."""
+    scored = [r["score"] for r in rules if r.get("score") is not None]
+    return round(sum(scored) / len(scored), 4) if scored else None
+
+
+# Sections written only when present (absent rather than null), in placement.json's order.
+OPTIONAL = ("device_map", "input_pipeline", "timing", "precision", "layer_pins", "tasks",
+            "functions", "training_function", "eager", "program")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """placement.json: see schema.EXPLAIN for each field."""
+
+    task: str = "chief:0"
+    strategy: str | None = None
+    captured_steps: tuple[int, ...] = ()
+    devices: tuple[str, ...] = ()
+    physical_devices: Mapping[str, str] = field(default_factory=dict)
+    device_aliases: Mapping[str, str] = field(default_factory=dict)
+    ops_by_device: Mapping[str, Any] = field(default_factory=dict)
+    op_types_by_device: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    transfers: Mapping[str, Any] = field(default_factory=dict)
+    fallbacks: tuple[Mapping[str, Any], ...] = ()
+    variables: tuple[Mapping[str, Any], ...] = ()
+    variable_updates: Mapping[str, Any] = field(default_factory=dict)
+    gradients: Mapping[str, Any] = field(default_factory=dict)
+    replica_consistency: Mapping[str, Any] | None = None
+    conformance: Conformance = field(default_factory=Conformance)
+    layers: tuple[LayerRow, ...] = ()
+    ops: tuple[Mapping[str, Any], ...] = ()
+    transfer_items: tuple[Mapping[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()
+    explain: Mapping[str, str] = field(default_factory=dict)
+    # Written when known: the run's device map, input pipeline, timing, precision, the resolved
+    # train.pinning.layers ({layer path: device}), a merged cluster's tasks.
+    device_map: Mapping[str, Any] | None = None
+    input_pipeline: Mapping[str, Any] | None = None
+    timing: Mapping[str, Any] | None = None
+    precision: Mapping[str, Any] | None = None
+    layer_pins: Mapping[str, str] | None = None
+    tasks: Mapping[str, Any] | None = None
+    # A traced program (pinpoint trace, train.entrypoint): every function, the training one, eager ops.
+    functions: tuple[Mapping[str, Any], ...] | None = None
+    training_function: str | None = None
+    eager: Mapping[str, Any] | None = None
+    program: str | None = None
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def traced(self) -> bool:
+        return self.functions is not None
+
+    @property
+    def observed_fallbacks(self) -> list[Mapping]:
+        return [f for f in self.fallbacks if not f.get("predicted")]
+
+    @property
+    def predicted_fallbacks(self) -> list[Mapping]:
+        return [f for f in self.fallbacks if f.get("predicted")]
+
+    @property
+    def training(self) -> Mapping | None:
+        """The training function's row of a traced program."""
+        return next((f for f in self.functions or () if f.get("training")), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """placement.json's content (schema, then each field in declaration order)."""
+        out: dict[str, Any] = {"schema": self.schema}
+        for f in fields(self):
+            if f.name == "schema":
+                continue
+            value = getattr(self, f.name)
+            if f.name in OPTIONAL and value is None:
+                continue
+            out[f.name] = _json(value)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Placement:
+        """A placement from placement.json's content, any schema version (see `upgrade`)."""
+        d = upgrade(d)
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["conformance"] = Conformance.from_json(d.get("conformance"))
+        kw["layers"] = tuple(LayerRow.from_json(r) for r in d.get("layers") or ())
+        for name in ("captured_steps", "devices", "fallbacks", "variables", "ops", "transfer_items", "notes"):
+            kw[name] = tuple(d.get(name) or ())
+        if d.get("functions") is not None:
+            kw["functions"] = tuple(d["functions"])
+        for name in ("physical_devices", "device_aliases", "ops_by_device", "op_types_by_device", "transfers",
+                     "variable_updates", "gradients", "explain"):
+            kw[name] = d.get(name) or {}
+        return cls(**kw)
+
+
+def upgrade(d: Mapping[str, Any]) -> dict[str, Any]:
+    """placement.json's content in the current schema. Version 1 (before the typed model) had no
+    `layer_pins`: it is read off the `layers` rows (each matched layer name -> its key's device)."""
+    out = dict(d)
+    version = out.get("schema", 1)
+    if version == 1:
+        pins = {name: r["device"] for r in out.get("layers") or () for name in r.get("matched") or ()}
+        if pins:
+            out["layer_pins"] = pins
+        out["schema"] = SCHEMA_VERSION
+    return out
+
+
+def _json(value):
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, tuple):
+        return [_json(v) for v in value]
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
