@@ -161,6 +161,13 @@ class Placement:
         return cls(**kw)
 
 
+def as_placement(p: Placement | Mapping[str, Any] | None) -> Placement | None:
+    """A Placement from a model or placement.json's content (None or {}: nothing captured)."""
+    if isinstance(p, Placement) or p is None:
+        return p
+    return Placement.from_json(p) if p else None
+
+
 def upgrade(d: Mapping[str, Any]) -> dict[str, Any]:
     """placement.json's content in the current schema. Version 1 (before the typed model) had no
     `layer_pins`: it is read off the `layers` rows (each matched layer name -> its key's device)."""

@@ -76,10 +76,9 @@ def weight_rules(rows: list[dict], namer: DeviceMap) -> tuple[list[dict], dict]:
     return rules, explain
 
 
-def weight_lines(placement: dict) -> list[str]:
-    """The summary's line for weights not where the program requested them."""
-    bad = [v for r in (placement.get("conformance") or {}).get("rules") or [] if r["rule"].endswith(": weights")
-           for v in r.get("violations") or []]
+def weight_lines(rules) -> list[str]:
+    """The summary's line for weights not where the program requested them (`rules`: conformance's)."""
+    bad = [v for r in rules if r["rule"].endswith(": weights") for v in r.get("violations") or []]
     if not bad:
         return []
     v = bad[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pinpoint.placement.conformance import split_fallbacks
+from pinpoint.placement.model import Placement, as_placement
 from pinpoint.placement.requests import weight_lines
 from pinpoint.placement.variables import user_variables
 
@@ -63,11 +63,12 @@ def timing_lines(timing: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def program_lines(placement: Mapping[str, Any]) -> list[str]:
+def program_lines(placement: Placement) -> list[str]:
     """`pinpoint trace` / train.entrypoint: the functions that ran and the eager ops."""
-    if "functions" not in placement:
+    if not placement.traced:
         return []
-    funcs = placement.get("functions") or []
+    funcs = placement.functions
+
     def label(f) -> str:
         role = f.get("role")
         tags = (["training"] if f.get("training") else []) + ([role] if role and role not in ("train", "other") else [])
@@ -75,7 +76,7 @@ def program_lines(placement: Mapping[str, Any]) -> list[str]:
 
     shown = ", ".join(label(f) for f in funcs[:3])
     lines = [f"functions  : {len(funcs)}" + (f": {shown}" + (" ..." if len(funcs) > 3 else "") if funcs else "")]
-    eager = placement.get("eager") or {}
+    eager = placement.eager or {}
     by_dev = ", ".join(f"{d} {n}" for d, n in (eager.get("ops_by_device") or {}).items())
     copies = eager.get("copies") or []
     copy = "; copies: " + ", ".join(f"{c['from']}->{c['to']} {human_bytes(c['bytes'])}" for c in copies[:2]) if copies else ""
@@ -83,17 +84,34 @@ def program_lines(placement: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, Any] | None) -> str:
+def format_summary(placement: Placement | Mapping[str, Any] | None, metrics: Mapping[str, Any] | None) -> str:
     """10-15 lines: final loss/accuracy, throughput, ops per device, transfers, fallbacks,
     conformance and replica drift."""
-    placement = placement or {}
-    metrics = metrics or {}
-    lines = ["== pinpoint summary " + "=" * 40]
+    p = as_placement(placement)
+    lines = ["== pinpoint summary " + "=" * 40, _training_line(metrics or {})]
+    if p is None:
+        lines.append("placement  : not captured (placement.enabled is false or no step was sampled)")
+        return "\n".join(lines)
+    lines.append(f"strategy   : {p.strategy}   task: {p.task}")
+    lines.append(_ops_line(p))
+    lines.extend(_transfer_lines(p.transfers))
+    if p.timing:
+        lines.extend(timing_lines(p.timing))
+    lines.append(_variables_line(p))
+    lines.extend(_fallback_lines(p))
+    lines.extend(_input_lines(p))
+    lines.append(_conformance_line(p))
+    lines.extend(weight_lines(p.conformance.rules))
+    lines.extend(program_lines(p))
+    lines.extend(f"note       : {note}" for note in p.notes[:1])
+    lines.append(_drift_summary(p.replica_consistency))
+    return "\n".join(lines)
+
+
+def _training_line(metrics: Mapping[str, Any]) -> str:
     # metrics.json's keys (pinpoint.training.controller, Controller.finalize; "loss_fn" names the loss function).
-    loss = _number(metrics, "final_loss")
-    acc = _number(metrics, "final_accuracy")
-    eps = _number(metrics, "examples_per_sec")
-    steps = _number(metrics, "steps")
+    loss, acc = _number(metrics, "final_loss"), _number(metrics, "final_accuracy")
+    eps, steps = _number(metrics, "examples_per_sec"), _number(metrics, "steps")
     parts = []
     if steps is not None:
         parts.append(f"steps {steps:.0f}")
@@ -103,60 +121,58 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
         parts.append(f"accuracy {acc:.3f}")
     if eps is not None:
         parts.append(f"{eps:,.0f} examples/s")
-    lines.append("training   : " + (", ".join(parts) if parts else "no metrics recorded"))
-    if not placement:
-        lines.append("placement  : not captured (placement.enabled is false or no step was sampled)")
-        return "\n".join(lines)
-    lines.append(f"strategy   : {placement.get('strategy')}   task: {placement.get('task')}")
-    phys = placement.get("physical_devices") or {}
-    ops = placement.get("ops_by_device") or {}
-    grads = (placement.get("gradients") or {}).get("ops_by_device") or {}
-    def short_phys(d: str) -> str:
-        p = phys.get(d, d)
-        return f"={p[p.rfind('/'):]}" if p != d else ""
+    return "training   : " + (", ".join(parts) if parts else "no metrics recorded")
 
-    lines.append("ops/step   : " + (", ".join(
-        f"{d}{short_phys(d)} {n} ({grads.get(d, 0)} grad)" for d, n in ops.items()
-    ) or "none captured"))
-    per = (placement.get("transfers") or {}).get("per_step") or {}
-    reasons = (placement.get("transfers") or {}).get("unsized_reasons") or {}
+
+def _ops_line(p: Placement) -> str:
+    grads = p.gradients.get("ops_by_device") or {}
+
+    def short_phys(d: str) -> str:
+        phys = p.physical_devices.get(d, d)
+        return f"={phys[phys.rfind('/'):]}" if phys != d else ""
+
+    return "ops/step   : " + (", ".join(
+        f"{d}{short_phys(d)} {n} ({grads.get(d, 0)} grad)" for d, n in p.ops_by_device.items()) or "none captured")
+
+
+def _transfer_lines(tr: Mapping[str, Any]) -> list[str]:
+    per = tr.get("per_step") or {}
+    reasons = tr.get("unsized_reasons") or {}
     sized = (f" ({per.get('unsized', 0)} unsized: " + "; ".join(reasons) + ")" if reasons
              else f" ({per.get('unsized', 0)} unsized)" if per.get("unsized") else "")
-    loop = (placement.get("transfers") or {}).get("loop_control") or {}
+    loop = tr.get("loop_control") or {}
     if loop.get("count"):
         sized += f" (+{loop['count']} loop control)"
-    lines.append(f"transfers  : {per.get('count', 0)} per step, {human_bytes(per.get('bytes', 0))} per step{sized}")
-    coll = (placement.get("transfers") or {}).get("collectives") or {}
+    lines = [f"transfers  : {per.get('count', 0)} per step, {human_bytes(per.get('bytes', 0))} per step{sized}"]
+    coll = tr.get("collectives") or {}
     if coll:
         lines.append(
             f"collectives: {sum(c.get('count', 0) for c in coll.values())} per step "
             f"(all-reduce etc.), {human_bytes(sum(c.get('input_bytes', 0) for c in coll.values()))} reduced per step"
         )
-    matrix = (placement.get("transfers") or {}).get("matrix") or {}
-    top = sorted(
-        ((s, d, c["bytes"]) for s, row in matrix.items() for d, c in row.items()), key=lambda t: -t[2]
-    )[:3]
+    matrix = tr.get("matrix") or {}
+    top = sorted(((s, d, c["bytes"]) for s, row in matrix.items() for d, c in row.items()), key=lambda t: -t[2])[:3]
     if top:
         lines.append("  busiest  : " + ", ".join(f"{s}->{d} {human_bytes(b)}" for s, d, b in top))
-    if placement.get("timing"):
-        lines.extend(timing_lines(placement["timing"]))
-    every = placement.get("variables") or []
-    vars_ = user_variables(every)
+    return lines
+
+
+def _variables_line(p: Placement) -> str:
+    vars_ = user_variables(p.variables)
     by_dev: dict[str, int] = {}
     for v in vars_:
         for dev in v.get("devices", []):
             by_dev[dev] = by_dev.get(dev, 0) + 1
-    lines.append(
-        f"variables  : {len(vars_)} ("
-        + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
-        + (f"; +{len(every) - len(vars_)} internal, TensorFlow's own" if len(every) > len(vars_) else "")
-        + f"); {(placement.get('variable_updates') or {}).get('coverage', '')}"
-    )
-    fb, pred = split_fallbacks(placement)
-    lines.append(
-        f"fallbacks  : {len(fb)}"
-        + (": " + ", ".join(f"{f['op']} {f['requested']}->{f['placed']}" for f in fb[:3]) + (" ..." if len(fb) > 3 else "") if fb else "")
-    )
+    internal = len(p.variables) - len(vars_)
+    return (f"variables  : {len(vars_)} (" + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
+            + (f"; +{internal} internal, TensorFlow's own" if internal else "")
+            + f"); {p.variable_updates.get('coverage', '')}")
+
+
+def _fallback_lines(p: Placement) -> list[str]:
+    fb, pred = p.observed_fallbacks, p.predicted_fallbacks
+    lines = [f"fallbacks  : {len(fb)}" + (": " + ", ".join(f"{f['op']} {f['requested']}->{f['placed']}" for f in fb[:3])
+                                          + (" ..." if len(fb) > 3 else "") if fb else "")]
     if pred:
         # Under emulation: what a GPU machine would move to the host (no GPU kernel).
         lines.append(
@@ -164,38 +180,38 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
             + ", ".join(f"{f['op']} ({f['op_type']}) {f['placed']}->{f['would_run_on']}" for f in pred[:3])
             + (" ..." if len(pred) > 3 else "")
         )
-    pipe = placement.get("input_pipeline")
+    return lines
+
+
+def _input_lines(p: Placement) -> list[str]:
+    lines = []
+    pipe = p.input_pipeline
     if pipe:
         shard = pipe.get("sharding") or {}
         by = f"; sharded by {shard['by']} ({shard.get('files')} file(s) here)" if shard.get("by") not in (None, "none") else ""
         lines.append(f"input      : {pipe.get('kind')} on {pipe.get('device')} from {pipe.get('source')}{by}")
-    prec = placement.get("precision") or {}
+    prec = p.precision or {}
     if prec.get("policy", "float32") != "float32":
         casts = prec.get("casts_by_device") or {}
         lines.append(f"precision  : {prec['policy']}; casts per step: "
                      + (", ".join(f"{d} {n}" for d, n in casts.items()) or "none"))
-    conf = placement.get("conformance") or {}
-    rules = conf.get("rules") or []
-    if conf.get("score") is None:
-        lines.append("conformance: no pinning rules to check")
-    else:
-        bad = [r for r in rules if r.get("score") is not None and r["score"] < 1.0]
-        lines.append(
-            f"conformance: {conf['score']:.2f} over {len(rules)} rule(s)"
-            + ("; below 1: " + ", ".join(f"{r['rule']} {r['score']:.2f}" for r in bad[:3]) if bad else "")
-        )
-    lines.extend(weight_lines(placement))
-    lines.extend(program_lines(placement))
-    for note in (placement.get("notes") or [])[:1]:
-        lines.append(f"note       : {note}")
-    rc = placement.get("replica_consistency")
-    if rc:
-        if rc.get("max_abs_diff") is None:
-            lines.append(f"replica drift: not checked ({rc.get('error', 'components unreadable')})")
-        elif rc.get("trainable_drift") is None:  # a placement.json from before the split
-            lines.append(f"replica drift: max |diff| {rc['max_abs_diff']:.3g} over {rc.get('checked', 0)} mirrored variable(s)")
-        else:
-            lines.append(drift_line(rc))
-    else:
-        lines.append("replica drift: not applicable (no mirrored variables)")
-    return "\n".join(lines)
+    return lines
+
+
+def _conformance_line(p: Placement) -> str:
+    conf = p.conformance
+    if conf.score is None:
+        return "conformance: no pinning rules to check"
+    bad = [r for r in conf.rules if r.get("score") is not None and r["score"] < 1.0]
+    return (f"conformance: {conf.score:.2f} over {len(conf.rules)} rule(s)"
+            + ("; below 1: " + ", ".join(f"{r['rule']} {r['score']:.2f}" for r in bad[:3]) if bad else ""))
+
+
+def _drift_summary(rc: Mapping[str, Any] | None) -> str:
+    if not rc:
+        return "replica drift: not applicable (no mirrored variables)"
+    if rc.get("max_abs_diff") is None:
+        return f"replica drift: not checked ({rc.get('error', 'components unreadable')})"
+    if rc.get("trainable_drift") is None:  # a placement.json from before the split
+        return f"replica drift: max |diff| {rc['max_abs_diff']:.3g} over {rc.get('checked', 0)} mirrored variable(s)"
+    return drift_line(rc)
