@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from pinpoint.errors import ConfigError
 from pinpoint.placement.schema import SCHEMA_VERSION
 
 
@@ -173,6 +174,9 @@ def upgrade(d: Mapping[str, Any]) -> dict[str, Any]:
     `layer_pins`: it is read off the `layers` rows (each matched layer name -> its key's device)."""
     out = dict(d)
     version = out.get("schema", 1)
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise ConfigError(f"placement.json schema: got {version!r}; this pinpoint reads versions 1 to "
+                          f"{SCHEMA_VERSION}; read it with the pinpoint version that wrote it, or upgrade pinpoint")
     if version == 1:
         pins = {name: r["device"] for r in out.get("layers") or () for name in r.get("matched") or ()}
         if pins:
