@@ -33,7 +33,7 @@ from pinpoint.placement.conformance import (
     requested_rules,
 )
 from pinpoint.placement.inputs import PlacementInputs
-from pinpoint.placement.model import Conformance, Placement, mean_score
+from pinpoint.placement.model import Conformance, FunctionRow, Placement, Rule, mean_score
 from pinpoint.placement.requests import weight_rules
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE, json_number
 from pinpoint.placement.transfers import BOOKKEEPING, merge_transfer_steps, step_transfers
@@ -59,7 +59,7 @@ def build(inputs: PlacementInputs) -> Placement:
         scan.devices.update(v["devices"])
         scan.devices.update(v["update_devices"])
     devices = sorted((d for d in scan.devices if d), key=sort_key)
-    conformance, explain = _conformance(inputs, scan, var_info["variables"], namer, grad_re, captures)
+    conformance, rule_rows, explain = _conformance(inputs, scan, var_info["variables"], namer, grad_re, captures)
     items = scan.transfers[0]["items"] if scan.transfers else []
     op_types = {d: _mean_counter([t.get(d, Counter()) for t in scan.types])
                 for d in sorted({d for t in scan.types for d in t}, key=sort_key)}
@@ -86,7 +86,7 @@ def build(inputs: PlacementInputs) -> Placement:
         # The trainer builds the placement after its last step, so this is the end-of-training check.
         replica_consistency=safe_consistency(list(inputs.variables), values, inputs.optimizer_variables),
         conformance=conformance,
-        layers=tuple(layer_table(conformance.rules, items, inputs.plan, inputs.layer_pins)),
+        layers=tuple(layer_table(rule_rows, items, inputs.plan, inputs.layer_pins)),
         ops=tuple(scan.ops_detail),
         # Every transfer of the first captured step (tensor, from, to, bytes, consumers).
         transfer_items=tuple(items),
@@ -98,7 +98,7 @@ def build(inputs: PlacementInputs) -> Placement:
         precision=_precision(inputs.precision_policy, op_types),
         layer_pins={path: namer.canonical_spec(dev) for path, dev in inputs.layer_pins.by_path().items()}
         if inputs.layer_pins is not None else None,
-        functions=tuple(trace.functions) if trace else None,
+        functions=tuple(map(FunctionRow.from_json, trace.functions)) if trace else None,
         training_function=trace.training_function if trace else None,
         eager=trace.eager if trace else None,
         program=trace.program if trace else None,
@@ -180,9 +180,10 @@ def _observed_fallbacks(scan: _Scan, namer: DeviceMap, device_map) -> list[dict]
 
 
 def _conformance(inputs: PlacementInputs, scan: _Scan, variables: list, namer: DeviceMap, grad_re,
-                 captures: list) -> tuple[Conformance, dict]:
+                 captures: list) -> tuple[Conformance, list[dict], dict]:
     """Every rule at once: a traced program's requests first, then the plan's and the strategy's,
-    then its weights' requests; each violation that is a predicted fallback marked. With explain."""
+    then its weights' requests; each violation that is a predicted fallback marked. With the rules
+    as computed (the layers table reads them) and explain."""
     input_re = re.compile(rf"(^|/){re.escape(inputs.input_scope)}(_\d+)?/")
     rules = check_conformance(as_predicted(scan.ops_detail, scan.predicted), variables, inputs.plan,
                               inputs.strategy, inputs.device_map, namer, grad_re, inputs.layer_pins,
@@ -196,7 +197,8 @@ def _conformance(inputs: PlacementInputs, scan: _Scan, variables: list, namer: D
         weights, weight_explain = weight_rules(list(inputs.trace.weight_rows), namer)
         rules += weights
         explain.update(weight_explain)
-    return Conformance(score=mean_score(rules), rules=tuple(rules)), explain
+    conformance = Conformance(score=mean_score(r["score"] for r in rules), rules=tuple(map(Rule.from_json, rules)))
+    return conformance, rules, explain
 
 
 def _notes(inputs: PlacementInputs, captures: list, ops_detail: list, variables: list) -> list[str]:

@@ -134,7 +134,7 @@ def check_conformance(ops, variables, plan, strategy, device_map, namer, grad_re
     is_input = lambda o: bool(INPUT_RE.match(o["type"]) or input_re.search(o["op"]))  # noqa: E731
     rules = _plan_rules(compute, variables, plan, namer, grad_re, pins, is_input) if plan is not None else []
     rules += _strategy_rules(compute, variables, strategy, device_map, namer, is_input)
-    return {"score": mean_score(rules), "rules": rules}
+    return {"score": mean_score(r["score"] for r in rules), "rules": rules}
 
 
 def _plan_rules(compute, variables, plan, namer, grad_re, pins, is_input) -> list[dict]:

@@ -45,16 +45,86 @@ class LayerRow:
                    matched=tuple(matched) if matched is not None else None)
 
 
+def _present(pairs) -> dict:
+    """A JSON object of the pairs whose value is set (optional keys are absent, not null)."""
+    return {k: v for k, v in pairs if v is not None}
+
+
+@dataclass(frozen=True)
+class Violation:
+    """An op (or variable, or weight) a rule relevant to it found off the planned device. `why`:
+    the likely cause when known; `predicted`: a GPU machine's fallback under emulation; a weight
+    request's violation also names its layer, variable, request and how it was requested."""
+
+    op: str
+    placed: str
+    why: str | None = None
+    predicted: bool | None = None
+    layer: str | None = None
+    variable: str | None = None
+    requested: str | None = None
+    how: str | None = None
+
+    def to_json(self) -> dict:
+        return _present((f.name, getattr(self, f.name)) for f in fields(self))
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Violation:
+        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One conformance rule: the planned device against the devices its relevant ops ran on.
+    `score`: the fraction on the planned device (None: no relevant op); `violations`: the first 50
+    of `violations_total`. A layers.<key> rule also scores its `forward` and `backward` ops apart
+    ({relevant, score, observed}); a merged cluster's rule names its `task`."""
+
+    rule: str
+    planned: str
+    observed: Mapping[str, Any]
+    relevant: int
+    score: float | None
+    violations: tuple[Violation, ...] = ()
+    violations_total: int = 0
+    layers_matched: int | None = None
+    forward: Mapping[str, Any] | None = None
+    backward: Mapping[str, Any] | None = None
+    task: str | None = None
+
+    @property
+    def below_plan(self) -> bool:
+        return self.score is not None and self.score < 1.0
+
+    def part(self, name: str) -> Mapping[str, Any]:
+        """The forward or backward part's {relevant, score, observed} ({} when not split)."""
+        return getattr(self, name) or {}
+
+    def to_json(self) -> dict:
+        out = {"rule": self.rule, "planned": self.planned, "observed": dict(self.observed),
+               "relevant": self.relevant, "score": self.score,
+               "violations": [v.to_json() for v in self.violations], "violations_total": self.violations_total}
+        return out | _present((k, getattr(self, k)) for k in ("layers_matched", "forward", "backward", "task"))
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Rule:
+        return cls(rule=d["rule"], planned=d["planned"], observed=d.get("observed") or {},
+                   relevant=d.get("relevant", 0), score=d.get("score"),
+                   violations=tuple(Violation.from_json(v) for v in d.get("violations") or ()),
+                   violations_total=d.get("violations_total", 0), layers_matched=d.get("layers_matched"),
+                   forward=d.get("forward"), backward=d.get("backward"), task=d.get("task"))
+
+
 @dataclass(frozen=True)
 class Conformance:
-    """Each rule (planned device, observed devices, score, violations) and their mean score."""
+    """Each rule and their mean score."""
 
     score: float | None = None
-    rules: tuple[Mapping[str, Any], ...] = ()
+    rules: tuple[Rule, ...] = ()
     by_task: Mapping[str, Any] | None = None  # a merged cluster placement: each task's score
 
     def to_json(self) -> dict:
-        out = {"score": self.score, "rules": [dict(r) for r in self.rules]}
+        out = {"score": self.score, "rules": [r.to_json() for r in self.rules]}
         if self.by_task is not None:
             out["by_task"] = dict(self.by_task)
         return out
@@ -62,12 +132,52 @@ class Conformance:
     @classmethod
     def from_json(cls, d: Mapping | None) -> Conformance:
         d = d or {}
-        return cls(score=d.get("score"), rules=tuple(d.get("rules") or ()), by_task=d.get("by_task"))
+        return cls(score=d.get("score"), rules=tuple(Rule.from_json(r) for r in d.get("rules") or ()),
+                   by_task=d.get("by_task"))
 
 
-def mean_score(rules) -> float | None:
+@dataclass(frozen=True)
+class FunctionRow:
+    """One function a traced program ran: its calls and, per call, ops (per device), transfers
+    and bytes, collectives, variable and optimizer updates, from the partition graphs of its first
+    call; its role (train, evaluate, predict, other), whether it is the training function, the
+    error of a first call that raised, and the eager ops the runtime ran during the captured call."""
+
+    name: str
+    concrete: str
+    kind: str
+    calls: int
+    captured: bool
+    ops_per_call: int
+    ops_by_device: Mapping[str, int]
+    transfers_per_call: int
+    transfer_bytes_per_call: int
+    collectives_per_call: int
+    variable_updates: int
+    optimizer_updates: int
+    role: str
+    error: str | None = None
+    runtime_ops: tuple[Mapping[str, Any], ...] = ()
+    training: bool = False
+
+    def to_json(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["ops_by_device"] = dict(self.ops_by_device)
+        out["runtime_ops"] = [dict(o) for o in self.runtime_ops]
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> FunctionRow:
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["runtime_ops"] = tuple(d.get("runtime_ops") or ())
+        kw.setdefault("captured", True)
+        return cls(**kw)
+
+
+def mean_score(scores) -> float | None:
     """A conformance score: the mean of the rules' scores (rules without relevant ops skipped)."""
-    scored = [r["score"] for r in rules if r.get("score") is not None]
+    scored = [s for s in scores if s is not None]
     return round(sum(scored) / len(scored), 4) if scored else None
 
 
@@ -109,7 +219,7 @@ class Placement:
     layer_pins: Mapping[str, str] | None = None
     tasks: Mapping[str, Any] | None = None
     # A traced program (pinpoint trace, train.entrypoint): every function, the training one, eager ops.
-    functions: tuple[Mapping[str, Any], ...] | None = None
+    functions: tuple[FunctionRow, ...] | None = None
     training_function: str | None = None
     eager: Mapping[str, Any] | None = None
     program: str | None = None
@@ -128,9 +238,9 @@ class Placement:
         return [f for f in self.fallbacks if f.get("predicted")]
 
     @property
-    def training(self) -> Mapping | None:
+    def training(self) -> FunctionRow | None:
         """The training function's row of a traced program."""
-        return next((f for f in self.functions or () if f.get("training")), None)
+        return next((f for f in self.functions or () if f.training), None)
 
     def to_json(self) -> dict[str, Any]:
         """placement.json's content (schema, then each field in declaration order)."""
@@ -155,7 +265,7 @@ class Placement:
         for name in ("captured_steps", "devices", "fallbacks", "variables", "ops", "transfer_items", "notes"):
             kw[name] = tuple(d.get(name) or ())
         if d.get("functions") is not None:
-            kw["functions"] = tuple(d["functions"])
+            kw["functions"] = tuple(FunctionRow.from_json(f) for f in d["functions"])
         for name in ("physical_devices", "device_aliases", "ops_by_device", "op_types_by_device", "transfers",
                      "variable_updates", "gradients", "explain"):
             kw[name] = d.get(name) or {}

@@ -77,7 +77,12 @@ def _dev(d: str, phys: dict) -> str:
 
 
 def _task(x: dict) -> str:
-    return f"[{x['task']}] " if x.get("task") else ""
+    return _tagged(x.get("task"), "")
+
+
+def _tagged(task: str | None, text: str) -> str:
+    """A merged cluster's row names its task first."""
+    return f"[{task}] {text}" if task else text
 
 
 def _group_of_var(name: str) -> str:
@@ -279,22 +284,19 @@ def _gradients(p: Placement, metrics, charts, x) -> dict:
 
 def _conformance(p: Placement, metrics, charts, x) -> dict:
     rules = p.conformance.rules
-    rows, bad = [], set()
-    for i, r in enumerate(rules):
-        s = r.get("score")
-        if s is not None and s < 1.0:
-            bad.add(i)
-        observed = ", ".join(f"{d}: {n}" for d, n in (r.get("observed") or {}).items())
+    rows = []
+    for r in rules:
         # layers.<key>: the forward and backward passes scored apart (a layer's backward ops
         # may ignore its pin while its forward ops obey it).
-        parts = [f"{part} {r[part]['score']:.2f} ({r[part]['relevant']})" for part in ("forward", "backward")
-                 if (r.get(part) or {}).get("score") is not None]
-        rows.append({"rule": _task(r) + r["rule"], "planned": r["planned"], "observed": observed or "-",
-                     "relevant": r["relevant"], "score": "n/a (no relevant ops)" if s is None else f"{s:.2f}",
-                     "parts": ", ".join(parts) or "-", "layers_matched": r.get("layers_matched", "")})
-    return {"charts": charts, "rows": rows, "bad": bad,
-            "violations": [{"rule": _task(r) + r["rule"], "op": v["op"], "placed": v["placed"], "planned": r["planned"],
-                            "why": v.get("why", "")} for r in rules for v in (r.get("violations") or [])[:20]]}
+        parts = [f"{part} {r.part(part)['score']:.2f} ({r.part(part)['relevant']})" for part in ("forward", "backward")
+                 if r.part(part).get("score") is not None]
+        rows.append({"rule": _tagged(r.task, r.rule), "planned": r.planned,
+                     "observed": ", ".join(f"{d}: {n}" for d, n in r.observed.items()) or "-",
+                     "relevant": r.relevant, "score": "n/a (no relevant ops)" if r.score is None else f"{r.score:.2f}",
+                     "parts": ", ".join(parts) or "-", "layers_matched": "" if r.layers_matched is None else r.layers_matched})
+    return {"charts": charts, "rows": rows, "bad": {i for i, r in enumerate(rules) if r.below_plan},
+            "violations": [{"rule": _tagged(r.task, r.rule), "op": v.op, "placed": v.placed, "planned": r.planned,
+                            "why": v.why or ""} for r in rules for v in r.violations[:20]]}
 
 
 def _conformance_what(p: Placement, ex: dict) -> str:
@@ -402,11 +404,11 @@ def _functions(p: Placement, metrics, charts, x) -> dict | None:
     """`pinpoint trace` / train.entrypoint: every captured function of the program."""
     if not p.traced:
         return None
-    return {"rows": [{"name": ("training: " if f.get("training") else "") + f["name"], "kind": f["kind"],
-                      "calls": f["calls"], "ops": f["ops_per_call"] if f.get("captured", True) else "not captured",
-                      "by_device": ", ".join(f"{d} {n}" for d, n in f["ops_by_device"].items()),
-                      "transfers": f["transfers_per_call"], "bytes": human_bytes(f["transfer_bytes_per_call"]),
-                      "collectives": f["collectives_per_call"]} for f in p.functions]}
+    return {"rows": [{"name": ("training: " if f.training else "") + f.name, "kind": f.kind, "calls": f.calls,
+                      "ops": f.ops_per_call if f.captured else "not captured",
+                      "by_device": ", ".join(f"{d} {n}" for d, n in f.ops_by_device.items()),
+                      "transfers": f.transfers_per_call, "bytes": human_bytes(f.transfer_bytes_per_call),
+                      "collectives": f.collectives_per_call} for f in p.functions]}
 
 
 def _functions_what(p: Placement, ex: dict) -> str:

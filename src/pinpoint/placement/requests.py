@@ -77,12 +77,12 @@ def weight_rules(rows: list[dict], namer: DeviceMap) -> tuple[list[dict], dict]:
 
 
 def weight_lines(rules) -> list[str]:
-    """The summary's line for weights not where the program requested them (`rules`: conformance's)."""
-    bad = [v for r in rules if r["rule"].endswith(": weights") for v in r.get("violations") or []]
+    """The summary's line for weights not where the program requested them (`rules`: the model's)."""
+    bad = [v for r in rules if r.rule.endswith(": weights") for v in r.violations]
     if not bad:
         return []
     v = bad[0]
     more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-    lazy = " - Keras lazy build, see report" if v["how"] in LAZY else ""
-    return [f"weights    : {len(bad)} not where requested: {v['op']} requested {v['requested']} ({v['how']}), "
-            f"on {v['placed']}{lazy}{more}"]
+    lazy = " - Keras lazy build, see report" if v.how in LAZY else ""
+    return [f"weights    : {len(bad)} not where requested: {v.op} requested {v.requested} ({v.how}), "
+            f"on {v.placed}{lazy}{more}"]

@@ -70,9 +70,8 @@ def program_lines(placement: Placement) -> list[str]:
     funcs = placement.functions
 
     def label(f) -> str:
-        role = f.get("role")
-        tags = (["training"] if f.get("training") else []) + ([role] if role and role not in ("train", "other") else [])
-        return f"{f['name']} x{f['calls']}" + (f" ({', '.join(tags)})" if tags else "")
+        tags = (["training"] if f.training else []) + ([f.role] if f.role not in ("train", "other") else [])
+        return f"{f.name} x{f.calls}" + (f" ({', '.join(tags)})" if tags else "")
 
     shown = ", ".join(label(f) for f in funcs[:3])
     lines = [f"functions  : {len(funcs)}" + (f": {shown}" + (" ..." if len(funcs) > 3 else "") if funcs else "")]
@@ -202,9 +201,9 @@ def _conformance_line(p: Placement) -> str:
     conf = p.conformance
     if conf.score is None:
         return "conformance: no pinning rules to check"
-    bad = [r for r in conf.rules if r.get("score") is not None and r["score"] < 1.0]
+    bad = [r for r in conf.rules if r.below_plan]
     return (f"conformance: {conf.score:.2f} over {len(conf.rules)} rule(s)"
-            + ("; below 1: " + ", ".join(f"{r['rule']} {r['score']:.2f}" for r in bad[:3]) if bad else ""))
+            + ("; below 1: " + ", ".join(f"{r.rule} {r.score:.2f}" for r in bad[:3]) if bad else ""))
 
 
 def _drift_summary(rc: Mapping[str, Any] | None) -> str:
