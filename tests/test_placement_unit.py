@@ -227,3 +227,16 @@ def test_layer_pins_map_paths_to_their_keys_devices():
     assert pins.by_path() == {"dense_1": "/GPU:0", "backbone/block_1": "/GPU:1", "backbone/block_1/conv": "/GPU:1",
                               "dense_2": "/GPU:0"}
     assert pins.names_by_key() == {"dense_*": ["dense_1", "dense_2"], "backbone/block_1": ["block_1", "conv"]}
+
+
+def test_a_merged_traced_program_keeps_the_chiefs_own_sections():
+    """train.entrypoint in a cluster: the merge unites the tasks' sections; functions, the training
+    function, eager ops and the program are the chief's (the first placement)."""
+    chief = dict(_sample(), task="chief:0", functions=[{"name": "train_step", "calls": 3}],
+                 training_function="train_step", eager={"ops": 7}, program="train:main")
+    worker = dict(_sample(), task="worker:0", functions=[{"name": "other", "calls": 1}],
+                  training_function="other", eager={"ops": 1}, program="train:main")
+    merged = merge_placements([chief, worker])
+    assert {k: merged[k] for k in ("functions", "training_function", "eager", "program")} == \
+        {"functions": [{"name": "train_step", "calls": 3}], "training_function": "train_step",
+         "eager": {"ops": 7}, "program": "train:main"}

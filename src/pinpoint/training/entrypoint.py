@@ -146,11 +146,6 @@ def run_entrypoint(cfg: Config, out: Path, task: TaskContext, *, resume_from_run
         placement = _placement(cfg, out, task, cap)
         if task.is_chief:
             merged = cluster_placement() if cluster_placement is not None and failure is None else None
-            if merged is not None and placement is not None:
-                # The merge unites the tasks' ops, transfers and variables; the program's own
-                # sections (its functions and eager ops) are the chief's.
-                for key in ("functions", "training_function", "eager", "program"):
-                    merged[key] = placement.get(key)
             placement = merged if merged is not None else placement
             metrics = _metrics(cfg, task, ctx, cap, placement, failed=failure is not None)
             if placement is not None:
