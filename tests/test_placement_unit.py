@@ -192,6 +192,9 @@ def test_the_model_round_trips_placement_json():
 
     sample = dict(_sample(), layers=V1_LAYERS)
     out = Placement.from_json(sample).to_json()
+    # The sample predates transfers.loop_control and unsized_reasons: they read as empty.
+    assert (out["transfers"]["loop_control"], out["transfers"]["unsized_reasons"]) == ({"count": 0, "bytes": 0}, {})
+    out["transfers"] = {k: v for k, v in out["transfers"].items() if k in sample["transfers"]}
     assert {k: v for k, v in out.items() if k in sample and k != "schema"} == \
         {k: v for k, v in sample.items() if k != "schema"}
     assert out["schema"] == 2

@@ -33,7 +33,7 @@ from pinpoint.placement.conformance import (
     requested_rules,
 )
 from pinpoint.placement.inputs import PlacementInputs
-from pinpoint.placement.model import Conformance, FunctionRow, Placement, Rule, mean_score
+from pinpoint.placement.model import Conformance, FunctionRow, Placement, Rule, Transfers, mean_score
 from pinpoint.placement.requests import weight_rules
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE, json_number
 from pinpoint.placement.transfers import BOOKKEEPING, merge_transfer_steps, step_transfers
@@ -73,7 +73,8 @@ def build(inputs: PlacementInputs) -> Placement:
         device_aliases=dict(namer.aliases),
         ops_by_device=_mean_counter(scan.ops),
         op_types_by_device=op_types,
-        transfers=merge_transfer_steps(scan.transfers, [getattr(c, "steps", None) or [c.step] for c in captures]),
+        transfers=Transfers.from_json(
+            merge_transfer_steps(scan.transfers, [getattr(c, "steps", None) or [c.step] for c in captures])),
         fallbacks=tuple(_observed_fallbacks(scan, namer, inputs.device_map))
         + tuple(sorted(scan.predicted.values(), key=lambda f: f["op"])),
         variables=tuple(var_info["variables"]),

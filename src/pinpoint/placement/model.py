@@ -181,6 +181,110 @@ def mean_score(scores) -> float | None:
     return round(sum(scored) / len(scored), 4) if scored else None
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """Transfers per step between two devices (or the loop's own control signals): count, bytes."""
+
+    count: float = 0
+    bytes: float = 0
+
+    def to_json(self) -> dict:
+        return {"count": self.count, "bytes": self.bytes}
+
+    @classmethod
+    def from_json(cls, d: Mapping | None) -> Traffic:
+        return cls(count=(d or {}).get("count", 0), bytes=(d or {}).get("bytes", 0))
+
+
+@dataclass(frozen=True)
+class PerStep:
+    """Cross-device _Sends per step, their bytes, and how many were sized."""
+
+    count: float = 0
+    bytes: float = 0
+    sized: float = 0
+    unsized: float = 0
+
+    def to_json(self) -> dict:
+        return {"count": self.count, "bytes": self.bytes, "sized": self.sized, "unsized": self.unsized}
+
+    @classmethod
+    def from_json(cls, d: Mapping | None) -> PerStep:
+        return cls(**{f.name: (d or {}).get(f.name, 0) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class TransferItem:
+    """One transfer of a captured step: the tensor sent (the op whose output it is), its source and
+    destination devices, its bytes (None: unsized, with the reason) and the ops that consume it."""
+
+    tensor: str
+    source: str  # "from" in placement.json
+    to: str
+    bytes: int | None
+    consumers: tuple[str, ...] | None = None
+    unsized_reason: str | None = None
+    task: str | None = None  # a merged cluster's: the task that sent it
+
+    def to_json(self) -> dict:
+        out = {"tensor": self.tensor, "from": self.source, "to": self.to, "bytes": self.bytes}
+        if self.consumers is not None:
+            out["consumers"] = list(self.consumers)
+        return out | _present((("unsized_reason", self.unsized_reason), ("task", self.task)))
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> TransferItem:
+        consumers = d.get("consumers")
+        return cls(tensor=d["tensor"], source=d["from"], to=d["to"], bytes=d.get("bytes"),
+                   consumers=tuple(consumers) if consumers is not None else None,
+                   unsized_reason=d.get("unsized_reason"), task=d.get("task"))
+
+
+@dataclass(frozen=True)
+class Collective:
+    """Collective ops per step on one device and the bytes they reduce."""
+
+    count: float = 0
+    input_bytes: float = 0
+
+    def to_json(self) -> dict:
+        return {"count": self.count, "input_bytes": self.input_bytes}
+
+
+@dataclass(frozen=True)
+class Transfers:
+    """placement.json's `transfers`: per step, why some are unsized, source -> destination traffic,
+    collectives per device, the largest transfers of one step, the loop's own control signals and
+    (one task's file) each captured step's figures."""
+
+    per_step: PerStep = field(default_factory=PerStep)
+    unsized_reasons: Mapping[str, float] = field(default_factory=dict)
+    matrix: Mapping[str, Mapping[str, Traffic]] = field(default_factory=dict)
+    collectives: Mapping[str, Collective] = field(default_factory=dict)
+    steps: tuple[Mapping[str, Any], ...] | None = None
+    loop_control: Traffic = field(default_factory=Traffic)
+    largest: tuple[TransferItem, ...] = ()
+
+    def to_json(self) -> dict:
+        out = {"per_step": self.per_step.to_json(), "unsized_reasons": dict(self.unsized_reasons),
+               "matrix": {s: {d: c.to_json() for d, c in row.items()} for s, row in self.matrix.items()},
+               "collectives": {d: c.to_json() for d, c in self.collectives.items()}}
+        if self.steps is not None:
+            out["steps"] = [dict(s) for s in self.steps]
+        return out | {"loop_control": self.loop_control.to_json(), "largest": [t.to_json() for t in self.largest]}
+
+    @classmethod
+    def from_json(cls, d: Mapping | None) -> Transfers:
+        d = d or {}
+        return cls(per_step=PerStep.from_json(d.get("per_step")), unsized_reasons=d.get("unsized_reasons") or {},
+                   matrix={s: {t: Traffic.from_json(c) for t, c in row.items()} for s, row in (d.get("matrix") or {}).items()},
+                   collectives={k: Collective(c.get("count", 0), c.get("input_bytes", 0))
+                                for k, c in (d.get("collectives") or {}).items()},
+                   steps=tuple(d["steps"]) if d.get("steps") is not None else None,
+                   loop_control=Traffic.from_json(d.get("loop_control")),
+                   largest=tuple(TransferItem.from_json(t) for t in d.get("largest") or ()))
+
+
 # Sections written only when present (absent rather than null), in placement.json's order.
 OPTIONAL = ("device_map", "input_pipeline", "timing", "precision", "layer_pins", "tasks",
             "functions", "training_function", "eager", "program")
@@ -198,7 +302,7 @@ class Placement:
     device_aliases: Mapping[str, str] = field(default_factory=dict)
     ops_by_device: Mapping[str, Any] = field(default_factory=dict)
     op_types_by_device: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    transfers: Mapping[str, Any] = field(default_factory=dict)
+    transfers: Transfers = field(default_factory=Transfers)
     fallbacks: tuple[Mapping[str, Any], ...] = ()
     variables: tuple[Mapping[str, Any], ...] = ()
     variable_updates: Mapping[str, Any] = field(default_factory=dict)
@@ -261,12 +365,13 @@ class Placement:
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         kw["conformance"] = Conformance.from_json(d.get("conformance"))
+        kw["transfers"] = Transfers.from_json(d.get("transfers"))
         kw["layers"] = tuple(LayerRow.from_json(r) for r in d.get("layers") or ())
         for name in ("captured_steps", "devices", "fallbacks", "variables", "ops", "transfer_items", "notes"):
             kw[name] = tuple(d.get(name) or ())
         if d.get("functions") is not None:
             kw["functions"] = tuple(FunctionRow.from_json(f) for f in d["functions"])
-        for name in ("physical_devices", "device_aliases", "ops_by_device", "op_types_by_device", "transfers",
+        for name in ("physical_devices", "device_aliases", "ops_by_device", "op_types_by_device",
                      "variable_updates", "gradients", "explain"):
             kw[name] = d.get(name) or {}
         return cls(**kw)

@@ -105,13 +105,13 @@ def _scope_of_op(name: str) -> str:
 
 # ---- the sections' contexts: rows are mappings by column key (the templates name the columns) -----
 def _summary(p: Placement, metrics: dict | None, charts: dict, x: dict) -> dict:
-    per = p.transfers.get("per_step") or {}
+    per = p.transfers.per_step
     score = p.conformance.score
     fallbacks, predicted = p.observed_fallbacks, p.predicted_fallbacks
     cards = [
         ("devices", len(p.devices), ""),
-        ("transfers / step", per.get("count", 0), ""),
-        ("bytes / step", human_bytes(per.get("bytes", 0)), ""),
+        ("transfers / step", per.count, ""),
+        ("bytes / step", human_bytes(per.bytes), ""),
         ("fallbacks", len(fallbacks), "bad" if fallbacks else ""),
         *([("predicted fallbacks", len(predicted), "bad")] if predicted else []),
         ("conformance", "n/a" if score is None else f"{score:.2f}", "bad" if score is not None and score < 1.0 else ""),
@@ -179,28 +179,24 @@ def _transfers(p: Placement, metrics, charts, x) -> dict:
     phys, tr = p.physical_devices, p.transfers
     return {
         "charts": charts,
-        "matrix": [{"from": _dev(s, phys), "to": _dev(d, phys), "count": cell.get("count", 0),
-                    "bytes": human_bytes(cell.get("bytes", 0))}
-                   for s, row in (tr.get("matrix") or {}).items() for d, cell in row.items()],
-        "largest": [{"tensor": _task(t) + t["tensor"], "from": t["from"], "to": t["to"],
-                     "bytes": human_bytes(t["bytes"]) if t.get("bytes") is not None else "unknown"}
-                    for t in (tr.get("largest") or [])[:15]],
+        "matrix": [{"from": _dev(s, phys), "to": _dev(d, phys), "count": cell.count, "bytes": human_bytes(cell.bytes)}
+                   for s, row in tr.matrix.items() for d, cell in row.items()],
+        "largest": [{"tensor": _tagged(t.task, t.tensor), "from": t.source, "to": t.to,
+                     "bytes": human_bytes(t.bytes) if t.bytes is not None else "unknown"} for t in tr.largest[:15]],
         "collectives_what": x["ex"].get("collectives", ""),
-        "collectives": [{"device": _dev(d, phys), "count": c.get("count", 0), "bytes": human_bytes(c.get("input_bytes", 0))}
-                        for d, c in (tr.get("collectives") or {}).items()],
+        "collectives": [{"device": _dev(d, phys), "count": c.count, "bytes": human_bytes(c.input_bytes)}
+                        for d, c in tr.collectives.items()],
     }
 
 
 def _transfers_what(p: Placement, ex: dict) -> str:
     tr = p.transfers
-    per = tr.get("per_step") or {}
-    sized = f"{per.get('sized', 0)} of {per.get('count', 0)} transfers per step were sized" + (
-        f"; {per.get('unsized')} could not be ("
-        + ("; ".join(tr.get("unsized_reasons") or {}) or "shape unknown") + "), their bytes are not counted"
-        if per.get("unsized") else "")
-    loop = tr.get("loop_control") or {}
-    if loop.get("count"):
-        sized += (f"; not in the table: {loop['count']} transfer(s) per step of the training loop's own "
+    per = tr.per_step
+    sized = f"{per.sized} of {per.count} transfers per step were sized" + (
+        f"; {per.unsized} could not be (" + ("; ".join(tr.unsized_reasons) or "shape unknown")
+        + "), their bytes are not counted" if per.unsized else "")
+    if tr.loop_control.count:
+        sized += (f"; not in the table: {tr.loop_control.count} transfer(s) per step of the training loop's own "
                   "predicate and control signal to each device")
     return ex.get("transfers", "") + " " + sized + "."
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pinpoint.placement.model import Placement, as_placement
+from pinpoint.placement.model import Placement, Transfers, as_placement
 from pinpoint.placement.requests import weight_lines
 from pinpoint.placement.variables import user_variables
 
@@ -134,23 +134,18 @@ def _ops_line(p: Placement) -> str:
         f"{d}{short_phys(d)} {n} ({grads.get(d, 0)} grad)" for d, n in p.ops_by_device.items()) or "none captured")
 
 
-def _transfer_lines(tr: Mapping[str, Any]) -> list[str]:
-    per = tr.get("per_step") or {}
-    reasons = tr.get("unsized_reasons") or {}
-    sized = (f" ({per.get('unsized', 0)} unsized: " + "; ".join(reasons) + ")" if reasons
-             else f" ({per.get('unsized', 0)} unsized)" if per.get("unsized") else "")
-    loop = tr.get("loop_control") or {}
-    if loop.get("count"):
-        sized += f" (+{loop['count']} loop control)"
-    lines = [f"transfers  : {per.get('count', 0)} per step, {human_bytes(per.get('bytes', 0))} per step{sized}"]
-    coll = tr.get("collectives") or {}
+def _transfer_lines(tr: Transfers) -> list[str]:
+    per, reasons = tr.per_step, tr.unsized_reasons
+    sized = (f" ({per.unsized} unsized: " + "; ".join(reasons) + ")" if reasons
+             else f" ({per.unsized} unsized)" if per.unsized else "")
+    if tr.loop_control.count:
+        sized += f" (+{tr.loop_control.count} loop control)"
+    lines = [f"transfers  : {per.count} per step, {human_bytes(per.bytes)} per step{sized}"]
+    coll = tr.collectives.values()
     if coll:
-        lines.append(
-            f"collectives: {sum(c.get('count', 0) for c in coll.values())} per step "
-            f"(all-reduce etc.), {human_bytes(sum(c.get('input_bytes', 0) for c in coll.values()))} reduced per step"
-        )
-    matrix = tr.get("matrix") or {}
-    top = sorted(((s, d, c["bytes"]) for s, row in matrix.items() for d, c in row.items()), key=lambda t: -t[2])[:3]
+        lines.append(f"collectives: {sum(c.count for c in coll)} per step (all-reduce etc.), "
+                     f"{human_bytes(sum(c.input_bytes for c in coll))} reduced per step")
+    top = sorted(((s, d, c.bytes) for s, row in tr.matrix.items() for d, c in row.items()), key=lambda t: -t[2])[:3]
     if top:
         lines.append("  busiest  : " + ", ".join(f"{s}->{d} {human_bytes(b)}" for s, d, b in top))
     return lines
