@@ -33,7 +33,7 @@ from pinpoint.placement.conformance import (
     requested_rules,
 )
 from pinpoint.placement.inputs import PlacementInputs
-from pinpoint.placement.model import Conformance, FunctionRow, Placement, Rule, Transfers, mean_score
+from pinpoint.placement.model import Conformance, FunctionRow, Placement, Rule, Timing, Transfers, mean_score
 from pinpoint.placement.requests import weight_rules
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE, json_number
 from pinpoint.placement.transfers import BOOKKEEPING, merge_transfer_steps, step_transfers
@@ -95,7 +95,7 @@ def build(inputs: PlacementInputs) -> Placement:
         explain=explain,
         device_map=inputs.device_map_json,
         input_pipeline=inputs.input_pipeline,
-        timing=inputs.timing,
+        timing=Timing.from_json(inputs.timing),
         precision=_precision(inputs.precision_policy, op_types),
         layer_pins={path: namer.canonical_spec(dev) for path, dev in inputs.layer_pins.by_path().items()}
         if inputs.layer_pins is not None else None,

@@ -285,6 +285,73 @@ class Transfers:
                    largest=tuple(TransferItem.from_json(t) for t in d.get("largest") or ()))
 
 
+@dataclass(frozen=True)
+class TopOp:
+    """An op with the most own time on a device over the timed steps."""
+
+    op: str
+    type: str
+    ms: float
+    count: int
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "type": self.type, "ms": self.ms, "count": self.count}
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    """One device's time over the timed window (see schema.EXPLAIN["timing"])."""
+
+    busy_ms: float
+    compute_ms: float
+    transfer_ms: float
+    transfer_share: float = 0.0
+    idle_share: float | None = None
+    ops: int = 0
+    top_ops: tuple[TopOp, ...] = ()
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"top_ops": [t.to_json() for t in self.top_ops]}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> DeviceTime:
+        return cls(busy_ms=d.get("busy_ms", 0), compute_ms=d.get("compute_ms", 0), transfer_ms=d.get("transfer_ms", 0),
+                   transfer_share=d.get("transfer_share", 0.0), idle_share=d.get("idle_share"), ops=d.get("ops", 0),
+                   top_ops=tuple(TopOp(t["op"], t["type"], t["ms"], t["count"]) for t in d.get("top_ops") or ()))
+
+
+@dataclass(frozen=True)
+class Timing:
+    """placement.json's `timing`: the timed steps, the window, each device's time, what no
+    captured graph explains, the profiler trace's folder, notes; merged: each task's window."""
+
+    steps: tuple[int, ...] = ()
+    wall_ms: float | None = None
+    step_ms: float | None = None
+    devices: Mapping[str, DeviceTime] = field(default_factory=dict)
+    unattributed: Mapping[str, Any] | None = None
+    notes: tuple[str, ...] = ()
+    trace: str | None = None
+    tasks: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict:
+        out = {"steps": list(self.steps), "wall_ms": self.wall_ms, "step_ms": self.step_ms,
+               "devices": {d: t.to_json() for d, t in self.devices.items()}}
+        if self.unattributed is not None:
+            out["unattributed"] = dict(self.unattributed)
+        out["notes"] = list(self.notes)
+        return out | _present((("trace", self.trace), ("tasks", self.tasks)))
+
+    @classmethod
+    def from_json(cls, d: Mapping | None) -> Timing | None:
+        if not d:
+            return None
+        return cls(steps=tuple(d.get("steps") or ()), wall_ms=d.get("wall_ms"), step_ms=d.get("step_ms"),
+                   devices={k: DeviceTime.from_json(t) for k, t in (d.get("devices") or {}).items()},
+                   unattributed=d.get("unattributed"), notes=tuple(d.get("notes") or ()), trace=d.get("trace"),
+                   tasks=d.get("tasks"))
+
+
 # Sections written only when present (absent rather than null), in placement.json's order.
 OPTIONAL = ("device_map", "input_pipeline", "timing", "precision", "layer_pins", "tasks",
             "functions", "training_function", "eager", "program")
@@ -318,7 +385,7 @@ class Placement:
     # train.pinning.layers ({layer path: device}), a merged cluster's tasks.
     device_map: Mapping[str, Any] | None = None
     input_pipeline: Mapping[str, Any] | None = None
-    timing: Mapping[str, Any] | None = None
+    timing: Timing | None = None
     precision: Mapping[str, Any] | None = None
     layer_pins: Mapping[str, str] | None = None
     tasks: Mapping[str, Any] | None = None
@@ -366,6 +433,7 @@ class Placement:
         kw = {k: v for k, v in d.items() if k in names}
         kw["conformance"] = Conformance.from_json(d.get("conformance"))
         kw["transfers"] = Transfers.from_json(d.get("transfers"))
+        kw["timing"] = Timing.from_json(d.get("timing"))
         kw["layers"] = tuple(LayerRow.from_json(r) for r in d.get("layers") or ())
         for name in ("captured_steps", "devices", "fallbacks", "variables", "ops", "transfer_items", "notes"):
             kw[name] = tuple(d.get(name) or ())

@@ -203,18 +203,18 @@ def _transfers_what(p: Placement, ex: dict) -> str:
 
 def _timing(p: Placement, metrics, charts, x) -> dict | None:
     timing = p.timing
-    if not timing:
+    if timing is None:
         return None
-    phys, devs = p.physical_devices, timing.get("devices") or {}
+    phys, devs = p.physical_devices, timing.devices
     return {
-        "charts": charts, "notes": timing.get("notes") or [], "steps": timing.get("steps") or [],
-        "wall_ms": timing.get("wall_ms"), "step_ms": timing.get("step_ms"), "trace": timing.get("trace"),
-        "rows": [{"device": _dev(d, phys), "busy": t.get("busy_ms"), "compute": t.get("compute_ms"),
-                  "transfer": t.get("transfer_ms"), "share": f"{100 * t.get('transfer_share', 0):.1f}%",
-                  "idle": "n/a" if t.get("idle_share") is None else f"{100 * t['idle_share']:.1f}%", "ops": t.get("ops")}
+        "charts": charts, "notes": list(timing.notes), "steps": list(timing.steps),
+        "wall_ms": timing.wall_ms, "step_ms": timing.step_ms, "trace": timing.trace,
+        "rows": [{"device": _dev(d, phys), "busy": t.busy_ms, "compute": t.compute_ms, "transfer": t.transfer_ms,
+                  "share": f"{100 * t.transfer_share:.1f}%",
+                  "idle": "n/a" if t.idle_share is None else f"{100 * t.idle_share:.1f}%", "ops": t.ops}
                  for d, t in devs.items()],
-        "top": [{"device": _dev(d, phys), "op": o["op"], "type": o["type"], "ms": o["ms"], "count": o["count"]}
-                for d, t in devs.items() for o in t.get("top_ops") or []],
+        "top": [{"device": _dev(d, phys), "op": o.op, "type": o.type, "ms": o.ms, "count": o.count}
+                for d, t in devs.items() for o in t.top_ops],
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pinpoint.placement.model import Placement, Transfers, as_placement
+from pinpoint.placement.model import Placement, Timing, Transfers, as_placement
 from pinpoint.placement.requests import weight_lines
 from pinpoint.placement.variables import user_variables
 
@@ -42,23 +42,21 @@ def drift_line(rc: Mapping[str, Any]) -> str:
     return line
 
 
-def timing_lines(timing: Mapping[str, Any]) -> list[str]:
+def timing_lines(timing: Timing | Mapping[str, Any]) -> list[str]:
     """placement.timing: the timed window, then one line per device (busy, transfers, idle, top op)."""
-    devices = timing.get("devices") or {}
-    if not devices:
-        why = "; ".join(timing.get("notes") or []) or "no op found in the trace"
-        return [f"time       : {why}"]
-    steps = timing.get("steps") or []
+    timing = timing if isinstance(timing, Timing) else Timing.from_json(timing) or Timing()
+    if not timing.devices:
+        return [f"time       : {'; '.join(timing.notes) or 'no op found in the trace'}"]
+    steps = timing.steps
     span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}" if steps else "?"
-    trace = f"; trace in {timing['trace']}/ (TensorBoard)" if timing.get("trace") else ""
-    lines = [f"time       : {span} timed, {timing.get('wall_ms', 0):.3f} ms wall{trace}"]
-    for dev, t in devices.items():
-        top = (t.get("top_ops") or [{}])[0]
-        idle = t.get("idle_share")
+    trace = f"; trace in {timing.trace}/ (TensorBoard)" if timing.trace else ""
+    lines = [f"time       : {span} timed, {timing.wall_ms or 0:.3f} ms wall{trace}"]
+    for dev, t in timing.devices.items():
+        top = t.top_ops[0] if t.top_ops else None
         lines.append(
-            f"  {dev:<9}: busy {t['busy_ms']:.3f} ms ({100 * t.get('transfer_share', 0):.0f}% transfers)"
-            + (f", idle {100 * idle:.0f}%" if idle is not None else "")
-            + (f"; top {top['op']} ({top['type']}) {top['ms']:.3f} ms" if top else "")
+            f"  {dev:<9}: busy {t.busy_ms:.3f} ms ({100 * t.transfer_share:.0f}% transfers)"
+            + (f", idle {100 * t.idle_share:.0f}%" if t.idle_share is not None else "")
+            + (f"; top {top.op} ({top.type}) {top.ms:.3f} ms" if top else "")
         )
     return lines
 
