@@ -194,6 +194,23 @@ def test_layer_pins_resolved_when_the_model_is_built_reach_the_placement(tf):
     assert {r["rule"]: r["score"] for r in p["conformance"]["rules"]} == {"layers.dense_*": 1.0, "layers.head": 1.0}
 
 
+def test_placement_json_reads_back_into_the_same_model(tf):
+    """What the build writes, Placement.from_json reads without loss: every section, typed."""
+    from pinpoint.placement.model import Placement
+    from pinpoint.training.models import build_model, layer_pins
+
+    model = build_model("mlp", (8,), 3, {"dense_*": "/CPU:1", "head": "/CPU:2"})
+
+    @tf.function
+    def step(x):
+        return model(x)
+
+    _, cap = _capture(step, tf.ones([4, 8]))
+    p = _build([cap], list(model.variables), plan=PinningConfig(layers={"dense_*": "/GPU:0", "head": "/GPU:1"}),
+               layer_pins=layer_pins(model))
+    assert Placement.from_json(p).to_json() == p
+
+
 def test_mirrored_components_and_no_drift(tf):
     """MirroredStrategy: one component per replica device, updates on each, no drift after
     synchronous steps; a deliberately perturbed component shows up as drift."""

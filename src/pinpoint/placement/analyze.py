@@ -33,7 +33,16 @@ from pinpoint.placement.conformance import (
     requested_rules,
 )
 from pinpoint.placement.inputs import PlacementInputs
-from pinpoint.placement.model import Conformance, FunctionRow, Placement, Rule, Timing, Transfers, mean_score
+from pinpoint.placement.model import (
+    Conformance,
+    FunctionRow,
+    Placement,
+    Rule,
+    Timing,
+    Transfers,
+    Variable,
+    mean_score,
+)
 from pinpoint.placement.requests import weight_rules
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE, json_number
 from pinpoint.placement.transfers import BOOKKEEPING, merge_transfer_steps, step_transfers
@@ -77,7 +86,7 @@ def build(inputs: PlacementInputs) -> Placement:
             merge_transfer_steps(scan.transfers, [getattr(c, "steps", None) or [c.step] for c in captures])),
         fallbacks=tuple(_observed_fallbacks(scan, namer, inputs.device_map))
         + tuple(sorted(scan.predicted.values(), key=lambda f: f["op"])),
-        variables=tuple(var_info["variables"]),
+        variables=tuple(map(Variable.from_json, var_info["variables"])),
         variable_updates=var_info["updates"],
         gradients={
             "scope": f"{inputs.gradient_scope}/ and gradient_tape/",

@@ -352,6 +352,55 @@ class Timing:
                    tasks=d.get("tasks"))
 
 
+@dataclass(frozen=True)
+class Variable:
+    """One variable: where each of its components lives and where its update ops ran (see
+    schema.EXPLAIN["variables"]). `cls` is placement.json's `class`."""
+
+    name: str
+    kind: str = ""
+    cls: str | None = None
+    shape: tuple[int | None, ...] | None = None
+    dtype: str | None = None
+    bytes: int | None = None
+    components: tuple[Mapping[str, Any], ...] = ()
+    devices: tuple[str, ...] = ()
+    update_devices: tuple[str, ...] = ()
+    update_ops: int = 0
+    fingerprint: Mapping[str, Any] | None = None
+    eager_update_devices: tuple[str, ...] | None = None
+
+    @property
+    def internal(self) -> bool:
+        """TensorFlow's own variable (a strategy's collective-ordering token), not the program's."""
+        return self.cls == "internal"
+
+    @property
+    def updated_elsewhere(self) -> bool:
+        """An update ran off the variable's devices."""
+        return bool(self.update_devices) and not set(self.update_devices) <= set(self.devices)
+
+    def to_json(self) -> dict:
+        out = {"name": self.name, "kind": self.kind} | _present((("class", self.cls),)) | {
+               "shape": list(self.shape) if self.shape is not None else None, "dtype": self.dtype,
+               "bytes": self.bytes, "components": [dict(c) for c in self.components], "devices": list(self.devices),
+               "update_devices": list(self.update_devices), "update_ops": self.update_ops}
+        if self.fingerprint is not None:
+            out["fingerprint"] = dict(self.fingerprint)
+        if self.eager_update_devices is not None:
+            out["eager_update_devices"] = list(self.eager_update_devices)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Variable:
+        shape, eager = d.get("shape"), d.get("eager_update_devices")
+        return cls(name=d["name"], kind=d.get("kind", ""), cls=d.get("class"),
+                   shape=tuple(shape) if shape is not None else None, dtype=d.get("dtype"), bytes=d.get("bytes"),
+                   components=tuple(d.get("components") or ()), devices=tuple(d.get("devices") or ()),
+                   update_devices=tuple(d.get("update_devices") or ()), update_ops=d.get("update_ops", 0),
+                   fingerprint=d.get("fingerprint"), eager_update_devices=tuple(eager) if eager is not None else None)
+
+
 # Sections written only when present (absent rather than null), in placement.json's order.
 OPTIONAL = ("device_map", "input_pipeline", "timing", "precision", "layer_pins", "tasks",
             "functions", "training_function", "eager", "program")
@@ -371,7 +420,7 @@ class Placement:
     op_types_by_device: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     transfers: Transfers = field(default_factory=Transfers)
     fallbacks: tuple[Mapping[str, Any], ...] = ()
-    variables: tuple[Mapping[str, Any], ...] = ()
+    variables: tuple[Variable, ...] = ()
     variable_updates: Mapping[str, Any] = field(default_factory=dict)
     gradients: Mapping[str, Any] = field(default_factory=dict)
     replica_consistency: Mapping[str, Any] | None = None
@@ -399,6 +448,11 @@ class Placement:
     @property
     def traced(self) -> bool:
         return self.functions is not None
+
+    @property
+    def user_variables(self) -> list[Variable]:
+        """The program's variables (TensorFlow's own left out)."""
+        return [v for v in self.variables if not v.internal]
 
     @property
     def observed_fallbacks(self) -> list[Mapping]:
@@ -435,7 +489,8 @@ class Placement:
         kw["transfers"] = Transfers.from_json(d.get("transfers"))
         kw["timing"] = Timing.from_json(d.get("timing"))
         kw["layers"] = tuple(LayerRow.from_json(r) for r in d.get("layers") or ())
-        for name in ("captured_steps", "devices", "fallbacks", "variables", "ops", "transfer_items", "notes"):
+        kw["variables"] = tuple(Variable.from_json(v) for v in d.get("variables") or ())
+        for name in ("captured_steps", "devices", "fallbacks", "ops", "transfer_items", "notes"):
             kw[name] = tuple(d.get(name) or ())
         if d.get("functions") is not None:
             kw["functions"] = tuple(FunctionRow.from_json(f) for f in d["functions"])

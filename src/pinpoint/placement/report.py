@@ -21,10 +21,9 @@ from pathlib import Path
 
 from pinpoint.errors import ConfigError
 from pinpoint.placement.files import read_placement
-from pinpoint.placement.model import Placement, as_placement
+from pinpoint.placement.model import Placement, Variable, as_placement
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE
 from pinpoint.placement.summary import format_summary, human_bytes
-from pinpoint.placement.variables import INTERNAL, user_variables
 from pinpoint.runfolder import METRICS, PLACEMENT, REPORT_HTML, atomic_write_text
 
 CHARTS_DIR = "charts"
@@ -237,31 +236,27 @@ VARIABLE_COLUMNS = [("name", "variable"), ("kind", "kind"), ("shape", "shape"), 
 def _variables(p: Placement, metrics, charts, x) -> dict:
     phys, vars_ = p.physical_devices, p.variables
 
-    def row(v):
-        return {"name": v["name"], "kind": v.get("kind", "") + (" (internal)" if v.get("class") == INTERNAL else ""),
-                "shape": "x".join(map(str, v.get("shape") or [])) or "scalar", "bytes": human_bytes(v.get("bytes")),
-                "components": len(v.get("components") or []),
-                "devices": ", ".join(_dev(d, phys) for d in v.get("devices", [])),
-                "update_devices": ", ".join(_dev(d, phys) for d in v.get("update_devices", [])) or "-"}
+    def row(v: Variable):
+        return {"name": v.name, "kind": v.kind + (" (internal)" if v.internal else ""),
+                "shape": "x".join(map(str, v.shape or [])) or "scalar", "bytes": human_bytes(v.bytes),
+                "components": len(v.components), "devices": ", ".join(_dev(d, phys) for d in v.devices),
+                "update_devices": ", ".join(_dev(d, phys) for d in v.update_devices) or "-"}
 
-    def bad(v):  # an update ran off the variable's devices
-        return bool(v.get("update_devices")) and not set(v["update_devices"]) <= set(v.get("devices", []))
-
-    largest = sorted(vars_, key=lambda v: -(v.get("bytes") or 0))[:LARGEST] if len(vars_) > LARGEST else []
-    by_layer: dict[str, list] = defaultdict(list)
+    largest = sorted(vars_, key=lambda v: -(v.bytes or 0))[:LARGEST] if len(vars_) > LARGEST else []
+    by_layer: dict[str, list[Variable]] = defaultdict(list)
     for v in vars_:
         # TensorFlow's own variables (collective-ordering tokens) apart from the program's.
-        by_layer[INTERNAL_GROUP if v.get("class") == INTERNAL else _group_of_var(v["name"])].append(v)
+        by_layer[INTERNAL_GROUP if v.internal else _group_of_var(v.name)].append(v)
     return {
-        "charts": charts, "count": len(user_variables(vars_)), "largest": [row(v) for v in largest],
-        "largest_bad": {i for i, v in enumerate(largest) if bad(v)}, "columns": VARIABLE_COLUMNS,
+        "charts": charts, "count": len(p.user_variables), "largest": [row(v) for v in largest],
+        "largest_bad": {i for i, v in enumerate(largest) if v.updated_elsewhere}, "columns": VARIABLE_COLUMNS,
         "grouped": {
             "by": "layer", "total_columns": [("count", "variables"), ("bytes", "bytes"), ("devices", "devices")],
             "columns": VARIABLE_COLUMNS, "num": ("bytes", "components"),
-            "groups": [{"name": layer, "rows": [row(v) for v in vs], "bad": any(bad(v) for v in vs),
-                        "bad_rows": {i for i, v in enumerate(vs) if bad(v)},
-                        "totals": {"count": len(vs), "bytes": human_bytes(sum(v.get("bytes") or 0 for v in vs)),
-                                   "devices": ", ".join(sorted({d for v in vs for d in v.get("devices", [])}))}}
+            "groups": [{"name": layer, "rows": [row(v) for v in vs], "bad": any(v.updated_elsewhere for v in vs),
+                        "bad_rows": {i for i, v in enumerate(vs) if v.updated_elsewhere},
+                        "totals": {"count": len(vs), "bytes": human_bytes(sum(v.bytes or 0 for v in vs)),
+                                   "devices": ", ".join(sorted({d for v in vs for d in v.devices}))}}
                        for layer, vs in by_layer.items()],
         },
     }

@@ -7,7 +7,6 @@ from typing import Any
 
 from pinpoint.placement.model import Placement, Timing, Transfers, as_placement
 from pinpoint.placement.requests import weight_lines
-from pinpoint.placement.variables import user_variables
 
 
 def _number(metrics: Mapping[str, Any], key: str) -> float | None:
@@ -150,10 +149,10 @@ def _transfer_lines(tr: Transfers) -> list[str]:
 
 
 def _variables_line(p: Placement) -> str:
-    vars_ = user_variables(p.variables)
+    vars_ = p.user_variables
     by_dev: dict[str, int] = {}
     for v in vars_:
-        for dev in v.get("devices", []):
+        for dev in v.devices:
             by_dev[dev] = by_dev.get(dev, 0) + 1
     internal = len(p.variables) - len(vars_)
     return (f"variables  : {len(vars_)} (" + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
