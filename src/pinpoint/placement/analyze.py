@@ -35,6 +35,8 @@ from pinpoint.placement.conformance import (
 from pinpoint.placement.inputs import PlacementInputs
 from pinpoint.placement.model import (
     Conformance,
+    Eager,
+    Fallback,
     FunctionRow,
     Placement,
     Rule,
@@ -84,8 +86,8 @@ def build(inputs: PlacementInputs) -> Placement:
         op_types_by_device=op_types,
         transfers=Transfers.from_json(
             merge_transfer_steps(scan.transfers, [getattr(c, "steps", None) or [c.step] for c in captures])),
-        fallbacks=tuple(_observed_fallbacks(scan, namer, inputs.device_map))
-        + tuple(sorted(scan.predicted.values(), key=lambda f: f["op"])),
+        fallbacks=tuple(map(Fallback.from_json, _observed_fallbacks(scan, namer, inputs.device_map)
+                            + sorted(scan.predicted.values(), key=lambda f: f["op"]))),
         variables=tuple(map(Variable.from_json, var_info["variables"])),
         variable_updates=var_info["updates"],
         gradients={
@@ -110,7 +112,7 @@ def build(inputs: PlacementInputs) -> Placement:
         if inputs.layer_pins is not None else None,
         functions=tuple(map(FunctionRow.from_json, trace.functions)) if trace else None,
         training_function=trace.training_function if trace else None,
-        eager=trace.eager if trace else None,
+        eager=Eager.from_json(trace.eager) if trace else None,
         program=trace.program if trace else None,
     )
 

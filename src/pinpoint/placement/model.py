@@ -401,6 +401,57 @@ class Variable:
                    fingerprint=d.get("fingerprint"), eager_update_devices=tuple(eager) if eager is not None else None)
 
 
+@dataclass(frozen=True)
+class Fallback:
+    """An op that did not run on the device it requested (observed), or (`predicted`, under GPU
+    emulation) one a GPU machine would run on `would_run_on` for want of a GPU kernel."""
+
+    op: str
+    op_type: str
+    requested: str
+    placed: str
+    requested_physical: str | None = None
+    placed_physical: str | None = None
+    predicted: bool | None = None
+    would_run_on: str | None = None
+    reason: str | None = None
+    task: str | None = None  # a merged cluster's: the task it ran on
+
+    def to_json(self) -> dict:
+        return _present((f.name, getattr(self, f.name)) for f in fields(self))
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Fallback:
+        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Eager:
+    """A traced program's eager ops: per device and op type, the copies between devices the eager
+    runtime made, requests it did not meet, predicted fallbacks, the program's default device."""
+
+    ops: int = 0
+    predicted_fallbacks: tuple[Mapping[str, Any], ...] = ()
+    ops_by_device: Mapping[str, int] = field(default_factory=dict)
+    op_types_by_device: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    copies: tuple[Mapping[str, Any], ...] = ()
+    copy_bytes: int = 0
+    not_where_requested: tuple[Mapping[str, Any], ...] = ()
+    default_device: str | None = None
+
+    def to_json(self) -> dict:
+        return {f.name: _json(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping | None) -> Eager | None:
+        if d is None:
+            return None
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        for name in ("predicted_fallbacks", "copies", "not_where_requested"):
+            kw[name] = tuple(kw.get(name) or ())
+        return cls(**kw)
+
+
 # Sections written only when present (absent rather than null), in placement.json's order.
 OPTIONAL = ("device_map", "input_pipeline", "timing", "precision", "layer_pins", "tasks",
             "functions", "training_function", "eager", "program")
@@ -419,7 +470,7 @@ class Placement:
     ops_by_device: Mapping[str, Any] = field(default_factory=dict)
     op_types_by_device: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     transfers: Transfers = field(default_factory=Transfers)
-    fallbacks: tuple[Mapping[str, Any], ...] = ()
+    fallbacks: tuple[Fallback, ...] = ()
     variables: tuple[Variable, ...] = ()
     variable_updates: Mapping[str, Any] = field(default_factory=dict)
     gradients: Mapping[str, Any] = field(default_factory=dict)
@@ -441,7 +492,7 @@ class Placement:
     # A traced program (pinpoint trace, train.entrypoint): every function, the training one, eager ops.
     functions: tuple[FunctionRow, ...] | None = None
     training_function: str | None = None
-    eager: Mapping[str, Any] | None = None
+    eager: Eager | None = None
     program: str | None = None
     schema: int = SCHEMA_VERSION
 
@@ -455,12 +506,12 @@ class Placement:
         return [v for v in self.variables if not v.internal]
 
     @property
-    def observed_fallbacks(self) -> list[Mapping]:
-        return [f for f in self.fallbacks if not f.get("predicted")]
+    def observed_fallbacks(self) -> list[Fallback]:
+        return [f for f in self.fallbacks if not f.predicted]
 
     @property
-    def predicted_fallbacks(self) -> list[Mapping]:
-        return [f for f in self.fallbacks if f.get("predicted")]
+    def predicted_fallbacks(self) -> list[Fallback]:
+        return [f for f in self.fallbacks if f.predicted]
 
     @property
     def training(self) -> FunctionRow | None:
@@ -490,7 +541,9 @@ class Placement:
         kw["timing"] = Timing.from_json(d.get("timing"))
         kw["layers"] = tuple(LayerRow.from_json(r) for r in d.get("layers") or ())
         kw["variables"] = tuple(Variable.from_json(v) for v in d.get("variables") or ())
-        for name in ("captured_steps", "devices", "fallbacks", "ops", "transfer_items", "notes"):
+        kw["fallbacks"] = tuple(Fallback.from_json(f) for f in d.get("fallbacks") or ())
+        kw["eager"] = Eager.from_json(d.get("eager"))
+        for name in ("captured_steps", "devices", "ops", "transfer_items", "notes"):
             kw[name] = tuple(d.get(name) or ())
         if d.get("functions") is not None:
             kw["functions"] = tuple(FunctionRow.from_json(f) for f in d["functions"])

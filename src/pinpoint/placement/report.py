@@ -75,10 +75,6 @@ def _dev(d: str, phys: dict) -> str:
     return f"{d} ({p[p.rfind('/') + 1:] if p.startswith('/job:') else p})" if p != d else d
 
 
-def _task(x: dict) -> str:
-    return _tagged(x.get("task"), "")
-
-
 def _tagged(task: str | None, text: str) -> str:
     """A merged cluster's row names its task first."""
     return f"[{task}] {text}" if task else text
@@ -220,12 +216,11 @@ def _timing(p: Placement, metrics, charts, x) -> dict | None:
 def _fallbacks(p: Placement, metrics, charts, x) -> dict:
     phys = p.physical_devices
     return {
-        "rows": [{"op": _task(f) + f["op"], "op_type": f["op_type"],
-                  "requested": _dev(f["requested"], {f["requested"]: f.get("requested_physical", f["requested"])}),
-                  "placed": _dev(f["placed"], phys), "reason": f.get("reason", "")} for f in p.observed_fallbacks],
-        "predicted": [{"op": _task(f) + f["op"], "op_type": f["op_type"], "placed": _dev(f["placed"], phys),
-                       "would_run_on": f.get("would_run_on", ""), "reason": f.get("reason", "")}
-                      for f in p.predicted_fallbacks],
+        "rows": [{"op": _tagged(f.task, f.op), "op_type": f.op_type,
+                  "requested": _dev(f.requested, {f.requested: f.requested_physical or f.requested}),
+                  "placed": _dev(f.placed, phys), "reason": f.reason or ""} for f in p.observed_fallbacks],
+        "predicted": [{"op": _tagged(f.task, f.op), "op_type": f.op_type, "placed": _dev(f.placed, phys),
+                       "would_run_on": f.would_run_on or "", "reason": f.reason or ""} for f in p.predicted_fallbacks],
     }
 
 
@@ -413,15 +408,15 @@ def _eager(p: Placement, metrics, charts, x) -> dict | None:
     if p.eager is None:
         return None
     e = p.eager
-    types = e.get("op_types_by_device") or {}
     return {
-        "ops": e.get("ops", 0),
-        "by_device": [{"device": d, "ops": n, "types": ", ".join(f"{t} {c}" for t, c in list(types.get(d, {}).items())[:6])}
-                      for d, n in (e.get("ops_by_device") or {}).items()],
+        "ops": e.ops,
+        "by_device": [{"device": d, "ops": n,
+                       "types": ", ".join(f"{t} {c}" for t, c in list(e.op_types_by_device.get(d, {}).items())[:6])}
+                      for d, n in e.ops_by_device.items()],
         "copies": [dict(c, bytes=human_bytes(c["bytes"]), ops=", ".join(f"{t} {n}" for t, n in c["ops"].items()))
-                   for c in e.get("copies") or []],
-        "moved": list(e.get("not_where_requested") or []),
-        "predicted": list(e.get("predicted_fallbacks") or []),
+                   for c in e.copies],
+        "moved": list(e.not_where_requested),
+        "predicted": list(e.predicted_fallbacks),
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pinpoint.placement.model import Placement, Timing, Transfers, as_placement
+from pinpoint.placement.model import Eager, Placement, Timing, Transfers, as_placement
 from pinpoint.placement.requests import weight_lines
 
 
@@ -72,11 +72,11 @@ def program_lines(placement: Placement) -> list[str]:
 
     shown = ", ".join(label(f) for f in funcs[:3])
     lines = [f"functions  : {len(funcs)}" + (f": {shown}" + (" ..." if len(funcs) > 3 else "") if funcs else "")]
-    eager = placement.eager or {}
-    by_dev = ", ".join(f"{d} {n}" for d, n in (eager.get("ops_by_device") or {}).items())
-    copies = eager.get("copies") or []
+    eager = placement.eager or Eager()
+    by_dev = ", ".join(f"{d} {n}" for d, n in eager.ops_by_device.items())
+    copies = eager.copies
     copy = "; copies: " + ", ".join(f"{c['from']}->{c['to']} {human_bytes(c['bytes'])}" for c in copies[:2]) if copies else ""
-    lines.append(f"eager ops  : {eager.get('ops', 0)}" + (f" ({by_dev})" if by_dev else "") + copy)
+    lines.append(f"eager ops  : {eager.ops}" + (f" ({by_dev})" if by_dev else "") + copy)
     return lines
 
 
@@ -162,13 +162,13 @@ def _variables_line(p: Placement) -> str:
 
 def _fallback_lines(p: Placement) -> list[str]:
     fb, pred = p.observed_fallbacks, p.predicted_fallbacks
-    lines = [f"fallbacks  : {len(fb)}" + (": " + ", ".join(f"{f['op']} {f['requested']}->{f['placed']}" for f in fb[:3])
+    lines = [f"fallbacks  : {len(fb)}" + (": " + ", ".join(f"{f.op} {f.requested}->{f.placed}" for f in fb[:3])
                                           + (" ..." if len(fb) > 3 else "") if fb else "")]
     if pred:
         # Under emulation: what a GPU machine would move to the host (no GPU kernel).
         lines.append(
             f"  predicted: {len(pred)} on a GPU machine: "
-            + ", ".join(f"{f['op']} ({f['op_type']}) {f['placed']}->{f['would_run_on']}" for f in pred[:3])
+            + ", ".join(f"{f.op} ({f.op_type}) {f.placed}->{f.would_run_on}" for f in pred[:3])
             + (" ..." if len(pred) > 3 else "")
         )
     return lines
