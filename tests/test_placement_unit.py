@@ -171,8 +171,9 @@ def test_a_schema_1_placement_reads_in_the_current_schema(tmp_path):
     """tests/data/placement-sample.json is schema 1; with the layers rows schema 1 wrote, it reads as
     schema 2 with `layer_pins` read off the rows, and the model names each row's fields."""
     from pinpoint.placement.files import read_placement, write_placement
-    from pinpoint.placement.model import LayerRow, Placement
+    from pinpoint.placement.model import Placement
     from pinpoint.placement.schema import SCHEMA_VERSION
+    from pinpoint.placement.sections import LayerRow
 
     old = dict(_sample(), layers=V1_LAYERS)
     assert old["schema"] == 1

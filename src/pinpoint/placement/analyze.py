@@ -33,20 +33,11 @@ from pinpoint.placement.conformance import (
     requested_rules,
 )
 from pinpoint.placement.inputs import PlacementInputs
-from pinpoint.placement.model import (
-    Conformance,
-    Eager,
-    Fallback,
-    FunctionRow,
-    Placement,
-    Rule,
-    Timing,
-    Transfers,
-    Variable,
-    mean_score,
-)
+from pinpoint.placement.model import Placement
 from pinpoint.placement.requests import weight_rules
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE, json_number
+from pinpoint.placement.sections import Conformance, Eager, Fallback, FunctionRow, Rule, Variable, mean_score
+from pinpoint.placement.traffic import Timing, Transfers
 from pinpoint.placement.transfers import BOOKKEEPING, merge_transfer_steps, step_transfers
 from pinpoint.placement.variables import analyze_variables, safe_consistency, user_variables
 

@@ -9,8 +9,8 @@ from collections import Counter, defaultdict
 
 from pinpoint.device_names import DeviceMap, matches, normalize, sort_key, split_prefix
 from pinpoint.layer_keys import LayerPins, scope_regex
-from pinpoint.placement.model import LayerRow, mean_score
 from pinpoint.placement.naming import EMULATED_ATTR, XLA_ATTR
+from pinpoint.placement.sections import LayerRow, mean_score
 from pinpoint.placement.transfers import BOOKKEEPING
 
 # Ops that say nothing about where the work ran (constants, control grouping).

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from pinpoint.errors import ConfigError
 from pinpoint.placement.files import read_placement
-from pinpoint.placement.model import Placement, Variable, as_placement
+from pinpoint.placement.model import Placement, as_placement
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE
+from pinpoint.placement.sections import Variable
 from pinpoint.placement.summary import format_summary, human_bytes
 from pinpoint.runfolder import METRICS, PLACEMENT, REPORT_HTML, atomic_write_text
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pinpoint.placement.model import Eager, Placement, Timing, Transfers, as_placement
+from pinpoint.placement.model import Placement, as_placement
 from pinpoint.placement.requests import weight_lines
+from pinpoint.placement.sections import Eager
+from pinpoint.placement.traffic import Timing, Transfers
 
 
 def _number(metrics: Mapping[str, Any], key: str) -> float | None:
