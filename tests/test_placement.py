@@ -170,6 +170,47 @@ def test_model_split_moves_activations(tf):
     assert p["conformance"]["score"] == 0.5
 
 
+def test_layer_pins_resolved_when_the_model_is_built_reach_the_placement(tf):
+    """A glob key is resolved once, when the model is built; the placement's layer_pins (spec
+    names), its layers row and its layers.<key> rule come from that resolution."""
+    from pinpoint.training.loop.models import build_model, layer_pins
+
+    batch, hidden = 4, 64  # the mlp's dense_2 width: the activation head receives
+    model = build_model("mlp", (8,), 3, {"dense_*": "/CPU:1", "head": "/CPU:2"})
+    pins = layer_pins(model)
+    assert pins.by_path() == {"dense_1": "/CPU:1", "dense_2": "/CPU:1", "head": "/CPU:2"}
+
+    @tf.function
+    def step(x):
+        return model(x)
+
+    _, cap = _capture(step, tf.ones([batch, 8]))
+    plan = PinningConfig(layers={"dense_*": "/GPU:0", "head": "/GPU:1"})
+    p = _build([cap], list(model.variables), plan=plan, layer_pins=pins)
+    assert p["layer_pins"] == {"dense_1": "/GPU:0", "dense_2": "/GPU:0", "head": "/GPU:1"}
+    rows = {r["layer"]: r for r in p["layers"]}
+    assert (rows["dense_*"]["matched"], rows["dense_*"]["layers_matched"]) == (["dense_1", "dense_2"], 2)
+    assert rows["head"]["bytes_in"] == batch * hidden * 4
+    assert {r["rule"]: r["score"] for r in p["conformance"]["rules"]} == {"layers.dense_*": 1.0, "layers.head": 1.0}
+
+
+def test_placement_json_reads_back_into_the_same_model(tf):
+    """What the build writes, Placement.from_json reads without loss: every section, typed."""
+    from pinpoint.placement.model import Placement
+    from pinpoint.training.loop.models import build_model, layer_pins
+
+    model = build_model("mlp", (8,), 3, {"dense_*": "/CPU:1", "head": "/CPU:2"})
+
+    @tf.function
+    def step(x):
+        return model(x)
+
+    _, cap = _capture(step, tf.ones([4, 8]))
+    p = _build([cap], list(model.variables), plan=PinningConfig(layers={"dense_*": "/GPU:0", "head": "/GPU:1"}),
+               layer_pins=layer_pins(model))
+    assert Placement.from_json(p).to_json() == p
+
+
 def test_mirrored_components_and_no_drift(tf):
     """MirroredStrategy: one component per replica device, updates on each, no drift after
     synchronous steps; a deliberately perturbed component shows up as drift."""

@@ -155,3 +155,92 @@ def test_variables_rule_violation_names_the_layer_rule():
     assert rule["score"] == 0.5
     assert rule["violations"] == [{"op": "head/kernel", "placed": "/GPU:1",
                                    "why": "created inside layers.head's device scope (/GPU:1)"}]
+
+
+# A layers row as schema 1 (before the typed model) wrote it: main's build of an mlp with
+# pinning.layers {"dense_*": /GPU:0, "head": /GPU:1} on 2 emulated GPUs.
+V1_LAYERS = [
+    {"layer": "dense_*", "layers_matched": 2, "matched": ["dense_1", "dense_2"], "device": "/GPU:0",
+     "forward_ops": {"/GPU:0": 6}, "backward_ops": {"/GPU:0": 7}, "bytes_in": 16384, "bytes_out": 8192},
+    {"layer": "head", "layers_matched": 1, "matched": ["head"], "device": "/GPU:1",
+     "forward_ops": {"/GPU:1": 3}, "backward_ops": {"/GPU:0": 1, "/GPU:1": 3}, "bytes_in": 9472, "bytes_out": 12072},
+]
+
+
+def test_a_schema_1_placement_reads_in_the_current_schema(tmp_path):
+    """tests/data/placement-sample.json is schema 1; with the layers rows schema 1 wrote, it reads as
+    schema 2 with `layer_pins` read off the rows, and the model names each row's fields."""
+    from pinpoint.placement.files import read_placement, write_placement
+    from pinpoint.placement.model import Placement
+    from pinpoint.placement.schema import SCHEMA_VERSION
+    from pinpoint.placement.sections import LayerRow
+
+    old = dict(_sample(), layers=V1_LAYERS)
+    assert old["schema"] == 1
+    write_placement(tmp_path / "placement.json", old)
+    read = read_placement(tmp_path)
+    assert (read["schema"], SCHEMA_VERSION) == (2, 2)
+    assert read["layer_pins"] == {"dense_1": "/GPU:0", "dense_2": "/GPU:0", "head": "/GPU:1"}
+    head = Placement.from_json(read).layers[1]
+    assert head == LayerRow(layer="head", device="/GPU:1", forward_ops={"/GPU:1": 3},
+                            backward_ops={"/GPU:0": 1, "/GPU:1": 3}, bytes_in=9472, bytes_out=12072,
+                            layers_matched=1, matched=("head",))
+
+
+def test_the_model_round_trips_placement_json():
+    """Placement.from_json(...).to_json() gives back every section of the file, schema bumped."""
+    from pinpoint.placement.model import Placement
+
+    sample = dict(_sample(), layers=V1_LAYERS)
+    out = Placement.from_json(sample).to_json()
+    # The sample predates transfers.loop_control and unsized_reasons: they read as empty.
+    assert (out["transfers"]["loop_control"], out["transfers"]["unsized_reasons"]) == ({"count": 0, "bytes": 0}, {})
+    out["transfers"] = {k: v for k, v in out["transfers"].items() if k in sample["transfers"]}
+    assert {k: v for k, v in out.items() if k in sample and k != "schema"} == \
+        {k: v for k, v in sample.items() if k != "schema"}
+    assert out["schema"] == 2
+
+
+def test_a_newer_schema_is_refused_in_one_line(tmp_path):
+    from pinpoint.errors import ConfigError
+    from pinpoint.placement.files import read_placement
+
+    (tmp_path / "placement.json").write_text(json.dumps(dict(_sample(), schema=3)))
+    with pytest.raises(ConfigError, match=r"^placement.json schema: got 3; this pinpoint reads versions 1 to 2; "):
+        read_placement(tmp_path)
+
+
+def test_the_layers_table_names_its_columns():
+    """layers.html.j2 reads named fields: the row of a layer whose backward op ran off its device is
+    red and lists the layers its key matched."""
+    from pinpoint.placement.report import render_html
+
+    html = render_html(dict(_sample(), layers=V1_LAYERS), None, {}, "t")
+    section = html[html.index('<section id="layers">'):]
+    section = section[:section.index("</section>")]
+    assert '<details><summary>dense_*</summary>dense_1, dense_2</details>' in section
+    rows = re.findall(r"<tr( class=\"bad\")?><td>(?:<details><summary>)?(dense_\*|head)<", section)
+    assert rows == [("", "dense_*"), (' class="bad"', "head")]
+
+
+def test_layer_pins_map_paths_to_their_keys_devices():
+    from pinpoint.layer_keys import resolve_pins
+
+    pins = resolve_pins({"dense_*": "/GPU:0", "backbone/block_1": "/GPU:1"},
+                        ["dense_1", "backbone", "backbone/block_1", "backbone/block_1/conv", "dense_2"], "m")
+    assert pins.by_path() == {"dense_1": "/GPU:0", "backbone/block_1": "/GPU:1", "backbone/block_1/conv": "/GPU:1",
+                              "dense_2": "/GPU:0"}
+    assert pins.names_by_key() == {"dense_*": ["dense_1", "dense_2"], "backbone/block_1": ["block_1", "conv"]}
+
+
+def test_a_merged_traced_program_keeps_the_chiefs_own_sections():
+    """train.entrypoint in a cluster: the merge unites the tasks' sections; functions, the training
+    function, eager ops and the program are the chief's (the first placement)."""
+    chief = dict(_sample(), task="chief:0", functions=[{"name": "train_step", "calls": 3}],
+                 training_function="train_step", eager={"ops": 7}, program="train:main")
+    worker = dict(_sample(), task="worker:0", functions=[{"name": "other", "calls": 1}],
+                  training_function="other", eager={"ops": 1}, program="train:main")
+    merged = merge_placements([chief, worker])
+    assert {k: merged[k] for k in ("functions", "training_function", "eager", "program")} == \
+        {"functions": [{"name": "train_step", "calls": 3}], "training_function": "train_step",
+         "eager": {"ops": 7}, "program": "train:main"}

@@ -13,6 +13,7 @@ import difflib
 import fnmatch
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from pinpoint.errors import ConfigError
 
@@ -111,3 +112,29 @@ def layers_by_key(owner: Mapping[str, str]) -> dict[str, list[str]]:
     for path, key in owner.items():
         out.setdefault(key, []).append(path)
     return out
+
+
+@dataclass(frozen=True)
+class LayerPins:
+    """`train.pinning.layers` resolved once against a built model: every pinned layer's path, the
+    key that selected it and its device. Carried from the model's build to the placement's build
+    (conformance, the per-layer table) and written to placement.json as `layer_pins`."""
+
+    devices: Mapping[str, str]  # key -> device, as configured (the keys' order)
+    owner: Mapping[str, str]  # layer path -> key, in layer order
+
+    def device_of(self, path: str) -> str:
+        return self.devices[self.owner[path]]
+
+    def by_path(self) -> dict[str, str]:
+        """{layer path: device}: placement.json's `layer_pins`."""
+        return {path: self.devices[key] for path, key in self.owner.items()}
+
+    def names_by_key(self) -> dict[str, list[str]]:
+        """{key: [layer name, ...]}: the name scopes of the layers each key selected."""
+        return {key: [p.rpartition("/")[2] for p in paths] for key, paths in layers_by_key(self.owner).items()}
+
+
+def resolve_pins(devices: Mapping[str, str], paths: Iterable[str], model: str) -> LayerPins:
+    """`resolve` kept with the devices: {key: device} against a model's layer paths."""
+    return LayerPins(dict(devices), resolve(devices, paths, model))

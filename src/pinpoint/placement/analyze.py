@@ -1,19 +1,23 @@
-"""Turn captured partition graphs into placement.json: where every op, variable and gradient ran.
+"""Build the placement model from its inputs, in one pass: where every op, variable and gradient ran.
 
-Runs once, after training (never on the hot path). Input: the CapturedGraphs of the sampled
-steps (each capture is one executed step), the model's and optimizer's variables, the pinning
-plan and the device map. Every device is reported by its spec name ("/GPU:0") and the
-physical name it ran on is kept in `physical_devices` / `device_aliases`.
+Runs once, after training (never on the hot path). Input: a `PlacementInputs` (placement.inputs):
+the CapturedGraphs of the sampled steps (each capture is one executed step), the model's and
+optimizer's variables, the pinning plan with its resolved layer pins, the device map, the timing,
+and for a traced program its functions, eager ops and weight requests. Every device is reported by
+its spec name ("/GPU:0") and the physical name it ran on is kept in `physical_devices` /
+`device_aliases`.
 
 This module puts the sections together; each is computed where its rules live: transfers
 (placement.transfers), variables and replica consistency (placement.variables), requests,
-fallbacks and conformance (placement.conformance); the file's format in placement.schema.
+fallbacks and conformance (placement.conformance, placement.requests); the model and its JSON in
+placement.model.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 from pinpoint.device_names import DeviceMap, matches, normalize, sort_key
@@ -26,172 +30,192 @@ from pinpoint.placement.conformance import (
     predicted_fallback,
     requested_defs,
     requested_devices,
+    requested_rules,
 )
-from pinpoint.placement.schema import EXPLAIN, SCHEMA_VERSION, json_number
+from pinpoint.placement.inputs import PlacementInputs
+from pinpoint.placement.model import Placement
+from pinpoint.placement.requests import weight_rules
+from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE, json_number
+from pinpoint.placement.sections import Conformance, Eager, Fallback, FunctionRow, Rule, Variable, mean_score
+from pinpoint.placement.traffic import Timing, Transfers
 from pinpoint.placement.transfers import BOOKKEEPING, merge_transfer_steps, step_transfers
-from pinpoint.placement.variables import analyze_variables, safe_consistency
+from pinpoint.placement.variables import analyze_variables, safe_consistency, user_variables
 
 
-def build_placement(
-    captures: list,
-    *,
-    variables: list,
-    plan: Any,
-    strategy: str,
-    device_map: Any,
-    task: str = "chief:0",
-    gradient_scope: str = "gradients",
-    layer_scopes: dict[str, str] | None = None,
-    input_scope: str = "input",
-    optimizer_variables: list | None = None,
-) -> dict:
-    """placement.json content from the captured steps (see schema.EXPLAIN for each field).
+def build_placement(captures: list, **inputs: Any) -> dict:
+    """placement.json's content from loose inputs (the fields of PlacementInputs)."""
+    return build(PlacementInputs(captures=tuple(captures), **inputs)).to_json()
 
-    Input-pipeline ops are dataset/iterator op types plus ops under the `input_scope` name scope
-    (an in-graph input pipeline). `optimizer_variables` (a subset of `variables`) are classed as
-    optimizer slots by the replica-consistency check."""
-    namer = DeviceMap.of(device_map)
-    captures = [c for c in captures if c is not None]
-    grad_re = gradient_re(gradient_scope)
 
-    per_step_ops: list[Counter] = []
-    per_step_types: list[dict[str, Counter]] = []
-    per_step_grads: list[Counter] = []
-    transfer_steps: list[dict] = []
-    seen_devices: set[str] = set()
-    seen_physical: set[str] = set()
-    fallbacks: dict[str, dict] = {}
-    predicted: dict[str, dict] = {}
-    ops_detail: list[dict] = []
+def build(inputs: PlacementInputs) -> Placement:
+    """The placement model from its inputs (see schema.EXPLAIN for each field)."""
+    namer = DeviceMap.of(inputs.device_map)
+    captures = [c for c in inputs.captures if c is not None]
+    grad_re = gradient_re(inputs.gradient_scope)
+    scan = _scan(captures, namer, inputs.device_map, grad_re)
+    trace = inputs.trace
+    values: dict = {}  # component values, read once for fingerprints and replica consistency
+    var_info = analyze_variables(list(inputs.variables), captures, namer, values, inputs.optimizer_variables,
+                                 eager_updates=trace.eager_updates if trace else None)
+    for v in var_info["variables"]:
+        scan.devices.update(v["devices"])
+        scan.devices.update(v["update_devices"])
+    devices = sorted((d for d in scan.devices if d), key=sort_key)
+    conformance, rule_rows, explain = _conformance(inputs, scan, var_info["variables"], namer, grad_re, captures)
+    items = scan.transfers[0]["items"] if scan.transfers else []
+    op_types = {d: _mean_counter([t.get(d, Counter()) for t in scan.types])
+                for d in sorted({d for t in scan.types for d in t}, key=sort_key)}
+    return Placement(
+        task=inputs.task,
+        strategy=inputs.strategy,
+        captured_steps=tuple(([1] if captures else []) if trace else
+                             [s for c in captures for s in (getattr(c, "steps", None) or [c.step])]),
+        devices=tuple(devices),
+        physical_devices={d: namer.canonical_physical(d) for d in devices},
+        device_aliases=dict(namer.aliases),
+        ops_by_device=_mean_counter(scan.ops),
+        op_types_by_device=op_types,
+        transfers=Transfers.from_json(
+            merge_transfer_steps(scan.transfers, [getattr(c, "steps", None) or [c.step] for c in captures])),
+        fallbacks=tuple(map(Fallback.from_json, _observed_fallbacks(scan, namer, inputs.device_map)
+                            + sorted(scan.predicted.values(), key=lambda f: f["op"]))),
+        variables=tuple(map(Variable.from_json, var_info["variables"])),
+        variable_updates=var_info["updates"],
+        gradients={
+            "scope": f"{inputs.gradient_scope}/ and gradient_tape/",
+            "ops_by_device": _mean_counter(scan.grads),
+            "total": json_number(sum(sum(c.values()) for c in scan.grads) / max(len(scan.grads), 1)),
+        },
+        # The trainer builds the placement after its last step, so this is the end-of-training check.
+        replica_consistency=safe_consistency(list(inputs.variables), values, inputs.optimizer_variables),
+        conformance=conformance,
+        layers=tuple(layer_table(rule_rows, items, inputs.plan, inputs.layer_pins)),
+        ops=tuple(scan.ops_detail),
+        # Every transfer of the first captured step (tensor, from, to, bytes, consumers).
+        transfer_items=tuple(items),
+        notes=tuple(_notes(inputs, captures, scan.ops_detail, var_info["variables"])),
+        explain=explain,
+        device_map=inputs.device_map_json,
+        input_pipeline=inputs.input_pipeline,
+        timing=Timing.from_json(inputs.timing),
+        precision=_precision(inputs.precision_policy, op_types),
+        layer_pins={path: namer.canonical_spec(dev) for path, dev in inputs.layer_pins.by_path().items()}
+        if inputs.layer_pins is not None else None,
+        functions=tuple(map(FunctionRow.from_json, trace.functions)) if trace else None,
+        training_function=trace.training_function if trace else None,
+        eager=Eager.from_json(trace.eager) if trace else None,
+        program=trace.program if trace else None,
+    )
+
+
+@dataclass
+class _Scan:
+    """What one walk over the captured partition graphs found (per step: ops, op types and
+    gradient ops per device, transfers; over all steps: devices, fallbacks; the first step's ops)."""
+
+    ops: list[Counter] = field(default_factory=list)
+    types: list[dict[str, Counter]] = field(default_factory=list)
+    grads: list[Counter] = field(default_factory=list)
+    transfers: list[dict] = field(default_factory=list)
+    devices: set[str] = field(default_factory=set)
+    physical: set[str] = field(default_factory=set)
+    fallbacks: dict[str, dict] = field(default_factory=dict)
+    predicted: dict[str, dict] = field(default_factory=dict)
+    ops_detail: list[dict] = field(default_factory=list)
+
+
+def _scan(captures: list, namer: DeviceMap, device_map, grad_re) -> _Scan:
+    scan = _Scan()
     emulated_gpus = {normalize(p) for p in namer.aliases.values()} if getattr(device_map, "emulated", False) else set()
-
     for ci, cap in enumerate(captures):
-        ops = Counter()
-        types: dict[str, Counter] = defaultdict(Counter)
-        grads = Counter()
+        ops, grads, types = Counter(), Counter(), defaultdict(Counter)
         requested = requested_devices(cap)
         defs = requested_defs(cap) if emulated_gpus else {}
         for g in cap.partition_graphs:
             for n in g.node:
                 dev = namer.canonical_spec(n.device)
                 if dev:
-                    seen_devices.add(dev)
-                    seen_physical.add(normalize(n.device))
+                    scan.devices.add(dev)
+                    scan.physical.add(normalize(n.device))
                 if n.op in BOOKKEEPING:
                     continue
                 ops[dev] += 1
                 types[dev][n.op] += 1
-                if grad_re.search(n.name):
-                    grads[dev] += 1
+                grads[dev] += bool(grad_re.search(n.name))
                 if ci == 0:
-                    ops_detail.append({"op": n.name, "type": n.op, "device": dev})
+                    scan.ops_detail.append({"op": n.name, "type": n.op, "device": dev})
                 req = requested.get(n.name)
                 if req and not matches(req, n.device):
-                    fallbacks.setdefault(
-                        n.name,
-                        {
-                            "op": n.name,
-                            "op_type": n.op,
-                            "requested": namer.canonical_spec(req),
-                            "requested_physical": normalize(req),
-                            "placed": dev,
-                            "placed_physical": normalize(n.device),
-                        },
-                    )
-                if emulated_gpus and n.name not in predicted:
+                    scan.fallbacks.setdefault(n.name, {
+                        "op": n.name, "op_type": n.op, "requested": namer.canonical_spec(req),
+                        "requested_physical": normalize(req), "placed": dev, "placed_physical": normalize(n.device)})
+                if emulated_gpus and n.name not in scan.predicted:
                     fb = predicted_fallback(n, defs.get(n.name), req, namer, emulated_gpus)
                     if fb is not None:
-                        predicted[n.name] = fb
-        per_step_ops.append(ops)
-        per_step_types.append(types)
-        per_step_grads.append(grads)
-        transfer_steps.append(step_transfers(cap, namer))
+                        scan.predicted[n.name] = fb
+        scan.ops.append(ops)
+        scan.types.append(types)
+        scan.grads.append(+grads)  # unary +: drop the devices that ran no gradient op
+        scan.transfers.append(step_transfers(cap, namer))
+    return scan
 
-    known = seen_physical | {normalize(p) for p in namer.aliases.values()}
-    for fb in fallbacks.values():
-        fb["reason"] = (
+
+def _observed_fallbacks(scan: _Scan, namer: DeviceMap, device_map) -> list[dict]:
+    """The ops the runtime placed off their requested device, each with the reason."""
+    known = scan.physical | {normalize(p) for p in namer.aliases.values()}
+    out = {}
+    for name, fb in scan.fallbacks.items():
+        out[name] = dict(fb, reason=(
             "requested device does not exist"
             if not any(matches(fb["requested_physical"], d) for d in known)
             else "moved by the placer (no kernel for this op there, or colocated with a resource "
-            "or input on another device)"
-        )
-
+            "or input on another device)"))
     # Devices the setup already resolved elsewhere (no such device here, soft placement on): every
     # op pinned there was redirected before tracing, so the graphs cannot show it; report it.
     for spec, instead in (getattr(device_map, "fallbacks", None) or {}).items():
-        fallbacks.setdefault(
-            f"(every op pinned to {spec})",
-            {
-                "op": f"(every op pinned to {spec})",
-                "op_type": "*",
-                "requested": spec,
-                "requested_physical": spec,
-                "placed": namer.canonical_spec(instead),
-                "placed_physical": normalize(instead),
-                "reason": "requested device does not exist on this machine; redirected at device setup "
-                "(soft placement)",
-            },
-        )
-
-    values: dict = {}  # component values, read once for fingerprints and replica consistency
-    var_info = analyze_variables(variables, captures, namer, values, optimizer_variables)
-    for v in var_info["variables"]:
-        seen_devices.update(v["devices"])
-        seen_devices.update(v["update_devices"])
-    devices = sorted((d for d in seen_devices if d), key=sort_key)
-
-    conformance = check_conformance(
-        as_predicted(ops_detail, predicted), var_info["variables"], plan, strategy, device_map, namer,
-        grad_re, layer_scopes, re.compile(rf"(^|/){re.escape(input_scope)}(_\d+)?/"),
-    )
-    mark_predicted(conformance, predicted)
-    placement = {
-        "schema": SCHEMA_VERSION,
-        "task": task,
-        "strategy": strategy,
-        "captured_steps": [s for c in captures for s in (getattr(c, "steps", None) or [c.step])],
-        "devices": devices,
-        "physical_devices": {d: namer.canonical_physical(d) for d in devices},
-        "device_aliases": dict(namer.aliases),
-        "ops_by_device": _mean_counter(per_step_ops),
-        "op_types_by_device": {
-            d: _mean_counter([t.get(d, Counter()) for t in per_step_types])
-            for d in sorted({d for t in per_step_types for d in t}, key=sort_key)
-        },
-        "transfers": merge_transfer_steps(
-            transfer_steps, [getattr(c, "steps", None) or [c.step] for c in captures]),
-        "fallbacks": sorted(fallbacks.values(), key=lambda f: f["op"])
-        + sorted(predicted.values(), key=lambda f: f["op"]),
-        "variables": var_info["variables"],
-        "variable_updates": var_info["updates"],
-        "gradients": {
-            "scope": f"{gradient_scope}/ and gradient_tape/",
-            "ops_by_device": _mean_counter(per_step_grads),
-            "total": json_number(sum(sum(c.values()) for c in per_step_grads) / max(len(per_step_grads), 1)),
-        },
-        # The trainer builds the placement after its last step, so this is the end-of-training check.
-        "replica_consistency": safe_consistency(variables, values, optimizer_variables),
-        "conformance": conformance,
-        "layers": layer_table(conformance, transfer_steps[0]["items"] if transfer_steps else [], plan, layer_scopes),
-        "ops": ops_detail,
-        # Every transfer of the first captured step (tensor, from, to, bytes, consumers).
-        "transfer_items": transfer_steps[0]["items"] if transfer_steps else [],
-        "notes": _notes(captures, ops_detail, strategy),
-        "explain": EXPLAIN,
-    }
-    return placement
+        op = f"(every op pinned to {spec})"
+        out.setdefault(op, {
+            "op": op, "op_type": "*", "requested": spec, "requested_physical": spec,
+            "placed": namer.canonical_spec(instead), "placed_physical": normalize(instead),
+            "reason": "requested device does not exist on this machine; redirected at device setup "
+            "(soft placement)"})
+    return sorted(out.values(), key=lambda f: f["op"])
 
 
-def _notes(captures: list, ops_detail: list, strategy: str) -> list[str]:
+def _conformance(inputs: PlacementInputs, scan: _Scan, variables: list, namer: DeviceMap, grad_re,
+                 captures: list) -> tuple[Conformance, list[dict], dict]:
+    """Every rule at once: a traced program's requests first, then the plan's and the strategy's,
+    then its weights' requests; each violation that is a predicted fallback marked. With the rules
+    as computed (the layers table reads them) and explain."""
+    input_re = re.compile(rf"(^|/){re.escape(inputs.input_scope)}(_\d+)?/")
+    rules = check_conformance(as_predicted(scan.ops_detail, scan.predicted), variables, inputs.plan,
+                              inputs.strategy, inputs.device_map, namer, grad_re, inputs.layer_pins,
+                              input_re)["rules"]
+    explain = dict(EXPLAIN)
+    if inputs.trace is not None:
+        rules = requested_rules(captures[0] if captures else None, namer, scan.predicted) + rules
+        explain.update(EXPLAIN_TRACE)
+    mark_predicted(rules, scan.predicted)
+    if inputs.trace is not None:
+        weights, weight_explain = weight_rules(list(inputs.trace.weight_rows), namer)
+        rules += weights
+        explain.update(weight_explain)
+    conformance = Conformance(score=mean_score(r["score"] for r in rules), rules=tuple(map(Rule.from_json, rules)))
+    return conformance, rules, explain
+
+
+def _notes(inputs: PlacementInputs, captures: list, ops_detail: list, variables: list) -> list[str]:
     notes = []
     for cap in captures:
         for note in getattr(cap, "notes", None) or []:
             if note not in notes:
                 notes.append(note)
+    trace = inputs.trace
     if not captures:
-        notes.append("no step was captured (placement sampling off or training ended before warm-up)")
+        if trace is None:  # a traced program says why in its own notes
+            notes.append("no step was captured (placement sampling off or training ended before warm-up)")
     elif not ops_detail:
-        if strategy == "parameter_server":
+        if inputs.strategy == "parameter_server":
             notes.append(
                 "no partition graphs on this task: under parameter_server the coordinator schedules each "
                 "step as a closure that the worker's own runtime instantiates, so ops, transfers and "
@@ -199,7 +223,30 @@ def _notes(captures: list, ops_detail: list, strategy: str) -> list[str]:
             )
         else:
             notes.append("the captured call executed no function graphs (was the step function already called?)")
+    if trace is not None:
+        notes += _outside_strategy(inputs.strategy, variables) + list(trace.notes)
     return notes
+
+
+def _outside_strategy(strategy: str, variables: list) -> list[str]:
+    """Under mirrored, a traced program's plain variables (created outside the strategy's scope,
+    e.g. Keras' own counters): a finding, not a broken mirror (the variables_mirrored rule checks
+    the distributed ones)."""
+    plain = [v for v in user_variables(variables) if v["kind"] == "variable"]
+    if strategy not in ("mirrored", "multi_worker_mirrored") or not plain:
+        return []
+    where = Counter(d for v in plain for d in v["devices"])
+    return [f"{len(plain)} plain variable(s) outside the strategy (created outside its scope): "
+            + ", ".join(f"{n} on {d}" for d, n in sorted(where.items()))]
+
+
+def _precision(policy: str | None, op_types: dict) -> dict | None:
+    """The precision policy and the casts between float32 variables and float16/bfloat16 compute,
+    per device."""
+    if policy is None:
+        return None
+    return {"policy": policy,
+            "casts_by_device": {d: types["Cast"] for d, types in op_types.items() if types.get("Cast")}}
 
 
 def _mean_counter(counters: list[Counter]) -> dict:

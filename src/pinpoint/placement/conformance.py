@@ -8,8 +8,9 @@ import re
 from collections import Counter, defaultdict
 
 from pinpoint.device_names import DeviceMap, matches, normalize, sort_key, split_prefix
-from pinpoint.layer_keys import scope_regex
+from pinpoint.layer_keys import LayerPins, scope_regex
 from pinpoint.placement.naming import EMULATED_ATTR, XLA_ATTR
+from pinpoint.placement.sections import LayerRow, mean_score
 from pinpoint.placement.transfers import BOOKKEEPING
 
 # Ops that say nothing about where the work ran (constants, control grouping).
@@ -82,9 +83,9 @@ def as_predicted(ops: list[dict], predicted: dict) -> list[dict]:
     return [dict(o, device=predicted[o["op"]]["would_run_on"]) if o["op"] in predicted else o for o in ops]
 
 
-def mark_predicted(conformance: dict, predicted: dict) -> None:
+def mark_predicted(rules, predicted: dict) -> None:
     """Label each rule violation that is a predicted fallback (a GPU machine's host op) as such."""
-    for rule in conformance.get("rules") or []:
+    for rule in rules:
         for viol in rule.get("violations") or []:
             fb = predicted.get(viol["op"])
             if fb is not None:
@@ -120,117 +121,155 @@ def layer_re(layer: str, names=None):
     return re.compile(rf"(^|/)(?:{scope_regex(layer, names)})(_\d+)?/")
 
 
-def _scope(layer: str, layer_scopes):
-    """layer_scopes[layer]: the layer names a key matched (a list), or a scope of its own (a str)."""
-    scope = (layer_scopes or {}).get(layer)
-    return layer_re(scope) if isinstance(scope, str) else layer_re(layer, scope)
+def _scope(layer: str, pins: LayerPins | None):
+    """The name scopes of the layers a key selected: the resolved layers' names when known."""
+    return layer_re(layer, pins.names_by_key().get(layer) if pins is not None else None)
 
 
-def check_conformance(ops, variables, plan, strategy, device_map, namer, grad_re, layer_scopes, input_re) -> dict:
+def check_conformance(ops, variables, plan, strategy, device_map, namer, grad_re, pins, input_re) -> dict:
     """placement.json's `conformance`: one rule per pin of the plan and per strategy expectation
-    (planned device, observed devices, score, violations); `score` is the mean of the rules'."""
-    rules = []
+    (planned device, observed devices, score, violations); `score` is the mean of the rules'.
+    `pins`: train.pinning.layers as resolved against the model (None: the keys as scopes)."""
     compute = [o for o in ops if o["type"] not in NOT_COMPUTE]
-    is_input = lambda o: bool(INPUT_RE.match(o["type"]) or input_re.search(o["op"]))
-    if plan is not None:
-        if getattr(plan, "variables", None):
-            rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
-            rule = _rule("variables", namer.canonical_spec(plan.variables), rel)
-            # A layer's variables are created inside the layer's device scope, so a layers.<name>
-            # rule wins over the variables rule for that layer: say so next to the violation.
-            for viol in rule["violations"]:
-                for layer, dev in (getattr(plan, "layers", None) or {}).items():
-                    if layer_re(layer).search(viol["op"] + "/") and matches(namer.canonical_spec(dev), viol["placed"]):
-                        viol["why"] = f"created inside layers.{layer}'s device scope ({dev})"
-            rules.append(rule)
-        if getattr(plan, "gradients", None):
-            rel = [(o["op"], o["device"]) for o in compute if grad_re.search(o["op"])]
-            rules.append(_rule("gradients", namer.canonical_spec(plan.gradients), rel))
-        for layer, dev in (getattr(plan, "layers", None) or {}).items():
-            lre = _scope(layer, layer_scopes)
-            fwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and not grad_re.search(o["op"])]
-            # The layer's backward ops (gradients/.../<layer>/..._grad): a plan whose backward pass
-            # ignores the pins cannot score 1.
-            bwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and grad_re.search(o["op"])]
-            rule = _rule(f"layers.{layer}", namer.canonical_spec(dev), fwd + bwd)
-            matched = (layer_scopes or {}).get(layer)
-            if isinstance(matched, list):
-                rule["layers_matched"] = len(matched)
-            for part, rel in (("forward", fwd), ("backward", bwd)):
-                sub = _rule(part, namer.canonical_spec(dev), rel)
-                rule[part] = {"relevant": sub["relevant"], "score": sub["score"], "observed": sub["observed"]}
-            rules.append(rule)
-        if getattr(plan, "input", None):
-            # An Identity the partitioner adds where a replica receives its batch (".../_27" on
-            # the replica's device) forwards the copy; it does no input work.
-            rel = [(o["op"], o["device"]) for o in compute if is_input(o) and o["type"] != "Identity"]
-            rules.append(_rule("input", namer.canonical_spec(plan.input), rel))
-    replicas = [namer.canonical_spec(d) for d in (getattr(device_map, "replica_devices", None) or [])]
-    if strategy in ("mirrored", "multi_worker_mirrored") and replicas:
-        # One component of every variable on every replica device. A plain variable (created
-        # outside the strategy's scope, e.g. a program's own counters) is not mirrored by design.
-        missing, present = [], []
-        for v in variables:
-            if v.get("kind") == "variable":
-                continue
-            devs = set(v["devices"])
-            for r in replicas:
-                (present if any(matches(r, d) for d in devs) else missing).append((v["name"], r))
-        rule = {
-            "rule": "strategy.variables_mirrored",
-            "planned": ", ".join(replicas),
-            "observed": {},
-            "relevant": len(missing) + len(present),
-            "score": round(len(present) / (len(missing) + len(present)), 4) if (missing or present) else None,
-            "violations": [{"op": n, "placed": f"no component on {r}"} for n, r in missing][:50],
-            "violations_total": len(missing),
-        }
+    is_input = lambda o: bool(INPUT_RE.match(o["type"]) or input_re.search(o["op"]))  # noqa: E731
+    rules = _plan_rules(compute, variables, plan, namer, grad_re, pins, is_input) if plan is not None else []
+    rules += _strategy_rules(compute, variables, strategy, device_map, namer, is_input)
+    return {"score": mean_score(r["score"] for r in rules), "rules": rules}
+
+
+def _plan_rules(compute, variables, plan, namer, grad_re, pins, is_input) -> list[dict]:
+    rules = []
+    if getattr(plan, "variables", None):
+        rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
+        rule = _rule("variables", namer.canonical_spec(plan.variables), rel)
+        # A layer's variables are created inside the layer's device scope, so a layers.<name>
+        # rule wins over the variables rule for that layer: say so next to the violation.
+        for viol in rule["violations"]:
+            for layer, dev in (getattr(plan, "layers", None) or {}).items():
+                if _scope(layer, pins).search(viol["op"] + "/") and matches(namer.canonical_spec(dev), viol["placed"]):
+                    viol["why"] = f"created inside layers.{layer}'s device scope ({dev})"
         rules.append(rule)
-        # Replica i's compute on replica device i: MirroredStrategy names replica i>0 ops
-        # "replica_i/..." and replica 0's the same without prefix. The input pipeline is excluded:
-        # where it runs is the `input` rule's business (usually the host).
-        names = {o["op"] for o in compute}
-        rel_by_replica: dict[int, list] = defaultdict(list)
-        for o in compute:
-            if is_input(o):
-                continue
-            m = re.match(r"^replica_(\d+)/(.*)$", o["op"])
-            if m:
-                rel_by_replica[int(m.group(1))].append((o["op"], o["device"]))
-            elif f"replica_1/{o['op']}" in names:
-                rel_by_replica[0].append((o["op"], o["device"]))
-        for i, dev in enumerate(replicas):
-            if rel_by_replica.get(i):
-                rules.append(_rule(f"strategy.replica_{i}_compute", dev, rel_by_replica[i]))
-    elif strategy == "central_storage":
-        host = namer.canonical_spec(getattr(device_map, "host", None) or "/CPU:0")
-        rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
-        rules.append(_rule("strategy.variables_on_host", host, rel))
-    elif strategy == "one_device" and replicas:
-        rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
-        rules.append(_rule("strategy.variables_on_device", replicas[0], rel))
-    elif strategy == "parameter_server":
-        rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
-        rules.append(_rule("strategy.variables_on_ps", "/job:ps", rel))
-    scored = [r["score"] for r in rules if r["score"] is not None]
-    return {"score": round(sum(scored) / len(scored), 4) if scored else None, "rules": rules}
+    if getattr(plan, "gradients", None):
+        rel = [(o["op"], o["device"]) for o in compute if grad_re.search(o["op"])]
+        rules.append(_rule("gradients", namer.canonical_spec(plan.gradients), rel))
+    for layer, dev in (getattr(plan, "layers", None) or {}).items():
+        rules.append(_layer_rule(layer, namer.canonical_spec(dev), compute, grad_re, pins))
+    if getattr(plan, "input", None):
+        # An Identity the partitioner adds where a replica receives its batch (".../_27" on
+        # the replica's device) forwards the copy; it does no input work.
+        rel = [(o["op"], o["device"]) for o in compute if is_input(o) and o["type"] != "Identity"]
+        rules.append(_rule("input", namer.canonical_spec(plan.input), rel))
+    return rules
 
 
-def layer_table(conformance: dict, items, plan, layer_scopes) -> list[dict]:
+def _layer_rule(layer: str, planned: str, compute, grad_re, pins: LayerPins | None) -> dict:
+    """layers.<key>: its forward ops and its backward ops (gradients/.../<layer>/..._grad; a plan
+    whose backward pass ignores the pins cannot score 1), scored together and apart."""
+    lre = _scope(layer, pins)
+    fwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and not grad_re.search(o["op"])]
+    bwd = [(o["op"], o["device"]) for o in compute if lre.search(o["op"]) and grad_re.search(o["op"])]
+    rule = _rule(f"layers.{layer}", planned, fwd + bwd)
+    if pins is not None and layer in pins.devices:
+        rule["layers_matched"] = len(pins.names_by_key().get(layer, ()))
+    for part, rel in (("forward", fwd), ("backward", bwd)):
+        sub = _rule(part, planned, rel)
+        rule[part] = {"relevant": sub["relevant"], "score": sub["score"], "observed": sub["observed"]}
+    return rule
+
+
+def _strategy_rules(compute, variables, strategy, device_map, namer, is_input) -> list[dict]:
+    """What the strategy promises: where its variables live, and (mirrored) each replica's compute."""
+    replicas = [namer.canonical_spec(d) for d in (getattr(device_map, "replica_devices", None) or [])]
+    every = [(v["name"], c["device"]) for v in variables for c in v["components"]]
+    if strategy in ("mirrored", "multi_worker_mirrored") and replicas:
+        return [_mirrored_rule(variables, replicas), *_replica_rules(compute, replicas, is_input)]
+    if strategy == "central_storage":
+        return [_rule("strategy.variables_on_host",
+                      namer.canonical_spec(getattr(device_map, "host", None) or "/CPU:0"), every)]
+    if strategy == "one_device" and replicas:
+        return [_rule("strategy.variables_on_device", replicas[0], every)]
+    if strategy == "parameter_server":
+        return [_rule("strategy.variables_on_ps", "/job:ps", every)]
+    return []
+
+
+def _mirrored_rule(variables, replicas: list[str]) -> dict:
+    """One component of every variable on every replica device. A plain variable (created outside
+    the strategy's scope, e.g. a program's own counters) is not mirrored by design."""
+    missing, present = [], []
+    for v in variables:
+        if v.get("kind") == "variable":
+            continue
+        devs = set(v["devices"])
+        for r in replicas:
+            (present if any(matches(r, d) for d in devs) else missing).append((v["name"], r))
+    return {
+        "rule": "strategy.variables_mirrored",
+        "planned": ", ".join(replicas),
+        "observed": {},
+        "relevant": len(missing) + len(present),
+        "score": round(len(present) / (len(missing) + len(present)), 4) if (missing or present) else None,
+        "violations": [{"op": n, "placed": f"no component on {r}"} for n, r in missing][:50],
+        "violations_total": len(missing),
+    }
+
+
+def _replica_rules(compute, replicas: list[str], is_input) -> list[dict]:
+    """Replica i's compute on replica device i: MirroredStrategy names replica i>0 ops
+    "replica_i/..." and replica 0's the same without prefix. The input pipeline is excluded:
+    where it runs is the `input` rule's business (usually the host)."""
+    names = {o["op"] for o in compute}
+    rel_by_replica: dict[int, list] = defaultdict(list)
+    for o in compute:
+        if is_input(o):
+            continue
+        m = re.match(r"^replica_(\d+)/(.*)$", o["op"])
+        if m:
+            rel_by_replica[int(m.group(1))].append((o["op"], o["device"]))
+        elif f"replica_1/{o['op']}" in names:
+            rel_by_replica[0].append((o["op"], o["device"]))
+    return [_rule(f"strategy.replica_{i}_compute", dev, rel_by_replica[i])
+            for i, dev in enumerate(replicas) if rel_by_replica.get(i)]
+
+
+def requested_rules(cap, namer: DeviceMap, predicted: dict | None = None) -> list[dict]:
+    """A traced program's plan is its own requests: one rule per device it requested in its
+    `tf.device` scopes, the ops that asked for it against where they ran (a predicted fallback, with
+    no GPU kernel, against the host a GPU machine runs it on)."""
+    if cap is None:
+        return []
+    requested = requested_devices(cap)
+    placed, types = {}, {}
+    for g in cap.partition_graphs:
+        for n in g.node:
+            placed[n.name] = n.device
+            types[n.name] = n.op
+    by_device: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for op, req in requested.items():
+        if op not in placed or types[op] in NOT_COMPUTE:
+            continue
+        fb = (predicted or {}).get(op)
+        ran = fb["would_run_on"] if fb else namer.canonical_spec(placed[op])
+        by_device[namer.canonical_spec(req)].append((op, ran))
+    return [_rule(f"tf.device {dev}", dev, by_device[dev]) for dev in sorted(by_device, key=sort_key)]
+
+
+def layer_table(rules, items, plan, pins: LayerPins | None) -> list[LayerRow]:
     """Model parallelism at a glance: per pinned layer, its device, forward and backward ops per
     device (its `layers.<name>` rule's counts), and the bytes its ops receive from and send to
     other devices each step."""
-    rules = {r["rule"]: r for r in conformance["rules"]}
+    by_name = {r["rule"]: r for r in rules}
+    matched = pins.names_by_key() if pins is not None else {}
     rows = []
     for layer in getattr(plan, "layers", None) or {}:
-        rule = rules[f"layers.{layer}"]
-        lre = _scope(layer, layer_scopes)
+        rule = by_name[f"layers.{layer}"]
+        lre = _scope(layer, pins)
         out_b = sum(t["bytes"] or 0 for t in items if lre.search(t["tensor"]))
         in_b = sum(t["bytes"] or 0 for t in items
                    if not lre.search(t["tensor"]) and any(lre.search(c) for c in t.get("consumers", ())))
-        matched = (layer_scopes or {}).get(layer)
-        rows.append({"layer": layer, "layers_matched": rule.get("layers_matched"),
-                     "matched": matched if isinstance(matched, list) else None, "device": rule["planned"],
-                     "forward_ops": rule["forward"]["observed"],
-                     "backward_ops": rule["backward"]["observed"], "bytes_in": in_b, "bytes_out": out_b})
+        names = matched.get(layer)
+        rows.append(LayerRow(layer=layer, device=rule["planned"], forward_ops=rule["forward"]["observed"],
+                             backward_ops=rule["backward"]["observed"], bytes_in=in_b, bytes_out=out_b,
+                             layers_matched=rule.get("layers_matched"),
+                             matched=tuple(names) if names is not None else None))
     return rows

@@ -6,7 +6,8 @@ ResNet50 on 4 GPUs); the per-op list (`ops`), every transfer of the first captur
 it (placement.json -> placement_ops.json.gz, placement-worker-0.json ->
 placement-worker-0_ops.json.gz). `read_placement` joins them again (the report, merge, compare
 and MLflow use it; nothing else opens the files); a placement.json written before the split,
-with `ops` inside, reads the same.
+with `ops` inside, reads the same, and one of an older schema version reads in the current one
+(placement.model.upgrade).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.errors import ConfigError
+from pinpoint.placement.model import Placement, upgrade
 from pinpoint.runfolder import PLACEMENT, atomic_write_bytes, atomic_write_text
 
 DETAIL_KEYS = ("ops", "transfer_items")
@@ -57,10 +59,10 @@ def join_placement(main: dict[str, Any], detail: dict[str, Any] | None) -> dict[
     return out
 
 
-def write_placement(path: str | Path, placement: dict[str, Any]) -> Path:
+def write_placement(path: str | Path, placement: Placement | dict[str, Any]) -> Path:
     """Write placement.json and its per-op file; the per-op file first, so whoever sees
     placement.json finds both."""
-    main, detail = split_placement(placement)
+    main, detail = split_placement(placement.to_json() if isinstance(placement, Placement) else placement)
     detail_json = json.dumps(detail, separators=(",", ":"), default=str).encode()
     atomic_write_bytes(ops_path(path), gzip.compress(detail_json, mtime=0))
     # One section per line, each compact: a ResNet50 on 4 GPUs stays under 300 KB (indented, the
@@ -78,8 +80,11 @@ def read_placement(path: str | Path, *, detail: bool = True, field: str = "run_d
     if not p.is_file():
         raise ConfigError(f"{field}: got '{p}', which does not exist; run the previous step first (see `make help`)")
     main = json.loads(p.read_text())
+    if not isinstance(main, dict):
+        return main
+    main = upgrade(main)  # an older schema reads as the current one
     ops = ops_path(p)
-    if not detail or not isinstance(main, dict) or not ops.is_file():
+    if not detail or not ops.is_file():
         return main
     with gzip.open(ops, "rb") as f:
         return join_placement(main, json.loads(f.read()))

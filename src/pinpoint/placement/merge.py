@@ -279,6 +279,7 @@ SECTIONS: list[tuple[str, Callable[[list[dict]], object]]] = [
     ("timing", _timing),
     ("precision", _precision),
 ]
+PROGRAM_SECTIONS = ("functions", "training_function", "eager", "program")
 _OPTIONAL = {"input_pipeline", "timing", "precision"}  # absent rather than null when no task has them
 
 
@@ -300,6 +301,9 @@ def merge_placements(placements: list[dict]) -> dict:
         if value is not None or key not in _OPTIONAL:
             merged[key] = value
     merged["explain"] = EXPLAIN
+    # A traced program (train.entrypoint): the merge unites the tasks' ops, transfers and
+    # variables; the program's own sections (its functions and eager ops) are the chief's.
+    merged.update({k: placements[0][k] for k in PROGRAM_SECTIONS if k in placements[0]})
     return _in_file_order(merged)
 
 

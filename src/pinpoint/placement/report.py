@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pinpoint.errors import ConfigError
-from pinpoint.placement.conformance import split_fallbacks
 from pinpoint.placement.files import read_placement
-from pinpoint.placement.schema import EXPLAIN
+from pinpoint.placement.model import Placement, as_placement
+from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE
+from pinpoint.placement.sections import Variable
 from pinpoint.placement.summary import format_summary, human_bytes
-from pinpoint.placement.variables import INTERNAL, user_variables
 from pinpoint.runfolder import METRICS, PLACEMENT, REPORT_HTML, atomic_write_text
 
 CHARTS_DIR = "charts"
@@ -66,8 +66,8 @@ class Section:
     nav: str
     title: str
     template: str
-    context: Callable[[dict, dict | None, dict[str, str], dict], dict | None]
-    what: Callable[[dict, dict], str] = lambda placement, ex: ""
+    context: Callable[[Placement, dict | None, dict[str, str], dict], dict | None]
+    what: Callable[[Placement, dict], str] = lambda placement, ex: ""
 
 
 def _dev(d: str, phys: dict) -> str:
@@ -76,8 +76,9 @@ def _dev(d: str, phys: dict) -> str:
     return f"{d} ({p[p.rfind('/') + 1:] if p.startswith('/job:') else p})" if p != d else d
 
 
-def _task(x: dict) -> str:
-    return f"[{x['task']}] " if x.get("task") else ""
+def _tagged(task: str | None, text: str) -> str:
+    """A merged cluster's row names its task first."""
+    return f"[{task}] {text}" if task else text
 
 
 def _group_of_var(name: str) -> str:
@@ -98,22 +99,22 @@ def _scope_of_op(name: str) -> str:
     return "/".join(parts[:2]) if len(parts) > 2 else parts[0]
 
 
-# ---- the sections' contexts -------------------------------------------------------------------
-def _summary(p: dict, metrics: dict | None, charts: dict, x: dict) -> dict:
-    per = (p.get("transfers") or {}).get("per_step") or {}
-    score = (p.get("conformance") or {}).get("score")
-    fallbacks, predicted = x["fallbacks"], x["predicted"]
+# ---- the sections' contexts: rows are mappings by column key (the templates name the columns) -----
+def _summary(p: Placement, metrics: dict | None, charts: dict, x: dict) -> dict:
+    per = p.transfers.per_step
+    score = p.conformance.score
+    fallbacks, predicted = p.observed_fallbacks, p.predicted_fallbacks
     cards = [
-        ("devices", len(p.get("devices") or []), ""),
-        ("transfers / step", per.get("count", 0), ""),
-        ("bytes / step", human_bytes(per.get("bytes", 0)), ""),
+        ("devices", len(p.devices), ""),
+        ("transfers / step", per.count, ""),
+        ("bytes / step", human_bytes(per.bytes), ""),
         ("fallbacks", len(fallbacks), "bad" if fallbacks else ""),
         *([("predicted fallbacks", len(predicted), "bad")] if predicted else []),
         ("conformance", "n/a" if score is None else f"{score:.2f}", "bad" if score is not None and score < 1.0 else ""),
-        *_drift_cards(p.get("replica_consistency") or None),
+        *_drift_cards(p.replica_consistency or None),
     ]
     return {"cards": [{"label": k, "value": v, "cls": cls} for k, v, cls in cards],
-            "notes": p.get("notes") or [], "summary": format_summary(p, metrics)}
+            "notes": list(p.notes), "summary": format_summary(p, metrics)}
 
 
 def _drift_cards(rc: dict | None) -> list[tuple[str, str, str]]:
@@ -127,208 +128,196 @@ def _drift_cards(rc: dict | None) -> list[tuple[str, str, str]]:
             ("state drift", f"{rc['state_drift']:.3g}", "warn" if rc["state_drift"] else "")]
 
 
-def _devices(p: dict, metrics, charts, x) -> dict:
-    aliases = p.get("device_aliases") or {}
-    return {"rows": [[d, x["phys"].get(d, d), "emulated: logical CPU device" if d in aliases else ""]
-                     for d in p.get("devices") or []]}
+def _devices(p: Placement, metrics, charts, x) -> dict:
+    return {"rows": [{"device": d, "physical": p.physical_devices.get(d, d),
+                      "note": "emulated: logical CPU device" if d in p.device_aliases else ""} for d in p.devices]}
 
 
-def _devices_what(p: dict, ex: dict) -> str:
+def _devices_what(p: Placement, ex: dict) -> str:
     return ex.get("devices", "") + " " + (
         "This run emulated its spec GPUs: each spec device '/GPU:i' ran on logical CPU device "
         "'/CPU:i+1' of the same process; '/CPU:0' is the host. Everything below uses spec names."
-        if p.get("device_aliases") else "Devices as the runtime named them.")
+        if p.device_aliases else "Devices as the runtime named them.")
 
 
-def _ops(p: dict, metrics, charts, x) -> dict:
-    phys = x["phys"]
-    grads = (p.get("gradients") or {}).get("ops_by_device") or {}
-    rows = [[_dev(d, phys), n, grads.get(d, 0)] for d, n in (p.get("ops_by_device") or {}).items()]
-    devices = list(p.get("ops_by_device") or {})
+def _ops(p: Placement, metrics, charts, x) -> dict:
+    phys = p.physical_devices
+    grads = p.gradients.get("ops_by_device") or {}
+    rows = [{"device": _dev(d, phys), "ops": n, "grads": grads.get(d, 0)} for d, n in p.ops_by_device.items()]
+    devices = list(p.ops_by_device)
     scopes: dict[str, Counter] = defaultdict(Counter)
     types: dict[str, Counter] = defaultdict(Counter)
-    for o in p.get("ops") or []:
+    for o in p.ops:
         scope = _scope_of_op(o["op"])
         scopes[scope][o["device"]] += 1
         types[scope][o["type"]] += 1
     order = sorted(scopes, key=lambda s: (-sum(scopes[s].values()), s))
-    headers = ["name scope", "ops / step", *devices]
+    per_device = [(f"on:{d}", d) for d in devices]
 
     def totals(s):
-        return [sum(scopes[s].values()), *(scopes[s].get(d, 0) for d in devices)]
+        return {"ops": sum(scopes[s].values()), **{f"on:{d}": scopes[s].get(d, 0) for d in devices}}
 
     return {
         "rows": rows, "charts": charts, "scopes": len(scopes),
-        "largest_headers": headers, "largest_num": tuple(range(1, len(headers))),
-        "largest": [[s, *totals(s)] for s in order[:LARGEST]] if len(scopes) > 1 else [],
+        "largest_columns": [("scope", "name scope"), ("ops", "ops / step"), *per_device],
+        "largest_num": ["ops", *(k for k, _ in per_device)],
+        "largest": [{"scope": s, **totals(s)} for s in order[:LARGEST]] if len(scopes) > 1 else [],
         "grouped": {
-            "by": "name scope", "total_headers": ["ops / step", *devices], "headers": ["op type", "ops / step"],
-            "num": (1,),
+            "by": "name scope", "total_columns": [("ops", "ops / step"), *per_device],
+            "columns": [("type", "op type"), ("ops", "ops / step")], "num": ("ops",),
             "groups": [{"name": s, "totals": totals(s),
-                        "rows": [[t, n] for t, n in types[s].most_common()]} for s in sorted(scopes)],
+                        "rows": [{"type": t, "ops": n} for t, n in types[s].most_common()]} for s in sorted(scopes)],
         },
     }
 
 
-def _transfers(p: dict, metrics, charts, x) -> dict:
-    phys, tr = x["phys"], p.get("transfers") or {}
-    coll = tr.get("collectives") or {}
+def _transfers(p: Placement, metrics, charts, x) -> dict:
+    phys, tr = p.physical_devices, p.transfers
     return {
         "charts": charts,
-        "matrix": [[_dev(s, phys), _dev(d, phys), cell.get("count", 0), human_bytes(cell.get("bytes", 0))]
-                   for s, row in (tr.get("matrix") or {}).items() for d, cell in row.items()],
-        "largest": [[_task(t) + t["tensor"], t["from"], t["to"],
-                     human_bytes(t["bytes"]) if t.get("bytes") is not None else "unknown"]
-                    for t in (tr.get("largest") or [])[:15]],
+        "matrix": [{"from": _dev(s, phys), "to": _dev(d, phys), "count": cell.count, "bytes": human_bytes(cell.bytes)}
+                   for s, row in tr.matrix.items() for d, cell in row.items()],
+        "largest": [{"tensor": _tagged(t.task, t.tensor), "from": t.source, "to": t.to,
+                     "bytes": human_bytes(t.bytes) if t.bytes is not None else "unknown"} for t in tr.largest[:15]],
         "collectives_what": x["ex"].get("collectives", ""),
-        "collectives": [[_dev(d, phys), c.get("count", 0), human_bytes(c.get("input_bytes", 0))] for d, c in coll.items()],
+        "collectives": [{"device": _dev(d, phys), "count": c.count, "bytes": human_bytes(c.input_bytes)}
+                        for d, c in tr.collectives.items()],
     }
 
 
-def _transfers_what(p: dict, ex: dict) -> str:
-    tr = p.get("transfers") or {}
-    per = tr.get("per_step") or {}
-    sized = f"{per.get('sized', 0)} of {per.get('count', 0)} transfers per step were sized" + (
-        f"; {per.get('unsized')} could not be ("
-        + ("; ".join(tr.get("unsized_reasons") or {}) or "shape unknown") + "), their bytes are not counted"
-        if per.get("unsized") else "")
-    loop = tr.get("loop_control") or {}
-    if loop.get("count"):
-        sized += (f"; not in the table: {loop['count']} transfer(s) per step of the training loop's own "
+def _transfers_what(p: Placement, ex: dict) -> str:
+    tr = p.transfers
+    per = tr.per_step
+    sized = f"{per.sized} of {per.count} transfers per step were sized" + (
+        f"; {per.unsized} could not be (" + ("; ".join(tr.unsized_reasons) or "shape unknown")
+        + "), their bytes are not counted" if per.unsized else "")
+    if tr.loop_control.count:
+        sized += (f"; not in the table: {tr.loop_control.count} transfer(s) per step of the training loop's own "
                   "predicate and control signal to each device")
     return ex.get("transfers", "") + " " + sized + "."
 
 
-def _timing(p: dict, metrics, charts, x) -> dict | None:
-    timing = p.get("timing")
-    if not timing:
+def _timing(p: Placement, metrics, charts, x) -> dict | None:
+    timing = p.timing
+    if timing is None:
         return None
-    phys, devs = x["phys"], timing.get("devices") or {}
+    phys, devs = p.physical_devices, timing.devices
     return {
-        "charts": charts, "notes": timing.get("notes") or [], "steps": timing.get("steps") or [],
-        "wall_ms": timing.get("wall_ms"), "step_ms": timing.get("step_ms"), "trace": timing.get("trace"),
-        "rows": [[_dev(d, phys), t.get("busy_ms"), t.get("compute_ms"), t.get("transfer_ms"),
-                  f"{100 * t.get('transfer_share', 0):.1f}%",
-                  "n/a" if t.get("idle_share") is None else f"{100 * t['idle_share']:.1f}%", t.get("ops")]
+        "charts": charts, "notes": list(timing.notes), "steps": list(timing.steps),
+        "wall_ms": timing.wall_ms, "step_ms": timing.step_ms, "trace": timing.trace,
+        "rows": [{"device": _dev(d, phys), "busy": t.busy_ms, "compute": t.compute_ms, "transfer": t.transfer_ms,
+                  "share": f"{100 * t.transfer_share:.1f}%",
+                  "idle": "n/a" if t.idle_share is None else f"{100 * t.idle_share:.1f}%", "ops": t.ops}
                  for d, t in devs.items()],
-        "top": [[_dev(d, phys), o["op"], o["type"], o["ms"], o["count"]] for d, t in devs.items()
-                for o in t.get("top_ops") or []],
+        "top": [{"device": _dev(d, phys), "op": o.op, "type": o.type, "ms": o.ms, "count": o.count}
+                for d, t in devs.items() for o in t.top_ops],
     }
 
 
-def _fallbacks(p: dict, metrics, charts, x) -> dict:
-    phys = x["phys"]
+def _fallbacks(p: Placement, metrics, charts, x) -> dict:
+    phys = p.physical_devices
     return {
-        "rows": [[_task(f) + f["op"], f["op_type"],
-                  _dev(f["requested"], {f["requested"]: f.get("requested_physical", f["requested"])}),
-                  _dev(f["placed"], phys), f.get("reason", "")] for f in x["fallbacks"]],
-        "predicted": [[_task(f) + f["op"], f["op_type"], _dev(f["placed"], phys), f.get("would_run_on", ""),
-                       f.get("reason", "")] for f in x["predicted"]],
+        "rows": [{"op": _tagged(f.task, f.op), "op_type": f.op_type,
+                  "requested": _dev(f.requested, {f.requested: f.requested_physical or f.requested}),
+                  "placed": _dev(f.placed, phys), "reason": f.reason or ""} for f in p.observed_fallbacks],
+        "predicted": [{"op": _tagged(f.task, f.op), "op_type": f.op_type, "placed": _dev(f.placed, phys),
+                       "would_run_on": f.would_run_on or "", "reason": f.reason or ""} for f in p.predicted_fallbacks],
     }
 
 
-def _variables(p: dict, metrics, charts, x) -> dict:
-    phys = x["phys"]
-    vars_ = p.get("variables") or []
+VARIABLE_COLUMNS = [("name", "variable"), ("kind", "kind"), ("shape", "shape"), ("bytes", "bytes"),
+                    ("components", "components"), ("devices", "lives on"), ("update_devices", "updated on")]
 
-    def row(v):
-        return [v["name"], v.get("kind", "") + (" (internal)" if v.get("class") == INTERNAL else ""), "x".join(map(str, v.get("shape") or [])) or "scalar",
-                human_bytes(v.get("bytes")), len(v.get("components") or []),
-                ", ".join(_dev(d, phys) for d in v.get("devices", [])),
-                ", ".join(_dev(d, phys) for d in v.get("update_devices", [])) or "-"]
 
-    def bad(v):  # an update ran off the variable's devices
-        return bool(v.get("update_devices")) and not set(v["update_devices"]) <= set(v.get("devices", []))
+def _variables(p: Placement, metrics, charts, x) -> dict:
+    phys, vars_ = p.physical_devices, p.variables
 
-    largest = sorted(vars_, key=lambda v: -(v.get("bytes") or 0))[:LARGEST] if len(vars_) > LARGEST else []
-    by_layer: dict[str, list] = defaultdict(list)
+    def row(v: Variable):
+        return {"name": v.name, "kind": v.kind + (" (internal)" if v.internal else ""),
+                "shape": "x".join(map(str, v.shape or [])) or "scalar", "bytes": human_bytes(v.bytes),
+                "components": len(v.components), "devices": ", ".join(_dev(d, phys) for d in v.devices),
+                "update_devices": ", ".join(_dev(d, phys) for d in v.update_devices) or "-"}
+
+    largest = sorted(vars_, key=lambda v: -(v.bytes or 0))[:LARGEST] if len(vars_) > LARGEST else []
+    by_layer: dict[str, list[Variable]] = defaultdict(list)
     for v in vars_:
         # TensorFlow's own variables (collective-ordering tokens) apart from the program's.
-        by_layer[INTERNAL_GROUP if v.get("class") == INTERNAL else _group_of_var(v["name"])].append(v)
+        by_layer[INTERNAL_GROUP if v.internal else _group_of_var(v.name)].append(v)
     return {
-        "charts": charts, "count": len(user_variables(vars_)), "largest": [row(v) for v in largest],
-        "largest_bad": {i for i, v in enumerate(largest) if bad(v)},
-        "headers": ["variable", "kind", "shape", "bytes", "components", "lives on", "updated on"],
+        "charts": charts, "count": len(p.user_variables), "largest": [row(v) for v in largest],
+        "largest_bad": {i for i, v in enumerate(largest) if v.updated_elsewhere}, "columns": VARIABLE_COLUMNS,
         "grouped": {
-            "by": "layer", "total_headers": ["variables", "bytes", "devices"],
-            "headers": ["variable", "kind", "shape", "bytes", "components", "lives on", "updated on"], "num": (3, 4),
-            "groups": [{"name": layer, "rows": [row(v) for v in vs], "bad": any(bad(v) for v in vs),
-                        "bad_rows": {i for i, v in enumerate(vs) if bad(v)},
-                        "totals": [len(vs), human_bytes(sum(v.get("bytes") or 0 for v in vs)),
-                                   ", ".join(sorted({d for v in vs for d in v.get("devices", [])}))]}
+            "by": "layer", "total_columns": [("count", "variables"), ("bytes", "bytes"), ("devices", "devices")],
+            "columns": VARIABLE_COLUMNS, "num": ("bytes", "components"),
+            "groups": [{"name": layer, "rows": [row(v) for v in vs], "bad": any(v.updated_elsewhere for v in vs),
+                        "bad_rows": {i for i, v in enumerate(vs) if v.updated_elsewhere},
+                        "totals": {"count": len(vs), "bytes": human_bytes(sum(v.bytes or 0 for v in vs)),
+                                   "devices": ", ".join(sorted({d for v in vs for d in v.devices}))}}
                        for layer, vs in by_layer.items()],
         },
     }
 
 
-def _variables_what(p: dict, ex: dict) -> str:
-    vu = p.get("variable_updates") or {}
+def _variables_what(p: Placement, ex: dict) -> str:
+    vu = p.variable_updates
     return (ex.get("variables", "") + f" Attribution of update ops: {vu.get('coverage', 'n/a')}"
             + (f" ({vu['method']})." if vu.get("method") else "."))
 
 
-def _gradients(p: dict, metrics, charts, x) -> dict:
-    g = p.get("gradients") or {}
-    return {"rows": [[_dev(d, x["phys"]), n] for d, n in (g.get("ops_by_device") or {}).items()]}
+def _gradients(p: Placement, metrics, charts, x) -> dict:
+    return {"rows": [{"device": _dev(d, p.physical_devices), "ops": n}
+                     for d, n in (p.gradients.get("ops_by_device") or {}).items()]}
 
 
-def _conformance(p: dict, metrics, charts, x) -> dict:
-    rules = (p.get("conformance") or {}).get("rules") or []
-    rows, bad = [], set()
-    for i, r in enumerate(rules):
-        s = r.get("score")
-        if s is not None and s < 1.0:
-            bad.add(i)
-        observed = ", ".join(f"{d}: {n}" for d, n in (r.get("observed") or {}).items())
+def _conformance(p: Placement, metrics, charts, x) -> dict:
+    rules = p.conformance.rules
+    rows = []
+    for r in rules:
         # layers.<key>: the forward and backward passes scored apart (a layer's backward ops
         # may ignore its pin while its forward ops obey it).
-        parts = [f"{part} {r[part]['score']:.2f} ({r[part]['relevant']})" for part in ("forward", "backward")
-                 if (r.get(part) or {}).get("score") is not None]
-        rows.append([_task(r) + r["rule"], r["planned"], observed or "-", r["relevant"],
-                     "n/a (no relevant ops)" if s is None else f"{s:.2f}", ", ".join(parts) or "-",
-                     r.get("layers_matched", "")])
-    return {"charts": charts, "rows": rows, "bad": bad,
-            "violations": [[_task(r) + r["rule"], v["op"], v["placed"], r["planned"], v.get("why", "")]
-                           for r in rules for v in (r.get("violations") or [])[:20]]}
+        parts = [f"{part} {r.part(part)['score']:.2f} ({r.part(part)['relevant']})" for part in ("forward", "backward")
+                 if r.part(part).get("score") is not None]
+        rows.append({"rule": _tagged(r.task, r.rule), "planned": r.planned,
+                     "observed": ", ".join(f"{d}: {n}" for d, n in r.observed.items()) or "-",
+                     "relevant": r.relevant, "score": "n/a (no relevant ops)" if r.score is None else f"{r.score:.2f}",
+                     "parts": ", ".join(parts) or "-", "layers_matched": "" if r.layers_matched is None else r.layers_matched})
+    return {"charts": charts, "rows": rows, "bad": {i for i, r in enumerate(rules) if r.below_plan},
+            "violations": [{"rule": _tagged(r.task, r.rule), "op": v.op, "placed": v.placed, "planned": r.planned,
+                            "why": v.why or ""} for r in rules for v in r.violations[:20]]}
 
 
-def _conformance_what(p: dict, ex: dict) -> str:
+def _conformance_what(p: Placement, ex: dict) -> str:
     return ex.get("conformance", "") + (
         " Strategy rules: mirrored strategies keep one component of every variable on every replica device "
         "and run replica i's compute on device i; central storage keeps variables on the host; "
         "parameter servers hold variables on ps tasks.")
 
 
-def _layers(p: dict, metrics, charts, x) -> dict | None:
-    layer_rows = p.get("layers") or []
-    if not layer_rows:
+def _layers(p: Placement, metrics, charts, x) -> dict | None:
+    if not p.layers:
         return None
 
-    def per_dev(counts: dict) -> str:
+    def per_dev(counts) -> str:
         return ", ".join(f"{d}: {n:g}" for d, n in counts.items()) or "-"
 
-    return {
-        "rows": [[r["layer"], r.get("layers_matched") or "", r["device"], per_dev(r["forward_ops"]),
-                  per_dev(r["backward_ops"]), human_bytes(r["bytes_in"]), human_bytes(r["bytes_out"])]
-                 for r in layer_rows],
-        "matched": [r.get("matched") or [] for r in layer_rows],
-        "bad": {i for i, r in enumerate(layer_rows)
-                if (set(r["forward_ops"]) | set(r["backward_ops"])) - {r["device"]}},
-    }
+    return {"rows": [{"layer": r.layer, "matched": list(r.matched or ()), "layers_matched": r.layers_matched or "",
+                      "device": r.device, "forward": per_dev(r.forward_ops), "backward": per_dev(r.backward_ops),
+                      "bytes_in": human_bytes(r.bytes_in), "bytes_out": human_bytes(r.bytes_out),
+                      "bad": bool((set(r.forward_ops) | set(r.backward_ops)) - {r.device})} for r in p.layers]}
 
 
 STATE_CLASSES = ("replica_state", "sync_on_read")
 
 
-def _replicas(p: dict, metrics, charts, x) -> dict:
-    rc = p.get("replica_consistency") or None
+def _replicas(p: Placement, metrics, charts, x) -> dict:
+    rc = p.replica_consistency or None
     if not rc:
         return {"present": False}
     classes = rc.get("classes") or {}
     per_var = sorted((rc.get("variables") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
 
     def row(n, d):
-        return [n, classes.get(n, ""), f"{d:.3g}"]
+        return {"name": n, "class": classes.get(n, ""), "diff": f"{d:.3g}"}
 
     def flags(items):
         bad = {i for i, (n, d) in enumerate(items) if d > 0 and classes.get(n) not in STATE_CLASSES}
@@ -346,8 +335,9 @@ def _replicas(p: dict, metrics, charts, x) -> dict:
         b, w = flags(items)
         groups.append({"name": layer, "rows": [row(n, d) for n, d in items], "bad": bool(b), "warn": bool(w),
                        "bad_rows": b, "warn_rows": w,
-                       "totals": [len(items), f"{max(d for _, d in items):.3g}"]})
+                       "totals": {"count": len(items), "diff": f"{max(d for _, d in items):.3g}"}})
     split = rc.get("trainable_drift") is not None
+    columns = [("name", "variable"), ("class", "class"), ("diff", "max abs diff")]
     return {
         "present": True, "split": split, "checked": rc.get("checked", 0), "method": rc.get("method"),
         "drift": rc.get("max_abs_diff"),
@@ -355,89 +345,90 @@ def _replicas(p: dict, metrics, charts, x) -> dict:
         "trainable_text": f"{rc['trainable_drift']:.3g}" if split else "",
         "state_text": f"{rc['state_drift']:.3g}" if split else "",
         "state_groups": [dict(g, count=len(g["variables"]), drift=f"{g['drift']:.3g}") for g in rc.get("state") or []],
-        "largest": [row(n, d) for n, d in largest], "largest_bad": lb, "largest_warn": lw,
-        "grouped": {"by": "layer", "total_headers": ["variables", "max abs diff"],
-                    "headers": ["variable", "class", "max abs diff"], "num": (2,), "groups": groups},
+        "largest": [row(n, d) for n, d in largest], "largest_bad": lb, "largest_warn": lw, "columns": columns,
+        "grouped": {"by": "layer", "total_columns": [("count", "variables"), ("diff", "max abs diff")],
+                    "columns": columns, "num": ("diff",), "groups": groups},
     }
 
 
-def _input(p: dict, metrics, charts, x) -> dict | None:
-    pipe, prec = p.get("input_pipeline"), p.get("precision") or {}
+def _input(p: Placement, metrics, charts, x) -> dict | None:
+    pipe, prec = p.input_pipeline, p.precision or {}
     if not pipe and prec.get("policy", "float32") == "float32":
         return None
     rows = []
     if pipe:
         shard = pipe.get("sharding") or {}
-        rows.append(["input pipeline", f"{pipe.get('kind')} from {pipe.get('source')}", _dev(pipe.get("device", ""), x["phys"])])
+        rows.append({"what": "input pipeline", "value": f"{pipe.get('kind')} from {pipe.get('source')}",
+                     "device": _dev(pipe.get("device", ""), p.physical_devices)})
         if shard.get("by") == "none":
-            rows.append(["sharding", "none (one worker reads everything)", ""])
+            rows.append({"what": "sharding", "value": "none (one worker reads everything)", "device": ""})
         else:
-            rows.append(["sharding", f"by {shard.get('by')}: worker {shard.get('worker')} of "
-                         f"{shard.get('workers')}, {shard.get('files')} file(s)", ""])
+            rows.append({"what": "sharding", "value": f"by {shard.get('by')}: worker {shard.get('worker')} of "
+                         f"{shard.get('workers')}, {shard.get('files')} file(s)", "device": ""})
         ops = {k: v for k, v in (pipe.get("ops") or {}).items() if not k.startswith("_")}
-        rows.append(["dataset ops", ", ".join(f"{k} x{v}" for k, v in ops.items()), ""])
+        rows.append({"what": "dataset ops", "value": ", ".join(f"{k} x{v}" for k, v in ops.items()), "device": ""})
     if prec:
         casts = prec.get("casts_by_device") or {}
-        rows.append(["precision", prec.get("policy"), ", ".join(f"{d}: {n} Cast" for d, n in casts.items())])
+        rows.append({"what": "precision", "value": prec.get("policy"),
+                     "device": ", ".join(f"{d}: {n} Cast" for d, n in casts.items())})
     return {"rows": rows}
 
 
-def _tasks(p: dict, metrics, charts, x) -> dict | None:
-    tasks = p.get("tasks") or {}
-    if not tasks:
+def _tasks(p: Placement, metrics, charts, x) -> dict | None:
+    if not p.tasks:
         return None
     rows = []
-    for t, tp in tasks.items():
+    for t, tp in p.tasks.items():
         per = (tp.get("transfers") or {}).get("per_step") or {}
-        rows.append([t, ", ".join(tp.get("devices") or []), sum((tp.get("ops_by_device") or {}).values()),
-                     per.get("count", 0), human_bytes(per.get("bytes", 0)), len(tp.get("fallbacks") or []),
-                     (tp.get("conformance") or {}).get("score")])
+        rows.append({"task": t, "devices": ", ".join(tp.get("devices") or []),
+                     "ops": sum((tp.get("ops_by_device") or {}).values()), "transfers": per.get("count", 0),
+                     "bytes": human_bytes(per.get("bytes", 0)), "fallbacks": len(tp.get("fallbacks") or []),
+                     "conformance": (tp.get("conformance") or {}).get("score")})
     return {"rows": rows}
 
 
-def _functions(p: dict, metrics, charts, x) -> dict | None:
+def _functions(p: Placement, metrics, charts, x) -> dict | None:
     """`pinpoint trace` / train.entrypoint: every captured function of the program."""
-    if "functions" not in p:
+    if not p.traced:
         return None
-    rows = [[("training: " if f.get("training") else "") + f["name"], f["kind"], f["calls"],
-             f["ops_per_call"] if f.get("captured", True) else "not captured",
-             ", ".join(f"{d} {n}" for d, n in f["ops_by_device"].items()), f["transfers_per_call"],
-             human_bytes(f["transfer_bytes_per_call"]), f["collectives_per_call"]] for f in p["functions"]]
-    return {"rows": rows}
+    return {"rows": [{"name": ("training: " if f.training else "") + f.name, "kind": f.kind, "calls": f.calls,
+                      "ops": f.ops_per_call if f.captured else "not captured",
+                      "by_device": ", ".join(f"{d} {n}" for d, n in f.ops_by_device.items()),
+                      "transfers": f.transfers_per_call, "bytes": human_bytes(f.transfer_bytes_per_call),
+                      "collectives": f.collectives_per_call} for f in p.functions]}
 
 
-def _functions_what(p: dict, ex: dict) -> str:
-    train = p.get("training_function")
-    return (ex.get("functions", "") or EXPLAIN.get("functions", "")) + (
+def _functions_what(p: Placement, ex: dict) -> str:
+    train = p.training_function
+    return (ex.get("functions", "") or EXPLAIN_TRACE["functions"]) + (
         f" Training function: {train}." if train else " No training function found.")
 
 
-def _eager(p: dict, metrics, charts, x) -> dict | None:
+def _eager(p: Placement, metrics, charts, x) -> dict | None:
     """`pinpoint trace` / train.entrypoint: the program's eager ops, copies and predicted fallbacks."""
-    if "eager" not in p:
+    if p.eager is None:
         return None
-    e = p.get("eager") or {}
-    types = e.get("op_types_by_device") or {}
+    e = p.eager
     return {
-        "ops": e.get("ops", 0),
-        "by_device": [[d, n, ", ".join(f"{t} {c}" for t, c in list(types.get(d, {}).items())[:6])]
-                      for d, n in (e.get("ops_by_device") or {}).items()],
-        "copies": [[c["from"], c["to"], c["count"], human_bytes(c["bytes"]),
-                    ", ".join(f"{t} {n}" for t, n in c["ops"].items())] for c in e.get("copies") or []],
-        "moved": [[m["op_type"], m["requested"], m["ran"], m["count"]] for m in e.get("not_where_requested") or []],
-        "predicted": [[f["op_type"], f["ran_on"], f["would_run_on"], f["count"], f["reason"]]
-                      for f in e.get("predicted_fallbacks") or []],
+        "ops": e.ops,
+        "by_device": [{"device": d, "ops": n,
+                       "types": ", ".join(f"{t} {c}" for t, c in list(e.op_types_by_device.get(d, {}).items())[:6])}
+                      for d, n in e.ops_by_device.items()],
+        "copies": [dict(c, bytes=human_bytes(c["bytes"]), ops=", ".join(f"{t} {n}" for t, n in c["ops"].items()))
+                   for c in e.copies],
+        "moved": list(e.not_where_requested),
+        "predicted": list(e.predicted_fallbacks),
     }
 
 
-def _explained(key: str) -> Callable[[dict, dict], str]:
-    return lambda p, ex: ex.get(key, "") or EXPLAIN.get(key, "")
+def _explained(key: str) -> Callable[[Placement, dict], str]:
+    return lambda p, ex: ex.get(key, "") or EXPLAIN.get(key, "") or EXPLAIN_TRACE.get(key, "")
 
 
 SECTIONS: list[Section] = [
     Section("summary", "summary", "Summary", "summary.html.j2", _summary,
             lambda p, ex: "Read from the partition graphs the TensorFlow runtime actually executed on the sampled "
-            f"step(s) {p.get('captured_steps')}; op.device is only a request, this is what ran."),
+            f"step(s) {list(p.captured_steps)}; op.device is only a request, this is what ran."),
     Section("functions", "functions", "Functions the program ran", "functions.html.j2", _functions, _functions_what),
     Section("eager", "eager ops", "Eager ops", "eager.html.j2", _eager, _explained("eager")),
     Section("devices", "devices", "Devices", "devices.html.j2", _devices, _devices_what),
@@ -484,22 +475,20 @@ def _inline(charts: dict[str, Path]) -> dict[str, str]:
     return out
 
 
-def render_html(placement: dict, metrics: dict | None, charts: dict[str, Path], title: str,
+def render_html(placement: Placement | dict, metrics: dict | None, charts: dict[str, Path], title: str,
                 sections: list[Section] | None = None) -> str:
     """The whole report as one HTML string (no external resources, no script)."""
-    ex = placement.get("explain") or {}
-    fallbacks, predicted = split_fallbacks(placement)
-    shared = {"ex": ex, "phys": placement.get("physical_devices") or {}, "fallbacks": fallbacks,
-              "predicted": predicted}
+    p = as_placement(placement) or Placement()
+    shared = {"ex": p.explain}
     inline = _inline(charts)
     rendered = []
     for s in sections or SECTIONS:
-        context = s.context(placement, metrics, inline, shared)
+        context = s.context(p, metrics, inline, shared)
         if context is not None:
             rendered.append({"anchor": s.anchor, "nav": s.nav, "title": s.title, "template": s.template,
-                             "what": s.what(placement, ex), "context": context})
+                             "what": s.what(p, p.explain), "context": context})
     return _environment().get_template("report.html.j2").render(
-        title=title, css=CSS, strategy=placement.get("strategy"), task=placement.get("task"), sections=rendered)
+        title=title, css=CSS, strategy=p.strategy, task=p.task, sections=rendered)
 
 
 def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:

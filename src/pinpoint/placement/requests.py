@@ -76,26 +76,13 @@ def weight_rules(rows: list[dict], namer: DeviceMap) -> tuple[list[dict], dict]:
     return rules, explain
 
 
-def add_weight_rules(placement: dict, rows: list[dict], namer: DeviceMap) -> None:
-    """Append the weight rules to placement.json's conformance (its score is the rules' mean)."""
-    rules, explain = weight_rules(rows, namer)
-    if not rules:
-        return
-    conf = placement.setdefault("conformance", {"score": None, "rules": []})
-    conf["rules"] = list(conf.get("rules") or []) + rules
-    scored = [r["score"] for r in conf["rules"] if r.get("score") is not None]
-    conf["score"] = round(sum(scored) / len(scored), 4) if scored else None
-    placement["explain"] = dict(placement.get("explain") or {}, **explain)
-
-
-def weight_lines(placement: dict) -> list[str]:
-    """The summary's line for weights not where the program requested them."""
-    bad = [v for r in (placement.get("conformance") or {}).get("rules") or [] if r["rule"].endswith(": weights")
-           for v in r.get("violations") or []]
+def weight_lines(rules) -> list[str]:
+    """The summary's line for weights not where the program requested them (`rules`: the model's)."""
+    bad = [v for r in rules if r.rule.endswith(": weights") for v in r.violations]
     if not bad:
         return []
     v = bad[0]
     more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-    lazy = " - Keras lazy build, see report" if v["how"] in LAZY else ""
-    return [f"weights    : {len(bad)} not where requested: {v['op']} requested {v['requested']} ({v['how']}), "
-            f"on {v['placed']}{lazy}{more}"]
+    lazy = " - Keras lazy build, see report" if v.how in LAZY else ""
+    return [f"weights    : {len(bad)} not where requested: {v.op} requested {v.requested} ({v.how}), "
+            f"on {v.placed}{lazy}{more}"]

@@ -3,7 +3,8 @@ counts and per-step means are written."""
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+# 2: the typed model (placement.model); adds `layer_pins`. Version 1 reads through model.upgrade.
+SCHEMA_VERSION = 2
 
 EXPLAIN = {
     "devices": "Devices that executed at least one op (spec names; with emulation each spec GPU "
@@ -38,6 +39,8 @@ EXPLAIN = {
     "the statistics of its own share of the batch, and a checkpoint keeps the first replica's. ON_READ "
     "variables (Keras' metric accumulators) differ on each replica by design and are summed or averaged "
     "when read: their drift is on_read_drift, not part of state drift.",
+    "layer_pins": "train.pinning.layers resolved against the built model: every pinned layer's path and the "
+    "device its key pins it to (the layers each layers.<key> rule and row cover).",
     "conformance": "Each pinning rule: planned device versus the devices the relevant ops really ran "
     "on (a predicted fallback counts where a GPU machine would run it). Score = fraction of relevant ops "
     "on the planned device.",
@@ -49,6 +52,20 @@ EXPLAIN = {
     "wait for its producer is not counted); compute = busy - transfer; idle_share = 1 - busy / wall, wall "
     "= first op start to last op end of the call. Wall-clock times: with emulation the devices share the "
     "host's cores.",
+}
+
+
+# A traced program's own sections (pinpoint trace, train.entrypoint).
+EXPLAIN_TRACE = {
+    "functions": "Every tf.function (and tf.compat.v1 Session.run signature) the program ran: calls, and per "
+    "call the ops per device, transfers and their bytes, from the partition graphs of its first call (every "
+    "later call runs the same graphs). The training function (it updates variables; Keras' train function "
+    "first) is the one the ops, transfers and conformance sections describe.",
+    "eager": "Ops the program ran eagerly, outside any function: the device each one ran on (its outputs'; an "
+    "op that writes a variable runs on the variable's device), and every input the eager runtime copied to "
+    "that device first (source -> destination, bytes).",
+    "conformance_trace": "Rules 'tf.device X': the ops of the training function that the program's own "
+    "device scopes (or its strategy) requested on X, against where they ran.",
 }
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pinpoint.placement.conformance import split_fallbacks
+from pinpoint.placement.model import Placement, as_placement
 from pinpoint.placement.requests import weight_lines
-from pinpoint.placement.variables import user_variables
+from pinpoint.placement.sections import Eager
+from pinpoint.placement.traffic import Timing, Transfers
 
 
 def _number(metrics: Mapping[str, Any], key: str) -> float | None:
@@ -42,61 +43,75 @@ def drift_line(rc: Mapping[str, Any]) -> str:
     return line
 
 
-def timing_lines(timing: Mapping[str, Any]) -> list[str]:
+def timing_lines(timing: Timing | Mapping[str, Any]) -> list[str]:
     """placement.timing: the timed window, then one line per device (busy, transfers, idle, top op)."""
-    devices = timing.get("devices") or {}
-    if not devices:
-        why = "; ".join(timing.get("notes") or []) or "no op found in the trace"
-        return [f"time       : {why}"]
-    steps = timing.get("steps") or []
+    timing = timing if isinstance(timing, Timing) else Timing.from_json(timing) or Timing()
+    if not timing.devices:
+        return [f"time       : {'; '.join(timing.notes) or 'no op found in the trace'}"]
+    steps = timing.steps
     span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}" if steps else "?"
-    trace = f"; trace in {timing['trace']}/ (TensorBoard)" if timing.get("trace") else ""
-    lines = [f"time       : {span} timed, {timing.get('wall_ms', 0):.3f} ms wall{trace}"]
-    for dev, t in devices.items():
-        top = (t.get("top_ops") or [{}])[0]
-        idle = t.get("idle_share")
+    trace = f"; trace in {timing.trace}/ (TensorBoard)" if timing.trace else ""
+    lines = [f"time       : {span} timed, {timing.wall_ms or 0:.3f} ms wall{trace}"]
+    for dev, t in timing.devices.items():
+        top = t.top_ops[0] if t.top_ops else None
         lines.append(
-            f"  {dev:<9}: busy {t['busy_ms']:.3f} ms ({100 * t.get('transfer_share', 0):.0f}% transfers)"
-            + (f", idle {100 * idle:.0f}%" if idle is not None else "")
-            + (f"; top {top['op']} ({top['type']}) {top['ms']:.3f} ms" if top else "")
+            f"  {dev:<9}: busy {t.busy_ms:.3f} ms ({100 * t.transfer_share:.0f}% transfers)"
+            + (f", idle {100 * t.idle_share:.0f}%" if t.idle_share is not None else "")
+            + (f"; top {top.op} ({top.type}) {top.ms:.3f} ms" if top else "")
         )
     return lines
 
 
-def program_lines(placement: Mapping[str, Any]) -> list[str]:
+def program_lines(placement: Placement) -> list[str]:
     """`pinpoint trace` / train.entrypoint: the functions that ran and the eager ops."""
-    if "functions" not in placement:
+    if not placement.traced:
         return []
-    funcs = placement.get("functions") or []
+    funcs = placement.functions
+
     def label(f) -> str:
-        role = f.get("role")
-        tags = (["training"] if f.get("training") else []) + ([role] if role and role not in ("train", "other") else [])
-        return f"{f['name']} x{f['calls']}" + (f" ({', '.join(tags)})" if tags else "")
+        tags = (["training"] if f.training else []) + ([f.role] if f.role not in ("train", "other") else [])
+        return f"{f.name} x{f.calls}" + (f" ({', '.join(tags)})" if tags else "")
 
     shown = ", ".join(label(f) for f in funcs[:3])
     lines = [f"functions  : {len(funcs)}" + (f": {shown}" + (" ..." if len(funcs) > 3 else "") if funcs else "")]
-    eager = placement.get("eager") or {}
-    by_dev = ", ".join(f"{d} {n}" for d, n in (eager.get("ops_by_device") or {}).items())
-    copies = eager.get("copies") or []
+    eager = placement.eager or Eager()
+    by_dev = ", ".join(f"{d} {n}" for d, n in eager.ops_by_device.items())
+    copies = eager.copies
     copy = "; copies: " + ", ".join(f"{c['from']}->{c['to']} {human_bytes(c['bytes'])}" for c in copies[:2]) if copies else ""
-    until = eager.get("counted_until")
-    counted = (f" (all counted up to op {until}, then sampled in {eager.get('sampling_windows') or 0} window(s))"
-               if until is not None else "")
-    lines.append(f"eager ops  : {eager.get('ops', 0)}{counted}" + (f" ({by_dev})" if by_dev else "") + copy)
+    counted = (f" (all counted up to op {eager.counted_until}, then sampled in {eager.sampling_windows or 0} window(s))"
+               if eager.counted_until is not None else "")
+    lines.append(f"eager ops  : {eager.ops}{counted}" + (f" ({by_dev})" if by_dev else "") + copy)
     return lines
 
 
-def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, Any] | None) -> str:
+def format_summary(placement: Placement | Mapping[str, Any] | None, metrics: Mapping[str, Any] | None) -> str:
     """10-15 lines: final loss/accuracy, throughput, ops per device, transfers, fallbacks,
     conformance and replica drift."""
-    placement = placement or {}
-    metrics = metrics or {}
-    lines = ["== pinpoint summary " + "=" * 40]
+    p = as_placement(placement)
+    lines = ["== pinpoint summary " + "=" * 40, _training_line(metrics or {})]
+    if p is None:
+        lines.append("placement  : not captured (placement.enabled is false or no step was sampled)")
+        return "\n".join(lines)
+    lines.append(f"strategy   : {p.strategy}   task: {p.task}")
+    lines.append(_ops_line(p))
+    lines.extend(_transfer_lines(p.transfers))
+    if p.timing:
+        lines.extend(timing_lines(p.timing))
+    lines.append(_variables_line(p))
+    lines.extend(_fallback_lines(p))
+    lines.extend(_input_lines(p))
+    lines.append(_conformance_line(p))
+    lines.extend(weight_lines(p.conformance.rules))
+    lines.extend(program_lines(p))
+    lines.extend(f"note       : {note}" for note in p.notes[:1])
+    lines.append(_drift_summary(p.replica_consistency))
+    return "\n".join(lines)
+
+
+def _training_line(metrics: Mapping[str, Any]) -> str:
     # metrics.json's keys (pinpoint.training.loop.controller, Controller.finalize; "loss_fn" names the loss function).
-    loss = _number(metrics, "final_loss")
-    acc = _number(metrics, "final_accuracy")
-    eps = _number(metrics, "examples_per_sec")
-    steps = _number(metrics, "steps")
+    loss, acc = _number(metrics, "final_loss"), _number(metrics, "final_accuracy")
+    eps, steps = _number(metrics, "examples_per_sec"), _number(metrics, "steps")
     parts = []
     if steps is not None:
         parts.append(f"steps {steps:.0f}")
@@ -106,99 +121,92 @@ def format_summary(placement: Mapping[str, Any] | None, metrics: Mapping[str, An
         parts.append(f"accuracy {acc:.3f}")
     if eps is not None:
         parts.append(f"{eps:,.0f} examples/s")
-    lines.append("training   : " + (", ".join(parts) if parts else "no metrics recorded"))
-    if not placement:
-        lines.append("placement  : not captured (placement.enabled is false or no step was sampled)")
-        return "\n".join(lines)
-    lines.append(f"strategy   : {placement.get('strategy')}   task: {placement.get('task')}")
-    phys = placement.get("physical_devices") or {}
-    ops = placement.get("ops_by_device") or {}
-    grads = (placement.get("gradients") or {}).get("ops_by_device") or {}
-    def short_phys(d: str) -> str:
-        p = phys.get(d, d)
-        return f"={p[p.rfind('/'):]}" if p != d else ""
+    return "training   : " + (", ".join(parts) if parts else "no metrics recorded")
 
-    lines.append("ops/step   : " + (", ".join(
-        f"{d}{short_phys(d)} {n} ({grads.get(d, 0)} grad)" for d, n in ops.items()
-    ) or "none captured"))
-    per = (placement.get("transfers") or {}).get("per_step") or {}
-    reasons = (placement.get("transfers") or {}).get("unsized_reasons") or {}
-    sized = (f" ({per.get('unsized', 0)} unsized: " + "; ".join(reasons) + ")" if reasons
-             else f" ({per.get('unsized', 0)} unsized)" if per.get("unsized") else "")
-    loop = (placement.get("transfers") or {}).get("loop_control") or {}
-    if loop.get("count"):
-        sized += f" (+{loop['count']} loop control)"
-    lines.append(f"transfers  : {per.get('count', 0)} per step, {human_bytes(per.get('bytes', 0))} per step{sized}")
-    coll = (placement.get("transfers") or {}).get("collectives") or {}
+
+def _ops_line(p: Placement) -> str:
+    grads = p.gradients.get("ops_by_device") or {}
+
+    def short_phys(d: str) -> str:
+        phys = p.physical_devices.get(d, d)
+        return f"={phys[phys.rfind('/'):]}" if phys != d else ""
+
+    return "ops/step   : " + (", ".join(
+        f"{d}{short_phys(d)} {n} ({grads.get(d, 0)} grad)" for d, n in p.ops_by_device.items()) or "none captured")
+
+
+def _transfer_lines(tr: Transfers) -> list[str]:
+    per, reasons = tr.per_step, tr.unsized_reasons
+    sized = (f" ({per.unsized} unsized: " + "; ".join(reasons) + ")" if reasons
+             else f" ({per.unsized} unsized)" if per.unsized else "")
+    if tr.loop_control.count:
+        sized += f" (+{tr.loop_control.count} loop control)"
+    lines = [f"transfers  : {per.count} per step, {human_bytes(per.bytes)} per step{sized}"]
+    coll = tr.collectives.values()
     if coll:
-        lines.append(
-            f"collectives: {sum(c.get('count', 0) for c in coll.values())} per step "
-            f"(all-reduce etc.), {human_bytes(sum(c.get('input_bytes', 0) for c in coll.values()))} reduced per step"
-        )
-    matrix = (placement.get("transfers") or {}).get("matrix") or {}
-    top = sorted(
-        ((s, d, c["bytes"]) for s, row in matrix.items() for d, c in row.items()), key=lambda t: -t[2]
-    )[:3]
+        lines.append(f"collectives: {sum(c.count for c in coll)} per step (all-reduce etc.), "
+                     f"{human_bytes(sum(c.input_bytes for c in coll))} reduced per step")
+    top = sorted(((s, d, c.bytes) for s, row in tr.matrix.items() for d, c in row.items()), key=lambda t: -t[2])[:3]
     if top:
         lines.append("  busiest  : " + ", ".join(f"{s}->{d} {human_bytes(b)}" for s, d, b in top))
-    if placement.get("timing"):
-        lines.extend(timing_lines(placement["timing"]))
-    every = placement.get("variables") or []
-    vars_ = user_variables(every)
+    return lines
+
+
+def _variables_line(p: Placement) -> str:
+    vars_ = p.user_variables
     by_dev: dict[str, int] = {}
     for v in vars_:
-        for dev in v.get("devices", []):
+        for dev in v.devices:
             by_dev[dev] = by_dev.get(dev, 0) + 1
-    lines.append(
-        f"variables  : {len(vars_)} ("
-        + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
-        + (f"; +{len(every) - len(vars_)} internal, TensorFlow's own" if len(every) > len(vars_) else "")
-        + f"); {(placement.get('variable_updates') or {}).get('coverage', '')}"
-    )
-    fb, pred = split_fallbacks(placement)
-    lines.append(
-        f"fallbacks  : {len(fb)}"
-        + (": " + ", ".join(f"{f['op']} {f['requested']}->{f['placed']}" for f in fb[:3]) + (" ..." if len(fb) > 3 else "") if fb else "")
-    )
+    internal = len(p.variables) - len(vars_)
+    return (f"variables  : {len(vars_)} (" + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
+            + (f"; +{internal} internal, TensorFlow's own" if internal else "")
+            + f"); {p.variable_updates.get('coverage', '')}")
+
+
+def _fallback_lines(p: Placement) -> list[str]:
+    fb, pred = p.observed_fallbacks, p.predicted_fallbacks
+    lines = [f"fallbacks  : {len(fb)}" + (": " + ", ".join(f"{f.op} {f.requested}->{f.placed}" for f in fb[:3])
+                                          + (" ..." if len(fb) > 3 else "") if fb else "")]
     if pred:
         # Under emulation: what a GPU machine would move to the host (no GPU kernel).
         lines.append(
             f"  predicted: {len(pred)} on a GPU machine: "
-            + ", ".join(f"{f['op']} ({f['op_type']}) {f['placed']}->{f['would_run_on']}" for f in pred[:3])
+            + ", ".join(f"{f.op} ({f.op_type}) {f.placed}->{f.would_run_on}" for f in pred[:3])
             + (" ..." if len(pred) > 3 else "")
         )
-    pipe = placement.get("input_pipeline")
+    return lines
+
+
+def _input_lines(p: Placement) -> list[str]:
+    lines = []
+    pipe = p.input_pipeline
     if pipe:
         shard = pipe.get("sharding") or {}
         by = f"; sharded by {shard['by']} ({shard.get('files')} file(s) here)" if shard.get("by") not in (None, "none") else ""
         lines.append(f"input      : {pipe.get('kind')} on {pipe.get('device')} from {pipe.get('source')}{by}")
-    prec = placement.get("precision") or {}
+    prec = p.precision or {}
     if prec.get("policy", "float32") != "float32":
         casts = prec.get("casts_by_device") or {}
         lines.append(f"precision  : {prec['policy']}; casts per step: "
                      + (", ".join(f"{d} {n}" for d, n in casts.items()) or "none"))
-    conf = placement.get("conformance") or {}
-    rules = conf.get("rules") or []
-    if conf.get("score") is None:
-        lines.append("conformance: no pinning rules to check")
-    else:
-        bad = [r for r in rules if r.get("score") is not None and r["score"] < 1.0]
-        lines.append(
-            f"conformance: {conf['score']:.2f} over {len(rules)} rule(s)"
-            + ("; below 1: " + ", ".join(f"{r['rule']} {r['score']:.2f}" for r in bad[:3]) if bad else "")
-        )
-    lines.extend(weight_lines(placement))
-    lines.extend(program_lines(placement))
-    for note in (placement.get("notes") or [])[:1]:
-        lines.append(f"note       : {note}")
-    rc = placement.get("replica_consistency")
-    if rc:
-        if rc.get("max_abs_diff") is None:
-            lines.append(f"replica drift: not checked ({rc.get('error', 'components unreadable')})")
-        elif rc.get("trainable_drift") is None:  # a placement.json from before the split
-            lines.append(f"replica drift: max |diff| {rc['max_abs_diff']:.3g} over {rc.get('checked', 0)} mirrored variable(s)")
-        else:
-            lines.append(drift_line(rc))
-    else:
-        lines.append("replica drift: not applicable (no mirrored variables)")
-    return "\n".join(lines)
+    return lines
+
+
+def _conformance_line(p: Placement) -> str:
+    conf = p.conformance
+    if conf.score is None:
+        return "conformance: no pinning rules to check"
+    bad = [r for r in conf.rules if r.below_plan]
+    return (f"conformance: {conf.score:.2f} over {len(conf.rules)} rule(s)"
+            + ("; below 1: " + ", ".join(f"{r.rule} {r.score:.2f}" for r in bad[:3]) if bad else ""))
+
+
+def _drift_summary(rc: Mapping[str, Any] | None) -> str:
+    if not rc:
+        return "replica drift: not applicable (no mirrored variables)"
+    if rc.get("max_abs_diff") is None:
+        return f"replica drift: not checked ({rc.get('error', 'components unreadable')})"
+    if rc.get("trainable_drift") is None:  # a placement.json from before the split
+        return f"replica drift: max |diff| {rc['max_abs_diff']:.3g} over {rc.get('checked', 0)} mirrored variable(s)"
+    return drift_line(rc)

@@ -92,15 +92,7 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
     for g in cap.partition_graphs:
         for n in g.node:
             nodes[n.name] = n
-    # Which ops consume each transferred tensor: the nodes reading the matching _Recv.
-    consumers: dict[str, list[str]] = defaultdict(list)
-    for g in cap.partition_graphs:
-        recvs = {n.name: n.attr["tensor_name"].s.decode() for n in g.node if n.op in TRANSPORT - SENDS}
-        for n in g.node:
-            for i in n.input:
-                key = recvs.get(i.lstrip("^").split(":")[0])
-                if key and n.op not in BOOKKEEPING:
-                    consumers[key].append(n.name)
+    consumers = _consumers(cap)
     count = nbytes = sized = 0
     why: Counter = Counter()
     matrix: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
@@ -114,11 +106,11 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
             dst = normalize(n.attr["recv_device"].s.decode())
             if src == dst:
                 continue
+            dsize = _dtype_size(n.attr["T"].type) if "T" in n.attr else None
             if n.attr[LOOP_ATTR].b:
                 # The multi-step loop's own predicate/control signal to each device: a real
                 # per-step transfer, but the trainer's, not the model's; reported apart.
                 loop["count"] += 1
-                dsize = _dtype_size(n.attr["T"].type) if "T" in n.attr else None
                 loop["bytes"] += dsize or 0
                 continue
             count += 1
@@ -127,13 +119,8 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
             cell["count"] += 1
             inp = n.input[0].lstrip("^") if n.input else ""
             name, _, idx = inp.partition(":")
-            size = None
-            dsize = _dtype_size(n.attr["T"].type) if "T" in n.attr else None
-            shape = _shape_of(name, int(idx or 0), cap, nodes) if name else None
-            if dsize is not None and shape is not None and all(x is not None and x >= 0 for x in shape):
-                size = dsize
-                for x in shape:
-                    size *= x
+            size = _bytes(dsize, _shape_of(name, int(idx or 0), cap, nodes) if name else None)
+            if size is not None:
                 sized += 1
                 nbytes += size
                 cell["bytes"] += size
@@ -143,8 +130,44 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
                 item["unsized_reason"] = unsized_reason(name, dsize, n, cap)
                 why[item["unsized_reason"]] += 1
             items.append(item)
-    # Collective ops (all-reduce, all-gather, broadcast) move data between replicas outside the
-    # _Send/_Recv pairs (ring/NCCL/gRPC); counted separately with the size of their input.
+    return {
+        "count": count,
+        "bytes": nbytes,
+        "sized": sized,
+        "matrix": {s: dict(row) for s, row in matrix.items()},
+        "items": items,
+        "collectives": _collectives(cap, namer, nodes),
+        "loop_control": loop,
+        "unsized_reasons": dict(why),
+    }
+
+
+def _bytes(dsize: int | None, shape) -> int | None:
+    """A tensor's bytes from its dtype size and a fully known shape (else None)."""
+    if dsize is None or shape is None or not all(x is not None and x >= 0 for x in shape):
+        return None
+    size = dsize
+    for x in shape:
+        size *= x
+    return size
+
+
+def _consumers(cap) -> dict[str, list[str]]:
+    """Which ops consume each transferred tensor: the nodes reading the matching _Recv."""
+    consumers: dict[str, list[str]] = defaultdict(list)
+    for g in cap.partition_graphs:
+        recvs = {n.name: n.attr["tensor_name"].s.decode() for n in g.node if n.op in TRANSPORT - SENDS}
+        for n in g.node:
+            for i in n.input:
+                key = recvs.get(i.lstrip("^").split(":")[0])
+                if key and n.op not in BOOKKEEPING:
+                    consumers[key].append(n.name)
+    return consumers
+
+
+def _collectives(cap, namer: DeviceMap, nodes: dict) -> dict[str, dict[str, int]]:
+    """Collective ops (all-reduce, all-gather, broadcast) move data between replicas outside the
+    _Send/_Recv pairs (ring/NCCL/gRPC): counted per device with the size of their input."""
     coll: dict[str, dict[str, int]] = defaultdict(lambda: {"count": 0, "bytes": 0})
     for g in cap.partition_graphs:
         for n in g.node:
@@ -153,23 +176,10 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
             dev = namer.canonical_spec(n.device)
             coll[dev]["count"] += 1
             name, _, idx = n.input[0].lstrip("^").partition(":")
-            shape = _shape_of(name, int(idx or 0), cap, nodes)
-            dsize = _dtype_size(n.attr["T"].type) if "T" in n.attr else None
-            if shape is not None and dsize is not None and all(x is not None and x >= 0 for x in shape):
-                size = dsize
-                for x in shape:
-                    size *= x
-                coll[dev]["bytes"] += size
-    return {
-        "count": count,
-        "bytes": nbytes,
-        "sized": sized,
-        "matrix": {s: dict(row) for s, row in matrix.items()},
-        "items": items,
-        "collectives": {d: dict(c) for d, c in coll.items()},
-        "loop_control": loop,
-        "unsized_reasons": dict(why),
-    }
+            size = _bytes(_dtype_size(n.attr["T"].type) if "T" in n.attr else None,
+                          _shape_of(name, int(idx or 0), cap, nodes))
+            coll[dev]["bytes"] += size or 0
+    return {d: dict(c) for d, c in coll.items()}
 
 
 def unsized_reason(name: str, dsize: int | None, send, cap) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from pinpoint.device_names import DeviceMap, normalize, sort_key
 
@@ -269,10 +269,43 @@ def _resource_source(name: str, nodes: dict) -> str | None:
 
 
 def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: dict | None = None,
-                      optimizer_variables: list | None = None) -> dict:
+                      optimizer_variables: list | None = None, eager_updates: Mapping | None = None) -> dict:
     """placement.json's `variables` (components, devices, update devices, fingerprint, the
     consistency class) and `variable_updates` (how the update ops were attributed), as
-    {"variables", "updates"}."""
+    {"variables", "updates"}. `eager_updates` (a traced program): variable name -> the devices eager
+    ops updated it on."""
+    out, handle_to_var, shared_to_var = _variable_rows(variables, namer, cache, optimizer_variables)
+    update_devs, update_ops, total_updates, unattributed = _attribute_updates(
+        captures, namer, handle_to_var, shared_to_var)
+    for i, info in enumerate(out):
+        info["update_devices"] = sorted(update_devs.get(i, ()), key=sort_key)
+        info["update_ops"] = update_ops.get(i, 0)
+    method = ("each assign/apply op's resource input is followed to its function argument, "
+              "whose captured value is the handle of one variable component")
+    if eager_updates is not None:
+        for info in out:
+            devs = set(eager_updates.get(info["name"], ()))
+            if devs:
+                info["eager_update_devices"] = sorted(devs, key=sort_key)
+                info["update_devices"] = sorted(set(info["update_devices"]) | devs, key=sort_key)
+        method += "; an eager update runs on the device of the variable whose handle it takes"
+    attributed = sum(1 for info in user_variables(out) if info["update_devices"])
+    return {
+        "variables": out,
+        "updates": {
+            "method": method,
+            "update_ops": total_updates,
+            "unattributed_ops": unattributed,
+            "variables_with_updates": attributed,
+            "variables": len(user_variables(out)),
+            "internal_variables": len(out) - len(user_variables(out)),
+            "coverage": coverage_text(out, unattributed),
+        },
+    }
+
+
+def _variable_rows(variables: list, namer: DeviceMap, cache: dict | None, optimizer_variables: list | None):
+    """(one row per variable, {id(component handle): row index}, {resource shared name: row index})."""
     import numpy as np
 
     from pinpoint.tfcompat.api import resource_shared_name
@@ -298,22 +331,25 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
                 shared = resource_shared_name(c)
                 if shared is not None:
                     shared_to_var[shared] = i
-        out.append(
-            {
-                "name": _var_name(v),
-                "kind": _kind(inner),
-                "class": INTERNAL if id(inner) in internal_ids else classify(v, optimizer_ids)[0],
-                "shape": shape,
-                "dtype": inner.dtype.name,
-                "bytes": nbytes,
-                "components": comp_info,
-                "devices": sorted({c["device"] for c in comp_info if c["device"]}, key=sort_key),
-                "update_devices": [],
-                "update_ops": 0,
-                "fingerprint": _fingerprint(comps[0], cache),
-            }
-        )
+        out.append({
+            "name": _var_name(v),
+            "kind": _kind(inner),
+            "class": INTERNAL if id(inner) in internal_ids else classify(v, optimizer_ids)[0],
+            "shape": shape,
+            "dtype": inner.dtype.name,
+            "bytes": nbytes,
+            "components": comp_info,
+            "devices": sorted({c["device"] for c in comp_info if c["device"]}, key=sort_key),
+            "update_devices": [],
+            "update_ops": 0,
+            "fingerprint": _fingerprint(comps[0], cache),
+        })
+    return out, handle_to_var, shared_to_var
 
+
+def _attribute_updates(captures: list, namer: DeviceMap, handle_to_var: dict, shared_to_var: dict):
+    """Each update op's variable, through its resource input: (row index -> update devices over all
+    captures, row index -> update ops of the first capture, update ops of the first, unattributed)."""
     update_devs: dict[int, set] = defaultdict(set)
     update_ops: Counter = Counter()
     total_updates = unattributed = 0
@@ -339,23 +375,7 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
                         update_ops[idx] += 1
                 if idx is not None:
                     update_devs[idx].add(namer.canonical_spec(n.device))
-    for i, info in enumerate(out):
-        info["update_devices"] = sorted(update_devs.get(i, ()), key=sort_key)
-        info["update_ops"] = update_ops.get(i, 0)
-    attributed = sum(1 for info in user_variables(out) if info["update_devices"])
-    return {
-        "variables": out,
-        "updates": {
-            "method": "each assign/apply op's resource input is followed to its function argument, "
-            "whose captured value is the handle of one variable component",
-            "update_ops": total_updates,
-            "unattributed_ops": unattributed,
-            "variables_with_updates": attributed,
-            "variables": len(user_variables(out)),
-            "internal_variables": len(out) - len(user_variables(out)),
-            "coverage": coverage_text(out, unattributed),
-        },
-    }
+    return update_devs, update_ops, total_updates, unattributed
 
 
 # The same rules, public for pinpoint.trace (which meets a program's variables outside a run).

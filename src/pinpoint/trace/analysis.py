@@ -1,17 +1,18 @@
-"""placement.json for a traced program: the training function's placement (the same sections
-as Pinpoint's own loop), plus `functions` (every captured function) and `eager` (eager ops per
-device and eager copies), with conformance by requested device: the plan is what the program
-asked for in its own `tf.device` scopes."""
+"""The placement inputs of a traced program: the training function's capture (the same sections
+as Pinpoint's own loop), plus `functions` (every captured function), `eager` (eager ops per
+device and eager copies) and the weights' requests; conformance is by requested device: the plan
+is what the program asked for in its own `tf.device` scopes."""
 
 from __future__ import annotations
 
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
-from pinpoint.device_names import DeviceMap, local_name, matches, normalize, sort_key
-from pinpoint.placement.analyze import build_placement
-from pinpoint.placement.conformance import BOOKKEEPING, NOT_COMPUTE, mark_predicted, requested_devices
+from pinpoint.device_names import DeviceMap, local_name, normalize, sort_key
+from pinpoint.placement.analyze import build
+from pinpoint.placement.conformance import BOOKKEEPING
+from pinpoint.placement.inputs import PlacementInputs, TraceInputs
 from pinpoint.placement.schema import json_number
 from pinpoint.placement.transfers import step_transfers
 
@@ -121,39 +122,6 @@ def replica_devices(variables: list, dm: DeviceMap) -> tuple[str, ...]:
     return dm.replica_devices
 
 
-def requested_rules(cap, namer: DeviceMap, predicted: dict | None = None) -> list[dict]:
-    """One conformance rule per device the program requested in its own scopes: the ops that
-    asked for it against where they ran, a predicted fallback (no GPU kernel: a GPU machine runs
-    it on the host) against where it would run."""
-    if cap is None:
-        return []
-    requested = requested_devices(cap)
-    placed = {}
-    types = {}
-    for g in cap.partition_graphs:
-        for n in g.node:
-            placed[n.name] = n.device
-            types[n.name] = n.op
-    by_device: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for op, req in requested.items():
-        if op not in placed or types[op] in NOT_COMPUTE:
-            continue
-        fb = (predicted or {}).get(op)
-        ran = fb["would_run_on"] if fb else namer.canonical_spec(placed[op])
-        by_device[namer.canonical_spec(req)].append((op, ran))
-    rules = []
-    for dev in sorted(by_device, key=sort_key):
-        rel = by_device[dev]
-        ok = sum(1 for _, p in rel if matches(dev, p))
-        bad = [{"op": op, "placed": p} for op, p in rel if not matches(dev, p)]
-        observed = Counter(p for _, p in rel)
-        rules.append({"rule": f"tf.device {dev}", "planned": dev,
-                      "observed": {d: observed[d] for d in sorted(observed, key=sort_key)},
-                      "relevant": len(rel), "score": round(ok / len(rel), 4) if rel else None,
-                      "violations": bad[:50], "violations_total": len(bad)})
-    return rules
-
-
 def eager_section(eager, namer: DeviceMap, default_device: str) -> dict:
     """placement.json's `eager`: ops per device and op type, cross-device copies (source ->
     destination, count, bytes, the ops that needed them), and requests the runtime did not meet."""
@@ -222,120 +190,87 @@ def eager_predicted(eager, namer: DeviceMap) -> list[dict]:
     return sorted(out, key=lambda f: -f["count"])
 
 
-def _outside_strategy(placement: dict) -> None:
-    """Under mirrored, name the plain variables (created outside the strategy's scope, e.g.
-    Keras' own counters) in a note: a finding, not a broken mirror (the variables_mirrored rule
-    checks the distributed ones)."""
-    from pinpoint.placement.variables import user_variables
-
-    plain = [v for v in user_variables(placement["variables"]) if v["kind"] == "variable"]
-    if placement["strategy"] not in ("mirrored", "multi_worker_mirrored") or not plain:
-        return
-    where = Counter(d for v in plain for d in v["devices"])
-    placement["notes"].append(
-        f"{len(plain)} plain variable(s) outside the strategy (created outside its scope): "
-        + ", ".join(f"{n} on {d}" for d, n in sorted(where.items())))
-
-
-def _eager_variable_updates(placement: dict, recorder, namer: DeviceMap) -> None:
-    """Variables updated by eager ops (a `v.assign(...)` outside any tf.function): their update
-    devices from what the eager runtime ran."""
-    from pinpoint.placement.variables import components, coverage_text, unwrap, user_variables, var_name
+def eager_updates(recorder, namer: DeviceMap) -> dict[str, tuple[str, ...]] | None:
+    """Variables updated by eager ops (a `v.assign(...)` outside any tf.function): variable name ->
+    the devices the eager runtime ran the updates on (None: no eager update at all)."""
+    from pinpoint.placement.variables import components, unwrap, var_name
 
     by_handle = recorder.eager.updates
     if not by_handle:
-        return
-    rows = {v["name"]: v for v in placement["variables"]}
+        return None
+    out = {}
     for var in recorder.variables():
-        comps = components(unwrap(var))
         devs = set()
-        for c in comps:
+        for c in components(unwrap(var)):
             devs |= {namer.canonical_spec(d) for d in by_handle.get(id(getattr(c, "handle", None)), ())}
-        row = rows.get(var_name(var))
-        if row is not None and devs:
-            row["eager_update_devices"] = sorted(devs, key=sort_key)
-            row["update_devices"] = sorted(set(row["update_devices"]) | devs, key=sort_key)
-    updates = placement["variable_updates"]
-    updates["variables_with_updates"] = sum(1 for v in user_variables(placement["variables"]) if v["update_devices"])
-    updates["coverage"] = coverage_text(placement["variables"], updates.get("unattributed_ops", 0))
-    updates["method"] += "; an eager update runs on the device of the variable whose handle it takes"
+        if devs:
+            out[var_name(var)] = tuple(sorted(devs, key=sort_key))
+    return out
 
 
-def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()) -> dict:
-    """placement.json's content for a traced program."""
+def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = (), weight_rows=(),
+                 task: str = "chief:0") -> PlacementInputs:
+    """The placement inputs of a traced program: its training function's capture, its variables
+    and strategy, and its functions, eager ops and weight requests."""
     namer = DeviceMap.of(dm)
     records = list(recorder.functions.values())
     rows = [_stats(r, namer) for r in records]
     train = pick_training(rows)
     by_name = {r.name: r for r in records}
     variables = recorder.variables()
-    strategy = strategy_of(variables)
     replicas = replica_devices(variables, dm)
     view = DeviceMap(aliases=dm.aliases, replica_devices=replicas,
                      spec_replica_devices=tuple(namer.canonical_spec(d) for d in replicas),
                      host=dm.host, emulated=dm.emulated, local_devices=dm.local_devices)
     cap = by_name[train["concrete"]].capture if train else None
-    placement = build_placement([cap] if cap else [], variables=variables, plan=None, strategy=strategy,
-                                device_map=view, task="chief:0")
-    placement["captured_steps"] = [1] if cap else []
-    _outside_strategy(placement)
-    predicted = {f["op"]: f for f in placement["fallbacks"] if f.get("predicted")}
-    rules = requested_rules(cap, namer, predicted)
-    conf = placement["conformance"]
-    conf["rules"] = rules + conf["rules"]
-    mark_predicted(conf, predicted)
-    scored = [r["score"] for r in conf["rules"] if r["score"] is not None]
-    conf["score"] = round(sum(scored) / len(scored), 4) if scored else None
-    _eager_variable_updates(placement, recorder, namer)
-    for r in rows:
-        r["training"] = r is train
+    rows = [dict(r, training=r is train) for r in rows]
     rows.sort(key=lambda r: (not r["training"], -r["calls"], r["name"]))
-    placement["functions"] = rows
-    placement["training_function"] = train["name"] if train else None
-    placement["eager"] = eager_section(recorder.eager, namer, recorder.default_device)
-    placement["program"] = program
-    placement["device_map"] = dm.to_json()
-    placement["notes"] = [n for n in placement["notes"] if not n.startswith("no step was captured")] + list(notes)
+    trace = TraceInputs(
+        program=program, functions=tuple(rows), training_function=train["name"] if train else None,
+        eager=eager_section(recorder.eager, namer, recorder.default_device),
+        eager_updates=eager_updates(recorder, namer), weight_rows=tuple(weight_rows),
+        notes=tuple(notes) + tuple(_trace_notes(rows, records, train, cap, recorder.eager)))
+    return PlacementInputs(captures=(cap,) if cap else (), variables=tuple(variables), plan=None,
+                           strategy=strategy_of(variables), device_map=view, task=task,
+                           device_map_json=dm.to_json(), trace=trace)
+
+
+def _trace_notes(rows: list[dict], records: list, train: dict | None, cap, eager) -> list[str]:
+    """What the functions' capture could not show, and why."""
+    notes = []
     runtime = sum(o["count"] for r in rows for o in r["runtime_ops"])
     if runtime:
-        placement["notes"].append(
+        notes.append(
             f"{runtime} eager op(s) ran on TensorFlow's runtime threads during the captured calls (py_function "
             "bodies): listed in functions[].runtime_ops, not counted as the functions' ops or as requests")
-    if recorder.eager.stopped is not None:
-        placement["notes"].append(
-            f"eager ops: every eager op up to op {recorder.eager.stopped} was counted; after "
-            f"{recorder.eager.quiet} op callbacks in a row with no new signature (op type and device, copy, request "
+    if eager.stopped is not None:
+        notes.append(
+            f"eager ops: every eager op up to op {eager.stopped} was counted; after "
+            f"{eager.quiet} op callbacks in a row with no new signature (op type and device, copy, request "
             f"not met, updated variable) the op callback was switched off, then on again for "
-            f"{recorder.eager.windows} sampling window(s) (at each new tf.function's first call, and after 1, 2, "
+            f"{eager.windows} sampling window(s) (at each new tf.function's first call, and after 1, 2, "
             "4 ... 16 s): later eager ops are counted only inside those windows, so the eager numbers are lower "
             "bounds, and a signature first appearing later is found when it recurs in a window (tf.function "
             "calls are all counted)")
     if not records:
-        placement["notes"].append("the program ran no tf.function and no Session.run: only its eager ops are shown")
+        notes.append("the program ran no tf.function and no Session.run: only its eager ops are shown")
     elif train and cap is None and train.get("error"):
-        placement["notes"].append(
+        notes.append(
             f"the training function {train['name']} raised in its first call ({train['error']}): its calls are "
             "counted, its graphs were not recorded; variables and eager ops are")
     elif train and cap is None:
-        placement["notes"].append(
+        notes.append(
             f"the training function {train['name']} ran in another thread or process (e.g. parameter_server's "
             "closures, which the workers' runtimes instantiate): its calls are counted, its graphs are not "
             "visible here; variables and eager ops are")
-    placement["explain"] = dict(placement["explain"], **EXPLAIN_TRACE)
-    return placement
+    return notes
 
 
-EXPLAIN_TRACE = {
-    "functions": "Every tf.function (and tf.compat.v1 Session.run signature) the program ran: calls, and per "
-    "call the ops per device, transfers and their bytes, from the partition graphs of its first call (every "
-    "later call runs the same graphs). The training function (it updates variables; Keras' train function "
-    "first) is the one the ops, transfers and conformance sections describe.",
-    "eager": "Ops the program ran eagerly, outside any function: the device each one ran on (its outputs'; an "
-    "op that writes a variable runs on the variable's device), and every input the eager runtime copied to "
-    "that device first (source -> destination, bytes).",
-    "conformance_trace": "Rules 'tf.device X': the ops of the training function that the program's own "
-    "device scopes (or its strategy) requested on X, against where they ran.",
-}
+def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] = (), weight_rows=(),
+                    task: str = "chief:0") -> dict:
+    """placement.json's content for a traced program."""
+    return build(trace_inputs(recorder, dm, program=program, notes=notes, weight_rows=weight_rows,
+                              task=task)).to_json()
 
 
 def trace_metrics(recorder, placement: dict, *, exit_code: int, seconds: float, keras: dict | None) -> dict:

@@ -88,15 +88,13 @@ class Capture:
     def __exit__(self, *exc) -> None:
         self._undo.close()
 
-    def placement(self, program: str) -> dict:
-        from pinpoint.placement.requests import add_weight_rules
+    def placement(self, program: str, *, task: str = "chief:0") -> dict:
+        """placement.json's content for what the program ran (`task`: the cluster task it ran as)."""
         from pinpoint.trace.analysis import trace_placement
 
         notes = [f"emulation: {n}" for n in self.names.ignored]
-        placement = trace_placement(self.recorder, self.dm, program=program, notes=notes)
         rows = self.weight_rows if self.weight_rows is not None else self.requests.rows()
-        add_weight_rules(placement, rows, DeviceMap.of(self.dm))
-        return placement
+        return trace_placement(self.recorder, self.dm, program=program, notes=notes, weight_rows=rows, task=task)
 
     def metrics(self, placement: dict, exit_code: int) -> dict:
         from pinpoint.trace.analysis import trace_metrics

@@ -78,16 +78,11 @@ def cluster_placement(cfg: Config, out: Path) -> dict | None:
     return merge_placements(present) if present else None
 
 
-def chief_placement(cfg: Config, out: Path, ctx: TaskContext, own: dict | None, *, keep: tuple[str, ...] = (),
+def chief_placement(cfg: Config, out: Path, ctx: TaskContext, own: dict | None, *,
                     merge: bool = True) -> dict | None:
     """What the chief writes as placement.json: the cluster's merged view when its tasks each
-    captured one (with the chief's own `keep` sections), else its own."""
+    captured one, else its own."""
     if not (merge and ctx.multi_worker and cfg.placement.enabled):
         return own
     merged = cluster_placement(cfg, out)
-    if merged is None:
-        return own
-    if own is not None:
-        for key in keep:
-            merged[key] = own.get(key)
-    return merged
+    return own if merged is None else merged

@@ -130,9 +130,8 @@ def run_entrypoint(cfg: Config, out: Path, task: TaskContext, run, fn, *, resume
     placement = _placement(cfg, out, task, cap)
     if task.is_chief:
         # The merge unites the tasks' ops, transfers and variables; the program's own sections
-        # (its functions and eager ops) are the chief's.
-        placement = chief_placement(cfg, out, task, placement, merge=failure is None,
-                                    keep=("functions", "training_function", "eager", "program"))
+        # (its functions and eager ops) are the chief's (placement.merge keeps them).
+        placement = chief_placement(cfg, out, task, placement, merge=failure is None)
         metrics = _metrics(cfg, task, ctx, cap, placement, failed=failure is not None)
         write_outcome(out, placement, metrics, hooks, model=ctx.model if failure is None else None)
     if failure is not None:
@@ -146,8 +145,7 @@ def run_entrypoint(cfg: Config, out: Path, task: TaskContext, run, fn, *, resume
 def _placement(cfg: Config, out: Path, task: TaskContext, cap) -> dict | None:
     if not cfg.placement.enabled:
         return None
-    placement = cap.placement(cfg.train.entrypoint)
-    placement["task"] = task.task
+    placement = cap.placement(cfg.train.entrypoint, task=task.task)
     write_task_placement(out, task, placement)  # multi_worker: the chief merges them
     return placement
 

@@ -197,27 +197,18 @@ def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
     return timing
 
 
-def placement_report(cfg: Config, ctx, trainer, captures) -> dict:
-    """placement.json's content (without `timing`) from the captured steps."""
-    from pinpoint.placement.analyze import build_placement
-    from pinpoint.training.loop.models import layer_scopes
+def placement_report(cfg: Config, ctx, trainer, captures, *, timing: dict | None = None) -> dict:
+    """placement.json's content from the captured steps and the timing of the profiled call."""
+    from pinpoint.placement.analyze import build
+    from pinpoint.placement.inputs import PlacementInputs
+    from pinpoint.training.loop.models import layer_pins
 
-    pinned = cfg.train.pinning.layers
-    placement = build_placement(
-        captures, variables=trainer.variables(), plan=cfg.train.pinning, strategy=cfg.train.strategy,
-        device_map=ctx.device_map, task=ctx.task, gradient_scope="gradients",
-        optimizer_variables=list(trainer.optimizer.variables),
-        layer_scopes=layer_scopes(trainer.model, pinned) if pinned else None,
-    )
-    placement.setdefault("device_aliases", dict(ctx.device_map.aliases))
-    placement.setdefault("device_map", ctx.device_map.to_json())
     describe = getattr(trainer.pipeline, "describe", None)
-    if describe is not None:  # a tf.data pipeline: its ops run inside the iterator, on its device
-        placement["input_pipeline"] = {**describe(), "device": ctx.device_map.spec(trainer.pipeline.device)}
-    placement["precision"] = {
-        "policy": cfg.train.precision,
-        # Casts between float32 variables and float16/bfloat16 compute, per device.
-        "casts_by_device": {d: types["Cast"] for d, types in (placement.get("op_types_by_device") or {}).items()
-                            if types.get("Cast")},
-    }
-    return placement
+    return build(PlacementInputs(
+        captures=tuple(captures), variables=tuple(trainer.variables()), plan=cfg.train.pinning,
+        strategy=cfg.train.strategy, device_map=ctx.device_map, task=ctx.task, gradient_scope="gradients",
+        optimizer_variables=tuple(trainer.optimizer.variables), layer_pins=layer_pins(trainer.model),
+        timing=timing, precision_policy=cfg.train.precision, device_map_json=ctx.device_map.to_json(),
+        # A tf.data pipeline: its ops run inside the iterator, on its device.
+        input_pipeline={**describe(), "device": ctx.device_map.spec(trainer.pipeline.device)} if describe is not None else None,
+    )).to_json()

@@ -151,9 +151,8 @@ class Controller:
         captures = plan.sampled(run.trainer.step)
         if not captures:
             return None
-        placement = placement_report(self.cfg, ctx, run.trainer, captures)
-        if plan.timing:
-            placement["timing"] = timing_section(ctx, plan.loop_captured, plan.timed)
+        timing = timing_section(ctx, plan.loop_captured, plan.timed) if plan.timing else None
+        placement = placement_report(self.cfg, ctx, run.trainer, captures, timing=timing)
         write_task_placement(self.out, ctx, placement)  # multi_worker: the chief merges them in finish()
         return placement
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 
 import keras
@@ -175,10 +176,10 @@ def build_model(
     if len(input_shape) > 1:  # the built-ins take flat feature vectors (e.g. streamed images)
         stack.insert(0, keras.layers.Flatten(name="flatten_input"))
     valid = [layer.name for layer in stack]
-    owner = layer_keys.resolve(layer_devices, valid, name)  # keys may be patterns: layer name -> key
-    model = PinnedModel(stack, {layer: layer_devices[key] for layer, key in owner.items()}, name=name)
+    pins = layer_keys.resolve_pins(layer_devices, valid, name)  # keys may be patterns: layer name -> key
+    model = PinnedModel(stack, pins.by_path(), name=name)
     model.build_all(tuple(input_shape))
-    return model
+    return _remember(model, pins)
 
 
 def output_units(cfg, data) -> int:
@@ -234,10 +235,25 @@ def build_user_model(cfg, data, layer_devices: Mapping[str, str]) -> keras.Model
         if not model.built:
             _build(model, data)
     layers = layer_paths_of(model)
-    owner = layer_keys.resolve(layer_devices, layers, t.model)
-    for path, key in owner.items():
-        _pin_call(layers[path], layer_devices[key])
+    pins = layer_keys.resolve_pins(layer_devices, layers, t.model)
+    for path, device in pins.by_path().items():
+        _pin_call(layers[path], device)
+    return _remember(model, pins)
+
+
+# Each built model's resolved train.pinning.layers, for the placement's build (resolved once, here).
+_PINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _remember(model: keras.Model, pins: layer_keys.LayerPins) -> keras.Model:
+    if pins.owner:
+        _PINS[model] = pins
     return model
+
+
+def layer_pins(model: keras.Model) -> layer_keys.LayerPins | None:
+    """train.pinning.layers as resolved when `model` was built (None: no layer pinned)."""
+    return _PINS.get(model)
 
 
 def layer_paths_of(model: keras.Model) -> dict[str, keras.layers.Layer]:
@@ -253,13 +269,6 @@ def layer_paths_of(model: keras.Model) -> dict[str, keras.layers.Layer]:
 
     walk(model, "")
     return out
-
-
-def layer_scopes(model: keras.Model, keys) -> dict[str, list[str]]:
-    """{key: [layer name, ...]}: the layers each key of train.pinning.layers selects (placement
-    scores one conformance rule per key over their ops)."""
-    owner = layer_keys.resolve(keys, layer_paths_of(model), model.name)
-    return {key: [p.rpartition("/")[2] for p in paths] for key, paths in layer_keys.layers_by_key(owner).items()}
 
 
 def _build(model: keras.Model, data) -> None:
