@@ -163,6 +163,28 @@ def test_no_circle_of_files_in_the_execution_rooms():
     assert _circles(*_file_graph(ACYCLIC)) == []
 
 
+MAX_FUNCTION_LINES = 80
+
+
+def _long_functions(root: Path) -> list[tuple[str, str, int]]:
+    """(module, function, lines) for every function of `root`'s files over MAX_FUNCTION_LINES."""
+    return sorted((str(p.relative_to(root)), node.name, node.end_lineno - node.lineno + 1)
+                  for p in root.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES)
+
+
+def test_no_function_in_src_is_over_80_lines():
+    """Issue 32: a function reads in a screen or two; a longer one is split where it changes subject."""
+    assert _long_functions(SRC) == []
+
+
+def test_the_length_check_sees_a_long_function(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "long.py").write_text(f"def long():\n{body}")
+    assert _long_functions(tmp_path) == [("long.py", "long", MAX_FUNCTION_LINES + 1)]
+
+
 def test_no_circle_of_files_anywhere_in_src():
     """Issue 32: no two files of the library import each other, directly or round a circle."""
     assert _circles(*_file_graph(tuple(LAYER_OF))) == []

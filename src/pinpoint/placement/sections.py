@@ -54,8 +54,19 @@ class LayerRow:
                    matched=tuple(matched) if matched is not None else None)
 
 
+class _Flat:
+    """A flat record: its JSON is its fields that are set (None left out), read back by name."""
+
+    def to_json(self) -> dict:
+        return present((f.name, getattr(self, f.name)) for f in fields(self))
+
+    @classmethod
+    def from_json(cls, d: Mapping):
+        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
+
+
 @dataclass(frozen=True)
-class Violation:
+class Violation(_Flat):
     """An op (or variable, or weight) a rule relevant to it found off the planned device. `why`:
     the likely cause when known; `predicted`: a GPU machine's fallback under emulation; a weight
     request's violation also names its layer, variable, request and how it was requested."""
@@ -68,13 +79,6 @@ class Violation:
     variable: str | None = None
     requested: str | None = None
     how: str | None = None
-
-    def to_json(self) -> dict:
-        return present((f.name, getattr(self, f.name)) for f in fields(self))
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> Violation:
-        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,7 @@ class Variable:
 
 
 @dataclass(frozen=True)
-class Fallback:
+class Fallback(_Flat):
     """An op that did not run on the device it requested (observed), or (`predicted`, under GPU
     emulation) one a GPU machine would run on `would_run_on` for want of a GPU kernel."""
 
@@ -210,13 +214,6 @@ class Fallback:
     would_run_on: str | None = None
     reason: str | None = None
     task: str | None = None  # a merged cluster's: the task it ran on
-
-    def to_json(self) -> dict:
-        return present((f.name, getattr(self, f.name)) for f in fields(self))
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> Fallback:
-        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)

@@ -244,18 +244,16 @@ class StepRun:
             self.spool.append("metrics", metrics=rows)
 
     def log_artifact(self, path, artifact_path: str | None = None) -> None:
-        src = Path(path)
-        if not src.is_file():
-            warn(f"MLflow artifact {src} does not exist; not logged")
-            return
-        self._log_path(src, artifact_path)
+        if Path(path).is_file():
+            self._log_path(Path(path), artifact_path)
+        else:
+            warn(f"MLflow artifact {path} does not exist; not logged")
 
     def log_artifacts(self, folder, artifact_path: str | None = None) -> None:
-        src = Path(folder)
-        if not src.is_dir():
-            warn(f"MLflow artifact folder {src} does not exist; not logged")
-            return
-        self._log_path(src, artifact_path)
+        if Path(folder).is_dir():
+            self._log_path(Path(folder), artifact_path)
+        else:
+            warn(f"MLflow artifact folder {folder} does not exist; not logged")
 
     def _log_path(self, src: Path, artifact_path: str | None) -> None:
         rid = f"{self._local_id}:a{uuid.uuid4().hex[:12]}"
