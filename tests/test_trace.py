@@ -224,15 +224,18 @@ def test_eager_counting_stops_after_a_quiet_window_and_the_report_says_where(tmp
     assert f"eager ops  : {eager['ops']} (all counted up to op {eager['ops']}, then sampled in 0 window(s))" in proc.stdout
 
 
-@pytest.mark.parametrize("late", ["new_function", "timer"])
+@pytest.mark.parametrize("late", ["new_function", "clock"])
 def test_a_signature_that_first_appears_after_the_quiet_window_is_found_in_a_sampling_window(tmp_path, late):
     """After the callback is switched off, an op type never seen before (Sub) still gets recorded:
-    the first call of a new tf.function, or the timer (first after 1 s), switches it on again."""
+    the first call of a new tf.function, or a pinpoint.log call once 1 s has passed (the first
+    window's wait), switches it on again."""
     from pinpoint.trace.recorder import EAGER_QUIET_OPS as Q
 
-    wake = "tf.function(lambda a: a * 2.0)(x)" if late == "new_function" else "time.sleep(3)"
+    wake = ("tf.function(lambda a: a * 2.0)(x)" if late == "new_function"
+            else "time.sleep(1.5); pinpoint.log(1, loss=0.0)")
     script = write(tmp_path, "late.py", f"""
         import time
+        import pinpoint
         import tensorflow as tf
         x, y = tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])
         for _ in range(2 * {Q}):

@@ -143,7 +143,7 @@ def eager_section(eager, namer: DeviceMap, default_device: str) -> dict:
         "default_device": spec(default_device) if default_device else None,
         # Every eager op of the program counted (None), or every op up to the Nth: the op callback
         # was switched off after `quiet_ops` callbacks in a row brought no new signature, and on
-        # again for `sampling_windows` windows (recorder: a new tf.function, the timer).
+        # again for `sampling_windows` windows (recorder: a new tf.function, or 1, 2, 4 ... 16 s passed).
         "counted_until": eager.stopped,
         "quiet_ops": eager.quiet if eager.stopped is not None else None,
         "sampling_windows": eager.windows if eager.stopped is not None else None,

@@ -78,10 +78,12 @@ class Capture:
     def _log(self, step: int, metrics: dict) -> None:
         """pinpoint.log from a custom loop."""
         self.last_logged = metrics  # a dict of its own (pinpoint.log builds one per call)
+        self.recorder.sample_if_due()  # an eager loop's chance of a sampling window
         if self.send is not None:
             self.send(metrics, step=step)
 
     def send_metrics(self, metrics: dict, step: int) -> None:
+        self.recorder.sample_if_due()
         if self.send is not None:
             self.send(metrics, step=step)
 
