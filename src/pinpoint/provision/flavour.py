@@ -41,9 +41,12 @@ class Flavour(ABC):
     def __init_subclass__(cls, name: str | None = None, kind: str | None = None, api_version: str | None = None,
                           tf_cluster: Callable | None = None, **kwargs):
         super().__init_subclass__(**kwargs)
-        for key, value in (("name", name), ("kind", kind), ("api_version", api_version)):
-            if value is not None:
-                setattr(cls, key, value)
+        if name is not None:
+            cls.name = name
+        if kind is not None:
+            cls.kind = kind
+        if api_version is not None:
+            cls.api_version = api_version
         if tf_cluster is not None:
             cls.tf_cluster = staticmethod(tf_cluster)
 
