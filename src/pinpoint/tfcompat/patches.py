@@ -53,7 +53,7 @@ class OpCallback:
     a non-empty one sends it down the slow path. Like TensorFlow's own add/remove, they also set
     the slow path's `execute` (which every tf.function call goes through) to
     `execute_with_callbacks` and back to `quick_execute`. Either may be called from any thread:
-    a timer re-arms the program's thread this way."""
+    a new tf.function's first call on another thread re-arms the program's thread this way."""
 
     def __init__(self, callback) -> None:
         from tensorflow.python.framework import op_callbacks
