@@ -213,15 +213,15 @@ class Recorder:
                 return call_flat(fn, *args)
             name = fn.name.decode() if isinstance(fn.name, bytes) else str(fn.name)
             r = rec.functions.get(name)
-            if r is not None:
-                known[id(fn)] = r
-                rec._alive.append(fn)  # its id stays its own while it is in `known`
-                r.calls += 1
-                return call_flat(fn, *args)
-            r = rec.functions[name] = FunctionRecord(name, user_name(fn, name), calls=1, role=keras_role())
-            rec._resample()  # a new function may start a new phase: its eager ops are sampled
+            seen = r is not None
+            if not seen:
+                r = rec.functions[name] = FunctionRecord(name, user_name(fn, name), role=keras_role())
+                rec._resample()  # a new function may start a new phase: its eager ops are sampled
             known[id(fn)] = r
-            rec._alive.append(fn)
+            rec._alive.append(fn)  # its id stays its own while it is in `known`
+            r.calls += 1
+            if seen:
+                return call_flat(fn, *args)
             if threading.current_thread() is not threading.main_thread():
                 # e.g. a ClusterCoordinator's closures: graph collection is process-wide, and
                 # those functions are instantiated by the remote workers' runtimes anyway.
