@@ -21,7 +21,7 @@ LAYERS = [
                     "versions"}),
     ("config", {"device_names", "config", "layer_keys"}),
     ("machine", {"devices", "kernels", "usercode", "tfcompat"}),
-    ("analysis", {"placement", "provision"}),
+    ("analysis", {"placement", "provision", "plan"}),
     ("tracking", {"tracking"}),
     ("runtime", {"distribute", "outcome"}),
     ("capture", {"trace"}),

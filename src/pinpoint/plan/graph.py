@@ -1,0 +1,61 @@
+"""The planner's input: a run's training step as a graph of groups with measured costs.
+
+A group is what a plan can move as one piece: a layer (keyed as `pinning.layers` takes it), the
+input pipeline, or what is left of the step (loss, optimizer bookkeeping). Its cost is the time
+the profiler measured for its ops per step; an edge is the bytes one group's ops hand to another's
+per step, forward and backward alike (directed: producer group -> consumer group).
+
+What the runtime enforces is part of the input, not the search's business to rediscover:
+`allowed` is the device types with a kernel for every op of the group (the kernel registry),
+`colocated` the groups TensorFlow keeps together (colocation groups, resource ops with their
+variables), `movable` False for a group that must stay where it is (host-only ops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Group:
+    """One movable piece of the step."""
+
+    key: str  # a pinning.layers key ("dense_1"), or "input", or "other"
+    order: int  # position in a topological order of the step (forward first)
+    compute_us: float  # measured own time of its ops per step (0.0 when the run was not timed)
+    ops: int  # ops per step
+    variable_bytes: int  # bytes of the variables it owns (one copy)
+    device: str  # where it ran in the measured run (spec name, e.g. "/GPU:0")
+    requested: str | None = None  # the user's own request for it (pinning.layers / tf.device)
+    allowed: frozenset[str] | None = None  # device types with kernels for all its ops; None: any
+    movable: bool = True
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Bytes per step from the ops of group `src` to the ops of group `dst`."""
+
+    src: str
+    dst: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class PlanGraph:
+    """Everything the search and the prediction read; built once from a run folder."""
+
+    groups: tuple[Group, ...]
+    edges: tuple[Edge, ...]
+    devices: tuple[str, ...]  # the devices a plan may use (spec names)
+    host: str  # the host CPU ("/CPU:0"), where host-only groups stay
+    strategy: str
+    timed: bool  # compute_us came from the profiler (placement.timing: true)
+    measured_step_us: float | None = None  # the run's median step time, for calibration
+    colocated: tuple[frozenset[str], ...] = ()  # groups TensorFlow keeps on one device
+    memory_cap_bytes: dict[str, int] = field(default_factory=dict)  # stated per device
+
+    def group(self, key: str) -> Group:
+        for g in self.groups:
+            if g.key == key:
+                return g
+        raise KeyError(key)
