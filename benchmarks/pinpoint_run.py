@@ -123,7 +123,8 @@ def pinpoint_train(spec: dict) -> dict[str, Any]:
 
 def _tracking_cost(out: Path) -> dict[str, Any]:
     """Issue 34.2, from the run's tracking.json: the sender's CPU share while sending (training's
-    part), the training's µs per logging call, the wait at close."""
+    part, and its steady rate over the second half), the training's µs per logging call, the
+    wait at close."""
     from pinpoint.runfolder import TRACKING_COST
 
     path = out / TRACKING_COST
@@ -132,6 +133,7 @@ def _tracking_cost(out: Path) -> dict[str, Any]:
     cost = json.loads(path.read_text())
     train = cost.get("train") or {}
     return {"sender_cpu_share": train.get("sender_cpu_share"), "sender_cpu_s": train.get("sender_cpu_s"),
+            "sender_steady_share": train.get("sender_steady_share"),
             "sending_wall_s": train.get("sending_wall_s"), "log_us_per_call": train.get("log_us_per_call"),
             "tracking_close_s": cost.get("close_s")}
 

@@ -434,7 +434,7 @@ def _fake_record(arm) -> dict:
             "provision_s": 0.5, "manifest_bytes": 3000, "manifest_bytes_per_pod": 300, "cluster_spec_bytes": 6000,
             "cluster_spec_bytes_per_pod": 600, "requests_per_poll": 4,
             # what a tracked arm's tracking.json gives (issue 34.2)
-            "sender_cpu_share": 0.01, "log_us_per_call": 2.0,
+            "sender_cpu_share": 0.01, "sender_steady_share": 0.01, "log_us_per_call": 2.0,
             # what the overheads arm measures (pairs of blocks: added µs, Pinpoint's µs)
             **{f"{name}_{kind}_blocks": [0.5, 0.5] for name in ("tf_function", "eager_op", "log")
                for kind in ("added", "pinpoint")}}

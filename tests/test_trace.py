@@ -174,11 +174,13 @@ def test_step_metrics_reach_mlflow_at_most_once_per_interval_and_each_metrics_la
     from mlflow.tracking import MlflowClient
 
     script = write(tmp_path, "fast.py", """
+        import time
         import pinpoint
         for step in range(1, 201):
             pinpoint.log(step, loss=1.0 / step)
             if step == 50:
                 pinpoint.log(step, learning_rate=0.1)
+        time.sleep(1.0)  # the held values are sent after this, with the time they were logged
     """)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "out"
@@ -189,6 +191,10 @@ def test_step_metrics_reach_mlflow_at_most_once_per_interval_and_each_metrics_la
     history = {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k))
                for k in ("loss", "learning_rate")}
     assert history == {"loss": [(1, 1.0), (200, 1.0 / 200)], "learning_rate": [(50, 0.1)]}
+    held = [m for k in ("loss", "learning_rate") for m in client.get_metric_history(run.info.run_id, k)
+            if m.step > 1]
+    ended = client.get_run(run.info.run_id).info.end_time
+    assert [ended - m.timestamp >= 1000 for m in held] == [True, True]  # logged before the sleep
     cost = json.loads((out / "tracking.json").read_text())
     assert cost["train"]["log_calls"] == 201  # every call counted, sent or held
     assert cost["run"]["sender_cpu_s"] > 0  # read from the sender process's /proc entry

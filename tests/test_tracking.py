@@ -382,3 +382,53 @@ def test_a_sender_whose_parent_left_before_it_was_ready_exits_quietly(tmp_path):
         env={**os.environ, URI_ENV: "http://127.0.0.1:9"})  # nothing listens: the sender copes itself
     os.close(write)
     assert (proc.returncode, proc.stderr) == (0, "")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_file_artifacts_pending_at_a_pass_go_up_in_one_call_each_where_it_belongs(tmp_path):
+    """Issue 34.2: checkpoints written faster than the sender passes (three files each) reach
+    the store in one log_artifacts call of a staged tree, every file at its own artifact path,
+    a later record of the same artifact winning; the staging folder is gone afterwards."""
+    from pinpoint.tracking.checkpoints import artifact_dir
+    from pinpoint.tracking.sender import Sender
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spool = Spool.create(tmp_path / "spool", {"local_id": "local-batch", "uri": uri})
+    spool.append("create_run", local_id="local-batch", experiment="batch", run_name="batch", tags={},
+                 start_time=0, parent_run_id=None, pipeline="batch")
+    src = tmp_path / "ckpts"
+    src.mkdir()
+    for step in (100, 200, 300):
+        for name in (f"ckpt-{step}.index", f"ckpt-{step}.data-00000-of-00001"):
+            (src / name).write_text(f"{name} bytes")
+        # The state file, replaced each time as TensorFlow does (a new file renamed over the old):
+        # the snapshot taken before keeps its own content.
+        (src / "checkpoint.tmp").write_text(f"latest {step}")
+        os.replace(src / "checkpoint.tmp", src / "checkpoint")
+        for f in sorted(src.glob(f"ckpt-{step}.*")) + [src / "checkpoint"]:
+            snap = spool.snapshot(f"local-batch:a{step}{f.name}", f)
+            spool.append("artifact", blob=str(snap.relative_to(spool.folder)), artifact_path=artifact_dir(step),
+                         is_dir=False)
+        spool.append("metrics", metrics=[["loss", 1.0 / step, 0, step]])
+    sender = Sender(spool, uri)
+    sender.pending.extend(spool.read_new())
+    calls = {"log_artifacts": 0, "log_artifact": 0}
+    for name in calls:
+        real = getattr(sender.client, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        setattr(sender.client, name, counted)
+    assert sender.drain_once()
+    assert calls == {"log_artifacts": 1, "log_artifact": 0}
+    c = client(uri)
+    for step in (100, 200, 300):
+        names = sorted(Path(a.path).name for a in c.list_artifacts(sender.run_id, artifact_dir(step)))
+        assert names == sorted(["checkpoint", f"ckpt-{step}.index", f"ckpt-{step}.data-00000-of-00001"])
+        local = Path(c.download_artifacts(sender.run_id, f"{artifact_dir(step)}/checkpoint", str(tmp_path / "dl")))
+        assert local.read_text() == f"latest {step}"  # each checkpoint's own state file
+    assert steps_of(c, sender.run_id, "loss") == [100, 200, 300]
+    assert list((spool.folder / "stage").iterdir()) == []  # the batch's links are gone

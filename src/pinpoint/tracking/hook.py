@@ -69,7 +69,8 @@ class TrackingHook(Hook):
         step = int(last) if isinstance(last, (int, float)) else 0
         # What tracking cost training (tracking.json has the same, and the close's wait).
         self.run.log_metrics({f"tracking.{k}": v for k, v in cost.items()
-                              if k in ("sender_cpu_share", "log_us_per_call") and v is not None}, step=step)
+                              if k in ("sender_cpu_share", "sender_steady_share", "log_us_per_call")
+                              and v is not None}, step=step)
         # Run-level numbers (final_*, eval_*, steady-state throughput) at the last step; renamed
         # where they would otherwise add a point to a per-step series such as examples_per_sec.
         final = {}

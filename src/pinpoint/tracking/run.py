@@ -45,7 +45,8 @@ class NullStepRun:
         return Hook()
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None,
+                    timestamp_ms: int | None = None) -> None: ...
     def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
     def flush_step_metrics(self) -> None: ...
     def set_tags(self, tags: Mapping[str, Any]) -> None: ...
@@ -86,7 +87,11 @@ class StepRun:
         # Step metrics by time (tracking.step_metrics_every_s): the latest value of each metric
         # not sent yet, with its step.
         self.step_metrics_every_s = step_metrics_every_s
-        self._held: dict[str, tuple[float, int]] = {}
+        self._held: dict[str, tuple[float, int, int]] = {}  # key -> (value, step, timestamp ms)
+        self._epoch_offset = time.time() - time.perf_counter()  # perf_counter -> wall clock
+        # (monotonic, sender CPU s) at each step-metrics send (<= 1/s): the steady share is read
+        # over the second half of training, after the run's start-up sends (params, spec).
+        self._cpu_samples: list[tuple[float, float]] = []
         self._step_sent_at = float("-inf")
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -190,10 +195,15 @@ class StepRun:
         t0, cpu0 = self._opened
         used = cpu - cpu0 if cpu is not None and cpu0 is not None else None
         t1, cpu1 = self._sender.run_created_at or (now, None)
-        steady = cpu - cpu1 if cpu is not None and cpu1 is not None and now - t1 > 0 else None
+        sending = cpu - cpu1 if cpu is not None and cpu1 is not None and now - t1 > 0 else None
+        # The steady rate: from the first sample in the second half of the sending window.
+        half = [(t, c) for t, c in self._cpu_samples if t >= (t1 + now) / 2 and now - t > 0]
+        steady = (now - half[0][0], cpu - half[0][1]) if half and cpu is not None else None
         return {"wall_s": round(now - t0, 3), "sender_cpu_s": used,
                 "sending_wall_s": round(now - t1, 3),
-                "sender_cpu_share": round(steady / (now - t1), 5) if steady is not None else None,
+                "sender_cpu_share": round(sending / (now - t1), 5) if sending is not None else None,
+                "steady_wall_s": round(steady[0], 3) if steady else None,
+                "sender_steady_share": round(steady[1] / steady[0], 5) if steady else None,
                 "log_calls": self.log_calls, "log_s": round(self.log_s, 6),
                 "log_us_per_call": round(1e6 * self.log_s / self.log_calls, 3) if self.log_calls else None,
                 "records": self.spool.count()}
@@ -209,27 +219,30 @@ class StepRun:
             if self._held:
                 self.flush_step_metrics()
             self.log_metrics(metrics, step=step)
+            if self._sender.run_created_at is not None and (cpu := self._sender.cpu_s()) is not None:
+                self._cpu_samples.append((time.monotonic(), cpu))
         else:
-            held = self._held
+            held, ts = self._held, int(1000 * (started + self._epoch_offset))  # when it was logged
             for key, value in metrics.items():
-                held[key] = (value, step)
+                held[key] = (value, step, ts)
         self.log_calls += 1
         self.log_s += time.perf_counter() - started
 
     def flush_step_metrics(self) -> None:
-        """Send the step metrics held back (each at its own step)."""
+        """Send the step metrics held back (each at its own step and the time it was logged)."""
         held, self._held = self._held, {}
-        by_step: dict[int, dict[str, float]] = {}
-        for key, (value, step) in held.items():
-            by_step.setdefault(step, {})[key] = value
-        for step, metrics in sorted(by_step.items()):
-            self.log_metrics(metrics, step=step)
+        by_step: dict[tuple[int, int], dict[str, float]] = {}
+        for key, (value, step, ts) in held.items():
+            by_step.setdefault((step, ts), {})[key] = value
+        for (step, ts), metrics in sorted(by_step.items()):
+            self.log_metrics(metrics, step=step, timestamp_ms=ts)
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None,
+                    timestamp_ms: int | None = None) -> None:
         if step is None:
             step = self._step
             self._step += 1
-        ts, step = now_ms(), int(step)
+        ts, step = timestamp_ms or now_ms(), int(step)
         try:  # the common case in one pass (a training step's logging path: issue 34, <= 5 µs)
             rows = [[str(key), float(value), ts, step] for key, value in metrics.items()]
         except (TypeError, ValueError):

@@ -4,6 +4,11 @@ Rate: the thread makes one pass every `interval` seconds (tracking.metrics_inter
 pass sends all pending metrics in as few log_batch calls as MLflow allows (1000 metrics each),
 so the number of requests depends on time, not on steps per second. flush/close force a pass.
 
+Artifacts by time too: the file artifacts pending at a pass (a checkpoint is three files, and a
+fast loop writes several between passes) go up in one log_artifacts call of a staged tree of
+hard links, so the per-call work (the run's lookup, the store's session) is paid once a pass,
+not once a file.
+
 Exactly once: metrics go through log_batch with their original step and timestamp; after any
 failed request (which may have reached the server before the connection dropped) and in a replay,
 the (key, step) pairs already on the server are read with get_metric_history and skipped.
@@ -14,13 +19,14 @@ before being created.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 import uuid
 from typing import Any
 
 from pinpoint.errors import ConfigError
-from pinpoint.tracking.spool import Spool, warn
+from pinpoint.tracking.spool import Spool, link_or_copy, warn
 from pinpoint.tracking.uri import (
     artifact_root_for,
     configure_http,
@@ -291,6 +297,8 @@ class Sender:
         artifact/params/tags records between them (their steps and timestamps travel with them,
         so the order of arrival does not matter), never across the run's start or end."""
         first = self.pending[0]
+        if first["op"] == "artifact" and not first.get("is_dir"):
+            return self._file_artifacts()
         if first["op"] not in ("metrics", "params", "tags"):
             return [first]
         limit = {"metrics": MAX_METRICS, "params": MAX_PARAMS, "tags": MAX_TAGS}[first["op"]]
@@ -306,6 +314,17 @@ class Sender:
                 break
             chunk.append(r)
             size += n
+        return chunk
+
+    def _file_artifacts(self) -> list[dict[str, Any]]:
+        """The pending file-artifact records up to the run's end, for one upload: a later one
+        lands where an earlier one would have (same name and folder), as it would in order."""
+        chunk = []
+        for r in self.pending:
+            if r["op"] in ("create_run", "end_run"):
+                break
+            if r["op"] == "artifact" and not r.get("is_dir"):
+                chunk.append(r)
         return chunk
 
     def _send(self, chunk: list[dict[str, Any]]) -> None:
@@ -394,15 +413,32 @@ class Sender:
         self.client.log_batch(self.run_id, tags=tags, synchronous=True)
 
     def _send_artifact(self, chunk):
-        rec = chunk[0]
-        path = self.spool.folder / rec["blob"]
-        if not path.exists():
-            warn(f"spooled artifact {path} is missing; skipped")
-            return
-        if path.is_dir():
-            self.client.log_artifacts(self.run_id, str(path), rec.get("artifact_path"))
-        else:
-            self.client.log_artifact(self.run_id, str(path), rec.get("artifact_path"))
+        present = []
+        for rec in chunk:
+            path = self.spool.folder / rec["blob"]
+            if path.exists():
+                present.append((rec, path))
+            else:
+                warn(f"spooled artifact {path} is missing; skipped")
+        if len(present) == 1:
+            rec, path = present[0]
+            log = self.client.log_artifacts if path.is_dir() else self.client.log_artifact
+            log(self.run_id, str(path), rec.get("artifact_path"))
+        elif present:
+            self._send_staged(present)
+
+    def _send_staged(self, present) -> None:
+        """Several files in one call: links laid out as the artifacts will be, uploaded as a tree."""
+        stage = self.spool.stage_dir()
+        try:
+            for rec, path in present:
+                dest = stage / (rec.get("artifact_path") or "") / path.name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.unlink(missing_ok=True)  # the later record of the same artifact wins
+                link_or_copy(path, dest)
+            self.client.log_artifacts(self.run_id, str(stage))
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
 
     def _send_end_run(self, chunk):
         rec = chunk[0]

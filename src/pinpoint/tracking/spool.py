@@ -8,6 +8,7 @@ Layout of a spool folder (`<run_dir>/.mlflow-spool/<step>-<local_id>/`):
   acked.txt      ids of records the server has confirmed
   blobs/<id>/    snapshot (hard link or copy) of each logged file, so rotation or deletion of the
                  original (old checkpoints) cannot lose it before it is uploaded
+  stage/<id>/    links to the blobs of one batched upload, laid out as the run's artifacts
 A spool folder whose records are all acknowledged is removed; a leftover one is replayed by
 `pinpoint upload-spool DIR`, idempotently (acks + server-side dedupe of (key, step)).
 """
@@ -19,6 +20,7 @@ import os
 import shutil
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ META = "meta.json"
 JOURNAL = "journal.jsonl"
 ACKED = "acked.txt"
 BLOBS = "blobs"
+STAGE = "stage"
 
 
 def warn(msg: str) -> None:
@@ -112,14 +115,18 @@ class Spool:
     def blob_dir(self, record_id: str) -> Path:
         return self.folder / BLOBS / record_id.replace(":", "_")
 
+    def stage_dir(self) -> Path:
+        """A fresh folder under stage/ for one batched upload (the sender removes it after)."""
+        return self.folder / STAGE / uuid.uuid4().hex[:12]
+
     def snapshot(self, record_id: str, src: Path) -> Path:
         """Hard-link (or copy) `src` (file or folder) under blobs/<id>/; returns the snapshot path."""
         dest = self.blob_dir(record_id) / src.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
-            shutil.copytree(src, dest, copy_function=_link_or_copy)
+            shutil.copytree(src, dest, copy_function=link_or_copy)
         else:
-            _link_or_copy(src, dest)
+            link_or_copy(src, dest)
         return dest
 
     def _lines(self) -> Iterator[str]:
@@ -188,7 +195,8 @@ class Spool:
             parent.rmdir()
 
 
-def _link_or_copy(src, dst) -> str:
+def link_or_copy(src, dst) -> str:
+    """Hard-link src at dst (no bytes copied), or copy it where links cannot be made."""
     try:
         os.link(src, dst)
     except OSError:
