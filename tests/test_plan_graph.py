@@ -207,3 +207,40 @@ def test_the_op_rows_name_real_producers_across_devices_and_the_report_does_not_
     assert render_html(placement, None, {}, "t") == render_html(old, None, {}, "t")
     with gzip.open(ops_path(mlp_run / "placement.json"), "rb") as f:
         assert "inputs" in json.loads(f.read())["ops"][0]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_plain_capture_records_the_real_producer_its_bytes_and_the_request(tf):
+    """One tf.function call split over two emulated GPUs (no training loop): the second layer's
+    MatMul reads the first layer's Relu from the other device, batch x width x float32 bytes."""
+    from types import SimpleNamespace
+
+    from pinpoint.config import PinningConfig
+    from pinpoint.placement.analyze import build_placement
+    from pinpoint.placement.capture import capture_call
+
+    batch, width = 10, 24
+    with tf.device("/CPU:1"):
+        w1 = tf.Variable(tf.ones([8, width]), name="first/w")
+    with tf.device("/CPU:2"):
+        w2 = tf.Variable(tf.ones([width, 3]), name="second/w")
+
+    @tf.function
+    def step(x):
+        with tf.device("/CPU:1"), tf.name_scope("first"):
+            h = tf.nn.relu(tf.matmul(x, w1))
+        with tf.device("/CPU:2"), tf.name_scope("second"):
+            return tf.reduce_sum(tf.matmul(h, w2))
+
+    _, cap = capture_call(step, tf.ones([batch, 8]))
+    dm = SimpleNamespace(aliases={"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}, replica_devices=["/CPU:1", "/CPU:2"],
+                         host="/CPU:0")
+    p = build_placement([cap], variables=[w1, w2], plan=PinningConfig(), strategy="none", device_map=dm,
+                        layer_units=("first", "second"))
+    rows = {r["op"]: r for r in p["ops"]}
+    mm = rows["second/MatMul"]
+    assert (mm["device"], mm["requested"], mm["layer"], mm["kernel_devices"]) == ("/GPU:1", "/GPU:1", "second", CPU_GPU)
+    assert ["first/Relu", batch * width * 4] in mm["inputs"]
+    assert rows["first/Relu"]["device"] == "/GPU:0" and rows["first/Relu"]["layer"] == "first"
+    assert not any("us" in r for r in rows.values())  # not timed: no `us`
