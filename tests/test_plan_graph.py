@@ -158,16 +158,16 @@ def mlp_run(tmp_path_factory, tf):
 @pytest.mark.timeout(300)
 def test_a_pinned_mlp_run_is_its_layers_with_exact_activation_edges(mlp_run):
     from pinpoint.placement.files import read_placement
-    from pinpoint.training.loop.models import layer_names
+    from pinpoint.training.loop.models import build_model, layer_names
 
     g = plan_graph(mlp_run)
     placement = read_placement(mlp_run)
     layers = layer_names("mlp")
     assert [x.key for x in g.groups if x.key in layers] == layers  # forward order
     assert {x.key for x in g.groups} == {*layers, "input", "other"}
-    # Each layer's width from its kernel's shape as the run created it: its activation crosses to
-    # the next layer forward (and its gradient back), batch x units x float32, exactly.
-    units = {v["name"].split("/")[0]: v["shape"][1] for v in placement["variables"] if v["name"].endswith("/kernel")}
+    # Each layer's width from the model's definition: its activation crosses to the next layer
+    # forward (and its gradient back), batch x units x float32, exactly.
+    units = {layer.name: layer.units for layer in build_model("mlp", (8,), 10).stack}
     edges = {(e.src, e.dst): e.bytes for e in g.edges}
     for a, b in zip(layers, layers[1:], strict=False):
         assert edges[(a, b)] == BATCH * units[a] * 4, (a, b, edges)
