@@ -244,3 +244,17 @@ def test_a_plain_capture_records_the_real_producer_its_bytes_and_the_request(tf)
     assert ["first/Relu", batch * width * 4] in mm["inputs"]
     assert rows["first/Relu"]["device"] == "/GPU:0" and rows["first/Relu"]["layer"] == "first"
     assert not any("us" in r for r in rows.values())  # not timed: no `us`
+
+
+@pytest.mark.integration
+def test_the_pieces_a_plan_moves_are_the_layers_and_a_nested_models_layers(tf):
+    import keras
+
+    from pinpoint.training.loop.models import build_model, layer_units
+
+    i = keras.Input((4,))
+    inner = keras.Model(i, keras.layers.Dense(3, name="b")(keras.layers.Dense(3, name="a")(i)), name="backbone")
+    outer = keras.Sequential([keras.Input((4,)), inner, keras.layers.Dense(2, name="head")], name="outer")
+    assert layer_units(outer) == ("backbone/a", "backbone/b", "head")
+    # A layer with sublayers of its own (the transformer's attention blocks) is one piece.
+    assert layer_units(build_model("transformer", (64,), 10)) == ("embed", "block_0", "block_1", "pool", "head")

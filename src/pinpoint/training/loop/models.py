@@ -280,6 +280,8 @@ def layer_units(model: keras.Model) -> tuple[str, ...]:
     def walk(layer, prefix: str) -> None:
         for child in child_layers(layer):
             path = f"{prefix}{child.name}"
+            if isinstance(child, keras.layers.InputLayer):
+                continue  # no ops: nothing to place
             if isinstance(child, keras.Model) and child_layers(child):
                 walk(child, path + "/")
             else:
