@@ -258,3 +258,28 @@ def test_the_pieces_a_plan_moves_are_the_layers_and_a_nested_models_layers(tf):
     assert layer_units(outer) == ("backbone/a", "backbone/b", "head")
     # A layer with sublayers of its own (the transformer's attention blocks) is one piece.
     assert layer_units(build_model("transformer", (64,), 10)) == ("embed", "block_0", "block_1", "pool", "head")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_transformers_gradient_sums_and_grappler_kernels_stay_with_their_layer(tmp_path, tf):
+    """The transformer's blocks: the gradient sums outside the layers' scopes ("gradients/AddN_3",
+    colocated with a block's forward op) belong to that block, so no colocation spans groups; a
+    node grappler made for the CPU (_UnaryOpsComposition) does not make a block host-only."""
+    from pinpoint.training.command import train_command
+    from pinpoint.training.loop.models import layer_names
+    from tests.conftest import NO_TRACKING, make_config
+
+    layers = {"embed": "/GPU:0", "block_0": "/GPU:0", "block_1": "/GPU:1", "pool": "/GPU:1", "head": "/GPU:1"}
+    cfg = make_config(
+        "plan", cluster={"devices_per_worker": 2, "emulate": True},
+        train={"strategy": "none", "model": "transformer", "steps": 4, "batch_size": BATCH, "log_every": 2,
+               "checkpoint_every": 0, "jit_compile": False, "pinning": {"layers": layers}},
+        tracking=NO_TRACKING, placement={"warmup_steps": 2, "sample_steps": 1})
+    assert train_command(cfg, tmp_path) == 0
+    g = plan_graph(tmp_path)
+    assert [x.key for x in g.groups if x.key in layers] == layer_names("transformer")
+    assert g.colocated == ()
+    for key in layers:
+        assert (g.group(key).allowed, g.group(key).movable, g.group(key).device) == (frozenset(CPU_GPU), True, layers[key])
+    assert g.timed is False and g.group("block_0").compute_us == 0.0

@@ -49,6 +49,13 @@ def add_graph_fields(rows: list[dict], cap, namer: DeviceMap, *, layer_of: Calla
         row["kernel_devices"] = kernel_devices(node, pre)
         if op_us is not None:
             row["us"] = op_us.get(name, 0.0)
+    # An op outside every layer's scope that TensorFlow keeps with a layer's op (the gradient
+    # aggregation "gradients/AddN_3", colocated with the forward op whose uses it sums) goes
+    # where that op goes: it belongs to its layer.
+    layer = {r["op"]: r["layer"] for r in rows}
+    for row in rows:
+        if row["layer"] is None:
+            row["layer"] = next((layer[c] for c in row["colocation"] if layer.get(c)), None)
 
 
 def _producers(cap) -> dict[tuple[str, str, str], tuple[str, int | None]]:
@@ -97,15 +104,15 @@ def _colocation(node) -> list[str]:
 def kernel_devices(node, pre) -> list[str] | None:
     """Device types with a registered kernel for the op the graph asked for (its pre-placement type
     and attrs: a grappler-fused or oneDNN-rewritten node is its original op on a GPU machine);
-    None when the registry knows no kernel for it anywhere (a function call, an op a graph pass
-    rewrites, XLA's)."""
+    None for a node the graph did not ask for (grappler made it for the device it found, e.g. a
+    CPU-only _UnaryOpsComposition), and when the registry knows no kernel for it anywhere (a
+    function call, an op a graph pass rewrites, XLA's)."""
     from pinpoint.kernels import has_kernel
     from pinpoint.tfcompat.api import op_def
 
-    ref = pre if pre is not None else node
-    if ref is None or (node is not None and XLA_ATTR in node.attr) or op_def(ref.op) is None:
+    if pre is None or (node is not None and XLA_ATTR in node.attr) or op_def(pre.op) is None:
         return None
-    found = [d for d in DEVICE_TYPES if has_kernel(ref.op, ref.attr, d)]
+    found = [d for d in DEVICE_TYPES if has_kernel(pre.op, pre.attr, d)]
     return found or None
 
 
@@ -115,7 +122,8 @@ class LayerMatcher:
     An op belongs to the deepest layer whose path appears as consecutive name-scope components of
     its name, each one the layer's name or that name with Keras' uniquifying suffix ("dense_1" as
     "dense_1_1"); backward ops carry their layer's scopes ("gradient_tape/mlp/dense_1/..."), so
-    they belong to it too. A pinned layer's key is its pin's key (a pattern key groups its layers);
+    they belong to it too (and so does an op colocated with one of its ops: add_graph_fields).
+    A pinned layer's key is its pin's key (a pattern key groups its layers);
     another layer's key is its path (`units`). Names are matched exactly before a suffix is
     stripped, so "dense_1_1" is layer dense_1 when the model has one."""
 
