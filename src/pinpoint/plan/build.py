@@ -40,9 +40,9 @@ def plan_graph(run_dir: str | Path) -> PlanGraph:
     placement = read_placement(run, field=FIELD)
     rows = placement.get("ops") or []
     if not rows:
-        raise ConfigError(f"{FIELD}: got '{run}', whose {PLACEMENT} holds no captured step (no op rows); "
-                          "re-run with placement.enabled and a strategy whose steps this process captures "
-                          "(not parameter_server's coordinator)")
+        raise ConfigError(f"{FIELD}: got '{run}', whose {PLACEMENT} holds no op of a captured step (its notes say "
+                          "why; a multi-worker run's merged view has none: its tasks' placement-<role>-<index>.json "
+                          "do); plan from a run folder whose placement captured a step")
     if any("inputs" not in r for r in rows):
         raise ConfigError(f"{FIELD}: got '{run}', whose placement was captured by an older Pinpoint (its op rows "
                           "have no inputs); re-run with placement.enabled (this version records the graph)")
