@@ -117,6 +117,14 @@ def test_a_placement_of_an_older_pinpoint_says_to_re_run(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_placement_without_op_rows_says_where_they_are(tmp_path):
+    run = _write_run(tmp_path / "run", [])
+    with pytest.raises(ConfigError, match=r"^run_dir: got '.*run', whose placement.json holds no op of a captured "
+                                          r"step .*; plan from a run folder whose placement captured a step$"):
+        plan_graph(run)
+
+
+@pytest.mark.unit
 def test_ops_belong_to_the_deepest_layer_exact_names_before_uniquified_ones():
     from pinpoint.layer_keys import resolve_pins
 
