@@ -34,6 +34,7 @@ from pinpoint.placement.conformance import (
 )
 from pinpoint.placement.inputs import PlacementInputs
 from pinpoint.placement.model import Placement
+from pinpoint.placement.opgraph import LayerMatcher, add_graph_fields, resource_variables
 from pinpoint.placement.requests import weight_rules
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE, json_number
 from pinpoint.placement.sections import Conformance, Eager, Fallback, FunctionRow, Rule, Variable, mean_score
@@ -61,6 +62,8 @@ def build(inputs: PlacementInputs) -> Placement:
         scan.devices.update(v["devices"])
         scan.devices.update(v["update_devices"])
     devices = sorted((d for d in scan.devices if d), key=sort_key)
+    if captures:
+        _graph_fields(scan.ops_detail, captures[0], namer, inputs)
     conformance, rule_rows, explain = _conformance(inputs, scan, var_info["variables"], namer, grad_re, captures)
     items = scan.transfers[0]["items"] if scan.transfers else []
     op_types = {d: _mean_counter([t.get(d, Counter()) for t in scan.types])
@@ -158,6 +161,16 @@ def _scan(captures: list, namer: DeviceMap, device_map, grad_re) -> _Scan:
         scan.grads.append(+grads)  # unary +: drop the devices that ran no gradient op
         scan.transfers.append(step_transfers(cap, namer))
     return scan
+
+
+def _graph_fields(rows: list[dict], cap, namer: DeviceMap, inputs: PlacementInputs) -> None:
+    """The first step's op rows as a graph (placement.opgraph): inputs, requests, colocation, layer,
+    kernels and, when timed, each op's own time."""
+    matcher = LayerMatcher(inputs.layer_units, inputs.layer_pins)
+    resource_layers = {op: layer for op, var in resource_variables(cap, inputs.variables).items()
+                       if (layer := matcher(var)) is not None}
+    op_us = (inputs.timing or {}).get("op_us")
+    add_graph_fields(rows, cap, namer, layer_of=matcher, op_us=op_us, resource_layers=resource_layers)
 
 
 def _observed_fallbacks(scan: _Scan, namer: DeviceMap, device_map) -> list[dict]:

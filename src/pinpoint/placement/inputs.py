@@ -43,6 +43,8 @@ class PlacementInputs:
     input_scope: str = "input"
     optimizer_variables: tuple | None = None
     layer_pins: LayerPins | None = None
+    # The model's layers a plan moves as one piece, by path (the keys' form): each op row's `layer`.
+    layer_units: tuple[str, ...] = ()
     timing: Mapping[str, Any] | None = None
     input_pipeline: Mapping[str, Any] | None = None
     precision_policy: str | None = None

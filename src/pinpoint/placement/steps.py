@@ -147,7 +147,7 @@ def per_step_view(captured: CapturedGraphs) -> CapturedGraphs:
         for f in pre.library.function:
             for nd in f.node_def:
                 name = names.function_node(nd.name)
-                defs.setdefault(name, nd)
+                defs.setdefault(name, _renamed_colocation(nd, names) if "_class" in nd.attr else nd)
                 # GPU emulation's default requests are not the user's (see distribute.emulation).
                 if nd.device and EMULATED_ATTR not in nd.attr:
                     requested.setdefault(name, nd.device)
@@ -164,6 +164,19 @@ def per_step_view(captured: CapturedGraphs) -> CapturedGraphs:
         + (f" ({per_call} op(s) outside the loop run once per call, not counted)" if per_call else "")
     )
     return _expand_xla(out, library)
+
+
+def _renamed_colocation(nd, names: _Names):
+    """A copy of `nd` whose colocation groups ("loc:@<loop>/mlp/dense/MatMul") name the ops as
+    one step has them ("loc:@mlp/dense/MatMul")."""
+    out = node_def_pb2.NodeDef()
+    out.CopyFrom(nd)
+    groups = [s.decode() for s in nd.attr["_class"].list.s]
+    del out.attr["_class"].list.s[:]
+    out.attr["_class"].list.s.extend(
+        ("loc:@" + names.function_node(g.removeprefix("loc:@"))).encode() if g.startswith("loc:@") else g.encode()
+        for g in groups)
+    return out
 
 
 def _step_partition(g: graph_pb2.GraphDef, fr: dict, loop: str, names: _Names) -> tuple[graph_pb2.GraphDef, int]:

@@ -358,6 +358,18 @@ def device_timing(
     }
 
 
+def op_times(events: list[OpEvent], *, display: Callable[[str], str] | None = None,
+               steps: int = 1) -> dict[str, float]:
+    """Each op's own time per step in µs (node name as one step's op has it): the sum of its
+    events' own spans over the timed steps, divided by their number."""
+    display = display or (lambda s: s)
+    total: dict[str, int] = defaultdict(int)
+    for ev in events:
+        total[display(ev.name)] += sum(e - s for s, e in ev.own())
+    n = max(steps, 1)
+    return {name: round(ps / n / 1e6, 3) for name, ps in total.items()}
+
+
 def timing_from_trace(
     xplane: Path,
     partition_graphs: Iterable,
@@ -366,9 +378,11 @@ def timing_from_trace(
     display: Callable[[str], str] | None = None,
     steps: list[int] | None = None,
 ) -> dict:
-    """Read the trace and build the `timing` section (without `trace`, set by the caller)."""
+    """Read the trace and build the `timing` section (without `trace`, set by the caller), with
+    `op_us` (op_times: each op's µs per step) for the per-op rows; placement.json leaves it out."""
     events, notes = op_events(read_xspace(xplane))
     timing = device_timing(events, node_devices(partition_graphs, namer), display=display, steps=steps)
+    timing["op_us"] = op_times(events, display=display, steps=len(steps or ()))
     if not timing["devices"]:
         notes.append("no op of the captured training function was found in the trace")
     timing["notes"] = notes

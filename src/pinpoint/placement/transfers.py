@@ -4,6 +4,7 @@ mean over the captured steps."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter, defaultdict
 
@@ -19,6 +20,7 @@ BOOKKEEPING = TRANSPORT | {"_Arg", "_Retval", "_DeviceArg", "_DeviceRetval"}
 COLLECTIVE_RE = re.compile(r"^(Collective\w+|NcclAllReduce|_NcclReduceSend|_NcclBroadcastSend)$")
 
 
+@functools.cache
 def _dtype_size(enum: int) -> int | None:
     import tensorflow as tf
 
@@ -83,8 +85,9 @@ def _shape_of(name: str, index: int, cap, nodes: dict, depth: int = 0) -> list[i
     return None
 
 
-def step_transfers(cap, namer: DeviceMap) -> dict:
-    """One step's cross-device transfers, counted on the sending side."""
+def graph_nodes(cap) -> dict:
+    """Node name -> NodeDef over a capture's partition graphs (and, for names only they have, its
+    pre-placement graphs): what `tensor_bytes` looks shapes up in."""
     nodes = {}
     for pre in cap.requested_graphs:
         for n in pre.node:
@@ -92,6 +95,30 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
     for g in cap.partition_graphs:
         for n in g.node:
             nodes[n.name] = n
+    return nodes
+
+
+def tensor_bytes(tensor: str, cap, nodes: dict, dtype: int | None = None) -> int | None:
+    """The bytes of tensor "op" / "op:k" of a captured step (dtype x static shape, as a transfer
+    is sized); `dtype` (an enum) when the caller knows it, else the traced graph's or the node's."""
+    name, _, idx = tensor.partition(":")
+    index = int(idx or 0)
+    if dtype is None:
+        outs = cap.shapes.get(name)
+        if outs and index < len(outs):
+            dtype = outs[index][0]
+        else:
+            n = nodes.get(name)
+            attr = next((n.attr[k] for k in ("T", "dtype") if n is not None and k in n.attr), None)
+            dtype = attr.type if attr is not None and attr.WhichOneof("value") == "type" else None
+    if dtype is None:
+        return None
+    return _bytes(_dtype_size(dtype), _shape_of(name, index, cap, nodes))
+
+
+def step_transfers(cap, namer: DeviceMap) -> dict:
+    """One step's cross-device transfers, counted on the sending side."""
+    nodes = graph_nodes(cap)
     consumers = _consumers(cap)
     count = nbytes = sized = 0
     why: Counter = Counter()

@@ -379,4 +379,4 @@ def _attribute_updates(captures: list, namer: DeviceMap, handle_to_var: dict, sh
 
 
 # The same rules, public for pinpoint.trace (which meets a program's variables outside a run).
-unwrap, components, kind_of, var_name = _unwrap, _components, _kind, _var_name
+unwrap, components, kind_of, var_name, resource_source = _unwrap, _components, _kind, _var_name, _resource_source

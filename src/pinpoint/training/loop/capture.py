@@ -201,13 +201,14 @@ def placement_report(cfg: Config, ctx, trainer, captures, *, timing: dict | None
     """placement.json's content from the captured steps and the timing of the profiled call."""
     from pinpoint.placement.analyze import build
     from pinpoint.placement.inputs import PlacementInputs
-    from pinpoint.training.loop.models import layer_pins
+    from pinpoint.training.loop.models import layer_pins, layer_units
 
     describe = getattr(trainer.pipeline, "describe", None)
     return build(PlacementInputs(
         captures=tuple(captures), variables=tuple(trainer.variables()), plan=cfg.train.pinning,
         strategy=cfg.train.strategy, device_map=ctx.device_map, task=ctx.task, gradient_scope="gradients",
         optimizer_variables=tuple(trainer.optimizer.variables), layer_pins=layer_pins(trainer.model),
+        layer_units=layer_units(trainer.model),
         timing=timing, precision_policy=cfg.train.precision, device_map_json=ctx.device_map.to_json(),
         # A tf.data pipeline: its ops run inside the iterator, on its device.
         input_pipeline={**describe(), "device": ctx.device_map.spec(trainer.pipeline.device)} if describe is not None else None,

@@ -271,6 +271,26 @@ def layer_paths_of(model: keras.Model) -> dict[str, keras.layers.Layer]:
     return out
 
 
+def layer_units(model: keras.Model) -> tuple[str, ...]:
+    """The layers a plan moves as one piece, by path: the model's own layers, and inside a nested
+    keras.Model (a functional backbone) its layers; a layer with sublayers of its own (an attention
+    block) is one piece."""
+    out: list[str] = []
+
+    def walk(layer, prefix: str) -> None:
+        for child in child_layers(layer):
+            path = f"{prefix}{child.name}"
+            if isinstance(child, keras.layers.InputLayer):
+                continue  # no ops: nothing to place
+            if isinstance(child, keras.Model) and child_layers(child):
+                walk(child, path + "/")
+            else:
+                out.append(path)
+
+    walk(model, "")
+    return tuple(out)
+
+
 def _build(model: keras.Model, data) -> None:
     """Create a subclassed model's variables: call it once on a zero example."""
     def zeros(shape):

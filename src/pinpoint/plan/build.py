@@ -1,0 +1,236 @@
+"""A run folder's training step as the planner's PlanGraph (pinpoint.plan.graph).
+
+Reads placement.json and its per-op file (placement.files.read_placement), whose op rows record
+the step as a graph (placement.opgraph: each op's data inputs with their bytes, layer, requested
+device, colocation groups, kernel devices, own time), and the run's step times (train_log.jsonl,
+else metrics.json). Groups: one per layer key, "input" for the input pipeline's ops, "other" for
+the rest (loss, optimizer bookkeeping). Constants and NoOps are left out: they do no work and the
+runtime makes them where they are used.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from pinpoint.device_names import sort_key
+from pinpoint.errors import ConfigError
+from pinpoint.layer_keys import is_pattern, key_matches
+from pinpoint.placement.conformance import INPUT_RE, NOT_COMPUTE, gradient_re
+from pinpoint.placement.files import read_placement
+from pinpoint.plan.graph import Edge, Group, PlanGraph
+from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
+
+INPUT, OTHER = "input", "other"
+FIELD = "run_dir"
+_INPUT_SCOPE = re.compile(r"(^|/)input(_\d+)?/")  # the trainer's input_scope
+_FIRST_LOGGED_STEP = 1  # its record's time per step includes the tracing (training.loop.capture)
+
+
+def plan_graph(run_dir: str | Path) -> PlanGraph:
+    """The PlanGraph of the run in `run_dir` (a ConfigError naming run_dir when it cannot give one)."""
+    run = Path(run_dir)
+    if not (run / PLACEMENT).is_file():
+        raise ConfigError(f"{FIELD}: got '{run}', which has no {PLACEMENT}; plan from the folder of a run "
+                          "trained with placement.enabled: true (the default)")
+    placement = read_placement(run, field=FIELD)
+    rows = placement.get("ops") or []
+    if not rows:
+        raise ConfigError(f"{FIELD}: got '{run}', whose {PLACEMENT} holds no op of a captured step (its notes say "
+                          "why; a multi-worker run's merged view has none: its tasks' placement-<role>-<index>.json "
+                          "do); plan from a run folder whose placement captured a step")
+    if any("inputs" not in r for r in rows):
+        raise ConfigError(f"{FIELD}: got '{run}', whose placement was captured by an older Pinpoint (its op rows "
+                          "have no inputs); re-run with placement.enabled (this version records the graph)")
+    return build(placement, measured_step_us=_step_us(run))
+
+
+def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -> PlanGraph:
+    """The PlanGraph of a placement (placement.json joined with its op rows)."""
+    rows = [r for r in placement.get("ops") or [] if r["type"] not in NOT_COMPUTE]
+    group_of = {r["op"]: _group_key(r) for r in rows}
+    by_group: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_group[group_of[r["op"]]].append(r)
+    timed = bool(rows) and all("us" in r for r in rows)
+    order = _order(rows, group_of)
+    var_bytes = _variable_bytes(placement.get("variables") or [], [k for k in by_group if k not in (INPUT, OTHER)])
+    pins = placement.get("layer_pins") or {}
+    groups = []
+    for key in order:
+        ops = by_group[key]
+        kernels = [frozenset(r["kernel_devices"]) for r in ops if r.get("kernel_devices")]
+        groups.append(Group(
+            key=key,
+            order=order.index(key),
+            compute_us=round(sum(r.get("us", 0.0) for r in ops), 3) if timed else 0.0,
+            ops=len(ops),
+            variable_bytes=var_bytes.get(key, 0),
+            device=_majority(r["device"] for r in ops),
+            requested=_requested(key, ops, pins),
+            allowed=frozenset.intersection(*kernels) if kernels else None,
+            movable=key != INPUT and not any(r.get("kernel_devices") == ["CPU"] for r in ops),
+        ))
+    aliases = placement.get("device_aliases") or {}
+    physical_to_spec = {v: k for k, v in aliases.items()}
+    host_physical = (placement.get("device_map") or {}).get("host") or "/CPU:0"
+    devices = set(placement.get("devices") or ()) | set((placement.get("device_map") or {}).get("spec_replica_devices") or ())
+    return PlanGraph(
+        groups=tuple(groups),
+        edges=_edges(rows, group_of),
+        devices=tuple(sorted(devices, key=sort_key)),
+        host=physical_to_spec.get(host_physical, host_physical),
+        strategy=placement.get("strategy") or "",
+        timed=timed,
+        measured_step_us=measured_step_us,
+        colocated=_colocated(rows, group_of),
+    )
+
+
+def _group_key(row: dict) -> str:
+    if row.get("layer"):
+        return row["layer"]
+    if INPUT_RE.match(row["type"]) or _INPUT_SCOPE.search(row["op"]):
+        return INPUT
+    return OTHER
+
+
+def _order(rows: list[dict], group_of: dict[str, str]) -> list[str]:
+    """Groups in the order their forward ops run: each op's depth in the step's dataflow (longest
+    path from a source), a group ranked by its deepest forward op, so a layer chain comes out in
+    order and the loss after the last layer. Forward: neither a gradient op nor downstream of one
+    (an optimizer's update is not); groups with no forward op come after them all; ties keep the
+    rows' order."""
+    depth, backward = _depths(rows)
+    fwd: dict[str, int] = {}
+    every: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, r in enumerate(rows):
+        g = group_of[r["op"]]
+        first.setdefault(g, i)
+        every[g] = max(every.get(g, -1), depth[r["op"]])
+        if r["op"] not in backward:
+            fwd[g] = max(fwd.get(g, -1), depth[r["op"]])
+    top = max(every.values(), default=0) + 1
+    return sorted(first, key=lambda g: (fwd[g] if g in fwd else top + every[g], first[g]))
+
+
+def _depths(rows: list[dict]) -> tuple[dict[str, int], set[str]]:
+    """(op -> longest path in ops from a source of the step's data edges, the ops that are gradient
+    ops or downstream of one), in Kahn's order."""
+    grad = gradient_re()
+    names = {r["op"] for r in rows}
+    preds = {r["op"]: {t.partition(":")[0] for t, _ in r["inputs"]} & names for r in rows}
+    succs: dict[str, list[str]] = defaultdict(list)
+    for op, ps in preds.items():
+        for p in ps:
+            succs[p].append(op)
+    waiting = {op: len(ps) for op, ps in preds.items()}
+    depth = {op: 0 for op in names}
+    backward = {op for op in names if grad.search(op)}
+    ready = [op for op, n in waiting.items() if n == 0]
+    while ready:
+        op = ready.pop()
+        for s in succs[op]:
+            depth[s] = max(depth[s], depth[op] + 1)
+            if op in backward:
+                backward.add(s)
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                ready.append(s)
+    return depth, backward
+
+
+def _edges(rows: list[dict], group_of: dict[str, str]) -> tuple[Edge, ...]:
+    """Bytes per step between groups: each tensor counted once per consuming group (the runtime
+    sends a tensor once to each device that consumes it, whatever the number of consumers there)."""
+    seen: set[tuple[str, str]] = set()
+    total: Counter = Counter()
+    for r in rows:
+        dst = group_of[r["op"]]
+        for tensor, nbytes in r["inputs"]:
+            src = group_of.get(tensor.partition(":")[0])
+            if src is None or src == dst or (tensor, dst) in seen:
+                continue
+            seen.add((tensor, dst))
+            total[(src, dst)] += nbytes or 0
+    return tuple(Edge(s, d, b) for (s, d), b in sorted(total.items()))
+
+
+def _colocated(rows: list[dict], group_of: dict[str, str]) -> tuple[frozenset[str], ...]:
+    """Groups the runtime keeps on one device: an op's colocation groups name ops of other groups
+    (transitively merged)."""
+    parent: dict[str, str] = {}
+
+    def find(g: str) -> str:
+        while parent.setdefault(g, g) != g:
+            g = parent[g]
+        return g
+
+    for r in rows:
+        for other in r.get("colocation") or ():
+            g = group_of.get(other)
+            if g is not None and g != group_of[r["op"]]:
+                parent[find(g)] = find(group_of[r["op"]])
+    sets: dict[str, set[str]] = defaultdict(set)
+    for g in list(parent):
+        sets[find(g)].add(g)
+    return tuple(sorted((frozenset(s) for s in sets.values() if len(s) > 1), key=sorted))
+
+
+def _owns(key: str, layer_path: str) -> bool:
+    """Does group `key` (a pinning.layers key) hold the layer at `layer_path`, or one it nests in?"""
+    return key_matches(key, layer_path) or (not is_pattern(key) and layer_path.startswith(key + "/"))
+
+
+def _variable_bytes(variables: list[dict], keys: list[str]) -> dict[str, int]:
+    """Group -> bytes of the variables it owns (one copy): a variable belongs to the layer its name
+    is scoped under ("dense_1/kernel" -> dense_1); the rest (optimizer slots, counters) to "other"."""
+    out: Counter = Counter()
+    for v in variables:
+        layer_path = v["name"].rpartition("/")[0]
+        key = next((k for k in keys if layer_path and _owns(k, layer_path)), OTHER)
+        out[key] += v.get("bytes") or 0
+    return dict(out)
+
+
+def _majority(devices) -> str:
+    counts = Counter(devices)
+    return min(counts, key=lambda d: (-counts[d], sort_key(d))) if counts else ""
+
+
+def _requested(key: str, ops: list[dict], pins: dict[str, str]) -> str | None:
+    """The user's pin for the group (placement.json's layer_pins, by layer path), else the one
+    device its ops requested (none, or several: None)."""
+    pinned = {dev for path, dev in pins.items() if _owns(key, path)} if key not in (INPUT, OTHER) else set()
+    if len(pinned) == 1:
+        return pinned.pop()
+    asked = {r.get("requested") for r in ops} - {"", None}
+    return asked.pop() if len(asked) == 1 else None
+
+
+def _step_us(run: Path) -> float | None:
+    """The run's median time per step in µs: train_log.jsonl's records (not the first step's, which
+    includes the tracing), else metrics.json's examples per second over the global batch."""
+    log = run / TRAIN_LOG
+    if log.is_file():
+        times = []
+        for line in log.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("step", 0) > _FIRST_LOGGED_STEP and rec.get("step_time"):
+                times.append(float(rec["step_time"]))
+        if times:
+            return round(statistics.median(times) * 1e6, 3)
+    metrics = run / METRICS
+    if metrics.is_file():
+        m = json.loads(metrics.read_text())
+        if m.get("examples_per_sec") and m.get("global_batch"):
+            return round(m["global_batch"] / m["examples_per_sec"] * 1e6, 3)
+    return None

@@ -1,0 +1,293 @@
+"""The planner's input: a run folder's training step as a PlanGraph (pinpoint.plan.build), from the
+op rows the capture records as a graph (pinpoint.placement.opgraph).
+
+Unit: a hand-written placement.json and op file give exact groups, edges, order, allowed devices
+and colocation; the one-line errors. Integration: a real run of Pinpoint's trainer (an MLP whose
+layers are pinned over 2 emulated GPUs, timed) gives the model's layers as groups, the activations
+crossing between them as edges of exactly batch x units x 4 bytes, each group where it was pinned."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from pinpoint.errors import ConfigError
+from pinpoint.placement.files import ops_path, write_placement
+from pinpoint.placement.opgraph import LayerMatcher
+from pinpoint.plan.build import plan_graph
+from pinpoint.plan.graph import Edge
+
+CPU_GPU = ["CPU", "GPU"]
+
+
+def _row(op, type_, device, inputs=(), layer=None, requested="", colocation=(), kernels=CPU_GPU, us=None):
+    row = {"op": op, "type": type_, "device": device, "inputs": [list(i) for i in inputs], "requested": requested,
+           "colocation": list(colocation), "layer": layer, "kernel_devices": kernels}
+    if us is not None:
+        row["us"] = us
+    return row
+
+
+# A two-layer step: the input pipeline on the host, layer enc on /GPU:0, layer dec on /GPU:1, the
+# loss and its gradient ("other") beside dec; backward ops carry their layer.
+ROWS = [
+    _row("IteratorGetNext", "IteratorGetNext", "/CPU:0", requested="/CPU:0", kernels=["CPU"], us=5.0),
+    _row("m/enc/ReadVariableOp", "ReadVariableOp", "/GPU:0", layer="enc", us=1.0),
+    _row("m/enc/MatMul", "MatMul", "/GPU:0", [("IteratorGetNext", 2048), ("m/enc/ReadVariableOp", 1024)],
+         layer="enc", us=10.0),
+    _row("m/dec/MatMul", "MatMul", "/GPU:1", [("m/enc/MatMul", 4096)], layer="dec", requested="/GPU:1", us=20.0),
+    # The same tensor to a second op of dec: the runtime sends it once, the edge counts it once.
+    _row("m/dec/Shape", "Shape", "/GPU:1", [("m/enc/MatMul", 4096)], layer="dec", kernels=None, us=0.5),
+    _row("loss/Sum", "Sum", "/GPU:1", [("m/dec/MatMul", 512), ("IteratorGetNext:1", 128)], us=3.0),
+    _row("Const", "Const", "/GPU:1", us=0.0),  # no work: left out of groups and edges
+    _row("gradients/loss/Sum_grad/Tile", "Tile", "/GPU:1", [("loss/Sum", 4), ("Const", 8)],
+         colocation=["m/dec/MatMul"], kernels=["CPU"], us=2.0),
+    _row("gradients/m/dec/MatMul_grad/MatMul", "MatMul", "/GPU:1", [("gradients/loss/Sum_grad/Tile", 512)],
+         layer="dec", us=15.0),
+    _row("gradients/m/enc/MatMul_grad/MatMul", "MatMul", "/GPU:0",
+         [("gradients/m/dec/MatMul_grad/MatMul", 4096), ("IteratorGetNext", 2048)], layer="enc", us=12.0),
+]
+VARIABLES = [{"name": "enc/kernel", "bytes": 1024}, {"name": "dec/kernel", "bytes": 2048},
+             {"name": "sgd/iteration", "bytes": 8}]
+
+
+def _write_run(run, rows=ROWS, log_times=(10.0, 0.002, 0.004, 0.003)):
+    run.mkdir(parents=True, exist_ok=True)
+    write_placement(run / "placement.json", {
+        "schema": 2, "task": "chief:0", "strategy": "none", "devices": ["/CPU:0", "/GPU:0", "/GPU:1"],
+        "device_aliases": {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}, "device_map": {"host": "/CPU:0"},
+        "variables": VARIABLES, "layer_pins": {"enc": "/GPU:0"}, "ops": rows})
+    if log_times:
+        (run / "train_log.jsonl").write_text("".join(
+            json.dumps({"step": 1 + 10 * i, "step_time": t}) + "\n" for i, t in enumerate(log_times)))
+    return run
+
+
+@pytest.mark.unit
+def test_groups_edges_order_and_constraints_from_a_hand_written_run(tmp_path):
+    g = plan_graph(_write_run(tmp_path / "run"))
+    assert [x.key for x in g.groups] == ["input", "enc", "dec", "other"]
+    assert [x.order for x in g.groups] == [0, 1, 2, 3]
+    assert g.edges == (Edge("dec", "enc", 4096), Edge("dec", "other", 512), Edge("enc", "dec", 4096),
+                       Edge("input", "enc", 2048), Edge("input", "other", 128), Edge("other", "dec", 512))
+    inp, enc, dec, other = (g.group(k) for k in ("input", "enc", "dec", "other"))
+    assert (inp.ops, inp.compute_us, inp.device, inp.requested, inp.allowed, inp.movable) == (
+        1, 5.0, "/CPU:0", "/CPU:0", frozenset({"CPU"}), False)
+    # enc's pin comes from layer_pins; dec's from its ops' one requested device; other has none.
+    assert (enc.ops, enc.compute_us, enc.device, enc.requested, enc.variable_bytes) == (3, 23.0, "/GPU:0", "/GPU:0", 1024)
+    assert (dec.ops, dec.compute_us, dec.device, dec.requested, dec.variable_bytes) == (3, 35.5, "/GPU:1", "/GPU:1", 2048)
+    # An op of unknown kernels (Shape: None) does not narrow dec; other's host-only Tile pins it.
+    assert (enc.allowed, dec.allowed, enc.movable, dec.movable) == (frozenset(CPU_GPU), frozenset(CPU_GPU), True, True)
+    assert (other.ops, other.compute_us, other.requested, other.allowed, other.movable, other.variable_bytes) == (
+        2, 5.0, None, frozenset({"CPU"}), False, 8)
+    assert g.colocated == (frozenset({"dec", "other"}),)
+    assert (g.devices, g.host, g.strategy, g.timed) == (("/CPU:0", "/GPU:0", "/GPU:1"), "/CPU:0", "none", True)
+    assert g.measured_step_us == 3000.0  # the median of the logged steps after the first (tracing) one
+
+
+@pytest.mark.unit
+def test_an_untimed_run_has_no_compute_and_takes_its_step_time_from_metrics(tmp_path):
+    rows = [{k: v for k, v in r.items() if k != "us"} for r in ROWS]
+    run = _write_run(tmp_path / "run", rows, log_times=())
+    (run / "metrics.json").write_text(json.dumps({"examples_per_sec": 16000.0, "global_batch": 32}))
+    g = plan_graph(run)
+    assert g.timed is False and {x.compute_us for x in g.groups} == {0.0}
+    assert g.measured_step_us == 2000.0
+
+
+@pytest.mark.unit
+def test_a_folder_without_placement_is_one_line_naming_run_dir(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        plan_graph(tmp_path)
+    assert str(err.value) == (f"run_dir: got '{tmp_path}', which has no placement.json; plan from the folder of a "
+                              "run trained with placement.enabled: true (the default)")
+
+
+@pytest.mark.unit
+def test_a_placement_of_an_older_pinpoint_says_to_re_run(tmp_path):
+    old = [{"op": r["op"], "type": r["type"], "device": r["device"]} for r in ROWS]
+    run = _write_run(tmp_path / "run", old)
+    with pytest.raises(ConfigError) as err:
+        plan_graph(run)
+    assert str(err.value) == (f"run_dir: got '{run}', whose placement was captured by an older Pinpoint (its op "
+                              "rows have no inputs); re-run with placement.enabled (this version records the graph)")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.unit
+def test_a_placement_without_op_rows_says_where_they_are(tmp_path):
+    run = _write_run(tmp_path / "run", [])
+    with pytest.raises(ConfigError, match=r"^run_dir: got '.*run', whose placement.json holds no op of a captured "
+                                          r"step .*; plan from a run folder whose placement captured a step$"):
+        plan_graph(run)
+
+
+@pytest.mark.unit
+def test_ops_belong_to_the_deepest_layer_exact_names_before_uniquified_ones():
+    from pinpoint.layer_keys import resolve_pins
+
+    pins = resolve_pins({"backbone/block_1": "/GPU:1", "dense_*": "/GPU:0"},
+                        ["backbone", "backbone/block_1", "backbone/block_1/conv", "backbone/block_2",
+                         "dense", "dense_1", "head"], "m")
+    match = LayerMatcher(["backbone/block_1", "backbone/block_2", "head"], pins)
+    # Keras' uniquified scopes ("dense_1_1" is layer dense_1, "head_1" is head); a pattern key
+    # groups the layers it selects; backward ops belong to their layer.
+    assert match("m_1/dense_1_1/MatMul") == "dense_*"
+    assert match("gradient_tape/m_1/head_1/MatMul_grad/MatMul") == "head"
+    assert match("m_1/backbone_1/block_1/conv/Conv2D") == "backbone/block_1"
+    assert match("m_1/backbone_1/block_2_1/Add") == "backbone/block_2"
+    assert match("loss/Sum") is None
+    assert match("head") is None  # an op named like a layer, outside its scope
+
+
+# ---- a real run -----------------------------------------------------------------------------------
+LAYERS = {"dense_1": "/GPU:0", "dense_2": "/GPU:1", "head": "/GPU:1"}
+BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def mlp_run(tmp_path_factory, tf):
+    from pinpoint.training.command import train_command
+    from tests.conftest import NO_TRACKING, make_config
+
+    cfg = make_config(
+        "plan", cluster={"devices_per_worker": 2, "emulate": True},
+        train={"strategy": "none", "model": "mlp", "steps": 8, "batch_size": BATCH, "learning_rate": 0.05,
+               "log_every": 2, "checkpoint_every": 0, "jit_compile": False, "pinning": {"layers": LAYERS}},
+        tracking=NO_TRACKING, placement={"warmup_steps": 2, "sample_steps": 2, "timing": True})
+    out = tmp_path_factory.mktemp("mlp")
+    assert train_command(cfg, out) == 0
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_pinned_mlp_run_is_its_layers_with_exact_activation_edges(mlp_run):
+    from pinpoint.placement.files import read_placement
+    from pinpoint.training.loop.models import build_model, layer_names
+
+    g = plan_graph(mlp_run)
+    placement = read_placement(mlp_run)
+    layers = layer_names("mlp")
+    assert [x.key for x in g.groups if x.key in layers] == layers  # forward order
+    assert {x.key for x in g.groups} == {*layers, "input", "other"}
+    # Each layer's width from the model's definition: its activation crosses to the next layer
+    # forward (and its gradient back), batch x units x float32, exactly.
+    units = {layer.name: layer.units for layer in build_model("mlp", (8,), 10).stack}
+    edges = {(e.src, e.dst): e.bytes for e in g.edges}
+    for a, b in zip(layers, layers[1:], strict=False):
+        assert edges[(a, b)] == BATCH * units[a] * 4, (a, b, edges)
+        assert edges[(b, a)] == BATCH * units[a] * 4, (b, a, edges)
+    own = {layer: sum(v["bytes"] for v in placement["variables"] if v["name"].startswith(layer + "/"))
+           for layer in layers}
+    for layer in layers:
+        grp = g.group(layer)
+        assert (grp.device, grp.requested, grp.variable_bytes) == (LAYERS[layer], LAYERS[layer], own[layer])
+        assert grp.compute_us > 0 and grp.allowed == frozenset(CPU_GPU) and grp.movable
+    assert g.timed and g.measured_step_us > 0
+    assert g.group("input").movable is False and g.host == "/CPU:0"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_the_op_rows_name_real_producers_across_devices_and_the_report_does_not_change(mlp_run):
+    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.report import render_html
+
+    placement = read_placement(mlp_run)
+    rows = {r["op"]: r for r in placement["ops"]}
+    # dense_2's forward op (on /GPU:1) takes dense_1's output (on /GPU:0): the producer, not a _Recv.
+    (consumer,) = [r for r in rows.values() if r["layer"] == "dense_2" and r["device"] == "/GPU:1"
+                   and any(rows[t.partition(":")[0]]["layer"] == "dense_1" for t, _ in r["inputs"])
+                   and not r["op"].startswith("gradients/")]
+    (edge,) = [(t, b) for t, b in consumer["inputs"] if rows[t.partition(":")[0]]["layer"] == "dense_1"]
+    assert rows[edge[0]]["device"] == "/GPU:0" and rows[edge[0]]["type"] not in ("_Recv", "_HostRecv")
+    assert consumer["requested"] == "/GPU:1" and consumer["kernel_devices"] == CPU_GPU
+    assert all(r["us"] >= 0 for r in rows.values()) and consumer["us"] > 0
+    assert not any(r["type"] in ("_Send", "_Recv") for r in rows.values())
+    # Gradients are colocated with their forward op (TensorFlow's colocate_gradients_with_ops),
+    # named as one step's op.
+    assert any(c in rows and rows[c]["layer"] == r["layer"] for r in rows.values() for c in r["colocation"])
+    # The report reads the rows it always read: the same HTML with or without the new fields.
+    old = dict(placement, ops=[{k: r[k] for k in ("op", "type", "device")} for r in placement["ops"]])
+    assert render_html(placement, None, {}, "t") == render_html(old, None, {}, "t")
+    with gzip.open(ops_path(mlp_run / "placement.json"), "rb") as f:
+        assert "inputs" in json.loads(f.read())["ops"][0]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_plain_capture_records_the_real_producer_its_bytes_and_the_request(tf):
+    """One tf.function call split over two emulated GPUs (no training loop): the second layer's
+    MatMul reads the first layer's Relu from the other device, batch x width x float32 bytes."""
+    from types import SimpleNamespace
+
+    from pinpoint.config import PinningConfig
+    from pinpoint.placement.analyze import build_placement
+    from pinpoint.placement.capture import capture_call
+
+    batch, width = 10, 24
+    with tf.device("/CPU:1"):
+        w1 = tf.Variable(tf.ones([8, width]), name="first/w")
+    with tf.device("/CPU:2"):
+        w2 = tf.Variable(tf.ones([width, 3]), name="second/w")
+
+    @tf.function
+    def step(x):
+        with tf.device("/CPU:1"), tf.name_scope("first"):
+            h = tf.nn.relu(tf.matmul(x, w1))
+        with tf.device("/CPU:2"), tf.name_scope("second"):
+            return tf.reduce_sum(tf.matmul(h, w2))
+
+    _, cap = capture_call(step, tf.ones([batch, 8]))
+    dm = SimpleNamespace(aliases={"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}, replica_devices=["/CPU:1", "/CPU:2"],
+                         host="/CPU:0")
+    p = build_placement([cap], variables=[w1, w2], plan=PinningConfig(), strategy="none", device_map=dm,
+                        layer_units=("first", "second"))
+    rows = {r["op"]: r for r in p["ops"]}
+    mm = rows["second/MatMul"]
+    assert (mm["device"], mm["requested"], mm["layer"], mm["kernel_devices"]) == ("/GPU:1", "/GPU:1", "second", CPU_GPU)
+    assert ["first/Relu", batch * width * 4] in mm["inputs"]
+    assert rows["first/Relu"]["device"] == "/GPU:0" and rows["first/Relu"]["layer"] == "first"
+    assert not any("us" in r for r in rows.values())  # not timed: no `us`
+
+
+@pytest.mark.integration
+def test_the_pieces_a_plan_moves_are_the_layers_and_a_nested_models_layers(tf):
+    import keras
+
+    from pinpoint.training.loop.models import build_model, layer_units
+
+    i = keras.Input((4,))
+    inner = keras.Model(i, keras.layers.Dense(3, name="b")(keras.layers.Dense(3, name="a")(i)), name="backbone")
+    outer = keras.Sequential([keras.Input((4,)), inner, keras.layers.Dense(2, name="head")], name="outer")
+    assert layer_units(outer) == ("backbone/a", "backbone/b", "head")
+    # A layer with sublayers of its own (the transformer's attention blocks) is one piece.
+    assert layer_units(build_model("transformer", (64,), 10)) == ("embed", "block_0", "block_1", "pool", "head")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_transformers_gradient_sums_and_grappler_kernels_stay_with_their_layer(tmp_path, tf):
+    """The transformer's blocks: the gradient sums outside the layers' scopes ("gradients/AddN_3",
+    colocated with a block's forward op) belong to that block, so no colocation spans groups; a
+    node grappler made for the CPU (_UnaryOpsComposition) does not make a block host-only."""
+    from pinpoint.training.command import train_command
+    from pinpoint.training.loop.models import layer_names
+    from tests.conftest import NO_TRACKING, make_config
+
+    layers = {"embed": "/GPU:0", "block_0": "/GPU:0", "block_1": "/GPU:1", "pool": "/GPU:1", "head": "/GPU:1"}
+    cfg = make_config(
+        "plan", cluster={"devices_per_worker": 2, "emulate": True},
+        train={"strategy": "none", "model": "transformer", "steps": 4, "batch_size": BATCH, "log_every": 2,
+               "checkpoint_every": 0, "jit_compile": False, "pinning": {"layers": layers}},
+        tracking=NO_TRACKING, placement={"warmup_steps": 2, "sample_steps": 1})
+    assert train_command(cfg, tmp_path) == 0
+    g = plan_graph(tmp_path)
+    assert [x.key for x in g.groups if x.key in layers] == layer_names("transformer")
+    assert g.colocated == ()
+    for key in layers:
+        assert (g.group(key).allowed, g.group(key).movable, g.group(key).device) == (frozenset(CPU_GPU), True, layers[key])
+    assert g.timed is False and g.group("block_0").compute_us == 0.0
