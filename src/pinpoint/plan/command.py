@@ -78,9 +78,9 @@ def plan_run(graph: PlanGraph, *, source_run: str, devices: int | None, objectiv
 
 def plan_command(run_dir: Path, *, devices: int | None = None, objective: str | None = None,
                  out: Path | None = None, links_file: str | None = None) -> int:
-    from pinpoint.plan.build import plan_graph  # the capture's side (issue 33); heavy readers stay lazy
+    links = load_links(links_file)  # a bad --links fails before the run folder is read
+    from pinpoint.plan.build import plan_graph  # the capture's side; its readers load only when planning
 
-    links = load_links(links_file)  # bad --links fails before the run folder is read
     graph = plan_graph(run_dir)
     doc, predictions = plan_run(graph, source_run=str(run_dir), devices=devices, objective=objective, links=links)
     path = write_plan(out if out is not None else Path(run_dir) / "plan.yaml", doc)

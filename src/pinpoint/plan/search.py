@@ -96,6 +96,39 @@ def _no_room(space: _Space, u: Unit, left: dict[str, float]) -> PlacementError:
                           "or add devices")
 
 
+def _favorites(graph: PlanGraph, rank: dict[str, int], space: _Space) -> dict[int, int]:
+    """m-SCT's favorite child per unit, chosen greedily (not by the paper's LP): the unit its
+    heaviest forward edge feeds."""
+    heaviest: dict[str, tuple[int, str]] = {}
+    for e in graph.edges:
+        if e.src in rank and e.dst in rank and rank[e.src] < rank[e.dst]:
+            if e.bytes > heaviest.get(e.src, (-1, ""))[0]:
+                heaviest[e.src] = (e.bytes, e.dst)
+    favorite: dict[int, int] = {}
+    for src, (_, dst) in heaviest.items():
+        a, b = space.unit_of[src], space.unit_of[dst]
+        if a != b:
+            favorite.setdefault(a, b)
+    return favorite
+
+
+def _options(space: _Space, u: int, at: dict[str, float], left: dict[str, float],
+             reserved: dict[str, set[int]] | None) -> tuple[list[str], bool]:
+    """(devices unplaced unit u may take now, whether it is an urgent favorite child): those with
+    room; under m-SCT (reserved given) only its reserved device if it has one, else the devices
+    not reserved for another unit while there are any."""
+    vb = space.units[u].variable_bytes
+    options = [d for d in at if vb <= left[d]]
+    if not options:
+        raise _no_room(space, space.units[u], left)
+    if reserved is None:
+        return options, False
+    mine = [d for d in options if u in reserved[d]]
+    if mine:
+        return mine, True
+    return [d for d in options if not reserved[d]] or options, False
+
+
 def list_schedule(graph: PlanGraph, tg: TaskGraph, space: _Space, links: LinkModel, sct: bool) -> Placement:
     """m-ETF (sct False) or m-SCT (sct True); see the module doc."""
     n = len(tg.duration)
@@ -109,18 +142,10 @@ def list_schedule(graph: PlanGraph, tg: TaskGraph, space: _Space, links: LinkMod
     missing = [len(p) for p in tg.pred]
     ready: dict[int, dict[str, float]] = {}  # task -> device -> time its inputs are there
     position = {t: i for i, t in enumerate(tg.topo)}
-    favorite: dict[int, int] = {}  # parent unit -> favorite child unit
+    favorite: dict[int, int] = {}  # parent unit -> favorite child unit (m-SCT)
     reserved: dict[str, set[int]] = {d: set() for d in left}
     if sct:
-        heaviest: dict[str, tuple[int, str]] = {}
-        for e in graph.edges:
-            if e.src in rank and e.dst in rank and rank[e.src] < rank[e.dst]:
-                if e.bytes > heaviest.get(e.src, (-1, ""))[0]:
-                    heaviest[e.src] = (e.bytes, e.dst)
-        for src, (_, dst) in heaviest.items():
-            a, b = space.unit_of[src], space.unit_of[dst]
-            if a != b:
-                favorite.setdefault(a, b)
+        favorite = _favorites(graph, rank, space)
 
     def inputs_at(t: int, d: str) -> float:
         at = 0.0
@@ -141,22 +166,8 @@ def list_schedule(graph: PlanGraph, tg: TaskGraph, space: _Space, links: LinkMod
         best = None
         for t, at in ready.items():
             u = unit_of_task[t]
-            if placed[u] is not None:
-                options = [placed[u]]
-                urgent = False
-            else:
-                vb = space.units[u].variable_bytes
-                options = [d for d in at if vb <= left[d]]
-                if not options:
-                    raise _no_room(space, space.units[u], left)
-                urgent = False
-                if sct:
-                    mine = [d for d in options if u in reserved[d]]
-                    if mine:
-                        options, urgent = mine, True
-                    else:
-                        open_ = [d for d in options if not reserved[d]]
-                        options = open_ or options
+            options, urgent = ([placed[u]], False) if placed[u] is not None else \
+                _options(space, u, at, left, reserved if sct else None)
             for d in options:
                 key = (not urgent, max(free[d], at[d]), position[t], d)
                 if best is None or key < best[0]:
