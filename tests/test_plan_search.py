@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import sys
 import types
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -331,14 +332,16 @@ def test_read_plan_refuses_an_edit_the_runtime_would_override(tmp_path, key, dev
 
 
 def test_read_plan_refuses_an_unmovable_group_moved(tmp_path):
-    g, _, path = _plan_file(tmp_path)
+    """A group with host-only ops (movable False) that has kernels elsewhere still stays put."""
+    g = two_towers()
+    g = replace(g, groups=tuple(replace(x, allowed=None) if x.key == "input" else x for x in g.groups))
+    _, _, path = _plan_file(tmp_path, g)
     data = yaml.safe_load(path.read_text())
-    data["pinning"]["input"] = "/CPU:1"
+    data["pinning"]["input"] = "/GPU:1"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(PlacementError) as err:
         read_plan(path, g)
-    assert str(err.value) == ("pinning.layers.input: got '/CPU:1', not a device of the run (/CPU:0, /GPU:0, "
-                              "/GPU:1); use one of them")
+    assert str(err.value) == "pinning.input: got '/GPU:1', but input must stay on '/CPU:0' (host-only ops); pin it there"
 
 
 def test_read_plan_refuses_a_plan_over_the_memory_cap(tmp_path):

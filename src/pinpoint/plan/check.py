@@ -73,28 +73,34 @@ def fits_type(allowed: frozenset[str] | None, device: str) -> bool:
     return allowed is None or device_type(device) in allowed
 
 
-def violations(graph: PlanGraph, placement: Placement, field: str = "pinning.layers") -> list[str]:
-    """One line per way the runtime would not obey `placement` (empty: it would)."""
+def where(key: str) -> str:
+    """The plan file's field for a group: pinning.input for the input pipeline, else its layer."""
+    return "pinning.input" if key == "input" else f"pinning.layers.{key}"
+
+
+def violations(graph: PlanGraph, placement: Placement) -> list[str]:
+    """One line per way the runtime would not obey `placement` (empty: it would), each naming
+    the plan file's field."""
     known = set(graph.devices) | {graph.host}
     out = []
     for g in graph.groups:
         dev = placement.get(g.key)
-        where = f"{field}.{g.key}"
+        where_ = where(g.key)
         if dev is None:
-            out.append(f"{where}: got no device; give every group one")
+            out.append(f"{where_}: got no device; give every group one")
         elif dev not in known:
-            out.append(f"{where}: got '{dev}', not a device of the run ({', '.join(sorted(known))}); use one of them")
+            out.append(f"{where_}: got '{dev}', not a device of the run ({', '.join(sorted(known))}); use one of them")
         elif not fits_type(g.allowed, dev):
             types = ", ".join(sorted(g.allowed or ()))
-            out.append(f"{where}: got '{dev}', where {g.key} has no kernel for all its ops (it runs on {types}); "
+            out.append(f"{where_}: got '{dev}', where {g.key} has no kernel for all its ops (it runs on {types}); "
                        f"pin it to a {types} device")
         elif not g.movable and dev != g.device:
-            out.append(f"{where}: got '{dev}', but {g.key} must stay on '{g.device}' (host-only ops); pin it there")
+            out.append(f"{where_}: got '{dev}', but {g.key} must stay on '{g.device}' (host-only ops); pin it there")
     for members in graph.colocated:
         placed = sorted((k, placement[k]) for k in members if k in placement)
         if len({d for _, d in placed}) > 1:
             (k0, d0), (k1, d1) = placed[0], next(p for p in placed if p[1] != placed[0][1])
-            out.append(f"{field}.{k1}: got '{d1}', split from {k0} on '{d0}' (TensorFlow keeps them on one device); "
+            out.append(f"{where(k1)}: got '{d1}', split from {k0} on '{d0}' (TensorFlow keeps them on one device); "
                        "pin them to one device")
     used: dict[str, int] = {}
     for g in graph.groups:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.errors import ConfigError, PlacementError
-from pinpoint.plan.check import NOT_LAYERS, Placement, violations
+from pinpoint.plan.check import NOT_LAYERS, Placement, violations, where
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel
 from pinpoint.plan.predict import Prediction
@@ -114,10 +114,10 @@ def read_plan(path: str | Path, graph: PlanGraph) -> PlanFile:
         wanted["input"] = pinning["input"]
     for key, dev in wanted.items():
         if key not in keys:
-            raise PlacementError(f"pinning.layers.{key}: got a layer the run does not have; use one of "
+            raise PlacementError(f"{where(key)}: got a layer the run does not have; use one of "
                                  f"{', '.join(sorted(keys - NOT_LAYERS))}")
         if not isinstance(dev, str):
-            raise PlacementError(f"pinning.layers.{key}: got {dev!r}; write a device string such as '/GPU:0'")
+            raise PlacementError(f"{where(key)}: got {dev!r}; write a device string such as '/GPU:0'")
         placement[key] = dev
     bad = violations(graph, placement)
     if bad:

@@ -15,7 +15,8 @@ From Jeon et al., "Baechi: Fast Device Placement of Machine Learning Graphs" (So
 Transfers are priced without link contention while scheduling; the prediction (predict.py)
 queues them.
 
-Objectives (both schedulers run; the better by the objective is the plan):
+Objectives (both schedulers run, and the run's own placement, the user's and the even split
+compete when they keep to the target devices; the best by the objective is the plan):
 - step_time: the smallest predicted step_us (fewer bytes crossing on a tie);
 - balance: the smallest busiest-device compute, ties broken by bytes crossing, where a busiest
   device within BALANCE_TOLERANCE of the mean counts as a tie (a perfect balance bought with
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 from pinpoint.device_names import parse_name
 from pinpoint.errors import PlacementError
-from pinpoint.plan.baselines import even_split
+from pinpoint.plan.baselines import even_split, measured, user
 from pinpoint.plan.check import Placement, Unit, fits_type, units, violations
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel
@@ -88,7 +89,7 @@ class _Space:
         return self.graph.memory_cap_bytes.get(d, math.inf)
 
 
-def _no_room(space: _Space, u: Unit, left: dict[str, float]) -> PlacementError:
+def _no_room(space: _Space, u: Unit) -> PlacementError:
     caps = {d: space.graph.memory_cap_bytes[d] for d in space.candidates[space.unit_of[u.keys[0]]]
             if d in space.graph.memory_cap_bytes}
     return PlacementError(f"memory_cap_bytes: got {caps}, but no placement fits: {', '.join(u.keys)} needs "
@@ -120,7 +121,7 @@ def _options(space: _Space, u: int, at: dict[str, float], left: dict[str, float]
     vb = space.units[u].variable_bytes
     options = [d for d in at if vb <= left[d]]
     if not options:
-        raise _no_room(space, space.units[u], left)
+        raise _no_room(space, space.units[u])
     if reserved is None:
         return options, False
     mine = [d for d in options if u in reserved[d]]
@@ -254,13 +255,18 @@ def _ps_plan(graph: PlanGraph, space: _Space, servers: tuple[str, ...]) -> Place
             continue
         options = [d for d in servers if fits_type(u.allowed, d) and mem[d] + u.variable_bytes <= space.caps_get(d)]
         if not options:
-            raise _no_room(space, u, {})
+            raise _no_room(space, u)
         d = min(options, key=lambda d: (carried[d], servers.index(d)))
         carried[d] += u.variable_bytes
         mem[d] += u.variable_bytes
         for k in u.keys:
             placement[k] = d
     return placement
+
+
+def _within(space: _Space, placement: Placement) -> bool:
+    """Every unit on a device it may use in this search (e.g. not on a GPU beyond --devices)."""
+    return all(placement[u.keys[0]] in space.candidates[i] for i, u in enumerate(space.units))
 
 
 def search(graph: PlanGraph, links: LinkModel, objective: str, devices: tuple[str, ...]) -> Plan:
@@ -279,10 +285,14 @@ def search(graph: PlanGraph, links: LinkModel, objective: str, devices: tuple[st
         tg = task_graph(graph, cost)
         found = [Plan(list_schedule(graph, tg, space, links, sct), name)
                  for name, sct in (("m-ETF", False), ("m-SCT", True))]
-        starts = [*found, Plan(even_split(graph, devices), "even split")]
+        # The run's own placement, the user's and the even split compete too (when they keep to
+        # the target devices and the constraints): a plan is never predicted worse than them.
+        others = [Plan(measured(graph), "as measured"), Plan(user(graph), "the user's plan"),
+                  Plan(even_split(graph, devices), "even split")]
+        others = [p for p in others if _within(space, p.placement) and not violations(graph, p.placement)]
+        starts = [*found, *others]
+        found += others
         for start in starts:
-            if violations(graph, start.placement):  # e.g. an even split over a memory cap
-                continue
             moved = _balance_moves(graph, space, start.placement, devices, cost)
             if moved != start.placement:
                 found.append(Plan(moved, f"{start.algorithm} + balance moves"))
