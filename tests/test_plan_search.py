@@ -15,7 +15,7 @@ from pinpoint.cli import main
 from pinpoint.errors import ConfigError, PlacementError
 from pinpoint.plan.baselines import baselines, even_split, one_device, round_robin_ps, user
 from pinpoint.plan.check import units, violations
-from pinpoint.plan.command import plan_run
+from pinpoint.plan.command import plan_run, table
 from pinpoint.plan.emit import read_plan, write_plan
 from pinpoint.plan.graph import Edge, Group, PlanGraph
 from pinpoint.plan.links import LinkModel
@@ -245,6 +245,11 @@ def test_parameter_servers_get_variables_largest_first_to_the_lightest():
     assert p.ps_bytes == {ps[0]: 2 * (900 + 100), ps[1]: 2 * (500 + 400 + 100)}
     rr = predict(g, round_robin_ps(g, ps), LinkModel(), ps)
     assert rr.ps_bytes == {ps[0]: 2 * (100 + 100 + 400), ps[1]: 2 * (900 + 500)}
+    assert (p.ps_over_mean, rr.ps_over_mean) == (1.0, pytest.approx((900 + 500) / (sum(sizes) / 2)))
+    doc, predictions = plan_run(g, source_run="runs/ps", devices=None, objective="balance", links=LinkModel())
+    assert list(predictions) == ["plan", "measured", "user", "one_server", "round_robin_ps"]
+    assert doc["pinning"]["layers"] == plan.placement and doc["algorithm"] == "LPT over parameter servers"
+    assert table(predictions).splitlines()[0].endswith("largest ps/mean")
 
 
 # ---- baselines -----------------------------------------------------------------------------

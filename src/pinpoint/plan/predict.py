@@ -52,6 +52,13 @@ class Prediction:
         return max(values) / mean if mean > 0 else None
 
     @property
+    def ps_over_mean(self) -> float | None:
+        """The most loaded parameter server's bytes over the servers' mean (None: no servers)."""
+        values = list(self.ps_bytes.values())
+        mean = sum(values) / len(values) if values else 0
+        return max(values) / mean if mean > 0 else None
+
+    @property
     def crossing_total(self) -> int:
         return sum(self.bytes_crossing.values())
 
@@ -66,6 +73,7 @@ class Prediction:
             "busiest_over_mean": None if ratio is None else round(ratio, 4),
             "bytes_crossing_per_step": self.crossing_total,
             "peak_variable_bytes": self.peak_memory,
+            "ps_over_mean": None if self.ps_over_mean is None else round(self.ps_over_mean, 4),
             "compute_us": {d: round(v, 2) for d, v in self.compute_us.items()},
             "busy_share": {d: round(v, 4) for d, v in self.busy_share.items()},
             "ops": dict(self.ops),
