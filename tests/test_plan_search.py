@@ -65,7 +65,7 @@ def generated(n_groups: int = 300, seed: int = 0, cap: int | None = None) -> Pla
         groups.append(Group(f"layer_{i}", i, rnd.uniform(10, 500), 53, rnd.choice([0, 4096, 65536]),
                             "/CPU:0" if host_only else "/GPU:0",
                             allowed=frozenset({"CPU"}) if host_only else None, movable=i % 101 != 0))
-    groups.append(Group("other", n_groups - 1, 100.0, 100, 0, "/GPU:0"))
+    groups.append(Group("other", n_groups - 1, 100.0, 166, 0, "/GPU:0"))  # 40 + 298 x 53 + 166 = 16,000 ops
     edges = []
     for i in range(1, n_groups):
         j = max(0, i - rnd.choice([1, 1, 2, 3]))
@@ -143,10 +143,8 @@ def test_towers_on_their_own_devices_overlap():
     g = two_towers()
     apart = {"input": "/CPU:0", "a1": "/GPU:0", "a2": "/GPU:0", "b1": "/GPU:1", "b2": "/GPU:1",
              "head": "/GPU:0", "lookup": "/CPU:0"}
-    p = predict(g, apart, SIMPLE, GPUS)
-    total = sum(x.compute_us for x in g.groups)
-    assert p.step_us < total - 100  # at least 100 us of the smaller tower's 300 overlap
-    assert predict(g, {**apart, "b1": "/GPU:0", "b2": "/GPU:0"}, SIMPLE, GPUS).step_us > p.step_us
+    together = {**apart, "b1": "/GPU:0", "b2": "/GPU:0"}
+    assert predict(g, apart, SIMPLE, GPUS).step_us < predict(g, together, SIMPLE, GPUS).step_us
 
 
 def test_an_untimed_run_predicts_no_step_and_balances_ops():
@@ -202,7 +200,7 @@ def test_the_list_schedulers_keep_every_constraint(sct, cap):
 def test_a_16000_op_graph_is_planned_within_its_constraints():
     """The size of the issue's target (ResNet50 on 4 GPUs); the time is measured by hand, not asserted."""
     g = generated(cap=2_000_000)
-    assert sum(x.ops for x in g.groups) >= 16_000 - 100
+    assert (len(g.groups), len(g.edges), sum(x.ops for x in g.groups)) == (300, 598, 16_000)
     for objective in ("step_time", "balance"):
         plan = search(g, LinkModel(), objective, g.devices[1:])
         assert violations(g, plan.placement) == []

@@ -199,13 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("plan", help="propose a placement from a captured run and predict its step (plan.yaml)")
     s.add_argument("dir", metavar="RUN_DIR")
-    s.add_argument("--devices", type=int, help="spread over the first N GPUs (parameter servers for "
-                                               "parameter_server) of the run (default: all)")
+    s.add_argument("--devices", type=int, metavar="N", help="spread over the first N GPUs (parameter servers "
+                                                            "for parameter_server) of the run (default: all)")
     s.add_argument("--objective", choices=["step_time", "balance"],
                    help="minimise the predicted step (needs placement.timing: true) or the busiest device's "
                         "compute (default: step_time on a timed run, else balance)")
-    s.add_argument("--out", help="the plan file (default RUN_DIR/plan.yaml)")
-    s.add_argument("--links", help="YAML with a links: section overriding the link model (see docs/plan.md)")
+    s.add_argument("--out", metavar="FILE", help="the plan file (default RUN_DIR/plan.yaml)")
+    s.add_argument("--links", metavar="FILE",
+                   help="YAML with a links: section overriding the link model (see docs/plan.md)")
     s.set_defaults(fn=cmd_plan)
 
     s = sub.add_parser("upload-spool", help="send MLflow data spooled while the server was down")
