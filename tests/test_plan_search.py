@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from pinpoint.cli import main
+from pinpoint.config import PinningConfig
 from pinpoint.errors import ConfigError, PlacementError
 from pinpoint.plan.baselines import baselines, even_split, one_device, round_robin_ps, user
 from pinpoint.plan.check import units, violations
@@ -292,6 +293,7 @@ def test_the_plan_file_round_trips(tmp_path):
     assert data["pinning"]["layers"] == {"a1": "/GPU:0", "a2": "/GPU:0", "b1": "/GPU:1", "b2": "/GPU:1",
                                          "head": "/GPU:0", "lookup": "/CPU:0"}
     assert data["tf_device"] == data["pinning"]["layers"]
+    assert PinningConfig(**data["pinning"]).layers == data["pinning"]["layers"]  # the config takes it as is
     assert data["links"]["pcie"] == {"latency_us": 1.0, "gb_per_s": 1.0}
     assert set(data["prediction"]) == {"plan", "measured", "one_device", "user", "even_split"}
     # As measured: input's 30 us on the host, its 2000 bytes to /GPU:0 (1 us + 2 us), then the
