@@ -195,6 +195,7 @@ def test_the_list_schedulers_keep_every_constraint(sct, cap):
     assert violations(g, placement) == []
     host_only = [x.key for x in g.groups if x.allowed == frozenset({"CPU"})]
     assert {placement[k] for k in host_only} == {"/CPU:0"}
+    assert placement["other"] == "/GPU:0"  # no config field pins the loss and the optimizer's bookkeeping
     assert len(set(placement.values()) - {"/CPU:0"}) == 4  # the GPUs all get work
 
 
@@ -263,6 +264,8 @@ def test_the_baselines_mappings():
     # 300 + 150) and head (mid 620) on the second.
     assert even_split(g, GPUS) == {**measured, "b1": "/GPU:1", "b2": "/GPU:1", "head": "/GPU:1"}
     assert set(baselines(g, GPUS)) == {"measured", "one_device", "user", "even_split"}
+    with_other = replace(g, groups=(*g.groups, Group("other", 7, 50.0, 20, 0, "/GPU:0")))
+    assert one_device(with_other, "/GPU:1")["other"] == "/GPU:0"
 
 
 def test_round_robin_follows_creation_order():

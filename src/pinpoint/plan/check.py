@@ -19,6 +19,9 @@ Placement = dict[str, str]
 
 # Group keys that are not `pinning.layers` keys (graph.py).
 NOT_LAYERS = frozenset({"input", "other"})
+# Groups no config field pins (the loss, the optimizer's bookkeeping): a plan leaves them where
+# they ran, or its prediction would price a placement the plan file cannot ask for.
+UNPINNABLE = frozenset({"other"})
 
 
 def device_type(device: str) -> str | None:
@@ -30,7 +33,7 @@ class Unit:
     """Groups that move as one: a colocation set (or a single group)."""
 
     keys: tuple[str, ...]  # in the graph's order
-    fixed: str | None  # the device an unmovable member pins the unit to
+    fixed: str | None  # the device an unmovable (or unpinnable) member keeps the unit on
     allowed: frozenset[str] | None  # device types every member has kernels for; None: any
     variable_bytes: int
 
@@ -56,10 +59,10 @@ def units(graph: PlanGraph) -> list[Unit]:
     out = []
     for keys in sorted(by_root.values(), key=lambda ks: rank[ks[0]]):
         groups = [graph.group(k) for k in keys]
-        fixed = {g.device for g in groups if not g.movable}
+        fixed = {g.device for g in groups if not g.movable or g.key in UNPINNABLE}
         if len(fixed) > 1:
-            raise PlacementError(f"colocated: got {sorted(keys)} kept together but unmovable on {sorted(fixed)}; "
-                                 "the run's capture is inconsistent, re-run the capture")
+            raise PlacementError(f"colocated: got {sorted(keys)} kept together but held on {sorted(fixed)} (groups "
+                                 "that may not move); the run's capture is inconsistent, re-run the capture")
         allowed = None
         for g in groups:
             if g.allowed is not None:

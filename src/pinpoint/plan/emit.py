@@ -62,6 +62,7 @@ def plan_document(graph: PlanGraph, *, source_run: str, objective: str, algorith
         pinning["input"] = inp
     return {
         "source_run": source_run,
+        "measured_step_ms": None if graph.measured_step_us is None else round(graph.measured_step_us / 1e3, 4),
         "objective": objective,
         "algorithm": algorithm,
         "devices": list(devices),
