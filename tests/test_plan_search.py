@@ -371,11 +371,12 @@ def graph_of_run(monkeypatch):
     return fake
 
 
-def test_plan_refuses_more_devices_than_the_run_has(graph_of_run, tmp_path, capsys):
+@pytest.mark.parametrize("n", [3, 0])
+def test_plan_refuses_a_device_count_the_run_cannot_give(graph_of_run, tmp_path, capsys, n):
     graph_of_run.graph = two_towers()
     out = tmp_path / "plan.yaml"
-    assert main(["plan", str(tmp_path), "--devices", "3", "--out", str(out)]) == 2
-    assert capsys.readouterr().err == ("pinpoint: --devices: got 3, but the run has 2 GPUs (/GPU:0, /GPU:1); "
+    assert main(["plan", str(tmp_path), "--devices", str(n), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"pinpoint: --devices: got {n}, but the run has 2 GPUs (/GPU:0, /GPU:1); "
                                        "pass 1 to 2, or capture a run on more devices\n")
     assert not out.exists()
 
