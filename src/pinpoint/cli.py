@@ -108,6 +108,13 @@ def cmd_trace(args) -> int:
                          metrics_every_s=args.metrics_every_s)
 
 
+def cmd_plan(args) -> int:
+    from pinpoint.plan.command import plan_command
+
+    return plan_command(Path(args.dir), devices=args.devices, objective=args.objective,
+                        out=Path(args.out) if args.out else None, links_file=args.links)
+
+
 def cmd_upload_spool(args) -> int:
     from pinpoint.tracking.replay import upload_spool_command
 
@@ -189,6 +196,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-m", dest="module", metavar="MODULE", help="run a module as `python -m MODULE` would")
     s.add_argument("program", nargs=argparse.REMAINDER, help="SCRIPT.py and its arguments (or the module's arguments)")
     s.set_defaults(fn=cmd_trace)
+
+    s = sub.add_parser("plan", help="propose a placement from a captured run and predict its step (plan.yaml)")
+    s.add_argument("dir", metavar="RUN_DIR")
+    s.add_argument("--devices", type=int, metavar="N", help="spread over the first N GPUs (parameter servers "
+                                                            "for parameter_server) of the run (default: all)")
+    s.add_argument("--objective", choices=["step_time", "balance"],
+                   help="minimise the predicted step (needs placement.timing: true) or the busiest device's "
+                        "compute (default: step_time on a timed run, else balance)")
+    s.add_argument("--out", metavar="FILE", help="the plan file (default RUN_DIR/plan.yaml)")
+    s.add_argument("--links", metavar="FILE",
+                   help="YAML with a links: section overriding the link model (see docs/plan.md)")
+    s.set_defaults(fn=cmd_plan)
 
     s = sub.add_parser("upload-spool", help="send MLflow data spooled while the server was down")
     s.add_argument("dir", help="a run folder (or a spool folder)")

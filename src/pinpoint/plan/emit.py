@@ -1,0 +1,127 @@
+"""The plan file (YAML) and its reader.
+
+Fields: `pinning: {layers: {key: device}}` as Pinpoint's config takes it (the movable layer
+groups; `input` too when the input pipeline may move), `tf_device` (the same mapping, for
+`with tf.device(...)` in a traced program), `links` (the model the prediction used),
+`objective`, `algorithm`, `devices`, `source_run`, `prediction` (the plan's and each
+baseline's), `baselines` (their placements) and `rationale` (one line per group the plan moves
+from where it ran).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pinpoint.errors import ConfigError, PlacementError
+from pinpoint.plan.check import NOT_LAYERS, Placement, violations, where
+from pinpoint.plan.graph import PlanGraph
+from pinpoint.plan.links import LinkModel
+from pinpoint.plan.predict import Prediction
+from pinpoint.runfolder import atomic_write_text
+
+
+def pinning_of(graph: PlanGraph, placement: Placement) -> tuple[dict[str, str], str | None]:
+    """(pinning.layers, pinning.input) of a placement: the movable groups a config can pin."""
+    layers = {g.key: placement[g.key] for g in graph.groups if g.movable and g.key not in NOT_LAYERS}
+    inp = next((placement[g.key] for g in graph.groups if g.key == "input" and g.movable), None)
+    return layers, inp
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:+.0f} KiB" if abs(n) >= 1024 else f"{n:+d} B"
+
+
+def rationale(graph: PlanGraph, plan: Placement, before: Prediction, after: Prediction) -> list[str]:
+    """One short line per group the plan moves from where it ran."""
+    lines = []
+    r0, r1 = before.busiest_over_mean, after.busiest_over_mean
+    balance = f"busiest/mean compute {r0:.2f} -> {r1:.2f}x" if r0 is not None and r1 is not None else ""
+    step = (f"step {before.step_us / 1e3:.2f} -> {after.step_us / 1e3:.2f} ms"
+            if before.step_us is not None and after.step_us is not None else "")
+    ran = {g.key: g.device for g in graph.groups}
+    for g in sorted(graph.groups, key=lambda g: (g.order, g.key)):
+        if plan[g.key] == g.device:
+            continue
+        # What the move changes in the bytes crossing on this group's own edges.
+        delta = sum(e.bytes * (int(plan[e.src] != plan[e.dst]) - int(ran[e.src] != ran[e.dst]))
+                    for e in graph.edges if g.key in (e.src, e.dst))
+        why = ", ".join(x for x in (balance, step, f"{_kib(delta)}/step crossing") if x)
+        own = f"{g.compute_us / 1e3:.2f} ms compute" if graph.timed else f"{g.ops} ops"
+        lines.append(f"{g.key}: {g.device} -> {plan[g.key]} ({own}), {why}")
+    return lines
+
+
+def plan_document(graph: PlanGraph, *, source_run: str, objective: str, algorithm: str, devices: tuple[str, ...],
+                  links: LinkModel, plan: Placement, predictions: dict[str, Prediction],
+                  baselines: dict[str, Placement]) -> dict[str, Any]:
+    layers, inp = pinning_of(graph, plan)
+    pinning: dict[str, Any] = {"layers": layers}
+    if inp is not None:
+        pinning["input"] = inp
+    return {
+        "source_run": source_run,
+        "measured_step_ms": None if graph.measured_step_us is None else round(graph.measured_step_us / 1e3, 4),
+        "objective": objective,
+        "algorithm": algorithm,
+        "devices": list(devices),
+        "pinning": pinning,
+        "tf_device": dict(layers, **({"input": inp} if inp else {})),
+        "links": links.to_dict(),
+        "prediction": {name: p.to_dict() for name, p in predictions.items()},
+        "baselines": {name: dict(p) for name, p in baselines.items()},
+        "rationale": rationale(graph, plan, predictions["measured"], predictions["plan"])
+        if "measured" in predictions else [],
+    }
+
+
+def write_plan(path: str | Path, document: dict[str, Any]) -> Path:
+    """Write the plan file atomically (a reader never sees half of it)."""
+    import yaml
+
+    return atomic_write_text(path, yaml.safe_dump(document, sort_keys=False, default_flow_style=False))
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    placement: Placement  # every group: the file's pinning over where the run put the rest
+    layers: dict[str, str]
+    objective: str | None
+    source_run: str | None
+
+
+def read_plan(path: str | Path, graph: PlanGraph) -> PlanFile:
+    """Read a plan file and refuse, with one line, one the runtime would override (a group
+    pinned where it has no kernel, split from its colocated groups, moved though it may not
+    move, on a device the run does not have, or over a memory cap)."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"plan: got '{p}', which does not exist; write one with `pinpoint plan RUN_DIR --out {p}`")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"plan: got '{p}', which is not YAML ({str(err).splitlines()[0]}); fix the file") from None
+    pinning = data.get("pinning") if isinstance(data, dict) else None
+    layers = pinning.get("layers") if isinstance(pinning, dict) else None
+    if not isinstance(layers, dict):
+        raise ConfigError(f"pinning.layers: got {layers!r} in '{p}'; a plan file maps layer keys to devices there")
+    keys = {g.key for g in graph.groups}
+    placement = {g.key: g.device for g in graph.groups}
+    wanted = dict(layers)
+    if pinning.get("input") is not None:
+        wanted["input"] = pinning["input"]
+    for key, dev in wanted.items():
+        if key not in keys:
+            raise PlacementError(f"{where(key)}: got a layer the run does not have; use one of "
+                                 f"{', '.join(sorted(keys - NOT_LAYERS))}")
+        if not isinstance(dev, str):
+            raise PlacementError(f"{where(key)}: got {dev!r}; write a device string such as '/GPU:0'")
+        placement[key] = dev
+    bad = violations(graph, placement)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise PlacementError(bad[0] + more)
+    return PlanFile(placement, {k: v for k, v in layers.items()}, data.get("objective"), data.get("source_run"))

@@ -1,0 +1,311 @@
+"""The planner: Baechi's memory-constrained list schedulers over the F/B task DAG (tasks.py).
+
+From Jeon et al., "Baechi: Fast Device Placement of Machine Learning Graphs" (SoCC 2020):
+- m-ETF (earliest task first): repeatedly take, over every ready task and every device it may
+  use, the pair with the earliest possible start — the device free and the task's inputs there
+  (a transfer from another device priced by the link model) — and put the task there. A group
+  is placed with its first task; its other task and its colocated groups follow it. "m": a
+  device is a candidate only while the group's variables fit its memory cap.
+- m-SCT (smallest communication time): ETF with a favorite child per group, kept on its
+  parent's device. The paper picks favorite children with an LP relaxation; here the favorite
+  child is chosen greedily: the group the parent's heaviest forward edge feeds. When a parent
+  is placed, its device is reserved for the favorite child: other unplaced groups go elsewhere
+  while they have another device, and a ready favorite child is scheduled first, on the
+  reserved device.
+Transfers are priced without link contention while scheduling; the prediction (predict.py)
+queues them.
+
+Objectives (both schedulers run, and the run's own placement, the user's and the even split
+compete when they keep to the target devices; the best by the objective is the plan):
+- step_time: the smallest predicted step_us (fewer bytes crossing on a tie);
+- balance: the smallest busiest-device compute, ties broken by bytes crossing, where a busiest
+  device within BALANCE_TOLERANCE of the mean counts as a tie (a perfect balance bought with
+  five times the traffic is not a better plan). The schedulers' placements and the even
+  topological split (baselines.py) are refined by moving one unit (a group with its colocated
+  groups) at a time while that lowers the key.
+For strategy parameter_server the plan spreads variables over the servers instead: the groups
+with variables, largest first, each to the server carrying the fewest bytes so far (LPT), the
+rest where they ran.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pinpoint.device_names import parse_name
+from pinpoint.errors import PlacementError
+from pinpoint.plan.baselines import even_split, measured, user
+from pinpoint.plan.check import Placement, Unit, fits_type, units, violations
+from pinpoint.plan.graph import PlanGraph
+from pinpoint.plan.links import LinkModel
+from pinpoint.plan.predict import predict
+from pinpoint.plan.tasks import TaskGraph, costs, task_graph
+
+OBJECTIVES = ("step_time", "balance")
+BALANCE_TOLERANCE = 0.05
+
+
+def balance_key(load: dict[str, float], devices: tuple[str, ...], crossing: int) -> tuple[float, int]:
+    """(busiest compute over `devices`, but no less than (1 + tolerance) x their mean; crossing)."""
+    values = [load.get(d, 0.0) for d in devices]
+    floor = (1 + BALANCE_TOLERANCE) * sum(values) / len(values)
+    return max(max(values), floor), crossing
+
+
+@dataclass(frozen=True)
+class Plan:
+    placement: Placement
+    algorithm: str  # "m-ETF", "m-SCT", "... + balance moves", "LPT over parameter servers"
+
+
+class _Space:
+    """The units and the devices each may use, with memory left per device."""
+
+    def __init__(self, graph: PlanGraph, devices: tuple[str, ...]):
+        self.graph = graph
+        self.units = units(graph)
+        self.unit_of = {k: i for i, u in enumerate(self.units) for k in u.keys}
+        self.candidates = [self._candidates(u, devices) for u in self.units]
+        self.caps = dict(graph.memory_cap_bytes)
+
+    def _candidates(self, u: Unit, devices: tuple[str, ...]) -> list[str]:
+        if u.fixed is not None:
+            return [u.fixed]
+        found = [d for d in devices if fits_type(u.allowed, d)]
+        if not found:  # e.g. a host-only group on a GPU plan: the host, or any run device it fits
+            found = [d for d in (self.graph.host, *self.graph.devices) if fits_type(u.allowed, d)][:1]
+        if not found:
+            raise PlacementError(f"allowed: got {sorted(u.allowed or ())} for {', '.join(u.keys)}, and no device of "
+                                 f"the run ({', '.join(self.graph.devices)}) has that type; add such a device")
+        room = [d for d in found if u.variable_bytes <= self.caps_get(d)]
+        if not room:
+            caps = {d: self.graph.memory_cap_bytes[d] for d in found}
+            raise PlacementError(f"memory_cap_bytes: got {caps}, but {', '.join(u.keys)} holds {u.variable_bytes} "
+                                 "bytes of variables, more than any device it may use; raise the cap")
+        return found
+
+    def caps_get(self, d: str) -> float:
+        return self.graph.memory_cap_bytes.get(d, math.inf)
+
+
+def _no_room(space: _Space, u: Unit) -> PlacementError:
+    caps = {d: space.graph.memory_cap_bytes[d] for d in space.candidates[space.unit_of[u.keys[0]]]
+            if d in space.graph.memory_cap_bytes}
+    return PlacementError(f"memory_cap_bytes: got {caps}, but no placement fits: {', '.join(u.keys)} needs "
+                          f"{u.variable_bytes} bytes of variables after the others took theirs; raise the caps "
+                          "or add devices")
+
+
+def _favorites(graph: PlanGraph, rank: dict[str, int], space: _Space) -> dict[int, int]:
+    """m-SCT's favorite child per unit, chosen greedily (not by the paper's LP): the unit its
+    heaviest forward edge feeds."""
+    heaviest: dict[str, tuple[int, str]] = {}
+    for e in graph.edges:
+        if e.src in rank and e.dst in rank and rank[e.src] < rank[e.dst]:
+            if e.bytes > heaviest.get(e.src, (-1, ""))[0]:
+                heaviest[e.src] = (e.bytes, e.dst)
+    favorite: dict[int, int] = {}
+    for src, (_, dst) in heaviest.items():
+        a, b = space.unit_of[src], space.unit_of[dst]
+        if a != b:
+            favorite.setdefault(a, b)
+    return favorite
+
+
+def _options(space: _Space, u: int, at: dict[str, float], left: dict[str, float],
+             reserved: dict[str, set[int]] | None) -> tuple[list[str], bool]:
+    """(devices unplaced unit u may take now, whether it is an urgent favorite child): those with
+    room; under m-SCT (reserved given) only its reserved device if it has one, else the devices
+    not reserved for another unit while there are any."""
+    vb = space.units[u].variable_bytes
+    options = [d for d in at if vb <= left[d]]
+    if not options:
+        raise _no_room(space, space.units[u])
+    if reserved is None:
+        return options, False
+    mine = [d for d in options if u in reserved[d]]
+    if mine:
+        return mine, True
+    return [d for d in options if not reserved[d]] or options, False
+
+
+def list_schedule(graph: PlanGraph, tg: TaskGraph, space: _Space, links: LinkModel, sct: bool) -> Placement:
+    """m-ETF (sct False) or m-SCT (sct True); see the module doc."""
+    n = len(tg.duration)
+    rank = {k: i for i, k in enumerate(tg.keys)}
+    unit_of_task = [space.unit_of[tg.keys[t // 2]] for t in range(n)]
+    placed: list[str | None] = [None] * len(space.units)
+    left = {d: space.caps_get(d) for c in space.candidates for d in c}
+    free = dict.fromkeys(left, 0.0)
+    finish = [0.0] * n
+    device_of_task: list[str | None] = [None] * n
+    missing = [len(p) for p in tg.pred]
+    ready: dict[int, dict[str, float]] = {}  # task -> device -> time its inputs are there
+    position = {t: i for i, t in enumerate(tg.topo)}
+    favorite: dict[int, int] = {}  # parent unit -> favorite child unit (m-SCT)
+    reserved: dict[str, set[int]] = {d: set() for d in left}
+    if sct:
+        favorite = _favorites(graph, rank, space)
+
+    def inputs_at(t: int, d: str) -> float:
+        at = 0.0
+        for p, nbytes in tg.pred[t]:
+            src = device_of_task[p]
+            at = max(at, finish[p] + (0.0 if src == d else links.transfer_us(src, d, nbytes)))
+        return at
+
+    def make_ready(t: int) -> None:
+        u = unit_of_task[t]
+        devs = [placed[u]] if placed[u] is not None else space.candidates[u]
+        ready[t] = {d: inputs_at(t, d) for d in devs}
+
+    for t in range(n):
+        if missing[t] == 0:
+            make_ready(t)
+    while ready:
+        best = None
+        for t, at in ready.items():
+            u = unit_of_task[t]
+            options, urgent = ([placed[u]], False) if placed[u] is not None else \
+                _options(space, u, at, left, reserved if sct else None)
+            for d in options:
+                key = (not urgent, max(free[d], at[d]), position[t], d)
+                if best is None or key < best[0]:
+                    best = (key, t, d)
+        _, t, d = best
+        del ready[t]
+        u = unit_of_task[t]
+        if placed[u] is None:
+            placed[u] = d
+            left[d] -= space.units[u].variable_bytes
+            for held in reserved.values():
+                held.discard(u)
+            child = favorite.get(u)
+            if child is not None and placed[child] is None and d in space.candidates[child]:
+                reserved[d].add(child)
+            for other in ready:  # the unit's other ready tasks may now only go to d
+                if unit_of_task[other] == u:
+                    ready[other] = {d: ready[other].get(d, inputs_at(other, d))}
+        start = max(free[d], inputs_at(t, d))
+        finish[t] = free[d] = start + tg.duration[t]
+        device_of_task[t] = d
+        for s, _ in tg.succ[t]:
+            missing[s] -= 1
+            if missing[s] == 0:
+                make_ready(s)
+    return {k: placed[space.unit_of[k]] for k in tg.keys}
+
+
+def _balance_moves(graph: PlanGraph, space: _Space, placement: Placement, devices: tuple[str, ...],
+                   cost: dict[str, float]) -> Placement:
+    """Move one unit at a time while (busiest compute over `devices`, bytes crossing) drops."""
+    dev_of = [placement[u.keys[0]] for u in space.units]
+    ucost = [sum(cost[k] for k in u.keys) for u in space.units]
+    adj: list[dict[int, int]] = [{} for _ in space.units]
+    for e in graph.edges:
+        a, b = space.unit_of.get(e.src), space.unit_of.get(e.dst)
+        if a is not None and b is not None and a != b:
+            adj[a][b] = adj[a].get(b, 0) + e.bytes
+            adj[b][a] = adj[b].get(a, 0) + e.bytes
+    load = dict.fromkeys(devices, 0.0)
+    mem: dict[str, float] = {}
+    for i, d in enumerate(dev_of):
+        load[d] = load.get(d, 0.0) + ucost[i]
+        mem[d] = mem.get(d, 0) + space.units[i].variable_bytes
+    crossing = sum(n for a in range(len(adj)) for b, n in adj[a].items() if a < b and dev_of[a] != dev_of[b])
+
+    current = balance_key(load, devices, crossing)
+    for _ in range(4 * len(space.units) + 10):
+        best = None
+        for i, u in enumerate(space.units):
+            src = dev_of[i]
+            for dst in space.candidates[i]:
+                if dst == src or mem.get(dst, 0) + u.variable_bytes > space.caps_get(dst):
+                    continue
+                load[src] -= ucost[i]
+                load[dst] = load.get(dst, 0.0) + ucost[i]
+                delta = sum(n * ((dev_of[j] != dst) - (dev_of[j] != src)) for j, n in adj[i].items())
+                key = balance_key(load, devices, crossing + delta)
+                load[src] += ucost[i]
+                load[dst] -= ucost[i]
+                if key < current and (best is None or key < best[0]):
+                    best = (key, i, dst, delta)
+        if best is None:
+            break
+        current, i, dst, delta = best
+        src = dev_of[i]
+        load[src] -= ucost[i]
+        load[dst] += ucost[i]
+        mem[src] -= space.units[i].variable_bytes
+        mem[dst] = mem.get(dst, 0) + space.units[i].variable_bytes
+        crossing += delta
+        dev_of[i] = dst
+    return {k: dev_of[i] for i, u in enumerate(space.units) for k in u.keys}
+
+
+def _ps_plan(graph: PlanGraph, space: _Space, servers: tuple[str, ...]) -> Placement:
+    placement = {g.key: g.device for g in graph.groups}
+    carried = dict.fromkeys(servers, 0)
+    mem = {d: 0 for d in servers}
+    order = sorted(range(len(space.units)), key=lambda i: (-space.units[i].variable_bytes, i))
+    for i in order:
+        u = space.units[i]
+        if u.variable_bytes == 0 or u.fixed is not None:
+            continue
+        options = [d for d in servers if fits_type(u.allowed, d) and mem[d] + u.variable_bytes <= space.caps_get(d)]
+        if not options:
+            raise _no_room(space, u)
+        d = min(options, key=lambda d: (carried[d], servers.index(d)))
+        carried[d] += u.variable_bytes
+        mem[d] += u.variable_bytes
+        for k in u.keys:
+            placement[k] = d
+    return placement
+
+
+def _within(space: _Space, placement: Placement) -> bool:
+    """Every unit on a device it may use in this search (e.g. not on a GPU beyond --devices)."""
+    return all(placement[u.keys[0]] in space.candidates[i] for i, u in enumerate(space.units))
+
+
+def search(graph: PlanGraph, links: LinkModel, objective: str, devices: tuple[str, ...]) -> Plan:
+    """The plan over `devices` (the accelerators, or the parameter servers, a plan spreads
+    over) for `objective`; raises PlacementError when no placement satisfies the constraints."""
+    if objective not in OBJECTIVES:
+        raise PlacementError(f"--objective: got {objective!r}; use step_time or balance")
+    if objective == "step_time" and not graph.timed:
+        raise PlacementError("--objective: got step_time, but the run was not timed; re-run with "
+                             "placement.timing: true (or plan with --objective balance)")
+    space = _Space(graph, devices)
+    if graph.strategy == "parameter_server" and all(parse_name(d)[0] == "ps" for d in devices):
+        found = [Plan(_ps_plan(graph, space, devices), "LPT over parameter servers")]
+    else:
+        cost = costs(graph)
+        tg = task_graph(graph, cost)
+        found = [Plan(list_schedule(graph, tg, space, links, sct), name)
+                 for name, sct in (("m-ETF", False), ("m-SCT", True))]
+        # The run's own placement, the user's and the even split compete too (when they keep to
+        # the target devices and the constraints): a plan is never predicted worse than them.
+        others = [Plan(measured(graph), "as measured"), Plan(user(graph), "the user's plan"),
+                  Plan(even_split(graph, devices), "even split")]
+        others = [p for p in others if _within(space, p.placement) and not violations(graph, p.placement)]
+        starts = [*found, *others]
+        found += others
+        for start in starts:
+            moved = _balance_moves(graph, space, start.placement, devices, cost)
+            if moved != start.placement:
+                found.append(Plan(moved, f"{start.algorithm} + balance moves"))
+    scored = []
+    for plan in found:
+        bad = violations(graph, plan.placement)
+        if bad:  # the schedulers keep the constraints; this is the guard that they did
+            raise PlacementError(bad[0])
+        pred = predict(graph, plan.placement, links, devices)
+        load = pred.compute_us if graph.timed else pred.ops
+        if objective == "step_time":
+            key = (pred.step_us, pred.crossing_total)
+        else:
+            key = balance_key(load, devices, pred.crossing_total)
+        scored.append((key, len(scored), plan))
+    return min(scored)[2]
