@@ -192,13 +192,14 @@ def _emit(event: str, **fields: Any) -> None:
 
 
 def main() -> int:
-    from pinpoint.tracking.sender import Sender, mlflow_client
+    from pinpoint.tracking.sender import Sender, mlflow_client, remember_absent_modules
     from pinpoint.tracking.spool import Spool
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Background work: the training's threads come first when both want a core.
     os.nice(NICENESS)
     uri = os.environ.pop(URI_ENV)
+    remember_absent_modules()  # this process only: MLflow's per-request imports stay cheap
     try:
         mlflow_client(uri)  # MLflow's import and the store, before the parent needs them
     except Exception:  # noqa: BLE001, S110 - the sender reports an unreachable server itself
