@@ -184,3 +184,60 @@ def test_verify_flags_are_one_line_each(run, tmp_path, capsys):
     assert capsys.readouterr().err == (f"pinpoint: --verify-out: got '{full}', which already holds files; pass a new "
                                        "or empty folder\n")
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+@pytest.mark.unit
+def test_every_deviation_is_named_with_its_cause():
+    """A layer rule's violations: the rule's own why, else the run's fallback reason for the op,
+    else the placer's choice; a planned layer with no rule at all is a deviation too."""
+    from pinpoint.plan.verify import compare_conformance
+
+    placement = {
+        "conformance": {"rules": [
+            {"rule": "layers.enc", "score": 0.5, "observed": {"/GPU:0": 1, "/CPU:0": 1},
+             "violations": [{"op": "m/enc/Lookup", "placed": "/CPU:0"}]},
+            {"rule": "layers.dec", "score": 0.75, "observed": {"/GPU:1": 3, "/GPU:0": 1},
+             "violations": [{"op": "m/dec/Scatter", "placed": "/GPU:0", "why": "colocated with its variable"},
+                            {"op": "m/dec/Mul", "placed": "/GPU:0"}]},
+        ]},
+        "fallbacks": [{"op": "m/enc/Lookup", "reason": "no GPU kernel for StringToHashBucketFast"}],
+    }
+    got = compare_conformance(placement, {"enc": "/GPU:0", "dec": "/GPU:1", "head": "/GPU:1"})
+    assert got["score"] == round((0.5 + 0.75 + 0.0) / 3, 4)
+    assert got["deviations"] == [
+        {"layer": "enc", "op": "m/enc/Lookup", "placed": "/CPU:0", "cause": "no GPU kernel for StringToHashBucketFast"},
+        {"layer": "dec", "op": "m/dec/Scatter", "placed": "/GPU:0", "cause": "colocated with its variable"},
+        {"layer": "dec", "op": "m/dec/Mul", "placed": "/GPU:0",
+         "cause": "placed off the layer's device with no recorded fallback (the placer's choice)"},
+        {"layer": "head", "op": None, "placed": None,
+         "cause": "the verification run has no layers rule for it (no op matched the layer)"},
+    ]
+
+
+@pytest.mark.unit
+def test_bytes_compare_pair_by_pair_and_a_pair_on_one_side_only_counts_as_zero():
+    from pinpoint.plan.verify import compare_bytes
+
+    got = compare_bytes({"/GPU:0 -> /GPU:1": 100, "/CPU:0 -> /GPU:0": 8},
+                        {"/GPU:0 -> /GPU:1": 100, "/CPU:0 -> /GPU:0": 16, "/GPU:1 -> /CPU:0": 0})
+    assert got == {"pairs": [{"pair": "/CPU:0 -> /GPU:0", "predicted": 8, "measured": 16, "exact": False},
+                             {"pair": "/GPU:0 -> /GPU:1", "predicted": 100, "measured": 100, "exact": True}],
+                   "exact": False, "predicted_total": 108, "measured_total": 116}
+
+
+@pytest.mark.unit
+def test_a_folder_with_only_a_plan_file_gets_the_prediction_table(run, capsys):
+    """`pinpoint plan` without --verify: the report's plan section shows each placement's
+    predicted figures (nothing measured, no timeline); a folder without a plan has no section."""
+    from pinpoint.placement.report import read_plan_check, render_html
+
+    assert read_plan_check(run) is None
+    assert '<section id="plan">' not in render_html({}, None, {}, "t", plan=read_plan_check(run))
+    assert main(["plan", str(run), "--objective", "balance"]) == 0
+    doc = yaml.safe_load((run / "plan.yaml").read_text())
+    html = render_html({}, None, {}, "t", plan=read_plan_check(run))
+    section = html[html.index('<section id="plan">'):]
+    section = section[:section.index("</section>")]
+    for name, p in doc["prediction"].items():
+        assert f"<td>{name}</td><td class=\"num\">{p['step_ms']:.3f}</td><td>predicted</td>" in section
+    assert "verified (measured)" not in section and "<img" not in section
