@@ -102,7 +102,8 @@ def test_a_verified_layer_split_has_exact_bytes_full_conformance_and_a_report(tm
     assert check["step"]["measured_ms"] > 0 and check["step"]["predicted_ms"] > 0
     assert "(exact)" in printed and "conformance of the plan's layers: 1.0 (0 deviation(s))" in printed
 
-    # MLflow: the plan's step run of the verification folder, linked to the source folder.
+    # MLflow: the plan's step run of the verification folder, linked to the source folder, the
+    # parent of the verification's train run.
     c = MlflowClient(uri)
     (run,) = c.search_runs([c.get_experiment_by_name("plan-verify").experiment_id],
                            filter_string="tags.`pinpoint.step` = 'plan'")
@@ -114,6 +115,8 @@ def test_a_verified_layer_split_has_exact_bytes_full_conformance_and_a_report(tm
     assert run.data.metrics["plan.measured_step_ms"] == check["step"]["measured_ms"]
     assert run.data.tags["pinpoint.plan.source_run"] == str(source.resolve())
     assert sorted(a.path for a in c.list_artifacts(run.info.run_id)) == ["plan.yaml", "plan_check.json"]
+    (trained,) = c.search_runs([run.info.experiment_id], filter_string="tags.`pinpoint.step` = 'train'")
+    assert trained.data.tags["mlflow.parentRunId"] == run.info.run_id  # the plan's run holds its training
 
     # The report of the verification folder: the plan section with its table and timeline.
     html = write_report(vdir)[0].read_text()

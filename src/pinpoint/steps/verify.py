@@ -1,14 +1,14 @@
 """`pinpoint plan RUN_DIR --verify --config CONFIG`: plan, train CONFIG with the plan's layers
 into a verification run folder, and hold the prediction to that run's measurement
 (plan_check.json, pinpoint.plan.verify); with tracking on, the plan and the check go to MLflow
-as a "plan" step run of the verification folder."""
+as a "plan" step run of the verification folder, the parent of its train run."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from pinpoint.config import Config, load_config
+from pinpoint.config import load_config
 from pinpoint.errors import ConfigError
 from pinpoint.plan.command import plan_run, print_plan
 from pinpoint.plan.emit import write_plan
@@ -44,19 +44,28 @@ def verify_command(run_dir: Path, config_path: str | None, *, devices: int | Non
     path = write_plan(out if out is not None else run_dir / PLAN_FILE, doc)
     print_plan(doc, predictions, path)
 
+    from pinpoint.tracking import open_step_run
     from pinpoint.training.command import train_command
 
-    code = train_command(vcfg, vdir)
-    if code != 0:
-        raise ConfigError(f"--verify: got exit code {code} from training {config_path} with the plan in {vdir}; "
-                          "see its output above, fix the cause and re-run")
-    verified = plan_graph(vdir)
-    from pinpoint.placement.files import read_placement
+    # The "plan" run (a no-op without tracking) is the parent of the verification's train run:
+    # the plan, its check and its figures sit one level above the training they describe.
+    with open_step_run(vcfg, "plan", vdir) as run:
+        code = train_command(vcfg, vdir, parent_run_id=run.run_id)
+        if code != 0:
+            raise ConfigError(f"--verify: got exit code {code} from training {config_path} with the plan in {vdir}; "
+                              "see its output above, fix the cause and re-run")
+        verified = plan_graph(vdir)
+        from pinpoint.placement.files import read_placement
 
-    check = plan_check(doc, source, verified, read_placement(vdir), links, verify_run=str(vdir))
-    plan_copy = write_plan(vdir / PLAN_FILE, doc)
-    check_path = atomic_write_json(vdir / PLAN_CHECK, check)
-    _track(vcfg, vdir, run_dir, doc, check, plan_copy, check_path)
+        check = plan_check(doc, source, verified, read_placement(vdir), links, verify_run=str(vdir))
+        plan_copy = write_plan(vdir / PLAN_FILE, doc)
+        check_path = atomic_write_json(vdir / PLAN_CHECK, check)
+        params, metrics = plan_figures(doc, check)
+        run.log_params(params)
+        run.log_metrics(metrics)
+        run.set_tags({"pinpoint.plan.source_run": source_run_link(run_dir)})
+        run.log_artifact(plan_copy)
+        run.log_artifact(check_path)
     print(check_table(check))
     print(f"pinpoint: plan verified -> {check_path}")
     return 0
@@ -93,16 +102,3 @@ def plan_figures(doc: dict[str, Any], check: dict[str, Any]) -> tuple[dict[str, 
             metrics[f"plan.{key.replace('_ms', '_step_ms')}"] = float(check["step"][key])
     return params, metrics
 
-
-def _track(cfg: Config, vdir: Path, run_dir: Path, doc: dict, check: dict, plan_path: Path, check_path: Path) -> None:
-    if not cfg.tracking.enabled:
-        return
-    from pinpoint.tracking import open_step_run
-
-    params, metrics = plan_figures(doc, check)
-    with open_step_run(cfg, "plan", vdir) as run:
-        run.log_params(params)
-        run.log_metrics(metrics)
-        run.set_tags({"pinpoint.plan.source_run": source_run_link(run_dir)})
-        run.log_artifact(plan_path)
-        run.log_artifact(check_path)
