@@ -291,3 +291,18 @@ def test_a_transformers_gradient_sums_and_grappler_kernels_stay_with_their_layer
     for key in layers:
         assert (g.group(key).allowed, g.group(key).movable, g.group(key).device) == (frozenset(CPU_GPU), True, layers[key])
     assert g.timed is False and g.group("block_0").compute_us == 0.0
+
+
+@pytest.mark.unit
+def test_a_step_argument_fed_on_the_host_is_sent_from_the_input_group(tmp_path):
+    """The trainer's step counter is an argument of the step function on the host: the op rows
+    record it as `args`, and the 8 bytes it sends to the loop's device count as input's output
+    (an argument on another device, a variable's handle, is not a tensor a plan moves)."""
+    rows = [*ROWS, _row("loop/add", "AddV2", "/GPU:1", us=0.5),
+            _row("m/enc/Read", "ReadVariableOp", "/GPU:0", layer="enc", us=0.5)]
+    rows[-2]["args"] = [["start", 8, "/CPU:0"]]
+    rows[-1]["args"] = [["enc_kernel_handle", 0, "/GPU:0"]]
+    g = plan_graph(_write_run(tmp_path / "run", rows))
+    edges = {(e.src, e.dst): e.bytes for e in g.edges}
+    base = {(e.src, e.dst): e.bytes for e in plan_graph(_write_run(tmp_path / "base")).edges}
+    assert edges == {**base, ("input", "other"): base[("input", "other")] + 8}

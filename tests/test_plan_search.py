@@ -4,8 +4,6 @@ search's constraints, the baselines, the plan file and `pinpoint plan`'s own err
 from __future__ import annotations
 
 import random
-import sys
-import types
 from dataclasses import replace
 
 import pytest
@@ -361,42 +359,49 @@ def test_read_plan_refuses_a_plan_over_the_memory_cap(tmp_path):
 
 
 # ---- `pinpoint plan` -----------------------------------------------------------------------
-@pytest.fixture
-def graph_of_run(monkeypatch):
-    """A stand-in (named a fake) for pinpoint.plan.build, the capture's side written on another
-    branch: plan_graph returns a hand-built graph, so the command's own checks are what is tested."""
-    fake = types.ModuleType("pinpoint.plan.build")
-    fake.plan_graph = lambda run_dir: fake.graph
-    monkeypatch.setitem(sys.modules, "pinpoint.plan.build", fake)
-    return fake
+def _run_folder(tmp_path, timed=True):
+    """A real run folder (placement.json + its op file, train_log.jsonl, as tests/test_plan_graph.py
+    writes them) that pinpoint.plan.build reads: layers enc and dec over 2 GPUs."""
+    from tests.test_plan_graph import CPU_GPU, ROWS, _write_run
+
+    # The loss gradient's Tile there is written as host-only to test the graph's constraints; here it
+    # has both kernels, so "other" (colocated with dec) may stay where it ran.
+    rows = [dict(r, kernel_devices=CPU_GPU) if r["type"] == "Tile" else r for r in ROWS]
+    rows = rows if timed else [{k: v for k, v in r.items() if k != "us"} for r in rows]
+    return _write_run(tmp_path / "run", rows)
 
 
 @pytest.mark.parametrize("n", [3, 0])
-def test_plan_refuses_a_device_count_the_run_cannot_give(graph_of_run, tmp_path, capsys, n):
-    graph_of_run.graph = two_towers()
+def test_plan_refuses_a_device_count_the_run_cannot_give(tmp_path, capsys, n):
+    run = _run_folder(tmp_path)
     out = tmp_path / "plan.yaml"
-    assert main(["plan", str(tmp_path), "--devices", str(n), "--out", str(out)]) == 2
+    assert main(["plan", str(run), "--devices", str(n), "--out", str(out)]) == 2
     assert capsys.readouterr().err == (f"pinpoint: --devices: got {n}, but the run has 2 GPUs (/GPU:0, /GPU:1); "
                                        "pass 1 to 2, or capture a run on more devices\n")
     assert not out.exists()
 
 
-def test_plan_refuses_step_time_on_an_untimed_run(graph_of_run, tmp_path, capsys):
-    graph_of_run.graph = two_towers(timed=False)
-    assert main(["plan", str(tmp_path), "--objective", "step_time"]) == 2
-    assert capsys.readouterr().err == (f"pinpoint: --objective: got step_time, but {tmp_path} was not timed; "
+def test_plan_refuses_step_time_on_an_untimed_run(tmp_path, capsys):
+    run = _run_folder(tmp_path, timed=False)
+    before = sorted(p.name for p in run.iterdir())
+    assert main(["plan", str(run), "--objective", "step_time"]) == 2
+    assert capsys.readouterr().err == (f"pinpoint: --objective: got step_time, but {run} was not timed; "
                                        "re-run with placement.timing: true, or pass --objective balance\n")
-    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in run.iterdir()) == before
 
 
-def test_plan_writes_the_plan_and_prints_the_table(graph_of_run, tmp_path, capsys):
-    graph_of_run.graph = two_towers()
-    assert main(["plan", str(tmp_path), "--objective", "balance"]) == 0
+def test_plan_writes_the_plan_and_prints_the_table(tmp_path, capsys):
+    from pinpoint.plan.build import plan_graph
+
+    run = _run_folder(tmp_path)
+    assert main(["plan", str(run), "--objective", "balance"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["placement", "step", "ms", "busiest/mean", "crossing/step", "peak", "var", "memory"]
     assert [line.split()[0] for line in out[1:6]] == ["plan", "measured", "one_device", "user", "even_split"]
-    assert out[-1].startswith("pinpoint: plan (") and out[-1].endswith(f"-> {tmp_path / 'plan.yaml'}")
-    assert read_plan(tmp_path / "plan.yaml", graph_of_run.graph).layers["b1"] == "/GPU:1"
+    assert out[-1].startswith("pinpoint: plan (") and out[-1].endswith(f"-> {run / 'plan.yaml'}")
+    # enc (23 us with its gradient) and dec (35.5 us, with "other" colocated) balance best apart.
+    layers = read_plan(run / "plan.yaml", plan_graph(run)).layers
+    assert sorted(layers) == ["dec", "enc"] and layers["enc"] != layers["dec"]
 
 
 def test_a_bad_links_file_is_one_line(tmp_path, capsys):

@@ -109,6 +109,16 @@ def cmd_trace(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    if args.verify:
+        from pinpoint.steps.verify import verify_command
+
+        return verify_command(Path(args.dir), args.config, devices=args.devices, objective=args.objective,
+                              out=Path(args.out) if args.out else None, links_file=args.links,
+                              verify_out=args.verify_out)
+    if args.config or args.verify_out:
+        flag = "--config" if args.config else "--verify-out"
+        raise ConfigError(f"{flag}: got '{args.config or args.verify_out}' without --verify; add --verify to "
+                          "train the plan, or drop it")
     from pinpoint.plan.command import plan_command
 
     return plan_command(Path(args.dir), devices=args.devices, objective=args.objective,
@@ -207,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", metavar="FILE", help="the plan file (default RUN_DIR/plan.yaml)")
     s.add_argument("--links", metavar="FILE",
                    help="YAML with a links: section overriding the link model (see docs/plan.md)")
+    s.add_argument("--verify", action="store_true",
+                   help="train --config with the plan's layers and compare prediction with measurement "
+                        "(plan_check.json in the verification folder)")
+    s.add_argument("--config", metavar="CONFIG", help="with --verify: the config to train with the plan")
+    s.add_argument("--verify-out", metavar="DIR", help="with --verify: the verification run folder "
+                                                       "(default RUN_DIR-verify beside the run)")
     s.set_defaults(fn=cmd_plan)
 
     s = sub.add_parser("upload-spool", help="send MLflow data spooled while the server was down")

@@ -224,6 +224,37 @@ def time_per_device(placement: dict, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
+def plan_timeline(check: dict, path: Path) -> Path | None:
+    """plan_check.json's simulated step of the run's placement and of the plan, one panel each:
+    a bar per task (a group's forward or backward pass) on its device, from start to end."""
+    timelines = {name: rows for name, rows in (check.get("timeline") or {}).items() if rows}
+    if not timelines:
+        return None
+    plt = _plt()
+    devices = sorted({r["device"] for rows in timelines.values() for r in rows})
+    groups = sorted({r["group"] for rows in timelines.values() for r in rows})
+    colors = {g: plt.get_cmap("tab20")(i % 20) for i, g in enumerate(groups)}
+    end = max(r["end_us"] for rows in timelines.values() for r in rows)
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(9.5, 0.8 + (0.5 * len(devices) + 0.6) * len(timelines)),
+                             squeeze=False, sharex=True)
+    for ax, (name, rows) in zip(axes[:, 0], timelines.items()):
+        for r in rows:
+            y = devices.index(r["device"])
+            ax.barh(y, r["end_us"] - r["start_us"], left=r["start_us"], color=colors[r["group"]],
+                    edgecolor="white", hatch="//" if r["pass"] == "backward" else None)
+        last = max(r["end_us"] for r in rows)
+        ax.set_yticks(range(len(devices)), devices, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, end * 1.02)
+        ax.set_title(f"{name}: simulated step {last / 1e3:.3f} ms (compute; hatched: backward)", fontsize=9)
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[-1, 0].set_xlabel("µs into the step")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[g]) for g in groups]
+    fig.legend(handles, groups, fontsize=8, loc="upper right", ncol=1)
+    fig.subplots_adjust(right=0.8)
+    return _save(plt, fig, path)
+
+
 CHARTS = {
     "ops_heatmap.png": ops_heatmap,
     "transfer_matrix.png": transfer_matrix,

@@ -6,7 +6,10 @@ producer found across the _Send/_Recv pairs the partitioner inserted, so an edge
 names the op that made the tensor), `requested` (the device the graph asked for, "" for none),
 `colocation` (its `_class` colocation groups), `layer` (the train.pinning.layers key it belongs
 to), `kernel_devices` (device types with a kernel for it) and, when the steps were timed, `us`
-(its own time per step). Built once, after training, from the CapturedGraphs.
+(its own time per step). An op fed by an argument of the step function (the trainer's step counter,
+fed on the host) also has `args`: [[argument, bytes, device]], the runtime sends those like any
+tensor, so the planner counts them (on the host, with the input pipeline). Built once, after
+training, from the CapturedGraphs.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ def add_graph_fields(rows: list[dict], cap, namer: DeviceMap, *, layer_of: Calla
         node = nodes.get(name)
         pre = defs.get(name)
         row["inputs"] = _inputs(node, producers, names, cap, nodes) if node is not None else []
+        args = _arg_inputs(node, producers, cap, nodes, namer) if node is not None else []
+        if args:
+            row["args"] = args
         row["requested"] = namer.canonical_spec(requested.get(name, ""))
         row["colocation"] = _colocation(pre if pre is not None and "_class" in pre.attr else node)
         row["layer"] = layer_of(name) or (resource_layers or {}).get(name)
@@ -77,6 +83,15 @@ def _inputs(node, producers: dict, names: set, cap, nodes: dict) -> list[list]:
     the tensor its _Send sent; inputs from no op row (function arguments, the loop's own
     machinery) are left out."""
     out = []
+    for tensor, dtype in _sources(node, producers, nodes):
+        if tensor.partition(":")[0] in names:
+            out.append([tensor, tensor_bytes(tensor, cap, nodes, dtype)])
+    return out
+
+
+def _sources(node, producers: dict, nodes: dict) -> list[tuple[str, int | None]]:
+    """(producer tensor, dtype or None) of each data input, a _Recv followed to what its _Send sent."""
+    out = []
     for inp in node.input:
         if inp.startswith("^"):
             continue
@@ -88,9 +103,19 @@ def _inputs(node, producers: dict, names: set, cap, nodes: dict) -> list[list]:
             tensor, dtype = producers.get(_edge_key(src), (None, None))
             if tensor is None:
                 break
-        if tensor is None or tensor.partition(":")[0] not in names:
-            continue
-        out.append([tensor, tensor_bytes(tensor, cap, nodes, dtype)])
+        if tensor is not None:
+            out.append((tensor, dtype))
+    return out
+
+
+def _arg_inputs(node, producers: dict, cap, nodes: dict, namer: DeviceMap) -> list[list]:
+    """[[argument, bytes, device], ...]: the node's data inputs that are arguments of the step
+    function (an _Arg, followed across _Send/_Recv), with the device the argument lives on."""
+    out = []
+    for tensor, dtype in _sources(node, producers, nodes):
+        src = nodes.get(tensor.partition(":")[0])
+        if src is not None and src.op == "_Arg":
+            out.append([tensor, tensor_bytes(tensor, cap, nodes, dtype), namer.canonical_spec(src.device)])
     return out
 
 

@@ -421,6 +421,28 @@ def _eager(p: Placement, metrics, charts, x) -> dict | None:
     }
 
 
+def _plan(p: Placement, metrics, charts, x) -> dict | None:
+    """The run folder's plan (plan_check.json from `pinpoint plan --verify`, else plan.yaml): each
+    placement's predicted figures, the verification run's measured ones beside them."""
+    check = x.get("plan")
+    if not check:
+        return None
+    rows = []
+    for name, f in (check.get("placements") or {}).items():
+        measured = name == "verified"
+        rows.append({"placement": "verified (measured)" if measured else name,
+                     "step": "-" if f.get("step_ms") is None else f"{f['step_ms']:.3f}",
+                     "kind": "measured median" if measured else "predicted",
+                     "ratio": "-" if f.get("busiest_over_mean") is None else f"{f['busiest_over_mean']:.2f}x",
+                     "bytes": human_bytes(f.get("bytes_crossing_per_step") or 0),
+                     "memory": human_bytes(f.get("peak_variable_bytes") or 0)})
+    b, c, step = check.get("bytes"), check.get("conformance"), check.get("step")
+    return {"charts": charts, "rows": rows, "pinning": (check.get("pinning") or {}).get("layers") or {},
+            "objective": check.get("objective"), "algorithm": check.get("algorithm"),
+            "source": check.get("source_run"), "bytes": b, "conformance": c, "step": step,
+            "bad_pairs": [i for i, r in enumerate((b or {}).get("pairs") or []) if not r["exact"]]}
+
+
 def _explained(key: str) -> Callable[[Placement, dict], str]:
     return lambda p, ex: ex.get(key, "") or EXPLAIN.get(key, "") or EXPLAIN_TRACE.get(key, "")
 
@@ -452,6 +474,12 @@ SECTIONS: list[Section] = [
             lambda p, ex: "A tf.data pipeline runs its dataset ops inside the iterator, on the iterator's device; "
             "each replica's batch is then copied to the replica (a transfer above). Under a mixed policy, float32 "
             "variables are cast to the compute dtype where each layer runs: the Cast ops per device."),
+    Section("plan", "plan", "Plan: prediction against measurement", "plan.html.j2", _plan,
+            lambda p, ex: "The placement `pinpoint plan` proposed from the source run, each candidate's predicted "
+            "step (critical path with the link model), busiest/mean compute, bytes crossing devices and peak "
+            "variable memory per device; with --verify, this run trained the plan and its measured figures stand "
+            "beside the prediction. The timelines are the simulated steps of the source run's placement and of "
+            "the plan (each group's forward and backward pass on its device)."),
     Section("tasks", "tasks", "Tasks of the cluster", "tasks.html.j2", _tasks,
             lambda p, ex: "Each task captured and analysed its own partition graphs; the chief merged them "
             "(devices united, counts summed, conformance averaged)."),
@@ -476,10 +504,11 @@ def _inline(charts: dict[str, Path]) -> dict[str, str]:
 
 
 def render_html(placement: Placement | dict, metrics: dict | None, charts: dict[str, Path], title: str,
-                sections: list[Section] | None = None) -> str:
-    """The whole report as one HTML string (no external resources, no script)."""
+                sections: list[Section] | None = None, plan: dict | None = None) -> str:
+    """The whole report as one HTML string (no external resources, no script); `plan`: the run
+    folder's plan_check.json (or its plan.yaml's predictions), for the plan section."""
     p = as_placement(placement) or Placement()
-    shared = {"ex": p.explain}
+    shared = {"ex": p.explain, "plan": plan}
     inline = _inline(charts)
     rendered = []
     for s in sections or SECTIONS:
@@ -507,6 +536,30 @@ def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:
     metrics_path = run_dir / METRICS
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else None
     charts = write_charts(placement, run_dir / CHARTS_DIR)
+    plan = read_plan_check(run_dir)
+    if plan is not None:
+        from pinpoint.placement.charts import plan_timeline
+
+        tmp = run_dir / CHARTS_DIR / ".plan_timeline.tmp.png"
+        if plan_timeline(plan, tmp) is not None:
+            charts["plan_timeline.png"] = tmp.replace(run_dir / CHARTS_DIR / "plan_timeline.png")
     title = f"Pinpoint placement report: {run_dir.resolve().name}"
-    out = atomic_write_text(run_dir / REPORT_HTML, render_html(placement, metrics, charts, title))
+    out = atomic_write_text(run_dir / REPORT_HTML, render_html(placement, metrics, charts, title, plan=plan))
     return out, charts, placement
+
+
+def read_plan_check(run_dir: Path) -> dict | None:
+    """The folder's plan_check.json (`pinpoint plan --verify`), else its plan.yaml's predictions
+    (`pinpoint plan`, nothing measured), else None."""
+    check = run_dir / "plan_check.json"
+    if check.is_file():
+        return json.loads(check.read_text())
+    plan = run_dir / "plan.yaml"
+    if plan.is_file():
+        import yaml
+
+        doc = yaml.safe_load(plan.read_text())
+        if isinstance(doc, dict) and isinstance(doc.get("prediction"), dict):
+            return {"placements": doc["prediction"], "pinning": doc.get("pinning"), "objective": doc.get("objective"),
+                    "algorithm": doc.get("algorithm"), "source_run": doc.get("source_run")}
+    return None

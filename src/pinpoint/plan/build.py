@@ -5,7 +5,8 @@ the step as a graph (placement.opgraph: each op's data inputs with their bytes, 
 device, colocation groups, kernel devices, own time), and the run's step times (train_log.jsonl,
 else metrics.json). Groups: one per layer key, "input" for the input pipeline's ops, "other" for
 the rest (loss, optimizer bookkeeping). Constants and NoOps are left out: they do no work and the
-runtime makes them where they are used.
+runtime makes them where they are used. The step function's arguments fed on the host (the
+trainer's step counter) are sent like any tensor: they count as the input pipeline's output.
 """
 
 from __future__ import annotations
@@ -56,8 +57,16 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
     by_group: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_group[group_of[r["op"]]].append(r)
+    aliases = placement.get("device_aliases") or {}
+    physical_to_spec = {v: k for k, v in aliases.items()}
+    host_physical = (placement.get("device_map") or {}).get("host") or "/CPU:0"
+    host = physical_to_spec.get(host_physical, host_physical)
+    if any(a[2] == host for r in rows for a in r.get("args") or ()):
+        by_group.setdefault(INPUT, [])  # the host's arguments are sent from the input pipeline's side
     timed = bool(rows) and all("us" in r for r in rows)
     order = _order(rows, group_of)
+    if INPUT in by_group and INPUT not in order:
+        order.insert(0, INPUT)
     var_bytes = _variable_bytes(placement.get("variables") or [], [k for k in by_group if k not in (INPUT, OTHER)])
     pins = placement.get("layer_pins") or {}
     groups = []
@@ -70,20 +79,17 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
             compute_us=round(sum(r.get("us", 0.0) for r in ops), 3) if timed else 0.0,
             ops=len(ops),
             variable_bytes=var_bytes.get(key, 0),
-            device=_majority(r["device"] for r in ops),
+            device=_majority(r["device"] for r in ops) if ops else host,
             requested=_requested(key, ops, pins),
             allowed=frozenset.intersection(*kernels) if kernels else None,
             movable=key != INPUT and not any(r.get("kernel_devices") == ["CPU"] for r in ops),
         ))
-    aliases = placement.get("device_aliases") or {}
-    physical_to_spec = {v: k for k, v in aliases.items()}
-    host_physical = (placement.get("device_map") or {}).get("host") or "/CPU:0"
     devices = set(placement.get("devices") or ()) | set((placement.get("device_map") or {}).get("spec_replica_devices") or ())
     return PlanGraph(
         groups=tuple(groups),
-        edges=_edges(rows, group_of),
+        edges=_edges(rows, group_of, host),
         devices=tuple(sorted(devices, key=sort_key)),
-        host=physical_to_spec.get(host_physical, host_physical),
+        host=host,
         strategy=placement.get("strategy") or "",
         timed=timed,
         measured_step_us=measured_step_us,
@@ -145,15 +151,18 @@ def _depths(rows: list[dict]) -> tuple[dict[str, int], set[str]]:
     return depth, backward
 
 
-def _edges(rows: list[dict], group_of: dict[str, str]) -> tuple[Edge, ...]:
+def _edges(rows: list[dict], group_of: dict[str, str], host: str) -> tuple[Edge, ...]:
     """Bytes per step between groups: each tensor counted once per consuming group (the runtime
-    sends a tensor once to each device that consumes it, whatever the number of consumers there)."""
+    sends a tensor once to each device that consumes it, whatever the number of consumers there).
+    An argument of the step function on the host comes from the input group; one elsewhere (a
+    variable's handle on its own device) is not a tensor a plan moves."""
     seen: set[tuple[str, str]] = set()
     total: Counter = Counter()
     for r in rows:
         dst = group_of[r["op"]]
-        for tensor, nbytes in r["inputs"]:
-            src = group_of.get(tensor.partition(":")[0])
+        fed = [(group_of.get(t.partition(":")[0]), t, b) for t, b in r["inputs"]]
+        fed += [(INPUT, t, b) for t, b, dev in r.get("args") or () if dev == host]
+        for src, tensor, nbytes in fed:
             if src is None or src == dst or (tensor, dst) in seen:
                 continue
             seen.add((tensor, dst))

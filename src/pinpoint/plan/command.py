@@ -87,12 +87,17 @@ def plan_command(run_dir: Path, *, devices: int | None = None, objective: str | 
     graph = plan_graph(run_dir)
     doc, predictions = plan_run(graph, source_run=str(run_dir), devices=devices, objective=objective, links=links)
     path = write_plan(out if out is not None else Path(run_dir) / "plan.yaml", doc)
+    print_plan(doc, predictions, path)
+    return 0
+
+
+def print_plan(doc: dict, predictions: dict[str, Prediction], path: Path) -> None:
+    """The table, the first rationale lines and where the plan file went."""
     print(table(predictions))
     shown = doc["rationale"][:SHOWN_MOVES]
     for line in shown:
         print(f"  {line}")
     if len(doc["rationale"]) > len(shown):
-        print(f"  ... {len(doc['rationale']) - len(shown)} more moves in {out or Path(run_dir) / 'plan.yaml'} (rationale)")
+        print(f"  ... {len(doc['rationale']) - len(shown)} more moves in {path} (rationale)")
     print(f"pinpoint: plan ({doc['algorithm']}, objective {doc['objective']}, {len(doc['devices'])} device(s)) "
           f"-> {path}")
-    return 0

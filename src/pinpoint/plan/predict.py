@@ -83,8 +83,9 @@ class Prediction:
         }
 
 
-def simulate(tg: TaskGraph, device_of: list[str], links: LinkModel) -> float:
-    """The makespan of the task DAG with task i on device_of[i // 2] (see the module doc)."""
+def simulate(tg: TaskGraph, device_of: list[str], links: LinkModel, record: list | None = None) -> float:
+    """The makespan of the task DAG with task i on device_of[i // 2] (see the module doc); with
+    `record`, each task's (task, device, start, end) in µs is appended to it (the schedule)."""
     n = len(tg.duration)
     missing = [len(p) for p in tg.pred]
     ready_at = [0.0] * n
@@ -100,6 +101,8 @@ def simulate(tg: TaskGraph, device_of: list[str], links: LinkModel) -> float:
         dev = min((d for d, q in queues.items() if q), key=lambda d: (max(free[d], queues[d][0][0]), sort_key(d)))
         ready, _, t = heapq.heappop(queues[dev])
         finish = max(free[dev], ready) + tg.duration[t]
+        if record is not None:
+            record.append((t, dev, finish - tg.duration[t], finish))
         free[dev] = finish
         end = max(end, finish)
         for s, nbytes in tg.succ[t]:
@@ -153,3 +156,16 @@ def predict(graph: PlanGraph, placement: Placement, links: LinkModel, devices: t
                 ps[d] = 2 * w * memory.get(d, 0)
     return Prediction(step, compute, ops, busy, dict(sorted(crossing.items())), memory, ps,
                       tuple(devices) if devices is not None else tuple(used), graph.timed)
+
+
+def schedule(graph: PlanGraph, placement: Placement, links: LinkModel) -> list[dict[str, Any]]:
+    """The simulated step of a timed run's placement, task by task: device, group, pass
+    (forward/backward), start_us, end_us, in start order ([] for an untimed run)."""
+    if not graph.timed:
+        return []
+    tg = task_graph(graph, {g.key: g.compute_us for g in graph.groups})
+    record: list = []
+    simulate(tg, [placement[k] for k in tg.keys], links, record)
+    return [{"device": dev, "group": tg.group_of(t), "pass": "backward" if t % 2 else "forward",
+             "start_us": round(a, 3), "end_us": round(b, 3)}
+            for t, dev, a, b in sorted(record, key=lambda r: (r[2], sort_key(r[1]))) if b > a]
