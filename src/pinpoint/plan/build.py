@@ -17,15 +17,14 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from pinpoint.device_names import sort_key
+from pinpoint.device_names import parse_name, sort_key
 from pinpoint.errors import ConfigError
 from pinpoint.layer_keys import is_pattern, key_matches
 from pinpoint.placement.conformance import INPUT_RE, NOT_COMPUTE, gradient_re
 from pinpoint.placement.files import read_placement
-from pinpoint.plan.graph import Edge, Group, PlanGraph
+from pinpoint.plan.graph import INPUT, OTHER, Edge, Group, PlanGraph, PsVariable
 from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
 
-INPUT, OTHER = "input", "other"
 FIELD = "run_dir"
 _INPUT_SCOPE = re.compile(r"(^|/)input(_\d+)?/")  # the trainer's input_scope
 _FIRST_LOGGED_STEP = 1  # its record's time per step includes the tracing (training.loop.capture)
@@ -88,7 +87,28 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
         timed=timed,
         measured_step_us=measured_step_us,
         colocated=_colocated(rows, group_of),
+        ps_variables=_ps_variables(placement, [k for k in by_group if k not in (INPUT, OTHER)]),
     )
+
+
+def _ps_variables(placement: dict[str, Any], keys: list[str]) -> tuple[PsVariable, ...]:
+    """parameter_server: each variable with its group, creation index (placement.json lists the
+    variables in creation order) and measured server. `per_step`: the step updates it (trainable
+    variables: read by the worker, gradient pushed; the step counter: read, increment pushed); one
+    it only reads (the learning rate) is read on the servers by their update ops and never reaches
+    a worker."""
+    if placement.get("strategy") != "parameter_server":
+        return ()
+    out = []
+    for i, v in enumerate(placement.get("variables") or []):
+        servers = [d for d in v.get("devices") or () if parse_name(d)[0] == "ps"]
+        if len(servers) != 1:
+            continue  # not on one server (a worker-local variable): no server traffic of its own
+        layer_path = v["name"].rpartition("/")[0]
+        key = next((k for k in keys if layer_path and _owns(k, layer_path)), OTHER)
+        out.append(PsVariable(v["name"], key, int(v.get("bytes") or 0), i, servers[0],
+                              bool(v.get("update_ops"))))
+    return tuple(out)
 
 
 def _group_key(row: dict) -> str:

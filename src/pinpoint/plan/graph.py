@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+INPUT, OTHER = "input", "other"  # the groups that are not layers
+
 
 @dataclass(frozen=True)
 class Group:
@@ -41,6 +43,18 @@ class Edge:
 
 
 @dataclass(frozen=True)
+class PsVariable:
+    """One variable of a parameter_server run, as the prediction of bytes per server needs it."""
+
+    name: str
+    group: str  # the group owning it (a layer key, or "other")
+    bytes: int
+    index: int  # creation order: TensorFlow's round-robin puts it on server index mod servers
+    server: str  # the ps device it was measured on
+    per_step: bool  # the step updates it: each worker pulls it and pushes its update once a step
+
+
+@dataclass(frozen=True)
 class PlanGraph:
     """Everything the search and the prediction read; built once from a run folder."""
 
@@ -53,6 +67,7 @@ class PlanGraph:
     measured_step_us: float | None = None  # the run's median step time, for calibration
     colocated: tuple[frozenset[str], ...] = ()  # groups TensorFlow keeps on one device
     memory_cap_bytes: dict[str, int] = field(default_factory=dict)  # stated per device
+    ps_variables: tuple[PsVariable, ...] = ()  # parameter_server: every variable, in creation order
 
     def group(self, key: str) -> Group:
         for g in self.groups:
