@@ -10,7 +10,7 @@ from __future__ import annotations
 from pinpoint.device_names import parse_name
 from pinpoint.plan.check import Placement, fits_type, units
 from pinpoint.plan.graph import PlanGraph
-from pinpoint.plan.servers import measured_placement
+from pinpoint.plan.servers import measured_placement, requested_placement, unpinned
 from pinpoint.plan.tasks import costs
 
 
@@ -63,7 +63,7 @@ def round_robin_ps(graph: PlanGraph, servers: tuple[str, ...]) -> Placement:
     so each variable keeps its own slot (index mod servers, kernel and bias apart); else the i-th
     group with variables on server i mod len(servers)."""
     if graph.ps_variables:
-        return {g.key: g.device for g in graph.groups}  # layers compute on the workers: none pinned
+        return unpinned(graph)
     with_vars = [i for i, u in enumerate(units(graph)) if u.variable_bytes > 0]
     turn = {i: servers[n % len(servers)] for n, i in enumerate(with_vars)}
     return _by_unit(graph, lambda i, u: turn.get(i))
@@ -74,7 +74,10 @@ def baselines(graph: PlanGraph, devices: tuple[str, ...]) -> dict[str, Placement
     parameter_server run, `devices` being its servers)."""
     servers = tuple(d for d in devices if parse_name(d)[0] == "ps")
     if graph.strategy == "parameter_server" and servers:
-        return {"measured": measured_placement(graph) if graph.ps_variables else measured(graph), "user": user(graph), "one_server": one_device(graph, servers[0]),
+        if graph.ps_variables:  # a layer on a server means its variables pinned there (servers.py)
+            return {"measured": measured_placement(graph), "user": requested_placement(graph),
+                    "one_server": one_device(graph, servers[0]), "round_robin_ps": unpinned(graph)}
+        return {"measured": measured(graph), "user": user(graph), "one_server": one_device(graph, servers[0]),
                 "round_robin_ps": round_robin_ps(graph, servers)}
     return {"measured": measured(graph), "one_device": one_device(graph, devices[0]), "user": user(graph),
             "even_split": even_split(graph, devices)}

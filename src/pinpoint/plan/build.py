@@ -92,23 +92,46 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
 
 
 def _ps_variables(placement: dict[str, Any], keys: list[str]) -> tuple[PsVariable, ...]:
-    """parameter_server: each variable with its group, creation index (placement.json lists the
-    variables in creation order) and measured server. `per_step`: the step updates it (trainable
-    variables: read by the worker, gradient pushed; the step counter: read, increment pushed); one
-    it only reads (the learning rate) is read on the servers by their update ops and never reaches
-    a worker."""
+    """parameter_server: each variable with its group, round-robin turn and measured server.
+
+    placement.json lists the variables in creation order. An optimizer slot (Keras names it
+    `<optimizer>/<variable path with _>_<slot>`) is created colocated with its variable, which
+    takes no round-robin turn; it follows its variable and never leaves the server (the update
+    runs there). The other variables the step updates are pulled by the worker and their update
+    pushed (trainable variables: read, gradient; the step counter: read, increment); one the step
+    only reads (the learning rate) is read on the servers by their update ops, not by a worker."""
     if placement.get("strategy") != "parameter_server":
         return ()
-    out = []
-    for i, v in enumerate(placement.get("variables") or []):
-        servers = [d for d in v.get("devices") or () if parse_name(d)[0] == "ps"]
-        if len(servers) != 1:
-            continue  # not on one server (a worker-local variable): no server traffic of its own
-        layer_path = v["name"].rpartition("/")[0]
-        key = next((k for k in keys if layer_path and _owns(k, layer_path)), OTHER)
-        out.append(PsVariable(v["name"], key, int(v.get("bytes") or 0), i, servers[0],
-                              bool(v.get("update_ops"))))
+    rows = [v for v in placement.get("variables") or []
+            if len([d for d in v.get("devices") or () if parse_name(d)[0] == "ps"]) == 1]
+    trainable = [v["name"] for v in rows if v.get("class") == "trainable"]
+    out, turn = [], 0
+    for v in rows:
+        server = next(d for d in v["devices"] if parse_name(d)[0] == "ps")
+        follows = _slot_of(v, trainable)
+        if follows:
+            key, index = _group_of(follows, keys), -1
+        else:
+            key, index = _group_of(v["name"], keys), turn
+            turn += 1
+        out.append(PsVariable(v["name"], key, int(v.get("bytes") or 0), index, server,
+                              bool(v.get("update_ops")) and follows is None, follows))
     return tuple(out)
+
+
+def _group_of(name: str, keys: list[str]) -> str:
+    layer_path = name.rpartition("/")[0]
+    return next((k for k in keys if layer_path and _owns(k, layer_path)), OTHER)
+
+
+def _slot_of(row: dict, trainable: list[str]) -> str | None:
+    """The trainable variable an optimizer slot belongs to (None: not a slot): the longest whose
+    path, '/' written '_', starts the slot's name after the optimizer's prefix."""
+    if row.get("class") != "optimizer":
+        return None
+    rest = row["name"].partition("/")[2]
+    owners = [t for t in trainable if rest.startswith(t.replace("/", "_") + "_")]
+    return max(owners, key=len) if owners else None
 
 
 def _group_key(row: dict) -> str:

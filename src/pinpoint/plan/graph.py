@@ -49,9 +49,10 @@ class PsVariable:
     name: str
     group: str  # the group owning it (a layer key, or "other")
     bytes: int
-    index: int  # creation order: TensorFlow's round-robin puts it on server index mod servers
+    index: int  # its turn in TensorFlow's round-robin: on server index mod servers (-1: a slot)
     server: str  # the ps device it was measured on
-    per_step: bool  # the step updates it: each worker pulls it and pushes its update once a step
+    per_step: bool  # the step pulls it to the worker and pushes its update back
+    follows: str | None = None  # an optimizer slot: the variable it is colocated with
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,14 @@ def variable_servers(graph: PlanGraph, placement: Placement) -> dict[str, str]:
     servers = servers_of(graph.devices)
     out = {}
     for v in graph.ps_variables:
+        if v.follows:
+            continue
         # "other" (the optimizer's counters) has no pinning field: its variables keep their slots.
         pinned = placement.get(v.group) if v.group != OTHER else None
         out[v.name] = pinned if pinned and is_server(pinned) else servers[v.index % len(servers)]
+    for v in graph.ps_variables:
+        if v.follows:  # an optimizer slot, colocated with its variable
+            out[v.name] = out[v.follows]
     return out
 
 
@@ -49,17 +54,32 @@ def predicted_ps_bytes(graph: PlanGraph, placement: Placement) -> dict[str, int]
     return out
 
 
+def unpinned(graph: PlanGraph) -> Placement:
+    """No layer pinned to a server: TensorFlow's round-robin for every variable. A layer group
+    whose ops ran mostly on a server (its reads and updates outnumber its compute) is put on the
+    first worker, since a group placed on a server means pinned there."""
+    home = next((d for d in sorted(graph.devices, key=sort_key) if parse_name(d)[0] == "worker"), graph.host)
+    return {g.key: home if is_server(g.device) and g.key != OTHER else g.device for g in graph.groups}
+
+
+def requested_placement(graph: PlanGraph) -> Placement:
+    """The user's own pins (a layer requested on a server), the rest unpinned."""
+    return unpinned(graph) | {g.key: g.requested for g in graph.groups if g.requested and is_server(g.requested)}
+
+
 def measured_placement(graph: PlanGraph) -> Placement:
     """The run as measured: a group whose variables all sat on one server other than their
-    round-robin slots was pinned there; the rest where they ran."""
+    round-robin slots was pinned there; the rest unpinned."""
     servers = servers_of(graph.devices)
-    placement = {g.key: g.device for g in graph.groups}
+    placement = unpinned(graph)
     by_group: dict[str, list] = {}
     for v in graph.ps_variables:
         by_group.setdefault(v.group, []).append(v)
     for key, vs in by_group.items():
         where = {v.server for v in vs}
-        if key != OTHER and key in placement and len(where) == 1 and any(v.server != servers[v.index % len(servers)] for v in vs):
+        turns = [v for v in vs if not v.follows]
+        if key != OTHER and key in placement and len(where) == 1 and \
+                any(v.server != servers[v.index % len(servers)] for v in turns):
             placement[key] = where.pop()
     return placement
 
