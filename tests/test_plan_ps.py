@@ -1,0 +1,112 @@
+"""The parameter-server plan on a real localhost cluster (a chief, a worker, four ps tasks): train
+with TensorFlow's round-robin, plan from that run, train with the plan's pinning, and compare the
+predicted bytes per server with the measured ones (placement.json's transfers)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pinpoint.placement.files import read_placement
+from pinpoint.plan.servers import measured_ps_bytes
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+SERVERS = [f"/job:ps/task:{i}/CPU:0" for i in range(4)]
+FEATURES, WIDTH, CLASSES, HIDDEN = 64, 64, 10, 8  # digits: 64 features, 10 classes
+
+# Eight equal hidden layers and a head: two variables each (kernel, bias), so TensorFlow's
+# round-robin over four servers puts every kernel on ps 0 or 2 and every bias on ps 1 or 3.
+MODEL = f'''
+import keras
+
+
+def stack(input_shape, num_classes, seed=0):
+    inputs = keras.Input(shape=input_shape)
+    x = inputs
+    for i in range({HIDDEN}):
+        x = keras.layers.Dense({WIDTH}, activation="relu", name=f"h{{i}}",
+                               kernel_initializer=keras.initializers.GlorotUniform(seed + i))(x)
+    out = keras.layers.Dense(num_classes, name="head",
+                             kernel_initializer=keras.initializers.GlorotUniform(seed + {HIDDEN}))(x)
+    return keras.Model(inputs, out, name="stack")
+'''
+
+
+def _train(folder: Path, name: str, layers: dict | None = None) -> dict:
+    cfg = {
+        "name": name,
+        "cluster": {"chief": 1, "workers": 1, "ps": 4, "devices_per_worker": 1},
+        "train": {"strategy": "parameter_server", "steps": 4, "batch_size": 32, "learning_rate": 0.1,
+                  "log_every": 10, "checkpoint_every": 0, "max_restarts": 0, "model": "pskit.models:stack",
+                  **({"pinning": {"layers": layers}} if layers else {})},
+        "tracking": {"enabled": False}, "placement": {"warmup_steps": 1},
+    }
+    config = folder / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    out = folder / name
+    proc = subprocess.run([sys.executable, "-m", "pinpoint.cli", "train", str(config), "--out", str(out)],
+                          check=False, capture_output=True, text=True, timeout=540,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return read_placement(out / "placement.json")
+
+
+def _round_robin_bytes() -> dict[str, int]:
+    """By hand from the model: the variables in creation order (each layer's kernel, then its
+    bias; then the optimizer's int64 step counter and its learning rate), variable i on server
+    i mod 4. A step pulls each trainable variable and the counter and pushes as many bytes back;
+    the learning rate is only read on the servers."""
+    sizes = []
+    for _ in range(HIDDEN):
+        sizes += [4 * FEATURES * WIDTH, 4 * WIDTH]
+    sizes += [4 * WIDTH * CLASSES, 4 * CLASSES, 8]  # head kernel, head bias, step counter
+    out = dict.fromkeys(SERVERS, 0)
+    for i, nbytes in enumerate(sizes):
+        out[SERVERS[i % 4]] += 2 * nbytes
+    return out
+
+
+def _ratio(per_server: dict[str, int]) -> Fraction:
+    return Fraction(max(per_server.values()) * len(per_server), sum(per_server.values()))
+
+
+def test_ps_plan_balances_servers_and_predicts_their_bytes_exactly(tmp_path):
+    (tmp_path / "pskit").mkdir()
+    (tmp_path / "pskit" / "__init__.py").write_text("")
+    (tmp_path / "pskit" / "models.py").write_text(textwrap.dedent(MODEL))
+
+    rr = measured_ps_bytes(_train(tmp_path, "rr"))
+    assert rr == _round_robin_bytes()
+    # ps 0 holds four hidden kernels and the head's: 2 * (4 * 16384 + 2560) of 271456 bytes a step.
+    assert _ratio(rr) == Fraction(2 * (4 * 16384 + 2560) * 4, 271456)  # 2.0068x
+
+    from pinpoint.cli import main
+
+    assert main(["plan", str(tmp_path / "rr"), "--out", str(tmp_path / "plan.yaml")]) == 0
+    plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    predicted = plan["prediction"]
+    assert predicted["round_robin_ps"]["ps_bytes"] == rr
+    assert predicted["measured"]["ps_bytes"] == rr
+    layers = plan["pinning"]["layers"]
+    assert sorted(layers) == sorted([f"h{i}" for i in range(HIDDEN)] + ["head"])
+
+    placement = _train(tmp_path, "planned", layers)
+    measured = measured_ps_bytes(placement)
+    assert measured == predicted["plan"]["ps_bytes"]
+    assert _ratio(measured) <= Fraction(110, 100)
+    # Largest first, each layer to the server carrying least: two hidden layers per server, the
+    # head on top of one (the step counter's 8 bytes keep it off ps 2): 1.0574x.
+    hidden, head = 4 * FEATURES * WIDTH + 4 * WIDTH, 4 * WIDTH * CLASSES + 4 * CLASSES
+    assert max(measured.values()) == 2 * (2 * hidden + head)
+    for v in placement["variables"]:  # each layer's kernel and bias on its planned server
+        layer = v["name"].split("/")[0]
+        if layer in layers:
+            assert v["devices"] == [layers[layer]], v
