@@ -110,3 +110,7 @@ def test_ps_plan_balances_servers_and_predicts_their_bytes_exactly(tmp_path):
         layer = v["name"].split("/")[0]
         if layer in layers:
             assert v["devices"] == [layers[layer]], v
+    # Conformance scores a parameter-server layer pin by the layer's variables (two each).
+    rules = {r["rule"]: r for r in placement["conformance"]["rules"]}
+    assert {k: (rules[f"layers.{k}"]["relevant"], rules[f"layers.{k}"]["score"]) for k in layers} == \
+        dict.fromkeys(layers, (2, 1.0))
