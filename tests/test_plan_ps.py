@@ -110,6 +110,13 @@ def test_ps_plan_balances_servers_and_predicts_their_bytes_exactly(tmp_path):
         layer = v["name"].split("/")[0]
         if layer in layers:
             assert v["devices"] == [layers[layer]], v
+    assert placement["layer_pins"] == layers
+    # Planned again from the planned run: its own assignment is the plan, predicted as measured.
+    assert main(["plan", str(tmp_path / "planned"), "--out", str(tmp_path / "again.yaml")]) == 0
+    again = yaml.safe_load((tmp_path / "again.yaml").read_text())
+    assert again["algorithm"] == "as measured"
+    assert again["prediction"]["measured"]["ps_bytes"] == again["prediction"]["user"]["ps_bytes"] == measured
+    assert again["prediction"]["round_robin_ps"]["ps_bytes"] == rr
     # Conformance scores a parameter-server layer pin by the layer's variables (two each).
     rules = {r["rule"]: r for r in placement["conformance"]["rules"]}
     assert {k: (rules[f"layers.{k}"]["relevant"], rules[f"layers.{k}"]["score"]) for k in layers} == \

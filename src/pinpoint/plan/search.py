@@ -40,7 +40,7 @@ from pinpoint.plan.check import Placement, Unit, fits_type, units, violations
 from pinpoint.plan.graph import OTHER, PlanGraph
 from pinpoint.plan.links import LinkModel
 from pinpoint.plan.predict import predict
-from pinpoint.plan.servers import servers_of, unpinned
+from pinpoint.plan.servers import is_server, measured_placement, servers_of, unpinned
 from pinpoint.plan.tasks import TaskGraph, costs, task_graph
 
 OBJECTIVES = ("step_time", "balance")
@@ -273,6 +273,19 @@ def _ps_plan(graph: PlanGraph, space: _Space, servers: tuple[str, ...]) -> Place
     return placement
 
 
+def _best_ps(graph: PlanGraph, links: LinkModel, servers: tuple[str, ...], lpt: Plan) -> Plan:
+    """The run's own assignment when LPT carries no less on its largest server (a plan then moves
+    nothing for nothing), else LPT."""
+    own = Plan(measured_placement(graph), "as measured")
+    if any(is_server(d) and d not in servers for d in own.placement.values()) or violations(graph, own.placement):
+        return lpt
+
+    def largest(plan: Plan) -> int:
+        return max(predict(graph, plan.placement, links, servers).ps_bytes[d] for d in servers)
+
+    return own if largest(own) <= largest(lpt) else lpt
+
+
 def _within(space: _Space, placement: Placement) -> bool:
     """Every unit on a device it may use in this search (e.g. not on a GPU beyond --devices)."""
     return all(placement[u.keys[0]] in space.candidates[i] for i, u in enumerate(space.units))
@@ -289,6 +302,8 @@ def search(graph: PlanGraph, links: LinkModel, objective: str, devices: tuple[st
     space = _Space(graph, devices)
     if graph.strategy == "parameter_server" and all(parse_name(d)[0] == "ps" for d in devices):
         found = [Plan(_ps_plan(graph, space, devices), "LPT over parameter servers")]
+        if graph.ps_variables:
+            return _best_ps(graph, links, devices, found[0])
     else:
         cost = costs(graph)
         tg = task_graph(graph, cost)

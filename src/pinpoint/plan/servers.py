@@ -98,3 +98,17 @@ def measured_ps_bytes(placement: dict[str, Any]) -> dict[str, int]:
             elif b == "ps" and a in ("worker", "chief"):
                 out[dst] += cell["bytes"]
     return out
+
+
+def ps_rationale(graph: PlanGraph, plan: Placement, before: float | None, after: float | None) -> list[str]:
+    """One line per layer whose variables the plan moves off the servers they were measured on."""
+    was, now = variable_servers(graph, measured_placement(graph)), variable_servers(graph, plan)
+    ratio = f", largest server/mean {before:.2f} -> {after:.2f}x" if before and after else ""
+    lines = []
+    for key in dict.fromkeys(v.group for v in graph.ps_variables if v.group != OTHER):
+        vs = [v for v in graph.ps_variables if v.group == key and not v.follows]
+        if all(was[v.name] == now[v.name] for v in vs):
+            continue
+        old = sorted({was[v.name] for v in vs}, key=sort_key)
+        lines.append(f"{key}: variables ({sum(v.bytes for v in vs)} B) {' + '.join(old)} -> {now[vs[0].name]}{ratio}")
+    return lines

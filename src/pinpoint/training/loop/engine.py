@@ -38,7 +38,7 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
     from pinpoint.distribute.emulation import eager_default
     from pinpoint.training.input.batch import check_divisible
     from pinpoint.training.input.data import load_data
-    from pinpoint.training.loop.models import make_model, ps_variable_pins
+    from pinpoint.training.loop.models import make_model, ps_variable_pins, remember_ps_pins
     from pinpoint.training.objectives import get_objective
 
     t, pin, dm = cfg.train, cfg.train.pinning, ctx.device_map
@@ -62,6 +62,8 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
         # Variables pinned: every variable (model and optimizer slots) is created here.
         with device_scope(dm.physical(pin.variables) if pin.variables else None):
             model = make_model(cfg, data, layer_devices)
+            if ps_pins:
+                remember_ps_pins(model, ps_pins, t.model)
             if t.optimizer == "adam":
                 optimizer = keras.optimizers.Adam(t.learning_rate)
             else:

@@ -251,6 +251,12 @@ def _remember(model: keras.Model, pins: layer_keys.LayerPins) -> keras.Model:
     return model
 
 
+def remember_ps_pins(model: keras.Model, layer_devices: Mapping[str, str], name: str) -> keras.Model:
+    """parameter_server: keep train.pinning.layers resolved against the built model (the
+    placement's layer_pins and conformance), the model having been built unpinned."""
+    return _remember(model, layer_keys.resolve_pins(layer_devices, layer_paths_of(model), name))
+
+
 def layer_pins(model: keras.Model) -> layer_keys.LayerPins | None:
     """train.pinning.layers as resolved when `model` was built (None: no layer pinned)."""
     return _PINS.get(model)
