@@ -4,59 +4,26 @@ predicted bytes per server with the measured ones (placement.json's transfers)."
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 import yaml
 
+from benchmarks.plan_ps import HIDDEN, WIDTH, train, write_model
 from pinpoint.placement.files import read_placement
 from pinpoint.plan.servers import measured_ps_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 SERVERS = [f"/job:ps/task:{i}/CPU:0" for i in range(4)]
-FEATURES, WIDTH, CLASSES, HIDDEN = 64, 64, 10, 8  # digits: 64 features, 10 classes
-
-# Eight equal hidden layers and a head: two variables each (kernel, bias), so TensorFlow's
-# round-robin over four servers puts every kernel on ps 0 or 2 and every bias on ps 1 or 3.
-MODEL = f'''
-import keras
+FEATURES, CLASSES = 64, 10  # digits
+# The model (benchmarks/plan_ps.py, the bench's plan section trains the same): HIDDEN equal
+# Dense(WIDTH) layers and a head, two variables each (kernel, bias), so TensorFlow's round-robin
+# over four servers puts every kernel on ps 0 or 2 and every bias on ps 1 or 3.
 
 
-def stack(input_shape, num_classes, seed=0):
-    inputs = keras.Input(shape=input_shape)
-    x = inputs
-    for i in range({HIDDEN}):
-        x = keras.layers.Dense({WIDTH}, activation="relu", name=f"h{{i}}",
-                               kernel_initializer=keras.initializers.GlorotUniform(seed + i))(x)
-    out = keras.layers.Dense(num_classes, name="head",
-                             kernel_initializer=keras.initializers.GlorotUniform(seed + {HIDDEN}))(x)
-    return keras.Model(inputs, out, name="stack")
-'''
-
-
-def _train(folder: Path, name: str, layers: dict | None = None) -> dict:
-    cfg = {
-        "name": name,
-        "cluster": {"chief": 1, "workers": 1, "ps": 4, "devices_per_worker": 1},
-        "train": {"strategy": "parameter_server", "steps": 4, "batch_size": 32, "learning_rate": 0.1,
-                  "log_every": 10, "checkpoint_every": 0, "max_restarts": 0, "model": "pskit.models:stack",
-                  **({"pinning": {"layers": layers}} if layers else {})},
-        "tracking": {"enabled": False}, "placement": {"warmup_steps": 1},
-    }
-    config = folder / f"{name}.yaml"
-    config.write_text(yaml.safe_dump(cfg))
-    out = folder / name
-    proc = subprocess.run([sys.executable, "-m", "pinpoint.cli", "train", str(config), "--out", str(out)],
-                          check=False, capture_output=True, text=True, timeout=540,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return read_placement(out / "placement.json")
+def _train(folder, name: str, layers: dict | None = None) -> dict:
+    return read_placement(train(folder, name, layers) / "placement.json")
 
 
 def _round_robin_bytes() -> dict[str, int]:
@@ -79,9 +46,7 @@ def _ratio(per_server: dict[str, int]) -> Fraction:
 
 
 def test_ps_plan_balances_servers_and_predicts_their_bytes_exactly(tmp_path):
-    (tmp_path / "pskit").mkdir()
-    (tmp_path / "pskit" / "__init__.py").write_text("")
-    (tmp_path / "pskit" / "models.py").write_text(textwrap.dedent(MODEL))
+    write_model(tmp_path)
 
     rr = measured_ps_bytes(_train(tmp_path, "rr"))
     assert rr == _round_robin_bytes()
