@@ -149,3 +149,36 @@ def test_all_reduce_combinations_tensorflow_can_run_load(data):
 
 def test_all_reduce_defaults_to_auto():
     assert config_from_dict({"name": "x"}).train.all_reduce == "auto"
+
+
+# ---- train.pinning.layers on parameter servers ---------------------------------------------------
+
+PS_CLUSTER = {"chief": 1, "workers": 1, "ps": 2}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("cfg,line", [
+    ({"name": "x", "cluster": {"devices_per_worker": 2},
+      "train": {"strategy": "none", "pinning": {"layers": {"dense_1": "/job:ps/task:0/CPU:0"}}}},
+     "train.pinning.layers.dense_1: got '/job:ps/task:0/CPU:0'; a /job:ps device holds variables under strategy "
+     "parameter_server only, not 'none'; pin to a device of this task or use strategy parameter_server"),
+    ({"name": "x", "cluster": PS_CLUSTER,
+      "train": {"strategy": "parameter_server", "pinning": {"layers": {"head": "/job:ps/task:2/CPU:0"}}}},
+     "train.pinning.layers.head: got '/job:ps/task:2/CPU:0'; the cluster has 2 ps task(s) (cluster.ps), so use "
+     "/job:ps/task:0../job:ps/task:1"),
+    ({"name": "x", "cluster": PS_CLUSTER,
+      "train": {"strategy": "parameter_server", "pinning": {"layers": {"head": "/CPU:0"}}}},
+     "train.pinning.layers.head: got '/CPU:0'; parameter_server places a layer's variables on a ps task and runs "
+     "the layer on the worker; pin to '/job:ps/task:K/CPU:0'"),
+])
+def test_ps_layer_pins_refused_in_one_line(cfg, line):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(cfg)
+    assert str(err.value) == line
+
+
+@pytest.mark.unit
+def test_ps_layer_pins_accepted_under_parameter_server():
+    cfg = config_from_dict({"name": "x", "cluster": PS_CLUSTER, "train": {
+        "strategy": "parameter_server", "pinning": {"layers": {"dense_1": "/job:ps/task:1/CPU:0"}}}})
+    assert dict(cfg.train.pinning.layers) == {"dense_1": "/job:ps/task:1/CPU:0"}

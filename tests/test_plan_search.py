@@ -153,13 +153,15 @@ def test_an_untimed_run_predicts_no_step_and_balances_ops():
     assert p.busiest_over_mean == pytest.approx((10 + 10 + 10 + 10 + 8) / ((10 + 10 + 10 + 10 + 8) / 2))
 
 
-def test_bytes_per_parameter_server_pull_and_push_each_variable_per_worker():
+def test_bytes_per_parameter_server_pull_and_push_each_variable_once_per_step():
+    """A step is one closure on one worker (ClusterCoordinator), whatever the worker count: each
+    server's variables are pulled and their gradients pushed once (measured: tests/test_plan_ps.py)."""
     ps = ("/job:ps/task:0/CPU:0", "/job:ps/task:1/CPU:0")
     workers = ("/job:worker/task:0/CPU:0", "/job:worker/task:1/CPU:0", "/job:worker/task:2/CPU:0")
     groups = tuple(Group(f"v{i}", i, 10.0, 3, nbytes, ps[i % 2]) for i, nbytes in enumerate([400, 100, 300]))
     g = PlanGraph(groups, (), ps + workers, "/job:worker/task:0/CPU:0", "parameter_server", True)
     p = predict(g, {"v0": ps[0], "v1": ps[1], "v2": ps[0]}, LinkModel(), ps)
-    assert p.ps_bytes == {ps[0]: 2 * 3 * (400 + 300), ps[1]: 2 * 3 * 100}
+    assert p.ps_bytes == {ps[0]: 2 * (400 + 300), ps[1]: 2 * 100}
 
 
 # ---- search --------------------------------------------------------------------------------

@@ -549,7 +549,20 @@ def _check_pinning_vs_strategy(cfg: Config) -> None:
             p.gradients,
             f"{reason} and computes gradients where its replica runs; remove the rule or use strategy 'none'",
         )
-    if p.layers and s not in ("none",):
+    for field, device in pinned_devices(p):
+        job, task, _, _ = parse_device(device)
+        if job == "ps" and s != "parameter_server":
+            _fail(field, device, f"a /job:ps device holds variables under strategy parameter_server only, "
+                  f"not '{s}'; pin to a device of this task or use strategy parameter_server")
+        if job == "ps" and (task or 0) >= cfg.cluster.ps:
+            _fail(field, device, f"the cluster has {cfg.cluster.ps} ps task(s) (cluster.ps), so use "
+                  f"/job:ps/task:0../job:ps/task:{max(cfg.cluster.ps - 1, 0)}")
+    if s == "parameter_server":  # pinning.layers names the ps task holding each layer's variables
+        for layer, device in p.layers.items():
+            if parse_device(device)[0] != "ps":
+                _fail(f"train.pinning.layers.{layer}", device, "parameter_server places a layer's variables "
+                      "on a ps task and runs the layer on the worker; pin to '/job:ps/task:K/CPU:0'")
+    if p.layers and s not in ("none", "parameter_server"):
         _fail(
             "train.pinning.layers",
             dict(p.layers),

@@ -132,12 +132,12 @@ def check_conformance(ops, variables, plan, strategy, device_map, namer, grad_re
     `pins`: train.pinning.layers as resolved against the model (None: the keys as scopes)."""
     compute = [o for o in ops if o["type"] not in NOT_COMPUTE]
     is_input = lambda o: bool(INPUT_RE.match(o["type"]) or input_re.search(o["op"]))  # noqa: E731
-    rules = _plan_rules(compute, variables, plan, namer, grad_re, pins, is_input) if plan is not None else []
+    rules = _plan_rules(compute, variables, plan, namer, grad_re, pins, is_input, strategy) if plan is not None else []
     rules += _strategy_rules(compute, variables, strategy, device_map, namer, is_input)
     return {"score": mean_score(r["score"] for r in rules), "rules": rules}
 
 
-def _plan_rules(compute, variables, plan, namer, grad_re, pins, is_input) -> list[dict]:
+def _plan_rules(compute, variables, plan, namer, grad_re, pins, is_input, strategy=None) -> list[dict]:
     rules = []
     if getattr(plan, "variables", None):
         rel = [(v["name"], c["device"]) for v in variables for c in v["components"]]
@@ -153,7 +153,10 @@ def _plan_rules(compute, variables, plan, namer, grad_re, pins, is_input) -> lis
         rel = [(o["op"], o["device"]) for o in compute if grad_re.search(o["op"])]
         rules.append(_rule("gradients", namer.canonical_spec(plan.gradients), rel))
     for layer, dev in (getattr(plan, "layers", None) or {}).items():
-        rules.append(_layer_rule(layer, namer.canonical_spec(dev), compute, grad_re, pins))
+        rule = _layer_rule(layer, namer.canonical_spec(dev), compute, grad_re, pins)
+        if strategy == "parameter_server":
+            rule = _ps_layer_rule(rule, layer, variables, pins)
+        rules.append(rule)
     if getattr(plan, "input", None):
         # An Identity the partitioner adds where a replica receives its batch (".../_27" on
         # the replica's device) forwards the copy; it does no input work.
@@ -174,6 +177,20 @@ def _layer_rule(layer: str, planned: str, compute, grad_re, pins: LayerPins | No
     for part, rel in (("forward", fwd), ("backward", bwd)):
         sub = _rule(part, planned, rel)
         rule[part] = {"relevant": sub["relevant"], "score": sub["score"], "observed": sub["observed"]}
+    return rule
+
+
+def _ps_layer_rule(ops_rule: dict, layer: str, variables, pins: LayerPins | None) -> dict:
+    """parameter_server: layers.<key> pins the layer's variables to a ps task and the layer still
+    computes on the worker, so the rule scores its variables; its ops' devices stay beside it
+    (forward/backward, unscored)."""
+    lre = _scope(layer, pins)
+    rel = [(v["name"], c["device"]) for v in variables if lre.search(v["name"] + "/") for c in v["components"]]
+    rule = _rule(ops_rule["rule"], ops_rule["planned"], rel)
+    rule["scores"] = "variables"
+    for key in ("layers_matched", "forward", "backward"):
+        if key in ops_rule:
+            rule[key] = ops_rule[key] if key == "layers_matched" else {**ops_rule[key], "score": None}
     return rule
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pinpoint.device_names import parse_name
 from pinpoint.plan.check import Placement, fits_type, units
 from pinpoint.plan.graph import PlanGraph
+from pinpoint.plan.servers import measured_placement, requested_placement, unpinned
 from pinpoint.plan.tasks import costs
 
 
@@ -58,7 +59,11 @@ def even_split(graph: PlanGraph, devices: tuple[str, ...]) -> Placement:
 
 def round_robin_ps(graph: PlanGraph, servers: tuple[str, ...]) -> Placement:
     """Variables round-robin over the parameter servers in creation order (TensorFlow's
-    default): the i-th group with variables on server i mod len(servers)."""
+    default). With the run's variables known (graph.ps_variables): no group pinned to a server,
+    so each variable keeps its own slot (index mod servers, kernel and bias apart); else the i-th
+    group with variables on server i mod len(servers)."""
+    if graph.ps_variables:
+        return unpinned(graph)
     with_vars = [i for i, u in enumerate(units(graph)) if u.variable_bytes > 0]
     turn = {i: servers[n % len(servers)] for n, i in enumerate(with_vars)}
     return _by_unit(graph, lambda i, u: turn.get(i))
@@ -69,6 +74,9 @@ def baselines(graph: PlanGraph, devices: tuple[str, ...]) -> dict[str, Placement
     parameter_server run, `devices` being its servers)."""
     servers = tuple(d for d in devices if parse_name(d)[0] == "ps")
     if graph.strategy == "parameter_server" and servers:
+        if graph.ps_variables:  # a layer on a server means its variables pinned there (servers.py)
+            return {"measured": measured_placement(graph), "user": requested_placement(graph),
+                    "one_server": one_device(graph, servers[0]), "round_robin_ps": unpinned(graph)}
         return {"measured": measured(graph), "user": user(graph), "one_server": one_device(graph, servers[0]),
                 "round_robin_ps": round_robin_ps(graph, servers)}
     return {"measured": measured(graph), "one_device": one_device(graph, devices[0]), "user": user(graph),

@@ -18,15 +18,14 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from pinpoint.device_names import sort_key
+from pinpoint.device_names import parse_name, sort_key
 from pinpoint.errors import ConfigError
 from pinpoint.layer_keys import is_pattern, key_matches
 from pinpoint.placement.conformance import INPUT_RE, NOT_COMPUTE, gradient_re
 from pinpoint.placement.files import read_placement
-from pinpoint.plan.graph import Edge, Group, PlanGraph
+from pinpoint.plan.graph import INPUT, OTHER, Edge, Group, PlanGraph, PsVariable
 from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
 
-INPUT, OTHER = "input", "other"
 FIELD = "run_dir"
 _INPUT_SCOPE = re.compile(r"(^|/)input(_\d+)?/")  # the trainer's input_scope
 _FIRST_LOGGED_STEP = 1  # its record's time per step includes the tracing (training.loop.capture)
@@ -94,7 +93,51 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
         timed=timed,
         measured_step_us=measured_step_us,
         colocated=_colocated(rows, group_of),
+        ps_variables=_ps_variables(placement, [k for k in by_group if k not in (INPUT, OTHER)]),
     )
+
+
+def _ps_variables(placement: dict[str, Any], keys: list[str]) -> tuple[PsVariable, ...]:
+    """parameter_server: each variable with its group, round-robin turn and measured server.
+
+    placement.json lists the variables in creation order. An optimizer slot (Keras names it
+    `<optimizer>/<variable path with _>_<slot>`) is created colocated with its variable, which
+    takes no round-robin turn; it follows its variable and never leaves the server (the update
+    runs there). The other variables the step updates are pulled by the worker and their update
+    pushed (trainable variables: read, gradient; the step counter: read, increment); one the step
+    only reads (the learning rate) is read on the servers by their update ops, not by a worker."""
+    if placement.get("strategy") != "parameter_server":
+        return ()
+    rows = [v for v in placement.get("variables") or []
+            if len([d for d in v.get("devices") or () if parse_name(d)[0] == "ps"]) == 1]
+    trainable = [v["name"] for v in rows if v.get("class") == "trainable"]
+    out, turn = [], 0
+    for v in rows:
+        server = next(d for d in v["devices"] if parse_name(d)[0] == "ps")
+        follows = _slot_of(v, trainable)
+        if follows:
+            key, index = _group_of(follows, keys), -1
+        else:
+            key, index = _group_of(v["name"], keys), turn
+            turn += 1
+        out.append(PsVariable(v["name"], key, int(v.get("bytes") or 0), index, server,
+                              bool(v.get("update_ops")) and follows is None, follows))
+    return tuple(out)
+
+
+def _group_of(name: str, keys: list[str]) -> str:
+    layer_path = name.rpartition("/")[0]
+    return next((k for k in keys if layer_path and _owns(k, layer_path)), OTHER)
+
+
+def _slot_of(row: dict, trainable: list[str]) -> str | None:
+    """The trainable variable an optimizer slot belongs to (None: not a slot): the longest whose
+    path, '/' written '_', starts the slot's name after the optimizer's prefix."""
+    if row.get("class") != "optimizer":
+        return None
+    rest = row["name"].partition("/")[2]
+    owners = [t for t in trainable if rest.startswith(t.replace("/", "_") + "_")]
+    return max(owners, key=len) if owners else None
 
 
 def _group_key(row: dict) -> str:

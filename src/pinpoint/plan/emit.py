@@ -19,6 +19,7 @@ from pinpoint.plan.check import NOT_LAYERS, Placement, violations, where
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel
 from pinpoint.plan.predict import Prediction
+from pinpoint.plan.servers import ps_rationale
 from pinpoint.runfolder import atomic_write_text
 
 
@@ -34,7 +35,10 @@ def _kib(n: int) -> str:
 
 
 def rationale(graph: PlanGraph, plan: Placement, before: Prediction, after: Prediction) -> list[str]:
-    """One short line per group the plan moves from where it ran."""
+    """One short line per group the plan moves from where it ran (parameter_server: per layer
+    whose variables move to another server)."""
+    if graph.ps_variables:
+        return ps_rationale(graph, plan, before.ps_over_mean, after.ps_over_mean)
     lines = []
     r0, r1 = before.busiest_over_mean, after.busiest_over_mean
     balance = f"busiest/mean compute {r0:.2f} -> {r1:.2f}x" if r0 is not None and r1 is not None else ""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+INPUT, OTHER = "input", "other"  # the groups that are not layers
+
 
 @dataclass(frozen=True)
 class Group:
@@ -41,6 +43,19 @@ class Edge:
 
 
 @dataclass(frozen=True)
+class PsVariable:
+    """One variable of a parameter_server run, as the prediction of bytes per server needs it."""
+
+    name: str
+    group: str  # the group owning it (a layer key, or "other")
+    bytes: int
+    index: int  # its turn in TensorFlow's round-robin: on server index mod servers (-1: a slot)
+    server: str  # the ps device it was measured on
+    per_step: bool  # the step pulls it to the worker and pushes its update back
+    follows: str | None = None  # an optimizer slot: the variable it is colocated with
+
+
+@dataclass(frozen=True)
 class PlanGraph:
     """Everything the search and the prediction read; built once from a run folder."""
 
@@ -53,6 +68,7 @@ class PlanGraph:
     measured_step_us: float | None = None  # the run's median step time, for calibration
     colocated: tuple[frozenset[str], ...] = ()  # groups TensorFlow keeps on one device
     memory_cap_bytes: dict[str, int] = field(default_factory=dict)  # stated per device
+    ps_variables: tuple[PsVariable, ...] = ()  # parameter_server: every variable, in creation order
 
     def group(self, key: str) -> Group:
         for g in self.groups:

@@ -10,10 +10,11 @@ so transfers on one link queue. step_us is the makespan: the last task's or tran
 Figures that do not depend on the schedule are exact sums:
 - bytes crossing (a, b) per step: the bytes of every edge from a group on a to a group on b;
 - peak variable memory on a device: the variable_bytes of the groups on it (one copy each);
-- bytes per parameter server (strategy parameter_server): every worker pulls each variable and
-  pushes its gradient (same size) once per step, so a server carries
-  2 * workers * sum(variable_bytes of the groups placed on it), workers = the worker tasks among
-  the graph's devices (at least 1).
+- bytes per parameter server (strategy parameter_server): a step is one closure on one worker
+  (ClusterCoordinator), which pulls each variable the step updates and pushes its gradient (same
+  size), so a server carries 2 * sum(bytes of those variables on it) per step, however many
+  workers there are; which variable sits on which server: servers.py (a pinned group's on its
+  server, the rest on TensorFlow's round-robin slot).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pinpoint.device_names import parse_name, sort_key
 from pinpoint.plan.check import Placement
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel
+from pinpoint.plan.servers import is_server, predicted_ps_bytes, variable_servers
 from pinpoint.plan.tasks import TaskGraph, task_graph
 
 
@@ -121,17 +123,18 @@ def simulate(tg: TaskGraph, device_of: list[str], links: LinkModel, record: list
     return end
 
 
-def workers(graph: PlanGraph) -> int:
-    tasks = {(j, t) for j, t, _, _ in map(parse_name, graph.devices) if j in ("worker", "chief")}
-    return max(1, len(tasks))
-
-
 def predict(graph: PlanGraph, placement: Placement, links: LinkModel, devices: tuple[str, ...] | None = None,
             tg: TaskGraph | None = None) -> Prediction:
     """The prediction for `placement` (every group key mapped); `devices` are the ones the
     balance figures are taken over (default: the devices the placement uses)."""
     if tg is None:
         tg = task_graph(graph, {g.key: g.compute_us for g in graph.groups})
+    variables_only = graph.strategy == "parameter_server" and bool(graph.ps_variables)
+    original = placement
+    if variables_only:
+        # A layer pinned to a ps task has its variables there and still computes on the worker.
+        placement = {g.key: g.device if is_server(placement[g.key]) else placement[g.key] for g in graph.groups}
+        var_where = variable_servers(graph, original)
     used = sorted(set(placement.values()), key=sort_key)
     compute = dict.fromkeys(used, 0.0)
     ops = dict.fromkeys(used, 0)
@@ -140,7 +143,11 @@ def predict(graph: PlanGraph, placement: Placement, links: LinkModel, devices: t
         d = placement[g.key]
         compute[d] += g.compute_us
         ops[d] += g.ops
-        memory[d] += g.variable_bytes
+        if not variables_only:
+            memory[d] += g.variable_bytes
+    if variables_only:
+        for v in graph.ps_variables:
+            memory[var_where[v.name]] = memory.get(var_where[v.name], 0) + v.bytes
     crossing: dict[tuple[str, str], int] = {}
     for e in graph.edges:
         a, b = placement[e.src], placement[e.dst]
@@ -149,11 +156,12 @@ def predict(graph: PlanGraph, placement: Placement, links: LinkModel, devices: t
     step = simulate(tg, [placement[k] for k in tg.keys], links) if graph.timed else None
     busy = {d: (compute[d] / step if step else 0.0) for d in used}
     ps: dict[str, int] = {}
-    if graph.strategy == "parameter_server":
-        w = workers(graph)
+    if variables_only:
+        ps = predicted_ps_bytes(graph, original)
+    elif graph.strategy == "parameter_server":  # a graph without its variables (built by hand)
         for d in graph.devices:
             if parse_name(d)[0] == "ps":
-                ps[d] = 2 * w * memory.get(d, 0)
+                ps[d] = 2 * memory.get(d, 0)
     return Prediction(step, compute, ops, busy, dict(sorted(crossing.items())), memory, ps,
                       tuple(devices) if devices is not None else tuple(used), graph.timed)
 

@@ -37,9 +37,10 @@ from pinpoint.device_names import parse_name
 from pinpoint.errors import PlacementError
 from pinpoint.plan.baselines import even_split, measured, user
 from pinpoint.plan.check import Placement, Unit, fits_type, units, violations
-from pinpoint.plan.graph import PlanGraph
+from pinpoint.plan.graph import OTHER, PlanGraph
 from pinpoint.plan.links import LinkModel
 from pinpoint.plan.predict import predict
+from pinpoint.plan.servers import is_server, measured_placement, servers_of, unpinned
 from pinpoint.plan.tasks import TaskGraph, costs, task_graph
 
 OBJECTIVES = ("step_time", "balance")
@@ -247,6 +248,14 @@ def _balance_moves(graph: PlanGraph, space: _Space, placement: Placement, device
 def _ps_plan(graph: PlanGraph, space: _Space, servers: tuple[str, ...]) -> Placement:
     placement = {g.key: g.device for g in graph.groups}
     carried = dict.fromkeys(servers, 0)
+    if graph.ps_variables:  # a group left on a server would mean pinned there: start unpinned
+        placement = unpinned(graph)
+        # Variables no pin moves (the optimizer's step counter) keep their round-robin slots.
+        every = servers_of(graph.devices)
+        for v in graph.ps_variables:
+            slot = every[v.index % len(every)]
+            if v.group == OTHER and v.per_step and slot in carried:
+                carried[slot] += v.bytes
     mem = {d: 0 for d in servers}
     order = sorted(range(len(space.units)), key=lambda i: (-space.units[i].variable_bytes, i))
     for i in order:
@@ -262,6 +271,19 @@ def _ps_plan(graph: PlanGraph, space: _Space, servers: tuple[str, ...]) -> Place
         for k in u.keys:
             placement[k] = d
     return placement
+
+
+def _best_ps(graph: PlanGraph, links: LinkModel, servers: tuple[str, ...], lpt: Plan) -> Plan:
+    """The run's own assignment when LPT carries no less on its largest server (a plan then moves
+    nothing for nothing), else LPT."""
+    own = Plan(measured_placement(graph), "as measured")
+    if any(is_server(d) and d not in servers for d in own.placement.values()) or violations(graph, own.placement):
+        return lpt
+
+    def largest(plan: Plan) -> int:
+        return max(predict(graph, plan.placement, links, servers).ps_bytes[d] for d in servers)
+
+    return own if largest(own) <= largest(lpt) else lpt
 
 
 def _within(space: _Space, placement: Placement) -> bool:
@@ -280,6 +302,8 @@ def search(graph: PlanGraph, links: LinkModel, objective: str, devices: tuple[st
     space = _Space(graph, devices)
     if graph.strategy == "parameter_server" and all(parse_name(d)[0] == "ps" for d in devices):
         found = [Plan(_ps_plan(graph, space, devices), "LPT over parameter servers")]
+        if graph.ps_variables:
+            return _best_ps(graph, links, devices, found[0])
     else:
         cost = costs(graph)
         tg = task_graph(graph, cost)

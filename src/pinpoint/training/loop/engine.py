@@ -38,7 +38,7 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
     from pinpoint.distribute.emulation import eager_default
     from pinpoint.training.input.batch import check_divisible
     from pinpoint.training.input.data import load_data
-    from pinpoint.training.loop.models import make_model
+    from pinpoint.training.loop.models import make_model, ps_variable_pins, remember_ps_pins
     from pinpoint.training.objectives import get_objective
 
     t, pin, dm = cfg.train, cfg.train.pinning, ctx.device_map
@@ -51,12 +51,19 @@ def build_state(cfg: Config, ctx: TaskContext) -> TrainState:
     replicas = 1 if ctx.coordinator is not None else ctx.strategy.num_replicas_in_sync
     check_divisible(t.batch_size, replicas)
     layer_devices = {name: dm.physical(dev) for name, dev in pin.layers.items()}
+    # parameter_server: pinning.layers names a ps task per layer; only the variables go there
+    # (the layer still computes on the worker), so the model is built unpinned under ps_variable_pins.
+    ps_pins = layer_devices if t.strategy == "parameter_server" else {}
+    if ps_pins:
+        layer_devices = {}
     # Under GPU emulation with strategy `none`, state goes where a GPU machine's eager runtime
     # creates it (/GPU:0), not on the host.
-    with eager_default(dm, t.strategy), ctx.strategy.scope():
+    with ps_variable_pins(ps_pins), eager_default(dm, t.strategy), ctx.strategy.scope():
         # Variables pinned: every variable (model and optimizer slots) is created here.
         with device_scope(dm.physical(pin.variables) if pin.variables else None):
             model = make_model(cfg, data, layer_devices)
+            if ps_pins:
+                remember_ps_pins(model, ps_pins, t.model)
             if t.optimizer == "adam":
                 optimizer = keras.optimizers.Adam(t.learning_rate)
             else:

@@ -251,6 +251,12 @@ def _remember(model: keras.Model, pins: layer_keys.LayerPins) -> keras.Model:
     return model
 
 
+def remember_ps_pins(model: keras.Model, layer_devices: Mapping[str, str], name: str) -> keras.Model:
+    """parameter_server: keep train.pinning.layers resolved against the built model (the
+    placement's layer_pins and conformance), the model having been built unpinned."""
+    return _remember(model, layer_keys.resolve_pins(layer_devices, layer_paths_of(model), name))
+
+
 def layer_pins(model: keras.Model) -> layer_keys.LayerPins | None:
     """train.pinning.layers as resolved when `model` was built (None: no layer pinned)."""
     return _PINS.get(model)
@@ -309,21 +315,56 @@ def _build(model: keras.Model, data) -> None:
         ) from None
 
 
+def _owner_device(layer_devices: Mapping[str, str]) -> str | None:
+    """The device of the pinned layer creating a variable now (None: not a pinned layer's): Keras
+    builds a layer inside a name scope of its own name, which names the owning layer here."""
+    parts = keras_scope_path().split("/")
+    for i in reversed(range(len(parts))):  # the innermost layer first, by name or nested path
+        for key, device in layer_devices.items():
+            if any(layer_keys.key_matches(key, "/".join(parts[j:i + 1])) for j in range(i + 1)):
+                return device
+    return None
+
+
 @contextlib.contextmanager
 def _pin_variables(layer_devices: Mapping[str, str]):
-    """Create each pinned layer's variables on its device, whatever the model's kind: Keras
-    builds a layer inside a name scope of its own name, which names the owning layer here."""
+    """Create each pinned layer's variables on its device, whatever the model's kind."""
     if not layer_devices:
         yield
         return
     def creator(next_creator, **kwargs):
-        parts = keras_scope_path().split("/")
-        for i in reversed(range(len(parts))):  # the innermost layer first, by name or nested path
-            for key, device in layer_devices.items():
-                if any(layer_keys.key_matches(key, "/".join(parts[j:i + 1])) for j in range(i + 1)):
-                    with tf.device(device):
-                        return next_creator(**kwargs)
-        return next_creator(**kwargs)
+        device = _owner_device(layer_devices)
+        if device is None:
+            return next_creator(**kwargs)
+        with tf.device(device):
+            return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(creator):
+        yield
+
+
+@contextlib.contextmanager
+def ps_variable_pins(layer_devices: Mapping[str, str]):
+    """parameter_server: create each pinned layer's variables on its ps task; enter it OUTSIDE
+    strategy.scope().
+
+    Why a creator below the strategy's: ParameterServerStrategyV2._create_variable_round_robin
+    creates every variable inside its own `ops.device("/job:ps/task:<count % num_ps>")`, which
+    overrides any tf.device the model is built under. A creator entered before strategy.scope()
+    is the strategy creator's next_creator, so it runs inside that scope and its tf.device (the
+    innermost) wins. TF's counter still counts the variable, so unpinned layers keep the
+    round-robin slots they have without pins. Optimizer slots arrive with `colocate_with`
+    (Keras' add_variable_from_reference): the strategy colocates them with their variable, and
+    they are left alone here."""
+    if not layer_devices:
+        yield
+        return
+    def creator(next_creator, **kwargs):
+        device = None if kwargs.get("colocate_with") is not None else _owner_device(layer_devices)
+        if device is None:
+            return next_creator(**kwargs)
+        with tf.device(device):
+            return next_creator(**kwargs)
 
     with tf.variable_creator_scope(creator):
         yield
