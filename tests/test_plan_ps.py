@@ -13,7 +13,8 @@ from benchmarks.plan_ps import HIDDEN, WIDTH, train, write_model
 from pinpoint.placement.files import read_placement
 from pinpoint.plan.servers import measured_ps_bytes
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+# A multi-process parameter-server cluster trained three times: the slow tier (pyproject markers).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SERVERS = [f"/job:ps/task:{i}/CPU:0" for i in range(4)]
 FEATURES, CLASSES = 64, 10  # digits

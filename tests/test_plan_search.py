@@ -339,6 +339,19 @@ def test_read_plan_refuses_an_edit_the_runtime_would_override(tmp_path, key, dev
     assert str(err.value) == line
 
 
+def test_a_group_kept_where_it_ran_is_no_override_even_without_a_kernel_for_that_type():
+    """On emulated GPUs a group with a CPU-only op runs on /GPU:1 (a logical CPU): a plan leaving
+    it there asks nothing the runtime did not already do; moving it to another GPU is refused."""
+    g = two_towers()
+    g = replace(g, groups=tuple(replace(x, device="/GPU:1", allowed=frozenset({"CPU"}), movable=False)
+                                if x.key == "lookup" else x for x in g.groups))
+    kept = {x.key: x.device for x in g.groups}
+    assert violations(g, kept) == []
+    assert violations(g, {**kept, "lookup": "/GPU:0"}) == [
+        "pinning.layers.lookup: got '/GPU:0', where lookup has no kernel for all its ops (it runs on CPU); "
+        "pin it to a CPU device"]
+
+
 def test_read_plan_refuses_an_unmovable_group_moved(tmp_path):
     """A group with host-only ops (movable False) that has kernels elsewhere still stays put."""
     g = two_towers()

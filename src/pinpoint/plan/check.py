@@ -93,7 +93,8 @@ def violations(graph: PlanGraph, placement: Placement) -> list[str]:
             out.append(f"{where_}: got no device; give every group one")
         elif dev not in known:
             out.append(f"{where_}: got '{dev}', not a device of the run ({', '.join(sorted(known))}); use one of them")
-        elif not fits_type(g.allowed, dev):
+        elif dev != g.device and not fits_type(g.allowed, dev):
+            # (Where it ran is no override: an emulated GPU is a logical CPU and runs CPU-only ops.)
             types = ", ".join(sorted(g.allowed or ()))
             out.append(f"{where_}: got '{dev}', where {g.key} has no kernel for all its ops (it runs on {types}); "
                        f"pin it to a {types} device")
