@@ -244,3 +244,13 @@ def test_a_folder_with_only_a_plan_file_gets_the_prediction_table(run, capsys):
     for name, p in doc["prediction"].items():
         assert f"<td>{name}</td><td class=\"num\">{p['step_ms']:.3f}</td><td>predicted</td>" in section
     assert "verified (measured)" not in section and "<img" not in section
+
+
+@pytest.mark.unit
+def test_the_source_run_is_linked_by_its_mlflow_id_when_its_folder_records_one(tmp_path):
+    """tracking.json (written at a tracked run's close) names the MLflow run; without it, the folder."""
+    from pinpoint.steps.verify import source_run_link
+
+    assert source_run_link(tmp_path) == str(tmp_path.resolve())
+    (tmp_path / "tracking.json").write_text(json.dumps({"run_id": "0123abcd", "train": {}, "close_s": 0.1}))
+    assert source_run_link(tmp_path) == "0123abcd"

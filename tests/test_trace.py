@@ -196,6 +196,7 @@ def test_step_metrics_reach_mlflow_at_most_once_per_interval_and_each_metrics_la
     ended = client.get_run(run.info.run_id).info.end_time
     assert [ended - m.timestamp >= 1000 for m in held] == [True, True]  # logged before the sleep
     cost = json.loads((out / "tracking.json").read_text())
+    assert cost["run_id"] == run.info.run_id  # what `pinpoint plan --verify` links a source run by
     assert cost["train"]["log_calls"] == 201  # every call counted, sent or held
     assert cost["run"]["sender_cpu_s"] > 0  # read from the sender process's /proc entry
 

@@ -72,11 +72,19 @@ def verify_command(run_dir: Path, config_path: str | None, *, devices: int | Non
 
 
 def source_run_link(run_dir: Path) -> str:
-    """The source run's MLflow run id when its folder still records one (an unsent spool's
-    meta.json), else the folder's absolute path."""
+    """The source run's MLflow run id when its folder records one (tracking.json, written when
+    the run closed; else an unsent spool's meta.json), else the folder's absolute path."""
     import json
 
+    from pinpoint.runfolder import TRACKING_COST
     from pinpoint.tracking.spool import find_spools
+
+    try:
+        run_id = json.loads((run_dir / TRACKING_COST).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        run_id = None
+    if run_id:
+        return run_id
 
     for spool in find_spools(run_dir):
         try:

@@ -171,8 +171,9 @@ class StepRun:
         return done
 
     def _write_cost(self, at_close: dict[str, Any], close_s: float) -> None:
-        """tracking.json in the run folder: the cost over training (`train`, taken when training
-        ended), over the whole run (`run`), and the wait for the last records at close."""
+        """tracking.json in the run folder: the MLflow run's id (None if the server never created
+        it), the cost over training (`train`, taken when training ended), over the whole run
+        (`run`), and the wait for the last records at close."""
         run_dir = self.spool.meta.get("run_dir")
         if not run_dir:
             return
@@ -180,7 +181,8 @@ class StepRun:
 
         with contextlib.suppress(OSError):
             atomic_write_json(Path(run_dir) / TRACKING_COST,
-                              {"train": self.train_cost, "run": at_close, "close_s": round(close_s, 3)})
+                              {"run_id": self._sender.run_id, "train": self.train_cost, "run": at_close,
+                               "close_s": round(close_s, 3)})
 
     # ---- logging (journal only: never touches the network) ----------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:
