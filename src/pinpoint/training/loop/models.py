@@ -327,13 +327,16 @@ def _owner_device(layer_devices: Mapping[str, str]) -> str | None:
 
 
 @contextlib.contextmanager
-def _pin_variables(layer_devices: Mapping[str, str]):
-    """Create each pinned layer's variables on its device, whatever the model's kind."""
+def _pin_variables(layer_devices: Mapping[str, str], *, leave_colocated: bool = False):
+    """Create each pinned layer's variables on its device, whatever the model's kind;
+    leave_colocated: a variable created with `colocate_with` (an optimizer slot) is left to it."""
     if not layer_devices:
         yield
         return
+
     def creator(next_creator, **kwargs):
-        device = _owner_device(layer_devices)
+        colocated = leave_colocated and kwargs.get("colocate_with") is not None
+        device = None if colocated else _owner_device(layer_devices)
         if device is None:
             return next_creator(**kwargs)
         with tf.device(device):
@@ -356,17 +359,7 @@ def ps_variable_pins(layer_devices: Mapping[str, str]):
     round-robin slots they have without pins. Optimizer slots arrive with `colocate_with`
     (Keras' add_variable_from_reference): the strategy colocates them with their variable, and
     they are left alone here."""
-    if not layer_devices:
-        yield
-        return
-    def creator(next_creator, **kwargs):
-        device = None if kwargs.get("colocate_with") is not None else _owner_device(layer_devices)
-        if device is None:
-            return next_creator(**kwargs)
-        with tf.device(device):
-            return next_creator(**kwargs)
-
-    with tf.variable_creator_scope(creator):
+    with _pin_variables(layer_devices, leave_colocated=True):
         yield
 
 
