@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace as dataclasses_replace
 
 import pytest
 
@@ -697,6 +698,22 @@ def test_more_rounds_while_the_interval_is_wide_and_the_cap_allows():
     assert not more_rounds(_capped(100.0), wide, elapsed=90.0, done=2)  # a third would pass the cap
     assert not more_rounds(_capped(100.0), tight, elapsed=40.0, done=2)  # within ±3% already
     assert not more_rounds(_capped(None), wide, elapsed=40.0, done=2)  # no cap: the planned rounds
+
+
+def test_more_rounds_leave_out_a_difference_in_seconds():
+    """A fixed cost of 0.3 s [0.1, 0.5] is decided against its target by the interval; ±3% of it
+    would ask for rounds until the cap every time."""
+    from benchmarks.plan import Arm, Comparison, Ratio
+    from benchmarks.run import more_rounds
+
+    def comp(ratios):
+        return Comparison(key="c", title="t", arms=(Arm("a", "a"), Arm("b", "b")), ratios=ratios, time_cap_s=100.0)
+
+    runs = {"a": [{"x": 1.0, "s": 1.1}, {"x": 1.01, "s": 1.5}], "b": [{"x": 1.0, "s": 1.0}, {"x": 1.0, "s": 1.0}]}
+    ratio = Ratio("a / b", "a", "b", "x", ">= 1")  # 1.0 and 1.01: within ±3%
+    fixed = Ratio("a - b", "a", "b", "s", "<= 3", difference=True)  # 0.1 and 0.5 s: far wider
+    assert not more_rounds(comp((ratio, fixed)), runs, elapsed=40.0, done=2)
+    assert more_rounds(comp((dataclasses_replace(fixed, difference=False),)), runs, elapsed=40.0, done=2)
 
 
 def test_run_rounds_adds_rounds_until_the_interval_settles(monkeypatch, tmp_path):
