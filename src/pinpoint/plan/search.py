@@ -272,6 +272,78 @@ def _depth_first(graph: PlanGraph, space: _Space) -> list[int]:
     return out
 
 
+def _cut_edges(graph: PlanGraph, space: _Space, pos: dict[int, int], dev_of: dict[int, str],
+               order: tuple[str, ...]) -> tuple[list[list[tuple[int, int]]], list[int], list[list[int]]]:
+    """For the free units (by position): each one's edges to later free units (position, bytes),
+    the bytes of its edges to earlier ones, and per device slot the bytes of its edges to fixed
+    units on another device."""
+    n, k = len(pos), len(order)
+    later: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    into = [0] * n
+    ext = [[0] * k for _ in range(n)]
+    for e in graph.edges:
+        a, b = space.unit_of.get(e.src), space.unit_of.get(e.dst)
+        if a is None or b is None or a == b:
+            continue
+        if a in pos and b in pos:
+            lo, hi = sorted((pos[a], pos[b]))
+            later[lo].append((hi, e.bytes))
+            into[hi] += e.bytes
+        elif a in pos or b in pos:
+            j, fixed = (pos[a], dev_of[b]) if a in pos else (pos[b], dev_of[a])
+            for s in range(k):
+                ext[j][s] += e.bytes * (order[s] != fixed)
+    return later, into, ext
+
+
+def _lowest_busiest(load, n: int, k: int) -> float:
+    """The lowest busiest device over every cut of n units into k runs (`load(s, p, q)`: run s
+    holding units p..q-1). A run's load only grows as it starts earlier, so the scan over its
+    start p stops once that load alone is no better than the best found."""
+    lowest = [load(0, 0, q) for q in range(n + 1)]
+    for s in range(1, k):
+        row = []
+        for q in range(n + 1):
+            found = math.inf
+            for p in range(q, -1, -1):
+                here = load(s, p, q)
+                if here >= found:
+                    break
+                found = min(found, max(lowest[p], here))
+            row.append(found)
+        lowest = row
+    return lowest[n]
+
+
+def _fewest_bytes(load, limit: float, prefix_ext: list[list[int]], later: list[list[tuple[int, int]]],
+                  into: list[int], n: int, k: int) -> list[list[tuple[float, int]]]:
+    """best[s][q] = (bytes, start of run s) of the cut of units 0..q-1 into runs 0..s with the
+    fewest bytes crossing and every run's load within `limit`. Crossing = all edges between free
+    units - those inside a run + edges to fixed units elsewhere; the first term is the same for
+    every cut. `inside` is the bytes of the edges within the run p..q-1."""
+    inf = math.inf
+    best = [[(inf, -1)] * (n + 1) for _ in range(k)]
+    inside = 0
+    for q in range(n + 1):
+        if q > 0:
+            inside += into[q - 1]
+        if load(0, 0, q) <= limit:
+            best[0][q] = (prefix_ext[0][q] - inside, 0)
+    for s in range(1, k):
+        for q in range(n + 1):
+            inside = 0
+            for p in range(q, -1, -1):
+                if p < q:
+                    inside += sum(nb for hi, nb in later[p] if hi < q)
+                if load(s, p, q) > limit:
+                    break
+                if best[s - 1][p][0] < inf:
+                    c = best[s - 1][p][0] + prefix_ext[s][q] - prefix_ext[s][p] - inside
+                    if c < best[s][q][0]:
+                        best[s][q] = (c, p)
+    return best
+
+
 def _contiguous(graph: PlanGraph, space: _Space, devices: tuple[str, ...], cost: dict[str, float],
                 reverse: bool, sequence: list[int] | None = None) -> Placement | None:
     """The movable units in `sequence` (default: the graph's order), cut into one contiguous run
@@ -293,21 +365,7 @@ def _contiguous(graph: PlanGraph, space: _Space, devices: tuple[str, ...], cost:
     w = [sum(cost[key] for key in space.units[i].keys) for i in free]
     base = [sum(sum(cost[key] for key in space.units[i].keys) for i, d in dev_of.items() if d == dev) for dev in order]
     n = len(free)
-    later: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # j -> (later free unit, bytes)
-    into = [0] * n  # j -> bytes of its edges with earlier free units
-    ext = [[0] * k for _ in range(n)]  # j -> device slot -> bytes to fixed units elsewhere
-    for e in graph.edges:
-        a, b = space.unit_of.get(e.src), space.unit_of.get(e.dst)
-        if a is None or b is None or a == b:
-            continue
-        if a in pos and b in pos:
-            lo, hi = sorted((pos[a], pos[b]))
-            later[lo].append((hi, e.bytes))
-            into[hi] += e.bytes
-        elif a in pos or b in pos:
-            j, fixed = (pos[a], dev_of[b]) if a in pos else (pos[b], dev_of[a])
-            for s in range(k):
-                ext[j][s] += e.bytes * (order[s] != fixed)
+    later, into, ext = _cut_edges(graph, space, pos, dev_of, order)
     prefix_w = [0.0]
     for x in w:
         prefix_w.append(prefix_w[-1] + x)
@@ -319,47 +377,10 @@ def _contiguous(graph: PlanGraph, space: _Space, devices: tuple[str, ...], cost:
     def load(s: int, p: int, q: int) -> float:
         return base[s] + prefix_w[q] - prefix_w[p]
 
-    inf = math.inf
-    # lowest[s][q]: the lowest busiest device with runs 0..s covering units 0..q-1. A run's load
-    # only grows as it starts earlier, so the scan over its start p stops once that load alone
-    # is no better than the best found.
-    lowest = [[load(0, 0, q) for q in range(n + 1)]]
-    for s in range(1, k):
-        row = []
-        for q in range(n + 1):
-            found = inf
-            for p in range(q, -1, -1):
-                here = load(s, p, q)
-                if here >= found:
-                    break
-                found = min(found, max(lowest[s - 1][p], here))
-            row.append(found)
-        lowest.append(row)
     mean = (sum(base) + prefix_w[n]) / k
-    limit = max(lowest[k - 1][n], (1 + BALANCE_TOLERANCE) * mean) * (1 + 1e-9)
-    # Then the fewest bytes crossing with every run's load within `limit`. Crossing = all edges
-    # between free units - those inside a run + edges to fixed units elsewhere; the first term is
-    # the same for every cut. `inside` is the bytes of the edges within the run p..q-1.
-    best = [[(inf, -1)] * (n + 1) for _ in range(k)]
-    inside = 0
-    for q in range(n + 1):
-        if q > 0:
-            inside += into[q - 1]
-        if load(0, 0, q) <= limit:
-            best[0][q] = (prefix_ext[0][q] - inside, 0)
-    for s in range(1, k):
-        for q in range(n + 1):
-            inside = 0
-            for p in range(q, -1, -1):
-                if p < q:
-                    inside += sum(nb for hi, nb in later[p] if hi < q)
-                if load(s, p, q) > limit:
-                    break
-                if best[s - 1][p][0] < inf:
-                    c = best[s - 1][p][0] + prefix_ext[s][q] - prefix_ext[s][p] - inside
-                    if c < best[s][q][0]:
-                        best[s][q] = (c, p)
-    if best[k - 1][n][0] == inf:  # float edge: the limit came from this very table
+    limit = max(_lowest_busiest(load, n, k), (1 + BALANCE_TOLERANCE) * mean) * (1 + 1e-9)
+    best = _fewest_bytes(load, limit, prefix_ext, later, into, n, k)
+    if best[k - 1][n][0] == math.inf:  # float edge: the limit came from this very table
         return None
     cuts, q = [], n
     for s in range(k - 1, -1, -1):
