@@ -171,16 +171,23 @@ def comparison():
 
     arms = tuple(Arm(f"{m.replace('_', '-')}-{n}", f"{m} over {n} GPUs: user's split, plan, trained with it",
                      {"kind": "plan_mp", "model": m, "devices": n}) for m, n in CASES)
+    # Recorded, not judged here: one round gives one value per case, and a target in the Targets
+    # list is decided on an interval (two rounds would double the ~1.8 min). section() below
+    # judges each case's measured figures against the target and says so.
     ratios = tuple(r for a in arms for r in (
-        Ratio(f"{a.name}: plan's busiest / mean compute per step, measured", a.name, "", "plan_ratio",
-              f"<= {BALANCE_TARGET:.2f}"),
+        Ratio(f"{a.name}: plan's busiest / mean compute per step, measured", a.name, "", "plan_ratio"),
         Ratio(f"{a.name}: user's split busiest / mean compute per step, measured", a.name, "", "user_ratio")))
     # run_s: one case is two trainings (the user's split, the plan's) of 10 steps with 6 timed, and
-    # the plan; 14-35 s each on the bench machine with a benchmark beside it. One round: the
-    # bytes are exact figures, and the measured balance is read per round (the table shows it).
+    # the plan: 14.9 / 15.4 / 38.8 / 37.7 s (towers 2, 4; MobileNetV2 2, 4) on the bench machine
+    # with another benchmark beside it, 26.7 s a case on average.
     return Comparison(key="plan-mp", title="Model-parallel balance: the user's split vs `pinpoint plan` "
                       "(two towers, MobileNetV2; 2 and 4 emulated GPUs)", arms=arms, ratios=ratios,
-                      repeats=1, run_s=25.0)
+                      repeats=1, run_s=27.0)
+
+
+FIELDS = ("groups", "user_ratio", "user_bytes", "plan_ratio", "plan_bytes", "predicted_plan_ratio",
+          "predicted_plan_bytes", "even_ratio", "even_bytes", "algorithm", "bytes_exact", "conformance",
+          "train_s", "verify_s")
 
 
 def section(results: dict) -> str:
@@ -191,9 +198,9 @@ def section(results: dict) -> str:
     runs = results.get("plan-mp") or {}
     rows, verdicts = [], []
     for m, n in CASES:
-        recs = [r for r in runs.get(f"{m.replace('_', '-')}-{n}", []) if "error" not in r and "plan_ratio" in r]
+        recs = [r for r in runs.get(f"{m.replace('_', '-')}-{n}", []) if "error" not in r and all(k in r for k in FIELDS)]
         if not recs:
-            rows.append([f"{m}, {n} GPUs", "not run or failed (see Skipped and failed runs)", "", "", "", ""])
+            rows.append([f"{m}, {n} GPUs", "not run, failed, or no balance figures (see Skipped and failed runs)", "", "", "", ""])
             continue
         r = recs[0]
         ok = r["plan_ratio"] <= BALANCE_TARGET and r["plan_bytes"] <= r["user_bytes"]
