@@ -3,7 +3,7 @@
 The logical device layout is fixed once per process, so each run (Pinpoint or Keras, any
 device count) gets a fresh process. SPEC keys:
   kind          "pinpoint" | "keras" | "keras_mwm" | "keras_task" | "make_run" | "program" | "entrypoint"
-                | "k8s_scale" | "placement_scale" | "overheads" | "plan_ps"
+                | "k8s_scale" | "placement_scale" | "overheads" | "plan_ps" | "plan_mp"
   config        a Pinpoint config as a dict (pinpoint, keras*)
   out           the run folder
   warmup_steps  steps excluded from the steady state (trace, warm-up, placement capture)
@@ -66,6 +66,7 @@ KINDS = {
     "placement_scale": "benchmarks.placement_scale:measure",
     "overheads": "benchmarks.overheads:measure",
     "plan_ps": "benchmarks.plan_ps:measure",
+    "plan_mp": "benchmarks.plan_mp:measure",
 }
 
 

@@ -19,7 +19,7 @@ from pinpoint.plan.emit import read_plan, write_plan
 from pinpoint.plan.graph import Edge, Group, PlanGraph
 from pinpoint.plan.links import LinkModel
 from pinpoint.plan.predict import predict
-from pinpoint.plan.search import _Space, list_schedule, search
+from pinpoint.plan.search import BALANCE_TOLERANCE, _contiguous, _Space, balance_key, list_schedule, search
 from pinpoint.plan.tasks import costs, task_graph
 
 pytestmark = pytest.mark.unit
@@ -424,3 +424,63 @@ def test_a_bad_links_file_is_one_line(tmp_path, capsys):
     links.write_text("links: {pcie: {gb_per_s: -1}}\n")
     assert main(["plan", str(tmp_path), "--links", str(links)]) == 2
     assert capsys.readouterr().err == "pinpoint: links.pcie.gb_per_s: got -1; pass a bandwidth > 0 (GB/s)\n"
+
+
+# ---- model-parallel balance on a chain (the bench's MobileNetV2 case, in small) ---------------
+GPUS4 = ("/GPU:0", "/GPU:1", "/GPU:2", "/GPU:3")
+
+
+def cnn_chain(gpus: tuple[str, ...], n: int = 28) -> PlanGraph:
+    """A CNN-like chain: activations halve and variables double every quarter of the depth, every
+    layer's gradient goes to the optimizer (`other`, on /GPU:0) and its update comes back; the
+    user's split is contiguous runs of an equal count of layers, and the run ran it."""
+    def quarter(i: int) -> int:
+        return (i - 1) * 4 // n
+
+    def requested(i: int) -> str:
+        return gpus[(i - 1) * len(gpus) // n]
+
+    layers = [Group(f"layer_{i}", i, 100.0 + 60.0 * (i % 3) + 40.0 * quarter(i), 10, 1000 << (2 * quarter(i)),
+                    requested(i), requested=requested(i)) for i in range(1, n + 1)]
+    groups = (Group("input", 0, 30.0, 5, 0, "/CPU:0", allowed=frozenset({"CPU"}), movable=False), *layers,
+              Group("other", n + 1, 50.0, 20, 8, gpus[0]))
+    edges = [Edge("input", "layer_1", 100_000)]
+    for i in range(1, n):
+        edges += _both_ways(f"layer_{i}", f"layer_{i + 1}", 400_000 >> quarter(i))
+    for g in layers:
+        edges += _both_ways(g.key, "other", g.variable_bytes)
+    return PlanGraph(groups, tuple(edges), ("/CPU:0", *gpus), "/CPU:0", "default", True)
+
+
+@pytest.mark.parametrize("gpus", [GPUS, GPUS4], ids=["2 GPUs", "4 GPUs"])
+def test_the_balanced_plan_of_a_chain_is_balanced_and_crosses_no_more_than_the_users_split(gpus):
+    """The issue's model-parallel target on the prediction: busiest device within the balance
+    tolerance of the mean, and no more bytes crossing per step than the user's equal-count split
+    (which is not balanced: the later layers cost more)."""
+    g = cnn_chain(gpus)
+    plan = search(g, SIMPLE, "balance", gpus)
+    p, mine = predict(g, plan.placement, SIMPLE, gpus), predict(g, user(g), SIMPLE, gpus)
+    assert mine.busiest_over_mean > 1 + BALANCE_TOLERANCE
+    assert p.busiest_over_mean <= 1 + BALANCE_TOLERANCE
+    assert p.crossing_total <= mine.crossing_total
+
+
+def test_contiguous_cuts_are_the_best_cuts_of_the_chain():
+    """_contiguous against every way to cut a 10-layer chain into 3 runs (in device order): the
+    same (busiest device, bytes crossing) key as the best of them."""
+    gpus = ("/GPU:0", "/GPU:1", "/GPU:2")
+    g = cnn_chain(gpus, n=10)
+    space = _Space(g, gpus)
+    cost = costs(g)
+    found = _contiguous(g, space, gpus, cost, reverse=False)
+
+    def key(placement):
+        p = predict(g, placement, SIMPLE, gpus)
+        return balance_key(p.compute_us, gpus, p.crossing_total)
+
+    fixed = {"input": "/CPU:0", "other": gpus[0]}
+    every = []
+    for a in range(11):
+        for b in range(a, 11):
+            every.append({**fixed, **{f"layer_{i}": gpus[(i > a) + (i > b)] for i in range(1, 11)}})
+    assert key(found) == min(key(p) for p in every)

@@ -1,5 +1,6 @@
 """Issue 33: `pinpoint plan` — the parameter-server balance before and after a plan, measured, and
-the planning time (benchmarks/plan_ps.py)."""
+the planning time (benchmarks/plan_ps.py); the model-parallel balance of a user's split and of
+the verified plan (benchmarks/plan_mp.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from benchmarks.sections import section
 
 
 def _render(plan: list[p.Comparison], results: dict) -> str:
-    from benchmarks.plan_ps import section as render
+    from benchmarks.plan_mp import section as render_mp
+    from benchmarks.plan_ps import section as render_ps
 
-    return render(results)
+    return render_ps(results) + "\n**Model-parallel balance** (benchmarks/plan_mp.py)\n" + render_mp(results)
 
 
 @section("Placement planner (`pinpoint plan`)", order=68, render=_render)
 def plan(s: p.Settings, out: Path) -> list[p.Comparison]:
-    from benchmarks.plan_ps import comparison
+    from benchmarks.plan_mp import comparison as model_parallel
+    from benchmarks.plan_ps import comparison as parameter_servers
 
-    return [comparison()]
+    return [parameter_servers(), model_parallel()]

@@ -51,7 +51,8 @@ def balance_key(load: dict[str, float], devices: tuple[str, ...], crossing: int)
     """(busiest compute over `devices`, but no less than (1 + tolerance) x their mean; crossing)."""
     values = [load.get(d, 0.0) for d in devices]
     floor = (1 + BALANCE_TOLERANCE) * sum(values) / len(values)
-    return max(max(values), floor), crossing
+    # Rounded to the ns: the same loads summed in another order must tie (then bytes decide).
+    return round(max(max(values), floor), 3), crossing
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,155 @@ def _balance_moves(graph: PlanGraph, space: _Space, placement: Placement, device
     return {k: dev_of[i] for i, u in enumerate(space.units) for k in u.keys}
 
 
+def _depth_first(graph: PlanGraph, space: _Space) -> list[int]:
+    """The units in a topological order (forward edges) that finishes a branch before starting
+    the next (Kahn's algorithm taking the unit released last): a tower's units stay together, so
+    contiguous runs of this order can put parallel towers on their own devices."""
+    n = len(space.units)
+    succ: list[set[int]] = [set() for _ in range(n)]
+    for e in graph.edges:
+        a, b = space.unit_of.get(e.src), space.unit_of.get(e.dst)
+        if a is not None and b is not None and a < b:
+            succ[a].add(b)
+    missing = [0] * n
+    for a in range(n):
+        for b in succ[a]:
+            missing[b] += 1
+    stack = [i for i in range(n - 1, -1, -1) if missing[i] == 0]
+    out = []
+    while stack:
+        a = stack.pop()
+        out.append(a)
+        for b in sorted(succ[a], reverse=True):
+            missing[b] -= 1
+            if missing[b] == 0:
+                stack.append(b)
+    return out
+
+
+def _cut_edges(graph: PlanGraph, space: _Space, pos: dict[int, int], dev_of: dict[int, str],
+               order: tuple[str, ...]) -> tuple[list[list[tuple[int, int]]], list[int], list[list[int]]]:
+    """For the free units (by position): each one's edges to later free units (position, bytes),
+    the bytes of its edges to earlier ones, and per device slot the bytes of its edges to fixed
+    units on another device."""
+    n, k = len(pos), len(order)
+    later: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    into = [0] * n
+    ext = [[0] * k for _ in range(n)]
+    for e in graph.edges:
+        a, b = space.unit_of.get(e.src), space.unit_of.get(e.dst)
+        if a is None or b is None or a == b:
+            continue
+        if a in pos and b in pos:
+            lo, hi = sorted((pos[a], pos[b]))
+            later[lo].append((hi, e.bytes))
+            into[hi] += e.bytes
+        elif a in pos or b in pos:
+            j, fixed = (pos[a], dev_of[b]) if a in pos else (pos[b], dev_of[a])
+            for s in range(k):
+                ext[j][s] += e.bytes * (order[s] != fixed)
+    return later, into, ext
+
+
+def _lowest_busiest(load, n: int, k: int) -> float:
+    """The lowest busiest device over every cut of n units into k runs (`load(s, p, q)`: run s
+    holding units p..q-1). A run's load only grows as it starts earlier, so the scan over its
+    start p stops once that load alone is no better than the best found."""
+    lowest = [load(0, 0, q) for q in range(n + 1)]
+    for s in range(1, k):
+        row = []
+        for q in range(n + 1):
+            found = math.inf
+            for p in range(q, -1, -1):
+                here = load(s, p, q)
+                if here >= found:
+                    break
+                found = min(found, max(lowest[p], here))
+            row.append(found)
+        lowest = row
+    return lowest[n]
+
+
+def _fewest_bytes(load, limit: float, prefix_ext: list[list[int]], later: list[list[tuple[int, int]]],
+                  into: list[int], n: int, k: int) -> list[list[tuple[float, int]]]:
+    """best[s][q] = (bytes, start of run s) of the cut of units 0..q-1 into runs 0..s with the
+    fewest bytes crossing and every run's load within `limit`. Crossing = all edges between free
+    units - those inside a run + edges to fixed units elsewhere; the first term is the same for
+    every cut. `inside` is the bytes of the edges within the run p..q-1."""
+    inf = math.inf
+    best = [[(inf, -1)] * (n + 1) for _ in range(k)]
+    inside = 0
+    for q in range(n + 1):
+        if q > 0:
+            inside += into[q - 1]
+        if load(0, 0, q) <= limit:
+            best[0][q] = (prefix_ext[0][q] - inside, 0)
+    for s in range(1, k):
+        for q in range(n + 1):
+            inside = 0
+            for p in range(q, -1, -1):
+                if p < q:
+                    inside += sum(nb for hi, nb in later[p] if hi < q)
+                if load(s, p, q) > limit:
+                    break
+                if best[s - 1][p][0] < inf:
+                    c = best[s - 1][p][0] + prefix_ext[s][q] - prefix_ext[s][p] - inside
+                    if c < best[s][q][0]:
+                        best[s][q] = (c, p)
+    return best
+
+
+def _contiguous(graph: PlanGraph, space: _Space, devices: tuple[str, ...], cost: dict[str, float],
+                reverse: bool, sequence: list[int] | None = None) -> Placement | None:
+    """The movable units in `sequence` (default: the graph's order), cut into one contiguous run
+    per device (`devices` in order, or reversed): among the cuts whose busiest device is as low as
+    any cut's (or within the balance tolerance of the mean), the one with the fewest bytes
+    crossing. Exact over contiguous cuts (dynamic programming over cut points); None when no unit
+    may take every device."""
+    order = devices[::-1] if reverse else devices
+    k = len(order)
+    if sequence is None:
+        sequence = list(range(len(space.units)))
+    free = [i for i in sequence if set(order) <= set(space.candidates[i])]
+    if not free:
+        return None
+    pos = {u: j for j, u in enumerate(free)}
+    ran = [graph.group(u.keys[0]).device for u in space.units]  # the others stay where they ran, if allowed
+    dev_of = {i: ran[i] if ran[i] in space.candidates[i] else space.candidates[i][0]
+              for i in range(len(space.units)) if i not in pos}
+    w = [sum(cost[key] for key in space.units[i].keys) for i in free]
+    base = [sum(sum(cost[key] for key in space.units[i].keys) for i, d in dev_of.items() if d == dev) for dev in order]
+    n = len(free)
+    later, into, ext = _cut_edges(graph, space, pos, dev_of, order)
+    prefix_w = [0.0]
+    for x in w:
+        prefix_w.append(prefix_w[-1] + x)
+    prefix_ext = [[0] * (n + 1) for _ in range(k)]
+    for s in range(k):
+        for j in range(n):
+            prefix_ext[s][j + 1] = prefix_ext[s][j] + ext[j][s]
+
+    def load(s: int, p: int, q: int) -> float:
+        return base[s] + prefix_w[q] - prefix_w[p]
+
+    mean = (sum(base) + prefix_w[n]) / k
+    limit = max(_lowest_busiest(load, n, k), (1 + BALANCE_TOLERANCE) * mean) * (1 + 1e-9)
+    best = _fewest_bytes(load, limit, prefix_ext, later, into, n, k)
+    if best[k - 1][n][0] == math.inf:  # float edge: the limit came from this very table
+        return None
+    cuts, q = [], n
+    for s in range(k - 1, -1, -1):
+        p = best[s][q][1]
+        cuts.append((s, p, q))
+        q = p
+    placement = {key: d for i, d in dev_of.items() for key in space.units[i].keys}
+    for s, p, q in cuts:
+        for j in range(p, q):
+            for key in space.units[free[j]].keys:
+                placement[key] = order[s]
+    return placement
+
+
 def _ps_plan(graph: PlanGraph, space: _Space, servers: tuple[str, ...]) -> Placement:
     placement = {g.key: g.device for g in graph.groups}
     carried = dict.fromkeys(servers, 0)
@@ -314,8 +464,20 @@ def search(graph: PlanGraph, links: LinkModel, objective: str, devices: tuple[st
         others = [Plan(measured(graph), "as measured"), Plan(user(graph), "the user's plan"),
                   Plan(even_split(graph, devices), "even split")]
         others = [p for p in others if _within(space, p.placement) and not violations(graph, p.placement)]
-        starts = [*found, *others]
-        found += others
+        # Contiguous cuts of the graph's order (a chain: MobileNet) and of a depth-first order
+        # (parallel towers), each with the devices in both directions.
+        sequences = {"": list(range(len(space.units)))}
+        depth_first = _depth_first(graph, space)
+        if depth_first != sequences[""] and len(depth_first) == len(space.units):
+            sequences[" (depth-first)"] = depth_first
+        cuts = []
+        for label, sequence in sequences.items():
+            for reverse in (False, True):
+                cut = _contiguous(graph, space, devices, cost, reverse, sequence)
+                if cut is not None and _within(space, cut) and not violations(graph, cut):
+                    cuts.append(Plan(cut, "contiguous cuts" + label))
+        starts = [*found, *others, *cuts]
+        found += others + cuts
         for start in starts:
             moved = _balance_moves(graph, space, start.placement, devices, cost)
             if moved != start.placement:
