@@ -299,7 +299,7 @@ def keras_comparisons(s: Settings, out: Path) -> list[Comparison]:
               bench_config("bench-mirrored", strategy="mirrored", devices=2, steps=s.steps, batch=b2), s,
               # 1.7x its target in every run so far: three rounds decide it, the time goes to
               # the rows whose intervals straddle theirs.
-              skipped=need2, run_s=12.1, repeats=3),
+              skipped=need2, run_s=12.1, repeats=min(3, s.repeats)),
         _pair_mwm(s, b2),
         _pair_user_model(s, b2, out),
         *(_pair_builtin(s, b2, name) for name in ("cnn", "transformer")),

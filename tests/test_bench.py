@@ -241,12 +241,13 @@ def test_results_md_carries_the_fault_suite_table(tmp_path):
 
 def test_keras_rows_with_a_target_get_every_round_and_recorded_rows_fewer():
     """The issue-3.8 rows (a target) run `repeats` rounds; a Pinpoint-vs-Keras row that is only
-    recorded runs `recorded_repeats` (never more than `repeats`)."""
+    recorded runs `recorded_repeats` (never more than `repeats`); keras-mirrored, met by 1.7x its
+    target in every run, three at most."""
     from benchmarks.plan import Settings, build_plan, rounds
 
     for s, recorded in ((Settings(repeats=5, recorded_repeats=3), 3), (Settings(repeats=2, recorded_repeats=3), 2)):
         got = {c.key: rounds(c, s) for c in build_plan(s) if c.section == "keras"}
-        assert got == {"keras-none": s.repeats, "keras-mirrored": s.repeats, "keras-mwm": recorded,
+        assert got == {"keras-none": s.repeats, "keras-mirrored": min(3, s.repeats), "keras-mwm": recorded,
                        "keras-user-model": recorded, "keras-cnn": recorded, "keras-transformer": recorded}
 
 

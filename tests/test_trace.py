@@ -201,6 +201,49 @@ def test_step_metrics_reach_mlflow_at_most_once_per_interval_and_each_metrics_la
     assert cost["run"]["sender_cpu_s"] > 0  # read from the sender process's /proc entry
 
 
+# ---- issue 34: a tf.function call pays an identity test and a counter; the counts stay exact ----------
+def test_call_counts_are_exact_for_runs_of_calls_functions_in_turn_and_calls_traced_into_another(tmp_path):
+    """The wrapper holds the last function's calls in a counter and adds them to its record when
+    another function is called or the program ends: runs of calls, functions called in turn, a
+    zero-argument function, and a traced call (`inner` inside `outer`'s trace: not a call that ran)."""
+    script = write(tmp_path, "counts.py", """
+        import tensorflow as tf
+        x = tf.constant([1.0, 2.0])
+        v = tf.Variable(0.0)
+
+        @tf.function
+        def inner(t):
+            return t * 2.0
+
+        @tf.function
+        def other(t):
+            return t + 1.0
+
+        @tf.function
+        def bump():
+            v.assign_add(1.0)
+
+        @tf.function
+        def outer(t):
+            return inner(t) + 1.0
+
+        for _ in range(130):  # a run of calls past the wrapper's check every 64
+            inner(x)
+        for _ in range(7):  # in turn
+            inner(x)
+            other(x)
+            bump()
+        inner(x)  # the last function called, then
+        outer(x)  # traces a call to inner: not one of inner's calls
+        outer(x)
+        inner(x)
+    """)
+    out = tmp_path / "out"
+    trace([str(script)], cwd=tmp_path, out=out)
+    calls = {f["name"]: f["calls"] for f in placement(out)["functions"]}
+    assert calls == {"inner": 139, "other": 7, "bump": 7, "outer": 2}
+
+
 # ---- issue 34: eager ops are counted until they stop bringing new signatures, and the report says so --
 def test_eager_counting_stops_after_a_quiet_window_and_the_report_says_where(tmp_path):
     import json

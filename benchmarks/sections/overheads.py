@@ -81,8 +81,10 @@ def render(comps: list[p.Comparison], results: dict) -> str:
                 f"{fmt(rec.median * quiet / 1000, 3)} ms for a window's worth: once, then at most every 16 s.\n")
     return out + (
         "\nIn one process, in pairs of blocks (plain, then Pinpoint's path: `pinpoint.trace.session.Capture` "
-        "entered as `pinpoint trace` enters it), in CPU time of the process (time waiting for a core on the "
-        "shared machine is not counted). Best block: the least disturbed of a path's blocks; added: each pair's "
+        "entered as `pinpoint trace` enters it), each call timed on its own and a block's figure the median of its "
+        "calls (a call preempted on the shared machine is an outlier the median ignores; the log call and the "
+        "checkpoint save, which do work now and then, the mean). Best block: the lowest "
+        "of a path's block medians; added: each pair's "
         "difference, pooled over the rounds, its median and bootstrap 95% interval (the verdict). The log call's "
         "target is on Pinpoint's own time per call (its median block), the others on the added time.\n")
 

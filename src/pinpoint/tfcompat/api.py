@@ -57,6 +57,13 @@ def eager_state():
     return context.context()._thread_local_data
 
 
+def eager_tensor_type() -> type:
+    """The type of a tensor in eager mode (a traced one is symbolic): `type(t) is` it tells them apart."""
+    from tensorflow.python.framework import ops
+
+    return ops.EagerTensor
+
+
 def forget_parsed_devices() -> None:
     """Drop TensorFlow's caches of parsed device strings (parsed before emulation began)."""
     from tensorflow.python.eager import context

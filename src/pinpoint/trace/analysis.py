@@ -213,6 +213,7 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
     """The placement inputs of a traced program: its training function's capture, its variables
     and strategy, and its functions, eager ops and weight requests."""
     namer = DeviceMap.of(dm)
+    recorder.flush_calls()
     records = list(recorder.functions.values())
     rows = [_stats(r, namer) for r in records]
     train = pick_training(rows)
