@@ -113,11 +113,6 @@ def _pinpoint(*argv: str) -> str:
     return proc.stdout
 
 
-def busiest_over_mean(compute_us: dict[str, float], devices: list[str]) -> float:
-    values = [compute_us.get(d, 0.0) for d in devices]
-    return max(values) * len(values) / sum(values)
-
-
 def measure(spec: dict) -> dict[str, Any]:
     """Worker kind "plan_mp": one case (spec: model, devices): the user's split trained, planned
     for balance and the plan trained (`pinpoint plan --verify`); the measured figures of both."""
@@ -125,6 +120,7 @@ def measure(spec: dict) -> dict[str, Any]:
     from pinpoint.plan.build import plan_graph
     from pinpoint.plan.links import LinkModel
     from pinpoint.plan.predict import predict
+    from pinpoint.plan.verify import pair_bytes
 
     model, n = spec["model"], int(spec["devices"])
     folder = Path(spec["out"])
@@ -147,16 +143,15 @@ def measure(spec: dict) -> dict[str, Any]:
     # figures plan_check's `verified` row holds for the plan's run.
     source = plan_graph(folder / name)
     user = predict(source, {g.key: g.device for g in source.groups}, LinkModel(), tuple(devices))
-    src_matrix = (read_placement(folder / name / "placement.json").get("transfers") or {}).get("matrix") or {}
-    user_bytes = sum(cell.get("bytes") or 0 for row in src_matrix.values() for cell in row.values())
+    user_bytes = sum(pair_bytes(read_placement(folder / name / "placement.json")).values())
     verified = check["placements"]["verified"]
     predicted = check["placements"]
     moved = sum(1 for k, d in check["pinning"]["layers"].items() if split.get(k) != d)
     return {
         "model": model, "devices": n, "groups": len(source.groups), "ops": sum(g.ops for g in source.groups),
-        "plan_ratio": busiest_over_mean(verified["compute_us"], devices),
+        "plan_ratio": verified["busiest_over_mean"],
         "plan_bytes": verified["bytes_crossing_per_step"],
-        "user_ratio": busiest_over_mean(user.compute_us, devices), "user_bytes": user_bytes,
+        "user_ratio": user.busiest_over_mean, "user_bytes": user_bytes,
         "predicted_plan_ratio": predicted["plan"]["busiest_over_mean"],
         "predicted_plan_bytes": predicted["plan"]["bytes_crossing_per_step"],
         "even_ratio": predicted["even_split"]["busiest_over_mean"],

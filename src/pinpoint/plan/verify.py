@@ -58,7 +58,8 @@ def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
     return config_from_dict(data, source=config_path)
 
 
-def _pair_bytes(placement: dict[str, Any]) -> dict[str, int]:
+def pair_bytes(placement: dict[str, Any]) -> dict[str, int]:
+    """Bytes per step per device pair ('a -> b'), as a run's placement.json transfers matrix counted them."""
     matrix = (placement.get("transfers") or {}).get("matrix") or {}
     return {f"{a} -> {b}": cell.get("bytes") or 0 for a, row in matrix.items() for b, cell in row.items()}
 
@@ -105,7 +106,7 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
     run (`verified`, its placement.json `placement`)."""
     emulated = bool(placement.get("device_aliases"))
     planned = doc["prediction"]["plan"]
-    bytes_ = compare_bytes(planned["bytes_crossing"], _pair_bytes(placement))
+    bytes_ = compare_bytes(planned["bytes_crossing"], pair_bytes(placement))
     conformance = compare_conformance(placement, doc["pinning"]["layers"])
     devices = tuple(doc["devices"])
     ran = {g.key: g.device for g in verified.groups}
@@ -114,7 +115,7 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
     # The verification run as measured, beside the predictions: its own compute per device, the
     # bytes its transfers matrix counted, its median step.
     verified_row = dict(as_run, step_ms=measured_ms, bytes_crossing_per_step=bytes_["measured_total"],
-                        bytes_crossing={p: n for p, n in _pair_bytes(placement).items() if n})
+                        bytes_crossing={p: n for p, n in pair_bytes(placement).items() if n})
     plan_placement = {g.key: g.device for g in source.groups}
     plan_placement.update({k: v for k, v in doc["pinning"]["layers"].items() if k in plan_placement})
     if doc["pinning"].get("input") is not None and "input" in plan_placement:
