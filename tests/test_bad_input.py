@@ -129,6 +129,8 @@ CASES = [
          ("--metrics-every-s", "-1", "0 (every logged step) to 3600")),
     Case("tracking-negative-step-metrics-every", PROV, {**base(), "tracking": {"step_metrics_every_s": -1}},
          ("tracking.step_metrics_every_s", "-1")),
+    Case("tracking-negative-checkpoints-every", PROV, {**base(), "tracking": {"checkpoints_every_s": -1}},
+         ("tracking.checkpoints_every_s", "-1")),
     Case("entrypoint-not-import-path", PROV, base(entrypoint="train.py"), ("train.entrypoint", "package.module:function")),
     Case("entrypoint-with-evaluator", PROV,
          {**cluster(workers=1, evaluator=1), "train": base(strategy="multi_worker_mirrored", entrypoint="upkg.m:main")["train"]},

@@ -3,6 +3,7 @@ MLflow loads back and predicts with. Real TensorFlow, real `mlflow server`."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import numpy as np
@@ -13,9 +14,9 @@ from pinpoint.tracking import fetch_checkpoint, open_step_run
 from tests.conftest import make_config
 
 
-def make_cfg(uri):
+def make_cfg(uri, **tracking):
     return make_config("trk-tf", cluster={"devices_per_worker": 1}, train={"strategy": "none"},
-                       tracking={"uri": uri, "experiment": f"tf-{uuid.uuid4().hex[:8]}"})
+                       tracking={"uri": uri, "experiment": f"tf-{uuid.uuid4().hex[:8]}", **tracking})
 
 
 @pytest.mark.integration
@@ -25,7 +26,7 @@ def test_checkpoints_uploaded_fetched_back_and_model_predicts(live_mlflow, tmp_p
     import tensorflow as tf
     from mlflow.tracking import MlflowClient
 
-    cfg = make_cfg(live_mlflow.uri)
+    cfg = make_cfg(live_mlflow.uri, checkpoints_every_s=0)  # every checkpoint goes up
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3, name="dense")])
     step = tf.Variable(0, dtype=tf.int64, name="step")
     opt = tf.keras.optimizers.SGD(0.1)
@@ -77,3 +78,36 @@ def test_fetch_checkpoint_errors_are_one_line(live_mlflow, tmp_path):
     with pytest.raises(ConfigError, match="has no checkpoints logged") as err:
         fetch_checkpoint(run_id, cfg, tmp_path)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ending", ["train_end", "error"])
+def test_checkpoints_written_faster_than_the_interval_send_the_first_and_the_last(live_mlflow, tmp_path, ending):
+    """tracking.checkpoints_every_s (default 10 s): four checkpoints within a second reach MLflow
+    as the first (the time had come) and the last (held, sent at the end of training, or at the
+    run's close when training stopped on an error); all four were written to the run folder."""
+    import tensorflow as tf
+    from mlflow.tracking import MlflowClient
+
+    cfg = make_cfg(live_mlflow.uri)
+    assert cfg.tracking.checkpoints_every_s == 10.0
+    step = tf.Variable(0, dtype=tf.int64, name="step")
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step), str(tmp_path / "checkpoints"),
+                                         max_to_keep=4, checkpoint_name="ckpt")
+    with pytest.raises(RuntimeError, match="stopped") if ending == "error" else contextlib.nullcontext():
+        with open_step_run(cfg, "train", tmp_path, system_metrics=False) as run:
+            hook = run.hook()
+            for s in (5, 10, 15, 20):
+                step.assign(s)
+                hook.on_checkpoint(s, manager.save(checkpoint_number=s))
+            run_id = run.run_id
+            if ending == "error":
+                raise RuntimeError("training stopped")
+            hook.on_train_end({"steps": 20}, None)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("ckpt-*.index")) == [
+        "ckpt-10.index", "ckpt-15.index", "ckpt-20.index", "ckpt-5.index"]
+    c = MlflowClient(live_mlflow.uri)
+    assert sorted(a.path for a in c.list_artifacts(run_id, "checkpoints")) == ["checkpoints/ckpt-20", "checkpoints/ckpt-5"]
+    prefix = fetch_checkpoint(run_id, cfg, tmp_path / "fetched")
+    assert tf.train.load_checkpoint(str(prefix)).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 20

@@ -30,7 +30,8 @@ def write_config(path: Path, uri: str, experiment: str, steps: int) -> Path:
         train={"strategy": "mirrored", "model": "mlp", "data": "synthetic", "synthetic_examples": 512,
                "batch_size": 32, "steps": steps, "log_every": LOG_EVERY, "checkpoint_every": CKPT_EVERY,
                "keep_checkpoints": 2, "pinning": {"input": "/CPU:0"}},
-        placement={"warmup_steps": 2}, tracking={"uri": uri, "experiment": experiment, "step_metrics_every_s": 0},
+        placement={"warmup_steps": 2}, tracking={"uri": uri, "experiment": experiment, "step_metrics_every_s": 0,
+                                               "checkpoints_every_s": 0},  # every checkpoint (asserted)
         path=path,
     )
 

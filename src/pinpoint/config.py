@@ -389,6 +389,12 @@ class TrackingConfig(_Frozen):
     # the next send and at the end: the sender's work is bounded by time whatever the step rate
     # (train_log.jsonl keeps every logged step). 0: every logged step.
     step_metrics_every_s: float = Field(1.0, ge=0, le=3600)
+    # Checkpoints reach MLflow at most once per this many seconds: the newest one when the time
+    # has come, and the last one held back at the end of the run, so a run writing checkpoints
+    # every few steps uploads a few a minute, not tens a second (each is ~3 files, ~7 ms of the
+    # sender's CPU on a server). Every checkpoint is still written to the run folder and kept as
+    # train.checkpoint_every / the checkpoint manager say. 0: every checkpoint.
+    checkpoints_every_s: float = Field(10.0, ge=0, le=86400)
     log_model: bool = True  # log the final model (MLflow keras flavor) at the end of training
 
 

@@ -43,9 +43,9 @@ class TrackingHook(Hook):
         self.run.log_step_metrics(metrics, step=int(step))
 
     def on_checkpoint(self, step: int, path: str) -> None:
-        # Snapshot now (hard links): the manager may delete old checkpoints before upload.
-        for f in checkpoint_files(path):
-            self.run.log_artifact(f, artifact_dir(step))
+        # By time (tracking.checkpoints_every_s); a file sent is snapshotted at once (hard links):
+        # the manager may delete old checkpoints before the upload.
+        self.run.log_checkpoint(checkpoint_files(path), artifact_dir(step))
 
     def on_placement(self, placement: Mapping[str, Any]) -> None:
         # The placement metrics (the report logs the same ones) at the step they were captured at.
@@ -63,6 +63,7 @@ class TrackingHook(Hook):
             self.run.log_artifacts(self.run_dir / trace, trace)
 
     def on_train_end(self, summary: Mapping[str, Any], model: Any = None) -> None:
+        self.run.flush_checkpoint()  # the last checkpoint is in the run, whenever it was written
         self.run.flush_step_metrics()  # the last logged step is in the run before its summary
         self.run.train_cost = cost = self.run.cost()
         last = summary.get("steps")

@@ -49,6 +49,8 @@ class NullStepRun:
                     timestamp_ms: int | None = None) -> None: ...
     def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
     def flush_step_metrics(self) -> None: ...
+    def log_checkpoint(self, files, artifact_path: str) -> None: ...
+    def flush_checkpoint(self) -> None: ...
     def set_tags(self, tags: Mapping[str, Any]) -> None: ...
     def log_artifact(self, path, artifact_path: str | None = None) -> None: ...
     def log_artifacts(self, folder, artifact_path: str | None = None) -> None: ...
@@ -65,7 +67,7 @@ class StepRun:
 
     def __init__(self, spool: Spool, sender: SenderProcess, *, system_metrics: bool = False,
                  node_id: str | None = None, interval: float = 1.0, log_model: bool = True,
-                 step_metrics_every_s: float = 0.0):
+                 step_metrics_every_s: float = 0.0, checkpoints_every_s: float = 0.0):
         self.spool = spool
         self._local_id = spool.meta["local_id"]
         self._sender = sender
@@ -92,6 +94,10 @@ class StepRun:
         # (monotonic, sender CPU s) at each step-metrics send (<= 1/s): the steady share is read
         # over the second half of training, after the run's start-up sends (params, spec).
         self._cpu_samples: list[tuple[float, float]] = []
+        # Checkpoints by time (tracking.checkpoints_every_s): the newest one not sent yet.
+        self.checkpoints_every_s = checkpoints_every_s
+        self._held_checkpoint: tuple[list[Path], str] | None = None
+        self._checkpoint_sent_at = float("-inf")
         self._step_sent_at = float("-inf")
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -148,6 +154,7 @@ class StepRun:
             self._sys.stop()
         for export in self._exports:  # the model is part of the run: wait for its export
             export.join()
+        self.flush_checkpoint()  # e.g. training stopped by an error after a held checkpoint
         self.flush_step_metrics()
         self.spool.append("end_run", status=status, end_time=now_ms())
         self._stop_writer.set()
@@ -229,6 +236,28 @@ class StepRun:
                 held[key] = (value, step, ts)
         self.log_calls += 1
         self.log_s += time.perf_counter() - started
+
+    def log_checkpoint(self, files, artifact_path: str) -> None:
+        """A checkpoint's files (its prefix's .index/.data-* and the state file), sent at most once
+        per `checkpoints_every_s`: the newest one when the time has come; one written sooner is
+        held (not copied: it is the newest, so the checkpoint manager keeps it) until a newer one
+        replaces it, or until `flush_checkpoint` (the end of training, the run's close)."""
+        now = time.monotonic()
+        if now - self._checkpoint_sent_at >= self.checkpoints_every_s:
+            self._checkpoint_sent_at = now
+            self._held_checkpoint = None
+            for f in files:
+                self.log_artifact(f, artifact_path)
+        else:
+            self._held_checkpoint = ([Path(f) for f in files], artifact_path)
+
+    def flush_checkpoint(self) -> None:
+        """Send the checkpoint held back, if any (its files are snapshotted now)."""
+        held, self._held_checkpoint = self._held_checkpoint, None
+        if held is not None:
+            self._checkpoint_sent_at = time.monotonic()
+            for f in held[0]:
+                self.log_artifact(f, held[1])
 
     def flush_step_metrics(self) -> None:
         """Send the step metrics held back (each at its own step and the time it was logged)."""
@@ -354,7 +383,8 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
         system_metrics = step == "train"
     run = StepRun(spool, take_sender(uri), system_metrics=system_metrics, node_id=node_id,
                   interval=cfg.tracking.metrics_interval_s, log_model=cfg.tracking.log_model,
-                  step_metrics_every_s=cfg.tracking.step_metrics_every_s)
+                  step_metrics_every_s=cfg.tracking.step_metrics_every_s,
+                  checkpoints_every_s=cfg.tracking.checkpoints_every_s)
     from pinpoint.tracking.params import config_params
 
     run.log_params(config_params(cfg))
