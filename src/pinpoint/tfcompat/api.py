@@ -57,6 +57,14 @@ def eager_state():
     return context.context()._thread_local_data
 
 
+def in_cluster_task() -> bool:
+    """Whether this process is a task of a multi-process TensorFlow cluster: its strategy
+    (multi-worker mirrored, parameter server) has configured the coordination service."""
+    from tensorflow.python.eager import context
+
+    return context.context().coordination_service is not None
+
+
 def eager_tensor_type() -> type:
     """The type of a tensor in eager mode (a traced one is symbolic): `type(t) is` it tells them apart."""
     from tensorflow.python.framework import ops

@@ -159,6 +159,8 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
     Target("execute.execute_with_callbacks", _EXE, "(op_name, num_outputs, inputs, attrs, ctx, name=None)",
            path="execute_with_callbacks",
            used_for="switch the eager op callback off and on again (the slow path, as TensorFlow does)"),
+    Target("Context.coordination_service", _CTX,
+           used_for="keep TensorFlow's profiler out of a task of a multi-process cluster (it crashes there)"),
     Target("ops.EagerTensor", _OPS, path="EagerTensor",
            used_for="tell a tf.function's eager calls from calls traced into another function"),
     Target("Graph._functions", _OPS, member=True, used_for="output shapes of the functions a graph calls"),
