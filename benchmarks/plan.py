@@ -293,8 +293,11 @@ def keras_comparisons(s: Settings, out: Path) -> list[Comparison]:
     b2 = 2 * s.per_replica_batch
     need2 = "needs 2 GPUs; this machine has 1" if s.gpus == 1 else ""
     return [
+        # 4x the steps: at ~0.38 ms a step, the others' steady window (steps after warm-up) is
+        # ~0.7 s, and this row's rounds spread 0.78-1.05 with it (issue 34.3).
         _pair("keras-none", "strategy none, 1 device",
-              bench_config("bench-none", strategy="none", devices=1, steps=s.steps, batch=b2), s, run_s=9.0),
+              bench_config("bench-none", strategy="none", devices=1, steps=4 * s.steps, batch=b2), s, run_s=10.0,
+              note=f"{4 * s.steps} steps a run (4x the others: a steady window of seconds, not ~0.7 s)."),
         _pair("keras-mirrored", "mirrored, 2 logical devices",
               bench_config("bench-mirrored", strategy="mirrored", devices=2, steps=s.steps, batch=b2), s,
               # 1.7x its target in every run so far: three rounds decide it, the time goes to
@@ -303,7 +306,30 @@ def keras_comparisons(s: Settings, out: Path) -> list[Comparison]:
         _pair_mwm(s, b2),
         _pair_user_model(s, b2, out),
         *(_pair_builtin(s, b2, name) for name in ("cnn", "transformer")),
+        loop_anatomy(s, b2),
     ]
+
+
+ANATOMY = (("update_in_xla", "the optimizer's update compiled with forward and backward (as Keras' XLA train step)"),
+           ("input_on_device", "the batch already on the device (as Keras' distributed dataset prefetches it)"),
+           ("both", "both"))
+
+
+def loop_anatomy(s: Settings, b2: int) -> Comparison:
+    """Issue 34.4: the strategy-none row's two differences from Keras' loop, each removed from
+    Pinpoint's training function in one process (benchmarks/loop_anatomy.py): speed over Pinpoint's."""
+    cfg = bench_config("bench-anatomy", strategy="none", devices=1, steps=s.steps, batch=b2, placement=False)
+    arm = "anatomy"
+    return Comparison(
+        key="loop-anatomy",
+        title="strategy none, 1 device: Pinpoint's training function against itself without one of Keras' differences",
+        arms=(Arm(arm, "training function variants", {"kind": "loop_anatomy", "config": cfg,
+                                                        "scale": 1.0 if s.steps >= 1000 else 0.1}),),
+        ratios=tuple(Ratio(f"{label}: variant / Pinpoint examples/sec", arm, "", f"{key}_speedup",
+                           pooled=f"{key}_speedup_blocks") for key, label in ANATOMY),
+        repeats=1,
+        run_s=58.0,  # measured: 66.7 s with 12 rounds
+    )
 
 
 def overhead_comparison(s: Settings) -> Comparison:

@@ -98,7 +98,33 @@ def section_keras(plan: list[Comparison], results: Results) -> str:
         ["setup", "pinpoint train ex/s", "Keras fit ex/s", "ratio pinpoint/Keras", "issue 3.8",
          "MFU pinpoint / Keras", "XLA, steps per call (pinpoint / Keras)", "runs"],
         rows,
-    ) + ("\n" + "\n".join(notes) + "\n" if notes else "")
+    ) + ("\n" + "\n".join(notes) + "\n" if notes else "") + _anatomy(plan, results)
+
+
+def _anatomy(plan: list[Comparison], results: Results) -> str:
+    """Issue 34.4: why strategy none is below Keras, from the loop-anatomy comparison."""
+    c = next((c for c in plan if c.key == "loop-anatomy"), None)
+    if c is None or c.key not in results:
+        return ""
+    good = [r for r in results[c.key].get(c.arms[0].name, []) if "error" not in r]
+    if not good:
+        return "\nWhat Keras' loop does that Pinpoint's does not: every run failed (see Skipped and failed runs).\n"
+    lines = [f"- {rt.label.split(': variant')[0]}: {fmt_summary(compare_summary(results, c.key, rt), 4)}"
+             for rt in c.ratios]
+    g = good[0]
+    return (
+        "\n**What Keras' loop does that Pinpoint's does not** (strategy none, issue 34.4). Two differences, "
+        "each removed from Pinpoint's own training function in one process (benchmarks/loop_anatomy.py: the "
+        f"keras-none config, {g.get('steps_per_call', '?')} steps a call, XLA on; {g.get('rounds', '?')} rounds of "
+        f"pairs of {g.get('calls', '?')}-call blocks, the order alternating); speed of the variant over Pinpoint's, median of the "
+        "pairs [95% interval] (min–max):\n\n" + "\n".join(lines) + "\n\n"
+        "Keras compiles its whole train step with XLA, the optimizer's update included; Pinpoint compiles "
+        "forward and backward and applies the gradients outside, where its capture reports each update op and "
+        "its device (`variable_updates`). Keras' distributed dataset prefetches each batch onto the device on a "
+        f"background thread; Pinpoint gathers the batch on the input device ({g.get('input_device', '?')}, the host) "
+        f"inside the step, so the input placement is part of the step's graphs, and each step copies it to the "
+        f"replica ({g.get('device', '?')}): its loop runs in two partitions. Both are choices for what the report can "
+        "show; a variant at or above 1 is what that choice costs here.\n")
 
 
 def _first(recs: Sequence[dict], key: str):

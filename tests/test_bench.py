@@ -248,7 +248,8 @@ def test_keras_rows_with_a_target_get_every_round_and_recorded_rows_fewer():
     for s, recorded in ((Settings(repeats=5, recorded_repeats=3), 3), (Settings(repeats=2, recorded_repeats=3), 2)):
         got = {c.key: rounds(c, s) for c in build_plan(s) if c.section == "keras"}
         assert got == {"keras-none": s.repeats, "keras-mirrored": min(3, s.repeats), "keras-mwm": recorded,
-                       "keras-user-model": recorded, "keras-cnn": recorded, "keras-transformer": recorded}
+                       "keras-user-model": recorded, "keras-cnn": recorded, "keras-transformer": recorded,
+                       "loop-anatomy": 1}  # its rounds are pairs of blocks in one process
 
 
 def test_overhead_capture_arms_get_more_rounds_and_a_capped_arm_only_its_own(monkeypatch, tmp_path):
@@ -510,7 +511,8 @@ def test_a_partial_run_writes_its_own_dated_file_and_leaves_results_md_alone(mon
     # A section's key stands for its comparisons; --quick alone is partial too.
     ran.clear()
     assert run.main(["--only", "keras", "--quick"]) == 0
-    assert ran == ["keras-none", "keras-mirrored", "keras-mwm", "keras-user-model", "keras-cnn", "keras-transformer"]
+    assert ran == ["keras-none", "keras-mirrored", "keras-mwm", "keras-user-model", "keras-cnn", "keras-transformer",
+                   "loop-anatomy"]
     assert (tmp_path / "RESULTS.md").read_text() == "the full run's report\n"
 
 
