@@ -207,6 +207,7 @@ class Recorder:
         # after TensorFlow's ~200 µs of work), ~0.1 µs in a tight loop.
         last_fn = last_r = None
         pending = 0
+        check_calls = WINDOW_CHECK_CALLS  # a closure cell: no module-global lookup per call
 
         def flush() -> None:
             nonlocal pending
@@ -220,7 +221,7 @@ class Recorder:
             # traces a call to it, which is not a call that runs).
             if fn is last_fn and args and type(args[0]) is eager_tensor:
                 pending += 1
-                if pending >= WINDOW_CHECK_CALLS:  # now and then: is a sampling window due?
+                if pending >= check_calls:  # now and then: is a sampling window due?
                     flush()
                     rec.sample_if_due()
                 return call_flat(fn, *args)
@@ -229,7 +230,7 @@ class Recorder:
                 flush()
                 last_fn, last_r, pending = fn, r, 1
                 if r.calls >= r.check_at:  # functions called in turn: the same check, by record
-                    r.check_at = r.calls + WINDOW_CHECK_CALLS
+                    r.check_at = r.calls + check_calls
                     rec.sample_if_due()
                 return call_flat(fn, *args)
             if not rec.active or not executing_eagerly(fn):
