@@ -79,10 +79,11 @@ def profile_call(fn: Callable[[], Any], logdir: Path) -> tuple[Any, Path | None,
 
     Not in a task of a multi-process cluster (a coordination service is configured: multi-worker
     and parameter-server strategies set one up). There the profiler's stop aborts the process
-    (SIGABRT "double free", SIGSEGV or SIGBUS in TraceMeRecorder::Consume) in ~20% of runs of a
-    two-task MultiWorkerMirroredStrategy program with plain TensorFlow: the gRPC and collective
-    threads that come and go record cross-thread events whose ids collide. A lost training run is
-    a worse price than an unmeasured figure, which the caller reports with this reason."""
+    (SIGABRT "double free", SIGSEGV or SIGBUS; gdb: in SplitEventTracker::FindStartAndMerge under
+    TraceMeRecorder::Consume, which pairs events begun on one thread with their end on another) in
+    3 of 20 runs of a two-task MultiWorkerMirroredStrategy program with plain TensorFlow 2.21, also
+    after a barrier that waits for both tasks to finish the profiled call. A lost training run is a
+    worse price than an unmeasured figure, which the caller reports with this reason."""
     import tensorflow as tf
 
     from pinpoint.tfcompat.api import in_cluster_task
