@@ -16,8 +16,13 @@ Pinpoint's path is the real one, installed as `pinpoint trace` installs it
 (`pinpoint.trace.session.Capture` on the devices plain python sees, its recorder, request log,
 fit patch and `pinpoint.log` sink), entered before and left after each Pinpoint block:
 
+- tf_function_wrapper (the target): inside the Capture, past that window, the recorder's wrapper
+  of `AtomicFunction.call_flat` (the only Pinpoint code left on a tf.function call's path) against
+  TensorFlow's own, switched call by call (`alternating_added_us`): pairs of calls a few hundred
+  µs apart meet the same machine, pairs of blocks do not;
 - tf_function: a small tf.function called after its first (captured) call, once every signature
-  is recorded (the recorder's quiet window has passed: its op callback is switched off);
+  is recorded (the recorder's quiet window has passed: its op callback is switched off), in
+  blocks with the Capture entered against not: the cross-check for the rest of its state;
   tf_function_recording: the same before that (the first calls of a program), recorded, no target.
 - eager_op: `tf.add` of two 4-element tensors once its (op, devices) signature is recorded (the
   quiet window has passed); eager_recording: the same op while the recorder still counts every
@@ -41,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 # (name, calls per block, pairs of blocks).
-BENCHES = (("tf_function", 100, 150), ("tf_function_recording", 100, 10), ("eager_op", 1000, 24),
+BENCHES = (("tf_function", 100, 150), ("tf_function_wrapper", 100, 150), ("tf_function_recording", 100, 10),
+           ("eager_op", 1000, 24),
            ("eager_recording", 500, 10), ("train_on_batch", 30, 10), ("log", 250, 12), ("checkpoint", 5, 6))
 
 
@@ -58,6 +64,26 @@ def block_us(call: Callable[[], Any], calls: int, *, mean: bool = False) -> floa
         call()
         times[i] = clock() - t0
     return (statistics.fmean(times) if mean else statistics.median(times)) / 1000
+
+
+def alternating_added_us(call: Callable[[], Any], calls: int, plain: Callable[[], None],
+                         ours: Callable[[], None]) -> float:
+    """µs added per call, pair by pair: `calls` pairs of calls, one on each path, switched
+    between the two calls of a pair (the first of a pair alternates), each call timed on its own;
+    the block's figure is the median of the pairs' differences. Two calls a few hundred µs apart
+    meet the same machine; blocks of 100 calls on one path, then 100 on the other, do not (pairs
+    of such blocks spread ±100 µs on this machine)."""
+    clock = time.perf_counter_ns
+    diffs = [0] * calls
+    for i in range(calls):
+        t = {}
+        for path, switch in (("plain", plain), ("ours", ours)) if i % 2 == 0 else (("ours", ours), ("plain", plain)):
+            switch()
+            t0 = clock()
+            call()
+            t[path] = clock() - t0
+        diffs[i] = t["ours"] - t["plain"]
+    return statistics.median(diffs) / 1000
 
 
 def measure(spec: dict) -> dict[str, Any]:
@@ -124,6 +150,37 @@ def measure(spec: dict) -> dict[str, Any]:
 
         return warm
 
+    def wrapper_pairs(call: Callable[[], Any], warm: Callable[[Capture], None]) -> None:
+        """tf_function_wrapper: inside the Capture, after its warm-up, the recorder's call_flat
+        wrapper against TensorFlow's own, switched call by call (`alternating_added_us`). The
+        rest of the Capture's state is what tf_function's blocks add on top."""
+        from pinpoint.tfcompat.targets import TARGETS
+
+        owner, attr = TARGETS["AtomicFunction.call_flat"].owner()
+        tf_own = owner.__dict__[attr]
+        calls, repeats = next((c, r) for n, c, r in BENCHES if n == "tf_function_wrapper")
+        calls = max(1, int(calls * scale))
+        added = []
+        with Capture(dm) as cap:
+            warm(cap)
+            recorded = owner.__dict__[attr]
+            assert recorded is not tf_own, "the Capture did not wrap AtomicFunction.call_flat"
+
+            def plain() -> None:
+                setattr(owner, attr, tf_own)  # a class attribute: the next call looks it up
+
+            def ours() -> None:
+                setattr(owner, attr, recorded)
+
+            try:
+                for _ in range(repeats):
+                    added.append(alternating_added_us(call, calls, plain, ours))
+            finally:
+                ours()  # the Capture undoes its own patch on exit
+        record["tf_function_wrapper_added_blocks"] = added
+        record["tf_function_wrapper_added_us"] = statistics.median(added)
+        record["tf_function_wrapper_calls"], record["tf_function_wrapper_repeats"] = calls, repeats
+
     fn = lambda: small(x)  # noqa: E731
     add = lambda: tf.add(x, y)  # noqa: E731
     step_fn = lambda: model.train_on_batch(*batch)  # noqa: E731
@@ -136,6 +193,7 @@ def measure(spec: dict) -> dict[str, Any]:
         past_window(add)(cap)
 
     bench("tf_function", fn, warm=fn_past_window)
+    wrapper_pairs(fn, fn_past_window)
     bench("tf_function_recording", fn)  # the first call captured, the op callback still there
     bench("eager_op", add, warm=past_window(add))
     bench("eager_recording", add)  # every op counted (a block is shorter than the window)

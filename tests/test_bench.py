@@ -441,7 +441,7 @@ def _fake_record(arm) -> dict:
             # what the plan-ps arm measures (issue 33)
             "plan_ratio": 1.05, "round_robin_ratio": 2.0, "plan_s": 0.1,
             # what the overheads arm measures (pairs of blocks: added µs, Pinpoint's µs)
-            **{f"{name}_{kind}_blocks": [0.5, 0.5] for name in ("tf_function", "eager_op", "log")
+            **{f"{name}_{kind}_blocks": [0.5, 0.5] for name in ("tf_function", "tf_function_wrapper", "eager_op", "log")
                for kind in ("added", "pinpoint")}}
 
 
@@ -751,11 +751,13 @@ def test_the_overheads_section_states_each_calls_paths_and_decides_by_the_pairs(
                     f"{name}_added_blocks": [0.4, 0.5, 0.6, 0.5], f"{name}_pinpoint_blocks": [4.0, 4.2, 4.1, 4.1],
                     f"{name}_added_us": 0.5})
     text = render([comp], {"overheads": {ARM: [rec, rec]}})
-    tf_row = next(ln for ln in text.splitlines() if ln.startswith("| `tf.function` call, after capture"))
-    cells = [c.strip() for c in tf_row.strip("|").split("|")]
-    assert cells[1:3] == ["10", "10.5"]
-    assert cells[3].startswith("0.5 [") and cells[3].endswith("(0.4–0.6)")
-    assert cells[4:] == ["met (target <= 2)", "100 x 8"]  # 2 rounds x 4 pairs, all under 2 µs
+    rows = [ln for ln in text.splitlines() if ln.startswith("| `tf.function` call, after capture")]
+    paired, blocks = ([c.strip() for c in row.strip("|").split("|")] for row in rows)
+    # The target's row pairs single calls: no block of one path to show.
+    assert paired[1:3] == ["paired", "paired"]
+    assert paired[3].startswith("0.5 [") and paired[3].endswith("(0.4–0.6)")
+    assert paired[4:] == ["met (target <= 2)", "100 x 8"]  # 2 rounds x 4 pairs, all under 2 µs
+    assert blocks[1:3] == ["10", "10.5"] and blocks[4] == "recorded"  # the cross-check, in blocks
     assert "Pinpoint's median block 4.1" in text and "met (target <= 5)" in text
     targets = [rt.target for rt in comp.ratios if rt.target]
     assert targets == ["<= 2", "<= 1", "<= 5"]
