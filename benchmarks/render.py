@@ -109,9 +109,20 @@ def _anatomy(plan: list[Comparison], results: Results) -> str:
     good = [r for r in results[c.key].get(c.arms[0].name, []) if "error" not in r]
     if not good:
         return "\nWhat Keras' loop does that Pinpoint's does not: every run failed (see Skipped and failed runs).\n"
-    lines = [f"- {rt.label.split(': variant')[0]}: {fmt_summary(compare_summary(results, c.key, rt), 4)}"
-             for rt in c.ratios]
+    lines, costs = [], []
+    for rt in c.ratios:
+        r = compare_summary(results, c.key, rt)
+        what = rt.label.split(": variant")[0]
+        # Decided by the interval: a choice costs Pinpoint speed only if removing it is faster.
+        verdict = ("faster without it: part of the gap" if r and r.low is not None and r.low > 1 else
+                   "not faster without it: not the reason here")
+        lines.append(f"- {what}: {fmt_summary(r, 4)}: {verdict}")
+        if r and r.low is not None and r.low > 1:
+            costs.append(what)
     g = good[0]
+    conclusion = (f"What these choices cost here: {'; '.join(costs)}." if costs else
+                  "Neither variant is faster than Pinpoint's own function by its interval in this run: the two "
+                  "differences do not explain the gap to Keras, whose reason is not found yet.")
     return (
         "\n**What Keras' loop does that Pinpoint's does not** (strategy none, issue 34.4). Two differences, "
         "each removed from Pinpoint's own training function in one process (benchmarks/loop_anatomy.py: the "
@@ -124,7 +135,7 @@ def _anatomy(plan: list[Comparison], results: Results) -> str:
         f"background thread; Pinpoint gathers the batch on the input device ({g.get('input_device', '?')}, the host) "
         f"inside the step, so the input placement is part of the step's graphs, and each step copies it to the "
         f"replica ({g.get('device', '?')}): its loop runs in two partitions. Both are choices for what the report can "
-        "show; a variant at or above 1 is what that choice costs here.\n")
+        f"show. {conclusion}\n")
 
 
 def _first(recs: Sequence[dict], key: str):
