@@ -86,7 +86,6 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
     from pinpoint.distribute.emulation import eager_default
     from pinpoint.distribute.strategies import get_strategy
     from pinpoint.training.input.data import load_arrays
-    from pinpoint.training.loop.models import build_model
 
     if multi_worker:
         # Exactly how `pinpoint train --task` builds it: emulated GPUs (logical CPUs 1..n) are
@@ -106,39 +105,18 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
         strategy = get_strategy(cfg.train.strategy, dm.replica_devices, host=dm.host)
         replica_devices = list(dm.replica_devices)
     gb = cfg.train.batch_size
-    if cfg.train.streamed:
-        ds, input_shape, num_classes = streamed_input(cfg)
-    else:
-        arrays = load_arrays(cfg)
-        ds = (
-            tf.data.Dataset.from_tensor_slices((arrays.x, arrays.y))
-            .shuffle(len(arrays.x), seed=cfg.train.seed, reshuffle_each_iteration=True)
-            .repeat()
-            .batch(gb, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE)
-        )
-        input_shape, num_classes = (arrays.features,), arrays.num_classes
-    keras.utils.set_random_seed(cfg.train.seed)
+    ds, input_shape, num_classes = keras_input(cfg)
     # Strategy none under emulation: Pinpoint places the model and its unrequested ops on the
     # emulated /GPU:0 (where a GPU machine puts them); so does the peer, state and fit alike.
     default = eager_default(dm, cfg.train.strategy)
     with default, strategy.scope():
-        if cfg.train.builtin_model:
-            model = build_model(cfg.train.model, input_shape, num_classes, seed=cfg.train.seed)
-        else:
-            model = user_model(cfg, input_shape, num_classes)
-        model.compile(
-            optimizer=_optimizer(keras, cfg),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.train.from_logits),
-            metrics=["accuracy"],
-            jit_compile=jit_setting(cfg),
-            steps_per_execution=steps_per_execution(cfg, multi_worker),
-        )
+        model = compiled_model(cfg, input_shape, num_classes, multi_worker=multi_worker)
         if multi_worker:
             # Keras 3.15 `fit` under MultiWorkerMirroredStrategy with 2+ workers fails before the
             # first step: to build the compiled loss/metrics it calls strategy.reduce on the
             # first (x, y) batch, a tuple, which the collective reduce cannot take. Build them
             # from a plain batch instead (shapes only, no training step) and skip that reduce.
+            arrays = load_arrays(cfg)
             model._symbolic_build(data_batch=(arrays.x[:gb], arrays.y[:gb]))
             model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
             _patch_multi_worker_log_reduction()
@@ -165,6 +143,47 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
         "steps_per_execution": steps_per_execution(cfg, multi_worker),
         "jit_compile": jit_setting(cfg),
     }
+
+
+def keras_input(cfg):
+    """The peer's input as a Keras user writes it: (dataset of global batches, one example's
+    input shape, number of classes)."""
+    import tensorflow as tf
+
+    from pinpoint.training.input.data import load_arrays
+
+    if cfg.train.streamed:
+        return streamed_input(cfg)
+    arrays = load_arrays(cfg)
+    ds = (
+        tf.data.Dataset.from_tensor_slices((arrays.x, arrays.y))
+        .shuffle(len(arrays.x), seed=cfg.train.seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(cfg.train.batch_size, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    return ds, (arrays.features,), arrays.num_classes
+
+
+def compiled_model(cfg, input_shape, num_classes, *, multi_worker: bool = False):
+    """The peer's model, compiled as `fit` runs it (call under the strategy's scope)."""
+    import keras
+
+    from pinpoint.training.loop.models import build_model
+
+    keras.utils.set_random_seed(cfg.train.seed)
+    if cfg.train.builtin_model:
+        model = build_model(cfg.train.model, input_shape, num_classes, seed=cfg.train.seed)
+    else:
+        model = user_model(cfg, input_shape, num_classes)
+    model.compile(
+        optimizer=_optimizer(keras, cfg),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=cfg.train.from_logits),
+        metrics=["accuracy"],
+        jit_compile=jit_setting(cfg),
+        steps_per_execution=steps_per_execution(cfg, multi_worker),
+    )
+    return model
 
 
 def streamed_input(cfg):

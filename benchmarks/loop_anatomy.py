@@ -1,9 +1,12 @@
 """Issue 34.4: what Keras' `fit` loop does that Pinpoint's does not, measured in one process.
 
 Pinpoint's training function for the strategy-none row (the keras-none config: the demo MLP on
-one emulated GPU, 10 steps per call, XLA on) against the same function with one of the two
-differences from Keras' loop removed:
+one emulated GPU, 10 steps per call, XLA on) against the same function with one choice changed:
 
+- shuffle_in_step: the examples of each step chosen inside the step by TensorFlow's per-example
+  RandomIndexShuffle (the in-memory input's order before `EpochOrder`, 24 µs a step of 64 in a
+  profile); Pinpoint now draws a call's indices on the host from a seeded permutation per epoch,
+  and Keras shuffles in tf.data on a background thread. Below 1: what choosing on the host saves.
 - update_in_xla: Keras compiles its whole train step (forward, backward and the optimizer's
   update) with XLA; Pinpoint compiles forward and backward (`Trainer._compute_jit`) and applies
   the gradients outside, where its capture reports the update ops and their devices.
@@ -11,22 +14,27 @@ differences from Keras' loop removed:
   background thread; Pinpoint gathers the batch on the input device (the host) inside the step,
   so the input placement is part of the step's graphs, and every iteration of its 10-step loop
   copies the batch host -> device (the loop runs in two partitions, host and device).
-- both.
+- keras: Keras' own multi-step train function (the one `fit` runs, XLA on, steps_per_execution
+  10) on the Keras peer's model and tf.data input, in the same process on the same devices: do
+  the training functions differ at all, once both processes' noise is out of the comparison?
 
-Each variant is a tf.function over the trainer's own model, optimizer and input pipeline, in the
-trainer's own device scope. Blocks of calls in pairs (Pinpoint's function, then the variant's;
-the order alternates between rounds); a pair's figure is the variant's speed over Pinpoint's
-(examples/s), the report takes the median and a bootstrap interval over the pairs."""
+Each variant but keras is the trainer's own training function (`Trainer.make_train_n`) on a copy of the
+trainer with that one part swapped, over the same model, optimizer and data. Calls in pairs,
+back to back (Pinpoint's function and the variant's, the order alternating): a round's figure is
+the median over its pairs of the variant's speed over Pinpoint's; the report takes the median and
+a bootstrap interval over the rounds."""
 
 from __future__ import annotations
 
+import copy
 import os
+import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-VARIANTS = ("update_in_xla", "input_on_device", "both")
-CALLS, ROUNDS, STEPS = 200, 10, 10
+VARIANTS = ("shuffle_in_step", "update_in_xla", "input_on_device", "keras")
+CALLS, ROUNDS, STEPS = 130, 10, 10
 
 
 def measure(spec: dict) -> dict[str, Any]:
@@ -45,7 +53,8 @@ def measure(spec: dict) -> dict[str, Any]:
     cfg = config_from_dict(spec["config"])
     scale = float(spec.get("scale", 1.0))
     calls, rounds = max(2, int(CALLS * scale)), max(2, int(ROUNDS * scale))
-    ctx = task_context(cfg, setup_devices(cfg))
+    dm = setup_devices(cfg)
+    ctx = task_context(cfg, dm)
     tr = engine.make_trainer(cfg, ctx, engine.build_state(cfg, ctx))
     if not (tr.jit_compile and isinstance(tr.pipeline, InputPipeline)):
         raise RuntimeError("loop anatomy: needs the in-memory input and XLA on (the keras-none config)")
@@ -58,47 +67,93 @@ def measure(spec: dict) -> dict[str, Any]:
         tr.optimizer.apply_gradients(zip(grads, tr.model.trainable_variables))
         return loss, correct
 
-    step_xla = tf.function(whole_step, jit_compile=True)
-    sig = [tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int32)]
+    def variant(**parts):
+        v = copy.copy(tr)  # the same model, optimizer, strategy and data; one part swapped
+        for name, part in parts.items():
+            setattr(v, name, part)
+        v.train_n = v.make_train_n()
+        return v
 
-    def loop(pipeline, update):
-        @tf.function(input_signature=sig)
-        def train_n(start, n):
-            with tr.trace_scope():
-                sums = (tf.constant(0.0), tf.constant(0.0))
-                for i in tf.range(n):
-                    x, y = pipeline.replica_batch(start + tf.cast(i, tf.int64), 0)
-                    loss, correct = update(x, y)
-                    sums = (sums[0] + loss, sums[1] + correct)
-                return sums[0] / tf.cast(n, tf.float32), sums[1]
-        return train_n
-
-    fns = {"pinpoint": tr.train_n, "update_in_xla": loop(p, step_xla),
-           "input_on_device": loop(on_device, tr.replica_update), "both": loop(on_device, step_xla)}
-    step = {"n": 0}
-
-    def block(fn, calls: int = calls) -> float:
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            loss, _acc = fn(tf.constant(step["n"], tf.int64), tf.constant(STEPS, tf.int32))
-            float(loss)  # the host sync Pinpoint's loop makes once per call
-            step["n"] += STEPS
-        return calls * STEPS * p.global_batch / (time.perf_counter() - t0)
-
+    fns = {"pinpoint": pinpoint_call(tr),
+           "shuffle_in_step": pinpoint_call(variant(pipeline=InGraphShuffle(p))),
+           "update_in_xla": pinpoint_call(variant(replica_update=tf.function(whole_step, jit_compile=True))),
+           "input_on_device": pinpoint_call(variant(pipeline=on_device)),
+           "keras": keras_call(cfg, dm, tr.strategy)}
     for fn in fns.values():  # trace, compile, warm up
-        block(fn, 20)
+        for _ in range(20):
+            fn()
     rec: dict[str, Any] = {f"{v}_speedup_blocks": [] for v in VARIANTS}
-    rec["pinpoint_ex_s_blocks"] = []
     for r in range(rounds):
         for v in VARIANTS:
-            pair = [("pinpoint", fns["pinpoint"]), (v, fns[v])]
-            speed = {name: block(fn) for name, fn in (pair if r % 2 == 0 else pair[::-1])}
-            rec[f"{v}_speedup_blocks"].append(speed[v] / speed["pinpoint"])
-            rec["pinpoint_ex_s_blocks"].append(speed["pinpoint"])
-    import statistics
-
+            rec[f"{v}_speedup_blocks"].append(paired_speedup(fns["pinpoint"], fns[v], calls, first=r % 2))
     for v in VARIANTS:
         rec[f"{v}_speedup"] = statistics.median(rec[f"{v}_speedup_blocks"])
     rec.update(calls=calls, rounds=rounds, steps_per_call=STEPS, device=device, input_device=p.device)
     Path(spec["out"]).mkdir(parents=True, exist_ok=True)
     return rec
+
+
+def paired_speedup(base: Callable[[], None], other: Callable[[], None], calls: int, *, first: int) -> float:
+    """`other`'s speed over `base`'s: the median of `calls` call-by-call ratios, the two calls of
+    a pair back to back (order alternating), so both see the same moment of a noisy machine."""
+    ratios = []
+    for k in range(calls):
+        times = {}
+        for name, fn in ((("base", base), ("other", other)) if (k + first) % 2 == 0 else
+                         (("other", other), ("base", base))):
+            t0 = time.perf_counter()
+            fn()
+            times[name] = time.perf_counter() - t0
+        ratios.append(times["base"] / times["other"])
+    return statistics.median(ratios)
+
+
+def pinpoint_call(trainer) -> Callable[[], None]:
+    """One call of `trainer`'s training function (STEPS steps), its host sync included."""
+    def call():
+        loss, _acc = trainer.train_n(*trainer.call_args(STEPS))
+        float(loss)  # the host sync Pinpoint's loop makes once per call
+        trainer.step += STEPS
+    return call
+
+
+def keras_call(cfg, dm, strategy) -> Callable[[], None]:
+    """One execution of Keras' own multi-step train function (steps_per_execution = STEPS), as
+    `fit` makes it, on the Keras peer's model and input (benchmarks/keras_peer.py), built under
+    the same strategy on the same devices as the trainer."""
+    from benchmarks.keras_peer import compiled_model, keras_input
+    from pinpoint.distribute.emulation import eager_default
+
+    ds, input_shape, num_classes = keras_input(cfg)
+    default = eager_default(dm, cfg.train.strategy)
+    with default, strategy.scope():
+        model = compiled_model(cfg, input_shape, num_classes)
+    if model.steps_per_execution != STEPS:
+        raise RuntimeError(f"loop anatomy: Keras runs {model.steps_per_execution} steps an execution, not {STEPS}")
+    with default:
+        model.fit(ds, epochs=1, steps_per_epoch=2 * STEPS, verbose=0)  # makes fit's train function
+    fn, it = model.train_function, iter(strategy.experimental_distribute_dataset(ds))
+
+    def call():
+        with default:
+            logs = fn(it)
+        float(logs["loss"])  # fit turns the logs into Python floats after every execution
+    return call
+
+
+class InGraphShuffle:
+    """The in-memory input choosing each step's examples inside the step (RandomIndexShuffle per
+    example, `batch_indices`), as it did before the host-side order: no call inputs."""
+
+    def __init__(self, pipeline):
+        self.pipeline = pipeline
+        self.global_batch = pipeline.global_batch
+
+    def call_specs(self) -> tuple:
+        return ()
+
+    def call_inputs(self, start: int, n: int) -> tuple:
+        return ()
+
+    def replica_batch(self, step, replica_id, i=None):
+        return self.pipeline.replica_batch(step, replica_id)

@@ -154,6 +154,7 @@ def measure(spec: dict) -> dict[str, Any]:
         """tf_function_wrapper: inside the Capture, after its warm-up, the recorder's call_flat
         wrapper against TensorFlow's own, switched call by call (`alternating_added_us`). The
         rest of the Capture's state is what tf_function's blocks add on top."""
+        from pinpoint.tfcompat.patches import Patches
         from pinpoint.tfcompat.targets import TARGETS
 
         owner, attr = TARGETS["AtomicFunction.call_flat"].owner()
@@ -163,20 +164,13 @@ def measure(spec: dict) -> dict[str, Any]:
         added = []
         with Capture(dm) as cap:
             warm(cap)
-            recorded = owner.__dict__[attr]
-            assert recorded is not tf_own, "the Capture did not wrap AtomicFunction.call_flat"
-
-            def plain() -> None:
-                setattr(owner, attr, tf_own)  # a class attribute: the next call looks it up
-
-            def ours() -> None:
-                setattr(owner, attr, recorded)
-
-            try:
+            assert owner.__dict__[attr] is not tf_own, "the Capture did not wrap AtomicFunction.call_flat"
+            # A class attribute: the next call looks it up. Closing puts the recorder's wrapper
+            # back before the Capture undoes its own patch.
+            with Patches() as patches:
+                plain, ours = patches.switch("AtomicFunction.call_flat", tf_own)
                 for _ in range(repeats):
                     added.append(alternating_added_us(call, calls, plain, ours))
-            finally:
-                ours()  # the Capture undoes its own patch on exit
         record["tf_function_wrapper_added_blocks"] = added
         record["tf_function_wrapper_added_us"] = statistics.median(added)
         record["tf_function_wrapper_calls"], record["tf_function_wrapper_repeats"] = calls, repeats

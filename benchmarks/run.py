@@ -175,20 +175,17 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def _load_prior(path: Path, s: Settings, only: list[str], commit: str) -> dict | None:
-    """A previous results.json of the same run (same settings, selection and commit), or None:
-    a resumed run never splices in runs of other code or other settings."""
+def _load_prior(path: Path, s: Settings, only: list[str], commit: str) -> dict | str:
+    """A previous results.json of the same run (same settings, selection and commit), or why it
+    cannot be resumed: a resumed run never splices in runs of other code or other settings."""
     if not path.is_file():
-        return None
+        return f"no {_shown(path)} to resume"
     prior = json.loads(path.read_text())
     why = ("other settings" if prior.get("settings") != json.loads(json.dumps(s.__dict__))
            else "another --only" if prior.get("only", []) != only
            else f"commit {prior['machine'].get('git')}, not {commit}" if prior["machine"].get("git") != commit
            else "")
-    if why:
-        print(f"benchmarks.run: --resume: {path} was made with {why}; starting afresh", flush=True)
-        return None
-    return prior
+    return f"{_shown(path)} was made with {why}" if why else prior
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -206,7 +203,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chart", default=None, help="the PNG chart (default: next to --results, .png)")
     p.add_argument("--resume", action="store_true",
                    help="keep the comparisons already complete in OUT/results.json (same settings, selection "
-                   "and commit); run the rest")
+                   "and commit); run the rest. Refused, with nothing written, when that file is of another run")
     p.add_argument("--plan", action="store_true", help="print the comparisons, their runs and the estimated "
                    "time; run nothing")
     return p.parse_args(argv)
@@ -285,10 +282,14 @@ def main(argv: list[str] | None = None) -> int:
     before = 0.0
     if args.resume:
         prior = _load_prior(out / "results.json", s, only, machine["git"])
-        if prior is not None:
-            results, before, timings = prior["results"], prior["elapsed_s"], prior.get("timings", {})
-            machine = dict(prior["machine"], loadavg_at_start=prior["machine"]["loadavg_at_start"])
-            command = f"{prior['command']}; then {command}"
+        if isinstance(prior, str):
+            # Not afresh: a fresh run would write over the raw results this --resume was meant to keep.
+            print(f"benchmarks.run: --resume: {prior}; rerun with the same settings, --only and commit, or "
+                  "without --resume (a fresh run replaces it)", file=sys.stderr)
+            return 2
+        results, before, timings = prior["results"], prior["elapsed_s"], prior.get("timings", {})
+        machine = dict(prior["machine"], loadavg_at_start=prior["machine"]["loadavg_at_start"])
+        command = f"{prior['command']}; then {command}"
 
     def save() -> dict:
         return _save(out, machine, command, s, before + time.perf_counter() - t0, results,

@@ -534,10 +534,28 @@ def test_resume_keeps_only_runs_of_the_same_settings_selection_and_commit(tmp_pa
     s = Settings(repeats=2)
     prior = {"settings": json.loads(json.dumps(s.__dict__)), "only": [], "machine": {"git": "abc"}, "results": {}}
     (tmp_path / "results.json").write_text(json.dumps(prior))
-    assert _load_prior(tmp_path / "results.json", s, [], "abc") == prior
-    assert _load_prior(tmp_path / "results.json", s, [], "def") is None
-    assert _load_prior(tmp_path / "results.json", s, ["overhead"], "abc") is None
-    assert _load_prior(tmp_path / "results.json", Settings(repeats=3), [], "abc") is None
+    path = tmp_path / "results.json"
+    assert _load_prior(path, s, [], "abc") == prior
+    assert _load_prior(path, s, [], "def") == f"{path} was made with commit abc, not def"
+    assert _load_prior(path, s, ["overhead"], "abc") == f"{path} was made with another --only"
+    assert _load_prior(path, Settings(repeats=3), [], "abc") == f"{path} was made with other settings"
+    assert _load_prior(tmp_path / "none.json", s, [], "abc") == f"no {tmp_path / 'none.json'} to resume"
+
+
+def test_a_resume_of_another_run_is_refused_and_leaves_its_raw_results(monkeypatch, tmp_path, capsys):
+    """--resume that cannot resume does not start afresh: that would overwrite the raw results."""
+    import json
+
+    run = _paths(monkeypatch, tmp_path)
+    _fake_comparisons(monkeypatch)
+    out = tmp_path / "raw"
+    out.mkdir()
+    kept = {"settings": {}, "only": ["overhead"], "machine": {"git": "an-older-commit"}, "results": {"x": {}}}
+    (out / "results.json").write_text(json.dumps(kept))
+    assert run.main(["--only", "overhead", "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"benchmarks.run: --resume: {out / 'results.json'} was made with other settings;")
+    assert json.loads((out / "results.json").read_text()) == kept
 
 
 def test_a_section_is_one_registered_function(monkeypatch):

@@ -127,6 +127,11 @@ def check_params_round_trip(p, pair):
     assert to_near == back == _params(p, far), (to_near, back, _params(p, far))
 
 
+def check_input_on(p, device):
+    ops = [o for o in p["ops"] if re.match(r"(replica_\d+/)?input/", o["op"])]
+    assert ops and {o["device"] for o in ops} == {device}, ops
+
+
 def check_predicted(p, types):
     predicted = sorted({f["op_type"] for f in p["fallbacks"] if f.get("predicted")})
     assert predicted == sorted(types)

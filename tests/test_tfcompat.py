@@ -84,6 +84,24 @@ def test_only_registered_patch_targets_can_be_replaced():
 
 
 @pytest.mark.unit
+def test_a_switched_target_flips_call_by_call_and_close_puts_back_what_it_was():
+    from tensorflow.python.eager.polymorphic_function import atomic_function
+
+    cls = atomic_function.AtomicFunction
+    original, other = cls.__dict__["call_flat"], object()
+    with Patches() as patches:
+        to_other, back = patches.switch("AtomicFunction.call_flat", other)
+        to_other()
+        assert cls.__dict__["call_flat"] is other
+        back()
+        assert cls.__dict__["call_flat"] is original
+        to_other()
+    assert cls.__dict__["call_flat"] is original
+    with Patches() as patches, pytest.raises(KeyError, match="Operation._set_attr is not registered as patched"):
+        patches.switch("Operation._set_attr", None)
+
+
+@pytest.mark.unit
 def test_pinpoint_trace_with_a_moved_target_prints_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
     from tensorflow.python.eager.polymorphic_function import atomic_function
 

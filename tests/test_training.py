@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pinpoint.config import config_from_dict
@@ -119,15 +120,14 @@ def test_variables_gradients_layers_and_input_pins_are_visible_in_runtime_placem
     gathers = [o for o in placement["ops"] if o["op"].startswith("input/") and o["type"] == "GatherV2"]
     assert gathers and all(o["device"] == "/GPU:0" for o in gathers), gathers
     assert placement["transfers"]["matrix"]["/GPU:0"]["/GPU:1"]["count"] > 0  # activations cross devices
-    # Each pin holds exactly; the only ops off a rule's device are the ones another rule or the
-    # kernel registry sends elsewhere: the head's variables (layers.head wins, 6/8) and the input
-    # shuffle, which has no GPU kernel (7/8, a predicted fallback).
+    # Each pin holds exactly; the only ops off a rule's device are the ones another rule sends
+    # elsewhere: the head's variables (layers.head wins, 6/8). The input's examples are chosen on
+    # the host (an index argument), so every input op has a GPU kernel and stays on /GPU:0.
     scores = {name: rule(placement, name)["score"] for name in ("variables", "gradients", "layers.head", "input")}
-    assert scores == {"variables": 0.75, "gradients": 1.0, "layers.head": 1.0, "input": 0.875}
+    assert scores == {"variables": 0.75, "gradients": 1.0, "layers.head": 1.0, "input": 1.0}
     assert [(v["op"], v["placed"]) for v in rule(placement, "variables")["violations"]] == [
         ("head/kernel", "/GPU:1"), ("head/bias", "/GPU:1")]
-    assert [(v["op"], v["placed"], v.get("predicted")) for v in rule(placement, "input")["violations"]] == [
-        ("input/RandomIndexShuffle", "/CPU:0", True)]
+    assert placement["transfers"]["per_step"]["unsized"] == 0
 
 
 def test_gradient_pin_seen_directly_in_partition_graphs():
@@ -333,3 +333,18 @@ def test_all_reduce_nccl_without_a_gpu_fails_in_one_line_before_training(tmp_pat
                                           r"\(no GPU here\); NCCL needs real GPUs: use ring or auto$"):
         train_command(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.integration
+def test_a_calls_index_rows_are_the_steps_global_batches_split_by_replica(tf):
+    """call_inputs: row i holds step start+i's global batch; replica r takes its slice of it."""
+    from pinpoint.training.input.data import Arrays, InputPipeline
+
+    n = 10
+    arrays = Arrays(np.arange(n, dtype=np.float32).reshape(n, 1), np.arange(n, dtype=np.int32), n, "range")
+    pipe = InputPipeline(arrays, global_batch=4, num_replicas=2, input_device="/CPU:0", seed=0)
+    (idx,) = pipe.call_inputs(start=3, n=2)
+    assert idx.shape == (2, 4)
+    assert idx.numpy().ravel().tolist() == pipe.order.indices(3 * 4, 8).tolist()
+    x, y = pipe.replica_batch(step=4, replica_id=1, i=1, indices=idx)
+    assert y.numpy().tolist() == idx.numpy()[1, 2:].tolist() and x.shape == (2, 1)

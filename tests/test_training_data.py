@@ -64,3 +64,16 @@ def test_csv_missing_label_column_names_field_columns_and_fix(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="train.data: got '.*', which does not exist"):
         load_arrays(_cfg(data=str(tmp_path / "nope.csv")))
+
+
+def test_each_epoch_is_a_seeded_permutation_and_any_range_is_known_without_replay():
+    from pinpoint.training.input.data import EpochOrder
+
+    order = EpochOrder(7, seed=3)
+    stream = order.indices(0, 7 * 4)  # four epochs from the start
+    assert [sorted(stream[e * 7:(e + 1) * 7].tolist()) for e in range(4)] == [list(range(7))] * 4
+    assert stream[:7].tolist() != stream[7:14].tolist()  # each epoch its own order
+    # A range that starts mid-epoch and spans three epochs, from a fresh order (a resumed run):
+    assert EpochOrder(7, seed=3).indices(5, 16).tolist() == stream[5:21].tolist()
+    assert EpochOrder(7, seed=4).indices(0, 7).tolist() != stream[:7].tolist()
+

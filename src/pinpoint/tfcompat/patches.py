@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pinpoint.tfcompat.targets import TARGETS
@@ -30,6 +30,18 @@ class Patches(contextlib.ExitStack):
         owner, name = target.owner()
         self.callback(setattr, owner, name, owner.__dict__[name])
         setattr(owner, name, value)
+
+    def switch(self, key: str, value: Any) -> tuple[Callable[[], None], Callable[[], None]]:
+        """Target `key` switchable, call by call, between `value` and what it is now (e.g. a
+        benchmark pairing two implementations): returns (to_value, back); close puts back what
+        it is now, whichever was set last."""
+        target = TARGETS[key]
+        if not target.patched:
+            raise KeyError(f"{key} is not registered as patched in pinpoint.tfcompat.targets")
+        owner, name = target.owner()
+        now = owner.__dict__[name]
+        self.callback(setattr, owner, name, now)
+        return (lambda: setattr(owner, name, value)), (lambda: setattr(owner, name, now))
 
     @staticmethod
     def current(key: str) -> Any:

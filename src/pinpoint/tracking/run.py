@@ -242,12 +242,9 @@ class StepRun:
         per `checkpoints_every_s`: the newest one when the time has come; one written sooner is
         held (not copied: it is the newest, so the checkpoint manager keeps it) until a newer one
         replaces it, or until `flush_checkpoint` (the end of training, the run's close)."""
-        now = time.monotonic()
-        if now - self._checkpoint_sent_at >= self.checkpoints_every_s:
-            self._checkpoint_sent_at = now
+        if time.monotonic() - self._checkpoint_sent_at >= self.checkpoints_every_s:
             self._held_checkpoint = None
-            for f in files:
-                self.log_artifact(f, artifact_path)
+            self._send_checkpoint(files, artifact_path)
         else:
             self._held_checkpoint = ([Path(f) for f in files], artifact_path)
 
@@ -255,9 +252,12 @@ class StepRun:
         """Send the checkpoint held back, if any (its files are snapshotted now)."""
         held, self._held_checkpoint = self._held_checkpoint, None
         if held is not None:
-            self._checkpoint_sent_at = time.monotonic()
-            for f in held[0]:
-                self.log_artifact(f, held[1])
+            self._send_checkpoint(*held)
+
+    def _send_checkpoint(self, files, artifact_path: str) -> None:
+        self._checkpoint_sent_at = time.monotonic()
+        for f in files:
+            self.log_artifact(f, artifact_path)
 
     def flush_step_metrics(self) -> None:
         """Send the step metrics held back (each at its own step and the time it was logged)."""

@@ -322,7 +322,14 @@ class StreamInput:
                                      num_workers=num_workers, num_replicas=num_replicas, start_step=start_step)
             self.iterator = iter(self.ds)
 
-    def replica_batch(self, step, replica_id):
+    def call_specs(self) -> tuple:
+        """No extra arguments: the iterator decides the examples."""
+        return ()
+
+    def call_inputs(self, start: int, n: int) -> tuple:
+        return ()
+
+    def replica_batch(self, step, replica_id, i=None):
         """(x, y) for one replica at this step; call inside strategy.run."""
         import tensorflow as tf
 

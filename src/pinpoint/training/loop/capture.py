@@ -113,14 +113,12 @@ def capture_first_call(trainer, n: int):
     (captured, metrics). The runtime records partition graphs when it instantiates a function,
     which this call does anyway: the capture costs no extra trace and no extra step, and the
     graphs are those of every step the function runs (fixed signature)."""
-    import tensorflow as tf
-
     from pinpoint.placement.capture import add_trace_info, collecting
 
     if trainer.coordinator is not None or trainer.calls:
         raise RuntimeError("capture_first_call must be the first call of a single-client trainer")
     t0 = time.perf_counter()
-    args = (tf.constant(trainer.step, tf.int64), tf.constant(n, tf.int32))
+    args = trainer.call_args(n)
     with collecting(trainer.step) as captured:
         loss, acc = trainer.train_n(*args)
     add_trace_info(trainer.train_n, args, {}, captured)

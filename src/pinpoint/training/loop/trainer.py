@@ -70,8 +70,7 @@ class Trainer:
         self._compute_jit = tf.function(self._loss_and_grads, jit_compile=True) if jit_compile else None
         # A fixed signature: one concrete function (one instantiation) serves every call, so the
         # graphs captured when it is instantiated are the graphs of every step it runs.
-        self.train_n = tf.function(self._train_n_py, input_signature=[
-            tf.TensorSpec([], tf.int64, name="start"), tf.TensorSpec([], tf.int32, name="n")])
+        self.train_n = self.make_train_n()
         # Entered while the step is traced: default placement for ops without a device request
         # (GPU emulation: where a GPU machine's placer would put them; see distribute.emulation).
         self.trace_scope = trace_scope or contextlib.nullcontext
@@ -108,10 +107,14 @@ class Trainer:
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return loss, correct
 
-    def _replica_step(self, step):
+    def _replica_step(self, step, i, *inputs):
         ctx = tf.distribute.get_replica_context()
-        x, y = self.pipeline.replica_batch(step, ctx.replica_id_in_sync_group)
+        x, y = self.pipeline.replica_batch(step, ctx.replica_id_in_sync_group, i, *inputs)
         return self.replica_update(x, y)
+
+    def call_args(self, n: int) -> tuple:
+        """train_n's arguments for the next n steps."""
+        return (tf.constant(self.step, tf.int64), tf.constant(n, tf.int32), *self.pipeline.call_inputs(self.step, n))
 
     def _accumulate(self, sums, per_replica):
         """sums + (loss, correct) of one step, summed over the replicas. Sync point: the
@@ -127,14 +130,24 @@ class Trainer:
         nf = tf.cast(n, tf.float32)
         return sums[0] / nf, sums[1] / (nf * examples_per_step)
 
-    def _train_n_py(self, start, n):
+    def make_train_n(self):
+        """The n-step training function of this trainer's pipeline: (start, n, *the pipeline's
+        call inputs, e.g. the call's example indices) -> (mean loss, accuracy)."""
+        return tf.function(self._train_n_py, input_signature=[
+            tf.TensorSpec([], tf.int64, name="start"), tf.TensorSpec([], tf.int32, name="n"),
+            *self.pipeline.call_specs()])
+
+    def _train_n_py(self, start, n, *inputs):
         """n steps in one tf.range loop -> (mean loss, accuracy)."""
         with self.trace_scope():
             sums = (tf.constant(0.0), tf.constant(0.0))
             for i in tf.range(n):
                 with tf.name_scope("loop"):
-                    step = start + tf.cast(i, tf.int64)
-                sums = self._accumulate(sums, self.strategy.run(self._replica_step, args=(step,)))
+                    # The i-th step of the call, as an op of its own: the loop variable itself,
+                    # sent to the input device, has no shape the runtime reports (unsized).
+                    row = tf.cast(i, tf.int64)
+                    step = start + row
+                sums = self._accumulate(sums, self.strategy.run(self._replica_step, args=(step, row, *inputs)))
             return self._means(sums, n, self.global_batch)
 
     # ---- public ---------------------------------------------------------------------------
@@ -143,7 +156,7 @@ class Trainer:
         if self.coordinator is not None:
             return self._ps_train_steps(n)
         t0 = time.perf_counter()
-        loss, acc = self.train_n(tf.constant(self.step, tf.int64), tf.constant(n, tf.int32))
+        loss, acc = self.train_n(*self.call_args(n))
         return self.finish_call(loss, acc, n, t0)
 
     def finish_call(self, loss, acc, n: int, t0: float, examples_per_step: int | None = None) -> dict[str, Any]:
