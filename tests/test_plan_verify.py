@@ -30,8 +30,8 @@ def expected_pairs(plan: dict[str, str], units: dict[str, int], var_bytes: dict[
     """Bytes per ordered device pair per step of an MLP with layers on `plan`, from its sizes: the
     batch to the first layer and the labels to the loss (from the host), each boundary activation
     forward and its gradient back, the logits to the loss and their gradient back, each layer's
-    weight gradients to the optimizer (beside the loss) and its updates back, and the loop's step
-    counter (int64) to the loss's device and back to the host's input pipeline."""
+    weight gradients to the optimizer (beside the loss) and its updates back, and the loop's row
+    counter (int64: which of the call's index rows is this step's) to the host's input pipeline."""
     out: dict[str, int] = {}
 
     def add(a: str, b: str, n: int) -> None:
@@ -40,7 +40,7 @@ def expected_pairs(plan: dict[str, str], units: dict[str, int], var_bytes: dict[
 
     layers = list(units)
     add("/CPU:0", plan[layers[0]], BATCH * FEATURES * 4)
-    add("/CPU:0", loss_device, BATCH * 4 + 8)  # int32 labels, the step counter
+    add("/CPU:0", loss_device, BATCH * 4)  # int32 labels
     add(loss_device, "/CPU:0", 8)
     for a, b in zip(layers, layers[1:], strict=False):
         add(plan[a], plan[b], BATCH * units[a] * 4)

@@ -6,7 +6,8 @@ device, colocation groups, kernel devices, own time), and the run's step times (
 else metrics.json). Groups: one per layer key, "input" for the input pipeline's ops, "other" for
 the rest (loss, optimizer bookkeeping). Constants and NoOps are left out: they do no work and the
 runtime makes them where they are used. The step function's arguments fed on the host (the
-trainer's step counter) are sent like any tensor: they count as the input pipeline's output.
+trainer's step counter, the call's example indices) are sent like any tensor: they count as the input
+pipeline's output.
 """
 
 from __future__ import annotations
