@@ -144,8 +144,10 @@ def _anatomy(plan: list[Comparison], results: Results) -> str:
     else:
         conclusion = ("Call by call in one process, Keras' train function is not faster than Pinpoint's "
                       f"({peer[0].lower() + peer[1:]}): a gap in the end-to-end row above is not in the training "
-                      "function; it is in what `pinpoint train` does around it (the first call's capture, the train "
-                      "log) or between the runs (each a fresh process on a shared 2-core machine)."
+                      "function. That row runs each arm in a fresh process, `pinpoint train` with what it does around "
+                      "the function (the first call's capture, the train log, the call's example indices), and a "
+                      "run's steady rate on this shared 2-core machine varies from process to process by more than "
+                      "the gap (the row's min–max)."
                       + (f" Keras' choices that would make Pinpoint's function faster still: {'; '.join(gap)}."
                          if gap else ""))
     return (
