@@ -8,7 +8,7 @@ Settings (kept equal to Pinpoint's so the ratio measures the training loops, not
 - data: the same arrays (`load_arrays`), global batches of `train.batch_size` from a
   `tf.data` pipeline (shuffle, repeat, batch, prefetch): the idiomatic Keras input, which
   `fit` splits across replicas (and across workers, DATA auto-sharding) itself; streamed data
-  (`tfrecord:GLOB` ...): the examples Pinpoint's own reader yields, in the same pipeline (`streamed_input`);
+  (`tfrecord:GLOB` ...): the examples Pinpoint's own reader yields, in the same pipeline (`keras_input`);
 - loss: sparse categorical cross-entropy from logits (`train.from_logits`), averaged over the
   global batch (the same objective as Pinpoint's per-replica sum / global batch), metric: accuracy;
 - optimizer: the same class and learning rate; `jit_compile` as Pinpoint decides for the config
@@ -146,23 +146,31 @@ def keras_fit(cfg, *, warmup_steps: int, multi_worker: bool = False) -> dict[str
 
 
 def keras_input(cfg):
-    """The peer's input as a Keras user writes it: (dataset of global batches, one example's
-    input shape, number of classes)."""
+    """The peer's input as a Keras user writes it: the examples shuffled with the config's seed
+    (in memory: over all of them; streamed, e.g. `tfrecord:GLOB`: the examples Pinpoint's own
+    reader yields, the same files parsed with the same feature spec, over `train.shuffle_buffer`),
+    repeated, in global batches, prefetched. Returns the dataset, one example's input shape and
+    the number of classes."""
     import tensorflow as tf
 
-    from pinpoint.training.input.data import load_arrays
+    from pinpoint.training.input.data import load_arrays, load_data
 
-    if cfg.train.streamed:
-        return streamed_input(cfg)
-    arrays = load_arrays(cfg)
+    t = cfg.train
+    if t.streamed:
+        data = load_data(cfg)
+        examples, buffer = data.stream.examples(), t.shuffle_buffer
+        input_shape, num_classes = data.input_shape, data.num_classes
+    else:
+        arrays = load_arrays(cfg)
+        examples, buffer = tf.data.Dataset.from_tensor_slices((arrays.x, arrays.y)), len(arrays.x)
+        input_shape, num_classes = (arrays.features,), arrays.num_classes
     ds = (
-        tf.data.Dataset.from_tensor_slices((arrays.x, arrays.y))
-        .shuffle(len(arrays.x), seed=cfg.train.seed, reshuffle_each_iteration=True)
+        examples.shuffle(buffer, seed=t.seed, reshuffle_each_iteration=True)
         .repeat()
-        .batch(cfg.train.batch_size, drop_remainder=True)
+        .batch(t.batch_size, drop_remainder=True)
         .prefetch(tf.data.AUTOTUNE)
     )
-    return ds, (arrays.features,), arrays.num_classes
+    return ds, input_shape, num_classes
 
 
 def compiled_model(cfg, input_shape, num_classes, *, multi_worker: bool = False):
@@ -184,27 +192,6 @@ def compiled_model(cfg, input_shape, num_classes, *, multi_worker: bool = False)
         steps_per_execution=steps_per_execution(cfg, multi_worker),
     )
     return model
-
-
-def streamed_input(cfg):
-    """A streamed source (e.g. `tfrecord:GLOB`) as a Keras user reads it: the examples Pinpoint's own
-    reader yields (the same files, parsed with the same feature spec), shuffled with the config's
-    buffer and seed, repeated, in global batches, prefetched. Returns the dataset, one example's
-    input shape and the number of classes."""
-    import tensorflow as tf
-
-    from pinpoint.training.input.data import load_data
-
-    t = cfg.train
-    data = load_data(cfg)
-    ds = (
-        data.stream.examples()
-        .shuffle(t.shuffle_buffer, seed=t.seed, reshuffle_each_iteration=True)
-        .repeat()
-        .batch(t.batch_size, drop_remainder=True)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-    return ds, data.input_shape, data.num_classes
 
 
 def user_model(cfg, input_shape, num_classes):

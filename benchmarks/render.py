@@ -111,13 +111,10 @@ def _anatomy(plan: list[Comparison], results: Results) -> str:
     good = [r for r in results[c.key].get(c.arms[0].name, []) if "error" not in r]
     if not good:
         return "\nWhat Keras' loop does that Pinpoint's does not: every run failed (see Skipped and failed runs).\n"
-    kinds = {label: kind for _key, label, kind in ANATOMY}
-    lines, saved, gap, peer = [], [], [], None
-    for rt in c.ratios:
+    lines, saved, gap, peer, keras_faster = [], [], [], None, False
+    for (_key, what, kind), rt in zip(ANATOMY, c.ratios, strict=True):  # the plan's ratios, in ANATOMY's order
         r = compare_summary(results, c.key, rt)
-        what = rt.label.split(": variant")[0]
         decided = r is not None and r.low is not None
-        kind = kinds.get(what)
         # Decided by the interval: a former choice cost speed if putting it back is slower; a
         # Keras choice is part of the gap if taking it is faster.
         if kind == "former":
@@ -127,7 +124,8 @@ def _anatomy(plan: list[Comparison], results: Results) -> str:
             if slower:
                 saved.append(f"{fmt_summary(r, 3)} with the examples chosen in the step")
         elif kind == "peer":
-            peer = ("Keras' is faster: the training functions differ" if decided and r.low > 1 else
+            keras_faster = decided and r.low > 1
+            peer = ("Keras' is faster: the training functions differ" if keras_faster else
                     "Pinpoint's is faster by its interval" if decided and r.high < 1 else
                     "no difference by its interval")
             verdict = peer
@@ -138,7 +136,7 @@ def _anatomy(plan: list[Comparison], results: Results) -> str:
                 gap.append(what)
         lines.append(f"- {what}: {fmt_summary(r, 4)}: {verdict}")
     g = good[0]
-    if peer is None or peer.startswith("Keras"):
+    if peer is None or keras_faster:
         conclusion = (f"Keras' choices that would close part of the gap here: {'; '.join(gap)}." if gap else
                       "Neither of Keras' choices is faster than Pinpoint's own function by its interval in this run.")
     else:

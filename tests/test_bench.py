@@ -249,7 +249,7 @@ def test_keras_rows_with_a_target_get_every_round_and_recorded_rows_fewer():
         got = {c.key: rounds(c, s) for c in build_plan(s) if c.section == "keras"}
         assert got == {"keras-none": s.repeats, "keras-mirrored": min(3, s.repeats), "keras-mwm": recorded,
                        "keras-user-model": recorded, "keras-cnn": recorded, "keras-transformer": recorded,
-                       "loop-anatomy": 1}  # its rounds are pairs of blocks in one process
+                       "loop-anatomy": 1}  # its rounds are pairs of calls in one process
 
 
 def test_overhead_capture_arms_get_more_rounds_and_a_capped_arm_only_its_own(monkeypatch, tmp_path):

@@ -76,4 +76,3 @@ def test_each_epoch_is_a_seeded_permutation_and_any_range_is_known_without_repla
     # A range that starts mid-epoch and spans three epochs, from a fresh order (a resumed run):
     assert EpochOrder(7, seed=3).indices(5, 16).tolist() == stream[5:21].tolist()
     assert EpochOrder(7, seed=4).indices(0, 7).tolist() != stream[:7].tolist()
-
