@@ -80,8 +80,8 @@ def _check_servers(cfg: Config, doc: dict[str, Any], config_path: str) -> None:
     servers, strategy = servers_of(doc["devices"]), cfg.train.strategy
     if not servers:
         raise ConfigError(f"train.strategy: got 'parameter_server' in {config_path}, but the plan places layers on "
-                          f"{', '.join(doc['devices'])}, not on parameter servers; set the strategy the run "
-                          f"{doc.get('source_run')} was trained with (none)")
+                          f"{', '.join(doc['devices'])}, not on parameter servers; set train.strategy to the one the run "
+                          f"{doc.get('source_run')} was trained with, or plan a parameter_server run")
     if strategy != "parameter_server":
         raise ConfigError(f"train.strategy: got '{strategy}' in {config_path}, but the plan places variables on "
                           f"parameter servers ({', '.join(servers)}); set train.strategy: parameter_server")
