@@ -28,8 +28,8 @@ FEATURES, CLASSES = 64, 10  # digits
 # over four servers puts every kernel on ps 0 or 2 and every bias on ps 1 or 3.
 
 
-def _train(folder, name: str, layers: dict | None = None) -> dict:
-    return read_placement(train(folder, name, layers) / "placement.json")
+def _train(folder, name: str) -> dict:
+    return read_placement(train(folder, name) / "placement.json")
 
 
 def _round_robin_bytes() -> dict[str, int]:
