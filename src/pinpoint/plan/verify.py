@@ -6,7 +6,9 @@ Compared: the bytes crossing each ordered device pair per step (predicted on the
 graph, measured in the verification run's placement.json transfers matrix; exact on emulated
 devices too), conformance (the verification run's `layers.<key>` rules, every violation with its
 cause) and the step time (predicted vs the measured median; on emulated GPUs the measured step
-cannot show the link model's transfer prices, see STEP_NOTE).
+cannot show the link model's transfer prices, see STEP_NOTE). A plan over parameter servers
+trains under strategy parameter_server, and adds the bytes per server (ps_bytes, predicted vs
+servers.measured_ps_bytes); its pairs are each server's with the step's worker.
 """
 
 from __future__ import annotations
