@@ -163,8 +163,9 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
     measured_ms = None if verified.measured_step_us is None else round(verified.measured_step_us / 1e3, 4)
     # The verification run as measured, beside the predictions: its own compute per device, the
     # bytes its transfers matrix counted, its median step.
-    verified_row = dict(as_run, step_ms=measured_ms, bytes_crossing_per_step=bytes_["measured_total"],
-                        bytes_crossing={p: n for p, n in pair_bytes(placement).items() if n})
+    measured_all = {p: n for p, n in pair_bytes(placement).items() if n}
+    verified_row = dict(as_run, step_ms=measured_ms, bytes_crossing_per_step=sum(measured_all.values()),
+                        bytes_crossing=measured_all)
     predicted_ms = planned.get("step_ms")
     check = {
         "source_run": doc.get("source_run"),
