@@ -103,6 +103,8 @@ def plan_figures(doc: dict[str, Any], check: dict[str, Any]) -> tuple[dict[str, 
     metrics = {"plan.bytes_exact": float(check["bytes"]["exact"]),
                "plan.bytes_predicted": float(check["bytes"]["predicted_total"]),
                "plan.bytes_measured": float(check["bytes"]["measured_total"])}
+    if "ps_bytes" in check:  # a plan over parameter servers
+        metrics["plan.ps_bytes_exact"] = float(check["ps_bytes"]["exact"])
     if check["conformance"]["score"] is not None:
         metrics["plan.conformance"] = float(check["conformance"]["score"])
     for key in ("predicted_ms", "measured_ms"):
