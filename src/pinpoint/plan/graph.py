@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 INPUT, OTHER = "input", "other"  # the groups that are not layers
+# Suffix of a layer's backward pass when it ran apart from the layer (build._split_backward).
+BACKWARD = " (backward)"
 
 
 @dataclass(frozen=True)
