@@ -442,6 +442,8 @@ def _fake_record(arm) -> dict:
             "plan_ratio": 1.05, "round_robin_ratio": 2.0, "plan_s": 0.1,
             # what the plan-mp arms measure: the plan's balance in each of its trainings
             "plan_ratios": [1.04, 1.05, 1.06],
+            # the planning time on the ResNet50 capture (real-models), timed three times
+            "plan_s_runs": [1.5, 1.6, 1.7],
             # what the overheads arm measures (pairs of blocks: added µs, Pinpoint's µs)
             **{f"{name}_{kind}_blocks": [0.5, 0.5] for name in ("tf_function", "tf_function_wrapper", "eager_op", "log")
                for kind in ("added", "pinpoint")}}
