@@ -53,7 +53,9 @@ def plan_graph(run_dir: str | Path) -> PlanGraph:
 def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -> PlanGraph:
     """The PlanGraph of a placement (placement.json joined with its op rows)."""
     rows = [r for r in placement.get("ops") or [] if r["type"] not in NOT_COMPUTE]
-    group_of = _split_backward(rows, {r["op"]: _group_key(r) for r in rows})
+    group_of = {r["op"]: _group_key(r) for r in rows}
+    if (placement.get("strategy") or "none") == "none":  # one replica: a layer's passes can run apart
+        group_of = _split_backward(rows, group_of)
     by_group: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_group[group_of[r["op"]]].append(r)
