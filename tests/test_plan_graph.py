@@ -306,3 +306,17 @@ def test_a_step_argument_fed_on_the_host_is_sent_from_the_input_group(tmp_path):
     edges = {(e.src, e.dst): e.bytes for e in g.edges}
     base = {(e.src, e.dst): e.bytes for e in plan_graph(_write_run(tmp_path / "base")).edges}
     assert edges == {**base, ("input", "other"): base[("input", "other")] + 8}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_an_emulated_timed_run_gives_the_emulated_host_its_time_per_transfer(mlp_run):
+    """The emulated host model's constant from the run's own placement.json: its profiled
+    _Send/_Recv time per step over the tensors its transfers matrix counts per step."""
+    from pinpoint.placement.files import read_placement
+
+    placement = read_placement(mlp_run)
+    sent_ms = sum(d["transfer_ms"] for d in placement["timing"]["devices"].values())
+    count = sum(c["count"] for row in placement["transfers"]["matrix"].values() for c in row.values())
+    g = plan_graph(mlp_run)
+    assert (g.emulated, g.us_per_transfer) == (True, round(sent_ms * 1e3 / count, 3))
