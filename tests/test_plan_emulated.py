@@ -120,3 +120,16 @@ def test_build_marks_a_run_with_device_aliases_emulated():
 
 def test_build_of_a_run_on_real_devices_is_not_emulated():
     assert build(_placement(device_aliases={})).emulated is False
+
+
+def test_a_step_is_never_predicted_below_zero():
+    # 50 us measured, 8 tensors fewer at 10 us each: 0, not -30.
+    g = chain(measured_step_us=50.0)
+    assert EmulatedHost.of(g).step_us(g, ONE) == 0.0
+
+
+def test_the_printed_table_shows_the_emulated_step_beside_the_link_models():
+    from pinpoint.plan.command import table
+
+    head, row = table({"alternate": predict(chain(), ALTERNATE, LinkModel())}).splitlines()
+    assert (head.split("  ")[-1].strip(), row.split()[-1]) == ("here ms (emulated)", "1.080")

@@ -17,7 +17,10 @@ Measured on this machine (2 cores, 2026-11-25) to choose the model: the profiled
 placement's ops does not change with the placement, the sum of the ops' own times is not the
 step (ops overlap on the inter-op threads, and per-call overhead outside the ops is 0.7 ms of
 a 1.1 ms step on a 13-layer MLP), and an extra device's partition adds ~4 us a call (a chain
-of 64 ops cut over 1 and 4 devices); transfers are what a placement changes.
+of 64 ops cut over 1 and 4 devices); transfers are what a placement changes: ten trainings of
+that MLP over five placements (3 to 63 tensors crossing, 2 to 5 devices) fit 12.4 us per tensor
+crossing and 1.7 us per device used, and their profiles gave 6.5-16 us per transfer
+(docs/plan.md, Limits on emulated devices).
 """
 
 from __future__ import annotations
