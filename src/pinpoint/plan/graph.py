@@ -14,6 +14,7 @@ variables), `movable` False for a group that must stay where it is (host-only op
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 INPUT, OTHER = "input", "other"  # the groups that are not layers
 
@@ -69,6 +70,7 @@ class PlanGraph:
     colocated: tuple[frozenset[str], ...] = ()  # groups TensorFlow keeps on one device
     memory_cap_bytes: dict[str, int] = field(default_factory=dict)  # stated per device
     ps_variables: tuple[PsVariable, ...] = ()  # parameter_server: every variable, in creation order
+    all_reduce: Any = None  # mirrored: its plan.allreduce.AllReduceCase (the train.all_reduce a plan moves)
 
     def group(self, key: str) -> Group:
         for g in self.groups:

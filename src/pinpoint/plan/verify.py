@@ -16,6 +16,7 @@ from typing import Any
 from pinpoint.config import MODEL_LAYERS, Config, config_from_dict
 from pinpoint.errors import ConfigError
 from pinpoint.layer_keys import key_matches
+from pinpoint.plan import allreduce as all_reduce
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel
 from pinpoint.plan.predict import predict, schedule
@@ -33,6 +34,8 @@ STEP_NOTE = {
 def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
     """cfg with the plan's pinning.layers (and pinning.input) applied, placement captured and
     timed; a ConfigError naming the field when cfg cannot train the plan."""
+    if doc.get("all_reduce"):  # a mirrored run's plan: its train.all_reduce (plan.allreduce)
+        return all_reduce.verify_config(cfg, doc, config_path)
     t = cfg.train
     if t.entrypoint is not None:
         raise ConfigError(f"train.entrypoint: got '{t.entrypoint}' in {config_path}; --verify trains with Pinpoint's "
@@ -105,6 +108,8 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
     """plan_check.json: the plan's prediction (doc, made on `source`) against the verification
     run (`verified`, its placement.json `placement`)."""
     emulated = bool(placement.get("device_aliases"))
+    if doc.get("all_reduce"):
+        return all_reduce.check(doc, verified, placement, links, verify_run=verify_run, step_note=STEP_NOTE[emulated])
     planned = doc["prediction"]["plan"]
     bytes_ = compare_bytes(planned["bytes_crossing"], pair_bytes(placement))
     conformance = compare_conformance(placement, doc["pinning"]["layers"])
@@ -150,6 +155,8 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
 
 def check_table(check: dict[str, Any]) -> str:
     """The short table `pinpoint plan --verify` prints."""
+    if check.get("all_reduce"):
+        return all_reduce.check_table(check)
     lines = ["bytes/step  predicted  measured"]
     for r in check["bytes"]["pairs"]:
         lines.append(f"  {r['pair']:<22} {r['predicted']:>9} {r['measured']:>9}{'' if r['exact'] else '  DIFFERS'}")

@@ -1,0 +1,391 @@
+"""The all-reduce choice of a mirrored run (`train.all_reduce`), priced by the link model.
+
+Under MirroredStrategy every replica runs the whole model; what a plan can move is how the
+gradients are summed across the replicas. Each choice's communication, as TensorFlow 2.21
+implements it (tensorflow/python/distribute/cross_device_ops.py, cross_device_utils.py), with G
+the bytes of all trainable variables (their gradients, one copy) and n replicas d0..d(n-1):
+
+- reduce_to_host (ReductionToOneDevice(reduce_to_device=host)): each gradient tensor is copied
+  from every replica to the host, summed there (add_n) and the sum copied back to every replica:
+  G bytes each way per replica, one transfer per tensor. _Send/_Recv pairs: measured.
+- hierarchical_copy (AllReduceCrossDeviceOps("hierarchical_copy", num_packs=1)): the gradients
+  are packed (concatenated) into one tensor of G bytes; with h = n // 2 (aggregate_gradients_
+  using_hierarchical_copy, pack 0): d1..d(h-1) send it to d0 and d(h+1)..d(n-1) to dh, dh sends
+  its group's sum to d0, d0 sends the total to dh, then d0 to its group and dh to its group. 2(n-1)
+  copies of G. _Send/_Recv pairs: measured.
+- ring (Pinpoint's CollectiveAllReduce with the RING implementation, bytes_per_pack 0: one pack):
+  one CollectiveReduceV2 per replica over the packed G bytes; its instance key is a call-time
+  int32 fed from the host, 4 bytes to each replica per step (a _Send). The exchange itself runs
+  inside the collective, not as _Send/_Recv: modeled as the textbook ring, 2(n-1)/n x G from
+  each replica to the next; measured is each replica's collective input (G).
+- nccl (AllReduceCrossDeviceOps("nccl")): NcclAllReduce over the packed G bytes, modeled as a
+  ring like the above; real GPUs only (the config refuses it elsewhere).
+
+The transfers that are not the all-reduce (the input batch, the loss sums, the loop's counter)
+are the run's measured transfers matrix minus its own all-reduce's _Send/_Recv pairs; they are
+the same whichever choice runs, so each choice's pairs are those plus its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pinpoint.config import ALL_REDUCE, Config, config_from_dict
+from pinpoint.device_names import parse_name, sort_key
+from pinpoint.errors import ConfigError
+from pinpoint.placement.transfers import COLLECTIVE_RE
+from pinpoint.plan.links import LinkModel
+
+CHOICES = tuple(a for a in ALL_REDUCE if a != "auto")  # auto is one of these, resolved per cluster
+COLLECTIVE = ("ring", "nccl")  # their exchange runs inside a collective op, not as _Send/_Recv
+RING_KEY_BYTES = 4  # CollectiveReplicaLauncher: the instance key, an int32 fed from the host per launch
+FIELD = "train.all_reduce"
+Pair = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class AllReduceCase:
+    """What a mirrored run gives the all-reduce planner."""
+
+    replicas: tuple[str, ...]  # the replica devices (spec names), in the strategy's order
+    host: str
+    gradient_bytes: tuple[int, ...]  # each trainable variable's bytes (its gradient), creation order
+    emulated: bool
+    measured: str  # the all-reduce the run used, read from what ran (see run_choice)
+    base: dict[Pair, int]  # bytes per ordered pair per step that are not the all-reduce
+    replica_compute_us: dict[str, float] | None  # per replica, the profiler's time per step (timed runs)
+
+    @property
+    def total(self) -> int:
+        return sum(self.gradient_bytes)
+
+    @property
+    def device_type(self) -> str:
+        return "GPU" if all(parse_name(d)[2] == "GPU" for d in self.replicas) else "CPU"
+
+
+def send_pairs(choice: str, case: AllReduceCase) -> dict[Pair, int]:
+    """The all-reduce's _Send/_Recv bytes per ordered device pair per step (see the module doc)."""
+    r, out = case.replicas, {}
+
+    def add(a: str, b: str, n: int) -> None:
+        if a != b and n:
+            out[(a, b)] = out.get((a, b), 0) + n
+
+    if choice == "reduce_to_host":
+        for d in r:
+            add(d, case.host, case.total)
+            add(case.host, d, case.total)
+    elif choice == "hierarchical_copy":
+        h = len(r) // 2
+        for j in range(1, h):
+            add(r[j], r[0], case.total)
+        for j in range(h + 1, len(r)):
+            add(r[j], r[h], case.total)
+        add(r[h], r[0], case.total)
+        add(r[0], r[h], case.total)
+        for j in range(1, h):
+            add(r[0], r[j], case.total)
+        for j in range(h + 1, len(r)):
+            add(r[h], r[j], case.total)
+    elif choice == "ring":
+        for d in r:
+            add(case.host, d, RING_KEY_BYTES)
+    return out
+
+
+def collective_pairs(choice: str, case: AllReduceCase) -> dict[Pair, int]:
+    """The bytes a collective choice moves inside its op, modeled: the ring, each replica sending
+    2(n-1)/n of the packed gradients to the next one (reduce-scatter, then all-gather)."""
+    if choice not in COLLECTIVE:
+        return {}
+    r, n = case.replicas, len(case.replicas)
+    each = round(2 * (n - 1) * case.total / n)
+    return {(r[i], r[(i + 1) % n]): each for i in range(n)}
+
+
+def collective_inputs(choice: str, case: AllReduceCase) -> dict[str, int]:
+    """Per replica, the bytes its collective op reduces (the packed gradients): what the
+    transfers' `collectives` section measures."""
+    return {d: case.total for d in case.replicas} if choice in COLLECTIVE else {}
+
+
+def all_reduce_us(choice: str, case: AllReduceCase, links: LinkModel) -> float:
+    """The all-reduce's time per step on the link model: its stages one after the other, the
+    transfers of a stage on their own links at once (a link's transfers queue)."""
+    r, n, total = case.replicas, len(case.replicas), case.total
+
+    def stage(pairs: list[Pair], nbytes: int) -> float:
+        return max((links.transfer_us(a, b, nbytes) for a, b in pairs), default=0.0)
+
+    if choice == "reduce_to_host":
+        # Every tensor up to the host, then every sum back: per link, one transfer per tensor.
+        up = max(sum(links.transfer_us(d, case.host, g) for g in case.gradient_bytes) for d in r)
+        down = max(sum(links.transfer_us(case.host, d, g) for g in case.gradient_bytes) for d in r)
+        return up + down
+    if choice == "hierarchical_copy":
+        h = n // 2
+        gather = [(r[j], r[0]) for j in range(1, h)] + [(r[j], r[h]) for j in range(h + 1, n)]
+        scatter = [(r[0], r[j]) for j in range(1, h)] + [(r[h], r[j]) for j in range(h + 1, n)]
+        return (stage(gather, total) + stage([(r[h], r[0])], total) + stage([(r[0], r[h])], total)
+                + stage(scatter, total))
+    # ring / nccl: 2(n-1) rounds, each moving a 1/n chunk over every ring link at once.
+    chunk = math.ceil(total / n)
+    return 2 * (n - 1) * stage([(r[i], r[(i + 1) % n]) for i in range(n)], chunk)
+
+
+def refusal(choice: str, case: AllReduceCase) -> str | None:
+    """The config's own one-line refusal of `choice` on this cluster (None: accepted)."""
+    cluster = {"devices_per_worker": len(case.replicas), "device_type": case.device_type, "emulate": case.emulated}
+    try:
+        config_from_dict({"name": "plan", "cluster": cluster, "train": {"strategy": "mirrored", "all_reduce": choice}})
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def run_choice(placement: dict[str, Any], replicas: tuple[str, ...], host: str, total: int) -> str | None:
+    """The all-reduce a mirrored run used, from what ran: a collective op on the replicas (ring;
+    NcclAllReduce: nccl), else the packed gradients between the two halves' first devices
+    (hierarchical_copy), else every replica's gradients to the host and back (reduce_to_host)."""
+    types = {t for d in replicas for t in (placement.get("op_types_by_device") or {}).get(d, {})}
+    if "NcclAllReduce" in types:
+        return "nccl"
+    if any(t.startswith("Collective") for t in types):
+        return "ring"
+    matrix = {(a, b): c.get("bytes") or 0 for a, row in ((placement.get("transfers") or {}).get("matrix") or {}).items()
+              for b, c in row.items()}
+    h = len(replicas) // 2
+    if len(replicas) % 2 == 0 and min(matrix.get((replicas[h], replicas[0]), 0),
+                                      matrix.get((replicas[0], replicas[h]), 0)) >= total:
+        return "hierarchical_copy"
+    if all(min(matrix.get((d, host), 0), matrix.get((host, d), 0)) >= total for d in replicas if d != host):
+        return "reduce_to_host"
+    return None
+
+
+def case_of(placement: dict[str, Any]) -> AllReduceCase | None:
+    """The AllReduceCase of a mirrored run's placement.json (with its op rows); None for another
+    strategy or one replica (nothing to all-reduce)."""
+    dm = placement.get("device_map") or {}
+    replicas = tuple(dm.get("spec_replica_devices") or ())
+    if placement.get("strategy") != "mirrored" or len(replicas) < 2:
+        return None
+    aliases = placement.get("device_aliases") or {}
+    host_physical = dm.get("host") or "/CPU:0"
+    host = next((spec for spec, phys in aliases.items() if phys == host_physical), host_physical)
+    grads = tuple(int(v.get("bytes") or 0) for v in placement.get("variables") or [] if v.get("class") == "trainable")
+    measured = run_choice(placement, replicas, host, sum(grads))
+    if measured is None:
+        raise ConfigError(f"run_dir: got a mirrored run on {', '.join(replicas)} whose transfers show none of "
+                          f"{', '.join(CHOICES)} moving its {sum(grads)} bytes of gradients; plan from a run "
+                          "trained by Pinpoint with train.all_reduce set")
+    matrix = {(a, b): int(c.get("bytes") or 0) for a, row in ((placement.get("transfers") or {}).get("matrix") or {}).items()
+              for b, c in row.items()}
+    draft = AllReduceCase(replicas, host, grads, bool(dm.get("emulated")), measured, {}, None)
+    base = dict(matrix)
+    for pair, n in send_pairs(measured, draft).items():
+        base[pair] -= n
+    rows = placement.get("ops") or []
+    timed = bool(rows) and all("us" in r for r in rows)
+    # A collective op's time is the exchange itself (and, on shared cores, waiting for the other
+    # replicas): the link model prices it, so it is not the replica's compute.
+    compute = {d: round(sum(r["us"] for r in rows if r["device"] == d and not COLLECTIVE_RE.match(r["type"])), 3)
+               for d in replicas} if timed else None
+    return AllReduceCase(replicas, host, grads, draft.emulated, measured,
+                         {p: n for p, n in sorted(base.items()) if n}, compute)
+
+
+def _pairs(d: dict[Pair, int]) -> dict[str, int]:
+    return {f"{a} -> {b}": n for (a, b), n in sorted(d.items(), key=lambda kv: (sort_key(kv[0][0]), sort_key(kv[0][1])))}
+
+
+def predict_choice(choice: str, case: AllReduceCase, links: LinkModel) -> dict[str, Any]:
+    """One choice's prediction: bytes per ordered pair through _Send/_Recv (the run's other
+    transfers included), the bytes inside its collective (modeled), its all-reduce time and the
+    step (the busiest replica's measured compute, then the all-reduce: one pack, so the
+    exchange starts once the backward pass is done)."""
+    sends = dict(case.base)
+    for pair, n in send_pairs(choice, case).items():
+        sends[pair] = sends.get(pair, 0) + n
+    inside = collective_pairs(choice, case)
+    ar_us = all_reduce_us(choice, case, links)
+    step = None if case.replica_compute_us is None else max(case.replica_compute_us.values()) + ar_us
+    return {
+        "all_reduce": choice,
+        "step_ms": None if step is None else round(step / 1e3, 4),
+        "all_reduce_ms": round(ar_us / 1e3, 4),
+        "busiest_over_mean": None,
+        "bytes_crossing_per_step": sum(sends.values()),
+        "bytes_crossing": _pairs(sends),
+        "all_reduce_bytes": _pairs(send_pairs(choice, case)),
+        "collective_bytes": _pairs(inside),
+        "collective_input_bytes": collective_inputs(choice, case),
+        "bytes_per_step": sum(sends.values()) + sum(inside.values()),
+        "peak_variable_bytes": case.total,  # every replica holds one copy of the variables
+    }
+
+
+def plan_document(case: AllReduceCase, *, source_run: str, links: LinkModel, measured_step_us: float | None,
+                  devices: int | None, objective: str | None) -> dict[str, Any]:
+    """The plan file of a mirrored run: the train.all_reduce with the lowest predicted all-reduce
+    time (the replicas' compute is the same whichever runs), ties to the fewest bytes."""
+    n = len(case.replicas)
+    if devices is not None and devices != n:
+        raise ConfigError(f"--devices: got {devices}, but a mirrored plan keeps the run's {n} replicas "
+                          "(cluster.devices_per_worker); drop --devices or capture a run on that many devices")
+    if objective not in (None, "step_time"):
+        raise ConfigError(f"--objective: got {objective!r}, but every replica of a mirrored run runs the whole "
+                          "model: the plan chooses train.all_reduce by predicted step; drop --objective")
+    refused = {c: why for c in CHOICES if (why := refusal(c, case)) is not None}
+    rows = {c: predict_choice(c, case, links) for c in CHOICES if c not in refused}
+    chosen = min(rows, key=lambda c: (rows[c]["all_reduce_ms"], rows[c]["bytes_per_step"], CHOICES.index(c)))
+    # Copies: one dict twice in the document would be a YAML alias.
+    prediction = {"plan": copy.deepcopy(rows[chosen]), "measured": predict_choice(case.measured, case, links), **rows}
+    return {
+        "source_run": source_run,
+        "measured_step_ms": None if measured_step_us is None else round(measured_step_us / 1e3, 4),
+        "objective": "step_time",
+        "algorithm": "all-reduce choice by the link model",
+        "devices": list(case.replicas),
+        "strategy": "mirrored",
+        "all_reduce": chosen,
+        "measured_all_reduce": case.measured,
+        "pinning": {"layers": {}},
+        "tf_device": {},
+        "links": links.to_dict(),
+        "prediction": prediction,
+        "baselines": {c: {"all_reduce": c} for c in rows},
+        "refused": refused,
+        "rationale": [rationale(case, chosen, prediction)],
+    }
+
+
+def rationale(case: AllReduceCase, chosen: str, prediction: dict[str, Any]) -> str:
+    """One line: the choice against the run's own and each other candidate, by the link model."""
+    others = ", ".join(f"{c} {p['all_reduce_ms']:.4f} ms" for c, p in prediction.items()
+                       if c not in ("plan", "measured", chosen))
+    own = prediction["measured"]
+    return (f"train.all_reduce: {case.measured} -> {chosen}: all-reduce {own['all_reduce_ms']:.4f} -> "
+            f"{prediction['plan']['all_reduce_ms']:.4f} ms/step for {case.total} B of gradients over "
+            f"{len(case.replicas)} replicas ({others or 'no other choice'})")
+
+
+def table(doc: dict[str, Any]) -> str:
+    """What `pinpoint plan` prints for a mirrored run: one row per choice."""
+    head = ("placement", "all_reduce", "step ms", "all-reduce ms", "send/recv/step", "in collective/step")
+    rows = [head]
+    for name, p in doc["prediction"].items():
+        rows.append((name, p["all_reduce"], "-" if p["step_ms"] is None else f"{p['step_ms']:.3f}",
+                     f"{p['all_reduce_ms']:.4f}", f"{p['bytes_crossing_per_step']} B",
+                     f"{sum(p['collective_bytes'].values())} B"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines += [f"  refused {c}: {why}" for c, why in doc.get("refused", {}).items()]
+    return "\n".join(lines)
+
+
+def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
+    """cfg training the plan's train.all_reduce (mirrored, the plan's replica count), placement
+    captured and timed; the config's own refusal when it cannot run the choice."""
+    t, n = cfg.train, len(doc["devices"])
+    if t.entrypoint is not None:
+        raise ConfigError(f"train.entrypoint: got '{t.entrypoint}' in {config_path}; --verify trains with Pinpoint's "
+                          "own loop (train.model), which train.all_reduce steers; set train.all_reduce in the "
+                          "program's MirroredStrategy by hand and re-run pinpoint trace")
+    if t.strategy != "mirrored":
+        raise ConfigError(f"train.strategy: got '{t.strategy}' in {config_path}; the plan chooses train.all_reduce "
+                          f"for a mirrored run of {doc.get('source_run')}; set train.strategy: mirrored")
+    if cfg.cluster.devices_per_worker != n:
+        raise ConfigError(f"cluster.devices_per_worker: got {cfg.cluster.devices_per_worker} in {config_path}, but "
+                          f"the plan is for {n} replicas ({', '.join(doc['devices'])}); set devices_per_worker: {n}")
+    data = cfg.model_dump(mode="json")
+    data["train"]["all_reduce"] = doc["all_reduce"]
+    data["placement"].update(enabled=True, timing=True)
+    return config_from_dict(data, source=config_path)
+
+
+NOT_SEEN = ("the exchange of {choice} runs inside its collective op (CollectiveReduceV2 / NcclAllReduce), not as "
+            "_Send/_Recv between the replicas: the transfers matrix cannot see it, so its bytes per pair "
+            "(collective_bytes) are the model's; measured instead: each replica's collective input "
+            "(transfers.collectives), which is the packed gradients the exchange moves")
+
+
+def check(doc: dict[str, Any], verified: Any, placement: dict[str, Any], links: LinkModel, *,
+          verify_run: str, step_note: str) -> dict[str, Any]:
+    """plan_check.json of an all-reduce plan (doc) against the verification run (`verified`, its
+    PlanGraph; `placement`, its placement.json): bytes per ordered pair (the _Send/_Recv pairs,
+    exact on emulated devices too), each replica's collective input for ring and nccl, the step."""
+    from pinpoint.plan.verify import compare_bytes, pair_bytes
+
+    case: AllReduceCase = verified.all_reduce
+    planned = doc["prediction"]["plan"]
+    measured_pairs = pair_bytes(placement)
+    bytes_ = compare_bytes(planned["bytes_crossing"], measured_pairs)
+    coll = (placement.get("transfers") or {}).get("collectives") or {}
+    measured_inputs = {d: int(c.get("input_bytes") or 0) for d, c in coll.items()}
+    predicted_inputs = planned["collective_input_bytes"]
+    choice = doc["all_reduce"]
+    as_run = predict_choice(choice, case, links)  # the model on the verification run's own figures
+    measured_ms = None if verified.measured_step_us is None else round(verified.measured_step_us / 1e3, 4)
+    verified_row = dict(as_run, step_ms=measured_ms, bytes_crossing_per_step=bytes_["measured_total"],
+                        bytes_crossing={p: n for p, n in measured_pairs.items() if n},
+                        collective_input_bytes=measured_inputs, all_reduce=case.measured)
+    predicted_ms = planned.get("step_ms")
+    return {
+        "source_run": doc.get("source_run"),
+        "verify_run": verify_run,
+        "objective": doc["objective"],
+        "algorithm": doc["algorithm"],
+        "devices": list(doc["devices"]),
+        "emulated": case.emulated,
+        "pinning": doc["pinning"],
+        "all_reduce": {
+            "planned": choice,
+            "ran": case.measured,  # read back from what the verification run executed
+            "collective_inputs": {"predicted": predicted_inputs, "measured": measured_inputs,
+                                  "exact": predicted_inputs == measured_inputs},
+            "collective_bytes_predicted": planned["collective_bytes"],
+            "compared": ("bytes per ordered pair: every _Send/_Recv of the step, the all-reduce's included"
+                         if choice not in COLLECTIVE else
+                         "bytes per ordered pair: every _Send/_Recv of the step (the run's other transfers and "
+                         "the collective's instance keys); " + NOT_SEEN.format(choice=choice)),
+        },
+        "bytes": bytes_,
+        "conformance": {"score": None, "layers": [], "deviations": []},
+        "step": {
+            "predicted_ms": predicted_ms,
+            "measured_ms": measured_ms,
+            "measured_over_predicted": round(measured_ms / predicted_ms, 3) if predicted_ms and measured_ms else None,
+            "predicted_from_verified_ms": as_run["step_ms"],
+            "note": step_note,
+        },
+        "placements": {**doc["prediction"], "verified": verified_row},
+        "timeline": {"measured": [], "plan": []},
+    }
+
+
+def check_table(c: dict[str, Any]) -> str:
+    """The short table `pinpoint plan --verify` prints for an all-reduce plan."""
+    a = c["all_reduce"]
+    lines = [f"train.all_reduce: planned {a['planned']}, ran {a['ran']}", "bytes/step  predicted  measured"]
+    for r in c["bytes"]["pairs"]:
+        lines.append(f"  {r['pair']:<22} {r['predicted']:>9} {r['measured']:>9}{'' if r['exact'] else '  DIFFERS'}")
+    b = c["bytes"]
+    lines.append(f"  {'total':<22} {b['predicted_total']:>9} {b['measured_total']:>9}  "
+                 f"({'exact' if b['exact'] else 'not exact'})")
+    ci = a["collective_inputs"]
+    if ci["predicted"] or ci["measured"]:
+        for d in sorted(set(ci["predicted"]) | set(ci["measured"]), key=sort_key):
+            lines.append(f"  collective input {d:<6} {ci['predicted'].get(d, 0):>9} {ci['measured'].get(d, 0):>9}")
+        lines.append(f"  (the exchange inside the collective is modeled, not measured: "
+                     f"{sum(a['collective_bytes_predicted'].values())} B/step predicted)")
+    s = c["step"]
+    pred = "-" if s["predicted_ms"] is None else f"{s['predicted_ms']:.3f}"
+    meas = "-" if s["measured_ms"] is None else f"{s['measured_ms']:.3f}"
+    lines.append(f"step ms: predicted {pred}, measured median {meas}")
+    lines.append(f"  ({s['note']})")
+    return "\n".join(lines)
