@@ -315,16 +315,13 @@ NOT_SEEN = ("the exchange of {choice} runs inside its collective op (CollectiveR
 
 
 def check(doc: dict[str, Any], verified: Any, placement: dict[str, Any], links: LinkModel, *,
-          verify_run: str, step_note: str) -> dict[str, Any]:
+          bytes_: dict[str, Any], measured_pairs: dict[str, int], verify_run: str, step_note: str) -> dict[str, Any]:
     """plan_check.json of an all-reduce plan (doc) against the verification run (`verified`, its
-    PlanGraph; `placement`, its placement.json): bytes per ordered pair (the _Send/_Recv pairs,
-    exact on emulated devices too), each replica's collective input for ring and nccl, the step."""
-    from pinpoint.plan.verify import compare_bytes, pair_bytes
-
+    PlanGraph; `placement`, its placement.json): bytes per ordered pair (`bytes_`, plan.verify's
+    comparison of the _Send/_Recv pairs, exact on emulated devices too), each replica's collective
+    input for ring and nccl, the step."""
     case: AllReduceCase = verified.all_reduce
     planned = doc["prediction"]["plan"]
-    measured_pairs = pair_bytes(placement)
-    bytes_ = compare_bytes(planned["bytes_crossing"], measured_pairs)
     coll = (placement.get("transfers") or {}).get("collectives") or {}
     measured_inputs = {d: int(c.get("input_bytes") or 0) for d, c in coll.items()}
     predicted_inputs = planned["collective_input_bytes"]

@@ -109,7 +109,10 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
     run (`verified`, its placement.json `placement`)."""
     emulated = bool(placement.get("device_aliases"))
     if doc.get("all_reduce"):
-        return all_reduce.check(doc, verified, placement, links, verify_run=verify_run, step_note=STEP_NOTE[emulated])
+        measured = pair_bytes(placement)
+        return all_reduce.check(doc, verified, placement, links, verify_run=verify_run, step_note=STEP_NOTE[emulated],
+                                bytes_=compare_bytes(doc["prediction"]["plan"]["bytes_crossing"], measured),
+                                measured_pairs=measured)
     planned = doc["prediction"]["plan"]
     bytes_ = compare_bytes(planned["bytes_crossing"], pair_bytes(placement))
     conformance = compare_conformance(placement, doc["pinning"]["layers"])
