@@ -57,6 +57,7 @@ class AllReduceCase:
     measured: str  # the all-reduce the run used, read from what ran (see run_choice)
     base: dict[Pair, int]  # bytes per ordered pair per step that are not the all-reduce
     replica_compute_us: dict[str, float] | None  # per replica, the profiler's time per step (timed runs)
+    aggregated_state_bytes: int = 0  # non-trainable ON_WRITE variables with an aggregation (not modeled)
 
     @property
     def total(self) -> int:
@@ -195,8 +196,11 @@ def case_of(placement: dict[str, Any]) -> AllReduceCase | None:
     # replicas): the link model prices it, so it is not the replica's compute.
     compute = {d: round(sum(r["us"] for r in rows if r["device"] == d and not COLLECTIVE_RE.match(r["type"])), 3)
                for d in replicas} if timed else None
+    # Assigned in replica context with an aggregation, such a variable is reduced at each update
+    # by the same cross-device ops, one reduction per variable: not modeled (see `caveat`).
+    state = sum(int(v.get("bytes") or 0) for v in placement.get("variables") or [] if v.get("class") == "aggregated_state")
     return AllReduceCase(replicas, host, grads, draft.emulated, measured,
-                         {p: n for p, n in sorted(base.items()) if n}, compute)
+                         {p: n for p, n in sorted(base.items()) if n}, compute, state)
 
 
 def _pairs(d: dict[Pair, int]) -> dict[str, int]:
@@ -261,6 +265,10 @@ def plan_document(case: AllReduceCase, *, source_run: str, links: LinkModel, mea
         "baselines": {c: {"all_reduce": c} for c in rows},
         "refused": refused,
         "rationale": [rationale(case, chosen, prediction)],
+        **({"caveat": f"{case.aggregated_state_bytes} bytes of non-trainable variables with an aggregation are "
+                      "reduced at each update by the same cross-device ops; that traffic is carried over as the run "
+                      f"moved it with {case.measured}, not re-modeled per choice"}
+           if case.aggregated_state_bytes else {}),
     }
 
 
