@@ -236,3 +236,19 @@ def test_four_replicas_plan_hierarchical_copy_and_its_bytes_per_pair_are_measure
     assert {p: n for p, n in between.items() if n} == {
         "/GPU:1 -> /GPU:0": g, "/GPU:3 -> /GPU:2": g, "/GPU:2 -> /GPU:0": g, "/GPU:0 -> /GPU:2": g + it,
         "/GPU:0 -> /GPU:1": g + it, "/GPU:2 -> /GPU:3": g, "/GPU:0 -> /GPU:3": it}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("devices, objective, line", [
+    (4, None, "--devices: got 4, but a mirrored plan keeps the run's 2 replicas (cluster.devices_per_worker); drop "
+     "--devices or capture a run on that many devices"),
+    (None, "balance", "--objective: got 'balance', but every replica of a mirrored run runs the whole model: the plan "
+     "chooses train.all_reduce by predicted step; drop --objective"),
+])
+def test_flags_that_move_layers_are_one_line_for_a_mirrored_run(devices, objective, line):
+    from pinpoint.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        plan_document(_case(GPUS4[:2]), source_run="r", links=LinkModel(), measured_step_us=None, devices=devices,
+                      objective=objective)
+    assert str(err.value) == line
