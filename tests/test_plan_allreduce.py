@@ -252,3 +252,13 @@ def test_flags_that_move_layers_are_one_line_for_a_mirrored_run(devices, objecti
         plan_document(_case(GPUS4[:2]), source_run="r", links=LinkModel(), measured_step_us=None, devices=devices,
                       objective=objective)
     assert str(err.value) == line
+
+
+@pytest.mark.unit
+def test_cpu_replicas_sharing_the_hosts_memory_keep_the_runs_own_choice():
+    """Two CPU replicas, the first the host: every link is one memory (free), and reduce_to_host
+    and hierarchical_copy move the same copies, so nothing is gained by a change."""
+    cpus = AllReduceCase(("/CPU:0", "/CPU:1"), "/CPU:0", GRADS, False, "reduce_to_host", {}, None)
+    doc = plan_document(cpus, source_run="r", links=LinkModel(), measured_step_us=None, devices=None, objective=None)
+    assert (doc["all_reduce"], send_pairs("hierarchical_copy", cpus)) == (
+        "reduce_to_host", {("/CPU:1", "/CPU:0"): G, ("/CPU:0", "/CPU:1"): G})

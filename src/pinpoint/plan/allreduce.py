@@ -150,8 +150,9 @@ def refusal(choice: str, case: AllReduceCase) -> str | None:
 
 def run_choice(placement: dict[str, Any], replicas: tuple[str, ...], host: str, total: int) -> str | None:
     """The all-reduce a mirrored run used, from what ran: a collective op on the replicas (ring;
-    NcclAllReduce: nccl), else the packed gradients between the two halves' first devices
-    (hierarchical_copy), else every replica's gradients to the host and back (reduce_to_host)."""
+    NcclAllReduce: nccl), else every replica's gradients to the host and back (reduce_to_host),
+    else the packed gradients between the two halves' first devices (hierarchical_copy). When the
+    host is a replica the two can move the same copies (two replicas): read as reduce_to_host."""
     types = {t for d in replicas for t in (placement.get("op_types_by_device") or {}).get(d, {})}
     if "NcclAllReduce" in types:
         return "nccl"
@@ -159,12 +160,12 @@ def run_choice(placement: dict[str, Any], replicas: tuple[str, ...], host: str, 
         return "ring"
     matrix = {(a, b): c.get("bytes") or 0 for a, row in ((placement.get("transfers") or {}).get("matrix") or {}).items()
               for b, c in row.items()}
+    if all(min(matrix.get((d, host), 0), matrix.get((host, d), 0)) >= total for d in replicas if d != host):
+        return "reduce_to_host"
     h = len(replicas) // 2
     if len(replicas) % 2 == 0 and min(matrix.get((replicas[h], replicas[0]), 0),
                                       matrix.get((replicas[0], replicas[h]), 0)) >= total:
         return "hierarchical_copy"
-    if all(min(matrix.get((d, host), 0), matrix.get((host, d), 0)) >= total for d in replicas if d != host):
-        return "reduce_to_host"
     return None
 
 
@@ -236,7 +237,8 @@ def predict_choice(choice: str, case: AllReduceCase, links: LinkModel) -> dict[s
 def plan_document(case: AllReduceCase, *, source_run: str, links: LinkModel, measured_step_us: float | None,
                   devices: int | None, objective: str | None) -> dict[str, Any]:
     """The plan file of a mirrored run: the train.all_reduce with the lowest predicted all-reduce
-    time (the replicas' compute is the same whichever runs), ties to the fewest bytes."""
+    time (the replicas' compute is the same whichever runs), ties to the fewest bytes, then to
+    the run's own choice."""
     n = len(case.replicas)
     if devices is not None and devices != n:
         raise ConfigError(f"--devices: got {devices}, but a mirrored plan keeps the run's {n} replicas "
@@ -246,7 +248,9 @@ def plan_document(case: AllReduceCase, *, source_run: str, links: LinkModel, mea
                           "model: the plan chooses train.all_reduce by predicted step; drop --objective")
     refused = {c: why for c in CHOICES if (why := refusal(c, case)) is not None}
     rows = {c: predict_choice(c, case, links) for c in CHOICES if c not in refused}
-    chosen = min(rows, key=lambda c: (rows[c]["all_reduce_ms"], rows[c]["bytes_per_step"], CHOICES.index(c)))
+    # Ties (e.g. CPU replicas sharing one memory: every choice free) keep the run's own choice.
+    chosen = min(rows, key=lambda c: (all_reduce_us(c, case, links), rows[c]["bytes_per_step"], c != case.measured,
+                                      CHOICES.index(c)))
     # Copies: one dict twice in the document would be a YAML alias.
     prediction = {"plan": copy.deepcopy(rows[chosen]), "measured": predict_choice(case.measured, case, links), **rows}
     return {
@@ -334,11 +338,14 @@ def check(doc: dict[str, Any], verified: Any, placement: dict[str, Any], links: 
     measured_inputs = {d: int(c.get("input_bytes") or 0) for d, c in coll.items()}
     predicted_inputs = planned["collective_input_bytes"]
     choice = doc["all_reduce"]
+    ran = case.measured
+    if choice not in COLLECTIVE and ran not in COLLECTIVE and send_pairs(choice, case) == send_pairs(ran, case):
+        ran = choice  # the host is a replica and both move the same copies: what ran cannot tell them apart
     as_run = predict_choice(choice, case, links)  # the model on the verification run's own figures
     measured_ms = None if verified.measured_step_us is None else round(verified.measured_step_us / 1e3, 4)
     verified_row = dict(as_run, step_ms=measured_ms, bytes_crossing_per_step=bytes_["measured_total"],
                         bytes_crossing={p: n for p, n in measured_pairs.items() if n},
-                        collective_input_bytes=measured_inputs, all_reduce=case.measured)
+                        collective_input_bytes=measured_inputs, all_reduce=ran)
     predicted_ms = planned.get("step_ms")
     return {
         "source_run": doc.get("source_run"),
@@ -350,7 +357,7 @@ def check(doc: dict[str, Any], verified: Any, placement: dict[str, Any], links: 
         "pinning": doc["pinning"],
         "all_reduce": {
             "planned": choice,
-            "ran": case.measured,  # read back from what the verification run executed
+            "ran": ran,  # read back from what the verification run executed
             "collective_inputs": {"predicted": predicted_inputs, "measured": measured_inputs,
                                   "exact": predicted_inputs == measured_inputs},
             "collective_bytes_predicted": planned["collective_bytes"],
