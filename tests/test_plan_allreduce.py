@@ -262,3 +262,31 @@ def test_cpu_replicas_sharing_the_hosts_memory_keep_the_runs_own_choice():
     doc = plan_document(cpus, source_run="r", links=LinkModel(), measured_step_us=None, devices=None, objective=None)
     assert (doc["all_reduce"], send_pairs("hierarchical_copy", cpus)) == (
         "reduce_to_host", {("/CPU:1", "/CPU:0"): G, ("/CPU:0", "/CPU:1"): G})
+
+
+def _placement(matrix: dict, unsized: int = 0) -> dict:
+    """A mirrored run's placement.json as case_of reads it: 2 emulated GPUs, the Dense stack's
+    variables, a transfers matrix."""
+    rows = {}
+    for (a, b), n in matrix.items():
+        rows.setdefault(a, {})[b] = {"count": 1, "bytes": n}
+    return {"strategy": "mirrored", "device_aliases": {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"},
+            "device_map": {"spec_replica_devices": ["/GPU:0", "/GPU:1"], "host": "/CPU:0", "emulated": True},
+            "variables": [{"name": f"v{i}", "bytes": g, "class": "trainable"} for i, g in enumerate(GRADS)],
+            "op_types_by_device": {}, "transfers": {"matrix": rows, "per_step": {"unsized": unsized}}}
+
+
+@pytest.mark.unit
+def test_a_runs_own_all_reduce_is_taken_out_of_its_matrix_and_a_short_pair_is_named():
+    """reduce_to_host measured with two bias gradients (the last layer's: 40 B) unsized on the way
+    up from /GPU:0: the rest of that pair is unknown, taken as 0 and named; the other pairs keep
+    their traffic beside the all-reduce (the batch down, the loss sums up)."""
+    from pinpoint.plan.allreduce import case_of
+
+    bias = WIDTHS[-1] * 4
+    measured = {("/CPU:0", "/GPU:0"): 4168 + G, ("/CPU:0", "/GPU:1"): 4160 + G,
+                ("/GPU:0", "/CPU:0"): 16 + G - bias, ("/GPU:1", "/CPU:0"): 8 + G}
+    case = case_of(_placement(measured, unsized=1))
+    assert (case.measured, case.base, case.short_pairs) == (
+        "reduce_to_host", {("/CPU:0", "/GPU:0"): 4168, ("/CPU:0", "/GPU:1"): 4160, ("/GPU:1", "/CPU:0"): 8},
+        ("/GPU:0 -> /CPU:0",))

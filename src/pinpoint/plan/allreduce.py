@@ -58,6 +58,8 @@ class AllReduceCase:
     base: dict[Pair, int]  # bytes per ordered pair per step that are not the all-reduce
     replica_compute_us: dict[str, float] | None  # per replica, the profiler's time per step (timed runs)
     aggregated_state_bytes: int = 0  # non-trainable ON_WRITE variables with an aggregation (not modeled)
+    short_pairs: tuple[str, ...] = ()  # pairs whose measured bytes fell short of the run's own all-reduce
+    unsized: float = 0.0  # transfers per step the run's capture could not size (counted 0 bytes)
 
     @property
     def total(self) -> int:
@@ -152,7 +154,10 @@ def run_choice(placement: dict[str, Any], replicas: tuple[str, ...], host: str, 
     """The all-reduce a mirrored run used, from what ran: a collective op on the replicas (ring;
     NcclAllReduce: nccl), else every replica's gradients to the host and back (reduce_to_host),
     else the packed gradients between the two halves' first devices (hierarchical_copy). When the
-    host is a replica the two can move the same copies (two replicas): read as reduce_to_host."""
+    host is a replica the two can move the same copies (two replicas): read as reduce_to_host.
+    Half the gradients' bytes on the pattern's pairs decide: the runtime cannot size every
+    transfer (a dynamic shape counts 0), and the directions read carry little else (a replica
+    sends the host only the loss sums; the batch goes the other way)."""
     types = {t for d in replicas for t in (placement.get("op_types_by_device") or {}).get(d, {})}
     if "NcclAllReduce" in types:
         return "nccl"
@@ -160,11 +165,12 @@ def run_choice(placement: dict[str, Any], replicas: tuple[str, ...], host: str, 
         return "ring"
     matrix = {(a, b): c.get("bytes") or 0 for a, row in ((placement.get("transfers") or {}).get("matrix") or {}).items()
               for b, c in row.items()}
-    if all(min(matrix.get((d, host), 0), matrix.get((host, d), 0)) >= total for d in replicas if d != host):
+    half = total / 2
+    if all(matrix.get((d, host), 0) >= half for d in replicas if d != host):
         return "reduce_to_host"
     h = len(replicas) // 2
     if len(replicas) % 2 == 0 and min(matrix.get((replicas[h], replicas[0]), 0),
-                                      matrix.get((replicas[0], replicas[h]), 0)) >= total:
+                                      matrix.get((replicas[0], replicas[h]), 0)) >= half:
         return "hierarchical_copy"
     return None
 
@@ -189,8 +195,14 @@ def case_of(placement: dict[str, Any]) -> AllReduceCase | None:
               for b, c in row.items()}
     draft = AllReduceCase(replicas, host, grads, bool(dm.get("emulated")), measured, {}, None)
     base = dict(matrix)
+    short = []
     for pair, n in send_pairs(measured, draft).items():
-        base[pair] -= n
+        # Less than the all-reduce's own bytes: some of its transfers went unsized (0 bytes); the
+        # pair's other traffic is then unknown, taken as 0 and named in the plan's caveat.
+        if base.get(pair, 0) < n:
+            short.append(f"{pair[0]} -> {pair[1]}")
+        base[pair] = max(0, base.get(pair, 0) - n)
+    unsized = float(((placement.get("transfers") or {}).get("per_step") or {}).get("unsized") or 0)
     rows = placement.get("ops") or []
     timed = bool(rows) and all("us" in r for r in rows)
     # A collective op's time is the exchange itself (and, on shared cores, waiting for the other
@@ -201,7 +213,7 @@ def case_of(placement: dict[str, Any]) -> AllReduceCase | None:
     # by the same cross-device ops, one reduction per variable: not modeled (see `caveat`).
     state = sum(int(v.get("bytes") or 0) for v in placement.get("variables") or [] if v.get("class") == "aggregated_state")
     return AllReduceCase(replicas, host, grads, draft.emulated, measured,
-                         {p: n for p, n in sorted(base.items()) if n}, compute, state)
+                         {p: n for p, n in sorted(base.items()) if n}, compute, state, tuple(short), unsized)
 
 
 def _pairs(d: dict[Pair, int]) -> dict[str, int]:
@@ -269,11 +281,22 @@ def plan_document(case: AllReduceCase, *, source_run: str, links: LinkModel, mea
         "baselines": {c: {"all_reduce": c} for c in rows},
         "refused": refused,
         "rationale": [rationale(case, chosen, prediction)],
-        **({"caveat": f"{case.aggregated_state_bytes} bytes of non-trainable variables with an aggregation are "
-                      "reduced at each update by the same cross-device ops; that traffic is carried over as the run "
-                      f"moved it with {case.measured}, not re-modeled per choice"}
-           if case.aggregated_state_bytes else {}),
+        **({"caveat": caveats(case)} if caveats(case) else {}),
     }
+
+
+def caveats(case: AllReduceCase) -> list[str]:
+    """What the prediction of a mirrored run's choices leaves out, one line each."""
+    out = []
+    if case.aggregated_state_bytes:
+        out.append(f"{case.aggregated_state_bytes} bytes of non-trainable variables with an aggregation are reduced "
+                   "at each update by the same cross-device ops; that traffic is carried over as the run moved it "
+                   f"with {case.measured}, not re-modeled per choice")
+    if case.short_pairs:
+        out.append(f"{case.unsized:g} transfer(s) per step of the run could not be sized (a dynamic shape, counted 0 "
+                   f"bytes): on {', '.join(case.short_pairs)} the run's {case.measured} moved less than its "
+                   "gradients' bytes as measured, so the other traffic there is taken as 0")
+    return out
 
 
 def rationale(case: AllReduceCase, chosen: str, prediction: dict[str, Any]) -> str:
@@ -297,6 +320,7 @@ def table(doc: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines += [f"  refused {c}: {why}" for c, why in doc.get("refused", {}).items()]
+    lines += [f"  caveat: {line}" for line in doc.get("caveat", [])]
     return "\n".join(lines)
 
 
@@ -361,6 +385,8 @@ def check(doc: dict[str, Any], verified: Any, placement: dict[str, Any], links: 
             "collective_inputs": {"predicted": predicted_inputs, "measured": measured_inputs,
                                   "exact": predicted_inputs == measured_inputs},
             "collective_bytes_predicted": planned["collective_bytes"],
+            # Transfers the verification run's capture could not size count 0 bytes in its matrix.
+            "unsized_measured": case.unsized,
             "compared": ("bytes per ordered pair: every _Send/_Recv of the step, the all-reduce's included"
                          if choice not in COLLECTIVE else
                          "bytes per ordered pair: every _Send/_Recv of the step (the run's other transfers and "
@@ -389,6 +415,9 @@ def check_table(c: dict[str, Any]) -> str:
     b = c["bytes"]
     lines.append(f"  {'total':<22} {b['predicted_total']:>9} {b['measured_total']:>9}  "
                  f"({'exact' if b['exact'] else 'not exact'})")
+    if a["unsized_measured"]:
+        lines.append(f"  ({a['unsized_measured']:g} transfer(s) per step the capture could not size count 0 bytes "
+                     "in the measured column)")
     ci = a["collective_inputs"]
     if ci["predicted"] or ci["measured"]:
         for d in sorted(set(ci["predicted"]) | set(ci["measured"]), key=sort_key):
