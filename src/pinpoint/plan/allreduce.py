@@ -42,7 +42,6 @@ from pinpoint.plan.links import LinkModel
 CHOICES = tuple(a for a in ALL_REDUCE if a != "auto")  # auto is one of these, resolved per cluster
 COLLECTIVE = ("ring", "nccl")  # their exchange runs inside a collective op, not as _Send/_Recv
 RING_KEY_BYTES = 4  # CollectiveReplicaLauncher: the instance key, an int32 fed from the host per launch
-FIELD = "train.all_reduce"
 Pair = tuple[str, str]
 
 
