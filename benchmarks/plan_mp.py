@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 BALANCE_TARGET = 1.10
+# The plan trained this many times (`pinpoint plan --verify`, each a fresh folder): the per-op
+# times of emulated GPUs on a shared 2-core host vary run to run by tens of percent, so one
+# training of the plan decides nothing; the target is judged on the interval of their median.
+VERIFY_ROUNDS = 3
 CASES = (("towers", 2), ("towers", 4), ("mobilenet_v2", 2), ("mobilenet_v2", 4))
 SIDE, CLASSES, EXAMPLES, BATCH, STEPS = 32, 10, 64, 8, 10
 WARMUP, SAMPLE = 3, 6  # timed steps: per-op times on a shared 2-core host vary; six steps average them
@@ -132,32 +137,40 @@ def measure(spec: dict) -> dict[str, Any]:
     t0 = time.perf_counter()
     _pinpoint("train", str(cfg), "--out", str(folder / name))
     train_s = time.perf_counter() - t0
-    vdir = folder / f"{name}-verify"
-    t0 = time.perf_counter()
-    _pinpoint("plan", str(folder / name), "--devices", str(n), "--objective", "balance", "--verify",
-              "--config", str(cfg), "--verify-out", str(vdir))
-    verify_s = time.perf_counter() - t0
-    check = json.loads((vdir / "plan_check.json").read_text())
+    checks, verify_s = [], []
+    for k in range(VERIFY_ROUNDS):
+        vdir = folder / f"{name}-verify{'' if k == 0 else f'-{k + 1}'}"
+        t0 = time.perf_counter()
+        _pinpoint("plan", str(folder / name), "--devices", str(n), "--objective", "balance", "--verify",
+                  "--config", str(cfg), "--verify-out", str(vdir))
+        verify_s.append(time.perf_counter() - t0)
+        checks.append(json.loads((vdir / "plan_check.json").read_text()))
+    check = checks[0]
+    if any(c["pinning"] != check["pinning"] for c in checks):
+        raise RuntimeError(f"{name}: planning the same run twice gave two plans; the planner must be deterministic")
     devices = list(check["devices"])
     # The user's split as measured: its own run's compute per device and transfers, the same
     # figures plan_check's `verified` row holds for the plan's run.
     source = plan_graph(folder / name)
     user = predict(source, {g.key: g.device for g in source.groups}, LinkModel(), tuple(devices))
     user_bytes = sum(pair_bytes(read_placement(folder / name / "placement.json")).values())
-    verified = check["placements"]["verified"]
+    verified = [c["placements"]["verified"] for c in checks]
     predicted = check["placements"]
     moved = sum(1 for k, d in check["pinning"]["layers"].items() if split.get(k) != d)
     return {
         "model": model, "devices": n, "groups": len(source.groups), "ops": sum(g.ops for g in source.groups),
-        "plan_ratio": verified["busiest_over_mean"],
-        "plan_bytes": verified["bytes_crossing_per_step"],
+        "plan_ratios": [v["busiest_over_mean"] for v in verified],
+        "plan_ratio": statistics.median(v["busiest_over_mean"] for v in verified),
+        "plan_bytes": max(v["bytes_crossing_per_step"] for v in verified),  # the same plan: the same bytes
+        "plan_bytes_all": [v["bytes_crossing_per_step"] for v in verified],
         "user_ratio": user.busiest_over_mean, "user_bytes": user_bytes,
         "predicted_plan_ratio": predicted["plan"]["busiest_over_mean"],
         "predicted_plan_bytes": predicted["plan"]["bytes_crossing_per_step"],
         "even_ratio": predicted["even_split"]["busiest_over_mean"],
         "even_bytes": predicted["even_split"]["bytes_crossing_per_step"],
-        "bytes_exact": check["bytes"]["exact"], "conformance": check["conformance"]["score"],
-        "algorithm": check["algorithm"], "moved": moved, "train_s": train_s, "verify_s": verify_s,
+        "bytes_exact": all(c["bytes"]["exact"] for c in checks),
+        "conformance": min(c["conformance"]["score"] for c in checks),
+        "algorithm": check["algorithm"], "moved": moved, "train_s": train_s, "verify_s": sum(verify_s),
     }
 
 
@@ -166,18 +179,19 @@ def comparison():
 
     arms = tuple(Arm(f"{m.replace('_', '-')}-{n}", f"{m} over {n} GPUs: user's split, plan, trained with it",
                      {"kind": "plan_mp", "model": m, "devices": n}) for m, n in CASES)
-    # Recorded, not judged here: one round gives one value per case, and a target in the Targets
-    # list is decided on an interval (two rounds would double the ~1.8 min). section() below
-    # judges each case's measured figures against the target and says so.
+    # The plan's balance is judged on its VERIFY_ROUNDS trainings (pooled: their median and its
+    # interval); the user's split is one training, recorded beside it.
     ratios = tuple(r for a in arms for r in (
-        Ratio(f"{a.name}: plan's busiest / mean compute per step, measured", a.name, "", "plan_ratio"),
+        Ratio(f"{a.name}: plan's busiest / mean compute per step, measured ({VERIFY_ROUNDS} trainings)", a.name, "",
+              "plan_ratio", target=f"<= {BALANCE_TARGET:.2f}", pooled="plan_ratios"),
         Ratio(f"{a.name}: user's split busiest / mean compute per step, measured", a.name, "", "user_ratio")))
-    # run_s: one case is two trainings (the user's split, the plan's) of 10 steps with 6 timed, and
-    # the plan: 14.9 / 15.4 / 38.8 / 37.7 s (towers 2, 4; MobileNetV2 2, 4) on the bench machine
-    # with another benchmark beside it, 26.7 s a case on average.
+    # run_s: one case is the user's split trained (10 steps, 6 timed), then the plan made and
+    # trained VERIFY_ROUNDS times: measured on the bench machine at a8abac4 with one training of
+    # the plan, 92.8 s for the four cases (23.2 s a case), of which about half is the plan's
+    # training; two more trainings of the plan add about 2 x 11.6 s a case.
     return Comparison(key="plan-mp", title="Model-parallel balance: the user's split vs `pinpoint plan` "
                       "(two towers, MobileNetV2; 2 and 4 emulated GPUs)", arms=arms, ratios=ratios,
-                      repeats=1, run_s=27.0)
+                      repeats=1, run_s=47.0)
 
 
 FIELDS = ("groups", "user_ratio", "user_bytes", "plan_ratio", "plan_bytes", "predicted_plan_ratio",
@@ -188,6 +202,7 @@ FIELDS = ("groups", "user_ratio", "user_bytes", "plan_ratio", "plan_bytes", "pre
 def section(results: dict) -> str:
     """The RESULTS.md part: per case, the measured balance and bytes of the user's split and of the
     verified plan, the even split's predicted figures beside them, and the target judged."""
+    from benchmarks.stats import decide, fmt_summary, summarize
     from benchmarks.table import markdown_table
 
     runs = results.get("plan-mp") or {}
@@ -198,19 +213,23 @@ def section(results: dict) -> str:
             rows.append([f"{m}, {n} GPUs", "not run, failed, or no balance figures (see Skipped and failed runs)", "", "", "", ""])
             continue
         r = recs[0]
-        ok = r["plan_ratio"] <= BALANCE_TARGET and r["plan_bytes"] <= r["user_bytes"]
+        balance = summarize(r.get("plan_ratios") or [r["plan_ratio"]], interval=True)
+        verdict = decide(balance, f"<= {BALANCE_TARGET:.2f}")
+        fewer = r["plan_bytes"] <= r["user_bytes"]
+        ok = verdict.startswith("met") and fewer
         rows.append([f"{m}, {n} GPUs ({r['groups']} groups)",
                      f"{r['user_ratio']:.3f}x, {r['user_bytes']:,} B",
-                     f"{r['plan_ratio']:.3f}x, {r['plan_bytes']:,} B",
+                     f"{fmt_summary(balance, 3, 'x')}, {r['plan_bytes']:,} B",
                      f"{r['predicted_plan_ratio']:.3f}x, {r['predicted_plan_bytes']:,} B",
                      f"{r['even_ratio']:.3f}x, {r['even_bytes']:,} B",
                      f"{r['algorithm']}; bytes {'exact' if r['bytes_exact'] else 'NOT exact'}, "
                      f"conformance {r['conformance']}; {r['train_s'] + r['verify_s']:.0f} s"])
-        verdicts.append(f"- {m} over {n} GPUs: busiest / mean {r['plan_ratio']:.3f}x "
-                        f"({'<=' if r['plan_ratio'] <= BALANCE_TARGET else '>'} {BALANCE_TARGET:.2f}), bytes "
-                        f"{r['plan_bytes']:,} vs the user's {r['user_bytes']:,} "
-                        f"({'<=' if r['plan_bytes'] <= r['user_bytes'] else '>'}): **{'met' if ok else 'NOT met'}**")
-    table = markdown_table(["case", "user's split, measured", "plan, measured (verified run)", "plan, predicted",
+        verdicts.append(f"- {m} over {n} GPUs: busiest / mean {fmt_summary(balance, 3, 'x')} over "
+                        f"{balance.n if balance else 0} trainings of the plan, {verdict}; bytes {r['plan_bytes']:,} vs "
+                        f"the user's {r['user_bytes']:,} ({'<=' if fewer else '>'}): "
+                        f"**{'met' if ok else 'NOT met' if verdict.startswith('NOT') or not fewer else 'undecided'}**")
+    table = markdown_table(["case", "user's split, measured", "plan, measured (median [interval] of its trainings)",
+                            "plan, predicted",
                             "even split, predicted", "plan / check / time"], rows)
     return ("\n" + table + "\n" + "\n".join(verdicts) + "\n"
             "- measured: busiest device's compute over the mean of the GPUs (placement.timing's per-op time per "

@@ -440,6 +440,8 @@ def _fake_record(arm) -> dict:
             "sender_cpu_share": 0.01, "sender_steady_share": 0.01, "log_us_per_call": 2.0,
             # what the plan-ps arm measures (issue 33)
             "plan_ratio": 1.05, "round_robin_ratio": 2.0, "plan_s": 0.1,
+            # what the plan-mp arms measure: the plan's balance in each of its trainings
+            "plan_ratios": [1.04, 1.05, 1.06],
             # what the overheads arm measures (pairs of blocks: added µs, Pinpoint's µs)
             **{f"{name}_{kind}_blocks": [0.5, 0.5] for name in ("tf_function", "tf_function_wrapper", "eager_op", "log")
                for kind in ("added", "pinpoint")}}

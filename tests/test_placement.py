@@ -597,3 +597,30 @@ def test_shape_inference_leaves_a_merge_unresolved_when_no_branch_is_known_to_ha
 
     shapes, dead = infer_shapes([_lowered_cond()], [BATCH_ROWS * ROW_FLOATS * 4], set())
     assert (shapes["out"][0][1], dead) == ([None, ROW_FLOATS], set())
+
+
+def test_a_fused_filter_gradients_bias_output_is_one_value_per_filter_not_the_inputs_channels():
+    """oneDNN's _MklNativeConv2DBackpropFilterWithBias: TensorFlow's own shape function gives its bias
+    gradient the input's channel count (5 here); the kernel returns one value per filter (16)."""
+    import tensorflow as tf
+
+    from pinpoint.placement.runshapes import infer_shapes, merge_shapes
+
+    f32, i32 = tf.float32.as_datatype_enum, tf.int32.as_datatype_enum
+    g = tf.compat.v1.GraphDef()
+    for name, dims in (("x", [8, 32, 32, 5]), ("dy", [8, 32, 32, 16])):
+        g.node.add(name=name, op="Placeholder").attr["dtype"].type = f32
+        g.node[-1].attr["shape"].shape.CopyFrom(tf.TensorShape(dims).as_proto())
+    sizes = g.node.add(name="sizes", op="Const")
+    sizes.attr["dtype"].type = i32
+    sizes.attr["value"].tensor.CopyFrom(tf.make_tensor_proto([3, 3, 5, 16], tf.int32))
+    grad = g.node.add(name="grad", op="_MklNativeConv2DBackpropFilterWithBias", input=["x", "sizes", "dy"])
+    grad.attr["T"].type = f32
+    grad.attr["strides"].list.i.extend([1, 1, 1, 1])
+    grad.attr["dilations"].list.i.extend([1, 1, 1, 1])
+    grad.attr["padding"].s = b"SAME"
+    grad.attr["data_format"].s = b"NHWC"
+    shapes, _ = infer_shapes([g], None, {"grad"})
+    assert shapes["grad"] == [(f32, [3, 3, 5, 16]), (f32, [16])]
+    # The traced op (Conv2DBackpropFilter, before the rewrite) had one output: the second is added.
+    assert merge_shapes([(f32, [3, 3, 5, 16])], shapes["grad"]) == [(f32, [3, 3, 5, 16]), (f32, [16])]

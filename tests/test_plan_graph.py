@@ -306,3 +306,22 @@ def test_a_step_argument_fed_on_the_host_is_sent_from_the_input_group(tmp_path):
     edges = {(e.src, e.dst): e.bytes for e in g.edges}
     base = {(e.src, e.dst): e.bytes for e in plan_graph(_write_run(tmp_path / "base")).edges}
     assert edges == {**base, ("input", "other"): base[("input", "other")] + 8}
+
+
+@pytest.mark.unit
+def test_a_tensor_two_groups_read_on_one_device_crosses_once():
+    """enc's activation read by dec and by the loss, both on /GPU:1: two edges for the search, one
+    _Send/_Recv pair for the runtime, so the predicted bytes count it once per receiving device."""
+    from pinpoint.plan.build import build
+    from pinpoint.plan.predict import bytes_crossing
+
+    rows = [*ROWS, _row("loss/Mean", "Mean", "/GPU:1", [("m/enc/MatMul", 4096)], us=1.0)]
+    g = build({"strategy": "none", "devices": ["/CPU:0", "/GPU:0", "/GPU:1"], "device_map": {"host": "/CPU:0"},
+               "variables": VARIABLES, "ops": rows})
+    edges = {(e.src, e.dst): e.bytes for e in g.edges}
+    assert (edges[("enc", "dec")], edges[("enc", "other")]) == (4096, 4096)
+    ran = {x.key: x.device for x in g.groups}
+    assert bytes_crossing(g, ran)[("/GPU:0", "/GPU:1")] == 4096
+    # other on the host: the activation now goes to two devices, once each.
+    crossing = bytes_crossing(g, {**ran, "other": "/CPU:0"})
+    assert (crossing[("/GPU:0", "/GPU:1")], crossing[("/GPU:0", "/CPU:0")]) == (4096, 4096)

@@ -254,3 +254,89 @@ def test_the_source_run_is_linked_by_its_mlflow_id_when_its_folder_records_one(t
     assert source_run_link(tmp_path) == str(tmp_path.resolve())
     (tmp_path / "tracking.json").write_text(json.dumps({"run_id": "0123abcd", "train": {}, "close_s": 0.1}))
     assert source_run_link(tmp_path) == "0123abcd"
+
+
+# ---- parameter-server plans: the strategy and the ps tasks must fit the plan ------------------
+PS_DEVICES = [f"/job:ps/task:{i}/CPU:0" for i in range(4)]
+PS_CLUSTER = {"chief": 1, "workers": 1, "ps": 4, "devices_per_worker": 1}
+PS_TRAIN = dict(TRAIN, strategy="parameter_server", model="mine.models:stack", pinning={})
+
+
+def _ps_plan(servers=PS_DEVICES) -> dict:
+    """A plan document over parameter servers, as `pinpoint plan` writes one for a ps run."""
+    return {"devices": list(servers), "source_run": "runs/rr",
+            "pinning": {"layers": {"h0": servers[0], "h1": servers[-1]}}}
+
+
+@pytest.mark.unit
+def test_a_ps_plan_with_a_config_of_another_strategy_is_refused():
+    from pinpoint.errors import ConfigError
+    from pinpoint.plan.verify import verify_config
+
+    cfg = make_config("v", cluster=CLUSTER, train=dict(TRAIN, model="mine.models:stack", pinning={}),
+                      tracking=NO_TRACKING)
+    with pytest.raises(ConfigError) as err:
+        verify_config(cfg, _ps_plan(), "c.yaml")
+    assert str(err.value) == ("train.strategy: got 'none' in c.yaml, but the plan places variables on parameter "
+                              f"servers ({', '.join(PS_DEVICES)}); set train.strategy: parameter_server")
+
+
+@pytest.mark.unit
+def test_a_ps_plan_with_too_few_ps_tasks_is_refused():
+    from pinpoint.errors import ConfigError
+    from pinpoint.plan.verify import verify_config
+
+    cfg = make_config("v", cluster=dict(PS_CLUSTER, ps=2), train=PS_TRAIN, tracking=NO_TRACKING)
+    with pytest.raises(ConfigError) as err:
+        verify_config(cfg, _ps_plan(), "c.yaml")
+    assert str(err.value) == ("cluster.ps: got 2 in c.yaml, but the plan uses /job:ps/task:3/CPU:0; "
+                              "set cluster.ps: 4 or more")
+
+
+@pytest.mark.unit
+def test_a_ps_plan_trains_with_its_pins_under_parameter_server():
+    """The config that trains a ps plan: its pins as pinning.layers, captured and timed, its
+    cluster (a chief, a worker, the plan's four ps tasks) as given."""
+    from pinpoint.plan.verify import verify_config
+
+    cfg = make_config("v", cluster=PS_CLUSTER, train=PS_TRAIN, tracking=NO_TRACKING)
+    got = verify_config(cfg, _ps_plan(), "c.yaml")
+    assert (got.train.strategy, got.cluster.ps, got.train.pinning.layers, got.placement.enabled,
+            got.placement.timing) == ("parameter_server", 4, {"h0": PS_DEVICES[0], "h1": PS_DEVICES[3]}, True, True)
+
+
+@pytest.mark.unit
+def test_a_gpu_plan_with_a_parameter_server_config_is_one_line(run, tmp_path, capsys):
+    cfg = make_config("v", cluster=PS_CLUSTER, train=PS_TRAIN, tracking=NO_TRACKING, path=tmp_path / "c.yaml")
+    vdir = tmp_path / "v"
+    assert _refused(["plan", str(run), "--objective", "balance", "--verify", "--config", str(cfg),
+                     "--verify-out", str(vdir)], capsys, run, vdir) == (
+        f"pinpoint: train.strategy: got 'parameter_server' in {cfg}, but the plan places layers on /GPU:0, /GPU:1, "
+        f"not on parameter servers; set train.strategy to the one the run {run} was trained with, or plan a "
+        "parameter_server run")
+
+
+@pytest.mark.unit
+def test_bytes_per_server_compare_server_by_server_with_the_largest_over_the_mean():
+    from pinpoint.plan.verify import compare_servers
+
+    a, b = PS_DEVICES[:2]
+    got = compare_servers({a: 300, b: 100}, {a: 300, b: 104})
+    assert got == {"servers": [{"server": a, "predicted": 300, "measured": 300, "exact": True},
+                               {"server": b, "predicted": 100, "measured": 104, "exact": False}],
+                   "exact": False, "predicted_total": 400, "measured_total": 404,
+                   "predicted_largest_over_mean": 1.5, "measured_largest_over_mean": round(300 * 2 / 404, 4)}
+
+
+@pytest.mark.unit
+def test_a_verified_ps_plan_logs_whether_its_bytes_per_server_were_exact():
+    from pinpoint.steps.verify import plan_figures
+
+    doc = {"objective": "balance", "algorithm": "LPT over parameter servers", "devices": PS_DEVICES,
+           "source_run": "runs/rr"}
+    check = {"bytes": {"exact": True, "predicted_total": 10, "measured_total": 10},
+             "ps_bytes": {"exact": False}, "conformance": {"score": 1.0},
+             "step": {"predicted_ms": None, "measured_ms": 20.5}}
+    assert plan_figures(doc, check)[1] == {"plan.bytes_exact": 1.0, "plan.bytes_predicted": 10.0,
+                                           "plan.bytes_measured": 10.0, "plan.ps_bytes_exact": 0.0,
+                                           "plan.conformance": 1.0, "plan.measured_step_ms": 20.5}

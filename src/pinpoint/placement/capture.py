@@ -218,7 +218,8 @@ def size_from_inference(captured: CapturedGraphs, element_bytes: list[int] | Non
         captured.unsized_why[name] = DEAD_BRANCH
     for name, outs in inferred.items():
         known = captured.shapes.get(name)
-        if known and not has_dynamic_dims(known):
+        # A rewritten op can have more outputs than the traced one (a fused bias gradient).
+        if known and not has_dynamic_dims(known) and len(known) >= len(outs):
             continue
         captured.shapes[name] = merge_shapes(known, outs)
 

@@ -15,6 +15,10 @@ from pinpoint.placement.transfers import BOOKKEEPING
 
 # Ops that say nothing about where the work ran (constants, control grouping).
 NOT_COMPUTE = BOOKKEEPING | {"Const", "NoOp"}
+# The graph partitioner's own Identity where an edge between devices arrives (".../_65" on the
+# receiving device, fed across the devices by ".../ctrl/_62" for a control edge): it is placed
+# with the consumer, not where the layer whose name it carries asked to run.
+PARTITIONER_RE = re.compile(r"/_\d+$")
 INPUT_RE = re.compile(r"(IteratorGetNext\w*|MultiDeviceIterator\w*|OptionalGetValue|OptionalHasValue|\w*Dataset(V\d)?)$")
 
 
@@ -130,7 +134,8 @@ def check_conformance(ops, variables, plan, strategy, device_map, namer, grad_re
     """placement.json's `conformance`: one rule per pin of the plan and per strategy expectation
     (planned device, observed devices, score, violations); `score` is the mean of the rules'.
     `pins`: train.pinning.layers as resolved against the model (None: the keys as scopes)."""
-    compute = [o for o in ops if o["type"] not in NOT_COMPUTE]
+    compute = [o for o in ops if o["type"] not in NOT_COMPUTE
+               and not (o["type"] == "Identity" and PARTITIONER_RE.search(o["op"]))]
     is_input = lambda o: bool(INPUT_RE.match(o["type"]) or input_re.search(o["op"]))  # noqa: E731
     rules = _plan_rules(compute, variables, plan, namer, grad_re, pins, is_input, strategy) if plan is not None else []
     rules += _strategy_rules(compute, variables, strategy, device_map, namer, is_input)

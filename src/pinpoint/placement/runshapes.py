@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pinpoint.placement.transfers import FUSED_BIAS_GRAD
+
 # Ops that hand out an input pipeline's elements, declaring their shapes in `output_shapes`.
 SOURCES = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue"}
 _SENDS = {"_Send", "_HostSend"}
@@ -268,11 +270,20 @@ def infer_shapes(partitions: list, element_bytes: list[int] | None,
     resolve_merges(graph, kernels, dead)
     with tf.Graph().as_default() as g:
         tf.graph_util.import_graph_def(graph, name="")
-        return {op.name: output_shapes(op) for op in g.get_operations()}, dead
+        return {op.name: _fixed(op.type, output_shapes(op)) for op in g.get_operations()}, dead
+
+
+def _fixed(op_type: str, outs: list) -> list:
+    """outs with TensorFlow's wrong bias-gradient shape of a fused filter gradient corrected."""
+    if op_type in FUSED_BIAS_GRAD and len(outs) == 2 and outs[0][1]:
+        return [outs[0], (outs[1][0], [outs[0][1][-1]])]
+    return outs
 
 
 def merge_shapes(traced: list | None, inferred: list) -> list:
-    """The traced shapes, each unknown dimension taken from the inferred shape where it knows it."""
+    """The traced shapes, each unknown dimension taken from the inferred shape where it knows it;
+    outputs the traced op did not have (a grappler or oneDNN rewrite fused it into an op with more
+    outputs, e.g. a filter gradient that also returns the bias gradient) as inferred."""
     if not traced:
         return inferred
     out = []
@@ -284,4 +295,4 @@ def merge_shapes(traced: list | None, inferred: list) -> list:
             out.append((dtype, dims))
         else:
             out.append((dtype, [d if d is not None else o for d, o in zip(dims, other, strict=True)]))
-    return out
+    return out + list(inferred[len(traced):])

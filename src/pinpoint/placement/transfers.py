@@ -43,6 +43,12 @@ _SAME_SHAPE = {"AddN", "Identity", "Snapshot"}
 # ArithmeticOptimizer rewrites a residual block's Add into nodes of its own (AddOpsRewrite_Add)
 # that have no traced shape; their inputs do.
 _BROADCAST = {"Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum", "RealDiv"}
+# oneDNN's graph rewrite fuses Conv2DBackpropFilter and BiasAddGrad into one op (named as the
+# filter gradient, so its traced shapes list one output) whose second output is the bias gradient:
+# one value per output channel, the filter's last dimension (HWIO whatever the data format).
+# TensorFlow's shape function gives it the *input's* channel count instead (x [8, 32, 32, 5],
+# out_backprop [8, 32, 32, 16] -> [5]).
+FUSED_BIAS_GRAD = {"_MklNativeConv2DBackpropFilterWithBias", "_MklConv2DBackpropFilterWithBias"}
 
 
 def _shape_of(name: str, index: int, cap, nodes: dict, depth: int = 0) -> list[int] | None:
@@ -57,6 +63,9 @@ def _shape_of(name: str, index: int, cap, nodes: dict, depth: int = 0) -> list[i
             pass
     n = nodes.get(name)
     if n is not None:
+        if n.op in FUSED_BIAS_GRAD and index == 1 and depth < 8:
+            kernel = _shape_of(name, 0, cap, nodes, depth + 1)
+            return [kernel[-1]] if kernel else None
         if n.op == "Const" and "value" in n.attr:
             return [d.size for d in n.attr["value"].tensor.tensor_shape.dim]
         if "_output_shapes" in n.attr and index < len(n.attr["_output_shapes"].list.shape):

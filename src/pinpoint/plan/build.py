@@ -25,7 +25,7 @@ from pinpoint.layer_keys import is_pattern, key_matches
 from pinpoint.placement.conformance import INPUT_RE, NOT_COMPUTE, gradient_re
 from pinpoint.placement.files import read_placement
 from pinpoint.plan.allreduce import case_of
-from pinpoint.plan.graph import INPUT, OTHER, Edge, Group, PlanGraph, PsVariable
+from pinpoint.plan.graph import INPUT, OTHER, Edge, Group, PlanGraph, PsVariable, Tensor
 from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
 
 FIELD = "run_dir"
@@ -86,9 +86,11 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
             movable=key != INPUT and not any(r.get("kernel_devices") == ["CPU"] for r in ops),
         ))
     devices = set(placement.get("devices") or ()) | set((placement.get("device_map") or {}).get("spec_replica_devices") or ())
+    tensors = _tensors(rows, group_of, host)
     return PlanGraph(
         groups=tuple(groups),
-        edges=_edges(rows, group_of, host),
+        edges=_edges(tensors),
+        tensors=tensors,
         devices=tuple(sorted(devices, key=sort_key)),
         host=host,
         strategy=placement.get("strategy") or "",
@@ -197,22 +199,28 @@ def _depths(rows: list[dict]) -> tuple[dict[str, int], set[str]]:
     return depth, backward
 
 
-def _edges(rows: list[dict], group_of: dict[str, str], host: str) -> tuple[Edge, ...]:
-    """Bytes per step between groups: each tensor counted once per consuming group (the runtime
-    sends a tensor once to each device that consumes it, whatever the number of consumers there).
-    An argument of the step function on the host comes from the input group; one elsewhere (a
+def _tensors(rows: list[dict], group_of: dict[str, str], host: str) -> tuple[Tensor, ...]:
+    """Every tensor one group's ops hand to another group's, with the groups reading it. An
+    argument of the step function on the host comes from the input group; one elsewhere (a
     variable's handle on its own device) is not a tensor a plan moves."""
-    seen: set[tuple[str, str]] = set()
-    total: Counter = Counter()
+    found: dict[str, tuple[str, int, set[str]]] = {}
     for r in rows:
         dst = group_of[r["op"]]
         fed = [(group_of.get(t.partition(":")[0]), t, b) for t, b in r["inputs"]]
         fed += [(INPUT, t, b) for t, b, dev in r.get("args") or () if dev == host]
         for src, tensor, nbytes in fed:
-            if src is None or src == dst or (tensor, dst) in seen:
-                continue
-            seen.add((tensor, dst))
-            total[(src, dst)] += nbytes or 0
+            if src is not None and src != dst:
+                found.setdefault(tensor, (src, nbytes or 0, set()))[2].add(dst)
+    return tuple(Tensor(src, nbytes, frozenset(dsts)) for _, (src, nbytes, dsts) in sorted(found.items()))
+
+
+def _edges(tensors: tuple[Tensor, ...]) -> tuple[Edge, ...]:
+    """Bytes per step between groups: each tensor counted once per consuming group (what the
+    search weighs; the prediction counts a tensor once per consuming device, from `tensors`)."""
+    total: Counter = Counter()
+    for t in tensors:
+        for dst in t.dsts:
+            total[(t.src, dst)] += t.bytes
     return tuple(Edge(s, d, b) for (s, d), b in sorted(total.items()))
 
 

@@ -44,6 +44,17 @@ class Edge:
 
 
 @dataclass(frozen=True)
+class Tensor:
+    """One tensor a step hands between groups: the group producing it, its bytes per step, and
+    the groups reading it. The runtime sends it once to each other device that reads it, however
+    many of the groups there read it: what makes the predicted bytes per device pair exact."""
+
+    src: str
+    bytes: int
+    dsts: frozenset[str]
+
+
+@dataclass(frozen=True)
 class PsVariable:
     """One variable of a parameter_server run, as the prediction of bytes per server needs it."""
 
@@ -70,6 +81,7 @@ class PlanGraph:
     colocated: tuple[frozenset[str], ...] = ()  # groups TensorFlow keeps on one device
     memory_cap_bytes: dict[str, int] = field(default_factory=dict)  # stated per device
     ps_variables: tuple[PsVariable, ...] = ()  # parameter_server: every variable, in creation order
+    tensors: tuple[Tensor, ...] = ()  # the edges tensor by tensor (empty: a graph built by hand)
     all_reduce: Any = None  # mirrored: its plan.allreduce.AllReduceCase (the train.all_reduce a plan moves)
 
     def group(self, key: str) -> Group:

@@ -148,11 +148,7 @@ def predict(graph: PlanGraph, placement: Placement, links: LinkModel, devices: t
     if variables_only:
         for v in graph.ps_variables:
             memory[var_where[v.name]] = memory.get(var_where[v.name], 0) + v.bytes
-    crossing: dict[tuple[str, str], int] = {}
-    for e in graph.edges:
-        a, b = placement[e.src], placement[e.dst]
-        if a != b:
-            crossing[(a, b)] = crossing.get((a, b), 0) + e.bytes
+    crossing = bytes_crossing(graph, placement)
     step = simulate(tg, [placement[k] for k in tg.keys], links) if graph.timed else None
     busy = {d: (compute[d] / step if step else 0.0) for d in used}
     ps: dict[str, int] = {}
@@ -164,6 +160,24 @@ def predict(graph: PlanGraph, placement: Placement, links: LinkModel, devices: t
                 ps[d] = 2 * memory.get(d, 0)
     return Prediction(step, compute, ops, busy, dict(sorted(crossing.items())), memory, ps,
                       tuple(devices) if devices is not None else tuple(used), graph.timed)
+
+
+def bytes_crossing(graph: PlanGraph, placement: Placement) -> dict[tuple[str, str], int]:
+    """Bytes per step crossing each ordered device pair: each tensor once per other device that
+    reads it (the runtime's one _Send/_Recv pair per tensor and receiving device); from the edges
+    when the graph has no tensors (built by hand)."""
+    crossing: dict[tuple[str, str], int] = {}
+    if graph.tensors:
+        for t in graph.tensors:
+            a = placement[t.src]
+            for b in {placement[d] for d in t.dsts} - {a}:
+                crossing[(a, b)] = crossing.get((a, b), 0) + t.bytes
+        return crossing
+    for e in graph.edges:
+        a, b = placement[e.src], placement[e.dst]
+        if a != b:
+            crossing[(a, b)] = crossing.get((a, b), 0) + e.bytes
+    return crossing
 
 
 def schedule(graph: PlanGraph, placement: Placement, links: LinkModel) -> list[dict[str, Any]]:

@@ -58,7 +58,7 @@ def unpinned(graph: PlanGraph) -> Placement:
     """No layer pinned to a server: TensorFlow's round-robin for every variable. A layer group
     whose ops ran mostly on a server (its reads and updates outnumber its compute) is put on the
     first worker, since a group placed on a server means pinned there."""
-    home = next((d for d in sorted(graph.devices, key=sort_key) if parse_name(d)[0] == "worker"), graph.host)
+    home = step_worker(graph)
     return {g.key: home if is_server(g.device) and g.key != OTHER else g.device for g in graph.groups}
 
 
@@ -82,6 +82,22 @@ def measured_placement(graph: PlanGraph) -> Placement:
                 any(v.server != servers[v.index % len(servers)] for v in turns):
             placement[key] = where.pop()
     return placement
+
+
+def step_worker(graph: PlanGraph) -> str:
+    """The task a captured step ran on: the first worker (the capture places its one step on
+    /job:worker/replica:0/task:0), else the host."""
+    return next((d for d in sorted(graph.devices, key=sort_key) if parse_name(d)[0] == "worker"), graph.host)
+
+
+def predicted_ps_pairs(graph: PlanGraph, placement: Placement) -> dict[str, int]:
+    """'a -> b' -> bytes per step between each server and the step's worker under `placement`:
+    the pulls (server -> worker) and the pushed updates (worker -> server), half of each
+    server's predicted_ps_bytes each way."""
+    worker, out = step_worker(graph), {}
+    for server, nbytes in predicted_ps_bytes(graph, placement).items():
+        out[f"{server} -> {worker}"] = out[f"{worker} -> {server}"] = nbytes // 2
+    return out
 
 
 def measured_ps_bytes(placement: dict[str, Any]) -> dict[str, int]:

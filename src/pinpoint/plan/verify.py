@@ -6,7 +6,9 @@ Compared: the bytes crossing each ordered device pair per step (predicted on the
 graph, measured in the verification run's placement.json transfers matrix; exact on emulated
 devices too), conformance (the verification run's `layers.<key>` rules, every violation with its
 cause) and the step time (predicted vs the measured median; on emulated GPUs the measured step
-cannot show the link model's transfer prices, see STEP_NOTE).
+cannot show the link model's transfer prices, see STEP_NOTE). A plan over parameter servers
+trains under strategy parameter_server, and adds the bytes per server (ps_bytes, predicted vs
+servers.measured_ps_bytes); its pairs are each server's with the step's worker.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from __future__ import annotations
 from typing import Any
 
 from pinpoint.config import MODEL_LAYERS, Config, config_from_dict
+from pinpoint.device_names import parse_name
 from pinpoint.errors import ConfigError
 from pinpoint.layer_keys import key_matches
 from pinpoint.plan import allreduce as all_reduce
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel
 from pinpoint.plan.predict import predict, schedule
+from pinpoint.plan.servers import measured_ps_bytes, predicted_ps_pairs, servers_of
 
 PLAN_CHECK = "plan_check.json"
 PLAN_FILE = "plan.yaml"
@@ -28,6 +32,17 @@ STEP_NOTE = {
           "measured step shows neither parallel speed-up nor the link model's transfer prices; the predicted step "
           "is what the plan costs on the links the model describes",
     False: "real devices: the measured step is the real figure the prediction is held to",
+}
+STEP_NOTE_PS = ("parameter_server: a step runs as a closure in a worker's runtime, out of the profiler's reach, so "
+                "no compute is measured and no step is predicted; measured_ms is the chief's median step (the "
+                "closure's dispatch, its pulls and pushes through gRPC and its compute), so it shows what a step "
+                "costs, not which server is the bottleneck: ps_bytes shows that")
+# Measured pairs a parameter_server plan does not predict (they do not depend on where the
+# variables sit), by the jobs of their two ends.
+OUTSIDE_PS_MODEL = {
+    "chief": "between the coordinator and a worker: the closure's inputs and results, not parameter-server traffic",
+    "ps": "between two servers: an update op reading a variable on another server, such as the learning rate",
+    "other": "not between a server and a worker: not what the variables' placement moves",
 }
 
 
@@ -41,7 +56,9 @@ def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
         raise ConfigError(f"train.entrypoint: got '{t.entrypoint}' in {config_path}; --verify trains with Pinpoint's "
                           "own loop (train.model), which pinning.layers steers; verify a traced program by hand "
                           "(apply the plan's tf_device mapping and re-run pinpoint trace)")
-    if t.strategy != "none":
+    if t.strategy == "parameter_server" or servers_of(doc["devices"]):
+        _check_servers(cfg, doc, config_path)
+    elif t.strategy != "none":
         raise ConfigError(f"train.strategy: got '{t.strategy}' in {config_path}; a plan of layers over devices "
                           "trains with strategy 'none' (model parallelism); set train.strategy: none")
     layers = dict(doc["pinning"]["layers"])
@@ -59,6 +76,24 @@ def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
         pinning["input"] = doc["pinning"]["input"]
     data["placement"].update(enabled=True, timing=True)
     return config_from_dict(data, source=config_path)
+
+
+def _check_servers(cfg: Config, doc: dict[str, Any], config_path: str) -> None:
+    """A plan over parameter servers trains under strategy parameter_server with at least the
+    plan's ps tasks (the same local multi-process cluster `pinpoint train` starts); a
+    parameter_server config trains only such a plan."""
+    servers, strategy = servers_of(doc["devices"]), cfg.train.strategy
+    if not servers:
+        raise ConfigError(f"train.strategy: got 'parameter_server' in {config_path}, but the plan places layers on "
+                          f"{', '.join(doc['devices'])}, not on parameter servers; set train.strategy to the one the run "
+                          f"{doc.get('source_run')} was trained with, or plan a parameter_server run")
+    if strategy != "parameter_server":
+        raise ConfigError(f"train.strategy: got '{strategy}' in {config_path}, but the plan places variables on "
+                          f"parameter servers ({', '.join(servers)}); set train.strategy: parameter_server")
+    needed = 1 + max(parse_name(d)[1] or 0 for d in servers)
+    if cfg.cluster.ps < needed:
+        raise ConfigError(f"cluster.ps: got {cfg.cluster.ps} in {config_path}, but the plan uses {servers[-1]}; "
+                          f"set cluster.ps: {needed} or more")
 
 
 def pair_bytes(placement: dict[str, Any]) -> dict[str, int]:
@@ -114,22 +149,33 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
                                 bytes_=compare_bytes(doc["prediction"]["plan"]["bytes_crossing"], measured),
                                 measured_pairs=measured)
     planned = doc["prediction"]["plan"]
-    bytes_ = compare_bytes(planned["bytes_crossing"], pair_bytes(placement))
-    conformance = compare_conformance(placement, doc["pinning"]["layers"])
     devices = tuple(doc["devices"])
+    plan_placement = {g.key: g.device for g in source.groups}
+    plan_placement.update({k: v for k, v in doc["pinning"]["layers"].items() if k in plan_placement})
+    if doc["pinning"].get("input") is not None and "input" in plan_placement:
+        plan_placement["input"] = doc["pinning"]["input"]
+    servers = servers_of(devices)
+    if servers:
+        # Over parameter servers the plan moves variables, so the pairs it predicts are each
+        # server's with the step's worker; the other measured pairs are listed beside them.
+        measured_pairs = pair_bytes(placement)
+        bytes_ = compare_bytes(predicted_ps_pairs(source, plan_placement),
+                               {p: n for p, n in measured_pairs.items() if _ps_pair(p)})
+        bytes_["outside_model"] = [{"pair": p, "measured": n, "why": _outside_why(p)}
+                                   for p, n in sorted(measured_pairs.items()) if n and not _ps_pair(p)]
+    else:
+        bytes_ = compare_bytes(planned["bytes_crossing"], pair_bytes(placement))
+    conformance = compare_conformance(placement, doc["pinning"]["layers"])
     ran = {g.key: g.device for g in verified.groups}
     as_run = predict(verified, ran, links, devices).to_dict()
     measured_ms = None if verified.measured_step_us is None else round(verified.measured_step_us / 1e3, 4)
     # The verification run as measured, beside the predictions: its own compute per device, the
     # bytes its transfers matrix counted, its median step.
-    verified_row = dict(as_run, step_ms=measured_ms, bytes_crossing_per_step=bytes_["measured_total"],
-                        bytes_crossing={p: n for p, n in pair_bytes(placement).items() if n})
-    plan_placement = {g.key: g.device for g in source.groups}
-    plan_placement.update({k: v for k, v in doc["pinning"]["layers"].items() if k in plan_placement})
-    if doc["pinning"].get("input") is not None and "input" in plan_placement:
-        plan_placement["input"] = doc["pinning"]["input"]
+    measured_all = {p: n for p, n in pair_bytes(placement).items() if n}
+    verified_row = dict(as_run, step_ms=measured_ms, bytes_crossing_per_step=sum(measured_all.values()),
+                        bytes_crossing=measured_all)
     predicted_ms = planned.get("step_ms")
-    return {
+    check = {
         "source_run": doc.get("source_run"),
         "verify_run": verify_run,
         "objective": doc["objective"],
@@ -146,7 +192,7 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
             # What the verification run's own measured compute predicts for it: the same model
             # with the new run's costs, so the gap to measured_ms is the per-step overhead.
             "predicted_from_verified_ms": as_run["step_ms"],
-            "note": STEP_NOTE[emulated],
+            "note": STEP_NOTE_PS if servers else STEP_NOTE[emulated],
         },
         "placements": {**doc["prediction"], "verified": verified_row},
         "timeline": {
@@ -154,6 +200,36 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
             "plan": schedule(source, plan_placement, links),
         },
     }
+    if servers:
+        check["ps_bytes"] = compare_servers(planned["ps_bytes"], measured_ps_bytes(placement))
+    return check
+
+
+def _ps_pair(pair: str) -> bool:
+    """A server's pair with a worker or the chief (what measured_ps_bytes sums)."""
+    a, b = (parse_name(d)[0] for d in pair.split(" -> "))
+    return (a == "ps" and b in ("worker", "chief")) or (b == "ps" and a in ("worker", "chief"))
+
+
+def _outside_why(pair: str) -> str:
+    jobs = {parse_name(d)[0] for d in pair.split(" -> ")}
+    return OUTSIDE_PS_MODEL["ps" if jobs == {"ps"} else "chief" if "chief" in jobs else "other"]
+
+
+def compare_servers(predicted: dict[str, int], measured: dict[str, int]) -> dict[str, Any]:
+    """Per parameter server: predicted vs measured bytes per step with the workers (a server
+    absent on one side is 0), and the largest server over the mean on each side."""
+    rows = [{"server": d, "predicted": predicted.get(d, 0), "measured": measured.get(d, 0)}
+            for d in servers_of(set(predicted) | set(measured))]
+    rows = [dict(r, exact=r["predicted"] == r["measured"]) for r in rows]
+
+    def over_mean(side: str) -> float | None:
+        total = sum(r[side] for r in rows)
+        return round(max(r[side] for r in rows) * len(rows) / total, 4) if total else None
+
+    return {"servers": rows, "exact": all(r["exact"] for r in rows),
+            "predicted_total": sum(r["predicted"] for r in rows), "measured_total": sum(r["measured"] for r in rows),
+            "predicted_largest_over_mean": over_mean("predicted"), "measured_largest_over_mean": over_mean("measured")}
 
 
 def check_table(check: dict[str, Any]) -> str:
@@ -166,6 +242,17 @@ def check_table(check: dict[str, Any]) -> str:
     b = check["bytes"]
     lines.append(f"  {'total':<22} {b['predicted_total']:>9} {b['measured_total']:>9}  "
                  f"({'exact' if b['exact'] else 'not exact'})")
+    for r in b.get("outside_model") or []:
+        lines.append(f"  not predicted: {r['pair']} {r['measured']} ({r['why']})")
+    ps = check.get("ps_bytes")
+    if ps:
+        lines.append("bytes/step per server  predicted  measured")
+        for r in ps["servers"]:
+            lines.append(f"  {r['server']:<22} {r['predicted']:>9} {r['measured']:>9}{'' if r['exact'] else '  DIFFERS'}")
+        lines.append(f"  {'total':<22} {ps['predicted_total']:>9} {ps['measured_total']:>9}  "
+                     f"({'exact' if ps['exact'] else 'not exact'})")
+        lines.append(f"  largest server / mean: predicted {_ratio(ps['predicted_largest_over_mean'])}, "
+                     f"measured {_ratio(ps['measured_largest_over_mean'])}")
     c = check["conformance"]
     lines.append(f"conformance of the plan's layers: {c['score']} ({len(c['deviations'])} deviation(s))")
     for d in c["deviations"]:
@@ -176,3 +263,7 @@ def check_table(check: dict[str, Any]) -> str:
     lines.append(f"step ms: predicted {pred}, measured median {meas}")
     lines.append(f"  ({s['note']})")
     return "\n".join(lines)
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}x"

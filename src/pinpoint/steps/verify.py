@@ -106,6 +106,8 @@ def plan_figures(doc: dict[str, Any], check: dict[str, Any]) -> tuple[dict[str, 
     if doc.get("all_reduce"):  # a mirrored run's plan: its train.all_reduce (plan.allreduce)
         params["plan.all_reduce"] = doc["all_reduce"]
         metrics["plan.collective_inputs_exact"] = float(check["all_reduce"]["collective_inputs"]["exact"])
+    if "ps_bytes" in check:  # a plan over parameter servers
+        metrics["plan.ps_bytes_exact"] = float(check["ps_bytes"]["exact"])
     if check["conformance"]["score"] is not None:
         metrics["plan.conformance"] = float(check["conformance"]["score"])
     for key in ("predicted_ms", "measured_ms"):
