@@ -269,6 +269,31 @@ def test_the_pieces_a_plan_moves_are_the_layers_and_a_nested_models_layers(tf):
 
 
 @pytest.mark.integration
+def test_a_traced_programs_pieces_are_its_models_layers_and_its_bare_layers(tf):
+    """Every layer a traced program created, in any order: a model's layers (held by it) count
+    once, through the model; a bare layer of a custom loop is its own piece; a block's sublayers
+    are the block's."""
+    import keras
+
+    from pinpoint.placement.units import program_units
+    from pinpoint.tfcompat.api import child_layers
+    from pinpoint.training.loop.models import build_model
+
+    i = keras.Input((4,))
+    a, b = keras.layers.Dense(3, name="a"), keras.layers.Dense(3, name="b")
+    inner = keras.Model(i, b(a(i)), name="backbone")
+    head = keras.layers.Dense(2, name="head")
+    outer = keras.Sequential([keras.Input((4,)), inner, head], name="outer")
+    bare = keras.layers.Dense(5, name="bare")
+    blocks = build_model("transformer", (64,), 10)
+    assert program_units([bare, head, a, outer, b, inner]) == ("bare", "backbone/a", "backbone/b", "head")
+    block = blocks.get_layer("block_0")
+    assert child_layers(block)  # the attention block holds layers of its own: they are its piece
+    assert program_units([*child_layers(block), *blocks.layers, blocks]) == (
+        "embed", "block_0", "block_1", "pool", "head")
+
+
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_transformers_gradient_sums_and_grappler_kernels_stay_with_their_layer(tmp_path, tf):
     """The transformer's blocks: the gradient sums outside the layers' scopes ("gradients/AddN_3",

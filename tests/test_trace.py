@@ -54,15 +54,15 @@ BATCH, INPUTS, HIDDEN, CLASSES = 32, 64, 128, 10
 
 
 @pytest.fixture(scope="module")
-def custom_loop(tmp_path_factory) -> tuple[dict, dict, str]:
+def custom_loop(tmp_path_factory) -> tuple[dict, dict, str, Path]:
     out = tmp_path_factory.mktemp("trace") / "loop"
     proc = trace(["--gpus", "2", "-m", "loop_example.train", "--steps", "30", "--batch-size", str(BATCH)],
                  cwd=EXAMPLES / "custom_loop", out=out)
-    return placement(out), json.loads((out / "metrics.json").read_text()), proc.stdout
+    return placement(out), json.loads((out / "metrics.json").read_text()), proc.stdout, out
 
 
 def test_custom_loop_layers_run_where_their_tf_device_scopes_put_them(custom_loop):
-    p, _, _ = custom_loop
+    p, _, _, _ = custom_loop
     train = p["functions"][0]
     assert (train["name"], train["training"], train["calls"]) == ("train_step", True, 30)
     forward = [o for o in p["ops"] if not o["op"].startswith("gradient_tape/")]
@@ -78,7 +78,7 @@ def test_custom_loop_layers_run_where_their_tf_device_scopes_put_them(custom_loo
 
 
 def test_custom_loop_gradients_run_under_the_pinned_device(custom_loop):
-    p, _, _ = custom_loop
+    p, _, _, _ = custom_loop
     assert list(p["gradients"]["ops_by_device"]) == ["/GPU:0"]
     assert p["gradients"]["total"] > 0
     rules = {r["rule"]: r for r in p["conformance"]["rules"]}
@@ -86,7 +86,7 @@ def test_custom_loop_gradients_run_under_the_pinned_device(custom_loop):
 
 
 def test_custom_loop_activation_bytes_cross_each_way(custom_loop):
-    p, _, _ = custom_loop
+    p, _, _, _ = custom_loop
     matrix = p["transfers"]["matrix"]
     # GPU:0 -> GPU:1: dense_1's activations, then head's gradients (computed on GPU:0) to its update.
     assert matrix["/GPU:0"]["/GPU:1"]["bytes"] == BATCH * HIDDEN * F32 + (HIDDEN * CLASSES + CLASSES) * F32
@@ -98,11 +98,39 @@ def test_custom_loop_activation_bytes_cross_each_way(custom_loop):
 
 
 def test_custom_loop_pinpoint_log_reaches_metrics_and_the_program_is_unchanged(custom_loop):
-    _, metrics, stdout = custom_loop
+    _, metrics, stdout, _ = custom_loop
     assert metrics["exit_code"] == 0 and metrics["steps"] == 30
     assert metrics["final_loss"] > 0
     assert "step 30/30: loss" in stdout  # the program's own output
     assert "functions  : 1: train_step x30 (training)" in stdout  # then the summary
+
+
+def test_custom_loop_plans_its_layers_with_the_gradients_where_the_program_put_them(custom_loop, capsys):
+    """The traced program's ops belong to its Keras layers; head's backward pass ran on /GPU:0 (the
+    program's tf.device around tape.gradient), apart from head, so it is a group of its own that
+    pinning head does not move; the plan's prediction of the run as it ran is its measured bytes,
+    and the plan is a tf.device mapping of the program's layers."""
+    from pinpoint.cli import main
+    from pinpoint.plan.build import plan_graph
+    from pinpoint.plan.predict import bytes_crossing
+
+    p, _, _, out = custom_loop
+    assert {o["layer"] for o in p["ops"] if o["op"].startswith(("dense_1", "head"))} == {"dense_1", "head"}
+    g = plan_graph(out)
+    groups = {x.key: (x.device, x.movable) for x in g.groups}
+    assert (groups["dense_1"], groups["head"], groups["head (backward)"]) == (
+        ("/GPU:0", True), ("/GPU:1", True), ("/GPU:0", False))
+    assert "dense_1 (backward)" not in groups  # it ran beside dense_1 (both on /GPU:0)
+    ran = {x.key: x.device for x in g.groups}
+    measured = {(a, b): cell["bytes"] for a, row in p["transfers"]["matrix"].items() for b, cell in row.items()
+                if cell["bytes"]}
+    assert bytes_crossing(g, ran) == measured
+    assert main(["plan", str(out), "--out", str(out / "plan.yaml")]) == 0
+    import yaml
+
+    plan = yaml.safe_load((out / "plan.yaml").read_text())
+    assert set(plan["tf_device"]) == {"dense_1", "head"} and plan["tf_device"] == plan["pinning"]["layers"]
+    assert set(plan["tf_device"].values()) <= {"/GPU:0", "/GPU:1"}
 
 
 # ---- model.fit under MirroredStrategy() on 2 emulated GPUs, logged to a real MLflow server ----------

@@ -25,7 +25,7 @@ from pinpoint.layer_keys import is_pattern, key_matches
 from pinpoint.placement.conformance import INPUT_RE, NOT_COMPUTE, gradient_re
 from pinpoint.placement.files import read_placement
 from pinpoint.plan.allreduce import case_of
-from pinpoint.plan.graph import INPUT, OTHER, Edge, Group, PlanGraph, PsVariable, Tensor
+from pinpoint.plan.graph import BACKWARD, INPUT, OTHER, Edge, Group, PlanGraph, PsVariable, Tensor
 from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
 
 FIELD = "run_dir"
@@ -54,7 +54,7 @@ def plan_graph(run_dir: str | Path) -> PlanGraph:
 def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -> PlanGraph:
     """The PlanGraph of a placement (placement.json joined with its op rows)."""
     rows = [r for r in placement.get("ops") or [] if r["type"] not in NOT_COMPUTE]
-    group_of = {r["op"]: _group_key(r) for r in rows}
+    group_of = _split_backward(rows, {r["op"]: _group_key(r) for r in rows})
     by_group: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_group[group_of[r["op"]]].append(r)
@@ -68,7 +68,7 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
     order = _order(rows, group_of)
     if INPUT in by_group and INPUT not in order:
         order.insert(0, INPUT)
-    var_bytes = _variable_bytes(placement.get("variables") or [], [k for k in by_group if k not in (INPUT, OTHER)])
+    var_bytes = _variable_bytes(placement.get("variables") or [], [k for k in by_group if _is_layer(k)])
     pins = placement.get("layer_pins") or {}
     groups = []
     for key in order:
@@ -83,7 +83,8 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
             device=_majority(r["device"] for r in ops) if ops else host,
             requested=_requested(key, ops, pins),
             allowed=frozenset.intersection(*kernels) if kernels else None,
-            movable=key != INPUT and not any(r.get("kernel_devices") == ["CPU"] for r in ops),
+            movable=key != INPUT and not key.endswith(BACKWARD)
+            and not any(r.get("kernel_devices") == ["CPU"] for r in ops),
         ))
     devices = set(placement.get("devices") or ()) | set((placement.get("device_map") or {}).get("spec_replica_devices") or ())
     tensors = _tensors(rows, group_of, host)
@@ -143,6 +144,26 @@ def _slot_of(row: dict, trainable: list[str]) -> str | None:
     rest = row["name"].partition("/")[2]
     owners = [t for t in trainable if rest.startswith(t.replace("/", "_") + "_")]
     return max(owners, key=len) if owners else None
+
+
+def _is_layer(key: str) -> bool:
+    return key not in (INPUT, OTHER) and not key.endswith(BACKWARD)
+
+
+def _split_backward(rows: list[dict], group_of: dict[str, str]) -> dict[str, str]:
+    """group_of, with the backward ops of a layer whose backward pass ran on another device than
+    its forward pass (the program chose where gradients run: train.pinning.gradients, a tf.device
+    around tape.gradient) as a group of their own, `<layer> (backward)`: pinning a layer moves its
+    forward pass, not them. A layer whose backward pass follows it keeps one group."""
+    grad = gradient_re()
+    fwd: dict[str, Counter] = defaultdict(Counter)
+    bwd: dict[str, Counter] = defaultdict(Counter)
+    for r in rows:
+        key = group_of[r["op"]]
+        if _is_layer(key):
+            (bwd if grad.search(r["op"]) else fwd)[key][r["device"]] += 1
+    apart = {k for k in bwd if fwd.get(k) and _majority(bwd[k].elements()) != _majority(fwd[k].elements())}
+    return {op: f"{k}{BACKWARD}" if k in apart and grad.search(op) else k for op, k in group_of.items()}
 
 
 def _group_key(row: dict) -> str:

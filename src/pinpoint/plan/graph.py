@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 INPUT, OTHER = "input", "other"  # the groups that are not layers
+# Suffix of a layer's backward pass when it ran apart from the layer (build._split_backward).
+BACKWARD = " (backward)"
 
 
 @dataclass(frozen=True)

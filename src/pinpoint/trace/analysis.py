@@ -209,9 +209,10 @@ def eager_updates(recorder, namer: DeviceMap) -> dict[str, tuple[str, ...]] | No
 
 
 def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = (), weight_rows=(),
-                 task: str = "chief:0") -> PlacementInputs:
+                 task: str = "chief:0", layer_units: tuple[str, ...] = ()) -> PlacementInputs:
     """The placement inputs of a traced program: its training function's capture, its variables
-    and strategy, and its functions, eager ops and weight requests."""
+    and strategy, its functions, eager ops and weight requests, and its Keras layers (`layer_units`:
+    what its ops are attributed to, and what `pinpoint plan` moves)."""
     namer = DeviceMap.of(dm)
     recorder.flush_calls()
     records = list(recorder.functions.values())
@@ -233,7 +234,7 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
         notes=tuple(notes) + tuple(_trace_notes(rows, records, train, cap, recorder.eager)))
     return PlacementInputs(captures=(cap,) if cap else (), variables=tuple(variables), plan=None,
                            strategy=strategy_of(variables), device_map=view, task=task,
-                           device_map_json=dm.to_json(), trace=trace)
+                           device_map_json=dm.to_json(), trace=trace, layer_units=tuple(layer_units))
 
 
 def _trace_notes(rows: list[dict], records: list, train: dict | None, cap, eager) -> list[str]:
@@ -268,10 +269,10 @@ def _trace_notes(rows: list[dict], records: list, train: dict | None, cap, eager
 
 
 def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] = (), weight_rows=(),
-                    task: str = "chief:0") -> dict:
+                    task: str = "chief:0", layer_units: tuple[str, ...] = ()) -> dict:
     """placement.json's content for a traced program."""
     return build(trace_inputs(recorder, dm, program=program, notes=notes, weight_rows=weight_rows,
-                              task=task)).to_json()
+                              task=task, layer_units=layer_units)).to_json()
 
 
 def trace_metrics(recorder, placement: dict, *, exit_code: int, seconds: float, keras: dict | None) -> dict:

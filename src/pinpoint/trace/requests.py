@@ -109,6 +109,13 @@ class RequestLog:
         self._patches.close()
 
     # ---- read back ---------------------------------------------------------------------------
+    def units(self) -> tuple[str, ...]:
+        """The layers a plan moves, of every Keras layer the program created and still holds
+        (placement.units.program_units). Read while the program's objects live."""
+        from pinpoint.placement.units import program_units
+
+        return program_units(x for x in (rec.ref() for rec in list(self.layers.values())) if x is not None)
+
     def rows(self) -> list[dict]:
         """One row per (weight, request) the program made for it: `layer` and `variable` (the
         weight's Keras path, split), `requested` and `actual` (physical device strings) and

@@ -31,6 +31,7 @@ class Capture:
     started: float = field(default_factory=time.monotonic)
     last_logged: dict = field(default_factory=dict)  # the last pinpoint.log metrics
     weight_rows: list | None = None  # the weights' requests, read by on_end while the layers live
+    layer_units: tuple[str, ...] | None = None  # the program's layers by path, read with them
 
     def __enter__(self) -> Capture:
         from pinpoint import userlog
@@ -74,6 +75,7 @@ class Capture:
         """The program ended and its objects are still alive: read what needs them."""
         self.recorder.resolve_pending()
         self.weight_rows = self.requests.rows()
+        self.layer_units = self.requests.units()
 
     def _log(self, step: int, metrics: dict) -> None:
         """pinpoint.log from a custom loop."""
@@ -96,7 +98,9 @@ class Capture:
 
         notes = [f"emulation: {n}" for n in self.names.ignored]
         rows = self.weight_rows if self.weight_rows is not None else self.requests.rows()
-        return trace_placement(self.recorder, self.dm, program=program, notes=notes, weight_rows=rows, task=task)
+        units = self.layer_units if self.layer_units is not None else self.requests.units()
+        return trace_placement(self.recorder, self.dm, program=program, notes=notes, weight_rows=rows, task=task,
+                               layer_units=units)
 
     def metrics(self, placement: dict, exit_code: int) -> dict:
         from pinpoint.trace.analysis import trace_metrics

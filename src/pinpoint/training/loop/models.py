@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from pinpoint import layer_keys
 from pinpoint.errors import ConfigError
+from pinpoint.placement.units import model_units
 from pinpoint.tfcompat.api import child_layers, keras_scope_path
 
 
@@ -278,23 +279,8 @@ def layer_paths_of(model: keras.Model) -> dict[str, keras.layers.Layer]:
 
 
 def layer_units(model: keras.Model) -> tuple[str, ...]:
-    """The layers a plan moves as one piece, by path: the model's own layers, and inside a nested
-    keras.Model (a functional backbone) its layers; a layer with sublayers of its own (an attention
-    block) is one piece."""
-    out: list[str] = []
-
-    def walk(layer, prefix: str) -> None:
-        for child in child_layers(layer):
-            path = f"{prefix}{child.name}"
-            if isinstance(child, keras.layers.InputLayer):
-                continue  # no ops: nothing to place
-            if isinstance(child, keras.Model) and child_layers(child):
-                walk(child, path + "/")
-            else:
-                out.append(path)
-
-    walk(model, "")
-    return tuple(out)
+    """The layers a plan moves as one piece, by path (placement.units.model_units)."""
+    return model_units(model)
 
 
 def _build(model: keras.Model, data) -> None:
