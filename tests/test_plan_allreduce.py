@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from pinpoint.cli import main
-from pinpoint.plan.allreduce import AllReduceCase, all_reduce_us, plan_document, refusal, send_pairs
+from pinpoint.plan.allreduce import AllReduceCase, all_reduce_us, refusal, section, send_pairs
 from pinpoint.plan.links import LinkModel
 from tests.conftest import NO_TRACKING, make_config
 
@@ -88,9 +88,9 @@ def test_a_choice_the_config_refuses_on_the_cluster_is_refused_with_the_configs_
             config_from_dict({"name": "x", "cluster": {"devices_per_worker": 3, "emulate": True},
                               "train": {"strategy": "mirrored", "all_reduce": choice}})
         lines[choice] = str(err.value)
-    doc = plan_document(case, source_run="r", links=LinkModel(), measured_step_us=None, devices=None, objective=None)
-    assert (doc["refused"], doc["all_reduce"], sorted(doc["baselines"])) == (
-        lines, "ring", ["reduce_to_host", "ring"])
+    doc = section(case, LinkModel())
+    assert (doc["all_reduce_plan"]["refused"], doc["all_reduce"], sorted(doc["all_reduce_plan"]["prediction"])) == (
+        lines, "ring", ["measured", "plan", "reduce_to_host", "ring"])
     assert lines["hierarchical_copy"] == (
         "train.all_reduce: got 'hierarchical_copy'; hierarchical_copy reduces two equal halves of the devices and "
         "drops the last one of 3; use an even cluster.devices_per_worker, ring or reduce_to_host")
@@ -144,10 +144,11 @@ def test_the_plan_predicts_the_bytes_per_pair_of_the_choices_trained_after_it_ex
     printed = capsys.readouterr().out
     doc = yaml.safe_load((vdir / "plan.yaml").read_text())
     check = json.loads((vdir / "plan_check.json").read_text())
-    assert (doc["measured_all_reduce"], doc["all_reduce"], check["all_reduce"]["ran"]) == (
+    assert (doc["all_reduce_plan"]["measured"], doc["all_reduce"], check["all_reduce"]["ran"]) == (
         "reduce_to_host", "ring", "ring")
     assert check["bytes"]["exact"] is True
-    assert {r["pair"]: r["measured"] for r in check["bytes"]["pairs"]} == doc["prediction"]["ring"]["bytes_crossing"]
+    assert {r["pair"]: r["measured"] for r in check["bytes"]["pairs"]} == \
+        doc["all_reduce_plan"]["prediction"]["ring"]["bytes_crossing"]
     # What the matrix cannot see is named, and what is compared instead matches: each replica's
     # collective input is the packed gradients.
     src = json.loads((source / "placement.json").read_text())
@@ -163,7 +164,7 @@ def test_the_plan_predicts_the_bytes_per_pair_of_the_choices_trained_after_it_ex
                       train=dict(TRAIN, all_reduce="hierarchical_copy"), tracking=NO_TRACKING, placement=PLACEMENT)
     assert train_command(cfg, hier) == 0
     measured = {p: n for p, n in pair_bytes(json.loads((hier / "placement.json").read_text())).items() if n}
-    assert measured == doc["prediction"]["hierarchical_copy"]["bytes_crossing"]
+    assert measured == doc["all_reduce_plan"]["prediction"]["hierarchical_copy"]["bytes_crossing"]
 
 
 @pytest.mark.integration
@@ -239,27 +240,11 @@ def test_four_replicas_plan_hierarchical_copy_and_its_bytes_per_pair_are_measure
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("devices, objective, line", [
-    (4, None, "--devices: got 4, but a mirrored plan keeps the run's 2 replicas (cluster.devices_per_worker); drop "
-     "--devices or capture a run on that many devices"),
-    (None, "balance", "--objective: got 'balance', but every replica of a mirrored run runs the whole model: the plan "
-     "chooses train.all_reduce by predicted step; drop --objective"),
-])
-def test_flags_that_move_layers_are_one_line_for_a_mirrored_run(devices, objective, line):
-    from pinpoint.errors import ConfigError
-
-    with pytest.raises(ConfigError) as err:
-        plan_document(_case(GPUS4[:2]), source_run="r", links=LinkModel(), measured_step_us=None, devices=devices,
-                      objective=objective)
-    assert str(err.value) == line
-
-
-@pytest.mark.unit
 def test_cpu_replicas_sharing_the_hosts_memory_keep_the_runs_own_choice():
     """Two CPU replicas, the first the host: every link is one memory (free), and reduce_to_host
     and hierarchical_copy move the same copies, so nothing is gained by a change."""
     cpus = AllReduceCase(("/CPU:0", "/CPU:1"), "/CPU:0", GRADS, False, "reduce_to_host", {}, None)
-    doc = plan_document(cpus, source_run="r", links=LinkModel(), measured_step_us=None, devices=None, objective=None)
+    doc = section(cpus, LinkModel())
     assert (doc["all_reduce"], send_pairs("hierarchical_copy", cpus)) == (
         "reduce_to_host", {("/CPU:1", "/CPU:0"): G, ("/CPU:0", "/CPU:1"): G})
 

@@ -245,18 +245,11 @@ def predict_choice(choice: str, case: AllReduceCase, links: LinkModel) -> dict[s
     }
 
 
-def plan_document(case: AllReduceCase, *, source_run: str, links: LinkModel, measured_step_us: float | None,
-                  devices: int | None, objective: str | None) -> dict[str, Any]:
-    """The plan file of a mirrored run: the train.all_reduce with the lowest predicted all-reduce
-    time (the replicas' compute is the same whichever runs), ties to the fewest bytes, then to
-    the run's own choice."""
-    n = len(case.replicas)
-    if devices is not None and devices != n:
-        raise ConfigError(f"--devices: got {devices}, but a mirrored plan keeps the run's {n} replicas "
-                          "(cluster.devices_per_worker); drop --devices or capture a run on that many devices")
-    if objective not in (None, "step_time"):
-        raise ConfigError(f"--objective: got {objective!r}, but every replica of a mirrored run runs the whole "
-                          "model: the plan chooses train.all_reduce by predicted step; drop --objective")
+def section(case: AllReduceCase, links: LinkModel) -> dict[str, Any]:
+    """The plan file's all-reduce part for a mirrored run: `all_reduce`, the train.all_reduce with
+    the lowest predicted all-reduce time (the replicas' compute is the same whichever runs), ties
+    to the fewest bytes, then to the run's own choice; `all_reduce_plan`, each choice's prediction,
+    the refused ones with the config's line, the rationale and the caveats."""
     refused = {c: why for c in CHOICES if (why := refusal(c, case)) is not None}
     rows = {c: predict_choice(c, case, links) for c in CHOICES if c not in refused}
     # Ties (e.g. CPU replicas sharing one memory: every choice free) keep the run's own choice.
@@ -264,24 +257,11 @@ def plan_document(case: AllReduceCase, *, source_run: str, links: LinkModel, mea
                                       CHOICES.index(c)))
     # Copies: one dict twice in the document would be a YAML alias.
     prediction = {"plan": copy.deepcopy(rows[chosen]), "measured": predict_choice(case.measured, case, links), **rows}
-    return {
-        "source_run": source_run,
-        "measured_step_ms": None if measured_step_us is None else round(measured_step_us / 1e3, 4),
-        "objective": "step_time",
-        "algorithm": "all-reduce choice by the link model",
-        "devices": list(case.replicas),
-        "strategy": "mirrored",
-        "all_reduce": chosen,
-        "measured_all_reduce": case.measured,
-        "pinning": {"layers": {}},
-        "tf_device": {},
-        "links": links.to_dict(),
-        "prediction": prediction,
-        "baselines": {c: {"all_reduce": c} for c in rows},
-        "refused": refused,
-        "rationale": [rationale(case, chosen, prediction)],
-        **({"caveat": caveats(case)} if caveats(case) else {}),
-    }
+    plan = {"replicas": list(case.replicas), "measured": case.measured, "prediction": prediction,
+            "refused": refused, "rationale": rationale(case, chosen, prediction)}
+    if caveats(case):
+        plan["caveat"] = caveats(case)
+    return {"all_reduce": chosen, "all_reduce_plan": plan}
 
 
 def caveats(case: AllReduceCase) -> list[str]:
@@ -309,24 +289,27 @@ def rationale(case: AllReduceCase, chosen: str, prediction: dict[str, Any]) -> s
 
 
 def table(doc: dict[str, Any]) -> str:
-    """What `pinpoint plan` prints for a mirrored run: one row per choice."""
-    head = ("placement", "all_reduce", "step ms", "all-reduce ms", "send/recv/step", "in collective/step")
+    """What `pinpoint plan` prints of a mirrored run's all-reduce choice: one row per choice."""
+    head = ("all-reduce", "train.all_reduce", "step ms", "all-reduce ms", "send/recv/step", "in collective/step")
     rows = [head]
-    for name, p in doc["prediction"].items():
+    plan = doc["all_reduce_plan"]
+    for name, p in plan["prediction"].items():
         rows.append((name, p["all_reduce"], "-" if p["step_ms"] is None else f"{p['step_ms']:.3f}",
                      f"{p['all_reduce_ms']:.4f}", f"{p['bytes_crossing_per_step']} B",
                      f"{sum(p['collective_bytes'].values())} B"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines += [f"  refused {c}: {why}" for c, why in doc.get("refused", {}).items()]
-    lines += [f"  caveat: {line}" for line in doc.get("caveat", [])]
+    lines += [f"  refused {c}: {why}" for c, why in plan["refused"].items()]
+    lines += [f"  caveat: {line}" for line in plan.get("caveat", [])]
+    lines.append(f"  {plan['rationale']}")
     return "\n".join(lines)
 
 
 def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
     """cfg training the plan's train.all_reduce (mirrored, the plan's replica count), placement
     captured and timed; the config's own refusal when it cannot run the choice."""
-    t, n = cfg.train, len(doc["devices"])
+    t, replicas = cfg.train, doc["all_reduce_plan"]["replicas"]
+    n = len(replicas)
     if t.entrypoint is not None:
         raise ConfigError(f"train.entrypoint: got '{t.entrypoint}' in {config_path}; --verify trains with Pinpoint's "
                           "own loop (train.model), which train.all_reduce steers; set train.all_reduce in the "
@@ -336,7 +319,7 @@ def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
                           f"for a mirrored run of {doc.get('source_run')}; set train.strategy: mirrored")
     if cfg.cluster.devices_per_worker != n:
         raise ConfigError(f"cluster.devices_per_worker: got {cfg.cluster.devices_per_worker} in {config_path}, but "
-                          f"the plan is for {n} replicas ({', '.join(doc['devices'])}); set devices_per_worker: {n}")
+                          f"the plan is for {n} replicas ({', '.join(replicas)}); set devices_per_worker: {n}")
     data = cfg.model_dump(mode="json")
     data["train"]["all_reduce"] = doc["all_reduce"]
     data["placement"].update(enabled=True, timing=True)
@@ -356,7 +339,8 @@ def check(doc: dict[str, Any], verified: Any, placement: dict[str, Any], links: 
     comparison of the _Send/_Recv pairs, exact on emulated devices too), each replica's collective
     input for ring and nccl, the step."""
     case: AllReduceCase = verified.all_reduce
-    planned = doc["prediction"]["plan"]
+    predictions = doc["all_reduce_plan"]["prediction"]
+    planned = predictions["plan"]
     coll = (placement.get("transfers") or {}).get("collectives") or {}
     measured_inputs = {d: int(c.get("input_bytes") or 0) for d, c in coll.items()}
     predicted_inputs = planned["collective_input_bytes"]
@@ -373,11 +357,11 @@ def check(doc: dict[str, Any], verified: Any, placement: dict[str, Any], links: 
     return {
         "source_run": doc.get("source_run"),
         "verify_run": verify_run,
-        "objective": doc["objective"],
-        "algorithm": doc["algorithm"],
-        "devices": list(doc["devices"]),
+        "objective": "step_time",
+        "algorithm": "all-reduce choice by the link model",
+        "devices": list(doc["all_reduce_plan"]["replicas"]),
         "emulated": case.emulated,
-        "pinning": doc["pinning"],
+        "pinning": {"layers": {}},  # nothing pinned: every replica runs the whole model
         "all_reduce": {
             "planned": choice,
             "ran": ran,  # read back from what the verification run executed
@@ -400,7 +384,7 @@ def check(doc: dict[str, Any], verified: Any, placement: dict[str, Any], links: 
             "predicted_from_verified_ms": as_run["step_ms"],
             "note": step_note,
         },
-        "placements": {**doc["prediction"], "verified": verified_row},
+        "placements": {**predictions, "verified": verified_row},
         "timeline": {"measured": [], "plan": []},
     }
 

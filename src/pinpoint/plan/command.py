@@ -62,12 +62,7 @@ def _bytes(n: int) -> str:
 def plan_run(graph: PlanGraph, *, source_run: str, devices: int | None, objective: str | None,
              links: LinkModel) -> tuple[dict, dict[str, Prediction]]:
     """(the plan document, predictions by placement name) for a PlanGraph; a mirrored run's plan
-    is its train.all_reduce (plan.allreduce: its predictions are in the document)."""
-    if graph.all_reduce is not None:
-        from pinpoint.plan.allreduce import plan_document as all_reduce_plan
-
-        return all_reduce_plan(graph.all_reduce, source_run=source_run, links=links,
-                               measured_step_us=graph.measured_step_us, devices=devices, objective=objective), {}
+    also chooses its train.all_reduce (plan.allreduce: `all_reduce`, `all_reduce_plan`)."""
     if objective is None:
         objective = "step_time" if graph.timed else "balance"
     if objective not in OBJECTIVES:
@@ -82,6 +77,10 @@ def plan_run(graph: PlanGraph, *, source_run: str, devices: int | None, objectiv
     predictions.update({name: predict(graph, p, links, target) for name, p in base.items()})
     doc = plan_document(graph, source_run=source_run, objective=objective, algorithm=plan.algorithm, devices=target,
                         links=links, plan=plan.placement, predictions=predictions, baselines=base)
+    if graph.all_reduce is not None:
+        from pinpoint.plan.allreduce import section
+
+        doc.update(section(graph.all_reduce, links))
     return doc, predictions
 
 
@@ -99,12 +98,11 @@ def plan_command(run_dir: Path, *, devices: int | None = None, objective: str | 
 
 def print_plan(doc: dict, predictions: dict[str, Prediction], path: Path) -> None:
     """The table, the first rationale lines and where the plan file went."""
+    print(table(predictions))
     if doc.get("all_reduce"):
         from pinpoint.plan.allreduce import table as all_reduce_table
 
         print(all_reduce_table(doc))
-    else:
-        print(table(predictions))
     shown = doc["rationale"][:SHOWN_MOVES]
     for line in shown:
         print(f"  {line}")

@@ -49,7 +49,7 @@ OUTSIDE_PS_MODEL = {
 def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
     """cfg with the plan's pinning.layers (and pinning.input) applied, placement captured and
     timed; a ConfigError naming the field when cfg cannot train the plan."""
-    if doc.get("all_reduce"):  # a mirrored run's plan: its train.all_reduce (plan.allreduce)
+    if doc.get("all_reduce") and cfg.train.strategy == "mirrored":  # a mirrored run's train.all_reduce
         return all_reduce.verify_config(cfg, doc, config_path)
     t = cfg.train
     if t.entrypoint is not None:
@@ -143,11 +143,11 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
     """plan_check.json: the plan's prediction (doc, made on `source`) against the verification
     run (`verified`, its placement.json `placement`)."""
     emulated = bool(placement.get("device_aliases"))
-    if doc.get("all_reduce"):
+    if doc.get("all_reduce") and verified.all_reduce is not None:  # the all-reduce choice, trained mirrored
         measured = pair_bytes(placement)
+        predicted = doc["all_reduce_plan"]["prediction"]["plan"]["bytes_crossing"]
         return all_reduce.check(doc, verified, placement, links, verify_run=verify_run, step_note=STEP_NOTE[emulated],
-                                bytes_=compare_bytes(doc["prediction"]["plan"]["bytes_crossing"], measured),
-                                measured_pairs=measured)
+                                bytes_=compare_bytes(predicted, measured), measured_pairs=measured)
     planned = doc["prediction"]["plan"]
     devices = tuple(doc["devices"])
     plan_placement = {g.key: g.device for g in source.groups}

@@ -103,7 +103,7 @@ def plan_figures(doc: dict[str, Any], check: dict[str, Any]) -> tuple[dict[str, 
     metrics = {"plan.bytes_exact": float(check["bytes"]["exact"]),
                "plan.bytes_predicted": float(check["bytes"]["predicted_total"]),
                "plan.bytes_measured": float(check["bytes"]["measured_total"])}
-    if doc.get("all_reduce"):  # a mirrored run's plan: its train.all_reduce (plan.allreduce)
+    if "all_reduce" in check:  # a mirrored run's train.all_reduce, verified (plan.allreduce)
         params["plan.all_reduce"] = doc["all_reduce"]
         metrics["plan.collective_inputs_exact"] = float(check["all_reduce"]["collective_inputs"]["exact"])
     if "ps_bytes" in check:  # a plan over parameter servers
