@@ -50,6 +50,26 @@ def open_report_ms(run_dir: Path, times: int = 3) -> float | None:
     return statistics.median(found) if found else None
 
 
+PLAN_TIMES = 3
+
+
+def _planning(run: Path, devices: int) -> dict[str, Any]:
+    """Issue 33's planning time on this real capture: `pinpoint plan`'s work (read the run folder,
+    search, predict every placement), timed PLAN_TIMES times in this process."""
+    from pinpoint.plan.build import plan_graph
+    from pinpoint.plan.command import plan_run
+    from pinpoint.plan.links import LinkModel
+
+    times, graph = [], None
+    for _ in range(PLAN_TIMES):
+        t0 = time.perf_counter()
+        graph = plan_graph(run)
+        plan_run(graph, source_run=str(run), devices=devices, objective="balance", links=LinkModel())
+        times.append(time.perf_counter() - t0)
+    return {"plan_s_runs": times, "plan_s": statistics.median(times), "plan_ops": sum(g.ops for g in graph.groups),
+            "plan_groups": len(graph.groups)}
+
+
 def measure(spec: dict) -> dict[str, Any]:
     from benchmarks.pinpoint_run import pinpoint_train
     from pinpoint.placement import analyze, files
@@ -90,6 +110,8 @@ def measure(spec: dict) -> dict[str, Any]:
         peak_rss_mb=_rss_mb(),
         analysis_rss_growth_mb=timed["rss_after_analysis_mb"] - timed["rss_before_analysis_mb"],
     )
+    if spec.get("plan_devices"):
+        rec.update(_planning(out, int(spec["plan_devices"])))
     if spec.get("open_report"):
         from pinpoint.placement.report import write_report
 

@@ -442,6 +442,8 @@ def _fake_record(arm) -> dict:
             "plan_ratio": 1.05, "round_robin_ratio": 2.0, "plan_s": 0.1,
             # what the plan-mp arms measure: the plan's balance in each of its trainings
             "plan_ratios": [1.04, 1.05, 1.06],
+            # the planning time on the ResNet50 capture (real-models), timed three times
+            "plan_s_runs": [1.5, 1.6, 1.7],
             # what the overheads arm measures (pairs of blocks: added µs, Pinpoint's µs)
             **{f"{name}_{kind}_blocks": [0.5, 0.5] for name in ("tf_function", "tf_function_wrapper", "eager_op", "log")
                for kind in ("added", "pinpoint")}}
@@ -781,3 +783,76 @@ def test_the_overheads_section_states_each_calls_paths_and_decides_by_the_pairs(
     assert "Pinpoint's median block 4.1" in text and "met (target <= 5)" in text
     targets = [rt.target for rt in comp.ratios if rt.target]
     assert targets == ["<= 2", "<= 1", "<= 5"]
+
+
+# ---- the plan section's step-time comparison (benchmarks/plan_step.py) -----------------------------
+def test_plan_step_runs_in_the_plan_section_with_fewer_steps_when_quick():
+    from benchmarks.plan import Settings, build_plan
+
+    def spec(s):
+        (comp,) = [c for c in build_plan(s) if c.key == "plan-step"]
+        assert comp.section == "plan" and comp.repeats == 1
+        return comp.arms[0].spec
+
+    assert (spec(Settings()), spec(Settings(steps=60))) == ({"kind": "plan_step"}, {"kind": "plan_step", "steps": 20})
+
+
+def test_spearman_of_the_same_order_is_one_and_of_the_reverse_minus_one():
+    from benchmarks.plan_step import spearman
+
+    assert (spearman([1.0, 2.0, 3.0], [10.0, 20.0, 30.0]), spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0])) == (1.0, -1.0)
+
+
+def test_ranks_share_the_mean_rank_of_a_tie():
+    from benchmarks.plan_step import ranks
+
+    assert ranks([5.0, 1.0, 5.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+
+
+def test_spearman_of_one_swap_among_four():
+    # ranks 1 2 3 4 against 1 2 4 3: 1 - 6 * 2 / (4 * 15) = 0.8
+    from benchmarks.plan_step import spearman
+
+    assert spearman([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 4.0, 3.0]) == pytest.approx(0.8)
+
+
+def test_spearman_of_a_constant_side_is_undefined():
+    from benchmarks.plan_step import spearman
+
+    assert spearman([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None
+
+
+def _step_rows():
+    # (name, predicted ms, measured ms): own off by 5%, alternate4 by 20%, one swap in the order.
+    return [{"name": n, "predicted_ms": p, "measured_ms": m, "low_ms": m * 0.8, "links_ms": 0.5,
+             "tensors_predicted": t, "tensors_measured": t + 4} for n, p, m, t in (("own", 1.05, 1.0, 30), ("one_device", 0.9, 0.95, 3),
+                                                           ("cut4", 1.3, 1.25, 50), ("alternate4", 1.2, 1.5, 60))]
+
+
+def test_plan_step_summary_takes_the_own_and_the_largest_error():
+    from benchmarks.plan_step import summary
+
+    s = summary(_step_rows())
+    assert (s["own_error"], s["max_error"]) == (pytest.approx(0.05), pytest.approx(0.2))
+
+
+def test_plan_step_section_shows_each_placement_and_judges_the_three_targets():
+    from benchmarks.plan_step import section, summary
+
+    rec = {**summary(_step_rows()), "spearman_low": 0.8, "algorithm": "m-ETF", "objective": "step_time", "steps": 60, "wall_s": 70.0,
+           "model": {"kind": "emulated_host", "source_step_ms": 1.0, "us_per_transfer": 8.0,
+                     "source_tensors_crossing": 30}}
+    text = section({"plan-step": {"step": [rec]}})
+    assert "| alternate4 | layer i on /GPU:(i mod 4): every activation crosses | 1.200 | 1.500 | -20.0% | 1.200 | " \
+        "60 / 64 | 0.500 |" in text
+    assert "own placement within 10%: 5.0%: **met**" in text
+    assert "every placement within 15%: largest 20.0%: **NOT met**" in text
+    assert "Spearman >= 0.8: 0.800: **met**" in text
+    # The first quartile (0.8x each median): own 1.05 / 0.8 is the largest error, 31.2%.
+    assert "the largest error is 31.2% and Spearman 0.800" in text
+
+
+def test_plan_step_section_of_a_failed_run_says_so():
+    from benchmarks.plan_step import section
+
+    assert section({"plan-step": {"step": [{"error": "exit 1"}]}}) == "not run, or failed (see Skipped and failed runs)\n"

@@ -350,3 +350,17 @@ def test_a_tensor_two_groups_read_on_one_device_crosses_once():
     # other on the host: the activation now goes to two devices, once each.
     crossing = bytes_crossing(g, {**ran, "other": "/CPU:0"})
     assert (crossing[("/GPU:0", "/GPU:1")], crossing[("/GPU:0", "/CPU:0")]) == (4096, 4096)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_an_emulated_timed_run_gives_the_emulated_host_its_time_per_transfer(mlp_run):
+    """The emulated host model's constant from the run's own placement.json: its profiled
+    _Send/_Recv time per step over the tensors its transfers matrix counts per step."""
+    from pinpoint.placement.files import read_placement
+
+    placement = read_placement(mlp_run)
+    sent_ms = sum(d["transfer_ms"] for d in placement["timing"]["devices"].values())
+    count = sum(c["count"] for row in placement["transfers"]["matrix"].values() for c in row.values())
+    g = plan_graph(mlp_run)
+    assert (g.emulated, g.us_per_transfer) == (True, round(sent_ms * 1e3 / count, 3))

@@ -135,6 +135,14 @@ def test_ps_plan_verified_balances_servers_and_predicts_their_bytes_exactly(tmp_
     assert main(["plan", str(vdir), "--out", str(tmp_path / "again.yaml")]) == 0
     again = yaml.safe_load((tmp_path / "again.yaml").read_text())
     assert again["algorithm"] == "as measured"
+    # The verification folder's report: the plan section has the bytes of every server.
+    from pinpoint.placement.report import write_report
+
+    html = write_report(vdir)[0].read_text()
+    plan_section = html.split('<section id="plan">')[1].split("</section>")[0]
+    assert "Bytes each parameter server sends to and receives from the workers per step" in plan_section
+    for server, n in expected.items():  # server, predicted, measured, exact
+        assert f'<td>{server}</td><td class="num">{n}</td><td class="num">{n}</td><td>True</td>' in plan_section
     assert again["prediction"]["measured"]["ps_bytes"] == again["prediction"]["user"]["ps_bytes"] == expected
     assert again["prediction"]["round_robin_ps"]["ps_bytes"] == rr
     # Conformance scores a parameter-server layer pin by the layer's variables (two each).

@@ -437,10 +437,12 @@ def _plan(p: Placement, metrics, charts, x) -> dict | None:
                      "bytes": human_bytes(f.get("bytes_crossing_per_step") or 0),
                      "memory": human_bytes(f.get("peak_variable_bytes") or 0)})
     b, c, step = check.get("bytes"), check.get("conformance"), check.get("step")
+    ps = check.get("ps_bytes")
     return {"charts": charts, "rows": rows, "pinning": (check.get("pinning") or {}).get("layers") or {},
             "objective": check.get("objective"), "algorithm": check.get("algorithm"),
             "source": check.get("source_run"), "bytes": b, "conformance": c, "step": step,
-            "bad_pairs": [i for i, r in enumerate((b or {}).get("pairs") or []) if not r["exact"]]}
+            "bad_pairs": [i for i, r in enumerate((b or {}).get("pairs") or []) if not r["exact"]],
+            "ps": ps, "bad_servers": [i for i, r in enumerate((ps or {}).get("servers") or []) if not r["exact"]]}
 
 
 def _explained(key: str) -> Callable[[Placement, dict], str]:

@@ -54,7 +54,9 @@ def plan_graph(run_dir: str | Path) -> PlanGraph:
 def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -> PlanGraph:
     """The PlanGraph of a placement (placement.json joined with its op rows)."""
     rows = [r for r in placement.get("ops") or [] if r["type"] not in NOT_COMPUTE]
-    group_of = _split_backward(rows, {r["op"]: _group_key(r) for r in rows})
+    group_of = {r["op"]: _group_key(r) for r in rows}
+    if (placement.get("strategy") or "none") == "none":  # one replica: a layer's passes can run apart
+        group_of = _split_backward(rows, group_of)
     by_group: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_group[group_of[r["op"]]].append(r)
@@ -99,8 +101,21 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
         measured_step_us=measured_step_us,
         colocated=_colocated(rows, group_of),
         ps_variables=_ps_variables(placement, [k for k in by_group if k not in (INPUT, OTHER)]),
+        emulated=bool(aliases),
+        us_per_transfer=_us_per_transfer(placement),
         all_reduce=case_of(placement),
     )
+
+
+def _us_per_transfer(placement: dict[str, Any]) -> float | None:
+    """The profiled _Send/_Recv time per step (timing, summed over the devices) over the tensors
+    crossing devices per step (the transfers matrix's count); None when untimed or no transfer."""
+    devices = (placement.get("timing") or {}).get("devices") or {}
+    matrix = (placement.get("transfers") or {}).get("matrix") or {}
+    count = sum(cell.get("count") or 0 for row in matrix.values() for cell in row.values())
+    if not devices or not count:
+        return None
+    return round(sum(d.get("transfer_ms") or 0.0 for d in devices.values()) * 1e3 / count, 3)
 
 
 def _ps_variables(placement: dict[str, Any], keys: list[str]) -> tuple[PsVariable, ...]:
@@ -236,13 +251,16 @@ def _tensors(rows: list[dict], group_of: dict[str, str], host: str) -> tuple[Ten
 
 
 def _edges(tensors: tuple[Tensor, ...]) -> tuple[Edge, ...]:
-    """Bytes per step between groups: each tensor counted once per consuming group (what the
-    search weighs; the prediction counts a tensor once per consuming device, from `tensors`)."""
+    """Bytes (and tensors) per step between groups: each tensor counted once per consuming group
+    (what the search weighs; the prediction counts a tensor once per consuming device, from
+    `tensors`)."""
     total: Counter = Counter()
+    count: Counter = Counter()
     for t in tensors:
         for dst in t.dsts:
             total[(t.src, dst)] += t.bytes
-    return tuple(Edge(s, d, b) for (s, d), b in sorted(total.items()))
+            count[(t.src, dst)] += 1
+    return tuple(Edge(s, d, b, count[(s, d)]) for (s, d), b in sorted(total.items()))
 
 
 def _colocated(rows: list[dict], group_of: dict[str, str]) -> tuple[frozenset[str], ...]:

@@ -39,14 +39,16 @@ def target_devices(graph: PlanGraph, n: int | None) -> tuple[str, ...]:
 def table(predictions: dict[str, Prediction]) -> str:
     """A readable table: one row per placement (with the parameter servers' balance when any)."""
     servers = any(p.ps_bytes for p in predictions.values())
+    emulated = any(p.emulated_step_us is not None for p in predictions.values())
     head = ("placement", "step ms", "busiest/mean", "crossing/step", "peak var memory") + \
-        (("largest ps/mean",) if servers else ())
+        (("largest ps/mean",) if servers else ()) + (("here ms (emulated)",) if emulated else ())
     rows = [head]
     for name, p in predictions.items():
         ratio, ps = p.busiest_over_mean, p.ps_over_mean
         rows.append((name, "-" if p.step_us is None else f"{p.step_us / 1e3:.3f}",
                      "-" if ratio is None else f"{ratio:.2f}x", _bytes(p.crossing_total), _bytes(p.peak_memory))
-                    + (("-" if ps is None else f"{ps:.2f}x",) if servers else ()))
+                    + (("-" if ps is None else f"{ps:.2f}x",) if servers else ())
+                    + (("-" if p.emulated_step_us is None else f"{p.emulated_step_us / 1e3:.3f}",) if emulated else ()))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      for r in rows)

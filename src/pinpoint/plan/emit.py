@@ -3,6 +3,8 @@
 Fields: `pinning: {layers: {key: device}}` as Pinpoint's config takes it (the movable layer
 groups; `input` too when the input pipeline may move), `tf_device` (the same mapping, for
 `with tf.device(...)` in a traced program), `links` (the model the prediction used),
+`step_models` (which model each predicted step comes from: emulated.py's when the run's GPUs
+were emulated),
 `objective`, `algorithm`, `devices`, `source_run`, `prediction` (the plan's and each
 baseline's), `baselines` (their placements) and `rationale` (one line per group the plan moves
 from where it ran).
@@ -16,6 +18,7 @@ from typing import Any
 
 from pinpoint.errors import ConfigError, PlacementError
 from pinpoint.plan.check import NOT_LAYERS, Placement, violations, where
+from pinpoint.plan.emulated import EmulatedHost
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel
 from pinpoint.plan.predict import Prediction
@@ -73,11 +76,20 @@ def plan_document(graph: PlanGraph, *, source_run: str, objective: str, algorith
         "pinning": pinning,
         "tf_device": dict(layers, **({"input": inp} if inp else {})),
         "links": links.to_dict(),
+        "step_models": step_models(graph),
         "prediction": {name: p.to_dict() for name, p in predictions.items()},
         "baselines": {name: dict(p) for name, p in baselines.items()},
         "rationale": rationale(graph, plan, predictions["measured"], predictions["plan"])
         if "measured" in predictions else [],
     }
+
+
+def step_models(graph: PlanGraph) -> dict[str, Any]:
+    """Which model each predicted step figure comes from: `step_ms` always the link model
+    (`links`), `emulated_step_ms` the emulated host's (with its constants) when the run's GPUs
+    were emulated."""
+    host = EmulatedHost.of(graph)
+    return {"step_ms": "links", **({} if host is None else {"emulated_step_ms": host.to_dict()})}
 
 
 def write_plan(path: str | Path, document: dict[str, Any]) -> Path:

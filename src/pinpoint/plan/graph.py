@@ -43,6 +43,9 @@ class Edge:
     src: str
     dst: str
     bytes: int
+    # Tensors per step (each once per consuming group), for the emulated step model; not part of
+    # an edge's identity (an edge is its groups and bytes, as before the count was kept).
+    tensors: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class PlanGraph:
     memory_cap_bytes: dict[str, int] = field(default_factory=dict)  # stated per device
     ps_variables: tuple[PsVariable, ...] = ()  # parameter_server: every variable, in creation order
     tensors: tuple[Tensor, ...] = ()  # the edges tensor by tensor (empty: a graph built by hand)
+    emulated: bool = False  # the run's GPUs were logical CPU devices (placement.json device_aliases)
+    us_per_transfer: float | None = None  # its profiled _Send/_Recv time per tensor crossing devices
     all_reduce: Any = None  # mirrored: its plan.allreduce.AllReduceCase (the train.all_reduce a plan moves)
 
     def group(self, key: str) -> Group:

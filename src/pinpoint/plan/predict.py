@@ -15,6 +15,10 @@ Figures that do not depend on the schedule are exact sums:
   size), so a server carries 2 * sum(bytes of those variables on it) per step, however many
   workers there are; which variable sits on which server: servers.py (a pinned group's on its
   server, the rest on TensorFlow's round-robin slot).
+
+When the source run's GPUs were emulated, emulated_step_us is the step on the machine that ran it
+(emulated.py: its measured step, plus its profiled time per transfer for each tensor the
+placement sends across devices beyond the source's own).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 from pinpoint.device_names import parse_name, sort_key
 from pinpoint.plan.check import Placement
+from pinpoint.plan.emulated import EmulatedHost
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel
 from pinpoint.plan.servers import is_server, predicted_ps_bytes, variable_servers
@@ -44,6 +49,9 @@ class Prediction:
     ps_bytes: dict[str, int]  # per parameter server (parameter_server only)
     devices: tuple[str, ...]  # the devices the balance figures are taken over
     timed: bool
+    # The step on the machine that ran the source run when its GPUs were emulated (emulated.py);
+    # step_us stays the link model's (what the placement costs on the devices it describes).
+    emulated_step_us: float | None = None
 
     @property
     def busiest_over_mean(self) -> float | None:
@@ -82,6 +90,7 @@ class Prediction:
             "bytes_crossing": {f"{a} -> {b}": n for (a, b), n in self.bytes_crossing.items()},
             "variable_bytes": dict(self.peak_variable_bytes),
             "ps_bytes": dict(self.ps_bytes),
+            **({} if self.emulated_step_us is None else {"emulated_step_ms": round(self.emulated_step_us / 1e3, 4)}),
         }
 
 
@@ -158,8 +167,10 @@ def predict(graph: PlanGraph, placement: Placement, links: LinkModel, devices: t
         for d in graph.devices:
             if parse_name(d)[0] == "ps":
                 ps[d] = 2 * memory.get(d, 0)
+    host = EmulatedHost.of(graph)
     return Prediction(step, compute, ops, busy, dict(sorted(crossing.items())), memory, ps,
-                      tuple(devices) if devices is not None else tuple(used), graph.timed)
+                      tuple(devices) if devices is not None else tuple(used), graph.timed,
+                      None if host is None else host.step_us(graph, original))
 
 
 def bytes_crossing(graph: PlanGraph, placement: Placement) -> dict[tuple[str, str], int]:
