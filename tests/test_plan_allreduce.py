@@ -275,3 +275,20 @@ def test_a_runs_own_all_reduce_is_taken_out_of_its_matrix_and_a_short_pair_is_na
     assert (case.measured, case.base, case.short_pairs) == (
         "reduce_to_host", {("/CPU:0", "/GPU:0"): 4168, ("/CPU:0", "/GPU:1"): 4160, ("/GPU:1", "/CPU:0"): 8},
         ("/GPU:0 -> /CPU:0",))
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_strategy_none_config_verifies_the_mirrored_runs_layer_plan_instead(source, tmp_path):
+    """The plan of a mirrored run holds both: with strategy none, --verify trains its layers."""
+    train = {k: v for k, v in TRAIN.items() if k != "all_reduce"}
+    config = make_config("ar-none", cluster={"devices_per_worker": 2, "emulate": True},
+                         train=dict(train, strategy="none"), tracking=NO_TRACKING, placement=PLACEMENT,
+                         path=tmp_path / "none.yaml")
+    vdir = tmp_path / "v"
+    assert main(["plan", str(source), "--objective", "balance", "--verify", "--config", str(config),
+                 "--verify-out", str(vdir), "--out", str(tmp_path / "p.yaml")]) == 0
+    doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    check = json.loads((vdir / "plan_check.json").read_text())
+    assert ("all_reduce" in check, check["pinning"]["layers"], doc["all_reduce"]) == (
+        False, doc["pinning"]["layers"], "ring")
