@@ -24,6 +24,7 @@ from pinpoint.errors import ConfigError
 from pinpoint.layer_keys import is_pattern, key_matches
 from pinpoint.placement.conformance import INPUT_RE, NOT_COMPUTE, gradient_re
 from pinpoint.placement.files import read_placement
+from pinpoint.plan.allreduce import case_of
 from pinpoint.plan.graph import BACKWARD, INPUT, OTHER, Edge, Group, PlanGraph, PsVariable, Tensor
 from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
 
@@ -102,6 +103,7 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
         ps_variables=_ps_variables(placement, [k for k in by_group if k not in (INPUT, OTHER)]),
         emulated=bool(aliases),
         us_per_transfer=_us_per_transfer(placement),
+        all_reduce=case_of(placement),
     )
 
 

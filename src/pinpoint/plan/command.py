@@ -63,7 +63,8 @@ def _bytes(n: int) -> str:
 
 def plan_run(graph: PlanGraph, *, source_run: str, devices: int | None, objective: str | None,
              links: LinkModel) -> tuple[dict, dict[str, Prediction]]:
-    """(the plan document, predictions by placement name) for a PlanGraph."""
+    """(the plan document, predictions by placement name) for a PlanGraph; a mirrored run's plan
+    also chooses its train.all_reduce (plan.allreduce: `all_reduce`, `all_reduce_plan`)."""
     if objective is None:
         objective = "step_time" if graph.timed else "balance"
     if objective not in OBJECTIVES:
@@ -78,6 +79,10 @@ def plan_run(graph: PlanGraph, *, source_run: str, devices: int | None, objectiv
     predictions.update({name: predict(graph, p, links, target) for name, p in base.items()})
     doc = plan_document(graph, source_run=source_run, objective=objective, algorithm=plan.algorithm, devices=target,
                         links=links, plan=plan.placement, predictions=predictions, baselines=base)
+    if graph.all_reduce is not None:
+        from pinpoint.plan.allreduce import section
+
+        doc.update(section(graph.all_reduce, links))
     return doc, predictions
 
 
@@ -96,6 +101,10 @@ def plan_command(run_dir: Path, *, devices: int | None = None, objective: str | 
 def print_plan(doc: dict, predictions: dict[str, Prediction], path: Path) -> None:
     """The table, the first rationale lines and where the plan file went."""
     print(table(predictions))
+    if doc.get("all_reduce"):
+        from pinpoint.plan.allreduce import table as all_reduce_table
+
+        print(all_reduce_table(doc))
     shown = doc["rationale"][:SHOWN_MOVES]
     for line in shown:
         print(f"  {line}")

@@ -14,6 +14,7 @@ variables), `movable` False for a group that must stay where it is (host-only op
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 INPUT, OTHER = "input", "other"  # the groups that are not layers
 # Suffix of a layer's backward pass when it ran apart from the layer (build._split_backward).
@@ -88,6 +89,7 @@ class PlanGraph:
     tensors: tuple[Tensor, ...] = ()  # the edges tensor by tensor (empty: a graph built by hand)
     emulated: bool = False  # the run's GPUs were logical CPU devices (placement.json device_aliases)
     us_per_transfer: float | None = None  # its profiled _Send/_Recv time per tensor crossing devices
+    all_reduce: Any = None  # mirrored: its plan.allreduce.AllReduceCase (the train.all_reduce a plan moves)
 
     def group(self, key: str) -> Group:
         for g in self.groups:

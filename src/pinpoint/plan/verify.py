@@ -19,6 +19,7 @@ from pinpoint.config import MODEL_LAYERS, Config, config_from_dict
 from pinpoint.device_names import parse_name
 from pinpoint.errors import ConfigError
 from pinpoint.layer_keys import key_matches
+from pinpoint.plan import allreduce as all_reduce
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel
 from pinpoint.plan.predict import predict, schedule
@@ -48,6 +49,8 @@ OUTSIDE_PS_MODEL = {
 def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
     """cfg with the plan's pinning.layers (and pinning.input) applied, placement captured and
     timed; a ConfigError naming the field when cfg cannot train the plan."""
+    if doc.get("all_reduce") and cfg.train.strategy == "mirrored":  # a mirrored run's train.all_reduce
+        return all_reduce.verify_config(cfg, doc, config_path)
     t = cfg.train
     if t.entrypoint is not None:
         raise ConfigError(f"train.entrypoint: got '{t.entrypoint}' in {config_path}; --verify trains with Pinpoint's "
@@ -140,6 +143,11 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
     """plan_check.json: the plan's prediction (doc, made on `source`) against the verification
     run (`verified`, its placement.json `placement`)."""
     emulated = bool(placement.get("device_aliases"))
+    if doc.get("all_reduce") and verified.all_reduce is not None:  # the all-reduce choice, trained mirrored
+        measured = pair_bytes(placement)
+        predicted = doc["all_reduce_plan"]["prediction"]["plan"]["bytes_crossing"]
+        return all_reduce.check(doc, verified, placement, links, verify_run=verify_run, step_note=STEP_NOTE[emulated],
+                                bytes_=compare_bytes(predicted, measured), measured_pairs=measured)
     planned = doc["prediction"]["plan"]
     devices = tuple(doc["devices"])
     plan_placement = {g.key: g.device for g in source.groups}
@@ -226,6 +234,8 @@ def compare_servers(predicted: dict[str, int], measured: dict[str, int]) -> dict
 
 def check_table(check: dict[str, Any]) -> str:
     """The short table `pinpoint plan --verify` prints."""
+    if check.get("all_reduce"):
+        return all_reduce.check_table(check)
     lines = ["bytes/step  predicted  measured"]
     for r in check["bytes"]["pairs"]:
         lines.append(f"  {r['pair']:<22} {r['predicted']:>9} {r['measured']:>9}{'' if r['exact'] else '  DIFFERS'}")

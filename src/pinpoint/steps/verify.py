@@ -103,6 +103,9 @@ def plan_figures(doc: dict[str, Any], check: dict[str, Any]) -> tuple[dict[str, 
     metrics = {"plan.bytes_exact": float(check["bytes"]["exact"]),
                "plan.bytes_predicted": float(check["bytes"]["predicted_total"]),
                "plan.bytes_measured": float(check["bytes"]["measured_total"])}
+    if "all_reduce" in check:  # a mirrored run's train.all_reduce, verified (plan.allreduce)
+        params["plan.all_reduce"] = doc["all_reduce"]
+        metrics["plan.collective_inputs_exact"] = float(check["all_reduce"]["collective_inputs"]["exact"])
     if "ps_bytes" in check:  # a plan over parameter servers
         metrics["plan.ps_bytes_exact"] = float(check["ps_bytes"]["exact"])
     if check["conformance"]["score"] is not None:
