@@ -178,6 +178,30 @@ def test_the_balanced_plan_puts_each_tower_on_its_own_device():
     assert p.busiest_over_mean == pytest.approx((100 + 200 + 40) / (movable / 2))
 
 
+def _chain(x4_request: str) -> PlanGraph:
+    """x1 (112 us) - x2 (104) - x3 (84) - x4 (100): heavy activations between x1-x2 and x3-x4
+    (1000 B each way), a light one between x2 and x3 (10 B); the user asked for x1-x3 on /GPU:0."""
+    groups = tuple(Group(k, i, us, 10, 0, "/GPU:0", requested=req) for i, (k, us, req) in enumerate(
+        (("x1", 112.0, "/GPU:0"), ("x2", 104.0, "/GPU:0"), ("x3", 84.0, "/GPU:0"), ("x4", 100.0, x4_request))))
+    edges = (*_both_ways("x1", "x2", 1000), *_both_ways("x2", "x3", 10), *_both_ways("x3", "x4", 1000))
+    return PlanGraph(groups, edges, DEVICES, "/CPU:0", "none", True)
+
+
+def test_a_balanced_plan_sends_no_more_bytes_than_the_users_own_split():
+    """The user's split (x4 alone on /GPU:1: 1.5x, 2 x 1000 B) is beaten on balance by x1, x3 |
+    x2, x4 (1.02x) only with all three activations crossing (4020 B); the plan is the cut at the
+    light edge instead (216 | 184 us: 1.08x, 20 B), the best balance that sends no more."""
+    g = _chain("/GPU:1")
+    plan = search(g, SIMPLE, "balance", GPUS)
+    assert plan.placement == {"x1": "/GPU:0", "x2": "/GPU:0", "x3": "/GPU:1", "x4": "/GPU:1"}
+    p = predict(g, plan.placement, SIMPLE, GPUS)
+    assert (p.busiest_over_mean, p.crossing_total) == (pytest.approx(216 / 200), 20)
+    # A user who ran it all on one device has no split to keep under: the best balance wins.
+    g = _chain("/GPU:0")
+    p = predict(g, search(g, SIMPLE, "balance", GPUS).placement, SIMPLE, GPUS)
+    assert (p.busiest_over_mean, p.crossing_total) == (pytest.approx(204 / 200), 4020)
+
+
 def test_the_step_time_plan_splits_the_towers_and_beats_the_measured_placement():
     g = two_towers()
     plan = search(g, SIMPLE, "step_time", GPUS)

@@ -20,7 +20,9 @@ compete when they keep to the target devices; the best by the objective is the p
 - step_time: the smallest predicted step_us (fewer bytes crossing on a tie);
 - balance: the smallest busiest-device compute, ties broken by bytes crossing, where a busiest
   device within BALANCE_TOLERANCE of the mean counts as a tie (a perfect balance bought with
-  five times the traffic is not a better plan). The schedulers' placements and the even
+  five times the traffic is not a better plan); when the user's own split spreads the model over
+  two or more of the target devices, only plans sending no more bytes per step than it compete
+  (if any does). The schedulers' placements and the even
   topological split (baselines.py) are refined by moving one unit (a group with its colocated
   groups) at a time while that lowers the key.
 For strategy parameter_server the plan spreads variables over the servers instead: the groups
@@ -494,4 +496,18 @@ def search(graph: PlanGraph, links: LinkModel, objective: str, devices: tuple[st
         else:
             key = balance_key(load, devices, pred.crossing_total)
         scored.append((key, len(scored), plan))
-    return min(scored)[2]
+    cap = _traffic_cap(graph, space, links, devices) if objective == "balance" else None
+    within = [x for x in scored if cap is None or x[0][1] <= cap]
+    return min(within or scored)[2]
+
+
+def _traffic_cap(graph: PlanGraph, space: _Space, links: LinkModel, devices: tuple[str, ...]) -> int | None:
+    """The bytes per step of the user's own split when it spreads the model over two or more of
+    the target devices: a balanced plan is taken among those that send no more (balance is not
+    bought with more traffic than the user's split already costs). None: no such split."""
+    if graph.strategy == "parameter_server":
+        return None
+    mine = user(graph)
+    if not _within(space, mine) or violations(graph, mine) or len(set(mine.values()) & set(devices)) < 2:
+        return None
+    return predict(graph, mine, links, devices).crossing_total
