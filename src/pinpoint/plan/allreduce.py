@@ -389,15 +389,15 @@ def check(doc: dict[str, Any], verified: Any, placement: dict[str, Any], links: 
     }
 
 
-def check_table(c: dict[str, Any]) -> str:
-    """The short table `pinpoint plan --verify` prints for an all-reduce plan."""
-    a = c["all_reduce"]
-    lines = [f"train.all_reduce: planned {a['planned']}, ran {a['ran']}", "bytes/step  predicted  measured"]
-    for r in c["bytes"]["pairs"]:
-        lines.append(f"  {r['pair']:<22} {r['predicted']:>9} {r['measured']:>9}{'' if r['exact'] else '  DIFFERS'}")
-    b = c["bytes"]
-    lines.append(f"  {'total':<22} {b['predicted_total']:>9} {b['measured_total']:>9}  "
-                 f"({'exact' if b['exact'] else 'not exact'})")
+def headline(a: dict[str, Any]) -> str:
+    """The line `pinpoint plan --verify` prints above the bytes of an all-reduce plan."""
+    return f"train.all_reduce: planned {a['planned']}, ran {a['ran']}"
+
+
+def detail_lines(a: dict[str, Any]) -> list[str]:
+    """The lines printed under the bytes of an all-reduce plan: unsized transfers, and each
+    replica's collective input (the exchange inside the collective is modeled only)."""
+    lines = []
     if a["unsized_measured"]:
         lines.append(f"  ({a['unsized_measured']:g} transfer(s) per step the capture could not size count 0 bytes "
                      "in the measured column)")
@@ -407,9 +407,4 @@ def check_table(c: dict[str, Any]) -> str:
             lines.append(f"  collective input {d:<6} {ci['predicted'].get(d, 0):>9} {ci['measured'].get(d, 0):>9}")
         lines.append(f"  (the exchange inside the collective is modeled, not measured: "
                      f"{sum(a['collective_bytes_predicted'].values())} B/step predicted)")
-    s = c["step"]
-    pred = "-" if s["predicted_ms"] is None else f"{s['predicted_ms']:.3f}"
-    meas = "-" if s["measured_ms"] is None else f"{s['measured_ms']:.3f}"
-    lines.append(f"step ms: predicted {pred}, measured median {meas}")
-    lines.append(f"  ({s['note']})")
-    return "\n".join(lines)
+    return lines

@@ -233,15 +233,18 @@ def compare_servers(predicted: dict[str, int], measured: dict[str, int]) -> dict
 
 
 def check_table(check: dict[str, Any]) -> str:
-    """The short table `pinpoint plan --verify` prints."""
-    if check.get("all_reduce"):
-        return all_reduce.check_table(check)
-    lines = ["bytes/step  predicted  measured"]
+    """The short table `pinpoint plan --verify` prints (an all-reduce plan: its choice above the
+    bytes, its collective inputs below them, and no layers to conform)."""
+    a = check.get("all_reduce")
+    lines = [all_reduce.headline(a)] if a else []
+    lines.append("bytes/step  predicted  measured")
     for r in check["bytes"]["pairs"]:
         lines.append(f"  {r['pair']:<22} {r['predicted']:>9} {r['measured']:>9}{'' if r['exact'] else '  DIFFERS'}")
     b = check["bytes"]
     lines.append(f"  {'total':<22} {b['predicted_total']:>9} {b['measured_total']:>9}  "
                  f"({'exact' if b['exact'] else 'not exact'})")
+    if a:
+        lines += all_reduce.detail_lines(a)
     for r in b.get("outside_model") or []:
         lines.append(f"  not predicted: {r['pair']} {r['measured']} ({r['why']})")
     ps = check.get("ps_bytes")
@@ -253,10 +256,11 @@ def check_table(check: dict[str, Any]) -> str:
                      f"({'exact' if ps['exact'] else 'not exact'})")
         lines.append(f"  largest server / mean: predicted {_ratio(ps['predicted_largest_over_mean'])}, "
                      f"measured {_ratio(ps['measured_largest_over_mean'])}")
-    c = check["conformance"]
-    lines.append(f"conformance of the plan's layers: {c['score']} ({len(c['deviations'])} deviation(s))")
-    for d in c["deviations"]:
-        lines.append(f"  layers.{d['layer']}: {d['op']} on {d['placed']}: {d['cause']}")
+    if not a:
+        c = check["conformance"]
+        lines.append(f"conformance of the plan's layers: {c['score']} ({len(c['deviations'])} deviation(s))")
+        for d in c["deviations"]:
+            lines.append(f"  layers.{d['layer']}: {d['op']} on {d['placed']}: {d['cause']}")
     s = check["step"]
     pred = "-" if s["predicted_ms"] is None else f"{s['predicted_ms']:.3f}"
     meas = "-" if s["measured_ms"] is None else f"{s['measured_ms']:.3f}"
