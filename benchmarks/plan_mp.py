@@ -94,16 +94,24 @@ def user_split(folder: Path, model: str, devices: int) -> dict[str, str]:
 
 
 def config(folder: Path, name: str, model: str, devices: int, data: Path, layers: dict[str, str]) -> Path:
+    return split_config(folder, name, model=f"mpkit.models:{model}", devices=devices, data=data, layers=layers,
+                        steps=STEPS, batch=BATCH, log_every=STEPS, warmup=WARMUP, sample=SAMPLE)
+
+
+def split_config(folder: Path, name: str, *, model: str, devices: int, data: Path, layers: dict[str, str], steps: int,
+                 batch: int, log_every: int, warmup: int, sample: int) -> Path:
+    """The config of one timed training of a user's model (`package.module:callable`) with its layers
+    pinned over emulated GPUs (no checkpoints, no MLflow, XLA off), written as FOLDER/NAME.yaml."""
     import yaml
 
     cfg = {
         "name": name,
         "cluster": {"devices_per_worker": devices, "emulate": True},
-        "train": {"strategy": "none", "model": f"mpkit.models:{model}", "data": str(data), "steps": STEPS,
-                  "batch_size": BATCH, "learning_rate": 0.01, "log_every": STEPS, "checkpoint_every": 0,
+        "train": {"strategy": "none", "model": model, "data": str(data), "steps": steps,
+                  "batch_size": batch, "learning_rate": 0.01, "log_every": log_every, "checkpoint_every": 0,
                   "max_restarts": 0, "jit_compile": False, "pinning": {"layers": layers}},
         "tracking": {"enabled": False},
-        "placement": {"warmup_steps": WARMUP, "sample_steps": SAMPLE, "timing": True},
+        "placement": {"warmup_steps": warmup, "sample_steps": sample, "timing": True},
     }
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -72,20 +72,10 @@ def split(runs: int, alternate: bool = False) -> dict[str, str]:
 
 
 def config(folder: Path, name: str, data: Path, layers: dict[str, str], steps: int = STEPS) -> Path:
-    import yaml
+    from benchmarks.plan_mp import split_config
 
-    cfg = {
-        "name": name,
-        "cluster": {"devices_per_worker": DEVICES, "emulate": True},
-        "train": {"strategy": "none", "model": "stkit.models:chain", "data": str(data), "steps": steps,
-                  "batch_size": BATCH, "learning_rate": 0.01, "log_every": 1, "checkpoint_every": 0,
-                  "max_restarts": 0, "jit_compile": False, "pinning": {"layers": layers}},
-        "tracking": {"enabled": False},
-        "placement": {"warmup_steps": WARMUP, "sample_steps": SAMPLE, "timing": True},
-    }
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return path
+    return split_config(folder, name, model="stkit.models:chain", devices=DEVICES, data=data, layers=layers,
+                        steps=steps, batch=BATCH, log_every=1, warmup=WARMUP, sample=SAMPLE)
 
 
 def train(folder: Path, name: str, data: Path, layers: dict[str, str], steps: int = STEPS) -> Path:
