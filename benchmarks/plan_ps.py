@@ -18,20 +18,26 @@ from typing import Any
 
 SERVERS = 4
 HIDDEN, WIDTH = 8, 64
-MODEL = f'''
+def dense_chain(fn: str, prefix: str, depth: int, width: int) -> str:
+    """The source of a user's model module: `fn(input_shape, num_classes, seed)`, `depth` equal
+    Dense(width) layers named prefix0.. and a head (the plan-ps and plan-step benches' models)."""
+    return f'''
 import keras
 
 
-def stack(input_shape, num_classes, seed=0):
+def {fn}(input_shape, num_classes, seed=0):
     inputs = keras.Input(shape=input_shape)
     x = inputs
-    for i in range({HIDDEN}):
-        x = keras.layers.Dense({WIDTH}, activation="relu", name=f"h{{i}}",
+    for i in range({depth}):
+        x = keras.layers.Dense({width}, activation="relu", name=f"{prefix}{{i}}",
                                kernel_initializer=keras.initializers.GlorotUniform(seed + i))(x)
     out = keras.layers.Dense(num_classes, name="head",
-                             kernel_initializer=keras.initializers.GlorotUniform(seed + {HIDDEN}))(x)
-    return keras.Model(inputs, out, name="stack")
+                             kernel_initializer=keras.initializers.GlorotUniform(seed + {depth}))(x)
+    return keras.Model(inputs, out, name="{fn}")
 '''
+
+
+MODEL = dense_chain("stack", "h", HIDDEN, WIDTH)
 PS_TARGET, PLAN_S_TARGET = 1.10, 5.0
 
 

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.plan_ps import dense_chain
+
 DEVICES, DEPTH, WIDTH, FEATURES, CLASSES = 4, 16, 32, 32, 10
 EXAMPLES, BATCH, STEPS, WARMUP, SAMPLE = 256, 16, 60, 3, 6
 OWN_TARGET, ALL_TARGET, RANK_TARGET = 0.10, 0.15, 0.8
@@ -33,20 +35,7 @@ PLACEMENTS = (("own", "the source run's placement (the user's split), trained ag
               ("cut4", "the layers in 4 contiguous runs of equal count"),
               ("alternate4", "layer i on /GPU:(i mod 4): every activation crosses"),
               ("alternate2", "layer i on /GPU:(i mod 2)"))
-MODEL = f'''
-import keras
-
-
-def chain(input_shape, num_classes, seed=0):
-    inputs = keras.Input(shape=input_shape)
-    x = inputs
-    for i in range({DEPTH}):
-        x = keras.layers.Dense({WIDTH}, activation="relu", name=f"d{{i}}",
-                               kernel_initializer=keras.initializers.GlorotUniform(seed + i))(x)
-    out = keras.layers.Dense(num_classes, name="head",
-                             kernel_initializer=keras.initializers.GlorotUniform(seed + {DEPTH}))(x)
-    return keras.Model(inputs, out, name="chain")
-'''
+MODEL = dense_chain("chain", "d", DEPTH, WIDTH)
 LAYERS = tuple(f"d{i}" for i in range(DEPTH)) + ("head",)
 
 
