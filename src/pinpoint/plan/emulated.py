@@ -39,9 +39,7 @@ def tensors_crossing(graph: PlanGraph, placement: Placement) -> int:
     """Tensors per step that cross devices: each tensor once per other device that reads it (the
     runtime's _Send/_Recv pairs); from the edges (once per consuming group) for a graph built by
     hand."""
-    if graph.tensors:
-        return sum(len({placement[d] for d in t.dsts} - {placement[t.src]}) for t in graph.tensors)
-    return sum(e.tensors for e in graph.edges if placement[e.src] != placement[e.dst])
+    return sum(n for _, _, _, n in graph.crossings(placement))
 
 
 @dataclass(frozen=True)

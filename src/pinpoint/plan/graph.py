@@ -13,6 +13,7 @@ variables), `movable` False for a group that must stay where it is (host-only op
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +91,21 @@ class PlanGraph:
     emulated: bool = False  # the run's GPUs were logical CPU devices (placement.json device_aliases)
     us_per_transfer: float | None = None  # its profiled _Send/_Recv time per tensor crossing devices
     all_reduce: Any = None  # mirrored: its plan.allreduce.AllReduceCase (the train.all_reduce a plan moves)
+
+    def crossings(self, placement: Mapping[str, str]) -> Iterator[tuple[str, str, int, int]]:
+        """(from device, to device, bytes, tensors) per step of each transfer `placement` (group
+        key -> device) makes: each tensor once per other device that reads it (the runtime's one
+        _Send/_Recv pair per tensor and receiving device); per edge for a graph built by hand."""
+        if self.tensors:
+            for t in self.tensors:
+                a = placement[t.src]
+                for b in {placement[d] for d in t.dsts} - {a}:
+                    yield a, b, t.bytes, 1
+            return
+        for e in self.edges:
+            a, b = placement[e.src], placement[e.dst]
+            if a != b:
+                yield a, b, e.bytes, e.tensors
 
     def group(self, key: str) -> Group:
         for g in self.groups:

@@ -178,12 +178,9 @@ def bytes_crossing(graph: PlanGraph, placement: Placement) -> dict[tuple[str, st
     reads it (the runtime's one _Send/_Recv pair per tensor and receiving device); from the edges
     when the graph has no tensors (built by hand)."""
     crossing: dict[tuple[str, str], int] = {}
-    if graph.tensors:
-        for t in graph.tensors:
-            a = placement[t.src]
-            for b in {placement[d] for d in t.dsts} - {a}:
-                crossing[(a, b)] = crossing.get((a, b), 0) + t.bytes
-        return crossing
+    for a, b, nbytes, _ in graph.crossings(placement):
+        crossing[(a, b)] = crossing.get((a, b), 0) + nbytes
+    return crossing
     for e in graph.edges:
         a, b = placement[e.src], placement[e.dst]
         if a != b:
