@@ -15,7 +15,7 @@ import pytest
 
 from pinpoint.errors import ConfigError
 from pinpoint.placement.files import ops_path, write_placement
-from pinpoint.placement.opgraph import LayerMatcher
+from pinpoint.placement.opgraph import LayerMatcher, colocated_layers
 from pinpoint.plan.build import plan_graph
 from pinpoint.plan.graph import Edge
 
@@ -141,6 +141,22 @@ def test_ops_belong_to_the_deepest_layer_exact_names_before_uniquified_ones():
     assert match("loss/Sum") is None
     assert match("head") is None  # an op named like a layer, outside its scope
 
+
+
+@pytest.mark.unit
+def test_an_op_colocated_with_a_rewritten_op_takes_the_layer_its_name_says():
+    """A gradient sum colocated with a residual block's Add that grappler rewrote away (no row of
+    that name ran) belongs to the Add's layer, not to the step's rest; one colocated with an op
+    that ran takes that op's layer, and one colocated with nothing of a layer stays outside."""
+    match = LayerMatcher(["block_1_expand", "block_1_add"], None)
+    rows = [_row("m_1/block_1_expand_1/Conv2D", "Conv2D", "/GPU:1", layer="block_1_expand"),
+            _row("m_1/block_1_add_1/ArithmeticOptimizer/AddOpsRewrite_Leaf_1_Add", "AddN", "/GPU:0",
+                 layer="block_1_add"),
+            _row("gradients/AddN_61", "AddN", "/GPU:0", colocation=["m_1/block_1_add_1/Add"]),
+            _row("gradients/AddN_62", "AddN", "/GPU:1", colocation=["m_1/block_1_expand_1/Conv2D"]),
+            _row("gradients/loss_grad/mul", "Mul", "/GPU:0", colocation=["loss/SparseSoftmaxCrossEntropyWithLogits"])]
+    colocated_layers(rows, match)
+    assert [r["layer"] for r in rows[2:]] == ["block_1_add", "block_1_expand", None]
 
 # ---- a real run -----------------------------------------------------------------------------------
 LAYERS = {"dense_1": "/GPU:0", "dense_2": "/GPU:1", "head": "/GPU:1"}

@@ -43,6 +43,8 @@ class CapturedGraphs:
     requested: dict[str, str] | None = None
     # Node name -> pre-optimization NodeDef (op type and attrs), when a view renamed the nodes.
     defs: dict[str, Any] | None = None
+    # A function body's node name (as its NodeDefs' inputs name it) -> the name in `defs`.
+    def_names: dict[str, str] = field(default_factory=dict)
     # Input-pipeline ops (IteratorGetNext) whose traced shape has a dynamic dimension: sized
     # from the bytes the runtime reports they handed out (size_iterator_outputs).
     dynamic_inputs: list[str] = field(default_factory=list)

@@ -25,6 +25,12 @@ from pinpoint.placement.naming import XLA_ATTR
 from pinpoint.placement.transfers import BOOKKEEPING, SENDS, TRANSPORT, graph_nodes, tensor_bytes
 
 DEVICE_TYPES = ("CPU", "GPU")
+# Ops whose inputs grappler's ArithmeticOptimizer may swap with another op's on the same device
+# (MinimizeBroadcasts reorders a chain of Mul or Add, e.g. a BatchNormalization's gamma gradient
+# and the optimizer's learning-rate product, `(g * rsqrt) * lr` -> `(g * lr) * rsqrt`). Placed apart
+# the chain is not reordered: the edges the graph asked for are the ones that cross.
+_REASSOCIATED = {"Mul", "Add", "AddV2"}
+_IDENTITIES = {"Identity", "IdentityN", "Snapshot"}
 # Keras makes a scope unique inside a tf.function by a numeric suffix ("dense_1" -> "dense_1_1").
 _SUFFIX = re.compile(r"_\d+$")
 
@@ -46,6 +52,10 @@ def add_graph_fields(rows: list[dict], cap, namer: DeviceMap, *, layer_of: Calla
         node = nodes.get(name)
         pre = defs.get(name)
         row["inputs"] = _inputs(node, producers, names, cap, nodes) if node is not None else []
+        if node is not None and pre is not None and node.op == pre.op and node.op in _REASSOCIATED:
+            requested_inputs = _requested_inputs(pre, defs, getattr(cap, "def_names", None) or {}, names, cap, nodes)
+            if requested_inputs is not None and {t for t, _ in requested_inputs} != {t for t, _ in row["inputs"]}:
+                row["inputs"] = requested_inputs
         args = _arg_inputs(node, producers, cap, nodes, namer) if node is not None else []
         if args:
             row["args"] = args
@@ -55,13 +65,23 @@ def add_graph_fields(rows: list[dict], cap, namer: DeviceMap, *, layer_of: Calla
         row["kernel_devices"] = kernel_devices(node, pre)
         if op_us is not None:
             row["us"] = op_us.get(name, 0.0)
-    # An op outside every layer's scope that TensorFlow keeps with a layer's op (the gradient
-    # aggregation "gradients/AddN_3", colocated with the forward op whose uses it sums) goes
-    # where that op goes: it belongs to its layer.
+    colocated_layers(rows, layer_of)
+
+
+def colocated_layers(rows: list[dict], layer_of: Callable[[str], str | None]) -> None:
+    """Give an op outside every layer's scope the layer of the op TensorFlow keeps it with (its
+    colocation group), in place. The gradient aggregation "gradients/AddN_3", colocated with the
+    forward op whose uses it sums, goes where that op goes: it belongs to its layer. That op may
+    not have run under its own name (grappler rewrote a residual block's Add into AddOpsRewrite
+    nodes): its name still says whose it is."""
     layer = {r["op"]: r["layer"] for r in rows}
+
+    def owner(op: str) -> str | None:
+        return layer[op] if op in layer else layer_of(op)
+
     for row in rows:
         if row["layer"] is None:
-            row["layer"] = next((layer[c] for c in row["colocation"] if layer.get(c)), None)
+            row["layer"] = next((owner(c) for c in row["colocation"] if owner(c)), None)
 
 
 def _producers(cap) -> dict[tuple[str, str, str], tuple[str, int | None]]:
@@ -87,6 +107,58 @@ def _inputs(node, producers: dict, names: set, cap, nodes: dict) -> list[list]:
         if tensor.partition(":")[0] in names:
             out.append([tensor, tensor_bytes(tensor, cap, nodes, dtype)])
     return out
+
+
+def _requested_inputs(pre, defs: dict, def_names: Mapping[str, str], names: set, cap, nodes: dict) -> list[list] | None:
+    """The data inputs the graph asked for, as _inputs gives them, each followed through the
+    identities grappler removed; None when one is not a tensor of an op that ran."""
+    out = []
+    for inp in pre.input:
+        if inp.startswith("^"):
+            continue
+        tensor = _tensor_name(inp, defs, def_names)
+        for _ in range(8):
+            if tensor is None:
+                return None
+            op, _, index = tensor.partition(":")
+            if op in names:
+                break
+            src = defs.get(op)
+            if src is None or src.op not in _IDENTITIES:
+                return None
+            data = [i for i in src.input if not i.startswith("^")]
+            k = int(index or 0) if src.op == "IdentityN" else 0
+            if k >= len(data):
+                return None
+            tensor = _tensor_name(data[k], defs, def_names)
+        else:
+            return None
+        nbytes = tensor_bytes(tensor, cap, nodes, None)
+        if nbytes is None:
+            return None
+        out.append([tensor, nbytes])
+    return out
+
+
+def _tensor_name(inp: str, defs: dict, def_names: Mapping[str, str]) -> str | None:
+    """A NodeDef input as a tensor name of the step's rows: "op" for output 0, else "op:k". A
+    function body names "op:out_arg:k" by its own node names, k counted in that output argument:
+    taken when it is the op's first (its outputs start there), else None."""
+    parts = inp.split(":")
+    op = def_names.get(parts[0], parts[0])
+    k = int(parts[-1]) if len(parts) > 1 else 0
+    if len(parts) == 3 and parts[1] != _first_output_arg(defs.get(op)):
+        return None
+    return op if k == 0 else f"{op}:{k}"
+
+
+def _first_output_arg(node) -> str | None:
+    if node is None:
+        return None
+    from pinpoint.tfcompat.api import op_def as registered  # the capture runs where TF is loaded
+
+    op_def = registered(node.op)
+    return op_def.output_arg[0].name if op_def is not None and op_def.output_arg else None
 
 
 def _sources(node, producers: dict, nodes: dict) -> list[tuple[str, int | None]]:

@@ -147,6 +147,7 @@ def per_step_view(captured: CapturedGraphs) -> CapturedGraphs:
         for f in pre.library.function:
             for nd in f.node_def:
                 name = names.function_node(nd.name)
+                out.def_names.setdefault(nd.name, name)
                 defs.setdefault(name, _renamed_colocation(nd, names) if "_class" in nd.attr else nd)
                 # GPU emulation's default requests are not the user's (see distribute.emulation).
                 if nd.device and EMULATED_ATTR not in nd.attr:

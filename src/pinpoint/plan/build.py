@@ -29,6 +29,7 @@ from pinpoint.plan.graph import BACKWARD, INPUT, OTHER, Edge, Group, PlanGraph, 
 from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
 
 FIELD = "run_dir"
+_ADD_OPS_REWRITE = "/ArithmeticOptimizer/AddOpsRewrite_"  # grappler's merged adds (_unabsorb)
 _INPUT_SCOPE = re.compile(r"(^|/)input(_\d+)?/")  # the trainer's input_scope
 _FIRST_LOGGED_STEP = 1  # its record's time per step includes the tracing (training.loop.capture)
 
@@ -247,7 +248,51 @@ def _tensors(rows: list[dict], group_of: dict[str, str], host: str) -> tuple[Ten
         for src, tensor, nbytes in fed:
             if src is not None and src != dst:
                 found.setdefault(tensor, (src, nbytes or 0, set()))[2].add(dst)
+    _unabsorb(rows, group_of, found)
     return tuple(Tensor(src, nbytes, frozenset(dsts)) for _, (src, nbytes, dsts) in sorted(found.items()))
+
+
+def _unabsorb(rows: list[dict], group_of: dict[str, str], found: dict[str, tuple[str, int, set[str]]]) -> None:
+    """Undo grappler's merge of another group's adds into a group's sum, in `found` (in place).
+
+    ArithmeticOptimizer's AddOpsRewrite merges a tree of adds on one device into one sum under the
+    root's name (`<scope>/ArithmeticOptimizer/AddOpsRewrite_*`): a residual block's Add absorbs the
+    last add of the BatchNormalization before it (x * scale + offset) and reads that layer's
+    operands instead of its output (a full activation and a vector per channel). Placed apart the
+    two groups are on two devices, the adds are not merged, and one tensor crosses: the absorbed
+    add's output, as large as its largest operand. So the operands one group hands another's
+    rewritten sum count as that one tensor."""
+    grad = gradient_re()
+    tree_of: dict[str, tuple[str, str]] = {}  # a rewritten node -> (its tree's scope, its group)
+    for r in rows:
+        scope, sep, _ = r["op"].partition(_ADD_OPS_REWRITE)
+        # Not a gradient's sum: its adds are all its own group's (colocated with the op whose
+        # gradient it sums); the operands other groups hand it are contributions, each its own tensor.
+        if sep and not grad.search(scope + "/"):
+            tree_of[r["op"]] = (scope, group_of[r["op"]])
+    if not tree_of:
+        return
+    operands: dict[tuple[str, str], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    read_elsewhere: dict[str, set[str]] = defaultdict(set)  # group -> tensors its other ops read
+    sums_in = {dst for _, dst in tree_of.values()}
+    for r in rows:
+        tree, dst = tree_of.get(r["op"]), group_of[r["op"]]
+        if tree is None and dst not in sums_in:
+            continue
+        for t, _ in r["inputs"]:
+            src = group_of.get(t.partition(":")[0])
+            if src is not None and src != dst and t in found:
+                (operands[tree][src] if tree else read_elsewhere[dst]).add(t)
+    for (scope, dst), by_src in sorted(operands.items()):
+        for src, tensors in sorted(by_src.items()):
+            if len(tensors) < 2:
+                continue
+            largest = max(found[t][1] for t in tensors)
+            for t in tensors - read_elsewhere[dst]:
+                producer, nbytes, dsts = found.pop(t)
+                if dsts - {dst}:
+                    found[t] = (producer, nbytes, dsts - {dst})
+            found[f"{scope}{_ADD_OPS_REWRITE}* <- {src}"] = (src, largest, {dst})
 
 
 def _edges(tensors: tuple[Tensor, ...]) -> tuple[Edge, ...]:
