@@ -91,14 +91,11 @@ class Trainer:
             # colocate every gradient op with its forward op, so each pinned layer's backward pass
             # runs on the layer's device and activation gradients cross back between devices.
             # tape.gradient would place them all by the device scope of this call instead.
-            # A tensor read by layers on several devices (a residual block's input) has its
-            # gradient summed where the op that made it runs, every contribution sent there
-            # (EXPERIMENTAL_TREE: the sum is colocated with that op). The default (ADD_N) sums per
-            # device of the contributions first, so where the sum runs and what crosses would
-            # depend on where every consumer sits, not on the producer alone, and a plan could not
-            # predict its bytes from another placement's run.
-            grads = tf.gradients(scaled, tf_variables(variables), name="gradients",
-                                 aggregation_method=tf.AggregationMethod.EXPERIMENTAL_TREE)
+            # A tensor read on several devices has its gradient summed per device first
+            # (_MultiDeviceAddN), one partial sum crossing per device: keep that default.
+            # EXPERIMENTAL_TREE would sum beside the producer, every contribution crossing (a
+            # transformer block split from the next sends its boundary gradient 4x, not once).
+            grads = tf.gradients(scaled, tf_variables(variables), name="gradients")
         else:
             # The backward pass: pinned to one device when train.pinning.gradients is set.
             with tf.name_scope("gradients"), device_scope(self.gradient_device):
