@@ -380,3 +380,45 @@ def test_an_emulated_timed_run_gives_the_emulated_host_its_time_per_transfer(mlp
     count = sum(c["count"] for row in placement["transfers"]["matrix"].values() for c in row.values())
     g = plan_graph(mlp_run)
     assert (g.emulated, g.us_per_transfer) == (True, round(sent_ms * 1e3 / count, 3))
+
+
+@pytest.mark.unit
+def test_a_residual_gradient_is_summed_per_device_then_beside_the_op_that_made_it():
+    """The stem's output is read by conv and (through the Add, whose gradient is its output's) by
+    head's gradient. The run summed both on one device (one AddN colocated with conv); under
+    another placement TensorFlow sums per device of the contributions, then beside the stem: each
+    other device's part crosses to the stem's device, not to where the run summed them."""
+    from pinpoint.plan.build import build
+    from pinpoint.plan.predict import bytes_crossing
+
+    rows = [
+        _row("m/stem/Conv2D", "Conv2D", "/GPU:0", layer="stem"),
+        _row("m/conv/Conv2D", "Conv2D", "/GPU:0", [("m/stem/Conv2D", 400)], layer="conv"),
+        _row("m/add/Add", "AddV2", "/GPU:0", [("m/stem/Conv2D", 400), ("m/conv/Conv2D", 400)], layer="add"),
+        _row("m/head/MatMul", "MatMul", "/GPU:0", [("m/add/Add", 400)], layer="head"),
+        _row("gradients/m/head/MatMul_grad/MatMul", "MatMul", "/GPU:0", layer="head", colocation=["m/head/MatMul"]),
+        _row("gradients/m/conv/Conv2D_grad/Conv2DBackpropInput", "Conv2DBackpropInput", "/GPU:0",
+             [("gradients/m/head/MatMul_grad/MatMul", 400)], layer="conv", colocation=["m/conv/Conv2D"]),
+        _row("gradients/AddN", "AddN", "/GPU:0", [("gradients/m/conv/Conv2D_grad/Conv2DBackpropInput", 400),
+                                                 ("gradients/m/head/MatMul_grad/MatMul", 400)],
+             layer="conv", colocation=["m/conv/Conv2D"]),
+        _row("gradients/m/stem/Conv2D_grad/Conv2DBackpropFilter", "Conv2DBackpropFilter", "/GPU:0",
+             [("gradients/AddN", 400)], layer="stem", colocation=["m/stem/Conv2D"]),
+    ]
+    g = build({"strategy": "none", "devices": ["/CPU:0", "/GPU:0", "/GPU:1", "/GPU:2"],
+               "device_map": {"host": "/CPU:0"}, "ops": rows})
+    assert [(s.home, len(s.contributions), s.readers) for s in g.sums] == [("stem", 2, frozenset({"stem"}))]
+    at = {"stem": "/GPU:0", "conv": "/GPU:1", "add": "/GPU:0", "head": "/GPU:2", "other": "/GPU:0"}
+    assert {k: v for k, v in bytes_crossing(g, at).items() if v} == {
+        ("/GPU:0", "/GPU:1"): 400,  # the stem's output to conv
+        ("/GPU:1", "/GPU:0"): 400 + 400,  # conv's output to the Add; conv's contribution to the sum
+        ("/GPU:0", "/GPU:2"): 400,  # the Add's output to head
+        ("/GPU:2", "/GPU:1"): 400,  # head's gradient to conv's backward op
+        ("/GPU:2", "/GPU:0"): 400,  # head's contribution to the sum
+    }
+    # Both contributions on one device: summed there, the sum crosses once to the stem's backward op.
+    both = {**at, "head": "/GPU:1"}
+    assert {k: v for k, v in bytes_crossing(g, both).items() if v} == {
+        ("/GPU:0", "/GPU:1"): 400 + 400,  # the stem's output to conv; the Add's output to head
+        ("/GPU:1", "/GPU:0"): 400 + 400,  # conv's output to the Add; the sum to the stem
+    }

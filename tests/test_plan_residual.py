@@ -44,6 +44,10 @@ LAYERS = ("image", "stem", "b1_conv", "b1_bn", "b1_add", "b1_relu", "b2_conv", "
 # Each block's convolution and BatchNormalization on /GPU:1, apart from the Add that reads them and
 # from the stem or block whose output both the convolution and the Add read.
 SPLIT = {k: "/GPU:1" if k.endswith(("_conv", "_bn")) else "/GPU:0" for k in LAYERS}
+# Another split: the stem and block 1's Add on /GPU:1, block 1's convolution and block 2's Add on
+# /GPU:0, so each residual gradient's contributions come from other devices than in SPLIT.
+OTHER = {**dict.fromkeys(LAYERS, "/GPU:0"), "stem": "/GPU:1", "b1_add": "/GPU:1", "b2_conv": "/GPU:1",
+         "b2_bn": "/GPU:1"}
 CLUSTER = {"devices_per_worker": 2, "emulate": True}
 PLACEMENT = {"warmup_steps": 1, "sample_steps": 1, "timing": False}
 
@@ -81,11 +85,20 @@ def test_a_residual_model_split_apart_from_its_one_device_run_gets_exact_bytes_p
     source = _train(tmp_path, code, "one-device", dict.fromkeys(LAYERS, "/GPU:0"))
     split = _train(tmp_path, code, "split", SPLIT)
 
-    graph = plan_graph(source)
-    placement = {g.key: SPLIT.get(g.key, g.device) for g in graph.groups}
-    predicted = predict(graph, placement, LinkModel(), ("/GPU:0", "/GPU:1")).bytes_crossing
-    measured = {pair: b for pair, b in pair_bytes(read_placement(split, field="run_dir")).items() if b}
-    assert {f"{a} -> {b}": n for (a, b), n in predicted.items() if n} == measured
+    other = _train(tmp_path, code, "other", OTHER)
+
+    def predicted(run: Path, layers: dict[str, str]) -> dict[str, int]:
+        graph = plan_graph(run)
+        placement = {g.key: layers.get(g.key, g.device) for g in graph.groups}
+        pairs = predict(graph, placement, LinkModel(), ("/GPU:0", "/GPU:1")).bytes_crossing
+        return {f"{a} -> {b}": n for (a, b), n in pairs.items() if n}
+
+    def measured(run: Path) -> dict[str, int]:
+        return {pair: b for pair, b in pair_bytes(read_placement(run, field="run_dir")).items() if b}
+
+    assert predicted(source, SPLIT) == measured(split)
+    assert predicted(split, OTHER) == measured(other)
+    assert predicted(other, SPLIT) == measured(split)
 
     # The split run sent each BatchNormalization's output to its Add (on one device grappler
     # merged the two: the run the prediction is made from has no such tensor).

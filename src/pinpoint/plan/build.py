@@ -7,7 +7,9 @@ else metrics.json). Groups: one per layer key, "input" for the input pipeline's 
 the rest (loss, optimizer bookkeeping). Constants and NoOps are left out: they do no work and the
 runtime makes them where they are used. The step function's arguments fed on the host (the
 trainer's step counter, the call's example indices) are sent like any tensor: they count as the input
-pipeline's output.
+pipeline's output. Where the run's graph depends on its own placement, the graph keeps what does
+not: gradient sums as what they sum (_grad_sums), grappler's merged adds as the one tensor that
+crosses apart (_unabsorb).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pinpoint.layer_keys import is_pattern, key_matches
 from pinpoint.placement.conformance import INPUT_RE, NOT_COMPUTE, gradient_re
 from pinpoint.placement.files import read_placement
 from pinpoint.plan.allreduce import case_of
-from pinpoint.plan.graph import BACKWARD, INPUT, OTHER, Edge, Group, PlanGraph, PsVariable, Tensor
+from pinpoint.plan.graph import BACKWARD, INPUT, OTHER, Edge, GradSum, Group, PlanGraph, PsVariable, Tensor
 from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
 
 FIELD = "run_dir"
@@ -90,11 +92,13 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
             and not any(r.get("kernel_devices") == ["CPU"] for r in ops),
         ))
     devices = set(placement.get("devices") or ()) | set((placement.get("device_map") or {}).get("spec_replica_devices") or ())
-    tensors = _tensors(rows, group_of, host)
+    sums, summing = _grad_sums(rows, group_of)
+    tensors = _tensors(rows, group_of, host, summing)
     return PlanGraph(
         groups=tuple(groups),
-        edges=_edges(tensors),
+        edges=_edges(tensors + _sum_edges(sums)),
         tensors=tensors,
+        sums=sums,
         devices=tuple(sorted(devices, key=sort_key)),
         host=host,
         strategy=placement.get("strategy") or "",
@@ -236,20 +240,155 @@ def _depths(rows: list[dict]) -> tuple[dict[str, int], set[str]]:
     return depth, backward
 
 
-def _tensors(rows: list[dict], group_of: dict[str, str], host: str) -> tuple[Tensor, ...]:
+def _tensors(rows: list[dict], group_of: dict[str, str], host: str, summing: set[str]) -> tuple[Tensor, ...]:
     """Every tensor one group's ops hand to another group's, with the groups reading it. An
     argument of the step function on the host comes from the input group; one elsewhere (a
-    variable's handle on its own device) is not a tensor a plan moves."""
+    variable's handle on its own device) is not a tensor a plan moves. What the ops of a gradient
+    sum (`summing`) read and make is the sum's (PlanGraph.sums)."""
     found: dict[str, tuple[str, int, set[str]]] = {}
     for r in rows:
+        if r["op"] in summing:
+            continue
         dst = group_of[r["op"]]
-        fed = [(group_of.get(t.partition(":")[0]), t, b) for t, b in r["inputs"]]
+        fed = [(group_of.get(t.partition(":")[0]), t, b) for t, b in r["inputs"] if t.partition(":")[0] not in summing]
         fed += [(INPUT, t, b) for t, b, dev in r.get("args") or () if dev == host]
         for src, tensor, nbytes in fed:
             if src is not None and src != dst:
                 found.setdefault(tensor, (src, nbytes or 0, set()))[2].add(dst)
     _unabsorb(rows, group_of, found)
-    return tuple(Tensor(src, nbytes, frozenset(dsts)) for _, (src, nbytes, dsts) in sorted(found.items()))
+    return tuple(Tensor(src, nbytes, frozenset(dsts), name) for name, (src, nbytes, dsts) in sorted(found.items()))
+
+
+_SUM_OP = re.compile(r"(^|/)gradients(_\d+)?/AddN(_\d+)?$")  # tf.gradients' aggregation (_MultiDeviceAddN)
+
+
+def _grad_sums(rows: list[dict], group_of: dict[str, str]) -> tuple[tuple[GradSum, ...], set[str]]:
+    """The step's gradient sums as TensorFlow builds them whatever the placement, and their ops.
+
+    The run shows each sum as its placement built it: an AddN per device of contributions (read
+    only by the sum across devices), that one colocated with the op that made the tensor. A sum
+    is kept as its contributions (the inputs of its AddNs that are not its own partial sums), the
+    group of the op that made the tensor (the op its contributions' forward ops read it from) and
+    the groups reading the result; the ops of a sum whose maker is not found stay plain ops."""
+    sum_ops = {r["op"]: r for r in rows if r["type"] == "AddN" and r.get("colocation") and _SUM_OP.search(r["op"])}
+    if not sum_ops:
+        return (), set()
+    by_name = {r["op"]: r for r in rows}
+    readers: dict[str, list[str]] = defaultdict(list)
+    for r in rows:
+        for t, _ in r["inputs"]:
+            op = t.partition(":")[0]
+            if op in sum_ops:
+                readers[op].append(r["op"])
+    partial_of = {op: rs[0] for op, rs in readers.items() if len(rs) == 1 and rs[0] in sum_ops}
+    roots = [op for op in sum_ops if op not in partial_of]
+    parts: dict[str, list[str]] = defaultdict(list)  # root -> its ops (itself and its partial sums)
+    for op in sum_ops:
+        root = op
+        while root in partial_of:
+            root = partial_of[root]
+        parts[root].append(op)
+    index: dict[str, int] = {}  # a kept sum's root -> its position
+    kept: list[tuple[str, str, int, tuple]] = []  # (root, maker's group, bytes, contributions)
+    summing: set[str] = set()
+    for root in _sum_order(roots, parts, sum_ops):
+        ops = parts[root]
+        leaves = [(t, b) for op in ops for t, b in sum_ops[op]["inputs"] if t.partition(":")[0] not in ops]
+        home = _maker_group([(t, b) for t, b in leaves if t.partition(":")[0] not in sum_ops], by_name, group_of)
+        # Another sum passed through is one of its contributions: kept only when that one is.
+        if home is None or any(t.partition(":")[0] in sum_ops and t.partition(":")[0] not in index for t, _ in leaves):
+            continue
+        contributions = tuple((t, None, index[t.partition(":")[0]]) if t.partition(":")[0] in sum_ops
+                              else (t, group_of.get(t.partition(":")[0]), None) for t, _ in leaves)
+        if any(g is None and j is None for _, g, j in contributions):
+            continue
+        index[root] = len(kept)
+        kept.append((root, home, max(b or 0 for _, b in leaves), contributions))
+        summing.update(ops)
+    # Readers: the ops reading a sum's result other than the kept sums it contributes to (a sum
+    # that is not kept reads it as any op does).
+    sums = tuple(GradSum(home, nbytes, contributions,
+                         frozenset(group_of[r] for r in readers.get(root, ()) if r not in summing))
+                 for root, home, nbytes, contributions in kept)
+    return sums, summing
+
+
+def _sum_order(roots: list[str], parts: dict[str, list[str]], sum_ops: dict[str, dict]) -> list[str]:
+    """The sums' roots, each after the sums it reads (depth first)."""
+    root_of = {op: root for root, ops in parts.items() for op in ops}
+    done: set[str] = set()
+    out: list[str] = []
+
+    def visit(root: str) -> None:
+        stack = [(root, False)]
+        while stack:
+            op, expanded = stack.pop()
+            if op in done:
+                continue
+            if expanded:
+                done.add(op)
+                out.append(op)
+                continue
+            stack.append((op, True))
+            for part in parts[op]:
+                for t, _ in sum_ops[part]["inputs"]:
+                    dep = root_of.get(t.partition(":")[0])
+                    if dep is not None and dep != op and dep not in done:
+                        stack.append((dep, False))
+
+    for r in roots:
+        visit(r)
+    return out
+
+
+def _maker_group(leaves: list[tuple[str, int | None]], by_name: dict[str, dict],
+                 group_of: dict[str, str]) -> str | None:
+    """The group of the op that made the tensor a sum's contributions are the gradient of (None
+    when not found). A contribution's op is colocated with the forward op that read a tensor, and
+    that op's input of the contribution's size is the tensor. A contribution an Add passed through
+    names a tensor made from it further on (the Add's output): the sum's is the one the others are
+    made from."""
+    found = set()
+    for t, nbytes in leaves:
+        op = by_name.get(t.partition(":")[0])
+        for fwd in (op or {}).get("colocation") or ():
+            reader = by_name.get(fwd)
+            if reader is None:
+                continue
+            inputs = [i for i, b in reader["inputs"] if b == nbytes]
+            if len(inputs) == 1 and inputs[0].partition(":")[0] in group_of:
+                found.add(inputs[0])
+    upstream = [c for c in found if all(o == c or c in _made_from(o, by_name) for o in found)]
+    return group_of[upstream[0].partition(":")[0]] if len(upstream) == 1 else None
+
+
+def _made_from(tensor: str, by_name: dict[str, dict], depth: int = 6) -> set[str]:
+    """The tensors `tensor` is computed from, `depth` ops back."""
+    out: set[str] = set()
+    frontier = [tensor]
+    for _ in range(depth):
+        nxt = []
+        for t in frontier:
+            for i, _ in (by_name.get(t.partition(":")[0]) or {}).get("inputs") or ():
+                if i not in out:
+                    out.add(i)
+                    nxt.append(i)
+        frontier = nxt
+    return out
+
+
+def _sum_edges(sums: tuple[GradSum, ...]) -> tuple[Tensor, ...]:
+    """What the search weighs for the sums: each contribution to the maker's group, the result from
+    it to its readers (the exact bytes are PlanGraph.crossings')."""
+    out = []
+    for s in sums:
+        for t, group, j in s.contributions:
+            src = group if group is not None else sums[j].home
+            if src != s.home:
+                out.append(Tensor(src, s.bytes, frozenset({s.home})))
+        if s.readers - {s.home}:
+            out.append(Tensor(s.home, s.bytes, frozenset(s.readers - {s.home})))
+    return tuple(out)
 
 
 def _unabsorb(rows: list[dict], group_of: dict[str, str], found: dict[str, tuple[str, int, set[str]]]) -> None:

@@ -58,6 +58,25 @@ class Tensor:
     src: str
     bytes: int
     dsts: frozenset[str]
+    # The tensor's name, so a gradient sum sending the same tensor to the same device counts it once.
+    name: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class GradSum:
+    """The gradient of a tensor read by several ops, summed from their contributions as
+    `tf.gradients` does (`_MultiDeviceAddN`): the contributions on each device summed there (one
+    alone is itself), then, when they are on several devices, one sum colocated with the op that
+    made the tensor (in group `home`), each other device's part crossing to it; on one device the
+    sum stays there. Where it runs follows the placement, so it is kept as what it sums.
+
+    `contributions`: (tensor, group or None, sum index or None) each: a tensor a group's op made, or
+    another sum's result passed through (an Add's gradient is its output's)."""
+
+    home: str
+    bytes: int
+    contributions: tuple[tuple[str, str | None, int | None], ...]
+    readers: frozenset[str]  # groups whose ops read the sum (not as a contribution to another)
 
 
 @dataclass(frozen=True)
@@ -91,24 +110,52 @@ class PlanGraph:
     emulated: bool = False  # the run's GPUs were logical CPU devices (placement.json device_aliases)
     us_per_transfer: float | None = None  # its profiled _Send/_Recv time per tensor crossing devices
     all_reduce: Any = None  # mirrored: its plan.allreduce.AllReduceCase (the train.all_reduce a plan moves)
+    sums: tuple[GradSum, ...] = ()  # gradient sums, in the order they are built (a sum after those it reads)
 
     def crossings(self, placement: Mapping[str, str]) -> Iterator[tuple[str, str, int, int]]:
         """(from device, to device, bytes, tensors) per step of each transfer `placement` (group
         key -> device) makes: each tensor once per other device that reads it (the runtime's one
         _Send/_Recv pair per tensor and receiving device); per edge for a graph built by hand."""
-        if self.tensors:
+        if self.tensors or self.sums:
+            sent: set[tuple[str, str]] = set()  # (tensor, receiving device): the runtime sends it once
             for t in self.tensors:
                 a = placement[t.src]
                 for b in {placement[d] for d in t.dsts} - {a}:
+                    if t.name:
+                        sent.add((t.name, b))
                     yield a, b, t.bytes, 1
+            yield from self._sum_crossings(placement, sent)
             return
         for e in self.edges:
             a, b = placement[e.src], placement[e.dst]
             if a != b:
                 yield a, b, e.bytes, e.tensors
 
+    def _sum_crossings(self, placement: Mapping[str, str], sent: set[tuple[str, str]]):
+        where: list[str] = []  # each sum's device, in order (a sum reads only earlier ones)
+        for i, s in enumerate(self.sums):
+            on: dict[str, list[str]] = {}  # device -> the contributions there (tensor ids)
+            for tensor, group, j in s.contributions:
+                device = placement[group] if group is not None else where[j]
+                on.setdefault(device, []).append(tensor if group is not None else f"sum:{j}")
+            home = placement[s.home] if len(on) > 1 else next(iter(on))
+            where.append(home)
+            for device, tensors in on.items():
+                if device != home:
+                    # One contribution is sent as it is; several are summed on their device first.
+                    yield from _once(sent, tensors[0] if len(tensors) == 1 else f"sum:{i}@{device}",
+                                     device, home, s.bytes)
+            for b in {placement[r] for r in s.readers} - {home}:
+                yield from _once(sent, f"sum:{i}", home, b, s.bytes)
+
     def group(self, key: str) -> Group:
         for g in self.groups:
             if g.key == key:
                 return g
         raise KeyError(key)
+
+
+def _once(sent: set[tuple[str, str]], tensor: str, a: str, b: str, nbytes: int):
+    if (tensor, b) not in sent:
+        sent.add((tensor, b))
+        yield a, b, nbytes, 1
