@@ -145,12 +145,12 @@ def test_multi_worker_merge_keeps_each_tasks_devices_and_walls():
     assert m["wall_ms"] == 4.0 and m["tasks"]["chief:0"]["wall_ms"] == 2.5 and m["trace"] == "profile"
 
 
-def test_an_ops_time_per_step_is_its_median_execution_so_one_preempted_step_does_not_count():
+def test_an_ops_time_per_step_is_its_fastest_execution_so_waiting_for_threads_does_not_count():
     from pinpoint.placement.timing import op_times
 
     us = 1_000_000  # picoseconds per µs
-    # conv ran once in each of 3 steps, one of them stretched 10x (its thread waited for a core);
-    # add ran twice a step.
-    events = [OpEvent("conv", "Conv2D", i * 1000 * us, d * us) for i, d in enumerate((20, 20, 200))]
+    # conv ran once in each of 3 steps, two of them stretched 10x (its shards waited for the
+    # thread pool another device's op held): the median would be the wait; add ran twice a step.
+    events = [OpEvent("conv", "Conv2D", i * 1000 * us, d * us) for i, d in enumerate((200, 20, 200))]
     events += [OpEvent("add", "AddV2", i * 1000 * us + 500 * us, 3 * us) for i in range(6)]
     assert op_times(events, steps=3) == {"conv": 20.0, "add": 6.0}
