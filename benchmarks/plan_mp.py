@@ -30,8 +30,9 @@ CASES = (("towers", 2), ("towers", 4), ("mobilenet_v2", 2), ("mobilenet_v2", 4))
 SIDE, CLASSES, EXAMPLES, BATCH, STEPS = 32, 10, 64, 8, 25
 # Timed steps: an op's time is its fastest execution (placement.timing), and on a shared 2-core
 # host one op's executions differ up to 20x by what the other emulated GPUs run at that moment; 20
-# executions see it uncontended where 6 often did not (MobileNetV2 over 4 GPUs, three trainings of
-# the plan: median 1.09x and 1.14x with 6, 1.04x and 1.06x with 20, predicted 1.03-1.05x).
+# executions see it uncontended more often than 6 (MobileNetV2 over 4 GPUs, median of three
+# trainings of the plan: 1.09x and 1.14x with 6; 1.04x, 1.05x, 1.06x and 1.15x with 20; predicted
+# 1.03-1.05x). docs/plan.md, "Measured compute".
 WARMUP, SAMPLE = 3, 20
 MODEL = f'''
 import keras

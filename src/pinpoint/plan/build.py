@@ -382,7 +382,7 @@ def _sum_edges(sums: tuple[GradSum, ...]) -> tuple[Tensor, ...]:
     it to its readers (the exact bytes are PlanGraph.crossings')."""
     out = []
     for s in sums:
-        for t, group, j in s.contributions:
+        for _, group, j in s.contributions:
             src = group if group is not None else sums[j].home
             if src != s.home:
                 out.append(Tensor(src, s.bytes, frozenset({s.home})))
