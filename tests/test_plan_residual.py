@@ -1,13 +1,16 @@
-"""Exact bytes for a residual model split otherwise than the one-device run the prediction is
-made from.
+"""Exact bytes for a residual model placed otherwise than the run the prediction is made from.
 
-On one device grappler merges a residual block's Add with the last add of the BatchNormalization
-before it (AddOpsRewrite), so the Add reads that layer's operands instead of its output, and it
-reorders the chain `(gamma's gradient * rsqrt) * learning rate` across the layer and the optimizer
-(MinimizeBroadcasts). Split apart, neither happens. The plan graph counts the merged operands as
-the one tensor that crosses (plan.build._unabsorb), and a reordered chain keeps the inputs the
-graph asked for (placement.opgraph): the prediction equals what the split run measured, pair by
-pair. Either fix alone makes it fail."""
+Three things a residual block meets change with the placement, and the plan graph models each:
+- a block's input is read by its first convolution and by its Add, so its gradient is a sum of
+  contributions, which `tf.gradients` sums per device, then beside the op that made the input
+  (plan.build._grad_sums, PlanGraph.sums);
+- on one device grappler merges the Add with the last add of the BatchNormalization before it
+  (AddOpsRewrite): the Add reads that layer's operands instead of its output (plan.build._unabsorb);
+- on one device grappler reorders `(gamma's gradient * rsqrt) * learning rate` across the layer and
+  the optimizer (MinimizeBroadcasts): the chain keeps the inputs the graph asked for
+  (placement.opgraph).
+The prediction from a run on one device, and from one split for another and back, equals what
+the other run measured, pair by pair; each model alone makes it fail."""
 
 from __future__ import annotations
 
@@ -71,7 +74,7 @@ def _sent(run: Path) -> set[str]:
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_a_residual_model_split_apart_from_its_one_device_run_gets_exact_bytes_per_pair(tmp_path, tf):
+def test_a_residual_model_placed_otherwise_than_its_source_run_gets_exact_bytes_per_pair(tmp_path, tf):
     from pinpoint.placement.files import read_placement
     from pinpoint.plan.build import plan_graph
     from pinpoint.plan.links import LinkModel
@@ -84,7 +87,6 @@ def test_a_residual_model_split_apart_from_its_one_device_run_gets_exact_bytes_p
     (code / "respkg" / "models.py").write_text(textwrap.dedent(MODEL))
     source = _train(tmp_path, code, "one-device", dict.fromkeys(LAYERS, "/GPU:0"))
     split = _train(tmp_path, code, "split", SPLIT)
-
     other = _train(tmp_path, code, "other", OTHER)
 
     def predicted(run: Path, layers: dict[str, str]) -> dict[str, int]:
