@@ -18,6 +18,7 @@ import json
 import re
 import statistics
 from collections import Counter, defaultdict
+from graphlib import TopologicalSorter
 from pathlib import Path
 from typing import Any
 
@@ -314,31 +315,12 @@ def _grad_sums(rows: list[dict], group_of: dict[str, str]) -> tuple[tuple[GradSu
 
 
 def _sum_order(roots: list[str], parts: dict[str, list[str]], sum_ops: dict[str, dict]) -> list[str]:
-    """The sums' roots, each after the sums it reads (depth first)."""
+    """The sums' roots, each after the sums it reads."""
     root_of = {op: root for root, ops in parts.items() for op in ops}
-    done: set[str] = set()
-    out: list[str] = []
-
-    def visit(root: str) -> None:
-        stack = [(root, False)]
-        while stack:
-            op, expanded = stack.pop()
-            if op in done:
-                continue
-            if expanded:
-                done.add(op)
-                out.append(op)
-                continue
-            stack.append((op, True))
-            for part in parts[op]:
-                for t, _ in sum_ops[part]["inputs"]:
-                    dep = root_of.get(t.partition(":")[0])
-                    if dep is not None and dep != op and dep not in done:
-                        stack.append((dep, False))
-
-    for r in roots:
-        visit(r)
-    return out
+    reads = {root: {root_of[t.partition(":")[0]] for part in parts[root] for t, _ in sum_ops[part]["inputs"]
+                    if t.partition(":")[0] in root_of} - {root}
+             for root in roots}
+    return list(TopologicalSorter(reads).static_order())
 
 
 def _maker_group(leaves: list[tuple[str, int | None]], by_name: dict[str, dict],
