@@ -2,10 +2,11 @@
 step measured when that placement is trained, on this machine (GPUs emulated: the emulated host
 model, src/pinpoint/plan/emulated.py).
 
-One timed source run (the user's split: the model's layers cut in two contiguous halves on
-/GPU:0 and /GPU:1 of 4 emulated GPUs), then PLACEMENTS, each trained with `pinning.layers` (timed,
-placement on) and its median step measured (train_log.jsonl, the first step aside), each
-predicted from the SOURCE run's graph only. Reported per placement: predicted vs measured and
+The source run (the user's split: the model's layers cut in two contiguous halves on /GPU:0
+and /GPU:1 of 4 emulated GPUs) trained ROUNDS times, the plan and every prediction made from the
+training whose median step is the middle one; then PLACEMENTS, each trained ROUNDS times with
+`pinning.layers` (timed, placement on) and its median step measured (train_log.jsonl, the first
+step aside), each predicted from that source training's graph only. Reported per placement: predicted vs measured and
 the error; the own placement's error, the largest error, and the Spearman rank correlation of
 predicted and measured steps, with the targets' verdicts.
 
@@ -26,13 +27,19 @@ from typing import Any
 from benchmarks.plan_ps import dense_chain
 
 DEVICES, DEPTH, WIDTH, FEATURES, CLASSES = 4, 16, 32, 32, 10
-EXAMPLES, BATCH, STEPS, WARMUP, SAMPLE = 256, 16, 60, 3, 6
+# STEPS: the first ~10 steps of a training run 1.5-2x its later ones (thread pools and caches
+# warming, the profiled steps among them); 150 keep them a small share of the median at ~0.2 s a
+# training (each training's process start is ~4 s).
+EXAMPLES, BATCH, STEPS, WARMUP, SAMPLE = 256, 16, 150, 3, 6
 OWN_TARGET, ALL_TARGET, RANK_TARGET = 0.10, 0.15, 0.8
 # Each placement trained this many times, round by round: a training the host slows as a whole
 # (one_device measured 0.953 ms in one full bench and 1.170 in the next, beside an own placement
 # within 7% of its earlier figure) is one of three, and a slow period falls on one training of
 # several placements rather than on all of one placement's. Its measured step is the median of
-# its trainings' median steps.
+# its trainings' median steps. The source is trained ROUNDS times too, and the plan made from its
+# middle training: every prediction starts from the source's median step, and one slow source
+# training (1.882 ms against its re-trainings' 1.457-1.511 in a full bench) put every prediction
+# 24-43% high.
 ROUNDS = 3
 # (name, what it is); the order of the table.
 PLACEMENTS = (("own", "the source run's placement (the user's split), trained again"),
@@ -152,7 +159,7 @@ def measure(spec: dict) -> dict[str, Any]:
     steps = int(spec.get("steps", STEPS))
     data = write_package(folder)
     t0 = time.perf_counter()
-    source = train(folder, "source", data, split(2), steps)
+    source, sources_ms = middle_source(folder, data, steps)
     graph = plan_graph(source)
     host = EmulatedHost.of(graph)
     if host is None:
@@ -184,9 +191,26 @@ def measure(spec: dict) -> dict[str, Any]:
                      "links_ms": p.step_us / 1e3, "tensors_predicted": host_tensors(graph, mapping),
                      "tensors_measured": matrix_count(trainings[0])})
     low = spearman([r["predicted_ms"] for r in rows], [r["low_ms"] for r in rows])
-    return {**summary(rows), "spearman_low": low, "model": host.to_dict(), "algorithm": doc["algorithm"],
+    return {**summary(rows), "spearman_low": low, "model": host.to_dict(), "sources_ms": sources_ms,
+            "source": source.name, "algorithm": doc["algorithm"],
             "objective": doc["objective"], "groups": len(graph.groups), "steps": steps,
             "wall_s": time.perf_counter() - t0}
+
+
+def middle_source(folder: Path, data: Path, steps: int) -> tuple[Path, list[float]]:
+    """The source run trained ROUNDS times; (the training whose median step is the middle one, every
+    training's median step in ms, in training order)."""
+    from pinpoint.plan.build import plan_graph
+
+    trained = [train(folder, "source" + ("" if k == 0 else f"-{k + 1}"), data, split(2), steps) for k in range(ROUNDS)]
+    steps_ms = [plan_graph(run).measured_step_us / 1e3 for run in trained]
+    return middle(trained, steps_ms), steps_ms
+
+
+def middle(runs: list, values: list[float]):
+    """The run whose value is the median of an odd number of values (the lower middle one of an even number)."""
+    order = sorted(range(len(runs)), key=lambda i: values[i])
+    return runs[order[(len(runs) - 1) // 2]]
 
 
 def quartile_step_ms(run: Path) -> float:
@@ -222,14 +246,15 @@ def comparison(quick: bool = False):
     ratios = (Ratio("own placement: |predicted - measured| / measured step", arm, "", "own_error"),
               Ratio("largest |predicted - measured| / measured step over the placements", arm, "", "max_error"),
               Ratio("Spearman rank correlation, predicted vs measured step", arm, "", "spearman"))
-    # run_s: the source run, the plan and up to seven placements trained ROUNDS times, 60 steps,
-    # each training in its own process. With one training a placement it measured 37.2 s on the
-    # bench machine with other trainings beside it (load average ~2.5), 142.8 s at load average 5,
-    # 36.6 s in the 2026-11-25 full bench; ROUNDS trainings take about three times that.
+    # run_s: the source and up to seven placements trained ROUNDS times each, and the plan; each
+    # training in its own process. With one training a placement it measured 37.2 s on the bench
+    # machine with other trainings beside it (load average ~2.5), 142.8 s at load average 5, 36.6 s
+    # in the 2026-11-25 full bench; ROUNDS trainings a placement took 99 s (2026-11-25 partial run);
+    # two more source trainings and 90 more steps a training add about 2 x 4.5 + 24 x 0.2 s.
     return Comparison(key="plan-step", title="Step time: `pinpoint plan`'s prediction vs the measured step "
                       f"(a {DEPTH + 1}-layer chain, {len(PLACEMENTS)} placements over {DEVICES} emulated GPUs)",
                       arms=(Arm(arm, "source run, placements trained and predicted", spec),), ratios=ratios,
-                      repeats=1, run_s=105.0)
+                      repeats=1, run_s=115.0)
 
 
 def section(results: dict) -> str:
@@ -272,6 +297,8 @@ def section(results: dict) -> str:
             f"{'-' if rho is None else f'{rho:.3f}'}: **{'met' if rank_ok else 'NOT met'}**\n"
             + diagnostic +
             f"- model `{m['kind']}` (src/pinpoint/plan/emulated.py): the source run's median step {m['source_step_ms']} ms "
+            + (f"(`{r['source']}`, the middle of the source's {len(r['sources_ms'])} trainings: "
+               f"{', '.join(f'{v:.3f}' for v in r['sources_ms'])} ms) " if r.get("sources_ms") else "") +
             f"+ {m['us_per_transfer']} µs (its profiled _Send/_Recv time per tensor) x (tensors crossing - its own "
             f"{m['source_tensors_crossing']}); plan: {r['algorithm']}, objective {r['objective']}; "
             f"{r['steps']} steps a training, {ROUNDS} trainings a placement round by round, {r['wall_s']:.0f} s in all. Emulated GPUs share the host's 2 cores: a "

@@ -822,6 +822,24 @@ def test_spearman_of_a_constant_side_is_undefined():
     assert spearman([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None
 
 
+def test_plan_step_plans_from_the_source_training_with_the_middle_step():
+    from benchmarks.plan_step import middle
+
+    assert (middle(["source", "source-2", "source-3"], [1.882, 1.457, 1.511]),
+            middle(["a", "b", "c", "d"], [4.0, 1.0, 3.0, 2.0])) == ("source-3", "d")
+
+
+def test_plan_step_section_names_the_source_training_it_planned_from():
+    from benchmarks.plan_step import section, summary
+
+    rec = {**summary(_step_rows()), "spearman_low": 0.8, "algorithm": "m-ETF", "objective": "step_time", "steps": 150,
+           "wall_s": 70.0, "source": "source-3", "sources_ms": [1.882, 1.457, 1.511],
+           "model": {"kind": "emulated_host", "source_step_ms": 1.511, "us_per_transfer": 8.0,
+                     "source_tensors_crossing": 30}}
+    text = section({"plan-step": {"step": [rec]}})
+    assert "median step 1.511 ms (`source-3`, the middle of the source's 3 trainings: 1.882, 1.457, 1.511 ms)" in text
+
+
 def _step_rows():
     # (name, predicted ms, measured ms): own off by 5%, alternate4 by 20%, one swap in the order.
     return [{"name": n, "predicted_ms": p, "measured_ms": m, "low_ms": m * 0.8, "links_ms": 0.5,
