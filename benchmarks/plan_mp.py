@@ -123,9 +123,18 @@ def split_config(folder: Path, name: str, *, model: str, devices: int, data: Pat
     return path
 
 
+# Every training of a case (the user's split and each of the plan's) runs its ops with one intra-op
+# thread. The emulated GPUs share one process's intra-op pool: with its two threads an op waits for
+# whichever threads the other devices' ops hold, and that wait is timed as the op's own (one
+# MobileNetV2 plan over 4 GPUs trained four times: busiest/mean 1.05, 1.06, 1.07, 1.12, the busiest
+# device's compute 7.3-8.5 ms). With one thread each op's time is its own work (the same plan:
+# 1.21-1.25, 6.4-6.6 ms). docs/plan.md, "Measured compute".
+THREADS = {"TF_NUM_INTRAOP_THREADS": "1"}
+
+
 def _pinpoint(*argv: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "pinpoint.cli", *argv], check=False, capture_output=True,
-                          text=True, timeout=540, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                          text=True, timeout=540, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **THREADS})
     if proc.returncode != 0:
         raise RuntimeError(f"pinpoint {' '.join(argv[:2])} failed: {(proc.stdout + proc.stderr)[-2000:]}")
     return proc.stdout

@@ -3,10 +3,11 @@ step measured when that placement is trained, on this machine (GPUs emulated: th
 model, src/pinpoint/plan/emulated.py).
 
 The source run (the user's split: the model's layers cut in two contiguous halves on /GPU:0
-and /GPU:1 of 4 emulated GPUs) trained ROUNDS times, the plan and every prediction made from the
-training whose median step is the middle one; then PLACEMENTS, each trained ROUNDS times with
-`pinning.layers` (timed, placement on) and its median step measured (train_log.jsonl, the first
-step aside), each predicted from that source training's graph only. Reported per placement: predicted vs measured and
+and /GPU:1 of 4 emulated GPUs) is trained and planned from; then PLACEMENTS, each trained ROUNDS
+times with `pinning.layers` (timed, placement on), round by round with ROUNDS - 1 more trainings
+of the source, and its median step measured (train_log.jsonl, the first step aside). Every
+placement is predicted from one source training's graph only: the one whose median step is the
+middle of the source's. Reported per placement: predicted vs measured and
 the error; the own placement's error, the largest error, and the Spearman rank correlation of
 predicted and measured steps, with the targets' verdicts.
 
@@ -36,10 +37,10 @@ OWN_TARGET, ALL_TARGET, RANK_TARGET = 0.10, 0.15, 0.8
 # (one_device measured 0.953 ms in one full bench and 1.170 in the next, beside an own placement
 # within 7% of its earlier figure) is one of three, and a slow period falls on one training of
 # several placements rather than on all of one placement's. Its measured step is the median of
-# its trainings' median steps. The source is trained ROUNDS times too, and the plan made from its
-# middle training: every prediction starts from the source's median step, and one slow source
-# training (1.882 ms against its re-trainings' 1.457-1.511 in a full bench) put every prediction
-# 24-43% high.
+# its trainings' median steps. The source is trained ROUNDS times too, in the rounds, and every
+# prediction made from its middle training: each starts from the source's median step, and one
+# slow source training (1.882 ms against its re-trainings' 1.457-1.511 in a full bench) put every
+# prediction 24-43% high.
 ROUNDS = 3
 # (name, what it is); the order of the table.
 PLACEMENTS = (("own", "the source run's placement (the user's split), trained again"),
@@ -159,30 +160,38 @@ def measure(spec: dict) -> dict[str, Any]:
     steps = int(spec.get("steps", STEPS))
     data = write_package(folder)
     t0 = time.perf_counter()
-    source, sources_ms = middle_source(folder, data, steps)
+    sources = [train(folder, "source", data, split(2), steps)]
+    first_graph = plan_graph(sources[0])
+    doc, _ = plan_run(first_graph, source_run=str(sources[0]), devices=DEVICES, objective=None, links=LinkModel())
+    mappings = placements(first_graph, placement_of(first_graph, doc["pinning"]))
+    # A placement the same as one already listed (the plan is often one of the baselines) shares
+    # its trainings instead of training again.
+    first: dict[tuple, str] = {}
+    for name, mapping in mappings.items():
+        first.setdefault(tuple(sorted(pinning_of(first_graph, mapping)["layers"].items())), name)
+    runs: dict[str, list[Path]] = {name: [] for name in first.values()}
+    for k in range(ROUNDS):
+        # The source's own trainings are in the rounds too: a slow period of the host falls on one
+        # of them, as on one of each placement's.
+        if k:
+            sources.append(train(folder, f"source-{k + 1}", data, split(2), steps))
+        for key, name in first.items():
+            runs[name].append(train(folder, name.replace("_", "-") + ("" if k == 0 else f"-{k + 1}"), data,
+                                    dict(key), steps))
+    sources_ms = [plan_graph(run).measured_step_us / 1e3 for run in sources]
+    source = middle(sources, sources_ms)
     graph = plan_graph(source)
+    if [g.key for g in graph.groups] != [g.key for g in first_graph.groups]:
+        raise RuntimeError(f"{source} and {sources[0]} (the same program) built different layer groups")
     host = EmulatedHost.of(graph)
     if host is None:
         raise RuntimeError(f"the source run {source} gives no emulated host model (emulated {graph.emulated}, "
                            f"measured step {graph.measured_step_us}, µs per transfer {graph.us_per_transfer})")
     target = tuple(f"/GPU:{i}" for i in range(DEVICES))
-    doc, _ = plan_run(graph, source_run=str(source), devices=DEVICES, objective=None, links=LinkModel())
-    plan_placement = placement_of(graph, doc["pinning"])
-    mappings = placements(graph, plan_placement)
-    # A placement the same as one already listed (the plan is often one of the baselines) shares
-    # its trainings instead of training again.
-    first: dict[tuple, str] = {}
-    for name, mapping in mappings.items():
-        first.setdefault(tuple(sorted(pinning_of(graph, mapping)["layers"].items())), name)
-    runs: dict[str, list[Path]] = {name: [] for name in first.values()}
-    for k in range(ROUNDS):
-        for key, name in first.items():
-            runs[name].append(train(folder, name.replace("_", "-") + ("" if k == 0 else f"-{k + 1}"), data,
-                                    dict(key), steps))
     rows = []
     for name, mapping in mappings.items():
         p = predict(graph, mapping, LinkModel(), target)
-        owner = first[tuple(sorted(pinning_of(graph, mapping)["layers"].items()))]
+        owner = first[tuple(sorted(pinning_of(first_graph, mapping)["layers"].items()))]
         trainings = runs[owner]
         steps_ms = [plan_graph(run).measured_step_us / 1e3 for run in trainings]
         rows.append({"name": name, "predicted_ms": p.emulated_step_us / 1e3, "measured_ms": statistics.median(steps_ms),
@@ -195,16 +204,6 @@ def measure(spec: dict) -> dict[str, Any]:
             "source": source.name, "algorithm": doc["algorithm"],
             "objective": doc["objective"], "groups": len(graph.groups), "steps": steps,
             "wall_s": time.perf_counter() - t0}
-
-
-def middle_source(folder: Path, data: Path, steps: int) -> tuple[Path, list[float]]:
-    """The source run trained ROUNDS times; (the training whose median step is the middle one, every
-    training's median step in ms, in training order)."""
-    from pinpoint.plan.build import plan_graph
-
-    trained = [train(folder, "source" + ("" if k == 0 else f"-{k + 1}"), data, split(2), steps) for k in range(ROUNDS)]
-    steps_ms = [plan_graph(run).measured_step_us / 1e3 for run in trained]
-    return middle(trained, steps_ms), steps_ms
 
 
 def middle(runs: list, values: list[float]):
