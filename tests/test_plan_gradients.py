@@ -227,3 +227,31 @@ def test_bytes_predicted_from_a_run_with_pinned_gradients_are_what_each_placemen
     gradients = check["conformance"]["layers"][-1]
     assert (gradients["layer"], gradients["planned"], list(gradients["observed"])) == \
         ("pinning.gradients", check["pinning"]["gradients"], [check["pinning"]["gradients"]])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_keras_applications_model_with_pinned_gradients_is_planned_and_verified_exactly(tmp_path):
+    """keras.applications.MobileNetV2 (alpha 0.35, 32x32) split at block 6 over two emulated GPUs,
+    its backward pass pinned to /GPU:1: the plan keeps the gradients one piece, and its training
+    sends the predicted bytes per pair and obeys every pin, the gradients' among them."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_layer_patterns import SPLIT as BLOCKS
+    from tests.test_replica_consistency import train_user_model
+
+    ran = train_user_model(tmp_path, "mobilenet", strategy="none", train={
+        "pinning": {"layers": BLOCKS, "gradients": "/GPU:1"}, "jit_compile": False})
+    assert {r["rule"]: r["score"] for r in ran["conformance"]["rules"]}["gradients"] == 1.0
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}}
+    r = subprocess.run([sys.executable, "-m", "pinpoint.cli", "plan", "run", "--objective", "balance", "--verify",
+                        "--config", "cfg.yaml", "--verify-out", "verify"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=840)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    check = json.loads((tmp_path / "verify" / "plan_check.json").read_text())
+    gradients = check["conformance"]["layers"][-1]
+    assert (check["bytes"]["exact"], check["conformance"]["score"], check["conformance"]["deviations"],
+            gradients["layer"], list(gradients["observed"])) == \
+        (True, 1.0, [], "pinning.gradients", [check["pinning"]["gradients"]])
