@@ -28,9 +28,9 @@ from typing import Any
 from benchmarks.plan_ps import dense_chain
 
 DEVICES, DEPTH, WIDTH, FEATURES, CLASSES = 4, 16, 32, 32, 10
-# STEPS: the first ~10 steps of a training run 1.5-2x its later ones (thread pools and caches
-# warming, the profiled steps among them); 150 keep them a small share of the median at ~0.2 s a
-# training (each training's process start is ~4 s).
+# STEPS: the first ~10 steps of a training ran 1.5-2x its later ones in every training of the
+# 2026-11-25 full bench; 150 keep them a small share of the median at ~0.2 s a training (each
+# training's process start is ~4 s).
 EXAMPLES, BATCH, STEPS, WARMUP, SAMPLE = 256, 16, 150, 3, 6
 OWN_TARGET, ALL_TARGET, RANK_TARGET = 0.10, 0.15, 0.8
 # Each placement trained this many times, round by round: a training the host slows as a whole

@@ -822,14 +822,14 @@ def test_spearman_of_a_constant_side_is_undefined():
     assert spearman([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None
 
 
-def test_plan_step_plans_from_the_source_training_with_the_middle_step():
+def test_plan_step_predicts_from_the_source_training_with_the_middle_step():
     from benchmarks.plan_step import middle
 
     assert (middle(["source", "source-2", "source-3"], [1.882, 1.457, 1.511]),
             middle(["a", "b", "c", "d"], [4.0, 1.0, 3.0, 2.0])) == ("source-3", "d")
 
 
-def test_plan_step_section_names_the_source_training_it_planned_from():
+def test_plan_step_section_names_the_source_training_it_predicted_from():
     from benchmarks.plan_step import section, summary
 
     rec = {**summary(_step_rows()), "spearman_low": 0.8, "algorithm": "m-ETF", "objective": "step_time", "steps": 150,
