@@ -178,9 +178,9 @@ def measure(spec: dict) -> dict[str, Any]:
         for key, name in first.items():
             runs[name].append(train(folder, name.replace("_", "-") + ("" if k == 0 else f"-{k + 1}"), data,
                                     dict(key), steps))
-    sources_ms = [plan_graph(run).measured_step_us / 1e3 for run in sources]
-    source = middle(sources, sources_ms)
-    graph = plan_graph(source)
+    built = [(sources[0], first_graph)] + [(run, plan_graph(run)) for run in sources[1:]]
+    sources_ms = [g.measured_step_us / 1e3 for _, g in built]
+    source, graph = middle(built, sources_ms)
     if [g.key for g in graph.groups] != [g.key for g in first_graph.groups]:
         raise RuntimeError(f"{source} and {sources[0]} (the same program) built different layer groups")
     host = EmulatedHost.of(graph)
@@ -206,10 +206,10 @@ def measure(spec: dict) -> dict[str, Any]:
             "wall_s": time.perf_counter() - t0}
 
 
-def middle(runs: list, values: list[float]):
-    """The run whose value is the median of an odd number of values (the lower middle one of an even number)."""
-    order = sorted(range(len(runs)), key=lambda i: values[i])
-    return runs[order[(len(runs) - 1) // 2]]
+def middle(items: list, values: list[float]):
+    """The item whose value is the median of an odd number of values (the lower middle one of an even number)."""
+    order = sorted(range(len(items)), key=lambda i: values[i])
+    return items[order[(len(items) - 1) // 2]]
 
 
 def quartile_step_ms(run: Path) -> float:
