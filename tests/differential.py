@@ -47,6 +47,7 @@ TRAINING = {
     "subclass_built_in_scope": "train_step",
     "distribute_dataset_reduce": "distributed_step",
     "eager_split_loop": None,
+    "mirrored_fit_cnn": "multi_step_on_iterator",
 }
 
 # Programs that connect to a cluster: the oracle cannot hold a default device scope around them
@@ -113,6 +114,7 @@ class View:
     eager_top: set = field(default_factory=set)  # devices whose op types are a top-25 list (Pinpoint)
     copies: dict = field(default_factory=dict)  # (from, to) -> (count, bytes)
     notes: list[str] = field(default_factory=list)
+    sizing_errors: list[str] = field(default_factory=list)  # Pinpoint's: where its shape inference failed
 
 
 def oracle_view(placement: dict, shapes: dict, log: str) -> View:
@@ -237,7 +239,7 @@ def _oracle_size(send: dict, tensor: str, nodes: dict, args: dict, shapes: dict,
 
 
 def pinpoint_view(p: dict) -> View:
-    v = View(training=p.get("training_function"))
+    v = View(training=p.get("training_function"), sizing_errors=list((p.get("transfers") or {}).get("sizing_errors") or ()))
     train = next((f for f in p.get("functions", []) if f.get("training")), None)
     for f in p.get("functions", []):
         row = {"name": f["name"], "concrete": f["concrete"], "calls": f["calls"], "captured": f["captured"],
@@ -318,6 +320,8 @@ def _transfer_totals(transfers: Counter) -> tuple[int, int]:
 
 def compare(program: str, pp: View, tf: View, training: str | None) -> Result:
     r = Result(program)
+    for err in pp.sizing_errors:  # a shape inference that failed sizes nothing after it: always a difference
+        r.add("sizing error", "-", err, "(TensorFlow ran it)")
     if pp.training != training:
         r.add("training function", "-", pp.training, training)
     for a, b in _pair_functions(pp.functions, tf.functions):

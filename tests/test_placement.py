@@ -624,3 +624,60 @@ def test_a_fused_filter_gradients_bias_output_is_one_value_per_filter_not_the_in
     assert shapes["grad"] == [(f32, [3, 3, 5, 16]), (f32, [16])]
     # The traced op (Conv2DBackpropFilter, before the rewrite) had one output: the second is added.
     assert merge_shapes([(f32, [3, 3, 5, 16])], shapes["grad"]) == [(f32, [3, 3, 5, 16]), (f32, [16])]
+
+
+def _fused_gradient_pack(split_sizes: list[int]):
+    """A fused filter gradient (x [8, 32, 32, 5], dy [8, 32, 32, 16], 3x3 filters) whose bias gradient
+    is packed with a 10-value tensor and split again, as a mirrored optimizer packs its gradients."""
+    import tensorflow as tf
+
+    f32, i32 = tf.float32.as_datatype_enum, tf.int32.as_datatype_enum
+    g = tf.compat.v1.GraphDef()
+
+    def const(name, value):
+        n = g.node.add(name=name, op="Const")
+        n.attr["dtype"].type = i32
+        n.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, tf.int32))
+
+    for name, dims in (("x", [8, 32, 32, 5]), ("dy", [8, 32, 32, 16]), ("other", [10])):
+        g.node.add(name=name, op="Placeholder").attr["dtype"].type = f32
+        g.node[-1].attr["shape"].shape.CopyFrom(tf.TensorShape(dims).as_proto())
+    const("sizes", [3, 3, 5, 16])
+    const("axis", 0)
+    const("splits", split_sizes)
+    grad = g.node.add(name="grad", op="_MklNativeConv2DBackpropFilterWithBias", input=["x", "sizes", "dy"])
+    grad.attr["T"].type = f32
+    grad.attr["strides"].list.i.extend([1, 1, 1, 1])
+    grad.attr["dilations"].list.i.extend([1, 1, 1, 1])
+    grad.attr["padding"].s = b"SAME"
+    grad.attr["data_format"].s = b"NHWC"
+    pack = g.node.add(name="adam/concat", op="ConcatV2", input=["grad:1", "other", "axis"])
+    pack.attr["T"].type, pack.attr["Tidx"].type, pack.attr["N"].i = f32, i32, 2
+    split = g.node.add(name="adam/split", op="SplitV", input=["adam/concat", "splits", "axis"])
+    split.attr["T"].type, split.attr["Tlen"].type, split.attr["num_split"].i = f32, i32, 2
+    return g
+
+
+def test_a_fused_bias_gradient_packed_and_split_again_is_sized_through_the_pack():
+    """Issue 48: the wrong bias shape inside the import poisoned the gradient pack (concat -> split)
+    and the whole import failed; split back into its unfused ops, every shape after it is right."""
+    from pinpoint.placement.runshapes import infer_shapes
+
+    shapes, _ = infer_shapes([_fused_gradient_pack([16, 10])], None, {"adam/split"})
+    # 16 bias values (one per filter) + 10 others, split into 16 and 10.
+    assert (shapes["adam/concat"][0][1], [d for _, d in shapes["adam/split"]]) == ([26], [[16], [10]])
+
+
+def test_a_failed_shape_inference_is_a_sizing_error_naming_the_function_and_the_op():
+    from pinpoint.placement.capture import CapturedGraphs, size_from_inference
+    from pinpoint.placement.transfers import merge_transfer_steps
+
+    graph = _fused_gradient_pack([20, 10])  # 26 values cannot split into 20 and 10
+    cap = CapturedGraphs(step=0, functions=[("train_step", graph, [graph])])
+    size_from_inference(cap, None, {"adam/split"})
+    # TensorFlow's own words after the op differ between versions: the function, the op and the error type.
+    assert [e.split(": ", 1)[0] for e in cap.sizing_errors] == [
+        "shape inference failed in train_step at adam/split (ValueError"]
+    merged = merge_transfer_steps([{"count": 0, "bytes": 0, "sized": 0, "matrix": {}, "items": [],
+                                    "sizing_errors": cap.sizing_errors}] * 2)
+    assert merged["sizing_errors"] == cap.sizing_errors

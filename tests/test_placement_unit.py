@@ -244,3 +244,12 @@ def test_a_merged_traced_program_keeps_the_chiefs_own_sections():
     assert {k: merged[k] for k in ("functions", "training_function", "eager", "program")} == \
         {"functions": [{"name": "train_step", "calls": 3}], "training_function": "train_step",
          "eager": {"ops": 7}, "program": "train:main"}
+
+
+def test_a_sizing_error_is_one_summary_line_under_the_transfers():
+    p = _sample()
+    p["transfers"]["sizing_errors"] = ["shape inference failed in train_step at adam/split (ValueError: x)",
+                                       "shape inference failed in eval_step at b (ValueError: y)"]
+    lines = [line for line in format_summary(p, {}).splitlines() if line.startswith("  sizing")]
+    assert lines == ["  sizing   : shape inference failed in train_step at adam/split (ValueError: x) "
+                     "(+1 more in placement.json)"]

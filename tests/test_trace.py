@@ -39,6 +39,9 @@ def placement(out: Path, *, sized: bool = True) -> dict:
     from pinpoint.placement.files import read_placement
 
     p = read_placement(out)
+    # Issue 48: TensorFlow's shape inference failing (or contradicting the traced graph) is an error
+    # wherever a program is traced, sized or not.
+    assert (p.get("transfers") or {}).get("sizing_errors", []) == []
     if sized and p.get("transfers"):
         assert (p["transfers"]["per_step"]["unsized"], p["transfers"].get("unsized_reasons", {})) == (0, {})
     return p

@@ -11,6 +11,7 @@ per-step view of that loop); calls that are not captured pay nothing.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,9 @@ class CapturedGraphs:
     # Eager ops the runtime ran on its own threads during the call (a py_function body, run as
     # one-op functions): (op type, device). Reported, not part of the function.
     runtime_ops: list[tuple[str, str]] = field(default_factory=list)
+    # Where sizing failed (TensorFlow's shape inference raised, or disagreed with the traced graph):
+    # one line each naming the function and the op; the summary shows them and tests fail on them.
+    sizing_errors: list[str] = field(default_factory=list)
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:
@@ -212,18 +216,59 @@ def size_from_inference(captured: CapturedGraphs, element_bytes: list[int] | Non
         return
     try:
         inferred, dead = infer_shapes(captured.partition_graphs, element_bytes, kernels)
-    except Exception as err:  # noqa: BLE001 - best effort: the transfers keep their reason
-        captured.notes.append(f"the shapes of the captured call could not be inferred ({type(err).__name__}: "
-                              f"{(str(err).splitlines() or [''])[0][:160]})")
+    except Exception as err:  # noqa: BLE001 - reported as a sizing error; the transfers keep their reason
+        captured.sizing_errors.append(inference_error(captured, err))
+        for name in captured.dynamic_inputs:
+            captured.unsized_why.setdefault(name, f"shape inference failed ({captured.sizing_errors[-1]})")
         return
     for name in dead:
         captured.unsized_why[name] = DEAD_BRANCH
     for name, outs in inferred.items():
         known = captured.shapes.get(name)
+        conflict = shape_conflict(known, outs)
+        if conflict:
+            captured.sizing_errors.append(
+                f"TensorFlow's shape inference disagrees with the traced graph in {function_of(captured, name)} "
+                f"at {name}: {conflict}")
+            continue
         # A rewritten op can have more outputs than the traced one (a fused bias gradient).
         if known and not has_dynamic_dims(known) and len(known) >= len(outs):
             continue
         captured.shapes[name] = merge_shapes(known, outs)
+
+
+_NODE_IN_ERROR = re.compile(r"\{\{node ([^}]+)\}\}")
+
+
+def inference_error(captured: CapturedGraphs, err: Exception) -> str:
+    """One line: the function and the op at which TensorFlow's shape inference raised, and why."""
+    text = str(err)
+    m = _NODE_IN_ERROR.search(text)
+    op = m.group(1) if m else None
+    first = (text.splitlines() or [""])[0]
+    first = first.split(" for '{{node", 1)[0][:200]
+    where = f"in {function_of(captured, op)} at {op}" if op else "in the captured call"
+    return f"shape inference failed {where} ({type(err).__name__}: {first})"
+
+
+def function_of(captured: CapturedGraphs, node: str | None) -> str:
+    """The captured function whose partition graphs hold `node` (or the first one's name)."""
+    for fname, _, parts in captured.functions:
+        if any(n.name == node for g in parts for n in g.node):
+            return fname
+    return captured.functions[0][0] if captured.functions else "the captured call"
+
+
+def shape_conflict(traced: list | None, inferred: list) -> str | None:
+    """How an inferred shape contradicts a dimension the traced graph knew (None: it does not)."""
+    for i, (_, dims) in enumerate(traced or ()):
+        other = inferred[i][1] if i < len(inferred) else None
+        if dims is None or other is None:
+            continue
+        if len(dims) != len(other) or any(d is not None and o is not None and d != o
+                                          for d, o in zip(dims, other, strict=True)):
+            return f"output {i} traced {dims}, inferred {other}"
+    return None
 
 
 def capture_call(fn: Callable[..., Any], *args, step: int = 0, **kwargs) -> tuple[Any, CapturedGraphs]:

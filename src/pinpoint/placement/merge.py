@@ -81,8 +81,10 @@ def _transfers(ps: list[dict]) -> dict:
     collectives: dict[str, dict] = {}
     largest = []
     reasons: dict[str, float] = {}
+    errors: list[str] = []
     for p in ps:
         tr = p.get("transfers") or {}
+        errors += [f"[{_task(p)}] {e}" for e in tr.get("sizing_errors") or ()]
         for why, n in (tr.get("unsized_reasons") or {}).items():
             reasons[why] = reasons.get(why, 0) + n
         for k in per_step:
@@ -105,7 +107,7 @@ def _transfers(ps: list[dict]) -> dict:
         "collectives": {d: collectives[d] for d in sorted(collectives, key=sort_key)},
         "largest": sorted(largest, key=lambda t: -(t.get("bytes") or 0))[:25],
         "loop_control": {k: json_number(v) for k, v in loop_control.items()},
-    }
+    } | ({"sizing_errors": errors} if errors else {})
 
 
 def _fallbacks(ps: list[dict]) -> list:

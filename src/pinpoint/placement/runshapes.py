@@ -6,6 +6,11 @@ tensor's shape from its inputs' shapes: its own shape inference. The captured pa
 pipeline op that ran given the shape it really handed out (its batch size from the bytes the
 profiler saw it hand out), and the graph's shapes are read back.
 
+oneDNN's graph rewrite fuses some ops into ones whose shape function is wrong (the filter gradient
+with its bias gradient gets the input's channel count as the bias's size). A wrong shape inside the
+import poisons every shape derived from it (a gradient pack split into the wrong sizes fails the
+whole import), so such a node is split back into the ops it fused before the import (`unfuse`).
+
 A lowered tf.cond joins its branches in a Merge, whose inferred shape is only what both branches
 agree on (the data handler's dummy branch is an empty batch). The profiler tells which kernels
 ran: a node ran when a kernel that reads it ran, and a node whose inputs all ran ran too. A Merge
@@ -268,16 +273,56 @@ def infer_shapes(partitions: list, element_bytes: list[int] | None,
     _, taken = ran_tensors(graph, kernels)
     dead = dead_nodes(graph, taken)
     resolve_merges(graph, kernels, dead)
+    unfuse(graph)
     with tf.Graph().as_default() as g:
         tf.graph_util.import_graph_def(graph, name="")
-        return {op.name: _fixed(op.type, output_shapes(op)) for op in g.get_operations()}, dead
+        shapes = {op.name: output_shapes(op) for op in g.get_operations()}
+    return {name: outs for name, outs in shapes.items() if _UNFUSED not in name}, dead
 
 
-def _fixed(op_type: str, outs: list) -> list:
-    """outs with TensorFlow's wrong bias-gradient shape of a fused filter gradient corrected."""
-    if op_type in FUSED_BIAS_GRAD and len(outs) == 2 and outs[0][1]:
-        return [outs[0], (outs[1][0], [outs[0][1][-1]])]
-    return outs
+# The suffix of the nodes `unfuse` adds (left out of the shapes it returns).
+_UNFUSED = "/_pinpoint_unfused_"
+# Attributes a fused filter gradient shares with Conv2DBackpropFilter and BiasAddGrad.
+_FILTER_ATTRS = ("T", "strides", "padding", "explicit_paddings", "data_format", "dilations", "use_cudnn_on_gpu")
+
+
+def unfuse(graph) -> int:
+    """Split each fused filter-and-bias gradient (in place) into the Conv2DBackpropFilter and
+    BiasAddGrad it fused, joined by an IdentityN of the fused node's name, so each output gets the
+    shape TensorFlow's own shape functions give the unfused ops; returns how many were split."""
+    added = []
+    for n in graph.node:
+        if n.op not in FUSED_BIAS_GRAD:
+            continue
+        data = [i for i in n.input if not i.startswith("^")][:3]
+        control = [i for i in n.input if i.startswith("^")]
+        if len(data) != 3:
+            continue
+        filt = _node(f"{n.name}{_UNFUSED}filter", "Conv2DBackpropFilter", data, n.device)
+        bias = _node(f"{n.name}{_UNFUSED}bias", "BiasAddGrad", data[2:], n.device)
+        for a in _FILTER_ATTRS:
+            if a in n.attr:
+                filt.attr[a].CopyFrom(n.attr[a])
+        for a in ("T", "data_format"):
+            if a in n.attr:
+                bias.attr[a].CopyFrom(n.attr[a])
+        dtype = n.attr["T"].type
+        n.op = "IdentityN"
+        n.ClearField("attr")
+        n.attr["T"].list.type.extend([dtype, dtype])
+        del n.input[:]
+        n.input.extend([filt.name, bias.name, *control])
+        added += [filt, bias]
+    graph.node.extend(added)
+    return len(added) // 2
+
+
+def _node(name: str, op: str, inputs: list[str], device: str):
+    from tensorflow.core.framework import node_def_pb2
+
+    node = node_def_pb2.NodeDef(name=name, op=op, device=device)
+    node.input.extend(inputs)
+    return node
 
 
 def merge_shapes(traced: list | None, inferred: list) -> list:

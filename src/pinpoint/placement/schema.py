@@ -15,7 +15,9 @@ EXPLAIN = {
     "is one transfer. Bytes = dtype size x shape: the traced shape, an argument's real shape, and for an "
     "input batch with a dynamic batch dimension the bytes the iterator handed out in the captured call. "
     "A transfer that still has no size (a string tensor, a data-dependent shape) is counted, not sized, "
-    "and unsized_reasons says why. The trainer's multi-step loop "
+    "and unsized_reasons says why. sizing_errors (written when there are any) names each function and op "
+    "at which TensorFlow's shape inference over the executed graphs failed or contradicted the traced graph. "
+    "The trainer's multi-step loop "
     "also sends its predicate and a control signal to each device every step: counted apart as "
     "loop_control.",
     "collectives": "Collective ops (all-reduce, all-gather) exchange data between replicas through "

@@ -149,6 +149,9 @@ def _transfer_lines(tr: Transfers) -> list[str]:
     top = sorted(((s, d, c.bytes) for s, row in tr.matrix.items() for d, c in row.items()), key=lambda t: -t[2])[:3]
     if top:
         lines.append("  busiest  : " + ", ".join(f"{s}->{d} {human_bytes(b)}" for s, d, b in top))
+    if tr.sizing_errors:
+        more = f" (+{len(tr.sizing_errors) - 1} more in placement.json)" if len(tr.sizing_errors) > 1 else ""
+        lines.append(f"  sizing   : {tr.sizing_errors[0]}{more}")
     return lines
 
 

@@ -94,6 +94,8 @@ class Transfers:
     steps: tuple[Mapping[str, Any], ...] | None = None
     loop_control: Traffic = field(default_factory=Traffic)
     largest: tuple[TransferItem, ...] = ()
+    # Where sizing failed: TensorFlow's shape inference raised or contradicted the traced graph.
+    sizing_errors: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         out = {"per_step": self.per_step.to_json(), "unsized_reasons": dict(self.unsized_reasons),
@@ -101,7 +103,8 @@ class Transfers:
                "collectives": {d: c.to_json() for d, c in self.collectives.items()}}
         if self.steps is not None:
             out["steps"] = [dict(s) for s in self.steps]
-        return out | {"loop_control": self.loop_control.to_json(), "largest": [t.to_json() for t in self.largest]}
+        out |= {"loop_control": self.loop_control.to_json(), "largest": [t.to_json() for t in self.largest]}
+        return out | ({"sizing_errors": list(self.sizing_errors)} if self.sizing_errors else {})
 
     @classmethod
     def from_json(cls, d: Mapping | None) -> Transfers:
@@ -112,7 +115,8 @@ class Transfers:
                                 for k, c in (d.get("collectives") or {}).items()},
                    steps=tuple(d["steps"]) if d.get("steps") is not None else None,
                    loop_control=Traffic.from_json(d.get("loop_control")),
-                   largest=tuple(TransferItem.from_json(t) for t in d.get("largest") or ()))
+                   largest=tuple(TransferItem.from_json(t) for t in d.get("largest") or ()),
+                   sizing_errors=tuple(d.get("sizing_errors") or ()))
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,7 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
         "collectives": _collectives(cap, namer, nodes),
         "loop_control": loop,
         "unsized_reasons": dict(why),
+        "sizing_errors": list(getattr(cap, "sizing_errors", None) or ()),
     }
 
 
@@ -285,4 +286,6 @@ def merge_transfer_steps(steps: list[dict], step_ids: list[list[int]] | None = N
             "bytes": json_number(sum(st.get("loop_control", {}).get("bytes", 0) for st in steps) / n),
         },
         "largest": largest,
+        # Where sizing failed, once each over the captures.
+        "sizing_errors": list(dict.fromkeys(e for st in steps for e in st.get("sizing_errors") or ())),
     }
