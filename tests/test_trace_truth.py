@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from pinpoint.placement.capture import DEAD_BRANCH
+from pinpoint.placement.runshapes import DEAD_BRANCH
 from tests.test_trace import F32, placement, trace, write
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -57,6 +57,9 @@ class CapturedGraphs:
     # Where sizing failed (TensorFlow's shape inference raised, or disagreed with the traced graph):
     # one line each naming the function and the op; the summary shows them and tests fail on them.
     sizing_errors: list[str] = field(default_factory=list)
+    # ids of the call's arguments that an eager iterator op handed out on a device other than the
+    # host (`for x in dist_dataset: step(x)`): elements the iterator copied there before the step.
+    input_arg_ids: set[int] = field(default_factory=set)
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:
@@ -202,15 +205,13 @@ def size_iterator_outputs(captured: CapturedGraphs, element_bytes: list[int] | N
         captured.shapes[name] = [(dtype, [batch, *dims[1:]]) for dtype, dims in outs]
 
 
-DEAD_BRANCH = ("sent from a cond branch that did not run in the captured call (a dead tensor: no data moved, "
-               "so no shape was produced)")
 
 
 def size_from_inference(captured: CapturedGraphs, element_bytes: list[int] | None, kernels: set[str] | None) -> None:
     """Every tensor derived from the input batch (a cond's output, an identity, a reshape) gets the
     shape it had in the captured call: TensorFlow's shape inference over the partition graphs from
     the input elements' real shapes (placement.runshapes). Only unknown dimensions are filled."""
-    from pinpoint.placement.runshapes import infer_shapes, merge_shapes
+    from pinpoint.placement.runshapes import DEAD_BRANCH, infer_shapes, merge_shapes
 
     if kernels is None or not captured.partition_graphs:
         return

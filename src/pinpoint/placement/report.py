@@ -179,6 +179,11 @@ def _transfers(p: Placement, metrics, charts, x) -> dict:
                    for s, row in tr.matrix.items() for d, cell in row.items()],
         "largest": [{"tensor": _tagged(t.task, t.tensor), "from": t.source, "to": t.to,
                      "bytes": human_bytes(t.bytes) if t.bytes is not None else "unknown"} for t in tr.largest[:15]],
+        "input": [{"to": _dev(d, phys), "bytes": human_bytes(b)} for d, b in tr.input.per_step.items()],
+        "input_what": tr.input.items[0].via if tr.input.items else "",
+        "round_trips": [{"tensor": r.tensor, "path": f"{r.home} -> {r.via} -> {r.home}", "op": f"{r.op} ({r.op_type})",
+                         "bytes": human_bytes(r.bytes) if r.bytes is not None else "unknown", "rule": r.rule,
+                         "fix": r.fix} for r in sorted(tr.round_trips, key=lambda r: -(r.bytes or 0))],
         "collectives_what": x["ex"].get("collectives", ""),
         "collectives": [{"device": _dev(d, phys), "count": c.count, "bytes": human_bytes(c.input_bytes)}
                         for d, c in tr.collectives.items()],

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pinpoint.placement.transfers import FUSED_BIAS_GRAD
+from pinpoint.tfcompat.graphs import FUSED_BIAS_GRAD
+
+DEAD_BRANCH = ("sent from a cond branch that did not run in the captured call (a dead tensor: no data moved, "
+               "so no shape was produced)")
 
 # Ops that hand out an input pipeline's elements, declaring their shapes in `output_shapes`.
 SOURCES = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue"}

@@ -134,7 +134,8 @@ def per_step_view(captured: CapturedGraphs) -> CapturedGraphs:
     names = _Names(loop)
 
     out = CapturedGraphs(step=captured.step, steps=list(captured.steps), notes=list(captured.notes),
-                         arg_values=dict(captured.arg_values), sizing_errors=list(captured.sizing_errors))
+                         arg_values=dict(captured.arg_values), sizing_errors=list(captured.sizing_errors),
+                         input_arg_ids=set(captured.input_arg_ids))
     per_call = 0
     new_parts: list[graph_pb2.GraphDef] = []
     for g, fr in zip(partitions, fmap, strict=True):

@@ -142,6 +142,11 @@ def _transfer_lines(tr: Transfers) -> list[str]:
     if tr.loop_control.count:
         sized += f" (+{tr.loop_control.count} loop control)"
     lines = [f"transfers  : {per.count} per step, {human_bytes(per.bytes)} per step{sized}"]
+    if tr.input.items:
+        # Copied by the iterator outside the step: no _Send in the step graph shows them.
+        unsized = f" ({tr.input.unsized:g} unsized)" if tr.input.unsized else ""
+        lines.append("  input    : from the host per step, by the iterator's prefetch: "
+                     + ", ".join(f"{d} {human_bytes(b)}" for d, b in tr.input.per_step.items()) + unsized)
     coll = tr.collectives.values()
     if coll:
         lines.append(f"collectives: {sum(c.count for c in coll)} per step (all-reduce etc.), "
@@ -149,6 +154,13 @@ def _transfer_lines(tr: Transfers) -> list[str]:
     top = sorted(((s, d, c.bytes) for s, row in tr.matrix.items() for d, c in row.items()), key=lambda t: -t[2])[:3]
     if top:
         lines.append("  busiest  : " + ", ".join(f"{s}->{d} {human_bytes(b)}" for s, d, b in top))
+    if tr.round_trips:
+        r = max(tr.round_trips, key=lambda r: r.bytes or 0)
+        what = "an input batch" if r.input else r.tensor
+        total = sum(t.bytes or 0 for t in tr.round_trips)
+        lines.append(f"  round trips: {len(tr.round_trips)} per step, {human_bytes(total)} each way; largest: {what} "
+                     f"{r.home}->{r.via}->{r.home}, {human_bytes(r.bytes or 0)}, forced by {r.op} ({r.op_type}) on "
+                     f"{r.via}; fix: {r.fix.split(':')[0]}")
     if tr.sizing_errors:
         more = f" (+{len(tr.sizing_errors) - 1} more in placement.json)" if len(tr.sizing_errors) > 1 else ""
         lines.append(f"  sizing   : {tr.sizing_errors[0]}{more}")

@@ -82,6 +82,75 @@ class Collective:
 
 
 @dataclass(frozen=True)
+class InputCopy:
+    """An input element a step read on a device other than the host: the source op, the device, its
+    bytes (None: unsized, with the reason) and where the copy from the host ran."""
+
+    op: str
+    to: str
+    bytes: int | None
+    via: str = ""
+    unsized_reason: str | None = None
+    components: tuple[int | None, ...] = ()  # each component's bytes (features, labels, ...)
+
+    def to_json(self) -> dict:
+        out = {"op": self.op, "to": self.to, "bytes": self.bytes, "components": list(self.components), "via": self.via}
+        return out | present((("unsized_reason", self.unsized_reason),))
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> InputCopy:
+        return cls(op=d["op"], to=d["to"], bytes=d.get("bytes"), via=d.get("via", ""),
+                   unsized_reason=d.get("unsized_reason"), components=tuple(d.get("components") or ()))
+
+
+@dataclass(frozen=True)
+class InputCopies:
+    """Per step, the bytes the input pipeline copied from the host to each device outside the step
+    (the iterator's prefetch), how many elements are unsized, and one step's items."""
+
+    per_step: Mapping[str, float] = field(default_factory=dict)
+    unsized: float = 0
+    items: tuple[InputCopy, ...] = ()
+
+    @property
+    def bytes(self) -> float:
+        return sum(self.per_step.values())
+
+    def to_json(self) -> dict:
+        return {"per_step": dict(self.per_step), "unsized": self.unsized, "items": [i.to_json() for i in self.items]}
+
+    @classmethod
+    def from_json(cls, d: Mapping | None) -> InputCopies:
+        d = d or {}
+        return cls(per_step=dict(d.get("per_step") or {}), unsized=d.get("unsized", 0),
+                   items=tuple(InputCopy.from_json(i) for i in d.get("items") or ()))
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    """A tensor sent from its device (home) to another (via) and straight back within one step: the
+    op on `via` that forced it, the placement rule behind that op's device, the bytes each way, and
+    what would avoid it. `input`: the tensor is an input element (a replica's batch)."""
+
+    tensor: str
+    home: str
+    via: str
+    op: str
+    op_type: str
+    bytes: int | None
+    rule: str
+    fix: str
+    input: bool = False
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> RoundTrip:
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+@dataclass(frozen=True)
 class Transfers:
     """placement.json's `transfers`: per step, why some are unsized, source -> destination traffic,
     collectives per device, the largest transfers of one step, the loop's own control signals and
@@ -96,6 +165,10 @@ class Transfers:
     largest: tuple[TransferItem, ...] = ()
     # Where sizing failed: TensorFlow's shape inference raised or contradicted the traced graph.
     sizing_errors: tuple[str, ...] = ()
+    # What the iterator copied from the host to each device outside the step (its prefetch).
+    input: InputCopies = field(default_factory=InputCopies)
+    # Tensors that left their device and came straight back within the step (one captured step's).
+    round_trips: tuple[RoundTrip, ...] = ()
 
     def to_json(self) -> dict:
         out = {"per_step": self.per_step.to_json(), "unsized_reasons": dict(self.unsized_reasons),
@@ -104,7 +177,9 @@ class Transfers:
         if self.steps is not None:
             out["steps"] = [dict(s) for s in self.steps]
         out |= {"loop_control": self.loop_control.to_json(), "largest": [t.to_json() for t in self.largest]}
-        return out | ({"sizing_errors": list(self.sizing_errors)} if self.sizing_errors else {})
+        out |= {"sizing_errors": list(self.sizing_errors)} if self.sizing_errors else {}
+        out |= {"input": self.input.to_json()} if self.input.items else {}
+        return out | ({"round_trips": [r.to_json() for r in self.round_trips]} if self.round_trips else {})
 
     @classmethod
     def from_json(cls, d: Mapping | None) -> Transfers:
@@ -116,7 +191,9 @@ class Transfers:
                    steps=tuple(d["steps"]) if d.get("steps") is not None else None,
                    loop_control=Traffic.from_json(d.get("loop_control")),
                    largest=tuple(TransferItem.from_json(t) for t in d.get("largest") or ()),
-                   sizing_errors=tuple(d.get("sizing_errors") or ()))
+                   sizing_errors=tuple(d.get("sizing_errors") or ()),
+                   input=InputCopies.from_json(d.get("input")),
+                   round_trips=tuple(RoundTrip.from_json(r) for r in d.get("round_trips") or ()))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ from collections import Counter, defaultdict
 
 from pinpoint.device_names import DeviceMap, normalize, sort_key
 from pinpoint.placement.naming import LOOP_ATTR
+from pinpoint.placement.roundtrips import round_trips
+from pinpoint.placement.runshapes import DEAD_BRANCH
 from pinpoint.placement.schema import json_number
+from pinpoint.tfcompat.graphs import FUSED_BIAS_GRAD
 
 # Bookkeeping nodes: how data moves between partitions and in/out of a function. Not "ops that
 # ran" for counting purposes (transfers are counted separately, from the _Send side).
@@ -43,12 +46,6 @@ _SAME_SHAPE = {"AddN", "Identity", "Snapshot"}
 # ArithmeticOptimizer rewrites a residual block's Add into nodes of its own (AddOpsRewrite_Add)
 # that have no traced shape; their inputs do.
 _BROADCAST = {"Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum", "RealDiv"}
-# oneDNN's graph rewrite fuses Conv2DBackpropFilter and BiasAddGrad into one op (named as the
-# filter gradient, so its traced shapes list one output) whose second output is the bias gradient:
-# one value per output channel, the filter's last dimension (HWIO whatever the data format).
-# TensorFlow's shape function gives it the *input's* channel count instead (x [8, 32, 32, 5],
-# out_backprop [8, 32, 32, 16] -> [5]).
-FUSED_BIAS_GRAD = {"_MklNativeConv2DBackpropFilterWithBias", "_MklConv2DBackpropFilterWithBias"}
 
 
 def _shape_of(name: str, index: int, cap, nodes: dict, depth: int = 0) -> list[int] | None:
@@ -176,7 +173,68 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
         "loop_control": loop,
         "unsized_reasons": dict(why),
         "sizing_errors": list(getattr(cap, "sizing_errors", None) or ()),
+        "input": input_copies(cap, namer, nodes),
+        "round_trips": round_trips(cap.partition_graphs, namer, lambda send: _send_bytes(send, cap, nodes),
+                                   _dead(cap)),
     }
+
+
+def _send_bytes(send, cap, nodes: dict) -> int | None:
+    name, _, idx = send.input[0].lstrip("^").partition(":")
+    return _bytes(_dtype_size(send.attr["T"].type) if "T" in send.attr else None, _shape_of(name, int(idx or 0), cap, nodes))
+
+
+# Ops that hand a step its input element from an iterator (the iterator resource is where they run).
+INPUT_SOURCES = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue"}
+INPUT_VIA = ("the input pipeline runs on the host; its iterator on this device (a distributed iterator's "
+             "prefetch: RemoteCall from the host, prefetch_to_device or copy_to_device) copied the element "
+             "here before the step read it")
+
+
+def input_copies(cap, namer: DeviceMap, nodes: dict) -> list[dict]:
+    """The input elements a step read on a device other than the host: tf.data runs on the host, so
+    each was copied there by the iterator outside the step (no _Send in the step shows it). One item
+    per source op that ran: its device, bytes (None: unsized, with the reason) and where the copy ran."""
+    out = []
+    dead = _dead(cap)
+    for g in cap.partition_graphs:
+        for n in g.node:
+            if n.op not in INPUT_SOURCES or n.name in dead:
+                continue
+            dev = namer.canonical_spec(n.device)
+            if _is_host(dev):
+                continue
+            types = list(n.attr["output_types"].list.type) if "output_types" in n.attr else []
+            sizes = [tensor_bytes(f"{n.name}:{i}", cap, nodes, t) for i, t in enumerate(types)]
+            item = {"op": n.name, "to": dev, "bytes": None if None in sizes else sum(sizes), "components": sizes,
+                    "via": INPUT_VIA}
+            if item["bytes"] is None:
+                item["unsized_reason"] = unsized_reason(n.name, 0, n, cap)
+            out.append(item)
+    return out + _input_args(cap, namer)
+
+
+def _input_args(cap, namer: DeviceMap) -> list[dict]:
+    """The step's arguments that an eager iterator op handed out on a device (placement.capture)."""
+    ids = getattr(cap, "input_arg_ids", None) or set()
+    out = []
+    for name, value in (cap.arg_values.items() if ids else ()):
+        dev = namer.canonical_spec(value.device)
+        if id(value) not in ids or _is_host(dev):
+            continue
+        size = int(value.dtype.size) * int(value.shape.num_elements() or 0)
+        out.append({"op": name, "to": dev, "bytes": size, "components": [size],
+                    "via": INPUT_VIA})
+    return out
+
+
+def _dead(cap) -> set[str]:
+    """The nodes of cond branches that did not run in the captured call (placement.runshapes)."""
+    return {name for name, why in (getattr(cap, "unsized_why", None) or {}).items() if why == DEAD_BRANCH}
+
+
+def _is_host(spec_device: str) -> bool:
+    return spec_device.rsplit("/", 1)[-1].upper().startswith("CPU")
 
 
 def _bytes(dsize: int | None, shape) -> int | None:
@@ -288,4 +346,18 @@ def merge_transfer_steps(steps: list[dict], step_ids: list[list[int]] | None = N
         "largest": largest,
         # Where sizing failed, once each over the captures.
         "sizing_errors": list(dict.fromkeys(e for st in steps for e in st.get("sizing_errors") or ())),
+        "input": _merge_input(steps, n),
+        "round_trips": list(steps[0].get("round_trips") or ()) if steps else [],
     }
+
+
+def _merge_input(steps: list[dict], n: int) -> dict:
+    """Input copies per step: bytes per device (mean over the captures) and the first step's items."""
+    per: dict[str, float] = defaultdict(float)
+    unsized = 0
+    for st in steps:
+        for it in st.get("input") or ():
+            per[it["to"]] += it["bytes"] or 0
+            unsized += it["bytes"] is None
+    return {"per_step": {d: json_number(b / n) for d, b in sorted(per.items(), key=lambda kv: sort_key(kv[0]))},
+            "unsized": json_number(unsized / n), "items": list(steps[0].get("input") or ()) if steps else []}

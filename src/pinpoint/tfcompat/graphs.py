@@ -11,6 +11,13 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+# oneDNN's graph rewrite fuses Conv2DBackpropFilter and BiasAddGrad into one op (named as the
+# filter gradient, so its traced shapes list one output) whose second output is the bias gradient:
+# one value per output channel, the filter's last dimension (HWIO whatever the data format).
+# TensorFlow's shape function gives it the *input's* channel count instead (x [8, 32, 32, 5],
+# out_backprop [8, 32, 32, 16] -> [5]).
+FUSED_BIAS_GRAD = {"_MklNativeConv2DBackpropFilterWithBias", "_MklConv2DBackpropFilterWithBias"}
+
 
 @dataclass
 class Collected:

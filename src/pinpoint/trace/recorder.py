@@ -62,6 +62,9 @@ from pinpoint.tfcompat.patches import Patches
 _SUFFIX_RE = re.compile(r"^__(inference|forward|backward)_(.*?)(_\d+)?$")
 _UPDATE_RE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
 _PLATFORM_VARIABLES = {"save_counter:0", "save_counter"}
+# Eager ops that hand out an iterator's element (a `for x in dist_dataset` loop's next()).
+_INPUT_OPS = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue", "MultiDeviceIteratorGetNextFromShard"}
+MAX_INPUT_ELEMENTS = 64  # the latest eager input tensors remembered (weakly) to recognise a step's arguments
 MAX_EAGER_KINDS = 5000  # distinct (op type, device) and copy keys kept: a bound on memory, not on counts
 # Op callbacks in a row that bring no new eager signature, after which the callback is switched off.
 EAGER_QUIET_OPS = 1000
@@ -186,6 +189,9 @@ class Recorder:
         self._callback = None  # tfcompat.patches.OpCallback
         self._next_window = float("inf")  # monotonic time the next sampling window is due
         self._delay: float | None = None  # the wait before it (doubled after each window)
+        # id -> weak reference of the latest tensors an eager iterator op handed out: a step called with
+        # them on a device other than the host read an element the iterator copied there.
+        self._input_elements: dict[int, Any] = {}
         self._known: dict[int, FunctionRecord] = {}  # id(AtomicFunction) -> its record
         self._alive: list = []  # the functions in _known (kept alive: an id is not reused)
 
@@ -307,6 +313,7 @@ class Recorder:
         size_iterator_outputs(cap, element_bytes, why)
         size_from_inference(cap, element_bytes, kernels)
         map_arg_values(cap, list(args))  # the handles attribute the variable updates
+        cap.input_arg_ids = {id(a) for a in args if (ref := self._input_elements.get(id(a))) is not None and ref() is a}
         self._find_variables({id(a) for a in args if _is_resource(a)})
         return out, cap
 
@@ -374,6 +381,8 @@ class Recorder:
             k = (op_type, requested, device)
             new = new or k not in e.moved
             e.moved[k] = e.moved.get(k, 0) + 1
+        if op_type in _INPUT_OPS:
+            self._remember_inputs(outputs)
         for t in inputs:
             src = getattr(t, "device", "")
             if not src or src == device or _is_resource(t):
@@ -404,6 +413,19 @@ class Recorder:
             if self._since_new >= self.quiet_ops:
                 self._stop_eager()
         return None
+
+    def _remember_inputs(self, outputs) -> None:
+        import weakref
+
+        for t in outputs or ():
+            if _is_resource(t):
+                continue
+            if len(self._input_elements) >= MAX_INPUT_ELEMENTS:
+                self._input_elements.pop(next(iter(self._input_elements)))
+            try:
+                self._input_elements[id(t)] = weakref.ref(t)
+            except TypeError:  # not weakly referenceable: not remembered
+                continue
 
     def _stop_eager(self) -> None:
         """Switch the op callback off: the program's eager ops have stopped producing new
