@@ -9,6 +9,7 @@ registers them through the `pinpoint.commands` entry-point group (pyproject.toml
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -103,6 +104,11 @@ def cmd_trace(args) -> int:
         raise ConfigError(f"--log-every: got {args.log_every}; pass 1 or more batches")
     if not 0 <= args.metrics_every_s <= 3600:
         raise ConfigError(f"--metrics-every-s: got {args.metrics_every_s}; pass 0 (every logged step) to 3600 seconds")
+    if args.memory:
+        from pinpoint.placement.memory import ALLOCATOR_ENV
+
+        # Read once, when TensorFlow creates its host allocator: before the program imports it.
+        os.environ[ALLOCATOR_ENV] = "true"
     return trace_command(program, out=args.out, gpus=args.gpus, tracking=not args.no_tracking,
                          log_every=args.log_every, experiment=args.experiment,
                          metrics_every_s=args.metrics_every_s)
@@ -237,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpus", type=int, help="GPUs the program is written for; emulated on logical CPUs when "
                                             "the machine has fewer")
     s.add_argument("--no-tracking", action="store_true", help="no MLflow run")
+    s.add_argument("--memory", action="store_true", help="measure each device's memory over the training "
+                                                          "function's first call (docs/memory.md)")
     s.add_argument("--experiment", default="pinpoint", help="MLflow experiment (pinpoint)")
     s.add_argument("--log-every", type=int, default=10, help="send Keras' batch logs every N batches (10)")
     s.add_argument("--metrics-every-s", type=float, default=1.0,

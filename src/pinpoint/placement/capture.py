@@ -60,6 +60,11 @@ class CapturedGraphs:
     # ids of the call's arguments that an eager iterator op handed out on a device other than the
     # host (`for x in dist_dataset: step(x)`): elements the iterator copied there before the step.
     input_arg_ids: set[int] = field(default_factory=set)
+    # With memory measurement on (placement.memory): the allocator's events over the profiled call
+    # (placement.memory.MemEvent) and its own process-wide peak over the call; None: not measured.
+    memory_events: list | None = None
+    memory_peak: int | None = None
+    memory_why: str | None = None
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:
@@ -167,18 +172,28 @@ def add_function_graphs(captured: CapturedGraphs, md, name) -> None:
         captured.functions.append((fname, pre, parts))
 
 
-def run_profiled(call: Callable[[], Any]) -> tuple[Any, list[int] | None, set[str] | None, str | None]:
+def run_profiled(call: Callable[[], Any], memory_into: CapturedGraphs | None = None
+                 ) -> tuple[Any, list[int] | None, set[str] | None, str | None]:
     """call() under TensorFlow's profiler: (result, the bytes of each element the input
-    pipeline's iterators handed out, the nodes whose kernels ran; or None, None and why not)."""
+    pipeline's iterators handed out, the nodes whose kernels ran; or None, None and why not).
+    With `memory_into`, its allocator events and peak over the call are kept there."""
     import tempfile
 
+    from pinpoint.placement.memory import memory_events, memory_traced, reset_memory_peak
     from pinpoint.placement.timing import iterator_element_bytes, kernel_nodes, profile_call, read_xspace
 
     with tempfile.TemporaryDirectory(prefix="pinpoint-shapes-") as tmp:
+        if memory_into is not None:
+            reset_memory_peak()
         result, xplane, why = profile_call(call, tmp)
         if xplane is None:
+            if memory_into is not None:
+                memory_into.memory_why = why
             return result, None, None, why
         xspace = read_xspace(xplane)
+        if memory_into is not None:
+            memory_into.memory_events = memory_events(xspace)
+            memory_into.memory_peak, memory_into.memory_why = memory_traced(memory_into.memory_events)
         return result, iterator_element_bytes(xspace), kernel_nodes(xspace), None
 
 

@@ -48,6 +48,13 @@ def headline_metrics(placement: Mapping[str, Any]) -> dict[str, float]:
         for field in ("busy_ms", "compute_ms", "transfer_ms", "idle_share"):
             if t.get(field) is not None:
                 out[f"placement.timing.{metric_key(dev)}.{field}"] = float(t[field])
+    for dev, m in ((placement.get("memory") or {}).get("devices") or {}).items():
+        if dev.startswith("/"):  # a device, not the bucket of allocations outside the step's graphs
+            out[f"memory.peak_bytes.{metric_key(dev)}"] = float(m["peak_requested"])
+            out[f"memory.peak_allocated_bytes.{metric_key(dev)}"] = float(m["peak_allocated"])
+    # "input": the bytes the iterator copied from the host to each device per step, outside the step.
+    for dev, b in (((placement.get("transfers") or {}).get("input") or {}).get("per_step") or {}).items():
+        out[f"placement.input_bytes_per_step.{metric_key(dev)}"] = float(b)
     return out
 
 

@@ -28,7 +28,7 @@ from pinpoint.placement.traffic import Timing, Transfers
 
 # Sections written only when present (absent rather than null), in placement.json's order.
 OPTIONAL = ("device_map", "input_pipeline", "timing", "precision", "layer_pins", "tasks",
-            "functions", "training_function", "eager", "program")
+            "functions", "training_function", "eager", "program", "memory")
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,8 @@ class Placement:
     training_function: str | None = None
     eager: Eager | None = None
     program: str | None = None
+    # Measured memory per device over the profiled call (placement.memory.summarize), when asked.
+    memory: Mapping[str, Any] | None = None
     schema: int = SCHEMA_VERSION
 
     @property

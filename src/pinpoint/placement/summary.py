@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pinpoint.placement.memory import UNATTRIBUTED as MEMORY_UNATTRIBUTED
 from pinpoint.placement.model import Placement, as_placement
 from pinpoint.placement.requests import weight_lines
 from pinpoint.placement.sections import Eager
@@ -97,6 +98,9 @@ def format_summary(placement: Placement | Mapping[str, Any] | None, metrics: Map
     lines.extend(_transfer_lines(p.transfers))
     if p.timing:
         lines.extend(timing_lines(p.timing))
+    memory = memory_line(p.memory)
+    if memory:
+        lines.append(memory)
     lines.append(_variables_line(p))
     lines.extend(_fallback_lines(p))
     lines.extend(_input_lines(p))
@@ -106,6 +110,25 @@ def format_summary(placement: Placement | Mapping[str, Any] | None, metrics: Map
     lines.extend(f"note       : {note}" for note in p.notes[:1])
     lines.append(_drift_summary(p.replica_consistency))
     return "\n".join(lines)
+
+
+def memory_line(memory) -> str | None:
+    """The summary's memory line: each device's peak (requested, allocated), the largest tensor live
+    at the busiest device's peak, the self-check."""
+    if not memory:
+        return None
+    if not memory.get("devices"):
+        return f"memory     : not measured: {memory.get('why_not', 'no allocation was traced')}"
+    devs = {d: m for d, m in memory["devices"].items() if d != MEMORY_UNATTRIBUTED}
+    parts = [f"{d} {human_bytes(m['peak_requested'])} ({human_bytes(m['peak_allocated'])} allocated)"
+             for d, m in devs.items()]
+    busiest = max(devs, key=lambda d: devs[d]["peak_requested"], default=None)
+    top = (devs[busiest]["at_peak"] or [None])[0] if busiest else None
+    largest = (f"; largest at {busiest}'s peak: {top['op']} {human_bytes(top['requested'])} ({top['kind']})"
+               if top else "")
+    check = memory["self_check"]
+    return (f"memory     : step peak per device: {', '.join(parts)}{largest}; self-check: "
+            f"{check['mismatched']} of {check['events']} allocator events off")
 
 
 def _training_line(metrics: Mapping[str, Any]) -> str:

@@ -47,6 +47,7 @@ from pinpoint.placement.capture import (
     size_from_inference,
     size_iterator_outputs,
 )
+from pinpoint.placement.memory import enabled as memory_enabled
 from pinpoint.tfcompat.api import (
     current_device,
     eager_state,
@@ -302,11 +303,12 @@ class Recorder:
         # The traced shapes, before the call: they tell whether the profiler is needed.
         dynamic = _shapes(fn, cap)
         with collect_graphs() as collected:
-            if dynamic:
+            if dynamic or memory_enabled():
                 # TensorFlow records no step stats for a tf.function call (dev_stats stays empty), so a
                 # dynamic batch dimension is read off the bytes the iterator handed out (the profiler),
                 # and what derives from it off TensorFlow's shape inference (size_from_inference).
-                out, element_bytes, kernels, why = run_profiled(call)
+                # The same profiled call holds the allocator's events when memory is measured.
+                out, element_bytes, kernels, why = run_profiled(call, cap if memory_enabled() else None)
             else:
                 out, element_bytes, kernels, why = call(), None, None, None
         add_function_graphs(cap, collected.metadata, fn.name)

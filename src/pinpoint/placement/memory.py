@@ -1,0 +1,294 @@
+"""Memory per device, measured: what each device held over one profiled call, and at its peak.
+
+Every logical device of a process shares one allocator, so TensorFlow has no per-device figure
+on emulated GPUs (`get_memory_info("CPU:k")` is the same process-wide number for every k). With
+`TF_CPU_ALLOCATOR_USE_BFC=true` set before TensorFlow starts, the profiler records one
+MemoryAllocation / MemoryDeallocation event per allocation (`tf_op`, `requested_bytes`,
+`allocation_bytes`, `addr`, `region_type`, `shape`, and the allocator's own running total
+`bytes_allocated`). An event's `tf_op` is a node of the executed partition graphs, whose device
+is known: replayed in order, the events give each device's live bytes over the call. A
+deallocation names no op: it is matched to its allocation by address.
+
+The self-check replays every event against the allocator's own running total (a mismatch is
+reported, never smoothed over). Allocations without a node: the collective's ring buffers
+(`CollectiveAdapterImpl::TempChunk`) and tf.data's (no `tf_op`, host threads) are kept apart.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+ALLOCATOR_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
+COLLECTIVE_CHUNK = "CollectiveAdapterImpl::TempChunk"
+UNATTRIBUTED = "(outside the step's graphs)"
+TOP_LIVE = 10
+TIMELINE_POINTS = 200
+_INPUT_OPS = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue", "IteratorGetNextAsOptional"}
+_GRADIENT = re.compile(r"(^|/)(gradient_tape|gradients)(/|$)")
+_COLLECTIVE = re.compile(r"^(Collective\w+|Nccl\w+|_Nccl\w+)$")
+_OPTIMIZER = re.compile(r"(^|/)(adam|adamw|sgd|rmsprop|adagrad|adadelta|adamax|nadam|ftrl|lion|lamb|"
+                        r"loss_scale_optimizer|optimizer)(_\d+)?/", re.I)
+_PACK = re.compile(r"/(concat|split)(_\d+)?$")
+_UPDATE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
+
+
+@dataclass(frozen=True)
+class MemEvent:
+    """One allocator event, in the order the allocator made them."""
+
+    time_ps: int
+    alloc: bool
+    addr: int
+    requested: int
+    allocated: int
+    total_after: int  # the allocator's bytes_allocated after this event
+    op: str = ""
+    region: str = ""
+    shape: str = ""
+    kernel: str = ""  # the node whose kernel was running on the allocating thread (a collective's chunk)
+
+
+@dataclass
+class Live:
+    """An allocation live on a device: its op, bytes, shape, region and kind."""
+
+    op: str
+    requested: int
+    allocated: int
+    shape: str
+    region: str
+    kind: str
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "requested": self.requested, "allocated": self.allocated, "shape": self.shape,
+                "region": self.region, "kind": self.kind}
+
+
+@dataclass
+class DeviceMemory:
+    """One device over the call: its peak (requested, allocated) and when, the timeline, the
+    allocations live at the peak (largest first)."""
+
+    peak_requested: int = 0
+    peak_allocated: int = 0
+    peak_time_us: float = 0.0
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (µs from the first event, requested)
+    at_peak: list[Live] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"peak_requested": self.peak_requested, "peak_allocated": self.peak_allocated,
+                "peak_time_us": round(self.peak_time_us, 1), "timeline": [[round(t, 1), b] for t, b in self.timeline],
+                "at_peak": [x.to_json() for x in self.at_peak]}
+
+
+def memory_events(xspace) -> list[MemEvent]:
+    """The allocator's events of a profiler trace, in time order."""
+    out = []
+    for plane in xspace.planes:
+        if plane.name != "/host:CPU":
+            continue
+        names = {k: v.name for k, v in plane.stat_metadata.items()}
+        for line in plane.lines:
+            base = line.timestamp_ns * 1000
+            kernels = []  # (start, end, node) of the kernels this thread ran
+            for e in line.events:
+                meta = plane.event_metadata.get(e.metadata_id)
+                if meta is not None and meta.display_name and meta.name.endswith(":" + meta.display_name):
+                    kernels.append((e.offset_ps, e.offset_ps + e.duration_ps, meta.name[: -len(meta.display_name) - 1]))
+            kernels.sort()
+            for e in line.events:
+                meta = plane.event_metadata.get(e.metadata_id)
+                if meta is None or meta.name not in ("MemoryAllocation", "MemoryDeallocation"):
+                    continue
+                s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
+                out.append(MemEvent(time_ps=base + e.offset_ps, alloc=meta.name == "MemoryAllocation",
+                                    addr=int(s.get("addr") or 0), requested=int(s.get("requested_bytes") or 0),
+                                    allocated=int(s.get("allocation_bytes") or 0),
+                                    total_after=int(s.get("bytes_allocated") or 0), op=str(s.get("tf_op") or ""),
+                                    region=str(s.get("region_type") or ""), shape=str(s.get("shape") or ""),
+                                    kernel=_enclosing(kernels, e.offset_ps)))
+    return sorted(out, key=lambda e: e.time_ps)
+
+
+def _enclosing(kernels: list[tuple[int, int, str]], t: int) -> str:
+    """The innermost kernel running at time t on the thread (the latest to start that has not ended)."""
+    import bisect
+
+    i = bisect.bisect_right(kernels, (t, float("inf"), ""))
+    for start, end, node in reversed(kernels[max(0, i - 8):i]):
+        if start <= t <= end:
+            return node
+    return ""
+
+
+def enabled() -> bool:
+    """Memory measurement is on: the process was started with the allocator that traces events."""
+    import os
+
+    return os.environ.get(ALLOCATOR_ENV, "").lower() == "true"
+
+
+def reset_memory_peak() -> None:
+    """Start the allocator's peak over again (every logical CPU shares it: the host's is the process's)."""
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+    except (ValueError, RuntimeError):
+        pass  # no allocator stats (another allocator): memory_traced says so
+
+
+def memory_traced(events: list[MemEvent]) -> tuple[int | None, str | None]:
+    """(the allocator's own peak since reset_memory_peak, or None; why no allocation was traced, or None)."""
+    import tensorflow as tf
+
+    try:
+        peak = int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+    except (ValueError, RuntimeError) as err:
+        peak, why = None, f"the host allocator keeps no statistics ({str(err).splitlines()[0][:120]})"
+    else:
+        why = None
+    if not events:
+        why = why or (f"the profiler recorded no allocation event: start the process with {ALLOCATOR_ENV}=true "
+                      "(pinpoint trace --memory and placement.memory: true do)")
+    return peak, why
+
+
+def _value(s, names: dict):
+    kind = s.WhichOneof("value")
+    value = getattr(s, kind) if kind else None
+    return names.get(value) if kind == "ref_value" else value
+
+
+def self_check(events: list[MemEvent]) -> tuple[int, int]:
+    """(events whose replayed running total differs from the allocator's own, events replayed):
+    the total starts from the first event's and moves by each event's allocated bytes."""
+    if not events:
+        return 0, 0
+    first = events[0]
+    total = first.total_after - (first.allocated if first.alloc else -first.allocated)
+    bad = 0
+    for e in events:
+        total += e.allocated if e.alloc else -e.allocated
+        if total != e.total_after:
+            bad += 1
+            total = e.total_after  # one mismatch is counted once, not carried into every later event
+    return bad, len(events)
+
+
+def kind_of(op: str, op_type: str, region: str) -> str:
+    """What an allocation holds, from its op (type and name) and the allocator's region."""
+    if op == COLLECTIVE_CHUNK or _COLLECTIVE.match(op_type):
+        return "collective buffer"
+    if op_type in _INPUT_OPS:
+        return "input"
+    if region == "persist" or op_type in ("VarHandleOp", "ReadVariableOp"):
+        return "variable"
+    if _UPDATE.match(op_type):
+        return "optimizer update"  # a copy of a variable (or slot) that another op still reads
+    if _GRADIENT.search(op) or (_OPTIMIZER.search(op) and _PACK.search(op)):
+        return "gradient"  # an optimizer's concat/split: the gradients packed for one all-reduce
+    if _OPTIMIZER.search(op):
+        return "optimizer"
+    if region == "temp":
+        return "temporary"
+    return "activation"
+
+
+def per_device(events: list[MemEvent], devices: Mapping[str, str], types: Mapping[str, str],
+               host: str = "/CPU:0", check: dict | None = None) -> dict[str, DeviceMemory]:
+    """Each device's live bytes over the events: an allocation goes to its op's device (a node of the
+    executed graphs); the collective's chunks to the device whose collective ran when they were
+    allocated; allocations with no op to the host (tf.data's threads); an op outside the graphs to
+    UNATTRIBUTED. A deallocation is matched to its allocation by address. With `check`, its
+    "unpartitioned" counts the events after which the devices' allocated bytes (plus what was live
+    before the first event) do not add up to the allocator's own total."""
+    live: dict[str, dict[int, tuple[Live, str]]] = defaultdict(dict)
+    by_addr: dict[int, tuple[str, Live]] = {}
+    now_req: dict[str, int] = defaultdict(int)
+    now_alloc: dict[str, int] = defaultdict(int)
+    out: dict[str, DeviceMemory] = defaultdict(DeviceMemory)
+    t0 = events[0].time_ps if events else 0
+    # Bytes live before the first event (allocated before the call), less those freed during it.
+    before = (events[0].total_after - (events[0].allocated if events[0].alloc else -events[0].allocated)
+              if events else 0)
+    off = 0
+    for e in events:
+        if e.alloc:
+            dev = _device_of(e, devices, host)
+            kind = ("input" if not e.op and dev == host else "outside the step" if dev == UNATTRIBUTED
+                    else kind_of(e.op or e.kernel, types.get(e.op or e.kernel, ""), e.region))
+            item = Live(op=e.op or (f"(in {e.kernel})" if e.kernel else "(tf.data, no op)"), requested=e.requested,
+                        allocated=e.allocated, shape=e.shape, region=e.region, kind=kind)
+            by_addr[e.addr] = (dev, item)
+            live[dev][e.addr] = (item, dev)
+            now_req[dev] += e.requested
+            now_alloc[dev] += e.allocated
+        else:
+            found = by_addr.pop(e.addr, None)
+            if found is None:
+                before -= e.allocated  # allocated before the call began: not part of the call's own memory
+                off += before + sum(now_alloc.values()) != e.total_after
+                continue
+            dev, item = found
+            live[dev].pop(e.addr, None)
+            now_req[dev] -= item.requested
+            now_alloc[dev] -= item.allocated
+        off += before + sum(now_alloc.values()) != e.total_after
+        d = out[dev]
+        d.timeline.append(((e.time_ps - t0) / 1e6, now_req[dev]))
+        d.peak_allocated = max(d.peak_allocated, now_alloc[dev])
+        if now_req[dev] > d.peak_requested:
+            d.peak_requested = now_req[dev]
+            d.peak_time_us = (e.time_ps - t0) / 1e6
+            d.at_peak = sorted((x for x, _ in live[dev].values()), key=lambda x: -x.requested)[:TOP_LIVE]
+    for d in out.values():
+        d.timeline = thin(d.timeline, TIMELINE_POINTS)
+    if check is not None:
+        check["unpartitioned"] = off
+    return dict(out)
+
+
+def _device_of(e: MemEvent, devices: Mapping[str, str], host: str) -> str:
+    """An allocation's device: its op's, else the device of the kernel that made it (a collective's
+    chunk); one with neither is tf.data's (its threads run no kernel of the step): the host."""
+    if e.op in devices:
+        return devices[e.op]
+    if e.kernel in devices:
+        return devices[e.kernel]
+    if not e.op:
+        return host
+    return UNATTRIBUTED
+
+
+def thin(points: list[tuple[float, int]], n: int) -> list[tuple[float, int]]:
+    """At most about n points, every local maximum of the kept windows kept (a peak never thinned away)."""
+    if len(points) <= n:
+        return points
+    step = len(points) / n
+    out = []
+    for i in range(n):
+        window = points[int(i * step): int((i + 1) * step)] or points[-1:]
+        out.append(max(window, key=lambda p: p[1]))
+    return out
+
+
+def summarize(events: Iterable[MemEvent], devices: Mapping[str, str], types: Mapping[str, str],
+              process_peak: int | None = None, host: str = "/CPU:0") -> dict:
+    """placement.json's `memory`: per device (peak, timeline, live at the peak), the self-check
+    and the allocator's own process-wide peak over the call (get_memory_info)."""
+    events = list(events)
+    bad, n = self_check(events)
+    check: dict = {}
+    devs = per_device(events, devices, types, host, check)
+    replayed_peak = max((e.total_after for e in events), default=0)
+    return {
+        "devices": {d: m.to_json() for d, m in sorted(devs.items())},
+        # mismatched: events the replay puts at another total than the allocator's; unpartitioned:
+        # events after which the devices' bytes do not add up to that total.
+        "self_check": {"events": n, "mismatched": bad, "unpartitioned": check["unpartitioned"],
+                       "replayed_peak": replayed_peak, "allocator_peak": process_peak},
+    }

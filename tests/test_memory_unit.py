@@ -1,0 +1,98 @@
+"""placement.memory on allocator events written here: the replay self-check, each allocation's
+device, the peak and what is live at it. The figures are the events' own arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from pinpoint.placement.memory import UNATTRIBUTED, MemEvent, kind_of, per_device, self_check, summarize, thin
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+BEFORE = 1000  # bytes the allocator held before the first event
+
+
+def _events() -> list[MemEvent]:
+    """/GPU:0 allocates 400 then 100 (its peak: 500), frees the 400; /GPU:1 allocates 300 from a
+    collective's kernel (no op of its own); tf.data allocates 50 on the host (no op, no kernel)."""
+    rows = [  # (alloc, addr, requested, allocated, op, kernel)
+        (True, 1, 400, 512, "dense/MatMul", ""),
+        (True, 2, 100, 256, "gradient_tape/dense/MatMul", ""),
+        (True, 3, 300, 512, "CollectiveAdapterImpl::TempChunk", "replica_1/CollectiveReduceV2"),
+        (False, 1, 400, 512, "", ""),
+        (True, 4, 50, 256, "", ""),
+        (False, 99, 64, 64, "", ""),  # allocated before the trace began
+    ]
+    total, out = BEFORE, []
+    for i, (alloc, addr, req, size, op, kernel) in enumerate(rows):
+        total += size if alloc else -size
+        out.append(MemEvent(time_ps=i * 1_000_000, alloc=alloc, addr=addr, requested=req, allocated=size,
+                            total_after=total, op=op, kernel=kernel))
+    return out
+
+
+DEVICES = {"dense/MatMul": "/GPU:0", "gradient_tape/dense/MatMul": "/GPU:0", "replica_1/CollectiveReduceV2": "/GPU:1"}
+TYPES = {"dense/MatMul": "MatMul", "gradient_tape/dense/MatMul": "MatMul",
+         "replica_1/CollectiveReduceV2": "CollectiveReduceV2"}
+
+
+def test_the_replay_matches_the_allocators_running_total_and_counts_each_event_that_does_not():
+    events = _events()
+    assert self_check(events) == (0, len(events))
+    # An allocation the trace lost: the event after it is off, the ones after that follow the
+    # allocator's own total again.
+    lost = events[:1] + events[2:]
+    assert self_check(lost) == (1, len(events) - 1)
+
+
+def test_each_allocation_goes_to_its_ops_device_its_kernels_or_the_host():
+    check: dict = {}
+    devs = per_device(_events(), DEVICES, TYPES, host="/CPU:0", check=check)
+    peaks = {d: (m.peak_requested, m.peak_allocated) for d, m in devs.items()}
+    assert peaks == {"/GPU:0": (400 + 100, 512 + 256), "/GPU:1": (300, 512), "/CPU:0": (50, 256)}
+    assert [(x.op, x.requested, x.kind) for x in devs["/GPU:0"].at_peak] == [
+        ("dense/MatMul", 400, "activation"), ("gradient_tape/dense/MatMul", 100, "gradient")]
+    assert [(x.op, x.kind) for x in devs["/GPU:1"].at_peak] == [("CollectiveAdapterImpl::TempChunk", "collective buffer")]
+    assert check == {"unpartitioned": 0}
+
+
+def test_an_op_outside_the_steps_graphs_is_kept_apart_not_guessed():
+    events = [MemEvent(time_ps=0, alloc=True, addr=1, requested=10, allocated=256, total_after=256, op="eager/Foo")]
+    assert list(per_device(events, DEVICES, TYPES)) == [UNATTRIBUTED]
+
+
+def test_the_summary_carries_both_checks_and_the_allocators_peak():
+    events = _events()
+    out = summarize(events, DEVICES, TYPES, process_peak=BEFORE + 512 + 256 + 512)
+    assert out["self_check"] == {"events": 6, "mismatched": 0, "unpartitioned": 0,
+                                 "replayed_peak": BEFORE + 512 + 256 + 512, "allocator_peak": BEFORE + 1280}
+
+
+@pytest.mark.parametrize(("op", "op_type", "region", "kind"), [
+    ("replica_1/adam/concat", "ConcatV2", "output", "gradient"),
+    ("adam/update_0/Sqrt_1", "Sqrt", "output", "optimizer"),
+    ("adam/update_0/AssignAddVariableOp", "AssignAddVariableOp", "temp", "optimizer update"),
+    ("cond/OptionalGetValue", "OptionalGetValue", "output", "input"),
+    ("dense/Relu", "Relu", "output", "activation"),
+    ("max_pooling2d/MaxPool", "_MklNativeMaxPool", "temp", "temporary"),
+])
+def test_kinds(op, op_type, region, kind):
+    assert kind_of(op, op_type, region) == kind
+
+
+def test_thinning_keeps_every_windows_peak():
+    points = [(float(i), i % 7) for i in range(1000)]
+    kept = thin(points, 100)
+    assert (len(kept), max(b for _, b in kept)) == (100, 6)
+
+
+def test_mlflow_gets_each_devices_peak_and_input_bytes():
+    from pinpoint.placement.metrics import headline_metrics
+
+    memory = summarize(_events(), DEVICES, TYPES)
+    out = headline_metrics({"memory": memory, "transfers": {"input": {"per_step": {"/GPU:0": 64.0}}}})
+    assert {k: v for k, v in out.items() if k.startswith(("memory.", "placement.input"))} == {
+        "memory.peak_bytes.CPU_0": 50.0, "memory.peak_allocated_bytes.CPU_0": 256.0,
+        "memory.peak_bytes.GPU_0": 500.0, "memory.peak_allocated_bytes.GPU_0": 768.0,
+        "memory.peak_bytes.GPU_1": 300.0, "memory.peak_allocated_bytes.GPU_1": 512.0,
+        "placement.input_bytes_per_step.GPU_0": 64.0}

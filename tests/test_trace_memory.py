@@ -1,0 +1,61 @@
+"""Issue 49: memory per device, measured under `pinpoint trace --memory --gpus 2`, held to the
+allocator's own totals (every event replayed, its peak TensorFlow's get_memory_info) and to the
+arithmetic of a tensor placed by tf.device."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_trace import F32, placement, trace, write
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ROWS, INNER, COLS = 256, 512, 1024
+
+SPLIT = f"""
+import tensorflow as tf
+
+with tf.device("/GPU:1"):
+    w = tf.Variable(tf.ones([{INNER}, {COLS}]))
+
+
+@tf.function
+def step(x):
+    with tf.device("/GPU:1"):
+        y = tf.matmul(x, w)
+    with tf.device("/GPU:0"):
+        return tf.reduce_sum(y * 2.0)
+
+
+x = tf.ones([{ROWS}, {INNER}])
+for _ in range(3):
+    step(x)
+"""
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory) -> tuple[dict, str]:
+    folder = tmp_path_factory.mktemp("memory")
+    proc = trace(["--memory", "--gpus", "2", str(write(folder, "split.py", SPLIT))], cwd=folder, out=folder / "out")
+    return placement(folder / "out")["memory"], proc.stdout
+
+
+def test_every_allocator_event_replays_and_every_byte_has_a_device(split):
+    memory, _ = split
+    check = memory["self_check"]
+    assert (check["mismatched"], check["unpartitioned"], check["replayed_peak"]) == (0, 0, check["allocator_peak"])
+
+
+def test_the_matmul_on_gpu_1_is_that_devices_peak(split):
+    """(/GPU:0's `y * 2.0` may reuse y's buffer in place: logical CPUs share a received tensor's
+    buffer, so whether it allocates depends on the order the two devices' ops ran.)"""
+    memory, stdout = split
+    gpu1 = memory["devices"]["/GPU:1"]
+    product = ROWS * COLS * F32  # y = x @ w, float32
+    assert (gpu1["peak_requested"], [(x["op"], x["requested"]) for x in gpu1["at_peak"]]) == (product, [("MatMul", product)])
+    assert "memory     : step peak per device:" in stdout
+
+
+def test_without_the_flag_nothing_is_measured(tmp_path):
+    trace(["--gpus", "2", str(write(tmp_path, "split.py", SPLIT))], cwd=tmp_path, out=tmp_path / "out")
+    assert "memory" not in placement(tmp_path / "out")
