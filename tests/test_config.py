@@ -72,6 +72,8 @@ BAD = [
     ({"name": "x", "cluster": {"flavor": "helm"}}, "cluster.flavor", "helm"),
     ({"name": "x", "train": {"learning_rate": 0}}, "train.learning_rate", "0"),
     ({"cluster": {}}, "name", "got nothing (a required key)"),
+    ({"name": "x", "placement": {"enabled": False, "memory": True}}, "placement.memory", "placement.enabled: true"),
+    ({"name": "x", "placement": {"enabled": False, "timing": True}}, "placement.timing", "placement.enabled: true"),
 ]
 
 

@@ -501,3 +501,18 @@ def test_docker_rbac_yaml_is_the_generators_output():
         "docker/rbac.yaml drifted; regenerate: .venv/bin/python -c \"from pinpoint.provision.rbac import rbac_yaml; "
         "open('docker/rbac.yaml', 'w').write(rbac_yaml('kubeflow', 'pipeline-runner'))\"")
     assert "default-editor" in shipped  # the profile namespaces' account is named in its comment
+
+
+@pytest.mark.parametrize("flavor", ["tfjob", "plain"])
+def test_placement_memory_starts_every_task_with_the_allocator_that_traces(flavor):
+    """placement.memory: the pods and the local tasks get TF_CPU_ALLOCATOR_USE_BFC=true (read once,
+    when TensorFlow starts); off: neither has it."""
+    from pinpoint.placement.memory import ALLOCATOR_ENV
+    from pinpoint.training.cluster.launcher import task_specs
+
+    on = make_config("job", cluster=_cfg(flavor).cluster.model_dump(), train={"strategy": "multi_worker_mirrored"},
+                     placement={"memory": True})
+    assert {s.env.get(ALLOCATOR_ENV) for s in task_specs(on, Path("/tmp/unused"))} == {"true"}
+    assert [_env(t).get(ALLOCATOR_ENV) for _, _, t in _pod_specs(_docs(on))] == (
+        [{"name": ALLOCATOR_ENV, "value": "true"}] * len(list(_pod_specs(_docs(on)))))
+    assert {ALLOCATOR_ENV in _env(t) for _, _, t in _pod_specs(_docs(_cfg(flavor)))} == {False}

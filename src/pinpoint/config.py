@@ -257,12 +257,16 @@ class PlacementConfig(_Frozen):
     # Time per device over the sampled steps: they run as their own call under TensorFlow's
     # profiler (placement.json `timing`, the trace in <run>/profile/). Off: nothing extra runs.
     timing: bool = False
+    # Memory per device over the same profiled call (placement.json `memory`, docs/memory.md): the
+    # tasks start with the allocator that traces every allocation. Off: nothing extra runs.
+    memory: bool = False
 
     @model_validator(mode="after")
     def _timing_needs_capture(self) -> "PlacementConfig":
-        if self.timing and not self.enabled:
-            _fail("placement.timing", True, "set placement.enabled: true (timing is measured on the sampled "
-                  "steps and attributed with their graphs) or set placement.timing: false")
+        for name in ("timing", "memory"):
+            if getattr(self, name) and not self.enabled:
+                _fail(f"placement.{name}", True, f"set placement.enabled: true ({name} is measured on the sampled "
+                      f"steps and attributed with their graphs) or set placement.{name}: false")
         return self
 
 

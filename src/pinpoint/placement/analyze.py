@@ -108,7 +108,7 @@ def build(inputs: PlacementInputs) -> Placement:
         training_function=trace.training_function if trace else None,
         eager=Eager.from_json(trace.eager) if trace else None,
         program=trace.program if trace else None,
-        memory=_memory(captures[0], namer) if captures else None,
+        memory=inputs.memory if inputs.memory is not None else _memory(captures[0], namer) if captures else None,
     )
 
 
@@ -121,7 +121,8 @@ def _memory(cap, namer: DeviceMap) -> dict | None:
         return {"why_not": cap.memory_why or "the call was not profiled"} if enabled() else None
     types = {n.name: n.op for g in cap.partition_graphs for n in g.node}
     out = summarize(cap.memory_events, node_devices(cap.partition_graphs, namer), types, cap.memory_peak,
-                    host=namer.canonical_spec("/job:localhost/replica:0/task:0/device:CPU:0") or "/CPU:0")
+                    host=namer.canonical_spec("/job:localhost/replica:0/task:0/device:CPU:0") or "/CPU:0",
+                    read_ps=cap.memory_read_ps)
     return out | ({"why_not": cap.memory_why} if cap.memory_why else {})
 
 

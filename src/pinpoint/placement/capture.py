@@ -65,6 +65,7 @@ class CapturedGraphs:
     memory_events: list | None = None
     memory_peak: int | None = None
     memory_why: str | None = None
+    memory_read_ps: int | None = None  # when the peak was read, in the trace's clock
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:
@@ -179,12 +180,18 @@ def run_profiled(call: Callable[[], Any], memory_into: CapturedGraphs | None = N
     With `memory_into`, its allocator events and peak over the call are kept there."""
     import tempfile
 
-    from pinpoint.placement.memory import memory_events, memory_traced, reset_memory_peak
+    from pinpoint.placement.memory import memory_events, memory_traced, peak_read_ps, read_peak, reset_memory_peak
     from pinpoint.placement.timing import iterator_element_bytes, kernel_nodes, profile_call, read_xspace
 
     with tempfile.TemporaryDirectory(prefix="pinpoint-shapes-") as tmp:
         if memory_into is not None:
-            reset_memory_peak()
+            inner = call
+
+            def call():  # the peak starts over and is read inside the trace: both cover one window
+                reset_memory_peak()
+                out = inner()
+                memory_into.memory_peak = read_peak()
+                return out
         result, xplane, why = profile_call(call, tmp)
         if xplane is None:
             if memory_into is not None:
@@ -193,7 +200,8 @@ def run_profiled(call: Callable[[], Any], memory_into: CapturedGraphs | None = N
         xspace = read_xspace(xplane)
         if memory_into is not None:
             memory_into.memory_events = memory_events(xspace)
-            memory_into.memory_peak, memory_into.memory_why = memory_traced(memory_into.memory_events)
+            memory_into.memory_read_ps = peak_read_ps(xspace)
+            memory_into.memory_why = memory_traced(memory_into.memory_events, memory_into.memory_peak)
         return result, iterator_element_bytes(xspace), kernel_nodes(xspace), None
 
 

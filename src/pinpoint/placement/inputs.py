@@ -46,6 +46,7 @@ class PlacementInputs:
     # The model's layers a plan moves as one piece, by path (the keys' form): each op row's `layer`.
     layer_units: tuple[str, ...] = ()
     timing: Mapping[str, Any] | None = None
+    memory: Mapping[str, Any] | None = None  # the profiled call's memory (placement.memory), when measured
     input_pipeline: Mapping[str, Any] | None = None
     precision_policy: str | None = None
     device_map_json: Mapping[str, Any] | None = None  # the run's device map, as placement.json shows it

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 ALLOCATOR_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 COLLECTIVE_CHUNK = "CollectiveAdapterImpl::TempChunk"
 UNATTRIBUTED = "(outside the step's graphs)"
+# The trace event around Pinpoint's read of get_memory_info: the replay is held to the events before it.
+PEAK_READ = "pinpoint_memory_peak_read"
 TOP_LIVE = 10
 TIMELINE_POINTS = 200
 _INPUT_OPS = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue", "IteratorGetNextAsOptional"}
@@ -49,6 +51,7 @@ class MemEvent:
     region: str = ""
     shape: str = ""
     kernel: str = ""  # the node whose kernel was running on the allocating thread (a collective's chunk)
+    allocator: str = ""  # one per GPU on a GPU machine; every logical CPU shares one
 
 
 @dataclass
@@ -109,7 +112,8 @@ def memory_events(xspace) -> list[MemEvent]:
                                     allocated=int(s.get("allocation_bytes") or 0),
                                     total_after=int(s.get("bytes_allocated") or 0), op=str(s.get("tf_op") or ""),
                                     region=str(s.get("region_type") or ""), shape=str(s.get("shape") or ""),
-                                    kernel=_enclosing(kernels, e.offset_ps)))
+                                    kernel=_enclosing(kernels, e.offset_ps),
+                                    allocator=str(s.get("allocator_name") or "")))
     return sorted(out, key=lambda e: e.time_ps)
 
 
@@ -141,20 +145,36 @@ def reset_memory_peak() -> None:
         pass  # no allocator stats (another allocator): memory_traced says so
 
 
-def memory_traced(events: list[MemEvent]) -> tuple[int | None, str | None]:
-    """(the allocator's own peak since reset_memory_peak, or None; why no allocation was traced, or None)."""
+def read_peak() -> int | None:
+    """get_memory_info's peak since reset_memory_peak, read inside a PEAK_READ trace event (so the
+    replay can be held to the events before it); None when the host allocator keeps no statistics."""
     import tensorflow as tf
 
-    try:
-        peak = int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
-    except (ValueError, RuntimeError) as err:
-        peak, why = None, f"the host allocator keeps no statistics ({str(err).splitlines()[0][:120]})"
-    else:
-        why = None
+    with tf.profiler.experimental.Trace(PEAK_READ):
+        try:
+            return int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+        except (ValueError, RuntimeError):
+            return None
+
+
+def peak_read_ps(xspace) -> int | None:
+    """When the PEAK_READ event began, in the trace's clock (picoseconds), or None."""
+    for plane in xspace.planes:
+        for line in plane.lines:
+            for e in line.events:
+                meta = plane.event_metadata.get(e.metadata_id)
+                if meta is not None and meta.name == PEAK_READ:
+                    return line.timestamp_ns * 1000 + e.offset_ps
+    return None
+
+
+def memory_traced(events: list[MemEvent], peak: int | None) -> str | None:
+    """Why no allocation could be measured, or None."""
+    why = None if peak is not None else "the host allocator keeps no statistics"
     if not events:
         why = why or (f"the profiler recorded no allocation event: start the process with {ALLOCATOR_ENV}=true "
                       "(pinpoint trace --memory and placement.memory: true do)")
-    return peak, why
+    return why
 
 
 def _value(s, names: dict):
@@ -164,18 +184,16 @@ def _value(s, names: dict):
 
 
 def self_check(events: list[MemEvent]) -> tuple[int, int]:
-    """(events whose replayed running total differs from the allocator's own, events replayed):
-    the total starts from the first event's and moves by each event's allocated bytes."""
-    if not events:
-        return 0, 0
-    first = events[0]
-    total = first.total_after - (first.allocated if first.alloc else -first.allocated)
+    """(events whose replayed running total differs from their allocator's own, events replayed):
+    each allocator's total starts from its first event's and moves by each event's allocated bytes."""
+    totals: dict[str, int] = {}
     bad = 0
     for e in events:
-        total += e.allocated if e.alloc else -e.allocated
+        delta = e.allocated if e.alloc else -e.allocated
+        total = totals.get(e.allocator, e.total_after - delta) + delta
         if total != e.total_after:
-            bad += 1
-            total = e.total_after  # one mismatch is counted once, not carried into every later event
+            bad += 1  # counted once: the replay goes on from the allocator's own total
+        totals[e.allocator] = e.total_after
     return bad, len(events)
 
 
@@ -277,14 +295,20 @@ def thin(points: list[tuple[float, int]], n: int) -> list[tuple[float, int]]:
 
 
 def summarize(events: Iterable[MemEvent], devices: Mapping[str, str], types: Mapping[str, str],
-              process_peak: int | None = None, host: str = "/CPU:0") -> dict:
+              process_peak: int | None = None, host: str = "/CPU:0", read_ps: int | None = None) -> dict:
     """placement.json's `memory`: per device (peak, timeline, live at the peak), the self-check
-    and the allocator's own process-wide peak over the call (get_memory_info)."""
+    and the allocator's own process-wide peak over the call (get_memory_info, read at `read_ps`:
+    the replayed peak is taken over the events before it)."""
     events = list(events)
     bad, n = self_check(events)
     check: dict = {}
     devs = per_device(events, devices, types, host, check)
-    replayed_peak = max((e.total_after for e in events), default=0)
+    if len({e.allocator for e in events}) > 1:
+        check["unpartitioned"] = None  # one total per allocator (a GPU machine's): the devices are theirs
+    # The allocator's peak starts at what was in use when it was reset, just before the first event.
+    first = events[0] if events else None
+    start = first.total_after - (first.allocated if first.alloc else -first.allocated) if first else 0
+    replayed_peak = max([start, *(e.total_after for e in events if read_ps is None or e.time_ps < read_ps)])
     return {
         "devices": {d: m.to_json() for d, m in sorted(devs.items())},
         # mismatched: events the replay puts at another total than the allocator's; unpartitioned:

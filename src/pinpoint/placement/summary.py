@@ -127,8 +127,11 @@ def memory_line(memory) -> str | None:
     largest = (f"; largest at {busiest}'s peak: {top['op']} {human_bytes(top['requested'])} ({top['kind']})"
                if top else "")
     check = memory["self_check"]
+    peak = ("" if check.get("allocator_peak") in (None, check.get("replayed_peak")) else
+            f", replayed peak {check['replayed_peak']:,} B but get_memory_info's {check['allocator_peak']:,} B")
+    off = f", {check['unpartitioned']} not adding up over the devices" if check.get("unpartitioned") else ""
     return (f"memory     : step peak per device: {', '.join(parts)}{largest}; self-check: "
-            f"{check['mismatched']} of {check['events']} allocator events off")
+            f"{check['mismatched']} of {check['events']} allocator events off{off}{peak}")
 
 
 def _training_line(metrics: Mapping[str, Any]) -> str:

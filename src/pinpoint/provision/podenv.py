@@ -37,6 +37,14 @@ def collective_timeout_env(cfg) -> dict[str, str]:
     return {COLLECTIVE_TIMEOUT_ENV: str(t)} if t else {}
 
 
+def allocator_env(cfg) -> dict[str, str]:
+    """placement.memory: the tasks start with the host allocator that traces every allocation
+    (read once, when TensorFlow starts); nothing when it is off."""
+    from pinpoint.placement.memory import ALLOCATOR_ENV
+
+    return {ALLOCATOR_ENV: "true"} if cfg.placement.memory else {}
+
+
 def uri_has_credentials(uri: str | None) -> bool:
     """True if a URI carries a user (and password) before its host: 'http://alice:pw@host'."""
     if not uri:

@@ -17,7 +17,7 @@ from pinpoint.provision.names import (
     UID,
     labels,
 )
-from pinpoint.provision.podenv import MLFLOW_SECRET_KEYS, collective_timeout_env
+from pinpoint.provision.podenv import MLFLOW_SECRET_KEYS, allocator_env, collective_timeout_env
 from pinpoint.provision.tasks import Task
 from pinpoint.runfolder import RUNS_MOUNT
 
@@ -48,6 +48,8 @@ def _env(cfg: Config, task: Task, podenv: bool) -> list[dict]:
         {"name": "HOME", "value": "/tmp"},
         # train.collective_timeout_s, as the local launcher gives it to its tasks (if set).
         *({"name": k, "value": v} for k, v in collective_timeout_env(cfg).items()),
+        # placement.memory, as the local launcher and `pinpoint train` give it (if set).
+        *({"name": k, "value": v} for k, v in allocator_env(cfg).items()),
     ]
     if cfg.cluster.mlflow_secret:
         # The Secret the pipeline's steps read, by name and key only (optional: a cluster without

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pinpoint.config import MULTI_PROCESS_STRATEGIES, Config
@@ -29,9 +30,12 @@ def train_command(
     Single-process strategies run here; multi-process ones start a local cluster (one process
     per task), and `task="worker:1"` runs one task of such a cluster (TF_CONFIG from the env).
     """
+    from pinpoint.provision.podenv import allocator_env
     from pinpoint.quiet import import_tensorflow
     from pinpoint.tfcompat.check import require
 
+    # placement.memory: read once, when TensorFlow starts (a local cluster's tasks get it from the launcher).
+    os.environ.update(allocator_env(cfg))
     if task is not None:
         from pinpoint.training.cluster.task import run_task
 

@@ -40,7 +40,11 @@ from pathlib import Path
 
 from pinpoint.config import Config, config_to_yaml
 from pinpoint.errors import TrainingFailed
-from pinpoint.provision.podenv import COLLECTIVE_TIMEOUT_ENV, collective_timeout_env  # as the pods get it
+from pinpoint.provision.podenv import (  # as the pods get them
+    COLLECTIVE_TIMEOUT_ENV,
+    allocator_env,
+    collective_timeout_env,
+)
 from pinpoint.runfolder import (
     CHECKPOINTS,
     CONFIG_FILE,
@@ -114,6 +118,7 @@ def _specs(cfg: Config, out_dir: Path, o: TaskOptions) -> list[TaskSpec]:
         env = {
             **(o.extra_env or {}),
             "TF_CONFIG": json.dumps(tf_config),
+            **allocator_env(cfg),
             **(collective_timeout_env(cfg) if o.collective_timeout is None
                else {COLLECTIVE_TIMEOUT_ENV: str(int(o.collective_timeout))}),
         }

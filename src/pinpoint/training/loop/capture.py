@@ -48,6 +48,7 @@ class CapturePlan:
     loop_capture: bool  # graphs collected by the first call (not parameter_server)
     timing_pending: bool  # the profiled call is still to come
     timing: bool
+    memory: bool = False
     captures: list = field(default_factory=list)
     loop_captured: Any = None
     timed: dict | None = None
@@ -57,7 +58,8 @@ class CapturePlan:
         pc = cfg.placement
         loop_capture = pc.enabled and coordinator is None
         return cls(capture_at=start + pc.warmup_steps if pc.enabled else None, sample_steps=pc.sample_steps,
-                   loop_capture=loop_capture, timing_pending=loop_capture and pc.timing, timing=pc.timing)
+                   loop_capture=loop_capture, timing_pending=loop_capture and (pc.timing or pc.memory),
+                   timing=pc.timing, memory=pc.memory)
 
     def next_call(self, step: int, calls: int, total: int, every: tuple[int, ...]) -> tuple[str, int]:
         """(what the call does, how many steps it takes) for a trainer at `step` after `calls` calls."""
@@ -150,25 +152,59 @@ def capture_ps_step(trainer):
     return captured, metrics
 
 
-def profiled_steps(trainer, n: int, out_dir: Path, ctx) -> tuple[dict, dict]:
+def profiled_steps(trainer, n: int, out_dir: Path, ctx, memory: bool = False) -> tuple[dict, dict]:
     """Run n steps under TensorFlow's profiler, the trace in the run folder's profile/ folder:
     one call per step, each under a step marker (as Keras marks its steps), so TensorBoard's
-    profile overview, step-time graph and trace viewer show the steps."""
+    profile overview, step-time graph and trace viewer show the steps (and, with `memory`, its
+    memory profile: the allocator's events are in the trace)."""
+    from pinpoint.placement.memory import read_peak, reset_memory_peak
     from pinpoint.placement.timing import profile_call, step_marker
 
     rel = PROFILE if not ctx.multi_worker else f"{PROFILE}/{ctx.role}-{ctx.index}"
     first = trainer.step
 
     def marked_steps() -> dict:
+        if memory:
+            reset_memory_peak()  # inside the trace: the allocator's peak and the events cover one window
         calls = []
         for step in range(first, first + n):
             with step_marker(step):
                 calls.append(trainer.train_steps(1))
+        if memory:
+            peak[0] = read_peak()
         mean = {k: sum(c[k] for c in calls) / n for k in calls[0] if k != "examples_per_sec"}
         return dict(mean, examples_per_sec=trainer.global_batch / mean["step_time"])
 
+    peak: list[int | None] = [None]
     m, xplane, why = profile_call(marked_steps, out_dir / rel)
-    return m, {"steps": list(range(first, first + n)), "xplane": xplane, "why": why, "trace": rel}
+    return m, {"steps": list(range(first, first + n)), "xplane": xplane, "why": why, "trace": rel,
+               "memory_peak": peak[0]}
+
+
+def memory_section(ctx, loop_captured, timed: dict | None) -> dict:
+    """placement.json's `memory` section from the profiled call's allocator events (placement.memory)."""
+    from pinpoint.device_names import DeviceMap
+    from pinpoint.placement.memory import memory_events, memory_traced, peak_read_ps, summarize
+    from pinpoint.placement.timing import node_devices, read_xspace
+
+    if loop_captured is None:
+        return {"why_not": "not measured under parameter_server: its steps run as closures in the workers' "
+                           "runtimes, out of this process's profiler"}
+    if timed is None:
+        return {"why_not": "not measured: training ended before the sampled steps ran as their own call"}
+    if timed["xplane"] is None:
+        return {"why_not": f"not measured: {timed['why']}"}
+    xspace = read_xspace(timed["xplane"])
+    events = memory_events(xspace)
+    why = memory_traced(events, timed.get("memory_peak"))
+    if not events:
+        return {"why_not": why}
+    namer = DeviceMap.of(ctx.device_map)
+    parts = loop_captured.partition_graphs
+    types = {n.name: n.op for g in parts for n in g.node}
+    return summarize(events, node_devices(parts, namer), types, timed.get("memory_peak"), host=namer.canonical_spec(
+        "/job:localhost/replica:0/task:0/device:CPU:0") or "/CPU:0", read_ps=peak_read_ps(xspace)) | {
+        "steps": timed["steps"], "trace": timed["trace"]}
 
 
 def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
@@ -195,8 +231,9 @@ def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
     return timing
 
 
-def placement_report(cfg: Config, ctx, trainer, captures, *, timing: dict | None = None) -> dict:
-    """placement.json's content from the captured steps and the timing of the profiled call."""
+def placement_report(cfg: Config, ctx, trainer, captures, *, timing: dict | None = None,
+                     memory: dict | None = None) -> dict:
+    """placement.json's content from the captured steps and the timing and memory of the profiled call."""
     from pinpoint.placement.analyze import build
     from pinpoint.placement.inputs import PlacementInputs
     from pinpoint.training.loop.models import layer_pins, layer_units
@@ -207,7 +244,7 @@ def placement_report(cfg: Config, ctx, trainer, captures, *, timing: dict | None
         strategy=cfg.train.strategy, device_map=ctx.device_map, task=ctx.task, gradient_scope="gradients",
         optimizer_variables=tuple(trainer.optimizer.variables), layer_pins=layer_pins(trainer.model),
         layer_units=layer_units(trainer.model),
-        timing=timing, precision_policy=cfg.train.precision, device_map_json=ctx.device_map.to_json(),
+        timing=timing, memory=memory, precision_policy=cfg.train.precision, device_map_json=ctx.device_map.to_json(),
         # A tf.data pipeline: its ops run inside the iterator, on its device.
         input_pipeline={**describe(), "device": ctx.device_map.spec(trainer.pipeline.device)} if describe is not None else None,
     )).to_json()

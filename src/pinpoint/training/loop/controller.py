@@ -26,6 +26,7 @@ from pinpoint.training.loop.capture import (
     capture_first_call,
     capture_ps_step,
     clean_refusal,
+    memory_section,
     placement_report,
     profiled_steps,
     timing_section,
@@ -120,7 +121,7 @@ class Controller:
                     elif kind == CAPTURE_STEPS:
                         plan.loop_captured, m = capture_first_call(trainer, n)
                     elif kind == PROFILED:
-                        m, timed = profiled_steps(trainer, n, self.out, self.ctx)
+                        m, timed = profiled_steps(trainer, n, self.out, self.ctx, memory=plan.memory)
                         plan.add_profile(timed)
                     else:
                         m = trainer.train_steps(n)
@@ -152,7 +153,8 @@ class Controller:
         if not captures:
             return None
         timing = timing_section(ctx, plan.loop_captured, plan.timed) if plan.timing else None
-        placement = placement_report(self.cfg, ctx, run.trainer, captures, timing=timing)
+        memory = memory_section(ctx, plan.loop_captured, plan.timed) if plan.memory else None
+        placement = placement_report(self.cfg, ctx, run.trainer, captures, timing=timing, memory=memory)
         write_task_placement(self.out, ctx, placement)  # multi_worker: the chief merges them in finish()
         return placement
 
