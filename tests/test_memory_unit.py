@@ -96,3 +96,22 @@ def test_mlflow_gets_each_devices_peak_and_input_bytes():
         "memory.peak_bytes.GPU_0": 500.0, "memory.peak_allocated_bytes.GPU_0": 768.0,
         "memory.peak_bytes.GPU_1": 300.0, "memory.peak_allocated_bytes.GPU_1": 512.0,
         "placement.input_bytes_per_step.GPU_0": 64.0}
+
+
+def _dev(peak: int, *live: tuple[str, str, int]) -> dict:
+    return {"peak_requested": peak, "at_peak": [{"op": op, "kind": kind, "requested": n} for op, kind, n in live]}
+
+
+def test_findings_name_the_packed_gradients_the_backward_pass_apart_and_the_activation_heavy_device():
+    from pinpoint.placement.memory import findings
+
+    packed = findings({"/GPU:0": _dev(1000, ("adam/concat", "gradient", 400), ("dense/MatMul", "activation", 300)),
+                       "/GPU:1": _dev(1000, ("adam/concat_1", "gradient", 400), ("dense/MatMul", "activation", 300))})
+    assert [(f["device"], f["evidence"]) for f in packed] == [("/GPU:0", "adam/concat 400 B (40% of the peak)")]
+    split = findings({"/GPU:0": _dev(1000, ("gradient_tape/d2/MatMul", "gradient", 600), ("adam/Sqrt", "optimizer", 200)),
+                      "/GPU:1": _dev(900, ("d1/MatMul", "activation", 800)),
+                      "/GPU:2": _dev(300, ("d2/MatMul", "activation", 200))})
+    assert [(f["device"], f["what"].split(",")[0].split(" (")[0]) for f in split] == [
+        ("/GPU:0", "the backward pass and the optimizer's math ran here"),
+        ("/GPU:1", "one device holds most of the activations")]
+    assert findings({"/GPU:0": _dev(100, ("a", "activation", 60)), "/GPU:1": _dev(100, ("b", "activation", 60))}) == []

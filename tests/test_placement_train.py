@@ -127,4 +127,9 @@ def test_placement_memory_measures_each_replica_and_holds_it_to_the_allocator(tm
     packed = {d: (m["at_peak"][0]["kind"], m["at_peak"][0]["requested"]) for d, m in memory["devices"].items()
               if d.startswith("/GPU")}
     assert packed == {"/GPU:0": ("gradient", params * 4), "/GPU:1": ("gradient", params * 4)}
+    assert [f["what"].split(":")[0] for f in memory["findings"]] == [
+        "every gradient packed into one buffer for the all-reduce is live at the peak, beside the gradients themselves"]
     assert "memory     : step peak per device:" in r.stdout
+    # The report opens the trace's memory section: its charts are written.
+    assert _run(["report", str(tmp_path / "run")], tmp_path, 300).returncode == 0
+    assert {p.name for p in (tmp_path / "run" / "charts").glob("memory_*.png")} == {"memory_peaks.png", "memory_timeline.png"}

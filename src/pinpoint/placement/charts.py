@@ -224,6 +224,71 @@ def time_per_device(placement: dict, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
+MEMORY_KINDS = ("activation", "gradient", "optimizer", "optimizer update", "variable", "input", "collective buffer",
+                "temporary", "outside the step")
+
+
+def memory_peaks(placement: dict, path: Path) -> Path | None:
+    """placement.memory: one bar per device at its peak, stacked by what the live bytes hold (the
+    largest live allocations by kind; the rest of the peak as 'smaller allocations')."""
+    devs = {d: m for d, m in ((placement.get("memory") or {}).get("devices") or {}).items() if d.startswith("/")}
+    if not devs:
+        return None
+    plt = _plt()
+    phys = placement.get("physical_devices") or {}
+    devices = list(devs)
+    fig, ax = plt.subplots(figsize=(9.5, 1.4 + 0.55 * len(devices)))
+    y = list(range(len(devices)))
+    left = [0.0] * len(devices)
+    cmap = plt.get_cmap("tab10")
+    for k, kind in enumerate((*MEMORY_KINDS, "smaller allocations")):
+        widths = []
+        for d in devices:
+            top = sum(x["requested"] for x in devs[d]["at_peak"] if x["kind"] == kind)
+            rest = devs[d]["peak_requested"] - sum(x["requested"] for x in devs[d]["at_peak"])
+            widths.append((rest if kind == "smaller allocations" else top) / 2**20)
+        if any(widths):
+            ax.barh(y, widths, left=left, color="#c8c8c8" if kind == "smaller allocations" else cmap(k), label=kind)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+    for i, d in enumerate(devices):
+        ax.text(left[i] * 1.01, i, f"{human_bytes(devs[d]['peak_requested'])} "
+                f"({human_bytes(devs[d]['peak_allocated'])} allocated)", va="center", fontsize=8)
+    ax.set_yticks(y, [_label(d, phys).replace("\n", " ") for d in devices], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(left) * 1.45 or 1)
+    ax.set_xlabel("MiB live at the device's peak (requested)")
+    ax.set_title("Memory per device at its peak, by what it holds", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.spines[["top", "right"]].set_visible(False)
+    return _save(plt, fig, path)
+
+
+def memory_timeline(placement: dict, path: Path) -> Path | None:
+    """placement.memory: each device's live bytes over the profiled call, its peak marked."""
+    devs = {d: m for d, m in ((placement.get("memory") or {}).get("devices") or {}).items()
+            if d.startswith("/") and m.get("timeline")}
+    if not devs:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9.5, 3.2))
+    # From the first live byte: a first call spends most of its time tracing, allocating nothing.
+    top = max(m["peak_requested"] for m in devs.values())
+    busy = [t for m in devs.values() for t, b in m["timeline"] if b > 0.05 * top]
+    if busy:
+        end = max(t for m in devs.values() for t, _ in m["timeline"])
+        ax.set_xlim(min(busy) - 0.02 * (end - min(busy)), end + 0.02 * (end - min(busy)))
+    for d, m in devs.items():
+        ts, bs = zip(*m["timeline"], strict=True)
+        line, = ax.step(ts, [b / 2**20 for b in bs], where="post", label=d, linewidth=1.2)
+        ax.plot([m["peak_time_us"]], [m["peak_requested"] / 2**20], "o", color=line.get_color(), markersize=4)
+    ax.set_xlabel("µs into the profiled call")
+    ax.set_ylabel("MiB live (requested)")
+    ax.set_title("Memory per device over the profiled call (dots: each device's peak)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.spines[["top", "right"]].set_visible(False)
+    return _save(plt, fig, path)
+
+
 def plan_timeline(check: dict, path: Path) -> Path | None:
     """plan_check.json's simulated step of the run's placement and of the plan, one panel each:
     a bar per task (a group's forward or backward pass) on its device, from start to end."""
@@ -262,6 +327,8 @@ CHARTS = {
     "conformance.png": conformance,
     "variable_bytes.png": variable_bytes,
     "time_per_device.png": time_per_device,
+    "memory_peaks.png": memory_peaks,
+    "memory_timeline.png": memory_timeline,
 }
 
 

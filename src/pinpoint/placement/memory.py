@@ -309,10 +309,56 @@ def summarize(events: Iterable[MemEvent], devices: Mapping[str, str], types: Map
     first = events[0] if events else None
     start = first.total_after - (first.allocated if first.alloc else -first.allocated) if first else 0
     replayed_peak = max([start, *(e.total_after for e in events if read_ps is None or e.time_ps < read_ps)])
+    out_devices = {d: m.to_json() for d, m in sorted(devs.items())}
     return {
-        "devices": {d: m.to_json() for d, m in sorted(devs.items())},
+        "devices": out_devices,
+        "findings": findings(out_devices),
         # mismatched: events the replay puts at another total than the allocator's; unpartitioned:
         # events after which the devices' bytes do not add up to that total.
         "self_check": {"events": n, "mismatched": bad, "unpartitioned": check["unpartitioned"],
                        "replayed_peak": replayed_peak, "allocator_peak": process_peak},
     }
+
+
+def _held(device: dict, kinds: tuple[str, ...]) -> int:
+    return sum(a["requested"] for a in device["at_peak"] if a["kind"] in kinds)
+
+
+def findings(devices: Mapping[str, dict]) -> list[dict]:
+    """What the peaks show, each with its evidence and what to change: the gradients packed into one
+    buffer for the all-reduce; the backward pass and optimizer math on one device while the layers
+    are elsewhere; one device holding most of the activations."""
+    devs = {d: m for d, m in devices.items() if d.startswith("/") and m["peak_requested"]}
+    out = []
+    for d, m in devs.items():
+        packed = [a for a in m["at_peak"] if a["kind"] == "gradient" and _PACK.search(a["op"])]
+        if packed:
+            a = max(packed, key=lambda a: a["requested"])
+            out.append({"device": d, "what": "every gradient packed into one buffer for the all-reduce is live at the "
+                        "peak, beside the gradients themselves: the gradients are held twice",
+                        "evidence": f"{a['op']} {a['requested']:,} B ({100 * a['requested'] / m['peak_requested']:.0f}% "
+                        "of the peak)",
+                        "fix": "nothing while the device has room: it is one all-reduce per step, the size of the "
+                        "trainable weights, whatever the batch; near the limit, split the model or shard it"})
+            break  # one replica says it for all
+    if out:
+        return out  # data parallel: every replica holds the same, so no device is out of line
+    backward = {d: _held(m, ("gradient", "optimizer", "optimizer update")) for d, m in devs.items()}
+    forward = {d: _held(m, ("activation",)) for d, m in devs.items()}
+    if len(devs) > 1 and sum(forward.values()):
+        heavy = max(backward, key=backward.get)
+        others = max((v for d, v in forward.items() if d != heavy), default=0)
+        if backward[heavy] > 0.5 * devs[heavy]["peak_requested"] and others > 2 * forward[heavy]:
+            out.append({"device": heavy, "what": "the backward pass and the optimizer's math ran here, not beside "
+                        "the layers they belong to (a GradientTape's gradients go to the default device)",
+                        "evidence": f"{backward[heavy]:,} B of gradients and optimizer tensors live at its peak, "
+                        f"{forward[heavy]:,} B of activations",
+                        "fix": "compute each layer's gradients under the layer's tf.device, or pin the backward pass "
+                        "on a device with room (train.pinning.gradients)"})
+        top = max(forward, key=forward.get)
+        rest = [v for d, v in forward.items() if d != top]
+        if rest and forward[top] > 2 * max(rest) and forward[top] > 0.5 * devs[top]["peak_requested"]:
+            out.append({"device": top, "what": "one device holds most of the activations",
+                        "evidence": f"{forward[top]:,} B of activations at its peak, at most {max(rest):,} B elsewhere",
+                        "fix": "move layers off it (tf.device or train.pinning.layers), or a smaller batch"})
+    return out

@@ -219,6 +219,24 @@ def _timing(p: Placement, metrics, charts, x) -> dict | None:
     }
 
 
+def _memory(p: Placement, metrics, charts, x) -> dict | None:
+    memory = p.memory
+    if memory is None:
+        return None
+    devs = {d: m for d, m in (memory.get("devices") or {}).items()}
+    check = memory.get("self_check") or {}
+    return {
+        "charts": charts, "why_not": memory.get("why_not"), "check": check, "trace": memory.get("trace"),
+        "findings": list(memory.get("findings") or ()),
+        "rows": [{"device": _dev(d, p.physical_devices) if d.startswith("/") else d,
+                  "requested": human_bytes(m["peak_requested"]), "allocated": human_bytes(m["peak_allocated"]),
+                  "at": f"{m['peak_time_us']:.1f}"} for d, m in devs.items()],
+        "live": [{"device": d, "op": a["op"], "kind": a["kind"], "bytes": human_bytes(a["requested"]),
+                  "shape": a["shape"], "region": a["region"]} for d, m in devs.items() if d.startswith("/")
+                 for a in m["at_peak"]],
+    }
+
+
 def _fallbacks(p: Placement, metrics, charts, x) -> dict:
     phys = p.physical_devices
     return {
@@ -465,6 +483,7 @@ SECTIONS: list[Section] = [
     Section("ops", "ops", "Ops by device", "ops.html.j2", _ops, _explained("ops_by_device")),
     Section("transfers", "transfers", "Transfers between devices", "transfers.html.j2", _transfers, _transfers_what),
     Section("timing", "time", "Time per device", "timing.html.j2", _timing, _explained("timing")),
+    Section("memory", "memory", "Memory per device", "memory.html.j2", _memory, _explained("memory")),
     Section("fallbacks", "fallbacks", "Fallbacks", "fallbacks.html.j2", _fallbacks, _explained("fallbacks")),
     Section("variables", "variables", "Variables", "variables.html.j2", _variables, _variables_what),
     Section("gradients", "gradients", "Gradients (backward pass)", "gradients.html.j2", _gradients,

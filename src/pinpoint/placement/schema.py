@@ -54,6 +54,12 @@ EXPLAIN = {
     "wait for its producer is not counted); compute = busy - transfer; idle_share = 1 - busy / wall, wall "
     "= first op start to last op end of the call. Wall-clock times: with emulation the devices share the "
     "host's cores.",
+    "memory": "placement.memory / pinpoint trace --memory: every allocation TensorFlow's allocator made "
+    "during one profiled call (TF_CPU_ALLOCATOR_USE_BFC=true makes the profiler record each one), "
+    "attributed to the device of the op that made it. Peak = the most bytes live at once on the device; "
+    "requested is what the ops asked for, allocated what the allocator handed out (a fits verdict needs "
+    "allocated). Logical CPU devices share a received tensor's buffer where a GPU copies it, so an emulated "
+    "device can hold less than the GPU would (docs/memory.md).",
 }
 
 
