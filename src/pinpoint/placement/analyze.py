@@ -120,9 +120,15 @@ def _memory(cap, namer: DeviceMap) -> dict | None:
     if cap.memory_events is None:
         return {"why_not": cap.memory_why or "the call was not profiled"} if enabled() else None
     types = {n.name: n.op for g in cap.partition_graphs for n in g.node}
-    out = summarize(cap.memory_events, node_devices(cap.partition_graphs, namer), types, cap.memory_peak,
+    devices = node_devices(cap.partition_graphs, namer)
+    out = summarize(cap.memory_events, devices, types, cap.memory_peak,
                     host=namer.canonical_spec("/job:localhost/replica:0/task:0/device:CPU:0") or "/CPU:0",
                     read_ps=cap.memory_read_ps)
+    if cap.memory_trace is not None:
+        from pinpoint.placement.memory_predict import predict_call
+
+        out["predicted"] = predict_call(cap.partition_graphs, cap.shapes, cap.memory_trace, devices, out["devices"],
+                                        first_call=True)
     return out | ({"why_not": cap.memory_why} if cap.memory_why else {})
 
 

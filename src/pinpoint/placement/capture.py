@@ -66,6 +66,7 @@ class CapturedGraphs:
     memory_peak: int | None = None
     memory_why: str | None = None
     memory_read_ps: int | None = None  # when the peak was read, in the trace's clock
+    memory_trace: Any = None  # the profiled call's XSpace (its kernels' order: the memory prediction)
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:
@@ -201,6 +202,7 @@ def run_profiled(call: Callable[[], Any], memory_into: CapturedGraphs | None = N
         if memory_into is not None:
             memory_into.memory_events = memory_events(xspace)
             memory_into.memory_read_ps = peak_read_ps(xspace)
+            memory_into.memory_trace = xspace
             memory_into.memory_why = memory_traced(memory_into.memory_events, memory_into.memory_peak)
         return result, iterator_element_bytes(xspace), kernel_nodes(xspace), None
 

@@ -250,12 +250,32 @@ def resolve_merges(graph, kernels: set[str], dead: set[str] = frozenset()) -> in
     return resolved
 
 
+def first_iteration(graph) -> int:
+    """Give each loop's Merge (in place) its Enter input alone, dropping the NextIteration back edge:
+    the loop body then has the shapes of its first iteration (a training loop's do not change from one
+    step to the next). Returns how many Merges were cut."""
+    nodes = {n.name: n for n in graph.node}
+    cut = 0
+    for n in graph.node:
+        if n.op not in _MERGES:
+            continue
+        data = [i for i in n.input if not i.startswith("^")]
+        entry = [i for i in data if nodes.get(_tensor(i)[0]) is not None and nodes[_tensor(i)[0]].op in ("Enter", "RefEnter")]
+        if len(entry) == 1 and len(data) == 2:
+            control = [i for i in n.input if i.startswith("^")]
+            del n.input[:]
+            n.input.extend([entry[0], *control])
+            n.attr["N"].i = 1
+            cut += 1
+    return cut
+
+
 def infer_shapes(partitions: list, element_bytes: list[int] | None,
-                 kernels: set[str]) -> tuple[dict[str, list], set[str]]:
+                 kernels: set[str], loops: bool = False) -> tuple[dict[str, list], set[str]]:
     """(node name -> [(dtype enum, dims or None), ...], the nodes of branches that did not run):
     TensorFlow's shape inference over the captured partition graphs, the input elements that ran
-    given their real batch, conditional Merges resolved to the branch that ran. Raises ValueError
-    when TensorFlow cannot import the graph."""
+    given their real batch, conditional Merges resolved to the branch that ran (with `loops`, each
+    loop's body sized as its first iteration). Raises ValueError when TensorFlow cannot import the graph."""
     import tensorflow as tf
 
     from pinpoint.tfcompat.graphs import output_shapes
@@ -277,10 +297,37 @@ def infer_shapes(partitions: list, element_bytes: list[int] | None,
     dead = dead_nodes(graph, taken)
     resolve_merges(graph, kernels, dead)
     unfuse(graph)
+    if loops:
+        first_iteration(graph)
+    renamed = importable_names(graph)
     with tf.Graph().as_default() as g:
         tf.graph_util.import_graph_def(graph, name="")
-        shapes = {op.name: output_shapes(op) for op in g.get_operations()}
+        shapes = {renamed.get(op.name, op.name): output_shapes(op) for op in g.get_operations()}
     return {name: outs for name, outs in shapes.items() if _UNFUSED not in name}, dead
+
+
+_IMPORTABLE = "pinpoint_renamed/"
+
+
+def importable_names(graph) -> dict[str, str]:
+    """Rename (in place) the nodes whose names a graph import refuses: the partitioner's own, which
+    start with '_' ('_cloop...' of a while loop's control edges); returns {new name: old name}."""
+    bad = {n.name for n in graph.node if n.name.startswith("_")}
+    if not bad:
+        return {}
+
+    def fix(inp: str) -> str:
+        ctrl = inp.startswith("^")
+        name, sep, idx = inp.lstrip("^").partition(":")
+        return ("^" if ctrl else "") + (_IMPORTABLE + name if name in bad else name) + sep + idx
+
+    for n in graph.node:
+        if n.name in bad:
+            n.name = _IMPORTABLE + n.name
+        inputs = [fix(i) for i in n.input]
+        del n.input[:]
+        n.input.extend(inputs)
+    return {_IMPORTABLE + name: name for name in bad}
 
 
 # The suffix of the nodes `unfuse` adds (left out of the shapes it returns).
