@@ -115,3 +115,44 @@ def test_findings_name_the_packed_gradients_the_backward_pass_apart_and_the_acti
         ("/GPU:0", "the backward pass and the optimizer's math ran here"),
         ("/GPU:1", "one device holds most of the activations")]
     assert findings({"/GPU:0": _dev(100, ("a", "activation", 60)), "/GPU:1": _dev(100, ("b", "activation", 60))}) == []
+
+
+def _graph(*nodes):
+    """A GraphDef of (name, op, inputs, device) rows."""
+    from tensorflow.core.framework import graph_pb2
+
+    g = graph_pb2.GraphDef()
+    for name, op, inputs, device in nodes:
+        n = g.node.add(name=name, op=op, device=device)
+        n.input.extend(inputs)
+    return g
+
+
+def test_the_prediction_frees_after_the_last_reader_writes_in_place_and_shares_a_received_buffer():
+    """x (400 B) on /GPU:0; relu writes into x (its last reader); y = matmul (100 B) is sent to /GPU:1,
+    where z = y * 2 may not write into the shared buffer (its sender may hold it): a new 100 B."""
+    from pinpoint.placement.memory_predict import predict_peaks
+
+    g0 = _graph(("x", "MatMul", [], "/GPU:0"), ("relu", "Relu", ["x"], "/GPU:0"),
+                ("y", "MatMul", ["relu"], "/GPU:0"), ("send", "_Send", ["y"], "/GPU:0"))
+    g0.node[-1].attr["tensor_name"].s = b"edge_y"
+    g1 = _graph(("recv", "_Recv", [], "/GPU:1"), ("z", "Mul", ["recv"], "/GPU:1"))
+    g1.node[0].attr["tensor_name"].s = b"edge_y"
+    sizes = {"x": [400], "relu": [400], "y": [100], "z": [100]}
+    order = [("x", 0, 1), ("relu", 2, 3), ("y", 4, 5), ("send", 6, 6), ("recv", 7, 7), ("z", 8, 9)]
+    devices = {n.name: n.device for g in (g0, g1) for n in g.node}
+    peaks = predict_peaks([g0, g1], order, lambda n: sizes.get(n, []), devices.get)
+    # /GPU:0: x (reused by relu) and y live together: 400 + 100; /GPU:1: z's own 100 B.
+    assert peaks == {"/GPU:0": 500, "/GPU:1": 100}
+
+
+def test_a_kernel_the_trace_does_not_show_runs_when_its_inputs_are_made():
+    """A Reshape the executor runs inline (no event) keeps its input alive for its own readers."""
+    from pinpoint.placement.memory_predict import predict_peaks
+
+    g = _graph(("a", "MatMul", [], "/GPU:0"), ("r", "Reshape", ["a"], "/GPU:0"),
+               ("b", "MatMul", [], "/GPU:0"), ("c", "ConcatV2", ["r", "b"], "/GPU:0"))
+    sizes = {"a": [300], "b": [200], "c": [500]}
+    peaks = predict_peaks([g], [("a", 0, 1), ("b", 2, 3), ("c", 4, 5)], lambda n: sizes.get(n, []),
+                          lambda n: "/GPU:0")
+    assert peaks == {"/GPU:0": 300 + 200 + 500}

@@ -54,6 +54,8 @@ def test_the_matmul_on_gpu_1_is_that_devices_peak(split):
     product = ROWS * COLS * F32  # y = x @ w, float32
     assert (gpu1["peak_requested"], [(x["op"], x["requested"]) for x in gpu1["at_peak"]]) == (product, [("MatMul", product)])
     assert "memory     : step peak per device:" in stdout
+    # Predicted from the executed graphs: the product is the only tensor /GPU:1 makes.
+    assert memory["predicted"]["devices"]["/GPU:1"]["predicted"] == product
 
 
 def test_without_the_flag_nothing_is_measured(tmp_path):

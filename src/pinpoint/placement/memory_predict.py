@@ -8,6 +8,8 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
 - an element-wise op writes into an input buffer of its size when it is that buffer's last reader;
 - a buffer is freed when the last op reading it (through any alias) has finished;
 - a collective all-reduce holds a chunk of its input (input / group size) while it runs;
+- an update of a variable that a read still holds copies the variable first (copy-on-write), and
+  the copy is the variable from then on;
 - constants, arguments and variables exist before the call: not part of its peak.
 
 What the rules leave out is said where the prediction is compared with the measurement: kernel
@@ -23,7 +25,9 @@ from dataclasses import dataclass, field
 
 _ALIAS_FIRST = {"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "PreventGradient", "Enter",
                 "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration", "EnsureShape", "Switch",
-                "RefSwitch", "ReadVariableOp", "_Retval", "_DeviceRetval"}
+                "RefSwitch", "_Retval", "_DeviceRetval"}
+_HANDLE_PASS = {"Identity", "Enter", "RefEnter", "Switch", "RefSwitch", "Merge", "Exit"}
+_UPDATE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+)$")
 _MERGES = {"Merge", "RefMerge"}
 _RECVS = {"_Recv", "_HostRecv"}
 _SENDS = {"_Send", "_HostSend"}
@@ -66,6 +70,7 @@ class _Sim:
     group_size: int
     first_call: bool = False
     buffers: dict = field(default_factory=dict)  # (node, output) -> _Buffer
+    views: dict = field(default_factory=lambda: defaultdict(list))  # variable -> its reads' buffers (0 bytes)
     made: dict = field(default_factory=lambda: defaultdict(list))  # node -> the buffers it allocated
     live: dict = field(default_factory=lambda: defaultdict(int))
     peak: dict = field(default_factory=lambda: defaultdict(int))
@@ -97,6 +102,13 @@ class _Sim:
                     self.new((n.name, k), device, size, 1 << 30)
             return
         if op in _NOTHING or op in _SENDS:
+            return
+        if op == "ReadVariableOp" and inputs:  # the variable's own buffer: counted before the call
+            view = self.buffers[(n.name, 0)] = _Buffer(device, 0, reads[(n.name, 0)], shared=True)
+            self.views[self.variable(inputs[0])].append(view)
+            return
+        if _UPDATE.match(op) and inputs:
+            self.update(n, inputs, device)
             return
         if op in _RECVS:  # the sent buffer itself: its send's read passes to the receiver's readers
             src = self.sent.get(n.attr["tensor_name"].s)
@@ -130,6 +142,36 @@ class _Sim:
                     continue
             self.new((n.name, k), device, size, reads[(n.name, k)])
 
+    def variable(self, t: tuple[str, int]) -> str:
+        """The node that made a resource handle, through the ops that pass a handle on."""
+        name = t[0]
+        for _ in range(64):
+            n = self.nodes.get(name)
+            if n is None:
+                break
+            if n.op in _RECVS:
+                src = self.sent.get(n.attr["tensor_name"].s)
+                name = _tensor(src)[0] if src else name
+                if not src:
+                    break
+                continue
+            data = _data_inputs(n)
+            if n.op not in _HANDLE_PASS or not data:
+                break
+            name = data[0][0]
+        return name
+
+    def update(self, n, inputs, device: str) -> None:
+        """Copy-on-write: a read of the variable still pending means the update writes a copy, which
+        stays the variable's buffer after the call (its old one was allocated before it)."""
+        if not any(v.refs > 0 for v in self.views.get(self.variable(inputs[0]), ())):
+            return
+        size = max((self.buffers[t].bytes for t in inputs[1:] if t in self.buffers), default=0)
+        size = size or max((self.size_of(t[0])[t[1]] for t in inputs[1:]
+                            if t[1] < len(self.size_of(t[0]))), default=0)
+        if size:
+            self.new((n.name, -2), device, size, 1 << 30)
+
     def end(self, n) -> None:
         chunk = self.buffers.pop((n.name, -1), None)
         if chunk is not None:
@@ -149,6 +191,10 @@ def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple
     """The kernels the trace shows, and the cheap ones it does not (the executor runs a Reshape or an
     Identity inline, without an event): such a node ran once its data inputs were made, at once."""
     times = {name: (s, e) for name, s, e in ran}
+    begin = min((s for s, _ in times.values()), default=0)
+    for n in nodes.values():  # what exists when the call starts: its arguments, handles and constants
+        if n.op in _NOTHING and n.name not in times:
+            times[n.name] = (begin, begin)
     recv_of = {n.attr["tensor_name"].s: n.name for n in nodes.values() if n.op in _RECVS}
     changed = True
     while changed:
@@ -157,12 +203,10 @@ def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple
             if n.name in times or n.op in _MERGES:
                 continue
             srcs = [t for t, _ in _data_inputs(n)]
-            if n.op in _RECVS:
-                continue
-            if not srcs and n.op not in ("Const", "HostConst"):
+            if n.op in _RECVS or not srcs:
                 continue
             if all(s in times for s in srcs):
-                t = max((times[s][1] for s in srcs), default=min((s for s, _ in times.values()), default=0))
+                t = max(times[s][1] for s in srcs)
                 times[n.name] = (t, t)
                 changed = True
     del recv_of
