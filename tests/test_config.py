@@ -73,6 +73,9 @@ BAD = [
     ({"name": "x", "train": {"learning_rate": 0}}, "train.learning_rate", "0"),
     ({"cluster": {}}, "name", "got nothing (a required key)"),
     ({"name": "x", "placement": {"enabled": False, "memory": True}}, "placement.memory", "placement.enabled: true"),
+    ({"name": "x", "cluster": {"gpu_memory": "16GiB"}}, "cluster.gpu_memory", "set placement.memory: true"),
+    ({"name": "x", "cluster": {"gpu_memory": "16 gigs"}, "placement": {"memory": True}}, "cluster.gpu_memory",
+     "pass a size with a unit"),
     ({"name": "x", "placement": {"enabled": False, "timing": True}}, "placement.timing", "placement.enabled: true"),
 ]
 

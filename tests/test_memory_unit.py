@@ -156,3 +156,37 @@ def test_a_kernel_the_trace_does_not_show_runs_when_its_inputs_are_made():
     peaks = predict_peaks([g], [("a", 0, 1), ("b", 2, 3), ("c", 4, 5)], lambda n: sizes.get(n, []),
                           lambda n: "/GPU:0")
     assert peaks == {"/GPU:0": 300 + 200 + 500}
+
+
+@pytest.mark.parametrize(("text", "size"), [("16GiB", 16 * 2**30), ("80GB", 80 * 10**9), ("1.5 TiB", int(1.5 * 2**40)),
+                                            ("600MiB", 600 * 2**20)])
+def test_gpu_sizes_parse_with_their_unit(text, size):
+    from pinpoint.placement.memory_fit import parse_size
+
+    assert parse_size(text, "--gpu-memory") == size
+
+
+@pytest.mark.parametrize(("text", "hint"), [("16", "pass a size with a unit"), ("16GBB", "pass a size with a unit"),
+                                            ("100MiB", "a CUDA context takes")])
+def test_a_bad_gpu_size_is_one_line_naming_the_field(text, hint):
+    from pinpoint.errors import ConfigError
+    from pinpoint.placement.memory_fit import parse_size
+
+    with pytest.raises(ConfigError) as err:
+        parse_size(text, "--gpu-memory")
+    assert str(err.value).startswith(f"--gpu-memory: got {text!r}") and hint in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_verdict_adds_each_stated_term_and_keeps_a_band_either_side():
+    from pinpoint.placement.memory_fit import CONTEXT, NCCL, verdicts
+
+    gib = 2**30
+    memory = {"devices": {"/GPU:0": {"peak_requested": 100, "peak_allocated": 125, "at_peak": []}},
+              "predicted": {"replicas": 2, "devices": {"/GPU:0": {"gpu_machine": 8 * gib}}}}
+    need = 8 * gib + 2 * gib + NCCL  # the replay, 25% rounding as measured, NCCL's buffers
+    cases = {size: verdicts(memory, size)["/GPU:0"] for size in (16 * gib, 11 * gib, 8 * gib)}
+    assert {size: (v["verdict"], v["needs"], v["usable"]) for size, v in cases.items()} == {
+        16 * gib: ("fits", need, 16 * gib - CONTEXT),
+        11 * gib: ("borderline", need, 11 * gib - CONTEXT),
+        8 * gib: ("does not fit", need, 8 * gib - CONTEXT)}

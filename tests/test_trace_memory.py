@@ -61,3 +61,15 @@ def test_the_matmul_on_gpu_1_is_that_devices_peak(split):
 def test_without_the_flag_nothing_is_measured(tmp_path):
     trace(["--gpus", "2", str(write(tmp_path, "split.py", SPLIT))], cwd=tmp_path, out=tmp_path / "out")
     assert "memory" not in placement(tmp_path / "out")
+
+
+def test_a_gpu_size_gives_a_verdict_per_device_and_a_bad_one_writes_nothing(split, tmp_path):
+    prog = write(tmp_path, "split.py", SPLIT)
+    bad = trace(["--gpu-memory", "16GBB", "--gpus", "2", str(prog)], cwd=tmp_path, out=tmp_path / "bad", expect=2)
+    assert (bad.stderr.strip().splitlines(), (tmp_path / "bad").exists()) == (
+        ["pinpoint: --gpu-memory: got '16GBB'; pass a size with a unit, e.g. 16GiB or 80GB "
+         "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"], False)
+    proc = trace(["--gpu-memory", "16GiB", "--gpus", "2", str(prog)], cwd=tmp_path, out=tmp_path / "out")
+    fit = placement(tmp_path / "out")["memory"]["fit"]
+    assert {d: v["verdict"] for d, v in fit["devices"].items()} == {"/GPU:0": "fits", "/GPU:1": "fits"}
+    assert "memory fit : on 16.0 GiB GPUs: /GPU:0 fits" in proc.stdout

@@ -104,7 +104,11 @@ def cmd_trace(args) -> int:
         raise ConfigError(f"--log-every: got {args.log_every}; pass 1 or more batches")
     if not 0 <= args.metrics_every_s <= 3600:
         raise ConfigError(f"--metrics-every-s: got {args.metrics_every_s}; pass 0 (every logged step) to 3600 seconds")
-    if args.memory:
+    if args.gpu_memory is not None:
+        from pinpoint.placement.memory_fit import GPU_MEMORY_ENV, parse_size
+
+        os.environ[GPU_MEMORY_ENV] = str(parse_size(args.gpu_memory, "--gpu-memory"))
+    if args.memory or args.gpu_memory is not None:  # a fits verdict is made from the measured memory
         from pinpoint.placement.memory import ALLOCATOR_ENV
 
         # Read once, when TensorFlow creates its host allocator: before the program imports it.
@@ -245,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-tracking", action="store_true", help="no MLflow run")
     s.add_argument("--memory", action="store_true", help="measure each device's memory over the training "
                                                           "function's first call (docs/memory.md)")
+    s.add_argument("--gpu-memory", metavar="SIZE", help="each GPU's memory, e.g. 16GiB: a fits verdict per device "
+                                                         "(implies --memory)")
     s.add_argument("--experiment", default="pinpoint", help="MLflow experiment (pinpoint)")
     s.add_argument("--log-every", type=int, default=10, help="send Keras' batch logs every N batches (10)")
     s.add_argument("--metrics-every-s", type=float, default=1.0,
@@ -284,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-_TRACE_VALUED = {"--out", "--gpus", "--log-every", "--experiment", "--metrics-every-s"}
+_TRACE_VALUED = {"--gpu-memory", "--out", "--gpus", "--log-every", "--experiment", "--metrics-every-s"}
 
 
 def split_trace_argv(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -113,6 +113,8 @@ class ClusterConfig(_Frozen):
     emulate: bool = True
     gpu_resource: str = "nvidia.com/gpu"
     gpu_type: Optional[str] = None
+    # Each GPU's memory ("16GiB", "80GB"): with placement.memory, a fits verdict per device (docs/memory.md).
+    gpu_memory: Optional[str] = None
     gpu_type_label: str = "nvidia.com/gpu.product"
     cpu: str = "2"
     memory: str = "4Gi"
@@ -428,6 +430,7 @@ class Config(_Frozen):
         _check_data(self)
         _check_all_reduce(self)
         _check_scheduling(self)
+        _check_gpu_memory(self)
         return self
 
     # ---- derived -----------------------------------------------------------------
@@ -448,6 +451,22 @@ def _fail(field: str, value: Any, fix: str) -> None:
     """A cross-field check failed: the error carries the field it names (pydantic would
     otherwise report the model itself as the location)."""
     raise PydanticCustomError("pinpoint_field", "{fix}", {"field": field, "value": repr(value), "fix": fix})
+
+
+def _check_gpu_memory(cfg: Config) -> None:
+    """cluster.gpu_memory: a size with a unit, and only where the verdict is made (placement.memory)."""
+    size = cfg.cluster.gpu_memory
+    if size is None:
+        return
+    from pinpoint.placement.memory_fit import parse_size
+
+    try:
+        parse_size(size, "cluster.gpu_memory")
+    except ConfigError as err:
+        _fail("cluster.gpu_memory", size, str(err).split("; ", 1)[-1])
+    if not cfg.placement.memory:
+        _fail("cluster.gpu_memory", size, "the fits verdict is made from the measured memory: set placement.memory: "
+              "true, or remove cluster.gpu_memory")
 
 
 def _check_strategy_vs_cluster(cfg: Config) -> None:

@@ -125,10 +125,12 @@ def _memory(cap, namer: DeviceMap) -> dict | None:
                     host=namer.canonical_spec("/job:localhost/replica:0/task:0/device:CPU:0") or "/CPU:0",
                     read_ps=cap.memory_read_ps)
     if cap.memory_trace is not None:
+        from pinpoint.placement.memory_fit import with_fit
         from pinpoint.placement.memory_predict import predict_call
 
         out["predicted"] = predict_call(cap.partition_graphs, cap.shapes, cap.memory_trace, devices, out["devices"],
                                         first_call=True)
+        out = with_fit(out, cap.partition_graphs)
     return out | ({"why_not": cap.memory_why} if cap.memory_why else {})
 
 

@@ -69,6 +69,7 @@ class _Sim:
     size_of: Callable[[str], list[int]]
     group_size: int
     first_call: bool = False
+    copies: bool = False  # a GPU machine's: a received tensor is a copy in the receiver's memory
     buffers: dict = field(default_factory=dict)  # (node, output) -> _Buffer
     views: dict = field(default_factory=lambda: defaultdict(list))  # variable -> its reads' buffers (0 bytes)
     made: dict = field(default_factory=lambda: defaultdict(list))  # node -> the buffers it allocated
@@ -112,6 +113,14 @@ class _Sim:
             return
         if op in _RECVS:  # the sent buffer itself: its send's read passes to the receiver's readers
             src = self.sent.get(n.attr["tensor_name"].s)
+            if self.copies and src and _tensor(src) in self.buffers:
+                buf = self.buffers[_tensor(src)]
+                size = buf.bytes or (self.size_of(_tensor(src)[0]) or [0])[_tensor(src)[1]]
+                buf.refs -= 1  # the send's read: done once the copy is made
+                self.free_if_done(buf)
+                if size:
+                    self.new((n.name, 0), device, size, reads[(n.name, 0)])
+                return
             if src and _tensor(src) in self.buffers:
                 self.buffers[_tensor(src)].shared = True
                 self.alias((n.name, 0), _tensor(src), reads[(n.name, 0)] - 1)
@@ -221,7 +230,8 @@ def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple
 
 
 def predict_peaks(partitions: list, order: Iterable[tuple[str, int, int]], size_of: Callable[[str], list[int]],
-                  device_of: Callable[[str], str], group_size: int = 1, first_call: bool = False) -> dict[str, int]:
+                  device_of: Callable[[str], str], group_size: int = 1, first_call: bool = False,
+                  copies: bool = False) -> dict[str, int]:
     """Each device's predicted peak (bytes requested) over one call: `order` the kernels that ran
     as (node, start, end) in any unit, `size_of(node)` its outputs' bytes (0: unknown or none),
     `device_of(node)` its device."""
@@ -232,7 +242,7 @@ def predict_peaks(partitions: list, order: Iterable[tuple[str, int, int]], size_
     for name in {name for name, _, _ in ran}:
         for t in _data_inputs(nodes[name]):
             readers[t] += 1
-    sim = _Sim(nodes, sent, readers, size_of, group_size, first_call)
+    sim = _Sim(nodes, sent, readers, size_of, group_size, first_call, copies)
     # At one instant: what ended is released, then what starts allocates, in the order the inline ops
     # were found (their inputs first), and an op of no duration ends after it started.
     steps = []
@@ -293,7 +303,13 @@ def predict_call(partitions: list, shapes: Mapping[str, list], xspace, devices: 
                     if _COLLECTIVE.match(_MKL.sub("", n.op)) and n.name in devices})
     predicted = predict_peaks(partitions, order, size_of, lambda name: devices.get(name, ""),
                               group_size=replicas or 1, first_call=first_call)
-    return {"devices": compare(predicted, measured), "sized": counts}
+    # A GPU machine's: every received tensor copied into the receiving GPU's memory.
+    gpu = predict_peaks(partitions, order, size_of, lambda name: devices.get(name, ""),
+                        group_size=replicas or 1, first_call=first_call, copies=True)
+    rows = compare(predicted, measured)
+    for d, row in rows.items():
+        row["gpu_machine"] = gpu.get(d, 0)
+    return {"devices": rows, "sized": counts, "replicas": replicas}
 
 
 def predict_from_trace(partitions: list, xspace, devices: Mapping[str, str], measured: Mapping[str, dict]) -> dict:

@@ -101,6 +101,7 @@ def format_summary(placement: Placement | Mapping[str, Any] | None, metrics: Map
     memory = memory_line(p.memory)
     if memory:
         lines.append(memory)
+    lines.extend(fit_lines(p.memory))
     lines.append(_variables_line(p))
     lines.extend(_fallback_lines(p))
     lines.extend(_input_lines(p))
@@ -132,6 +133,16 @@ def memory_line(memory) -> str | None:
     off = f", {check['unpartitioned']} not adding up over the devices" if check.get("unpartitioned") else ""
     return (f"memory     : step peak per device: {', '.join(parts)}{largest}; self-check: "
             f"{check['mismatched']} of {check['events']} allocator events off{off}{peak}")
+
+
+def fit_lines(memory) -> list[str]:
+    """The fits verdict per device for the GPU size given (--gpu-memory, cluster.gpu_memory)."""
+    fit = (memory or {}).get("fit")
+    if not fit:
+        return []
+    rows = ", ".join(f"{d} {v['verdict']} (needs {human_bytes(v['needs'])} of {human_bytes(v['usable'])})"
+                     for d, v in fit["devices"].items())
+    return [f"memory fit : on {human_bytes(fit['gpu_memory'])} GPUs: {rows}"]
 
 
 def _training_line(metrics: Mapping[str, Any]) -> str:

@@ -39,10 +39,15 @@ def collective_timeout_env(cfg) -> dict[str, str]:
 
 def allocator_env(cfg) -> dict[str, str]:
     """placement.memory: the tasks start with the host allocator that traces every allocation
-    (read once, when TensorFlow starts); nothing when it is off."""
+    (read once, when TensorFlow starts) and the GPU size its verdict is made for
+    (cluster.gpu_memory); nothing when it is off."""
     from pinpoint.placement.memory import ALLOCATOR_ENV
+    from pinpoint.placement.memory_fit import GPU_MEMORY_ENV, parse_size
 
-    return {ALLOCATOR_ENV: "true"} if cfg.placement.memory else {}
+    if not cfg.placement.memory:
+        return {}
+    size = cfg.cluster.gpu_memory
+    return {ALLOCATOR_ENV: "true", **({GPU_MEMORY_ENV: str(parse_size(size, "cluster.gpu_memory"))} if size else {})}
 
 
 def uri_has_credentials(uri: str | None) -> bool:

@@ -185,6 +185,7 @@ def memory_section(ctx, loop_captured, timed: dict | None) -> dict:
     """placement.json's `memory` section from the profiled call's allocator events (placement.memory)."""
     from pinpoint.device_names import DeviceMap
     from pinpoint.placement.memory import memory_events, memory_traced, peak_read_ps, summarize
+    from pinpoint.placement.memory_fit import with_fit
     from pinpoint.placement.memory_predict import predict_from_trace
     from pinpoint.placement.timing import node_devices, read_xspace
 
@@ -207,7 +208,7 @@ def memory_section(ctx, loop_captured, timed: dict | None) -> dict:
     out = summarize(events, devices, types, timed.get("memory_peak"), host=namer.canonical_spec(
         "/job:localhost/replica:0/task:0/device:CPU:0") or "/CPU:0", read_ps=peak_read_ps(xspace))
     out["predicted"] = predict_from_trace(parts, xspace, devices, out["devices"])
-    return out | {"steps": timed["steps"], "trace": timed["trace"]}
+    return with_fit(out, parts) | {"steps": timed["steps"], "trace": timed["trace"]}
 
 
 def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
