@@ -161,7 +161,7 @@ def test_a_kernel_the_trace_does_not_show_runs_when_its_inputs_are_made():
 @pytest.mark.parametrize(("text", "size"), [("16GiB", 16 * 2**30), ("80GB", 80 * 10**9), ("1.5 TiB", int(1.5 * 2**40)),
                                             ("600MiB", 600 * 2**20)])
 def test_gpu_sizes_parse_with_their_unit(text, size):
-    from pinpoint.placement.memory_fit import parse_size
+    from pinpoint.sizes import parse_size
 
     assert parse_size(text, "--gpu-memory") == size
 
@@ -170,7 +170,7 @@ def test_gpu_sizes_parse_with_their_unit(text, size):
                                             ("100MiB", "a CUDA context takes")])
 def test_a_bad_gpu_size_is_one_line_naming_the_field(text, hint):
     from pinpoint.errors import ConfigError
-    from pinpoint.placement.memory_fit import parse_size
+    from pinpoint.sizes import parse_size
 
     with pytest.raises(ConfigError) as err:
         parse_size(text, "--gpu-memory")

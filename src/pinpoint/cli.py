@@ -105,7 +105,8 @@ def cmd_trace(args) -> int:
     if not 0 <= args.metrics_every_s <= 3600:
         raise ConfigError(f"--metrics-every-s: got {args.metrics_every_s}; pass 0 (every logged step) to 3600 seconds")
     if args.gpu_memory is not None:
-        from pinpoint.placement.memory_fit import GPU_MEMORY_ENV, parse_size
+        from pinpoint.placement.memory_fit import GPU_MEMORY_ENV
+        from pinpoint.sizes import parse_size
 
         os.environ[GPU_MEMORY_ENV] = str(parse_size(args.gpu_memory, "--gpu-memory"))
     if args.memory or args.gpu_memory is not None:  # a fits verdict is made from the measured memory

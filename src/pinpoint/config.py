@@ -458,7 +458,7 @@ def _check_gpu_memory(cfg: Config) -> None:
     size = cfg.cluster.gpu_memory
     if size is None:
         return
-    from pinpoint.placement.memory_fit import parse_size
+    from pinpoint.sizes import parse_size
 
     try:
         parse_size(size, "cluster.gpu_memory")

@@ -9,32 +9,13 @@ order the ops ran.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
-from pinpoint.errors import ConfigError
+from pinpoint.sizes import CONTEXT
 
-UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]+)\s*$")
 BAND = 0.15  # the borderline band either side of the usable memory
-CONTEXT = 512 * 2**20  # the CUDA context, cuBLAS and cuDNN handles: outside TensorFlow's allocator
 NCCL = 32 * 2**20
 GPU_MEMORY_ENV = "PINPOINT_GPU_MEMORY"  # bytes: set by --gpu-memory and cluster.gpu_memory  # NCCL's buffers for one all-reduce group (channels x NCCL_BUFFSIZE 4 MiB)
-
-
-def parse_size(text: str, field: str) -> int:
-    """Bytes of '16GiB', '80 GB', '512MiB' (B, KB, MB, GB, TB and KiB, MiB, GiB, TiB)."""
-    m = _SIZE.match(str(text))
-    unit = m.group(2).upper() if m else ""
-    if not m or unit not in UNITS:
-        raise ConfigError(f"{field}: got {text!r}; pass a size with a unit, e.g. 16GiB or 80GB "
-                          "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    size = int(float(m.group(1)) * UNITS[unit])
-    if size <= CONTEXT:
-        raise ConfigError(f"{field}: got {text!r}, no more than the {CONTEXT // 2**20} MiB a CUDA context takes "
-                          "before TensorFlow allocates anything; pass the GPU's memory, e.g. 16GiB")
-    return size
 
 
 def terms(row: Mapping, measured: Mapping, replicas: int, convolutions: bool) -> list[dict]:

@@ -42,7 +42,8 @@ def allocator_env(cfg) -> dict[str, str]:
     (read once, when TensorFlow starts) and the GPU size its verdict is made for
     (cluster.gpu_memory); nothing when it is off."""
     from pinpoint.placement.memory import ALLOCATOR_ENV
-    from pinpoint.placement.memory_fit import GPU_MEMORY_ENV, parse_size
+    from pinpoint.placement.memory_fit import GPU_MEMORY_ENV
+    from pinpoint.sizes import parse_size
 
     if not cfg.placement.memory:
         return {}
