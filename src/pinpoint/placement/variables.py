@@ -8,12 +8,11 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
 from pinpoint.device_names import DeviceMap, normalize, sort_key
+from pinpoint.placement.resources import ResourceTracer, Source
 
 UPDATE_RE = re.compile(
     r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$"
 )
-# Ops that pass a resource handle through unchanged (followed when attributing an update).
-_PASS_THROUGH = {"Identity", "IdentityN", "_Recv", "_HostRecv"}
 
 
 def _read(component, cache: dict | None):
@@ -253,21 +252,6 @@ def _fingerprint(component, cache: dict | None = None) -> dict | None:
     return {"sum": float(arr.sum()), "sample": [float(x) for x in arr[idx]]}
 
 
-def _resource_source(name: str, nodes: dict) -> str | None:
-    """Follow a resource input back through pass-through ops to its _Arg (or VarHandleOp)."""
-    for _ in range(20):
-        n = nodes.get(name)
-        if n is None:
-            return None
-        if n.op in ("_Arg", "VarHandleOp"):
-            return n.name
-        if n.op in _PASS_THROUGH and n.input:
-            name = n.input[0].lstrip("^").split(":")[0]
-            continue
-        return None
-    return None
-
-
 def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: dict | None = None,
                       optimizer_variables: list | None = None, eager_updates: Mapping | None = None) -> dict:
     """placement.json's `variables` (components, devices, update devices, fingerprint, the
@@ -281,7 +265,9 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
         info["update_devices"] = sorted(update_devs.get(i, ()), key=sort_key)
         info["update_ops"] = update_ops.get(i, 0)
     method = ("each assign/apply op's resource input is followed to its function argument, "
-              "whose captured value is the handle of one variable component")
+              "whose captured value is the handle of one variable component (through identities, "
+              "a cond's Switch/Merge, a loop's Enter/Exit, a _Recv to its _Send and a functional "
+              "op's call into its branch or body)")
     if eager_updates is not None:
         for info in out:
             devs = set(eager_updates.get(info["name"], ()))
@@ -354,19 +340,12 @@ def _attribute_updates(captures: list, namer: DeviceMap, handle_to_var: dict, sh
     update_ops: Counter = Counter()
     total_updates = unattributed = 0
     for ci, cap in enumerate(captures):
-        for g in cap.partition_graphs:
-            nodes = {n.name: n for n in g.node}
-            for n in g.node:
+        tracer = ResourceTracer(cap.functions, cap.arg_values)
+        for gi, nodes in enumerate(tracer.graphs):
+            for n in nodes.values():
                 if not UPDATE_RE.match(n.op) or not n.input:
                     continue
-                src = _resource_source(n.input[0].lstrip("^").split(":")[0], nodes)
-                idx = None
-                if src is not None:
-                    ext = cap.arg_values.get(src)
-                    if ext is not None:
-                        idx = handle_to_var.get(id(ext))
-                    elif nodes[src].op == "VarHandleOp":
-                        idx = shared_to_var.get(nodes[src].attr["shared_name"].s.decode())
+                idx = variable_of(tracer.source(n.input[0], gi), cap.arg_values, handle_to_var, shared_to_var)
                 if ci == 0:
                     total_updates += 1
                     if idx is None:
@@ -378,5 +357,15 @@ def _attribute_updates(captures: list, namer: DeviceMap, handle_to_var: dict, sh
     return update_devs, update_ops, total_updates, unattributed
 
 
+def variable_of(src: Source | None, arg_values: Mapping, handle_to_var: Mapping, shared_to_var: Mapping):
+    """The row (value of `handle_to_var`/`shared_to_var`) of the variable a resource source holds."""
+    if src is None:
+        return None
+    if src.arg is not None:
+        ext = arg_values.get(src.arg)
+        return handle_to_var.get(id(ext)) if ext is not None else None
+    return shared_to_var.get(src.shared_name)
+
+
 # The same rules, public for pinpoint.trace (which meets a program's variables outside a run).
-unwrap, components, kind_of, var_name, resource_source = _unwrap, _components, _kind, _var_name, _resource_source
+unwrap, components, kind_of, var_name = _unwrap, _components, _kind, _var_name

@@ -1,0 +1,116 @@
+"""Every update attributed, every variable as it was created (issue 48, point 5), run for real as
+`pinpoint` processes. TensorFlow's answer is printed by the program itself (each component's
+`.device`, read in the program); counts are derived in the test from what the program does."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.test_trace import placement, trace, write
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+REPLICAS = 2
+TRUTH = re.compile(r"^TRUTH (.*)$", re.M)
+
+
+def truth(proc) -> dict:
+    """The program's own 'TRUTH {json}' lines, merged."""
+    out = {}
+    for line in TRUTH.findall(proc.stdout):
+        out.update(json.loads(line))
+    return out
+
+
+def short(device: str) -> str:
+    """TensorFlow's '/job:localhost/replica:0/task:0/device:CPU:2' as the report spells it (the
+    emulation's /CPU:i+1 stands in for /GPU:i)."""
+    kind, index = device.rsplit("device:", 1)[-1].split(":")
+    return "/CPU:0" if index == "0" else f"/GPU:{int(index) - 1}"
+
+
+MIXED_CNN = """
+    import json
+    import numpy as np
+    import tensorflow as tf
+    import keras
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=(64, 8, 8, 3)).astype("float32")
+    y = rng.randint(0, 4, size=(64,)).astype("int32")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    val = tf.data.Dataset.from_tensor_slices((x[:32], y[:32])).batch(16)
+
+    strategy = tf.distribute.MirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(8, 3, padding="same"),
+            keras.layers.BatchNormalization(),
+            keras.layers.ReLU(),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(4),
+            keras.layers.Activation("softmax", dtype="float32"),
+        ])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(ds, epochs=2, validation_data=val, verbose=0)
+    print("TRUTH", json.dumps({v.path: [c.device for c in v.value.values] for v in model.trainable_variables}))
+"""
+
+
+def test_mixed_precision_mirrored_fit_attributes_every_update_inside_the_loss_scale_cond(tmp_path):
+    """The loss-scale optimizer applies the gradients inside a cond (only when they are finite):
+    each apply is followed through the lowered cond's Switch to its variable's component."""
+    out = tmp_path / "out"
+    proc = trace(["--gpus", "2", str(write(tmp_path, "mixed.py", MIXED_CNN))], cwd=tmp_path, out=out)
+    p = placement(out, sized=False)
+    tf_devices = {name: sorted(short(d) for d in devs) for name, devs in truth(proc).items()}
+    assert len(tf_devices) == 6  # conv kernel/bias, gamma/beta, dense kernel/bias
+    vu = p["variable_updates"]
+    assert vu["unattributed_ops"] == 0, vu
+    assert "attributed to no variable" not in proc.stdout
+    rows = {v["name"]: v for v in p["variables"]}
+    for name, devices in tf_devices.items():
+        # One apply per replica's component in the training function, each on its component's device.
+        assert rows[name]["update_ops"] == REPLICAS, name
+        assert rows[name]["update_devices"] == devices == [f"/GPU:{i}" for i in range(REPLICAS)], name
+
+
+COND_LOOP = """
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy()
+    with strategy.scope():
+        a = tf.Variable(1.0, name="a")
+        b = tf.Variable(2.0, name="b")
+
+    @tf.function
+    def step(x):
+        tf.cond(x > 0.0, lambda: a.assign_add(x), lambda: a.assign_sub(x))
+        i = tf.constant(0)
+        while i < 3:
+            b.assign_add(1.0)
+            i += 1
+        return x
+
+    for _ in range(3):
+        step(tf.constant(1.0))
+    print("TRUTH", "{" + ", ".join(f'"{v.name[:-2]}": {[c.device for c in v.values]}'.replace("'", '"')
+                                     for v in (a, b)) + "}")
+"""
+
+
+def test_an_update_in_a_cond_branch_or_a_loop_body_is_traced_to_its_variable(tmp_path):
+    out = tmp_path / "out"
+    proc = trace(["--gpus", "2", str(write(tmp_path, "cond_loop.py", COND_LOOP))], cwd=tmp_path, out=out)
+    p = placement(out, sized=False)
+    tf_devices = {name: sorted(short(d) for d in devs) for name, devs in truth(proc).items()}
+    rows = {v["name"]: v for v in p["variables"]}
+    assert p["variable_updates"]["unattributed_ops"] == 0
+    # a: both branches (assign_add, assign_sub) per mirrored component; b: the loop body's one per component.
+    assert (rows["a"]["update_ops"], rows["b"]["update_ops"]) == (2 * REPLICAS, REPLICAS)
+    for name in ("a", "b"):
+        assert rows[name]["update_devices"] == tf_devices[name] == ["/GPU:0", "/GPU:1"]
