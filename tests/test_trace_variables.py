@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 
 import pytest
 
@@ -114,3 +115,82 @@ def test_an_update_in_a_cond_branch_or_a_loop_body_is_traced_to_its_variable(tmp
     assert (rows["a"]["update_ops"], rows["b"]["update_ops"]) == (2 * REPLICAS, REPLICAS)
     for name in ("a", "b"):
         assert rows[name]["update_devices"] == tf_devices[name] == ["/GPU:0", "/GPU:1"]
+
+
+STRATEGIES = """
+    import json
+    import tensorflow as tf
+    import keras
+
+
+    def truth(name, v, dropped):
+        comps = getattr(v, "values", None) or (v,)
+        print("TRUTH", json.dumps({name: {"devices": [c.device for c in comps], "dropped": dropped}}))
+
+
+    # No strategy: the default device, a tf.device request, and one dropped at once.
+    plain = tf.Variable(1.0, name="plain")
+    truth("plain", plain, False)
+    with tf.device("/GPU:1"):
+        pinned = tf.Variable(2.0, name="pinned")
+    truth("pinned", pinned, False)
+    temp = tf.Variable(3.0, name="temp")
+    truth("temp", temp, True)
+    del temp
+
+    # OneDeviceStrategy: a model built, trained, then dropped.
+    one = tf.distribute.OneDeviceStrategy("/GPU:1")
+    with one.scope():
+        m1 = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="d1")], name="one")
+        m1.compile(optimizer="sgd", loss="mse")
+    for w in m1.weights:
+        truth(w.path, w.value, True)
+    m1.fit(tf.zeros((8, 4)), tf.zeros((8, 2)), epochs=1, verbose=0)
+    del m1
+
+    # MirroredStrategy: one variable dropped, a model kept.
+    mirrored = tf.distribute.MirroredStrategy()
+    with mirrored.scope():
+        scratch = tf.Variable(4.0, name="scratch")
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="d2")], name="two")
+        model.compile(optimizer="sgd", loss="mse")
+    truth("scratch", scratch, True)
+    del scratch
+    for w in model.weights:
+        truth(w.path, w.value, False)
+    model.fit(tf.zeros((8, 4)), tf.zeros((8, 2)), epochs=1, verbose=0)
+"""
+
+
+def test_variables_made_under_several_strategies_in_turn_are_all_reported_live_or_freed(tmp_path):
+    """Every variable, each on the devices TensorFlow gave it (read in the program), also the ones
+    the program dropped before its end (reported from their creation, marked freed)."""
+    out = tmp_path / "out"
+    proc = trace(["--gpus", "2", str(write(tmp_path, "strategies.py", STRATEGIES))], cwd=tmp_path, out=out)
+    p = placement(out, sized=False)
+    told = truth(proc)
+    # 3 plain, 2 one-device weights, 1 mirrored scratch, 2 mirrored weights.
+    assert len(told) == 3 + 2 + 1 + 2
+    rows = {}
+    for v in p["variables"]:
+        rows.setdefault(v["name"], []).append(v)
+    for name, t in told.items():
+        (row,) = rows[name]
+        devices = [c["device"] for c in row["components"]]
+        assert (devices, bool(row.get("freed"))) == ([short(d) for d in t["devices"]], t["dropped"]), name
+    strategies = {name: rows[name][0]["created"]["strategy"] for name in told}
+    assert strategies == {"plain": None, "pinned": None, "temp": None, "one/d1/kernel": "OneDeviceStrategy",
+                          "one/d1/bias": "OneDeviceStrategy", "scratch": "MirroredStrategy",
+                          "two/d2/kernel": "MirroredStrategy", "two/d2/bias": "MirroredStrategy"}
+    # The request as the program wrote it; the creating layer, or the program's line.
+    assert rows["pinned"][0]["created"]["requested"] == "/GPU:1"
+    assert rows["plain"][0]["created"]["requested"] == ""
+    assert rows["one/d1/kernel"][0]["created"]["layer"] == "one/d1"
+    line = textwrap.dedent(STRATEGIES).splitlines().index('temp = tf.Variable(3.0, name="temp")') + 1
+    assert rows["temp"][0]["created"]["source"] == f"{tmp_path / 'strategies.py'}:{line}"
+    # The dropped model's optimizer and loss tracker went with it: 2 weights, 2 sgd, 2 loss variables.
+    one_device = [v for v in p["variables"] if (v.get("created") or {}).get("strategy") == "OneDeviceStrategy"]
+    assert (len(one_device), all(v.get("freed") for v in one_device)) == (6, True)
+    freed = sum(1 for v in p["variables"] if v.get("freed"))
+    assert p["variable_updates"]["freed_variables"] == freed == 2 + 6
+    assert f"+{freed} created and freed before the end" in proc.stdout

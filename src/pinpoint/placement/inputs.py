@@ -25,6 +25,8 @@ class TraceInputs:
     eager_updates: Mapping[str, tuple[str, ...]] | None = None  # variable name -> devices
     weight_rows: tuple[Mapping[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
+    # Each variable as the program created it (trace.created.creation_rows), live or freed since.
+    created: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from pinpoint.device_names import DeviceMap, normalize, sort_key
 from pinpoint.placement.resources import ResourceTracer, Source
@@ -56,8 +56,8 @@ def internal_variable_ids() -> set[int]:
 
 
 def user_variables(rows: list[dict]) -> list[dict]:
-    """placement.json's variables less the internal ones."""
-    return [v for v in rows if v.get("class") != INTERNAL]
+    """placement.json's variables less the internal ones and those freed before the end."""
+    return [v for v in rows if v.get("class") != INTERNAL and not v.get("freed")]
 
 
 def coverage_text(rows: list[dict], unattributed_ops: int = 0) -> str:
@@ -253,15 +253,19 @@ def _fingerprint(component, cache: dict | None = None) -> dict | None:
 
 
 def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: dict | None = None,
-                      optimizer_variables: list | None = None, eager_updates: Mapping | None = None) -> dict:
+                      optimizer_variables: list | None = None, eager_updates: Mapping | None = None,
+                      created: Sequence[Mapping] = ()) -> dict:
     """placement.json's `variables` (components, devices, update devices, fingerprint, the
     consistency class) and `variable_updates` (how the update ops were attributed), as
-    {"variables", "updates"}. `eager_updates` (a traced program): variable name -> the devices eager
-    ops updated it on."""
+    {"variables", "freed", "updates"}. `eager_updates` (a traced program): variable name -> the
+    devices eager ops updated it on. `created` (a traced program): each variable as it was created
+    (trace.created): a live one's row gets its creation, a freed one a row of its own (`freed`)."""
     out, handle_to_var, shared_to_var = _variable_rows(variables, namer, cache, optimizer_variables)
+    freed = _creations(created, out, handle_to_var, namer)
+    rows = out + freed
     update_devs, update_ops, total_updates, unattributed = _attribute_updates(
         captures, namer, handle_to_var, shared_to_var)
-    for i, info in enumerate(out):
+    for i, info in enumerate(rows):
         info["update_devices"] = sorted(update_devs.get(i, ()), key=sort_key)
         info["update_ops"] = update_ops.get(i, 0)
     method = ("each assign/apply op's resource input is followed to its function argument, "
@@ -278,6 +282,7 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
     attributed = sum(1 for info in user_variables(out) if info["update_devices"])
     return {
         "variables": out,
+        "freed": freed,
         "updates": {
             "method": method,
             "update_ops": total_updates,
@@ -285,9 +290,35 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
             "variables_with_updates": attributed,
             "variables": len(user_variables(out)),
             "internal_variables": len(out) - len(user_variables(out)),
+            **({"freed_variables": len(freed)} if freed else {}),
             "coverage": coverage_text(out, unattributed),
         },
     }
+
+
+def _creations(created: Sequence[Mapping], rows: list[dict], handle_to_var: dict, namer: DeviceMap) -> list[dict]:
+    """Each creation record onto its live row (matched by a component's handle), or a row of its
+    own for a variable freed before the end (its handles, where still held, indexed after `rows`)."""
+    freed: list[dict] = []
+    for rec in created:
+        info = {"strategy": rec.get("strategy"), "requested": namer.canonical_spec(rec.get("requested") or ""),
+                "layer": rec.get("layer"), "source": rec.get("source")}
+        live = next((handle_to_var[h] for h in rec.get("handle_ids") or () if h in handle_to_var), None)
+        if live is not None:
+            rows[live].setdefault("created", info)
+            continue
+        if rec.get("alive"):
+            continue  # alive, yet not among the program's variables (a component of one)
+        comps = [{"device": namer.canonical_spec(d), "physical": normalize(d)} for d in rec.get("components") or ()]
+        for h in rec.get("handle_ids") or ():
+            handle_to_var[h] = len(rows) + len(freed)
+        freed.append({
+            "name": rec["name"], "kind": rec.get("kind", "variable"), "class": rec.get("class"),
+            "shape": rec.get("shape"), "dtype": rec.get("dtype"), "bytes": rec.get("bytes"), "components": comps,
+            "devices": sorted({c["device"] for c in comps if c["device"]}, key=sort_key),
+            "update_devices": [], "update_ops": 0, "freed": True, "created": info,
+        })
+    return freed
 
 
 def _variable_rows(variables: list, namer: DeviceMap, cache: dict | None, optimizer_variables: list | None):

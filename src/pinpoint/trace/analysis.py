@@ -209,10 +209,13 @@ def eager_updates(recorder, namer: DeviceMap) -> dict[str, tuple[str, ...]] | No
 
 
 def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = (), weight_rows=(),
-                 task: str = "chief:0", layer_units: tuple[str, ...] = ()) -> PlacementInputs:
+                 task: str = "chief:0", layer_units: tuple[str, ...] = (), created=()) -> PlacementInputs:
     """The placement inputs of a traced program: its training function's capture, its variables
     and strategy, its functions, eager ops and weight requests, and its Keras layers (`layer_units`:
-    what its ops are attributed to, and what `pinpoint plan` moves)."""
+    what its ops are attributed to, and what `pinpoint plan` moves); `created`: trace.created's
+    records of every variable the program made."""
+    from pinpoint.trace.created import creation_rows
+
     namer = DeviceMap.of(dm)
     recorder.flush_calls()
     records = list(recorder.functions.values())
@@ -230,7 +233,7 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
     trace = TraceInputs(
         program=program, functions=tuple(rows), training_function=train["name"] if train else None,
         eager=eager_section(recorder.eager, namer, recorder.default_device),
-        eager_updates=eager_updates(recorder, namer), weight_rows=tuple(weight_rows),
+        eager_updates=eager_updates(recorder, namer), weight_rows=tuple(weight_rows), created=creation_rows(created),
         notes=tuple(notes) + tuple(_trace_notes(rows, records, train, cap, recorder.eager)))
     return PlacementInputs(captures=(cap,) if cap else (), variables=tuple(variables), plan=None,
                            strategy=strategy_of(variables), device_map=view, task=task,
@@ -269,10 +272,10 @@ def _trace_notes(rows: list[dict], records: list, train: dict | None, cap, eager
 
 
 def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] = (), weight_rows=(),
-                    task: str = "chief:0", layer_units: tuple[str, ...] = ()) -> dict:
+                    task: str = "chief:0", layer_units: tuple[str, ...] = (), created=()) -> dict:
     """placement.json's content for a traced program."""
     return build(trace_inputs(recorder, dm, program=program, notes=notes, weight_rows=weight_rows,
-                              task=task, layer_units=layer_units)).to_json()
+                              task=task, layer_units=layer_units, created=created)).to_json()
 
 
 def trace_metrics(recorder, placement: dict, *, exit_code: int, seconds: float, keras: dict | None) -> dict:
