@@ -138,15 +138,17 @@ STRATEGIES = """
     truth("temp", temp, True)
     del temp
 
-    # OneDeviceStrategy: a model built, trained, then dropped.
+    # OneDeviceStrategy: a model built and trained, and a variable dropped.
     one = tf.distribute.OneDeviceStrategy("/GPU:1")
     with one.scope():
         m1 = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="d1")], name="one")
         m1.compile(optimizer="sgd", loss="mse")
+        once = tf.Variable(5.0, name="once")
+    truth("once", once, True)
+    del once
     for w in m1.weights:
-        truth(w.path, w.value, True)
+        truth(w.path, w.value, False)
     m1.fit(tf.zeros((8, 4)), tf.zeros((8, 2)), epochs=1, verbose=0)
-    del m1
 
     # MirroredStrategy: one variable dropped, a model kept.
     mirrored = tf.distribute.MirroredStrategy()
@@ -169,8 +171,8 @@ def test_variables_made_under_several_strategies_in_turn_are_all_reported_live_o
     proc = trace(["--gpus", "2", str(write(tmp_path, "strategies.py", STRATEGIES))], cwd=tmp_path, out=out)
     p = placement(out, sized=False)
     told = truth(proc)
-    # 3 plain, 2 one-device weights, 1 mirrored scratch, 2 mirrored weights.
-    assert len(told) == 3 + 2 + 1 + 2
+    # 3 plain, 1 one-device variable and 2 weights, 1 mirrored scratch and 2 weights.
+    assert len(told) == 3 + 3 + 3
     rows = {}
     for v in p["variables"]:
         rows.setdefault(v["name"], []).append(v)
@@ -179,7 +181,8 @@ def test_variables_made_under_several_strategies_in_turn_are_all_reported_live_o
         devices = [c["device"] for c in row["components"]]
         assert (devices, bool(row.get("freed"))) == ([short(d) for d in t["devices"]], t["dropped"]), name
     strategies = {name: rows[name][0]["created"]["strategy"] for name in told}
-    assert strategies == {"plain": None, "pinned": None, "temp": None, "one/d1/kernel": "OneDeviceStrategy",
+    assert strategies == {"plain": None, "pinned": None, "temp": None, "once": "OneDeviceStrategy",
+                          "one/d1/kernel": "OneDeviceStrategy",
                           "one/d1/bias": "OneDeviceStrategy", "scratch": "MirroredStrategy",
                           "two/d2/kernel": "MirroredStrategy", "two/d2/bias": "MirroredStrategy"}
     # The request as the program wrote it; the creating layer, or the program's line.
@@ -188,9 +191,13 @@ def test_variables_made_under_several_strategies_in_turn_are_all_reported_live_o
     assert rows["one/d1/kernel"][0]["created"]["layer"] == "one/d1"
     line = textwrap.dedent(STRATEGIES).splitlines().index('temp = tf.Variable(3.0, name="temp")') + 1
     assert rows["temp"][0]["created"]["source"] == f"{tmp_path / 'strategies.py'}:{line}"
-    # The dropped model's optimizer and loss tracker went with it: 2 weights, 2 sgd, 2 loss variables.
-    one_device = [v for v in p["variables"] if (v.get("created") or {}).get("strategy") == "OneDeviceStrategy"]
-    assert (len(one_device), all(v.get("freed") for v in one_device)) == (6, True)
+    # A freed variable's initializer (an eager assign) ran on its own devices.
+    assert rows["scratch"][0]["update_devices"] == ["/GPU:0", "/GPU:1"]
+    # Under each strategy, the model's optimizer and loss tracker too: 2 weights, 2 sgd, 2 loss variables.
+    for strategy, n in (("OneDeviceStrategy", 1 + 6), ("MirroredStrategy", 1 + 6)):
+        made = [v for v in p["variables"] if (v.get("created") or {}).get("strategy") == strategy]
+        assert len(made) == n, strategy
     freed = sum(1 for v in p["variables"] if v.get("freed"))
-    assert p["variable_updates"]["freed_variables"] == freed == 2 + 6
-    assert f"+{freed} created and freed before the end" in proc.stdout
+    assert p["variable_updates"]["freed_variables"] == freed == 3
+    # temp on /GPU:0, once on /GPU:1, scratch on both.
+    assert "+3 created and freed before the end: /GPU:0: 2, /GPU:1: 2" in proc.stdout

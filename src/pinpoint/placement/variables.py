@@ -279,6 +279,9 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
                 info["eager_update_devices"] = sorted(devs, key=sort_key)
                 info["update_devices"] = sorted(set(info["update_devices"]) | devs, key=sort_key)
         method += "; an eager update runs on the device of the variable whose handle it takes"
+    for info in freed:  # their eager updates, by the handles recorded at their creation
+        info["update_devices"] = sorted(set(info["update_devices"]) | set(info.get("eager_update_devices", ())),
+                                        key=sort_key)
     attributed = sum(1 for info in user_variables(out) if info["update_devices"])
     return {
         "variables": out,
@@ -317,8 +320,15 @@ def _creations(created: Sequence[Mapping], rows: list[dict], handle_to_var: dict
             "shape": rec.get("shape"), "dtype": rec.get("dtype"), "bytes": rec.get("bytes"), "components": comps,
             "devices": sorted({c["device"] for c in comps if c["device"]}, key=sort_key),
             "update_devices": [], "update_ops": 0, "freed": True, "created": info,
+            **_eager_devices(rec, namer),
         })
     return freed
+
+
+def _eager_devices(rec: Mapping, namer: DeviceMap) -> dict:
+    """{"eager_update_devices": [...]} of a creation record, or {} when no eager op updated it."""
+    devs = sorted({namer.canonical_spec(d) for d in rec.get("eager_update_devices") or ()}, key=sort_key)
+    return {"eager_update_devices": devs} if devs else {}
 
 
 def _variable_rows(variables: list, namer: DeviceMap, cache: dict | None, optimizer_variables: list | None):

@@ -233,7 +233,7 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
     trace = TraceInputs(
         program=program, functions=tuple(rows), training_function=train["name"] if train else None,
         eager=eager_section(recorder.eager, namer, recorder.default_device),
-        eager_updates=eager_updates(recorder, namer), weight_rows=tuple(weight_rows), created=creation_rows(created),
+        eager_updates=eager_updates(recorder, namer), weight_rows=tuple(weight_rows), created=creation_rows(created, recorder.eager.updates),
         notes=tuple(notes) + tuple(_trace_notes(rows, records, train, cap, recorder.eager)))
     return PlacementInputs(captures=(cap,) if cap else (), variables=tuple(variables), plan=None,
                            strategy=strategy_of(variables), device_map=view, task=task,

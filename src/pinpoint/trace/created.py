@@ -146,16 +146,18 @@ def _program_line() -> str | None:
     return None
 
 
-def creation_rows(records: list[Created]) -> tuple[dict, ...]:
+def creation_rows(records: list[Created], eager_updates: dict | None = None) -> tuple[dict, ...]:
     """The records as placement inputs (trace.analysis): `handle_ids` only of handles still held
-    (an id of a freed object may be another's now), `alive` whether the variable still is."""
+    (an id of a freed object may be another's now), `alive` whether the variable still is, and
+    the devices eager ops updated it on (`eager_updates`: handle id -> devices, the recorder's)."""
     rows = []
     for r in records:
-        handles = [ref() for ref in r.handles if ref is not None]
+        handles = [h for h in (ref() for ref in r.handles if ref is not None) if h is not None]
+        eager = sorted({d for h in handles for d in (eager_updates or {}).get(id(h), ())})
         rows.append({
             "name": r.name, "kind": r.kind, "class": r.cls, "strategy": r.strategy, "shape": r.shape,
             "dtype": r.dtype, "bytes": r.bytes, "components": list(r.components), "requested": r.requested,
             "layer": r.layer, "source": r.source, "alive": r.alive,
-            "handle_ids": [id(h) for h in handles if h is not None],
+            "handle_ids": [id(h) for h in handles], "eager_update_devices": eager,
         })
     return tuple(rows)

@@ -502,22 +502,6 @@ class Recorder:
             for h in list(self._pending):
                 self._keep(h)
 
-    def release_dropped(self, created: list) -> None:
-        """Stop keeping alive the variables (of trace.created's records) that only Pinpoint still
-        holds: the program dropped them, and the report shows them freed, as they were created.
-        One collection at the program's end finds them."""
-        import weakref
-
-        made = {id(r.ref()) for r in created if r.ref() is not None}
-        kept: dict[int, Any] = {}
-        for key, v in self._variables.items():
-            inner = _unwrap(v)
-            kept[key] = weakref.ref(v) if id(inner) in made or id(v) in made else (lambda v=v: v)
-        self._variables.clear()
-        v = inner = None  # noqa: F841 - no frame of this call holds the last one
-        gc.collect()
-        self._variables.update((key, ref()) for key, ref in kept.items() if ref() is not None)
-
     def adopt(self, created: list) -> None:
         """Keep the variables the program created and still holds, as their outermost wrapper
         (trace.created's records; call while the program's objects live)."""
@@ -566,12 +550,6 @@ def _components(v) -> list:
     from pinpoint.placement.variables import components, unwrap
 
     return components(unwrap(v))
-
-
-def _unwrap(v):
-    from pinpoint.placement.variables import unwrap
-
-    return unwrap(v)
 
 
 def _is_resource(t) -> bool:
