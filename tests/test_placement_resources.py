@@ -3,6 +3,8 @@ a loop, a cross-device edge and a functional call leave in the executed partitio
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from tensorflow.core.framework import graph_pb2
 
@@ -81,3 +83,27 @@ def test_a_branch_functions_argument_is_the_if_ops_input():
                         ("g", graph_pb2.GraphDef(), [callee])], {"h": 1})
     assert t.source("branch_h", 2) == Source(arg="h")
     assert t.source("g_h", 3) == Source(shared_name="shared_v")
+
+
+def test_an_update_inside_a_callee_whose_graphs_were_not_recorded_is_read_off_its_function_def():
+    """A `_noinline` call: grappler renames the callee it specializes; its FunctionDef (in the
+    pre-optimization graph's library) says which argument it updates, through an identity and a
+    nested call."""
+    pre = graph_pb2.GraphDef()
+    inner = pre.library.function.add()
+    inner.signature.name = "inner"
+    inner.signature.input_arg.add(name="r")
+    inner.node_def.add(name="upd", op="AssignAddVariableOp", input=["r", "r"])
+    outer = pre.library.function.add()
+    outer.signature.name = "__inference_bump_1"
+    for name in ("x", "h"):
+        outer.signature.input_arg.add(name=name)
+    outer.node_def.add(name="id", op="Identity", input=["h"])
+    outer.node_def.add(name="upd", op="AssignVariableOp", input=["id:output:0", "x"])
+    call = outer.node_def.add(name="call", op="PartitionedCall", input=["id:output:0"])
+    call.attr["f"].func.name = "inner"
+    caller = graph(arg("x"), arg("h", 1),
+                   ("sp", "StatefulPartitionedCall", ["x", "h"], {"f": "__inference_bump_1_specialized_for_sp_at_top"}))
+    t = ResourceTracer([("top", pre, [caller])], {"h": 1})
+    (inp, count), = t.call_updates(caller.node[2], re.compile(r"^Assign(Add)?VariableOp$"))
+    assert (inp, count, t.source(inp, 0)) == ("h", 2, Source(arg="h"))

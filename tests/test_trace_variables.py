@@ -87,6 +87,12 @@ COND_LOOP = """
     with strategy.scope():
         a = tf.Variable(1.0, name="a")
         b = tf.Variable(2.0, name="b")
+        c = tf.Variable(3.0, name="c")
+
+    @tf.function(experimental_attributes={"_noinline": True})
+    def bump(v, x):
+        v.assign_add(x)
+        return x
 
     @tf.function
     def step(x):
@@ -95,25 +101,30 @@ COND_LOOP = """
         while i < 3:
             b.assign_add(1.0)
             i += 1
+        bump(c, x)
         return x
 
     for _ in range(3):
         step(tf.constant(1.0))
     print("TRUTH", "{" + ", ".join(f'"{v.name[:-2]}": {[c.device for c in v.values]}'.replace("'", '"')
-                                     for v in (a, b)) + "}")
+                                     for v in (a, b, c)) + "}")
 """
 
 
-def test_an_update_in_a_cond_branch_or_a_loop_body_is_traced_to_its_variable(tmp_path):
+def test_an_update_in_a_cond_branch_a_loop_body_or_a_call_not_inlined_is_traced_to_its_variable(tmp_path):
+    """c's update is inside a function the runtime runs without inlining it (its graphs are not
+    recorded): read off its FunctionDef, counted at the call, on the resource's device."""
     out = tmp_path / "out"
     proc = trace(["--gpus", "2", str(write(tmp_path, "cond_loop.py", COND_LOOP))], cwd=tmp_path, out=out)
     p = placement(out, sized=False)
     tf_devices = {name: sorted(short(d) for d in devs) for name, devs in truth(proc).items()}
     rows = {v["name"]: v for v in p["variables"]}
     assert p["variable_updates"]["unattributed_ops"] == 0
-    # a: both branches (assign_add, assign_sub) per mirrored component; b: the loop body's one per component.
-    assert (rows["a"]["update_ops"], rows["b"]["update_ops"]) == (2 * REPLICAS, REPLICAS)
-    for name in ("a", "b"):
+    # a: both branches (assign_add, assign_sub) per mirrored component; b: the loop body's one per
+    # component; c: the callee's one per component.
+    assert [rows[n]["update_ops"] for n in "abc"] == [2 * REPLICAS, REPLICAS, REPLICAS]
+    assert p["variable_updates"]["update_ops"] == 4 * REPLICAS
+    for name in "abc":
         assert rows[name]["update_devices"] == tf_devices[name] == ["/GPU:0", "/GPU:1"]
 
 

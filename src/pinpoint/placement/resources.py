@@ -10,7 +10,7 @@ cond, so its updates reach their variables only through these.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 # Ops whose every output is their first input (a Switch's two outputs, a lowered loop's frames).
@@ -31,10 +31,12 @@ MAX_STEPS = 200  # a bound on one walk (a loop's Merge leads back to itself thro
 
 @dataclass(frozen=True)
 class Source:
-    """Where a resource came from: a function argument (its node's name) or a VarHandleOp."""
+    """Where a resource came from: a function argument (its node's name) or a VarHandleOp, and
+    the device that node is on (the resource's: an op using it runs there)."""
 
     arg: str | None = None
     shared_name: str | None = None
+    device: str = ""
 
 
 def split_input(inp: str) -> tuple[str, int]:
@@ -49,6 +51,10 @@ class ResourceTracer:
     def __init__(self, functions, arg_values):
         # functions: [(function name, pre-optimization graph, [partition graphs])] (CapturedGraphs)
         self.arg_values = arg_values
+        # The FunctionDefs the captured functions call, for a call whose callee's graphs the
+        # runtime did not record (a function it runs without inlining: `_noinline`).
+        self.library = {f.signature.name: f for _, pre, _ in functions for f in pre.library.function}
+        self.captured = {fname for fname, _, _ in functions}
         self.graphs: list[dict] = []
         self.function_of: list[str] = []
         self.sends: dict[tuple, tuple[int, object]] = {}
@@ -90,10 +96,10 @@ class ResourceTracer:
         if not _may_carry_resource(n, port):
             return None
         if n.op == "VarHandleOp":
-            return Source(shared_name=n.attr["shared_name"].s.decode())
+            return Source(shared_name=n.attr["shared_name"].s.decode(), device=n.device)
         if n.op == "_Arg":
             if n.name in self.arg_values:
-                return Source(arg=n.name)
+                return Source(arg=n.name, device=n.device)
             todo.extend(self._call_inputs(gi, n.attr["index"].i))
             return None
         if n.op in _FORWARD_FIRST and data:
@@ -108,6 +114,31 @@ class ResourceTracer:
             if sent is not None and sent[1].input:
                 todo.append((sent[0], *split_input(sent[1].input[0])))
         return None
+
+    def call_updates(self, n, update_re) -> list[tuple[str, int]]:
+        """(resource input, update ops) for the updates a functional op `n` makes inside a callee
+        whose graphs were not recorded, read off the callee's FunctionDef ([] for other nodes)."""
+        attrs, offset = _CALLS.get(n.op, ((), 0))
+        data = [i for i in n.input if not i.startswith("^")]
+        out = []
+        for attr in attrs:
+            for f in _function_names(n, attr):
+                f = self._defined_as(f, len(data) - offset)
+                if f is None or f in self.captured:
+                    continue
+                for index, count in _updated_args(self.library, f, update_re, 0).items():
+                    if offset + index < len(data):
+                        out.append((data[offset + index], count))
+        return out
+
+    def _defined_as(self, fname: str, args: int) -> str | None:
+        """The library's name for a called function: grappler renames the copy it specializes for
+        one call ('<f>_specialized_for_<call>'), which keeps the arguments when their count does."""
+        if fname in self.library or fname in self.captured:
+            return fname
+        base = fname.split("_specialized_for_", 1)[0]
+        fdef = self.library.get(base)
+        return base if fdef is not None and len(fdef.signature.input_arg) == args else None
 
     def _call_inputs(self, gi: int, index: int) -> list[tuple[int, str, int]]:
         """The inputs the functional ops calling graph `gi`'s function passed as argument `index`."""
@@ -133,6 +164,50 @@ def _may_carry_resource(n, port: int) -> bool:
                 return port >= len(types) or types[port] == DT_RESOURCE
             return value.type == DT_RESOURCE
     return True
+
+
+def _updated_args(library: dict, fname: str, update_re, depth: int) -> Counter:
+    """Argument index -> update ops on it in FunctionDef `fname` (and the functions it calls)."""
+    fdef = library.get(fname)
+    if fdef is None or depth > 8:
+        return Counter()
+    args = {a.name: i for i, a in enumerate(fdef.signature.input_arg)}
+    nodes = {n.name: n for n in fdef.node_def}
+    out: Counter = Counter()
+    for n in fdef.node_def:
+        data = [i for i in n.input if not i.startswith("^")]
+        if update_re.match(n.op) and data:
+            index = _arg_index(data[0], args, nodes)
+            if index is not None:
+                out[index] += 1
+        attrs, offset = _CALLS.get(n.op, ((), 0))
+        for attr in attrs:
+            for f in _function_names(n, attr):
+                for i, count in _updated_args(library, f, update_re, depth + 1).items():
+                    index = _arg_index(data[offset + i], args, nodes) if offset + i < len(data) else None
+                    if index is not None:
+                        out[index] += count
+    return out
+
+
+def _arg_index(inp: str, args: dict, nodes: dict) -> int | None:
+    """The argument a FunctionDef input ('x', 'node:output:0') comes from through pass-through ops."""
+    for _ in range(MAX_STEPS):
+        parts = inp.lstrip("^").split(":")
+        if parts[0] in args:
+            return args[parts[0]]
+        n = nodes.get(parts[0])
+        data = [i for i in n.input if not i.startswith("^")] if n is not None else []
+        if n is None or not data:
+            return None
+        port = int(parts[-1]) if len(parts) == 3 and parts[-1].isdigit() else 0
+        if n.op == "IdentityN" and port < len(data):
+            inp = data[port]
+        elif n.op in _FORWARD_FIRST:
+            inp = data[0]
+        else:
+            return None
+    return None
 
 
 def _edge_key(n) -> tuple:

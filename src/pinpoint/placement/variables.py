@@ -376,7 +376,9 @@ def _variable_rows(variables: list, namer: DeviceMap, cache: dict | None, optimi
 
 def _attribute_updates(captures: list, namer: DeviceMap, handle_to_var: dict, shared_to_var: dict):
     """Each update op's variable, through its resource input: (row index -> update devices over all
-    captures, row index -> update ops of the first capture, update ops of the first, unattributed)."""
+    captures, row index -> update ops of the first capture, update ops of the first, unattributed).
+    An update inside a callee the runtime ran without inlining (its graphs not recorded) counts
+    at its call, on its resource's device (where TensorFlow runs an op on a resource)."""
     update_devs: dict[int, set] = defaultdict(set)
     update_ops: Counter = Counter()
     total_updates = unattributed = 0
@@ -384,17 +386,21 @@ def _attribute_updates(captures: list, namer: DeviceMap, handle_to_var: dict, sh
         tracer = ResourceTracer(cap.functions, cap.arg_values)
         for gi, nodes in enumerate(tracer.graphs):
             for n in nodes.values():
-                if not UPDATE_RE.match(n.op) or not n.input:
-                    continue
-                idx = variable_of(tracer.source(n.input[0], gi), cap.arg_values, handle_to_var, shared_to_var)
-                if ci == 0:
-                    total_updates += 1
-                    if idx is None:
-                        unattributed += 1
-                    else:
-                        update_ops[idx] += 1
-                if idx is not None:
-                    update_devs[idx].add(namer.canonical_spec(n.device))
+                if UPDATE_RE.match(n.op) and n.input:
+                    found = [(n.input[0], 1, n.device)]
+                else:
+                    found = [(inp, count, None) for inp, count in tracer.call_updates(n, UPDATE_RE)]
+                for inp, count, device in found:
+                    src = tracer.source(inp, gi)
+                    idx = variable_of(src, cap.arg_values, handle_to_var, shared_to_var)
+                    if ci == 0:
+                        total_updates += count
+                        if idx is None:
+                            unattributed += count
+                        else:
+                            update_ops[idx] += count
+                    if idx is not None:
+                        update_devs[idx].add(namer.canonical_spec(device if device is not None else src.device))
     return update_devs, update_ops, total_updates, unattributed
 
 
