@@ -6,7 +6,8 @@ strategy's scope makes the mirrored or one-device variable inside it), so the pa
 what the program gets back, whatever strategy it was made under. Keras' weights and optimizer
 slots are made through it too. What is read then: the strategy in scope, the device of every
 component, the `tf.device` request the program made, the Keras layer (or the program's source
-line) that made it. A creation costs a few microseconds more; a training step nothing.
+line) that made it. A creation costs ~40 µs more (measured: 60 -> 100 µs for an eager scalar
+tf.Variable); a training step nothing (the patched call is not on its path).
 """
 
 from __future__ import annotations
