@@ -202,6 +202,9 @@ def test_variables_made_under_several_strategies_in_turn_are_all_reported_live_o
     assert rows["one/d1/kernel"][0]["created"]["layer"] == "one/d1"
     line = textwrap.dedent(STRATEGIES).splitlines().index('temp = tf.Variable(3.0, name="temp")') + 1
     assert rows["temp"][0]["created"]["source"] == f"{tmp_path / 'strategies.py'}:{line}"
+    # Every update ran on its own variable's devices: two models' same-named variables ('loss/total')
+    # are told apart.
+    assert [v["name"] for v in p["variables"] if not set(v["update_devices"]) <= set(v["devices"])] == []
     # A freed variable's initializer (an eager assign) ran on its own devices.
     assert rows["scratch"][0]["update_devices"] == ["/GPU:0", "/GPU:1"]
     # Under each strategy, the model's optimizer and loss tracker too: 2 weights, 2 sgd, 2 loss variables.

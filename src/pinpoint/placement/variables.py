@@ -257,7 +257,7 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
                       created: Sequence[Mapping] = ()) -> dict:
     """placement.json's `variables` (components, devices, update devices, fingerprint, the
     consistency class) and `variable_updates` (how the update ops were attributed), as
-    {"variables", "freed", "updates"}. `eager_updates` (a traced program): variable name -> the
+    {"variables", "freed", "updates"}. `eager_updates` (a traced program): id(variable) -> the
     devices eager ops updated it on. `created` (a traced program): each variable as it was created
     (trace.created): a live one's row gets its creation, a freed one a row of its own (`freed`)."""
     out, handle_to_var, shared_to_var = _variable_rows(variables, namer, cache, optimizer_variables)
@@ -273,8 +273,8 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
               "a cond's Switch/Merge, a loop's Enter/Exit, a _Recv to its _Send and a functional "
               "op's call into its branch or body)")
     if eager_updates is not None:
-        for info in out:
-            devs = set(eager_updates.get(info["name"], ()))
+        for info, v in zip(out, _dedupe(variables)):
+            devs = set(eager_updates.get(id(v), ()))
             if devs:
                 info["eager_update_devices"] = sorted(devs, key=sort_key)
                 info["update_devices"] = sorted(set(info["update_devices"]) | devs, key=sort_key)

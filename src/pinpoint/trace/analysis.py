@@ -190,10 +190,11 @@ def eager_predicted(eager, namer: DeviceMap) -> list[dict]:
     return sorted(out, key=lambda f: -f["count"])
 
 
-def eager_updates(recorder, namer: DeviceMap) -> dict[str, tuple[str, ...]] | None:
-    """Variables updated by eager ops (a `v.assign(...)` outside any tf.function): variable name ->
-    the devices the eager runtime ran the updates on (None: no eager update at all)."""
-    from pinpoint.placement.variables import components, unwrap, var_name
+def eager_updates(recorder, namer: DeviceMap) -> dict[int, tuple[str, ...]] | None:
+    """Variables updated by eager ops (a `v.assign(...)` outside any tf.function): id(variable) ->
+    the devices the eager runtime ran the updates on (None: no eager update at all). By object, not
+    name: two models' variables may share a name (each Keras model's 'loss/total')."""
+    from pinpoint.placement.variables import components, unwrap
 
     by_handle = recorder.eager.updates
     if not by_handle:
@@ -204,7 +205,7 @@ def eager_updates(recorder, namer: DeviceMap) -> dict[str, tuple[str, ...]] | No
         for c in components(unwrap(var)):
             devs |= {namer.canonical_spec(d) for d in by_handle.get(id(getattr(c, "handle", None)), ())}
         if devs:
-            out[var_name(var)] = tuple(sorted(devs, key=sort_key))
+            out[id(var)] = tuple(sorted(devs, key=sort_key))
     return out
 
 
