@@ -72,7 +72,8 @@ class ResourceTracer:
                 self.sends[_edge_key(n)] = (gi, n)
             for attr in _CALLS.get(n.op, ((), 0))[0]:
                 for f in _function_names(n, attr):
-                    self.callers[f].append((gi, n, _CALLS[n.op][1]))
+                    for name in {f, _unspecialized(f)}:
+                        self.callers[name].append((gi, n, _CALLS[n.op][1]))
 
     def source(self, inp: str, gi: int) -> Source | None:
         """The argument or VarHandleOp the resource input `inp` of graph `gi` comes from."""
@@ -123,8 +124,10 @@ class ResourceTracer:
         out = []
         for attr in attrs:
             for f in _function_names(n, attr):
+                if f in self.captured or _unspecialized(f) in self.captured:
+                    continue  # its own graphs were recorded: their update ops count there
                 f = self._defined_as(f, len(data) - offset)
-                if f is None or f in self.captured:
+                if f is None:
                     continue
                 for index, count in _updated_args(self.library, f, update_re, 0).items():
                     if offset + index < len(data):
@@ -134,9 +137,9 @@ class ResourceTracer:
     def _defined_as(self, fname: str, args: int) -> str | None:
         """The library's name for a called function: grappler renames the copy it specializes for
         one call ('<f>_specialized_for_<call>'), which keeps the arguments when their count does."""
-        if fname in self.library or fname in self.captured:
+        if fname in self.library:
             return fname
-        base = fname.split("_specialized_for_", 1)[0]
+        base = _unspecialized(fname)
         fdef = self.library.get(base)
         return base if fdef is not None and len(fdef.signature.input_arg) == args else None
 
@@ -164,6 +167,11 @@ def _may_carry_resource(n, port: int) -> bool:
                 return port >= len(types) or types[port] == DT_RESOURCE
             return value.type == DT_RESOURCE
     return True
+
+
+def _unspecialized(fname: str) -> str:
+    """'<f>_specialized_for_<call>' (grappler's copy of <f> for one call) -> '<f>'."""
+    return fname.split("_specialized_for_", 1)[0]
 
 
 def _updated_args(library: dict, fname: str, update_re, depth: int) -> Counter:
