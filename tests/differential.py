@@ -48,6 +48,7 @@ TRAINING = {
     "distribute_dataset_reduce": "distributed_step",
     "eager_split_loop": None,
     "mirrored_fit_cnn": "multi_step_on_iterator",
+    "strategies_in_turn": "multi_step_on_iterator",
 }
 
 # Programs that connect to a cluster: the oracle cannot hold a default device scope around them
@@ -250,6 +251,7 @@ def pinpoint_view(p: dict) -> View:
             row["transfers"] = Counter((node_name(t["tensor"].split(":")[0]), t["from"], t["to"], t["bytes"])
                                        for t in p.get("transfer_items") or [])
         v.functions.append(row)
+    # Freed ones too: the oracle's creator scope holds every variable it saw created.
     v.variables = sorted((x["name"], tuple(c["device"] for c in x["components"])) for x in p.get("variables") or [])
     e = p.get("eager") or {}
     v.eager_by_device = Counter(e.get("ops_by_device") or {})

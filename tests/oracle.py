@@ -24,7 +24,10 @@ What is read, each from TensorFlow:
   through `tf.Variable` (Keras', the optimizer's and the program's own). After the run, the
   distributed and Keras wrappers holding them are found among the live objects, and each
   component's `.device` is read. TensorFlow's own variables (tf.distribute's collective-ordering
-  tokens, constructed directly, past the creator scope) are every other live plain variable.
+  tokens, constructed directly, past the creator scope) are every other live plain variable. The
+  scope holds what it recorded, so a variable the program dropped is still read; a dropped
+  distributed variable's components (no wrapper left) are joined under its name by the strategy's
+  '<name>/replica_<i>' naming.
 - shapes (a separate run, since tfdbg instruments the graphs): tfdbg v2 in SHAPE mode
   (`tf.debugging.experimental.enable_dump_debug_info`) records the shape of every tensor each
   op inside a tf.function produced at run time; they size the transfers whose shape is dynamic.
@@ -217,6 +220,25 @@ def _variables(created: list) -> list[dict]:
         kv = keras_of.get(id(outer))
         name = getattr(kv, "path", kv.name) if kv is not None else outer.name.removesuffix(":0")
         out.append({"name": name, "devices": [short(c.device) for c in comps], "type": type(outer).__name__})
+    return _orphans_under_their_name(out)
+
+
+_REPLICA = re.compile(r"^(.*)/replica_\d+$")
+
+
+def _orphans_under_their_name(rows: list[dict]) -> list[dict]:
+    """A distributed variable the program dropped leaves its components (this scope holds them)
+    and no wrapper: the strategy names them '<name>' and '<name>/replica_<i>', so a component
+    named so whose '<name>' is a plain component too joins it."""
+    plain = {r["name"]: r for r in rows if r["type"] == "ResourceVariable"}
+    out = []
+    for r in rows:
+        m = _REPLICA.match(r["name"])
+        base = plain.get(m.group(1)) if m and r["type"] == "ResourceVariable" else None
+        if base is None:
+            out.append(r)
+        else:
+            base["devices"] = base["devices"] + r["devices"]
     return out
 
 

@@ -57,7 +57,8 @@ def build(inputs: PlacementInputs) -> Placement:
     trace = inputs.trace
     values: dict = {}  # component values, read once for fingerprints and replica consistency
     var_info = analyze_variables(list(inputs.variables), captures, namer, values, inputs.optimizer_variables,
-                                 eager_updates=trace.eager_updates if trace else None)
+                                 eager_updates=trace.eager_updates if trace else None,
+                                 created=trace.created if trace else ())
     for v in var_info["variables"]:
         scan.devices.update(v["devices"])
         scan.devices.update(v["update_devices"])
@@ -82,7 +83,7 @@ def build(inputs: PlacementInputs) -> Placement:
             merge_transfer_steps(scan.transfers, [getattr(c, "steps", None) or [c.step] for c in captures])),
         fallbacks=tuple(map(Fallback.from_json, _observed_fallbacks(scan, namer, inputs.device_map)
                             + sorted(scan.predicted.values(), key=lambda f: f["op"]))),
-        variables=tuple(map(Variable.from_json, var_info["variables"])),
+        variables=tuple(map(Variable.from_json, var_info["variables"] + var_info["freed"])),
         variable_updates=var_info["updates"],
         gradients={
             "scope": f"{inputs.gradient_scope}/ and gradient_tape/",

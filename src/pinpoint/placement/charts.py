@@ -171,6 +171,8 @@ def variable_bytes(placement: dict, path: Path) -> Path | None:
     """Bytes of variable storage per device (every component counted where it lives)."""
     per: dict[str, float] = {}
     for v in placement.get("variables") or []:
+        if v.get("freed"):
+            continue  # storage no longer held at the end
         for c in v.get("components") or []:
             dev = c.get("device") or "?"
             if c.get("task") and not dev.startswith("/job:"):

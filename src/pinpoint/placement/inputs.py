@@ -22,9 +22,11 @@ class TraceInputs:
     functions: tuple[Mapping[str, Any], ...]
     training_function: str | None
     eager: Mapping[str, Any]
-    eager_updates: Mapping[str, tuple[str, ...]] | None = None  # variable name -> devices
+    eager_updates: Mapping[int, tuple[str, ...]] | None = None  # id(variable) -> devices
     weight_rows: tuple[Mapping[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
+    # Each variable as the program created it (trace.created.creation_rows), live or freed since.
+    created: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -114,13 +114,14 @@ def _fallbacks(ps: list[dict]) -> list:
     return [dict(f, task=_task(p)) for p in ps for f in p.get("fallbacks") or []]
 
 
-def _united_variables(ps: list[dict]) -> dict[str, dict]:
-    variables: dict[str, dict] = {}
+def _united_variables(ps: list[dict]) -> dict[tuple[str, bool], dict]:
+    variables: dict[tuple[str, bool], dict] = {}
     for p in ps:
         for v in p.get("variables") or []:
-            cur = variables.get(v["name"])
+            key = (v["name"], bool(v.get("freed")))  # one freed before its task ended stays apart
+            cur = variables.get(key)
             if cur is None:
-                variables[v["name"]] = cur = dict(v, components=[], devices=[], update_devices=[], update_ops=0)
+                variables[key] = cur = dict(v, components=[], devices=[], update_devices=[], update_ops=0)
             cur["components"] = cur["components"] + [dict(c, task=_task(p)) for c in v.get("components", [])]
             cur["devices"] = sorted(set(cur["devices"]) | set(v.get("devices", [])), key=sort_key)
             cur["update_devices"] = sorted(set(cur["update_devices"]) | set(v.get("update_devices", [])), key=sort_key)

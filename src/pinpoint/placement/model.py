@@ -78,8 +78,13 @@ class Placement:
 
     @property
     def user_variables(self) -> list[Variable]:
-        """The program's variables (TensorFlow's own left out)."""
-        return [v for v in self.variables if not v.internal]
+        """The program's variables at its end (TensorFlow's own and those freed before left out)."""
+        return [v for v in self.variables if not v.internal and not v.freed]
+
+    @property
+    def freed_variables(self) -> list[Variable]:
+        """The program's variables freed before it ended (a traced program's, known from their creation)."""
+        return [v for v in self.variables if v.freed]
 
     @property
     def observed_fallbacks(self) -> list[Fallback]:

@@ -272,7 +272,8 @@ def resource_variables(cap, variables: Iterable[Any]) -> dict[str, str]:
     """Op name -> the variable (placement.json's name) whose handle it takes, over the capture's
     resource ops: each resource input followed back to its function argument, whose captured value
     is one variable component's handle (as update ops are attributed, placement.variables)."""
-    from pinpoint.placement.variables import components, resource_source, unwrap, var_name
+    from pinpoint.placement.resources import ResourceTracer
+    from pinpoint.placement.variables import components, unwrap, var_name, variable_of
 
     handles = {}
     for v in variables:
@@ -281,17 +282,16 @@ def resource_variables(cap, variables: Iterable[Any]) -> dict[str, str]:
             if handle is not None:
                 handles[id(handle)] = var_name(v)
     out = {}
-    for g in cap.partition_graphs:
-        local = {n.name: n for n in g.node}
-        for n in g.node:
+    tracer = ResourceTracer(cap.functions, cap.arg_values)
+    for gi, nodes in enumerate(tracer.graphs):
+        for n in nodes.values():
             if n.op in BOOKKEEPING:
                 continue
             for inp in n.input:
                 if inp.startswith("^"):
                     continue
-                src = resource_source(inp.split(":")[0], local)
-                ext = cap.arg_values.get(src) if src is not None else None
-                if ext is not None and id(ext) in handles:
-                    out[n.name] = handles[id(ext)]
+                name = variable_of(tracer.source(inp, gi), cap.arg_values, handles, {})
+                if name is not None:
+                    out[n.name] = name
                     break
     return out

@@ -256,7 +256,7 @@ def _variables(p: Placement, metrics, charts, x) -> dict:
     phys, vars_ = p.physical_devices, p.variables
 
     def row(v: Variable):
-        return {"name": v.name, "kind": v.kind + (" (internal)" if v.internal else ""),
+        return {"name": v.name, "kind": v.kind + (" (internal)" if v.internal else "") + (" (freed)" if v.freed else ""),
                 "shape": "x".join(map(str, v.shape or [])) or "scalar", "bytes": human_bytes(v.bytes),
                 "components": len(v.components), "devices": ", ".join(_dev(d, phys) for d in v.devices),
                 "update_devices": ", ".join(_dev(d, phys) for d in v.update_devices) or "-"}

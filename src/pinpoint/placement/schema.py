@@ -31,7 +31,12 @@ EXPLAIN = {
     "variables": "Where each variable lives (every mirrored component; central storage on the host; "
     "parameter-server tasks) and where its update ops (assign/apply) ran. An update always runs on the "
     "variable's device; its input is copied there first. Class 'internal': TensorFlow's own variables "
-    "(a strategy's collective-ordering tokens), shown apart and never counted as the program's.",
+    "(a strategy's collective-ordering tokens), shown apart and never counted as the program's. A traced "
+    "program's variable has `created`: the tf.distribute strategy in scope when it was created, the "
+    "tf.device request it was made under, and the Keras scope (`layer`) or the program's line (`source`) "
+    "that made it. `freed`: created, then gone before the program ended (and never used by a captured "
+    "function): its row is what was read at its creation, left out of the counts of the program's "
+    "variables at the end.",
     "gradients": "Backward-pass ops (name scopes 'gradients/' and 'gradient_tape/') per device.",
     "replica_consistency": "Largest absolute difference between the components of each mirrored "
     "variable at the end of training, split by what the strategy promises for it. Trainable drift "

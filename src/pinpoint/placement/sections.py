@@ -171,6 +171,10 @@ class Variable:
     update_ops: int = 0
     fingerprint: Mapping[str, Any] | None = None
     eager_update_devices: tuple[str, ...] | None = None
+    # A traced program's variable as it was created: strategy, requested device, layer or source line.
+    created: Mapping[str, Any] | None = None
+    # Created by the program and freed before it ended: known from its creation only.
+    freed: bool = False
 
     @property
     def internal(self) -> bool:
@@ -191,6 +195,10 @@ class Variable:
             out["fingerprint"] = dict(self.fingerprint)
         if self.eager_update_devices is not None:
             out["eager_update_devices"] = list(self.eager_update_devices)
+        if self.created is not None:
+            out["created"] = dict(self.created)
+        if self.freed:
+            out["freed"] = True
         return out
 
     @classmethod
@@ -200,7 +208,8 @@ class Variable:
                    shape=tuple(shape) if shape is not None else None, dtype=d.get("dtype"), bytes=d.get("bytes"),
                    components=tuple(d.get("components") or ()), devices=tuple(d.get("devices") or ()),
                    update_devices=tuple(d.get("update_devices") or ()), update_ops=d.get("update_ops", 0),
-                   fingerprint=d.get("fingerprint"), eager_update_devices=tuple(eager) if eager is not None else None)
+                   fingerprint=d.get("fingerprint"), eager_update_devices=tuple(eager) if eager is not None else None,
+                   created=d.get("created"), freed=bool(d.get("freed", False)))
 
 
 @dataclass(frozen=True)

@@ -210,10 +210,21 @@ def _variables_line(p: Placement) -> str:
     for v in vars_:
         for dev in v.devices:
             by_dev[dev] = by_dev.get(dev, 0) + 1
-    internal = len(p.variables) - len(vars_)
+    freed = p.freed_variables
+    internal = len(p.variables) - len(vars_) - len(freed)
     return (f"variables  : {len(vars_)} (" + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
             + (f"; +{internal} internal, TensorFlow's own" if internal else "")
+            + (f"; +{len(freed)} created and freed before the end: " + _freed_devices(freed) if freed else "")
             + f"); {p.variable_updates.get('coverage', '')}")
+
+
+def _freed_devices(freed: list) -> str:
+    """'/CPU:0: 3, /GPU:0: 4' over the freed variables' components' devices."""
+    by_dev: dict[str, int] = {}
+    for v in freed:
+        for dev in v.devices:
+            by_dev[dev] = by_dev.get(dev, 0) + 1
+    return ", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "devices unknown"
 
 
 def _fallback_lines(p: Placement) -> list[str]:

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from pinpoint.device_names import DeviceMap, normalize, sort_key
+from pinpoint.placement.resources import ResourceTracer, Source
 
 UPDATE_RE = re.compile(
     r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$"
 )
-# Ops that pass a resource handle through unchanged (followed when attributing an update).
-_PASS_THROUGH = {"Identity", "IdentityN", "_Recv", "_HostRecv"}
 
 
 def _read(component, cache: dict | None):
@@ -57,8 +56,8 @@ def internal_variable_ids() -> set[int]:
 
 
 def user_variables(rows: list[dict]) -> list[dict]:
-    """placement.json's variables less the internal ones."""
-    return [v for v in rows if v.get("class") != INTERNAL]
+    """placement.json's variables less the internal ones and those freed before the end."""
+    return [v for v in rows if v.get("class") != INTERNAL and not v.get("freed")]
 
 
 def coverage_text(rows: list[dict], unattributed_ops: int = 0) -> str:
@@ -253,45 +252,40 @@ def _fingerprint(component, cache: dict | None = None) -> dict | None:
     return {"sum": float(arr.sum()), "sample": [float(x) for x in arr[idx]]}
 
 
-def _resource_source(name: str, nodes: dict) -> str | None:
-    """Follow a resource input back through pass-through ops to its _Arg (or VarHandleOp)."""
-    for _ in range(20):
-        n = nodes.get(name)
-        if n is None:
-            return None
-        if n.op in ("_Arg", "VarHandleOp"):
-            return n.name
-        if n.op in _PASS_THROUGH and n.input:
-            name = n.input[0].lstrip("^").split(":")[0]
-            continue
-        return None
-    return None
-
-
 def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: dict | None = None,
-                      optimizer_variables: list | None = None, eager_updates: Mapping | None = None) -> dict:
+                      optimizer_variables: list | None = None, eager_updates: Mapping | None = None,
+                      created: Sequence[Mapping] = ()) -> dict:
     """placement.json's `variables` (components, devices, update devices, fingerprint, the
     consistency class) and `variable_updates` (how the update ops were attributed), as
-    {"variables", "updates"}. `eager_updates` (a traced program): variable name -> the devices eager
-    ops updated it on."""
+    {"variables", "freed", "updates"}. `eager_updates` (a traced program): id(variable) -> the
+    devices eager ops updated it on. `created` (a traced program): each variable as it was created
+    (trace.created): a live one's row gets its creation, a freed one a row of its own (`freed`)."""
     out, handle_to_var, shared_to_var = _variable_rows(variables, namer, cache, optimizer_variables)
+    freed = _creations(created, out, handle_to_var, namer)
+    rows = out + freed
     update_devs, update_ops, total_updates, unattributed = _attribute_updates(
         captures, namer, handle_to_var, shared_to_var)
-    for i, info in enumerate(out):
+    for i, info in enumerate(rows):
         info["update_devices"] = sorted(update_devs.get(i, ()), key=sort_key)
         info["update_ops"] = update_ops.get(i, 0)
     method = ("each assign/apply op's resource input is followed to its function argument, "
-              "whose captured value is the handle of one variable component")
+              "whose captured value is the handle of one variable component (through identities, "
+              "a cond's Switch/Merge, a loop's Enter/Exit, a _Recv to its _Send and a functional "
+              "op's call into its branch or body)")
     if eager_updates is not None:
-        for info in out:
-            devs = set(eager_updates.get(info["name"], ()))
+        for info, v in zip(out, _dedupe(variables)):
+            devs = set(eager_updates.get(id(v), ()))
             if devs:
                 info["eager_update_devices"] = sorted(devs, key=sort_key)
                 info["update_devices"] = sorted(set(info["update_devices"]) | devs, key=sort_key)
         method += "; an eager update runs on the device of the variable whose handle it takes"
+    for info in freed:  # their eager updates, by the handles recorded at their creation
+        info["update_devices"] = sorted(set(info["update_devices"]) | set(info.get("eager_update_devices", ())),
+                                        key=sort_key)
     attributed = sum(1 for info in user_variables(out) if info["update_devices"])
     return {
         "variables": out,
+        "freed": freed,
         "updates": {
             "method": method,
             "update_ops": total_updates,
@@ -299,9 +293,42 @@ def analyze_variables(variables: list, captures: list, namer: DeviceMap, cache: 
             "variables_with_updates": attributed,
             "variables": len(user_variables(out)),
             "internal_variables": len(out) - len(user_variables(out)),
+            **({"freed_variables": len(freed)} if freed else {}),
             "coverage": coverage_text(out, unattributed),
         },
     }
+
+
+def _creations(created: Sequence[Mapping], rows: list[dict], handle_to_var: dict, namer: DeviceMap) -> list[dict]:
+    """Each creation record onto its live row (matched by a component's handle), or a row of its
+    own for a variable freed before the end (its handles, where still held, indexed after `rows`)."""
+    freed: list[dict] = []
+    for rec in created:
+        info = {"strategy": rec.get("strategy"), "requested": namer.canonical_spec(rec.get("requested") or ""),
+                "layer": rec.get("layer"), "source": rec.get("source")}
+        live = next((handle_to_var[h] for h in rec.get("handle_ids") or () if h in handle_to_var), None)
+        if live is not None:
+            rows[live].setdefault("created", info)
+            continue
+        if rec.get("alive"):
+            continue  # alive, yet not among the program's variables (a component of one)
+        comps = [{"device": namer.canonical_spec(d), "physical": normalize(d)} for d in rec.get("components") or ()]
+        for h in rec.get("handle_ids") or ():
+            handle_to_var[h] = len(rows) + len(freed)
+        freed.append({
+            "name": rec["name"], "kind": rec.get("kind", "variable"), "class": rec.get("class"),
+            "shape": rec.get("shape"), "dtype": rec.get("dtype"), "bytes": rec.get("bytes"), "components": comps,
+            "devices": sorted({c["device"] for c in comps if c["device"]}, key=sort_key),
+            "update_devices": [], "update_ops": 0, "freed": True, "created": info,
+            **_eager_devices(rec, namer),
+        })
+    return freed
+
+
+def _eager_devices(rec: Mapping, namer: DeviceMap) -> dict:
+    """{"eager_update_devices": [...]} of a creation record, or {} when no eager op updated it."""
+    devs = sorted({namer.canonical_spec(d) for d in rec.get("eager_update_devices") or ()}, key=sort_key)
+    return {"eager_update_devices": devs} if devs else {}
 
 
 def _variable_rows(variables: list, namer: DeviceMap, cache: dict | None, optimizer_variables: list | None):
@@ -349,34 +376,43 @@ def _variable_rows(variables: list, namer: DeviceMap, cache: dict | None, optimi
 
 def _attribute_updates(captures: list, namer: DeviceMap, handle_to_var: dict, shared_to_var: dict):
     """Each update op's variable, through its resource input: (row index -> update devices over all
-    captures, row index -> update ops of the first capture, update ops of the first, unattributed)."""
+    captures, row index -> update ops of the first capture, update ops of the first, unattributed).
+    An update inside a callee the runtime ran without inlining (its graphs not recorded) counts
+    at its call, on its resource's device (where TensorFlow runs an op on a resource)."""
     update_devs: dict[int, set] = defaultdict(set)
     update_ops: Counter = Counter()
     total_updates = unattributed = 0
     for ci, cap in enumerate(captures):
-        for g in cap.partition_graphs:
-            nodes = {n.name: n for n in g.node}
-            for n in g.node:
-                if not UPDATE_RE.match(n.op) or not n.input:
-                    continue
-                src = _resource_source(n.input[0].lstrip("^").split(":")[0], nodes)
-                idx = None
-                if src is not None:
-                    ext = cap.arg_values.get(src)
-                    if ext is not None:
-                        idx = handle_to_var.get(id(ext))
-                    elif nodes[src].op == "VarHandleOp":
-                        idx = shared_to_var.get(nodes[src].attr["shared_name"].s.decode())
-                if ci == 0:
-                    total_updates += 1
-                    if idx is None:
-                        unattributed += 1
-                    else:
-                        update_ops[idx] += 1
-                if idx is not None:
-                    update_devs[idx].add(namer.canonical_spec(n.device))
+        tracer = ResourceTracer(cap.functions, cap.arg_values)
+        for gi, nodes in enumerate(tracer.graphs):
+            for n in nodes.values():
+                if UPDATE_RE.match(n.op) and n.input:
+                    found = [(n.input[0], 1, n.device)]
+                else:
+                    found = [(inp, count, None) for inp, count in tracer.call_updates(n, UPDATE_RE)]
+                for inp, count, device in found:
+                    src = tracer.source(inp, gi)
+                    idx = variable_of(src, cap.arg_values, handle_to_var, shared_to_var)
+                    if ci == 0:
+                        total_updates += count
+                        if idx is None:
+                            unattributed += count
+                        else:
+                            update_ops[idx] += count
+                    if idx is not None:
+                        update_devs[idx].add(namer.canonical_spec(device if device is not None else src.device))
     return update_devs, update_ops, total_updates, unattributed
 
 
+def variable_of(src: Source | None, arg_values: Mapping, handle_to_var: Mapping, shared_to_var: Mapping):
+    """The row (value of `handle_to_var`/`shared_to_var`) of the variable a resource source holds."""
+    if src is None:
+        return None
+    if src.arg is not None:
+        ext = arg_values.get(src.arg)
+        return handle_to_var.get(id(ext)) if ext is not None else None
+    return shared_to_var.get(src.shared_name)
+
+
 # The same rules, public for pinpoint.trace (which meets a program's variables outside a run).
-unwrap, components, kind_of, var_name, resource_source = _unwrap, _components, _kind, _var_name, _resource_source
+unwrap, components, kind_of, var_name = _unwrap, _components, _kind, _var_name

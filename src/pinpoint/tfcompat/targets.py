@@ -130,6 +130,8 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
            used_for="the tf.device request around a Keras layer's calls"),
     Target("Layer.add_weight", "keras", patched=True, path="layers.Layer.add_weight",
            used_for="the tf.device request around a Keras weight's creation"),
+    Target("Variable._variable_call", "tensorflow.python.ops.variables", patched=True,
+           used_for="record every variable as the program creates it (strategy, devices, request, creator)"),
     # ---- read or called ----
     Target("device_spec._STRING_TO_COMPONENTS_CACHE", _SPEC, path="_STRING_TO_COMPONENTS_CACHE",
            used_for="forget device strings parsed before emulation"),

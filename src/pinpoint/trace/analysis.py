@@ -190,10 +190,11 @@ def eager_predicted(eager, namer: DeviceMap) -> list[dict]:
     return sorted(out, key=lambda f: -f["count"])
 
 
-def eager_updates(recorder, namer: DeviceMap) -> dict[str, tuple[str, ...]] | None:
-    """Variables updated by eager ops (a `v.assign(...)` outside any tf.function): variable name ->
-    the devices the eager runtime ran the updates on (None: no eager update at all)."""
-    from pinpoint.placement.variables import components, unwrap, var_name
+def eager_updates(recorder, namer: DeviceMap) -> dict[int, tuple[str, ...]] | None:
+    """Variables updated by eager ops (a `v.assign(...)` outside any tf.function): id(variable) ->
+    the devices the eager runtime ran the updates on (None: no eager update at all). By object, not
+    name: two models' variables may share a name (each Keras model's 'loss/total')."""
+    from pinpoint.placement.variables import components, unwrap
 
     by_handle = recorder.eager.updates
     if not by_handle:
@@ -204,15 +205,18 @@ def eager_updates(recorder, namer: DeviceMap) -> dict[str, tuple[str, ...]] | No
         for c in components(unwrap(var)):
             devs |= {namer.canonical_spec(d) for d in by_handle.get(id(getattr(c, "handle", None)), ())}
         if devs:
-            out[var_name(var)] = tuple(sorted(devs, key=sort_key))
+            out[id(var)] = tuple(sorted(devs, key=sort_key))
     return out
 
 
 def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = (), weight_rows=(),
-                 task: str = "chief:0", layer_units: tuple[str, ...] = ()) -> PlacementInputs:
+                 task: str = "chief:0", layer_units: tuple[str, ...] = (), created=()) -> PlacementInputs:
     """The placement inputs of a traced program: its training function's capture, its variables
     and strategy, its functions, eager ops and weight requests, and its Keras layers (`layer_units`:
-    what its ops are attributed to, and what `pinpoint plan` moves)."""
+    what its ops are attributed to, and what `pinpoint plan` moves); `created`: trace.created's
+    records of every variable the program made."""
+    from pinpoint.trace.created import creation_rows
+
     namer = DeviceMap.of(dm)
     recorder.flush_calls()
     records = list(recorder.functions.values())
@@ -230,7 +234,7 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
     trace = TraceInputs(
         program=program, functions=tuple(rows), training_function=train["name"] if train else None,
         eager=eager_section(recorder.eager, namer, recorder.default_device),
-        eager_updates=eager_updates(recorder, namer), weight_rows=tuple(weight_rows),
+        eager_updates=eager_updates(recorder, namer), weight_rows=tuple(weight_rows), created=creation_rows(created, recorder.eager.updates),
         notes=tuple(notes) + tuple(_trace_notes(rows, records, train, cap, recorder.eager)))
     return PlacementInputs(captures=(cap,) if cap else (), variables=tuple(variables), plan=None,
                            strategy=strategy_of(variables), device_map=view, task=task,
@@ -269,10 +273,10 @@ def _trace_notes(rows: list[dict], records: list, train: dict | None, cap, eager
 
 
 def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] = (), weight_rows=(),
-                    task: str = "chief:0", layer_units: tuple[str, ...] = ()) -> dict:
+                    task: str = "chief:0", layer_units: tuple[str, ...] = (), created=()) -> dict:
     """placement.json's content for a traced program."""
     return build(trace_inputs(recorder, dm, program=program, notes=notes, weight_rows=weight_rows,
-                              task=task, layer_units=layer_units)).to_json()
+                              task=task, layer_units=layer_units, created=created)).to_json()
 
 
 def trace_metrics(recorder, placement: dict, *, exit_code: int, seconds: float, keras: dict | None) -> dict:

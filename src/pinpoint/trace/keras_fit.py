@@ -126,12 +126,18 @@ class FitPatch:
 
         def fit(model, *args, **kwargs):
             callbacks = list(kwargs.get("callbacks") or [])
-            if not any(isinstance(c, KerasLogger) for c in callbacks):
-                logger = patch.make_logger(batch_size_of(args, kwargs))
-                patch.loggers.append(logger)
-                callbacks.append(logger)
-                kwargs["callbacks"] = callbacks
-            return original(model, *args, **kwargs)
+            if any(isinstance(c, KerasLogger) for c in callbacks):
+                return original(model, *args, **kwargs)
+            logger = patch.make_logger(batch_size_of(args, kwargs))
+            patch.loggers.append(logger)
+            callbacks.append(logger)
+            kwargs["callbacks"] = callbacks
+            try:
+                return original(model, *args, **kwargs)
+            finally:
+                # The logger outlives the call (its summary): it must not keep a model the program
+                # drops alive (that model's variables are then reported freed, trace.created).
+                logger.set_model(None)
 
         fit.__wrapped__ = original
         self._patches.replace("Model.fit", fit)

@@ -526,6 +526,18 @@ class Recorder:
             for h in list(self._pending):
                 self._keep(h)
 
+    def adopt(self, created: list) -> None:
+        """Keep the variables the program created and still holds, as their outermost wrapper
+        (trace.created's records; call while the program's objects live)."""
+        alive = [v for v in (r.ref() for r in created) if v is not None]
+        if not alive:
+            return
+        self._reindex()
+        for v in alive:
+            handle = getattr(_components(v)[0], "handle", None)
+            outer = self._lookup(id(handle)) if handle is not None else None
+            self._variables.setdefault(id(outer if outer is not None else v), outer if outer is not None else v)
+
     def variables(self) -> list:
         """The variables the captured functions used, and those the eager ops updated (not a
         tf.train.Checkpoint's own save counter)."""

@@ -26,6 +26,7 @@ class Capture:
     default_scope: bool = True  # unrequested ops on the emulated /GPU:0, as on a GPU machine
     names: Any = None
     recorder: Any = None
+    created: Any = None  # trace.created.CreationLog: every variable as the program created it
     requests: Any = None  # trace.requests.RequestLog: the layers' and weights' device requests
     fit: Any = None
     started: float = field(default_factory=time.monotonic)
@@ -57,6 +58,11 @@ class Capture:
             self.recorder = Recorder(default, GpuPlacement(self.dm) if self.dm.emulated else None)
             stack.callback(self.recorder.uninstall)
             self.recorder.install()
+            from pinpoint.trace.created import CreationLog
+
+            self.created = CreationLog(default)
+            stack.callback(self.created.uninstall)
+            self.created.install()
             from pinpoint.trace.requests import RequestLog
 
             self.requests = RequestLog(default)
@@ -74,6 +80,7 @@ class Capture:
     def on_end(self) -> None:
         """The program ended and its objects are still alive: read what needs them."""
         self.recorder.resolve_pending()
+        self.recorder.adopt(self.created.records)
         self.weight_rows = self.requests.rows()
         self.layer_units = self.requests.units()
 
@@ -100,7 +107,7 @@ class Capture:
         rows = self.weight_rows if self.weight_rows is not None else self.requests.rows()
         units = self.layer_units if self.layer_units is not None else self.requests.units()
         return trace_placement(self.recorder, self.dm, program=program, notes=notes, weight_rows=rows, task=task,
-                               layer_units=units)
+                               layer_units=units, created=self.created.records)
 
     def metrics(self, placement: dict, exit_code: int) -> dict:
         from pinpoint.trace.analysis import trace_metrics

@@ -1,0 +1,217 @@
+"""Every update attributed, every variable as it was created (issue 48, point 5), run for real as
+`pinpoint` processes. TensorFlow's answer is printed by the program itself (each component's
+`.device`, read in the program); counts are derived in the test from what the program does."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+
+import pytest
+
+from tests.test_trace import placement, trace, write
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+REPLICAS = 2
+TRUTH = re.compile(r"^TRUTH (.*)$", re.M)
+
+
+def truth(proc) -> dict:
+    """The program's own 'TRUTH {json}' lines, merged."""
+    out = {}
+    for line in TRUTH.findall(proc.stdout):
+        out.update(json.loads(line))
+    return out
+
+
+def short(device: str) -> str:
+    """TensorFlow's '/job:localhost/replica:0/task:0/device:CPU:2' as the report spells it (the
+    emulation's /CPU:i+1 stands in for /GPU:i)."""
+    kind, index = device.rsplit("device:", 1)[-1].split(":")
+    return "/CPU:0" if index == "0" else f"/GPU:{int(index) - 1}"
+
+
+MIXED_CNN = """
+    import json
+    import numpy as np
+    import tensorflow as tf
+    import keras
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=(64, 8, 8, 3)).astype("float32")
+    y = rng.randint(0, 4, size=(64,)).astype("int32")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    val = tf.data.Dataset.from_tensor_slices((x[:32], y[:32])).batch(16)
+
+    strategy = tf.distribute.MirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(8, 3, padding="same"),
+            keras.layers.BatchNormalization(),
+            keras.layers.ReLU(),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(4),
+            keras.layers.Activation("softmax", dtype="float32"),
+        ])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(ds, epochs=2, validation_data=val, verbose=0)
+    print("TRUTH", json.dumps({v.path: [c.device for c in v.value.values] for v in model.trainable_variables}))
+"""
+
+
+def test_mixed_precision_mirrored_fit_attributes_every_update_inside_the_loss_scale_cond(tmp_path):
+    """The loss-scale optimizer applies the gradients inside a cond (only when they are finite):
+    each apply is followed through the lowered cond's Switch to its variable's component."""
+    out = tmp_path / "out"
+    proc = trace(["--gpus", "2", str(write(tmp_path, "mixed.py", MIXED_CNN))], cwd=tmp_path, out=out)
+    p = placement(out, sized=False)
+    tf_devices = {name: sorted(short(d) for d in devs) for name, devs in truth(proc).items()}
+    assert len(tf_devices) == 6  # conv kernel/bias, gamma/beta, dense kernel/bias
+    vu = p["variable_updates"]
+    assert vu["unattributed_ops"] == 0, vu
+    assert "attributed to no variable" not in proc.stdout
+    rows = {v["name"]: v for v in p["variables"]}
+    for name, devices in tf_devices.items():
+        # One apply per replica's component in the training function, each on its component's device.
+        assert rows[name]["update_ops"] == REPLICAS, name
+        assert rows[name]["update_devices"] == devices == [f"/GPU:{i}" for i in range(REPLICAS)], name
+
+
+COND_LOOP = """
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy()
+    with strategy.scope():
+        a = tf.Variable(1.0, name="a")
+        b = tf.Variable(2.0, name="b")
+        c = tf.Variable(3.0, name="c")
+
+    @tf.function(experimental_attributes={"_noinline": True})
+    def bump(v, x):
+        v.assign_add(x)
+        return x
+
+    @tf.function
+    def step(x):
+        tf.cond(x > 0.0, lambda: a.assign_add(x), lambda: a.assign_sub(x))
+        i = tf.constant(0)
+        while i < 3:
+            b.assign_add(1.0)
+            i += 1
+        bump(c, x)
+        return x
+
+    for _ in range(3):
+        step(tf.constant(1.0))
+    print("TRUTH", "{" + ", ".join(f'"{v.name[:-2]}": {[c.device for c in v.values]}'.replace("'", '"')
+                                     for v in (a, b, c)) + "}")
+"""
+
+
+def test_an_update_in_a_cond_branch_a_loop_body_or_a_call_not_inlined_is_traced_to_its_variable(tmp_path):
+    """c's update is inside a function the runtime runs without inlining it (its graphs are not
+    recorded): read off its FunctionDef, counted at the call, on the resource's device."""
+    out = tmp_path / "out"
+    proc = trace(["--gpus", "2", str(write(tmp_path, "cond_loop.py", COND_LOOP))], cwd=tmp_path, out=out)
+    p = placement(out, sized=False)
+    tf_devices = {name: sorted(short(d) for d in devs) for name, devs in truth(proc).items()}
+    rows = {v["name"]: v for v in p["variables"]}
+    assert p["variable_updates"]["unattributed_ops"] == 0
+    # a: both branches (assign_add, assign_sub) per mirrored component; b: the loop body's one per
+    # component; c: the callee's one per component.
+    assert [rows[n]["update_ops"] for n in "abc"] == [2 * REPLICAS, REPLICAS, REPLICAS]
+    assert p["variable_updates"]["update_ops"] == 4 * REPLICAS
+    for name in "abc":
+        assert rows[name]["update_devices"] == tf_devices[name] == ["/GPU:0", "/GPU:1"]
+
+
+STRATEGIES = """
+    import json
+    import tensorflow as tf
+    import keras
+
+
+    def truth(name, v, dropped):
+        comps = getattr(v, "values", None) or (v,)
+        print("TRUTH", json.dumps({name: {"devices": [c.device for c in comps], "dropped": dropped}}))
+
+
+    # No strategy: the default device, a tf.device request, and one dropped at once.
+    plain = tf.Variable(1.0, name="plain")
+    truth("plain", plain, False)
+    with tf.device("/GPU:1"):
+        pinned = tf.Variable(2.0, name="pinned")
+    truth("pinned", pinned, False)
+    temp = tf.Variable(3.0, name="temp")
+    truth("temp", temp, True)
+    del temp
+
+    # OneDeviceStrategy: a model built and trained, and a variable dropped.
+    one = tf.distribute.OneDeviceStrategy("/GPU:1")
+    with one.scope():
+        m1 = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="d1")], name="one")
+        m1.compile(optimizer="sgd", loss="mse")
+        once = tf.Variable(5.0, name="once")
+    truth("once", once, True)
+    del once
+    for w in m1.weights:
+        truth(w.path, w.value, False)
+    m1.fit(tf.zeros((8, 4)), tf.zeros((8, 2)), epochs=1, verbose=0)
+
+    # MirroredStrategy: one variable dropped, a model kept.
+    mirrored = tf.distribute.MirroredStrategy()
+    with mirrored.scope():
+        scratch = tf.Variable(4.0, name="scratch")
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="d2")], name="two")
+        model.compile(optimizer="sgd", loss="mse")
+    truth("scratch", scratch, True)
+    del scratch
+    for w in model.weights:
+        truth(w.path, w.value, False)
+    model.fit(tf.zeros((8, 4)), tf.zeros((8, 2)), epochs=1, verbose=0)
+"""
+
+
+def test_variables_made_under_several_strategies_in_turn_are_all_reported_live_or_freed(tmp_path):
+    """Every variable, each on the devices TensorFlow gave it (read in the program), also the ones
+    the program dropped before its end (reported from their creation, marked freed)."""
+    out = tmp_path / "out"
+    proc = trace(["--gpus", "2", str(write(tmp_path, "strategies.py", STRATEGIES))], cwd=tmp_path, out=out)
+    p = placement(out, sized=False)
+    told = truth(proc)
+    # 3 plain, 1 one-device variable and 2 weights, 1 mirrored scratch and 2 weights.
+    assert len(told) == 3 + 3 + 3
+    rows = {}
+    for v in p["variables"]:
+        rows.setdefault(v["name"], []).append(v)
+    for name, t in told.items():
+        (row,) = rows[name]
+        devices = [c["device"] for c in row["components"]]
+        assert (devices, bool(row.get("freed"))) == ([short(d) for d in t["devices"]], t["dropped"]), name
+    strategies = {name: rows[name][0]["created"]["strategy"] for name in told}
+    assert strategies == {"plain": None, "pinned": None, "temp": None, "once": "OneDeviceStrategy",
+                          "one/d1/kernel": "OneDeviceStrategy",
+                          "one/d1/bias": "OneDeviceStrategy", "scratch": "MirroredStrategy",
+                          "two/d2/kernel": "MirroredStrategy", "two/d2/bias": "MirroredStrategy"}
+    # The request as the program wrote it; the creating layer, or the program's line.
+    assert rows["pinned"][0]["created"]["requested"] == "/GPU:1"
+    assert rows["plain"][0]["created"]["requested"] == ""
+    assert rows["one/d1/kernel"][0]["created"]["layer"] == "one/d1"
+    line = textwrap.dedent(STRATEGIES).splitlines().index('temp = tf.Variable(3.0, name="temp")') + 1
+    assert rows["temp"][0]["created"]["source"] == f"{tmp_path / 'strategies.py'}:{line}"
+    # Every update ran on its own variable's devices: two models' same-named variables ('loss/total')
+    # are told apart.
+    assert [v["name"] for v in p["variables"] if not set(v["update_devices"]) <= set(v["devices"])] == []
+    # A freed variable's initializer (an eager assign) ran on its own devices.
+    assert rows["scratch"][0]["update_devices"] == ["/GPU:0", "/GPU:1"]
+    # Under each strategy, the model's optimizer and loss tracker too: 2 weights, 2 sgd, 2 loss variables.
+    for strategy, n in (("OneDeviceStrategy", 1 + 6), ("MirroredStrategy", 1 + 6)):
+        made = [v for v in p["variables"] if (v.get("created") or {}).get("strategy") == strategy]
+        assert len(made) == n, strategy
+    freed = sum(1 for v in p["variables"] if v.get("freed"))
+    assert p["variable_updates"]["freed_variables"] == freed == 3
+    # temp on /GPU:0, once on /GPU:1, scratch on both.
+    assert "+3 created and freed before the end: /GPU:0: 2, /GPU:1: 2" in proc.stdout
