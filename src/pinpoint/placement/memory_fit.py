@@ -46,6 +46,8 @@ def verdicts(memory: Mapping, gpu_memory: int, convolutions: bool = False) -> di
     usable = gpu_memory - CONTEXT
     out = {}
     for d, row in predicted.items():
+        if d.rsplit("/", 1)[-1].upper().startswith("CPU"):
+            continue  # the host: its memory is not the GPU's
         measured = memory["devices"][d]
         parts = terms(row, measured, replicas, convolutions)
         need = sum(t["bytes"] for t in parts)
