@@ -124,7 +124,7 @@ def _memory(cap, namer: DeviceMap) -> dict | None:
     devices = node_devices(cap.partition_graphs, namer)
     out = summarize(cap.memory_events, devices, types, cap.memory_peak,
                     host=namer.canonical_spec("/job:localhost/replica:0/task:0/device:CPU:0") or "/CPU:0",
-                    read_ps=cap.memory_read_ps)
+                    read_ps=cap.memory_read_ps, gpus=cap.memory_gpu_peaks)
     if cap.memory_trace is not None:
         from pinpoint.placement.memory_fit import with_fit
         from pinpoint.placement.memory_predict import predict_call

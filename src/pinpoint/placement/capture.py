@@ -67,6 +67,7 @@ class CapturedGraphs:
     memory_why: str | None = None
     memory_read_ps: int | None = None  # when the peak was read, in the trace's clock
     memory_trace: Any = None  # the profiled call's XSpace (its kernels' order: the memory prediction)
+    memory_gpu_peaks: dict | None = None  # a GPU machine's: each GPU allocator's own peak over the call
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:
@@ -181,7 +182,14 @@ def run_profiled(call: Callable[[], Any], memory_into: CapturedGraphs | None = N
     With `memory_into`, its allocator events and peak over the call are kept there."""
     import tempfile
 
-    from pinpoint.placement.memory import memory_events, memory_traced, peak_read_ps, read_peak, reset_memory_peak
+    from pinpoint.placement.memory import (
+        gpu_peaks,
+        memory_events,
+        memory_traced,
+        peak_read_ps,
+        read_peak,
+        reset_memory_peak,
+    )
     from pinpoint.placement.timing import iterator_element_bytes, kernel_nodes, profile_call, read_xspace
 
     with tempfile.TemporaryDirectory(prefix="pinpoint-shapes-") as tmp:
@@ -192,6 +200,7 @@ def run_profiled(call: Callable[[], Any], memory_into: CapturedGraphs | None = N
                 reset_memory_peak()
                 out = inner()
                 memory_into.memory_peak = read_peak()
+                memory_into.memory_gpu_peaks = gpu_peaks()
                 return out
         result, xplane, why = profile_call(call, tmp)
         if xplane is None:

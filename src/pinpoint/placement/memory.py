@@ -139,10 +139,25 @@ def reset_memory_peak() -> None:
     """Start the allocator's peak over again (every logical CPU shares it: the host's is the process's)."""
     import tensorflow as tf
 
-    try:
-        tf.config.experimental.reset_memory_stats("CPU:0")
-    except (ValueError, RuntimeError):
-        pass  # no allocator stats (another allocator): memory_traced says so
+    for device in ["CPU:0", *(f"GPU:{i}" for i in range(len(tf.config.list_physical_devices("GPU"))))]:
+        try:
+            tf.config.experimental.reset_memory_stats(device)
+        except (ValueError, RuntimeError):
+            pass  # no allocator stats (another allocator): memory_traced says so
+
+
+def gpu_peaks() -> dict[str, int]:
+    """A GPU machine's own figure: each GPU's allocator peak since reset_memory_peak (one allocator
+    per GPU there, so get_memory_info is per device); {} on a machine without GPUs."""
+    import tensorflow as tf
+
+    out = {}
+    for i in range(len(tf.config.list_physical_devices("GPU"))):
+        try:
+            out[f"/GPU:{i}"] = int(tf.config.experimental.get_memory_info(f"GPU:{i}")["peak"])
+        except (ValueError, RuntimeError):
+            continue
+    return out
 
 
 def read_peak() -> int | None:
@@ -295,7 +310,8 @@ def thin(points: list[tuple[float, int]], n: int) -> list[tuple[float, int]]:
 
 
 def summarize(events: Iterable[MemEvent], devices: Mapping[str, str], types: Mapping[str, str],
-              process_peak: int | None = None, host: str = "/CPU:0", read_ps: int | None = None) -> dict:
+              process_peak: int | None = None, host: str = "/CPU:0", read_ps: int | None = None,
+              gpus: Mapping[str, int] | None = None) -> dict:
     """placement.json's `memory`: per device (peak, timeline, live at the peak), the self-check
     and the allocator's own process-wide peak over the call (get_memory_info, read at `read_ps`:
     the replayed peak is taken over the events before it)."""
@@ -317,7 +333,7 @@ def summarize(events: Iterable[MemEvent], devices: Mapping[str, str], types: Map
         # events after which the devices' bytes do not add up to that total.
         "self_check": {"events": n, "mismatched": bad, "unpartitioned": check["unpartitioned"],
                        "replayed_peak": replayed_peak, "allocator_peak": process_peak},
-    }
+    } | ({"gpu_allocator_peaks": dict(gpus)} if gpus else {})
 
 
 def _held(device: dict, kinds: tuple[str, ...]) -> int:

@@ -157,7 +157,7 @@ def profiled_steps(trainer, n: int, out_dir: Path, ctx, memory: bool = False) ->
     one call per step, each under a step marker (as Keras marks its steps), so TensorBoard's
     profile overview, step-time graph and trace viewer show the steps (and, with `memory`, its
     memory profile: the allocator's events are in the trace)."""
-    from pinpoint.placement.memory import read_peak, reset_memory_peak
+    from pinpoint.placement.memory import gpu_peaks, read_peak, reset_memory_peak
     from pinpoint.placement.timing import profile_call, step_marker
 
     rel = PROFILE if not ctx.multi_worker else f"{PROFILE}/{ctx.role}-{ctx.index}"
@@ -171,14 +171,15 @@ def profiled_steps(trainer, n: int, out_dir: Path, ctx, memory: bool = False) ->
             with step_marker(step):
                 calls.append(trainer.train_steps(1))
         if memory:
-            peak[0] = read_peak()
+            peak[0], gpus[0] = read_peak(), gpu_peaks()
         mean = {k: sum(c[k] for c in calls) / n for k in calls[0] if k != "examples_per_sec"}
         return dict(mean, examples_per_sec=trainer.global_batch / mean["step_time"])
 
     peak: list[int | None] = [None]
+    gpus: list[dict | None] = [None]
     m, xplane, why = profile_call(marked_steps, out_dir / rel)
     return m, {"steps": list(range(first, first + n)), "xplane": xplane, "why": why, "trace": rel,
-               "memory_peak": peak[0]}
+               "memory_peak": peak[0], "gpu_peaks": gpus[0]}
 
 
 def memory_section(ctx, loop_captured, timed: dict | None) -> dict:
@@ -206,7 +207,8 @@ def memory_section(ctx, loop_captured, timed: dict | None) -> dict:
     types = {n.name: n.op for g in parts for n in g.node}
     devices = node_devices(parts, namer)
     out = summarize(events, devices, types, timed.get("memory_peak"), host=namer.canonical_spec(
-        "/job:localhost/replica:0/task:0/device:CPU:0") or "/CPU:0", read_ps=peak_read_ps(xspace))
+        "/job:localhost/replica:0/task:0/device:CPU:0") or "/CPU:0", read_ps=peak_read_ps(xspace),
+        gpus=timed.get("gpu_peaks"))
     out["predicted"] = predict_from_trace(parts, xspace, devices, out["devices"])
     return with_fit(out, parts) | {"steps": timed["steps"], "trace": timed["trace"]}
 
