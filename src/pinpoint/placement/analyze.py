@@ -217,8 +217,23 @@ def _conformance(inputs: PlacementInputs, scan: _Scan, variables: list, namer: D
     return conformance, rules, explain
 
 
+def xla_note(captures: list, device_map) -> str | None:
+    """How the report shows XLA-compiled calls (Pinpoint's loop and a traced program alike)."""
+    calls = [(f, device_map.canonical_spec(d)) for cap in captures for f, d in getattr(cap, "xla_calls", ())]
+    if not calls:
+        return None
+    where = ", ".join(f"{f} on {d}" for f, d in sorted(set(calls), key=lambda c: (c[1], c[0])))
+    return (f"{len(calls)} call(s) compiled by XLA ({where}): each runs as one XLA cluster, one program on its "
+            "device; ops inside an XLA cluster have no per-op placement, so its ops are listed on the cluster's "
+            "device (a device requested inside it is not honoured and shows as a fallback); the cluster's "
+            "transfers are those of its call")
+
+
 def _notes(inputs: PlacementInputs, captures: list, ops_detail: list, variables: list) -> list[str]:
     notes = []
+    xla = xla_note(captures, DeviceMap.of(inputs.device_map))
+    if xla is not None:
+        notes.append(xla)
     for cap in captures:
         for note in getattr(cap, "notes", None) or []:
             if note not in notes:

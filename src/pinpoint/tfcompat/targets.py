@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,8 @@ class Target:
         for part in self.parts[:-1]:
             cls = getattr(cls, part)
         name = self.parts[-1]
+        if isinstance(cls, types.ModuleType):  # a module-level function
+            return cls, name
         for c in cls.__mro__:
             if name in c.__dict__:
                 return c, name
@@ -117,6 +120,17 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
            used_for=f"accept visible-GPU settings on the {_DEVICES}"),
     Target("Context.get_memory_growth", _CTX, "(self, dev)", patched=True,
            used_for=f"answer memory growth of the {_DEVICES}"),
+    Target("Context.get_logical_device_configuration", _CTX, "(self, dev)", patched=True,
+           used_for=f"answer the virtual-device settings of the {_DEVICES}"),
+    Target("Context.get_visible_devices", _CTX, "(self, device_type=None)", patched=True,
+           used_for=f"answer the visible devices of the GPU machine of the {_DEVICES}"),
+    Target("Context.get_device_details", _CTX, "(self, device)", patched=True,
+           used_for=f"describe the {_DEVICES} (name, compute capability)"),
+    Target("Context.ensure_initialized", _CTX, "(self)", patched=True,
+           used_for="see the program's first use of the devices (settings are refused after it, as on a GPU)"),
+    Target("device_lib.list_local_devices", "tensorflow.python.client.device_lib", "(session_config=None)",
+           patched=True, path="list_local_devices",
+           used_for=f"list the {_DEVICES} to tf.test.is_gpu_available and tf.test.gpu_device_name"),
     Target("Context.set_server_def", _CTX, "(self, server_def, keep_alive_secs=600)", patched=True,
            used_for="end the emulated /GPU:0 default scope when the program connects to a cluster"),
     Target("MirroredExtended.__init__", _MS, "(self, container_strategy, devices=None, cross_device_ops=None)",
@@ -136,6 +150,20 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
     Target("context._device_parsing_cache", _CTX, path="_device_parsing_cache",
            used_for="forget device strings parsed before emulation"),
     Target("LogicalDevice", _CTX, "(name, device_type)", used_for=f"list the {_DEVICES}"),
+    Target("Context._initialize_physical_devices", _CTX, "(self, reinitialize=False)",
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._physical_devices", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._pluggable_devices", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._visible_device_list", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._memory_growth_map", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._virtual_device_map", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._context_handle", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
     Target("PhysicalDevice", _CTX, "(name, device_type)", used_for=f"list the {_DEVICES}"),
     Target("context.context", _CTX, "()", path="context", used_for="the eager context (graph collection)"),
     Target("context.async_wait", _CTX, "()", path="async_wait", used_for="wait for a captured call's graphs"),

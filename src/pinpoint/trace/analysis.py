@@ -213,9 +213,14 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
     """The placement inputs of a traced program: its training function's capture, its variables
     and strategy, its functions, eager ops and weight requests, and its Keras layers (`layer_units`:
     what its ops are attributed to, and what `pinpoint plan` moves)."""
+    from pinpoint.placement.steps import expand_xla
+
     namer = DeviceMap.of(dm)
     recorder.flush_calls()
     records = list(recorder.functions.values())
+    for r in records:  # an XLA-compiled call is reported as Pinpoint's own loop reports it
+        if r.capture is not None:
+            expand_xla(r.capture)
     rows = [_stats(r, namer) for r in records]
     train = pick_training(rows)
     by_name = {r.name: r for r in records}

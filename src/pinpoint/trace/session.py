@@ -68,6 +68,7 @@ class Capture:
             self.fit.install()
             stack.callback(userlog.set_sink, None)
             userlog.set_sink(self._log)
+            self.names.arm()  # from here on a use of the devices is the program's
             self._undo = stack.pop_all()
         return self
 
