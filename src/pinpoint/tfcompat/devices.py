@@ -41,6 +41,10 @@ class MachineConfig:
         """The program used the devices: from now on settings are refused, as TensorFlow does."""
         self._context_handle = True
 
+    def virtual_devices(self, dev) -> list | None:
+        """The logical device configuration the program set for physical device `dev` (None: none)."""
+        return self._virtual_device_map.get(dev)
+
     def physical(self) -> list:
         return list(self._physical_devices)
 

@@ -25,7 +25,7 @@ import contextlib
 import threading
 
 from pinpoint.device_names import DeviceMap, emulation_aliases, normalize
-from pinpoint.tfcompat.api import forget_parsed_devices, logical_device, physical_device
+from pinpoint.tfcompat.api import forget_parsed_devices, logical_device, physical_device, soft_placement
 from pinpoint.tfcompat.devices import MachineConfig, gpu_attributes, gpu_details
 from pinpoint.tfcompat.patches import Patches, patch_local_devices
 
@@ -115,11 +115,9 @@ class GpuNames:
         name), so an op with a GPU kernel runs on /GPU:0. Eager ops do the same
         (EagerContext::SelectDevice clears type and id for soft placement). Without soft
         placement the request stays unsatisfiable and fails, as there."""
-        import tensorflow as tf
-
         if index is None:
             return 0
-        if index < self.n or not tf.config.get_soft_device_placement():
+        if index < self.n or not soft_placement():
             return index
         written = f"/GPU:{index}"
         if written not in self.soft_placed:
@@ -144,6 +142,10 @@ class GpuNames:
 
         def logical(ctx, device_type=None):
             found = [d for d in list_logical(ctx, None) if normalize(d.name) not in emulated]
+            cpus = self.machine.virtual_devices(host[0]) if host else None
+            if cpus:  # the program split the host CPU: its own setting, as it reads it back (see _not_applied)
+                found = [logical_device(f"/device:CPU:{j}", "CPU") for j in range(len(cpus))] + [
+                    d for d in found if d.device_type != "CPU"]
             found += [logical_device(f"/device:GPU:{i}", GPU) for i in range(self.n)]
             return [d for d in found if device_type is None or d.device_type == device_type]
 
@@ -314,9 +316,10 @@ def _not_applied(name: str, args: tuple, n: int) -> str:
     dev = args[0] if args else None
     if name == "set_logical_device_configuration" and getattr(dev, "device_type", None) == "CPU":
         return (f"{name}: the program split the host CPU into {len(args[1])} logical CPUs; under --gpus {n} the "
-                f"runtime's logical CPUs 1..{n} are the emulated GPUs, so they were not added: tf.config answers "
-                f"with the program's setting, its /CPU:0 is the host, and a request for /CPU:1../CPU:{n} ran on "
-                f"the emulated /GPU:0../GPU:{n - 1} (listed as those); trace without --gpus for its own CPUs")
+                f"runtime's logical CPUs 1..{n} are the emulated GPUs, so no CPU was added: tf.config lists the "
+                f"program's {len(args[1])} CPUs, its /CPU:0 is the host, a request for /CPU:1../CPU:{n} ran on the "
+                f"emulated /GPU:0../GPU:{n - 1} (and is listed there), a higher one on the host (soft placement); "
+                "trace without --gpus to give the program its own CPUs")
     what = {"set_memory_growth": "memory growth of the emulated GPUs (logical CPUs have no GPU memory)",
             "set_logical_device_configuration": "GPU virtual devices (memory_limit): the logical GPUs stay one per "
                                                 "emulated GPU",
