@@ -9,8 +9,13 @@ On a CPU-only machine `emulate(n)` gives the process n+1 logical CPUs (`/CPU:0` 
   strategy device lists, `tf.DeviceSpec` strings) through `DeviceSpecV2._string_to_components`;
   a GPU there is translated to its logical CPU, so the runtime, the graphs and the report all see
   one consistent physical name, which the DeviceMap shows as the GPU again;
-- device listings: `list_logical_devices("GPU")` / `list_physical_devices("GPU")` list the n GPUs;
-  memory growth and GPU virtual-device settings are accepted and recorded (see `ignored`);
+- a GPU index the machine lacks resolves to /GPU:0, as soft placement resolves it there;
+- device questions: logical and physical listings (with or without a type), device details and
+  `device_lib.list_local_devices` (tf.test.is_gpu_available) answer as the n-GPU machine, so
+  Keras' own choices (jit_compile="auto" asks whether a non-CPU device exists) are its choices;
+- device settings: TensorFlow's own Context methods keep them on the GPU machine's configuration
+  (`tfcompat.devices.MachineConfig`), taken before the program first uses the devices and refused
+  after with TensorFlow's RuntimeError; what a taken setting cannot change here is in `ignored`;
 - `MirroredStrategy()` with TensorFlow's default cross-device ops all-reduces with a collective
   among the emulated GPUs (the stand-in for NCCL), as `train.all_reduce: auto` does;
 - `MultiWorkerMirroredStrategy` takes the emulated GPUs as each task's local devices;
