@@ -108,6 +108,7 @@ LISTINGS = """
         "gpu_device_name": tf.test.gpu_device_name(),
         "built_with_cuda": tf.test.is_built_with_cuda(),
         "built_with_gpu_support": tf.test.is_built_with_gpu_support(),
+        "memory_keys": sorted(tf.config.experimental.get_memory_info("GPU:1")),
     }
     json.dump(out, open(sys.argv[1], "w"))
 """
@@ -119,7 +120,8 @@ BUILD = """
 
     json.dump({"built_with_cuda": tf.test.is_built_with_cuda(),
                "built_with_gpu_support": tf.test.is_built_with_gpu_support(),
-               "capabilities": tf.sysconfig.get_build_info().get("cuda_compute_capabilities", [])},
+               "capabilities": tf.sysconfig.get_build_info().get("cuda_compute_capabilities", []),
+               "memory_keys": sorted(tf.config.experimental.get_memory_info("CPU:0"))},
               open(sys.argv[1], "w"))
 """
 
@@ -145,6 +147,7 @@ def test_device_listings_and_gpu_queries_answer_as_the_two_gpu_machine(tmp_path)
     assert got["gpu_device_name"] == "/device:GPU:0"
     assert (got["built_with_cuda"], got["built_with_gpu_support"]) == (tf_build["built_with_cuda"],
                                                                       tf_build["built_with_gpu_support"])
+    assert got["memory_keys"] == tf_build["memory_keys"]  # a device's memory info, as TensorFlow gives one
 
 
 SETTINGS = """

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from pinpoint.device_names import DeviceMap, emulation_aliases, normalize
+from pinpoint.device_names import DeviceMap, emulation_aliases, normalize, parse_name
 from pinpoint.tfcompat.api import forget_parsed_devices, logical_device, physical_device, soft_placement
 from pinpoint.tfcompat.devices import MachineConfig, gpu_attributes, gpu_details
 from pinpoint.tfcompat.patches import Patches, patch_local_devices
@@ -113,13 +113,14 @@ class GpuNames:
     def _gpu_index(self, index: int | None) -> int:
         """The GPU a request for /GPU:index runs on. A missing index (the program asks for more
         GPUs than the machine has) resolves as TensorFlow's soft placement resolves it on a GPU
-        machine: core/common_runtime/colocation_graph.cc, ColocationGraph::GetDevicesForNode finds
-        no device for the request and calls GetSoftDeviceCandidates, whose soft device name
-        (Member::GetSoftDeviceName) drops the requested type and index; the candidates are then
-        sorted by FilterSupportedDevices (placer.cc: device type priority, GPU before CPU, then
-        name), so an op with a GPU kernel runs on /GPU:0. Eager ops do the same
-        (EagerContext::SelectDevice clears type and id for soft placement). Without soft
-        placement the request stays unsatisfiable and fails, as there."""
+        machine. tensorflow/core/common_runtime/colocation_graph.cc: ColocationGraph::
+        GetDevicesForNode finds no device for the request and calls GetSoftDeviceCandidates, whose
+        soft device name (Member::GetSoftDeviceName) drops the requested type and index; the
+        matching devices are ordered by ColocationGraph::FilterSupportedDevices (device type
+        priority, GPU before CPU, then name), so an op with a GPU kernel runs on /GPU:0. Eager ops
+        alike: common_runtime/eager/context.cc, EagerContext::SelectDevice clears type and id and
+        takes the best of the prioritized devices. Without soft placement the request stays
+        unsatisfiable and fails, as there."""
         if index is None:
             return 0
         if index < self.n or not soft_placement():
@@ -170,11 +171,28 @@ class GpuNames:
             self._used()
             return self.n
 
+        for key in ("Context.get_memory_info", "Context.reset_memory_stats"):
+            self._patch(key, self._memory(key))
         self._patch("Context.list_logical_devices", logical)
         self._patch("Context.list_physical_devices", physical)
         self._patch("Context.get_device_details", device_details)
         self._patch("device_lib.list_local_devices", local_devices)
         self._patch("Context.num_gpus", num_gpus)
+
+    def _memory(self, key: str):
+        """get_memory_info / reset_memory_stats of an emulated GPU: its logical CPU's allocator."""
+        original = Patches.current(key)
+        name = key.rsplit(".", 1)[1]
+
+        def on_device(ctx, dev):
+            _, _, dtype, index = parse_name(dev if dev.startswith("/") else "/" + dev)
+            if dtype != GPU or index is None or index >= self.n:
+                return original(ctx, dev)
+            self._note(f"{name}: an emulated GPU's memory is its logical CPU's allocator, which the host and "
+                       "every emulated GPU share: the numbers are the process's host tensors, not one GPU's")
+            return original(ctx, f"CPU:{index + 1}")
+
+        return on_device
 
     def _install_settings(self) -> None:
         """Device settings go to the GPU machine's configuration (TensorFlow's own methods): taken
