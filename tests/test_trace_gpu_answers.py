@@ -238,22 +238,27 @@ MISSING_INDEX = """
 """
 
 
-def test_a_missing_gpu_index_runs_on_gpu_0_as_soft_placement_puts_it(tmp_path):
+def test_a_missing_gpu_index_runs_where_soft_placement_puts_it_and_is_shown_as_written(tmp_path):
     script = write(tmp_path, "missing.py", MISSING_INDEX)
     proc = trace(["--gpus", "2", str(script), str(tmp_path / "y.json")], cwd=tmp_path, out=tmp_path / "out")
     p = placement(tmp_path / "out")
     assert json.loads((tmp_path / "y.json").read_text()) == {"y": [2.0, 4.0, 6.0]}
+    # Eagerly, TensorFlow's soft placement takes the best device by type priority: /GPU:0.
     assert p["eager"]["op_types_by_device"]["/GPU:0"].get("Mul") == 1
     assert all("Mul" not in t for d, t in p["eager"]["op_types_by_device"].items() if d != "/GPU:0")
+    # In a function its placer takes the function's own device first: step runs on /GPU:0.
     step = next(f for f in p["functions"] if f["name"] == "step")
     assert list(step["ops_by_device"]) == ["/GPU:0"]
-    text = json.dumps(p) + proc.stdout
-    assert "/CPU:3" not in text  # the request is never shown under the emulation's internal name
+    assert [(f["op"], f["requested"], f["requested_physical"], f["placed"], f["reason"]) for f in p["fallbacks"]] == [
+        ("Square", "/GPU:2", "/GPU:2", "/GPU:0", "requested device does not exist")]
+    assert {r["rule"]: r["observed"] for r in p["conformance"]["rules"]} == {"tf.device /GPU:2": {"/GPU:0": 1}}
+    shown = (tmp_path / "out" / "report.html").read_text() + json.dumps(p) + proc.stdout
+    assert "/CPU:3" not in shown  # never the emulation's internal name for the missing GPU
+    assert "fallbacks  : 1: Square /GPU:2->/GPU:0" in proc.stdout
     assert [n for n in p["notes"] if "/GPU:2" in n] == [
-        "emulation: the program requested /GPU:2, which a machine with 2 GPU(s) does not have: with soft placement "
-        "TensorFlow's placer runs it on /GPU:0 (the request's type and index are dropped and the first supported "
-        "device taken, GPUs first), so its ops ran and are listed on /GPU:0 and their request shows as /GPU:0 "
-        "(written /GPU:2)"]
+        "emulation: the program requested /GPU:2, which a machine with 2 GPU(s) does not have: soft placement runs "
+        "it where a GPU machine's placer does (the request's type and index dropped): an eager op on /GPU:0, an op "
+        "in a tf.function on the function's own device; those ops are fallbacks from /GPU:2"]
 
 
 OWN_CPUS = """

@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from pinpoint.device_names import DeviceMap, matches, normalize, sort_key
+from pinpoint.device_names import DeviceMap, local_name, matches, normalize, sort_key
 from pinpoint.placement.conformance import (
     as_predicted,
     check_conformance,
@@ -177,12 +177,16 @@ def _observed_fallbacks(scan: _Scan, namer: DeviceMap, device_map) -> list[dict]
     """The ops the runtime placed off their requested device, each with the reason."""
     known = scan.physical | {normalize(p) for p in namer.aliases.values()}
     out = {}
+    missing = {normalize(p) for p in namer.missing.values()}
     for name, fb in scan.fallbacks.items():
         out[name] = dict(fb, reason=(
             "requested device does not exist"
             if not any(matches(fb["requested_physical"], d) for d in known)
             else "moved by the placer (no kernel for this op there, or colocated with a resource "
             "or input on another device)"))
+        if local_name(fb["requested_physical"]) in missing:
+            # A GPU the emulated machine lacks: no device stands for it, the request is as written.
+            out[name]["requested_physical"] = fb["requested"]
     # Devices the setup already resolved elsewhere (no such device here, soft placement on): every
     # op pinned there was redirected before tracing, so the graphs cannot show it; report it.
     for spec, instead in (getattr(device_map, "fallbacks", None) or {}).items():

@@ -228,7 +228,7 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
     replicas = replica_devices(variables, dm)
     view = DeviceMap(aliases=dm.aliases, replica_devices=replicas,
                      spec_replica_devices=tuple(namer.canonical_spec(d) for d in replicas),
-                     host=dm.host, emulated=dm.emulated, local_devices=dm.local_devices)
+                     host=dm.host, emulated=dm.emulated, local_devices=dm.local_devices, missing=dm.missing)
     cap = by_name[train["concrete"]].capture if train else None
     rows = [dict(r, training=r is train) for r in rows]
     rows.sort(key=lambda r: (not r["training"], -r["calls"], r["name"]))

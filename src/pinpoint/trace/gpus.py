@@ -76,7 +76,7 @@ class GpuNames:
         self.dm = dm
         self.n = len(dm.spec_replica_devices)
         self.ignored: list[str] = []  # what emulation could not follow, and how it answered instead
-        self.soft_placed: list[str] = []  # GPU requests the machine lacks, as the program wrote them
+        self.missing: dict[str, str] = {}  # GPU requests the machine lacks -> the logical CPU they name
         self.machine: MachineConfig | None = None  # the GPU machine's device settings
         self._armed = False
         self._patches = Patches()
@@ -111,28 +111,34 @@ class GpuNames:
         forget_parsed_devices()
 
     def _gpu_index(self, index: int | None) -> int:
-        """The GPU a request for /GPU:index runs on. A missing index (the program asks for more
-        GPUs than the machine has) resolves as TensorFlow's soft placement resolves it on a GPU
-        machine. tensorflow/core/common_runtime/colocation_graph.cc: ColocationGraph::
-        GetDevicesForNode finds no device for the request and calls GetSoftDeviceCandidates, whose
-        soft device name (Member::GetSoftDeviceName) drops the requested type and index; the
-        matching devices are ordered by ColocationGraph::FilterSupportedDevices (device type
-        priority, GPU before CPU, then name), so an op with a GPU kernel runs on /GPU:0. Eager ops
-        alike: common_runtime/eager/context.cc, EagerContext::SelectDevice clears type and id and
-        takes the best of the prioritized devices. Without soft placement the request stays
-        unsatisfiable and fails, as there."""
+        """The logical GPU a request for /GPU:index names. A missing index (the program asks for
+        more GPUs than the machine has) resolves as TensorFlow's soft placement resolves it on a
+        GPU machine, where no device matches the request and the placer drops its type and index:
+
+        - in a graph (a tf.function), tensorflow/core/common_runtime/colocation_graph.cc:
+          ColocationGraph::GetDevicesForNode calls GetSoftDeviceCandidates (soft device name from
+          Member::GetSoftDeviceName) and ColocationGraph::FilterSupportedDevices puts the
+          function's own device first, then by type priority (GPU before CPU). The index is kept:
+          it names a logical CPU that does not exist, TensorFlow's placer does the same here, and
+          the report shows the request as written (DeviceMap.missing);
+        - eagerly, common_runtime/eager/context.cc: EagerContext::SelectDevice clears type and id
+          and takes the best of the prioritized devices, /GPU:0 on a GPU machine (the host here:
+          all logical CPUs rank alike), so the request becomes /GPU:0.
+
+        Without soft placement the request stays unsatisfiable and fails, as there."""
+        import tensorflow as tf
+
         if index is None:
             return 0
         if index < self.n or not soft_placement():
             return index
         written = f"/GPU:{index}"
-        if written not in self.soft_placed:
-            self.soft_placed.append(written)
-            self._note(f"the program requested {written}, which a machine with {self.n} GPU(s) does not have: with soft "
-                       "placement TensorFlow's placer runs it on /GPU:0 (the request's type and index are dropped and "
-                       "the first supported device taken, GPUs first), so its ops ran and are listed on /GPU:0 and "
-                       f"their request shows as /GPU:0 (written {written})")
-        return 0
+        self.missing.setdefault(written, f"/CPU:{index + 1}")
+        self._note(f"the program requested {written}, which a machine with {self.n} GPU(s) does not have: soft "
+                   "placement runs it where a GPU machine's placer does (the request's type and index dropped): "
+                   "an eager op on /GPU:0, an op in a tf.function on the function's own device; those ops are "
+                   f"fallbacks from {written}")
+        return 0 if tf.executing_eagerly() else index
 
     def _install_listings(self) -> None:
         """Device listings and descriptions answer as the GPU machine: /CPU:0 and the n GPUs."""
