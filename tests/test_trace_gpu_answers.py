@@ -85,6 +85,36 @@ def test_the_xla_cluster_is_reported_with_its_device_and_no_per_op_placement(fit
     assert "updates attributed for 16/16 variables" in summary
 
 
+JIT = """
+    import tensorflow as tf
+
+    @tf.function(jit_compile=True)
+    def dense(x):
+        return tf.reduce_sum(tf.square(x) * 2.0)
+
+    @tf.function
+    def step():
+        with tf.device("/CPU:0"):
+            x = tf.random.uniform((256,), seed=1)  # made on the host
+        return dense(x)  # its XLA cluster runs on the default device, /GPU:0
+
+    for _ in range(3):
+        step()
+"""
+
+
+def test_an_xla_cluster_is_reported_with_its_device_and_its_transfers(tmp_path):
+    script = write(tmp_path, "jit.py", JIT)
+    proc = trace(["--gpus", "1", str(script)], cwd=tmp_path, out=tmp_path / "out")
+    p = placement(tmp_path / "out")
+    (note,) = [n for n in p["notes"] if "compiled by XLA" in n]
+    assert XLA_NOTE.fullmatch(note) and "(__inference_dense_" in note
+    assert {"Square", "Mul", "Sum"} <= set(p["op_types_by_device"]["/GPU:0"])  # the cluster's ops, on its device
+    # Its one input crosses from the host each step: 256 float32.
+    assert p["transfers"]["matrix"] == {"/CPU:0": {"/GPU:0": {"count": 1, "bytes": 256 * 4}}}
+    assert "transfers  : 1 per step, 1.0 KiB per step" in proc.stdout
+
+
 LISTINGS = """
     import json, sys
 
