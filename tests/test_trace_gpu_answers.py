@@ -318,5 +318,5 @@ def test_a_programs_own_logical_cpus_are_taken_and_the_report_says_where_they_ra
         "emulation: set_logical_device_configuration: the program split the host CPU into 2 logical CPUs; under "
         "--gpus 2 the runtime's logical CPUs 1..2 are the emulated GPUs, so no CPU was added: tf.config lists the "
         "program's 2 CPUs, its /CPU:0 is the host, a request for /CPU:1../CPU:2 ran on the emulated "
-        "/GPU:0../GPU:1 (and is listed there), a higher one on the host (soft placement); trace without --gpus to "
+        "/GPU:0../GPU:1 (and is listed there), a higher one does not exist and is soft-placed; trace without --gpus to "
         "give the program its own CPUs"]

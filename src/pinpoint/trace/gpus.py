@@ -347,7 +347,7 @@ def _not_applied(name: str, args: tuple, n: int) -> str:
         return (f"{name}: the program split the host CPU into {len(args[1])} logical CPUs; under --gpus {n} the "
                 f"runtime's logical CPUs 1..{n} are the emulated GPUs, so no CPU was added: tf.config lists the "
                 f"program's {len(args[1])} CPUs, its /CPU:0 is the host, a request for /CPU:1../CPU:{n} ran on the "
-                f"emulated /GPU:0../GPU:{n - 1} (and is listed there), a higher one on the host (soft placement); "
+                f"emulated /GPU:0../GPU:{n - 1} (and is listed there), a higher one does not exist and is soft-placed; "
                 "trace without --gpus to give the program its own CPUs")
     what = {"set_memory_growth": "memory growth of the emulated GPUs (logical CPUs have no GPU memory)",
             "set_logical_device_configuration": "GPU virtual devices (memory_limit): the logical GPUs stay one per "
