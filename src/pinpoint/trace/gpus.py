@@ -142,13 +142,13 @@ class GpuNames:
 
     def _install_listings(self) -> None:
         """Device listings and descriptions answer as the GPU machine: /CPU:0 and the n GPUs."""
+        import tensorflow as tf
+
         list_logical = Patches.current("Context.list_logical_devices")
         details = Patches.current("Context.get_device_details")
         local = Patches.current("device_lib.list_local_devices")
         emulated = {normalize(p) for p in self.dm.aliases.values()}
         gpus = [physical_device(f"/physical_device:GPU:{i}", GPU) for i in range(self.n)]
-        import tensorflow as tf
-
         host = [d for d in tf.config.list_physical_devices() if d.device_type != GPU]  # not yet patched
         self.machine = MachineConfig(host + gpus)
 
@@ -191,7 +191,7 @@ class GpuNames:
         name = key.rsplit(".", 1)[1]
 
         def on_device(ctx, dev):
-            _, _, dtype, index = parse_name(dev if dev.startswith("/") else "/" + dev)
+            _, _, dtype, index = parse_name(dev if str(dev).startswith("/") else f"/{dev}")
             if dtype != GPU or index is None or index >= self.n:
                 return original(ctx, dev)
             self._note(f"{name}: an emulated GPU's memory is its logical CPU's allocator, which the host and "
@@ -221,7 +221,8 @@ class GpuNames:
         original = Patches.current(key)
         name = key.rsplit(".", 1)[1]
 
-        def apply(ctx, *args):
+        def apply(ctx, *args, **kwargs):
+            args = (*args, *kwargs.values())  # (dev, value): every caller in TensorFlow passes them in order
             before = self.machine.snapshot()
             out = self.machine.call(original, *args)
             if self.machine.snapshot() != before:
