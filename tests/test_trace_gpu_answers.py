@@ -193,6 +193,8 @@ SETTINGS = """
     limit = [tf.config.LogicalDeviceConfiguration(memory_limit=1024)]
     tf.config.set_logical_device_configuration(gpus[1], limit)  # before any use: taken
     out["virtual_set"] = [c.memory_limit for c in tf.config.get_logical_device_configuration(gpus[1])]
+    tf.config.set_visible_devices(gpus[:1], "GPU")  # before any use: taken
+    out["visible_set"] = [d.name for d in tf.config.get_visible_devices()]
 
     x = tf.constant([1.0, 2.0]) * 2.0  # the program uses the devices
 
@@ -206,7 +208,7 @@ SETTINGS = """
     out["growth_after_use"] = refused(lambda: tf.config.experimental.set_memory_growth(gpus[0], False))
     out["virtual_after_use"] = refused(lambda: tf.config.set_logical_device_configuration(
         gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=512)]))
-    out["visible_after_use"] = refused(lambda: tf.config.set_visible_devices(gpus[:1], "GPU"))
+    out["visible_after_use"] = refused(lambda: tf.config.set_visible_devices(gpus, "GPU"))
     out["same_growth_after_use"] = refused(lambda: tf.config.experimental.set_memory_growth(gpus[0], True))
     json.dump(out, open(sys.argv[1], "w"))
 """
@@ -240,13 +242,14 @@ def test_device_settings_are_taken_before_use_and_refused_after_with_tensorflows
     virtual = _plain(write(tmp_path, "plain.py", PLAIN_REFUSAL)).stdout.strip().splitlines()[-1]
 
     assert (got["growth_at_start"], got["growth_set"], got["virtual_set"]) == (None, True, [1024])
+    assert got["visible_set"] == ["/physical_device:CPU:0", "/physical_device:GPU:0"]
     assert got["virtual_after_use"] == virtual == _refusal(Context.set_logical_device_configuration)
     assert got["growth_after_use"] == _refusal(Context.set_memory_growth)
     assert got["visible_after_use"] == _refusal(Context.set_visible_devices)
     assert got["same_growth_after_use"] is None  # unchanged: TensorFlow returns without a check
     notes = placement(tmp_path / "out")["notes"]
     assert [n.split(":")[1].strip() for n in notes if n.startswith("emulation: set_")] == [
-        "set_memory_growth", "set_logical_device_configuration"]  # what was taken; the refusals raised
+        "set_memory_growth", "set_logical_device_configuration", "set_visible_devices"]  # taken; the refusals raised
 
 
 MISSING_INDEX = """
