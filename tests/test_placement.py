@@ -457,7 +457,9 @@ def test_xla_call_is_expanded_onto_its_device(tf):
     types = p["op_types_by_device"]["/GPU:0"]
     assert types.get("MatMul", 0) >= 2, types  # forward and backward matmuls inside the XLA program
     assert set(p["gradients"]["ops_by_device"]) == {"/GPU:0"}
-    assert any("XLA" in n for n in p["notes"])
+    from tests.test_trace_gpu_answers import XLA_NOTE
+
+    assert [n for n in p["notes"] if XLA_NOTE.fullmatch(n)], p["notes"]  # as a traced program's report says it
     xla_ops = [o for o in p["ops"] if o["type"] == "MatMul"]
     assert xla_ops and not any("/body/_" in o["op"] for o in xla_ops)
     assert [v["update_devices"] for v in p["variables"]] == [["/GPU:0"], ["/GPU:0"]]

@@ -76,15 +76,18 @@ for _ in range(2):
 built = Plain("lazy_build")
 with tf.device("/GPU:1"):  # a subclassed model's build(shape) creates no weights
     built.build((None, {WIDTH}))
-built.compile(optimizer="sgd", loss="mse")
+# jit_compile=False: on a GPU machine Keras' default ("auto") compiles fit's step with XLA, and an
+# XLA cluster cannot read a variable on another GPU (XLA's known issue "tf.Variable on a different
+# device"): a program that pins weights to /GPU:1 turns XLA off there, and so here.
+built.compile(optimizer="sgd", loss="mse", jit_compile=False)
 built.fit(x, y, epochs=1, verbose=0)
 
 inside = Plain("built_inside", "/GPU:1", build_inside=True)
-inside.compile(optimizer="sgd", loss="mse")
+inside.compile(optimizer="sgd", loss="mse", jit_compile=False)
 inside.fit(x, y, epochs=1, verbose=0)
 
 declared = CalledInside("declared", "/GPU:1")
-declared.compile(optimizer="sgd", loss="mse")
+declared.compile(optimizer="sgd", loss="mse", jit_compile=False)
 declared.fit(x, y, epochs=1, verbose=0)
 
 for model in (lazy, built, inside, declared):

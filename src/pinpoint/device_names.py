@@ -131,6 +131,10 @@ class DeviceMap:
     fallbacks: dict[str, str] = field(default_factory=dict)  # spec device -> where it ran instead
     visible: dict[str, str] = field(default_factory=dict)  # visible_devices renumbering
     local_devices: tuple[str, ...] = ()  # every logical device of this process
+    # Emulation: a GPU the emulated machine lacks, as a graph requested it ("/GPU:2") -> the logical
+    # CPU that names it and does not exist ("/CPU:3"; TensorFlow's placer soft-places the op):
+    # shown as the program wrote it.
+    missing: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, device_map: Any = None) -> DeviceMap:
@@ -146,6 +150,7 @@ class DeviceMap:
             host=getattr(device_map, "host", None) or HOST,
             emulated=bool(getattr(device_map, "emulated", False)),
             fallbacks=dict(getattr(device_map, "fallbacks", None) or {}),
+            missing=dict(getattr(device_map, "missing", None) or {}),
         )
 
     def physical(self, spec_device: str) -> str:
@@ -185,11 +190,11 @@ class DeviceMap:
 
     @cached_property
     def _reverse(self) -> dict[str, str]:
-        return {v: k for k, v in self.aliases.items()}
+        return {v: k for k, v in {**self.missing, **self.aliases}.items()}
 
     @cached_property
     def _canonical_to_spec(self) -> dict[str, str]:
-        return {normalize(phys): normalize(spec) for spec, phys in self.aliases.items()}
+        return {normalize(phys): normalize(spec) for spec, phys in {**self.missing, **self.aliases}.items()}
 
     @cached_property
     def _canonical_to_physical(self) -> dict[str, str]:

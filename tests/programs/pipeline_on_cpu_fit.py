@@ -16,5 +16,8 @@ model = tf.keras.Sequential([
     tf.keras.layers.Dense(16, activation="relu"),
     tf.keras.layers.Dense(1),
 ])
-model.compile(optimizer="sgd", loss="mse")
+# jit_compile=False: the oracle runs plain TensorFlow on a CPU-only machine, where Keras' "auto" means
+# no XLA; under `pinpoint trace --gpus` Keras compiles with XLA as on a GPU machine (checked by
+# tests/test_trace_gpu_answers.py), which the oracle cannot show op by op.
+model.compile(optimizer="sgd", loss="mse", jit_compile=False)
 model.fit(dataset, epochs=2, verbose=0)

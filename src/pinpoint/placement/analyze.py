@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from pinpoint.device_names import DeviceMap, matches, normalize, sort_key
+from pinpoint.device_names import DeviceMap, local_name, matches, normalize, sort_key
 from pinpoint.placement.conformance import (
     as_predicted,
     check_conformance,
@@ -201,12 +201,16 @@ def _observed_fallbacks(scan: _Scan, namer: DeviceMap, device_map) -> list[dict]
     """The ops the runtime placed off their requested device, each with the reason."""
     known = scan.physical | {normalize(p) for p in namer.aliases.values()}
     out = {}
+    missing = {normalize(p) for p in namer.missing.values()}
     for name, fb in scan.fallbacks.items():
         out[name] = dict(fb, reason=(
             "requested device does not exist"
             if not any(matches(fb["requested_physical"], d) for d in known)
             else "moved by the placer (no kernel for this op there, or colocated with a resource "
             "or input on another device)"))
+        if local_name(fb["requested_physical"]) in missing:
+            # A GPU the emulated machine lacks: no device stands for it, the request is as written.
+            out[name]["requested_physical"] = fb["requested"]
     # Devices the setup already resolved elsewhere (no such device here, soft placement on): every
     # op pinned there was redirected before tracing, so the graphs cannot show it; report it.
     for spec, instead in (getattr(device_map, "fallbacks", None) or {}).items():
@@ -241,8 +245,23 @@ def _conformance(inputs: PlacementInputs, scan: _Scan, variables: list, namer: D
     return conformance, rules, explain
 
 
+def xla_note(captures: list, device_map) -> str | None:
+    """How the report shows XLA-compiled calls (Pinpoint's loop and a traced program alike)."""
+    calls = [(f, device_map.canonical_spec(d)) for cap in captures for f, d in getattr(cap, "xla_calls", ())]
+    if not calls:
+        return None
+    where = ", ".join(f"{f} on {d}" for f, d in sorted(set(calls), key=lambda c: (c[1], c[0])))
+    return (f"{len(calls)} call(s) compiled by XLA ({where}): each runs as one XLA cluster, one program on its "
+            "device; ops inside an XLA cluster have no per-op placement, so its ops are listed on the cluster's "
+            "device (a device requested inside it is not honoured and shows as a fallback); the cluster's "
+            "transfers are those of its call")
+
+
 def _notes(inputs: PlacementInputs, captures: list, ops_detail: list, variables: list) -> list[str]:
     notes = []
+    xla = xla_note(captures, DeviceMap.of(inputs.device_map))
+    if xla is not None:
+        notes.append(xla)
     for cap in captures:
         for note in getattr(cap, "notes", None) or []:
             if note not in notes:

@@ -40,6 +40,9 @@ class CapturedGraphs:
     # The steps these graphs stand for when more than `step` (every step a captured
     # multi-step function ran inside the sample window executes the same graphs).
     steps: list[int] = field(default_factory=list)
+    # The XLA-compiled calls expanded into their ops (placement.steps): (function, the device
+    # its one program ran on, as the runtime names it).
+    xla_calls: list[tuple[str, str]] = field(default_factory=list)
     # Node name -> requested device, when a view renamed the nodes (else read from the graphs).
     requested: dict[str, str] | None = None
     # Node name -> pre-optimization NodeDef (op type and attrs), when a view renamed the nodes.

@@ -251,8 +251,18 @@ def _main_index(captured: CapturedGraphs) -> int:
     return best
 
 
+def expand_xla(captured: CapturedGraphs) -> CapturedGraphs:
+    """A capture taken as is (a traced program's function) with its XLA-compiled calls expanded,
+    as `per_step_view` expands them for Pinpoint's own loop: both report XLA alike. Once."""
+    if captured.xla_calls:
+        return captured
+    library = {f.signature.name: f for pre in captured.requested_graphs for f in pre.library.function}
+    return _expand_xla(captured, library)
+
+
 def _expand_xla(captured: CapturedGraphs, library: dict) -> CapturedGraphs:
-    """Replace each XLA-compiled call by the ops of its function, on the call's device."""
+    """Replace each XLA-compiled call by the ops of its function, on the call's device (the
+    call's own node stays: it is the cluster's launch, and its transfers are the cluster's)."""
     calls = [(g, n) for g in captured.partition_graphs for n in g.node
              if n.op in XLA_CALLS and n.attr["_XlaMustCompile"].b]
     if not calls:
@@ -263,8 +273,10 @@ def _expand_xla(captured: CapturedGraphs, library: dict) -> CapturedGraphs:
         f = library.get(fname)
         if f is None:
             continue
+        captured.xla_calls.append((fname, call.device))
         scope = call.name.rpartition("/")[0]
         prefix = f"{scope}/" if scope else ""
+        args = _call_arguments(call, f)
         for nd in f.node_def:
             m = g.node.add()
             m.CopyFrom(nd)
@@ -275,13 +287,15 @@ def _expand_xla(captured: CapturedGraphs, library: dict) -> CapturedGraphs:
             for inp in nd.input:
                 ctrl = inp.startswith("^")
                 base = inp.lstrip("^").split(":")[0]
-                m.input.append(("^" if ctrl else "") + prefix + base)
+                m.input.append(("^" if ctrl else "") + (args.get(base) or prefix + base))
             if nd.device and EMULATED_ATTR not in nd.attr:
                 requested[m.name] = nd.device
     captured.requested = requested
-    note = (f"{len(calls)} call(s) compiled by XLA: each runs as one program on its device, so its ops are "
-            "listed on that device (no per-op placement inside; a device requested inside it is not "
-            "honoured and shows as a fallback)")
-    if note not in captured.notes:
-        captured.notes.append(note)
     return captured
+
+
+def _call_arguments(call, f) -> dict[str, str]:
+    """The function's argument names -> the tensors the call passes them (so an update inside
+    the cluster leads back to the _Arg holding its variable)."""
+    data = [i for i in call.input if not i.startswith("^")]
+    return {a.name: data[k] for k, a in enumerate(f.signature.input_arg) if k < len(data)}

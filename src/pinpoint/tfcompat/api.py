@@ -72,6 +72,16 @@ def eager_tensor_type() -> type:
     return ops.EagerTensor
 
 
+def soft_placement() -> bool:
+    """Whether the program's ops and tf.functions run with soft placement: its own
+    tf.config.set_soft_device_placement, else TensorFlow 2's default, on (the public getter answers
+    False while a function is being traced, though the function runs with it on)."""
+    from tensorflow.python.eager import context
+
+    setting = context.context()._soft_device_placement
+    return True if setting is None else bool(setting)
+
+
 def forget_parsed_devices() -> None:
     """Drop TensorFlow's caches of parsed device strings (parsed before emulation began)."""
     from tensorflow.python.eager import context

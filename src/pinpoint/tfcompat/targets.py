@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,8 @@ class Target:
         for part in self.parts[:-1]:
             cls = getattr(cls, part)
         name = self.parts[-1]
+        if isinstance(cls, types.ModuleType):  # a module-level function
+            return cls, name
         for c in cls.__mro__:
             if name in c.__dict__:
                 return c, name
@@ -105,18 +108,33 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
     Target("DeviceSpecV2._string_to_components", _SPEC, "(spec=None)", patched=True,
            used_for="translate /GPU:i to the logical CPU that emulates it"),
     Target("Context.list_logical_devices", _CTX, "(self, device_type=None)", patched=True,
-           used_for=f"list the {_DEVICES}"),
+           used_for=f"list the {_DEVICES} (with and without a type)"),
     Target("Context.list_physical_devices", _CTX, "(self, device_type=None)", patched=True,
            used_for=f"list the {_DEVICES}"),
     Target("Context.num_gpus", _CTX, "(self)", patched=True, used_for=f"count the {_DEVICES}"),
     Target("Context.set_memory_growth", _CTX, "(self, dev, enable)", patched=True,
-           used_for=f"accept memory growth on the {_DEVICES}"),
+           used_for=f"keep memory growth of the {_DEVICES} (taken before use, refused after)"),
     Target("Context.set_logical_device_configuration", _CTX, "(self, dev, virtual_devices)", patched=True,
-           used_for=f"accept GPU virtual devices on the {_DEVICES}"),
+           used_for="keep virtual-device settings of the emulated GPU machine (taken before use, refused after)"),
     Target("Context.set_visible_devices", _CTX, "(self, devices, device_type=None)", patched=True,
-           used_for=f"accept visible-GPU settings on the {_DEVICES}"),
+           used_for="keep visible-device settings of the emulated GPU machine (taken before use, refused after)"),
     Target("Context.get_memory_growth", _CTX, "(self, dev)", patched=True,
            used_for=f"answer memory growth of the {_DEVICES}"),
+    Target("Context.get_logical_device_configuration", _CTX, "(self, dev)", patched=True,
+           used_for=f"answer the virtual-device settings of the {_DEVICES}"),
+    Target("Context.get_visible_devices", _CTX, "(self, device_type=None)", patched=True,
+           used_for=f"answer the visible devices of the GPU machine of the {_DEVICES}"),
+    Target("Context.get_device_details", _CTX, "(self, device)", patched=True,
+           used_for=f"describe the {_DEVICES} (name, compute capability)"),
+    Target("Context.get_memory_info", _CTX, "(self, dev)", patched=True,
+           used_for=f"answer memory info of the {_DEVICES} (their logical CPU's allocator)"),
+    Target("Context.reset_memory_stats", _CTX, "(self, dev)", patched=True,
+           used_for=f"reset the memory stats of the {_DEVICES} (their logical CPU's allocator)"),
+    Target("Context.ensure_initialized", _CTX, "(self)", patched=True,
+           used_for="see the program's first use of the devices (settings are refused after it, as on a GPU)"),
+    Target("device_lib.list_local_devices", "tensorflow.python.client.device_lib", "(session_config=None)",
+           patched=True, path="list_local_devices",
+           used_for=f"list the {_DEVICES} to tf.test.is_gpu_available and tf.test.gpu_device_name"),
     Target("Context.set_server_def", _CTX, "(self, server_def, keep_alive_secs=600)", patched=True,
            used_for="end the emulated /GPU:0 default scope when the program connects to a cluster"),
     Target("MirroredExtended.__init__", _MS, "(self, container_strategy, devices=None, cross_device_ops=None)",
@@ -138,6 +156,22 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
     Target("context._device_parsing_cache", _CTX, path="_device_parsing_cache",
            used_for="forget device strings parsed before emulation"),
     Target("LogicalDevice", _CTX, "(name, device_type)", used_for=f"list the {_DEVICES}"),
+    Target("Context._soft_device_placement", _CTX, member=True,
+           used_for="resolve a GPU index the emulated machine lacks as soft placement does"),
+    Target("Context._initialize_physical_devices", _CTX, "(self, reinitialize=False)",
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._physical_devices", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._pluggable_devices", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._visible_device_list", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._memory_growth_map", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._virtual_device_map", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
+    Target("Context._context_handle", _CTX, member=True,
+           used_for="the GPU machine's device settings, kept by TensorFlow's own methods (tfcompat.devices)"),
     Target("PhysicalDevice", _CTX, "(name, device_type)", used_for=f"list the {_DEVICES}"),
     Target("context.context", _CTX, "()", path="context", used_for="the eager context (graph collection)"),
     Target("context.async_wait", _CTX, "()", path="async_wait", used_for="wait for a captured call's graphs"),

@@ -215,11 +215,15 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
     and strategy, its functions, eager ops and weight requests, and its Keras layers (`layer_units`:
     what its ops are attributed to, and what `pinpoint plan` moves); `created`: trace.created's
     records of every variable the program made."""
+    from pinpoint.placement.steps import expand_xla
     from pinpoint.trace.created import creation_rows
 
     namer = DeviceMap.of(dm)
     recorder.flush_calls()
     records = list(recorder.functions.values())
+    for r in records:  # an XLA-compiled call is reported as Pinpoint's own loop reports it
+        if r.capture is not None:
+            expand_xla(r.capture)
     rows = [_stats(r, namer) for r in records]
     train = pick_training(rows)
     by_name = {r.name: r for r in records}
@@ -227,7 +231,7 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
     replicas = replica_devices(variables, dm)
     view = DeviceMap(aliases=dm.aliases, replica_devices=replicas,
                      spec_replica_devices=tuple(namer.canonical_spec(d) for d in replicas),
-                     host=dm.host, emulated=dm.emulated, local_devices=dm.local_devices)
+                     host=dm.host, emulated=dm.emulated, local_devices=dm.local_devices, missing=dm.missing)
     cap = by_name[train["concrete"]].capture if train else None
     rows = [dict(r, training=r is train) for r in rows]
     rows.sort(key=lambda r: (not r["training"], -r["calls"], r["name"]))

@@ -9,8 +9,13 @@ On a CPU-only machine `emulate(n)` gives the process n+1 logical CPUs (`/CPU:0` 
   strategy device lists, `tf.DeviceSpec` strings) through `DeviceSpecV2._string_to_components`;
   a GPU there is translated to its logical CPU, so the runtime, the graphs and the report all see
   one consistent physical name, which the DeviceMap shows as the GPU again;
-- device listings: `list_logical_devices("GPU")` / `list_physical_devices("GPU")` list the n GPUs;
-  memory growth and GPU virtual-device settings are accepted and recorded (see `ignored`);
+- a GPU index the machine lacks resolves to /GPU:0, as soft placement resolves it there;
+- device questions: logical and physical listings (with or without a type), device details and
+  `device_lib.list_local_devices` (tf.test.is_gpu_available) answer as the n-GPU machine, so
+  Keras' own choices (jit_compile="auto" asks whether a non-CPU device exists) are its choices;
+- device settings: TensorFlow's own Context methods keep them on the GPU machine's configuration
+  (`tfcompat.devices.MachineConfig`), taken before the program first uses the devices and refused
+  after with TensorFlow's RuntimeError; what a taken setting cannot change here is in `ignored`;
 - `MirroredStrategy()` with TensorFlow's default cross-device ops all-reduces with a collective
   among the emulated GPUs (the stand-in for NCCL), as `train.all_reduce: auto` does;
 - `MultiWorkerMirroredStrategy` takes the emulated GPUs as each task's local devices;
@@ -24,8 +29,9 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from pinpoint.device_names import DeviceMap, emulation_aliases
-from pinpoint.tfcompat.api import forget_parsed_devices, logical_device, physical_device
+from pinpoint.device_names import DeviceMap, emulation_aliases, normalize, parse_name
+from pinpoint.tfcompat.api import forget_parsed_devices, logical_device, physical_device, soft_placement
+from pinpoint.tfcompat.devices import MachineConfig, gpu_attributes, gpu_details
 from pinpoint.tfcompat.patches import Patches, patch_local_devices
 
 GPU = "GPU"
@@ -69,52 +75,171 @@ class GpuNames:
     def __init__(self, dm: DeviceMap):
         self.dm = dm
         self.n = len(dm.spec_replica_devices)
-        self.ignored: list[str] = []  # program settings emulation accepted but cannot follow
+        self.ignored: list[str] = []  # what emulation could not follow, and how it answered instead
+        self.missing: dict[str, str] = {}  # GPU requests the machine lacks -> the logical CPU they name
+        self.machine: MachineConfig | None = None  # the GPU machine's device settings
+        self._armed = False
         self._patches = Patches()
         self._default: _DefaultScope | None = None
 
-    # ---- patches ---------------------------------------------------------------------------
+    # ---- patches ----------------------------------------------------------------------------
     def install(self) -> GpuNames:
         if not self.dm.emulated:
             return self
+        self._install_names()
+        self._install_listings()
+        self._install_settings()
+        self._install_strategies()
+        return self
+
+    def arm(self) -> None:
+        """The program starts: its first use of the devices from now on initializes the GPU
+        machine (Pinpoint's own set-up before it does not)."""
+        self._armed = True
+
+    def _install_names(self) -> None:
+        """Device strings: /GPU:i is logical CPU i+1; "/GPU" (any GPU) is the first one."""
         parse = Patches.current("DeviceSpecV2._string_to_components")
-        n = self.n
 
         def string_to_components(spec=None):
             job, replica, task, dtype, index = parse(spec)
             if dtype == GPU:
-                # /GPU:i is logical CPU i+1; "/GPU" (any GPU) is the first one, as on a GPU machine.
-                return job, replica, task, "CPU", (index if index is not None else 0) + 1
+                return job, replica, task, "CPU", self._gpu_index(index) + 1
             return job, replica, task, dtype, index
 
         self._patch("DeviceSpecV2._string_to_components", staticmethod(string_to_components))
         forget_parsed_devices()
 
+    def _gpu_index(self, index: int | None) -> int:
+        """The logical GPU a request for /GPU:index names. A missing index (the program asks for
+        more GPUs than the machine has) resolves as TensorFlow's soft placement resolves it on a
+        GPU machine, where no device matches the request and the placer drops its type and index:
+
+        - in a graph (a tf.function), tensorflow/core/common_runtime/colocation_graph.cc:
+          ColocationGraph::GetDevicesForNode calls GetSoftDeviceCandidates (soft device name from
+          Member::GetSoftDeviceName) and ColocationGraph::FilterSupportedDevices puts the
+          function's own device first, then by type priority (GPU before CPU). The index is kept:
+          it names a logical CPU that does not exist, TensorFlow's placer does the same here, and
+          the report shows the request as written (DeviceMap.missing);
+        - eagerly, common_runtime/eager/context.cc: EagerContext::SelectDevice clears type and id
+          and takes the best of the prioritized devices, /GPU:0 on a GPU machine (the host here:
+          all logical CPUs rank alike), so the request becomes /GPU:0.
+
+        Without soft placement the request stays unsatisfiable and fails, as there."""
+        import tensorflow as tf
+
+        if index is None:
+            return 0
+        if index < self.n or not soft_placement():
+            return index
+        written = f"/GPU:{index}"
+        self.missing.setdefault(written, f"/CPU:{index + 1}")
+        self._note(f"the program requested {written}, which a machine with {self.n} GPU(s) does not have: soft "
+                   "placement runs it where a GPU machine's placer does (the request's type and index dropped): "
+                   "an eager op on /GPU:0, an op in a tf.function on the function's own device; those ops are "
+                   f"fallbacks from {written}")
+        return 0 if tf.executing_eagerly() else index
+
+    def _install_listings(self) -> None:
+        """Device listings and descriptions answer as the GPU machine: /CPU:0 and the n GPUs."""
+        import tensorflow as tf
+
         list_logical = Patches.current("Context.list_logical_devices")
-        list_physical = Patches.current("Context.list_physical_devices")
+        details = Patches.current("Context.get_device_details")
+        local = Patches.current("device_lib.list_local_devices")
+        emulated = {normalize(p) for p in self.dm.aliases.values()}
+        gpus = [physical_device(f"/physical_device:GPU:{i}", GPU) for i in range(self.n)]
+        host = [d for d in tf.config.list_physical_devices() if d.device_type != GPU]  # not yet patched
+        self.machine = MachineConfig(host + gpus)
 
         def logical(ctx, device_type=None):
-            found = list_logical(ctx, device_type)
-            if device_type == GPU:
-                return [logical_device(f"/device:GPU:{i}", GPU) for i in range(n)]
-            return found
+            found = [d for d in list_logical(ctx, None) if normalize(d.name) not in emulated]
+            cpus = self.machine.virtual_devices(host[0]) if host else None
+            if cpus:  # the program split the host CPU: its own setting, as it reads it back (see _not_applied)
+                found = [logical_device(f"/device:CPU:{j}", "CPU") for j in range(len(cpus))] + [
+                    d for d in found if d.device_type != "CPU"]
+            found += [logical_device(f"/device:GPU:{i}", GPU) for i in range(self.n)]
+            return [d for d in found if device_type is None or d.device_type == device_type]
 
         def physical(ctx, device_type=None):
-            found = list_physical(ctx, device_type)
-            if device_type == GPU:
-                return [physical_device(f"/physical_device:GPU:{i}", GPU) for i in range(n)]
-            return found
+            return [d for d in self.machine.physical() if device_type is None or d.device_type == device_type]
 
+        def device_details(ctx, device):
+            if _is_gpu(device) and device in gpus:
+                return gpu_details(gpus.index(device))
+            return details(ctx, device)
+
+        def local_devices(session_config=None):
+            found = [d for d in local(session_config) if normalize(d.name) not in emulated]
+            return found + [gpu_attributes(i, incarnation=0x5EED + i) for i in range(self.n)]
+
+        def num_gpus(ctx):
+            self._used()
+            return self.n
+
+        for key in ("Context.get_memory_info", "Context.reset_memory_stats"):
+            self._patch(key, self._memory(key))
         self._patch("Context.list_logical_devices", logical)
         self._patch("Context.list_physical_devices", physical)
-        self._patch("Context.num_gpus", lambda ctx: n)
-        self._accept("Context.set_memory_growth", "memory growth")
-        self._accept("Context.set_logical_device_configuration", "GPU virtual devices (memory_limit)")
-        self._accept("Context.set_visible_devices", "visible GPUs")
-        get_growth = Patches.current("Context.get_memory_growth")
-        self._patch("Context.get_memory_growth",
-                    lambda ctx, dev: False if _is_gpu(dev) else get_growth(ctx, dev))
+        self._patch("Context.get_device_details", device_details)
+        self._patch("device_lib.list_local_devices", local_devices)
+        self._patch("Context.num_gpus", num_gpus)
 
+    def _memory(self, key: str):
+        """get_memory_info / reset_memory_stats of an emulated GPU: its logical CPU's allocator."""
+        original = Patches.current(key)
+        name = key.rsplit(".", 1)[1]
+
+        def on_device(ctx, dev):
+            _, _, dtype, index = parse_name(dev if str(dev).startswith("/") else f"/{dev}")
+            if dtype != GPU or index is None or index >= self.n:
+                return original(ctx, dev)
+            self._note(f"{name}: an emulated GPU's memory is its logical CPU's allocator, which the host and "
+                       "every emulated GPU share: the numbers are the process's host tensors, not one GPU's")
+            return original(ctx, f"CPU:{index + 1}")
+
+        return on_device
+
+    def _install_settings(self) -> None:
+        """Device settings go to the GPU machine's configuration (TensorFlow's own methods): taken
+        before the program uses the devices, refused after with TensorFlow's RuntimeError."""
+        init = Patches.current("Context.ensure_initialized")
+
+        def ensure_initialized(ctx):
+            self._used()
+            return init(ctx)
+
+        self._patch("Context.ensure_initialized", ensure_initialized)
+        for key in ("Context.get_memory_growth", "Context.get_logical_device_configuration",
+                    "Context.get_visible_devices"):
+            self._patch(key, _on_machine(self.machine, Patches.current(key)))
+        for key in ("Context.set_memory_growth", "Context.set_logical_device_configuration",
+                    "Context.set_visible_devices"):
+            self._patch(key, self._setting(key))
+
+    def _setting(self, key: str):
+        original = Patches.current(key)
+        name = key.rsplit(".", 1)[1]
+
+        def apply(ctx, *args, **kwargs):
+            args = (*args, *kwargs.values())  # (dev, value): every caller in TensorFlow passes them in order
+            before = self.machine.snapshot()
+            out = self.machine.call(original, *args)
+            if self.machine.snapshot() != before:
+                self._note(_not_applied(name, args, self.n))
+            return out
+
+        return apply
+
+    def _used(self) -> None:
+        if self._armed:
+            self.machine.initialize()
+
+    def _note(self, note: str) -> None:
+        if note not in self.ignored:
+            self.ignored.append(note)
+
+    def _install_strategies(self) -> None:
         init = Patches.current("MirroredExtended.__init__")
         dm = self.dm
 
@@ -138,7 +263,6 @@ class GpuNames:
             return set_server_def(ctx, server_def, *args, **kwargs)
 
         self._patch("Context.set_server_def", connect)
-        return self
 
     def _leave_default_scope(self, job: str) -> None:
         """The program connects to a cluster as `job`: the default scope ends.
@@ -156,22 +280,6 @@ class GpuNames:
                 "device request ran where TensorFlow puts them, not on the emulated /GPU:0")
         if note not in self.ignored:
             self.ignored.append(note)
-
-    def _accept(self, key: str, what: str) -> None:
-        name = key.rsplit(".", 1)[1]
-        original = Patches.current(key)
-
-        def accept(ctx, dev, *args, **kwargs):
-            # A list of devices, or one (a PhysicalDevice is a namedtuple: not a list of two).
-            devs = [dev] if _is_gpu(dev) or not isinstance(dev, (list, tuple)) else dev
-            if any(_is_gpu(d) for d in devs):
-                note = f"{name}: {what} of the emulated GPUs is accepted but not applied"
-                if note not in self.ignored:
-                    self.ignored.append(note)
-                return None
-            return original(ctx, dev, *args, **kwargs)
-
-        self._patch(key, accept)
 
     def _patch(self, key: str, value) -> None:
         """Replace registered target `key` (pinpoint.tfcompat.targets) until `uninstall`."""
@@ -226,6 +334,28 @@ class _DefaultScope:
             return False
         self.__exit__(None, None, None)
         return True
+
+
+def _on_machine(machine: MachineConfig, getter):
+    """A Context getter answered from the GPU machine's configuration."""
+    return lambda ctx, *args: machine.call(getter, *args)
+
+
+def _not_applied(name: str, args: tuple, n: int) -> str:
+    """What a device setting the program made (before using the devices) does under emulation."""
+    dev = args[0] if args else None
+    if name == "set_logical_device_configuration" and getattr(dev, "device_type", None) == "CPU":
+        return (f"{name}: the program split the host CPU into {len(args[1])} logical CPUs; under --gpus {n} the "
+                f"runtime's logical CPUs 1..{n} are the emulated GPUs, so no CPU was added: tf.config lists the "
+                f"program's {len(args[1])} CPUs, its /CPU:0 is the host, a request for /CPU:1../CPU:{n} ran on the "
+                f"emulated /GPU:0../GPU:{n - 1} (and is listed there), a higher one does not exist and is soft-placed; "
+                "trace without --gpus to give the program its own CPUs")
+    what = {"set_memory_growth": "memory growth of the emulated GPUs (logical CPUs have no GPU memory)",
+            "set_logical_device_configuration": "GPU virtual devices (memory_limit): the logical GPUs stay one per "
+                                                "emulated GPU",
+            "set_visible_devices": "visible devices: every emulated GPU stays visible"}[name]
+    return (f"{name}: accepted before the program used the devices, as on a GPU machine, and answered back by "
+            f"tf.config; not applied: {what}")
 
 
 def _is_gpu(dev) -> bool:

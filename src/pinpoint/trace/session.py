@@ -74,6 +74,7 @@ class Capture:
             self.fit.install()
             stack.callback(userlog.set_sink, None)
             userlog.set_sink(self._log)
+            self.names.arm()  # from here on a use of the devices is the program's
             self._undo = stack.pop_all()
         return self
 
@@ -101,12 +102,15 @@ class Capture:
 
     def placement(self, program: str, *, task: str = "chief:0") -> dict:
         """placement.json's content for what the program ran (`task`: the cluster task it ran as)."""
+        from dataclasses import replace
+
         from pinpoint.trace.analysis import trace_placement
 
         notes = [f"emulation: {n}" for n in self.names.ignored]
         rows = self.weight_rows if self.weight_rows is not None else self.requests.rows()
         units = self.layer_units if self.layer_units is not None else self.requests.units()
-        return trace_placement(self.recorder, self.dm, program=program, notes=notes, weight_rows=rows, task=task,
+        dm = replace(self.dm, missing=dict(self.names.missing)) if self.names.missing else self.dm
+        return trace_placement(self.recorder, dm, program=program, notes=notes, weight_rows=rows, task=task,
                                layer_units=units, created=self.created.records)
 
     def metrics(self, placement: dict, exit_code: int) -> dict:
