@@ -178,11 +178,12 @@ def add_function_graphs(captured: CapturedGraphs, md, name) -> None:
         captured.functions.append((fname, pre, parts))
 
 
-def run_profiled(call: Callable[[], Any], memory_into: CapturedGraphs | None = None
+def run_profiled(call: Callable[[], Any], memory_into: CapturedGraphs | None = None, real_gpus: bool = True
                  ) -> tuple[Any, list[int] | None, set[str] | None, str | None]:
     """call() under TensorFlow's profiler: (result, the bytes of each element the input
     pipeline's iterators handed out, the nodes whose kernels ran; or None, None and why not).
-    With `memory_into`, its allocator events and peak over the call are kept there."""
+    With `memory_into`, its allocator events and peak over the call are kept there (and each GPU's,
+    with `real_gpus`: not under emulation, where a listed GPU is a logical CPU)."""
     import tempfile
 
     from pinpoint.placement.memory import (
@@ -200,10 +201,10 @@ def run_profiled(call: Callable[[], Any], memory_into: CapturedGraphs | None = N
             inner = call
 
             def call():  # the peak starts over and is read inside the trace: both cover one window
-                reset_memory_peak()
+                reset_memory_peak(real_gpus)
                 out = inner()
                 memory_into.memory_peak = read_peak()
-                memory_into.memory_gpu_peaks = gpu_peaks()
+                memory_into.memory_gpu_peaks = gpu_peaks() if real_gpus else {}
                 return out
         result, xplane, why = profile_call(call, tmp)
         if xplane is None:

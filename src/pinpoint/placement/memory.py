@@ -135,11 +135,13 @@ def enabled() -> bool:
     return os.environ.get(ALLOCATOR_ENV, "").lower() == "true"
 
 
-def reset_memory_peak() -> None:
-    """Start the allocator's peak over again (every logical CPU shares it: the host's is the process's)."""
+def reset_memory_peak(real_gpus: bool = True) -> None:
+    """Start the allocator's peak over again (every logical CPU shares it: the host's is the process's),
+    and each real GPU's (`real_gpus`: False under emulation, where a 'GPU' answers for its logical CPU)."""
     import tensorflow as tf
 
-    for device in ["CPU:0", *(f"GPU:{i}" for i in range(len(tf.config.list_physical_devices("GPU"))))]:
+    gpus = len(tf.config.list_physical_devices("GPU")) if real_gpus else 0
+    for device in ["CPU:0", *(f"GPU:{i}" for i in range(gpus))]:
         try:
             tf.config.experimental.reset_memory_stats(device)
         except (ValueError, RuntimeError):

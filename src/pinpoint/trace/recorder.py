@@ -308,7 +308,9 @@ class Recorder:
                 # dynamic batch dimension is read off the bytes the iterator handed out (the profiler),
                 # and what derives from it off TensorFlow's shape inference (size_from_inference).
                 # The same profiled call holds the allocator's events when memory is measured.
-                out, element_bytes, kernels, why = run_profiled(call, cap if memory_enabled() else None)
+                # Under emulation (graph_placement set) a listed GPU is a logical CPU: no GPU allocator.
+                out, element_bytes, kernels, why = run_profiled(call, cap if memory_enabled() else None,
+                                                                real_gpus=self.graph_placement is None)
             else:
                 out, element_bytes, kernels, why = call(), None, None, None
         add_function_graphs(cap, collected.metadata, fn.name)
