@@ -204,7 +204,6 @@ def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple
     for n in nodes.values():  # what exists when the call starts: its arguments, handles and constants
         if n.op in _NOTHING and n.name not in times:
             times[n.name] = (begin, begin)
-    recv_of = {n.attr["tensor_name"].s: n.name for n in nodes.values() if n.op in _RECVS}
     changed = True
     while changed:
         changed = False
@@ -218,7 +217,6 @@ def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple
                 t = max(times[s][1] for s in srcs)
                 times[n.name] = (t, t)
                 changed = True
-    del recv_of
     # An op is done before any reader of its outputs starts: an event that lasts longer holds its
     # readers' work (an asynchronous kernel's done callback runs them inline), not its own.
     first_read: dict[str, int] = {}
