@@ -323,3 +323,28 @@ def test_a_programs_own_logical_cpus_are_taken_and_the_report_says_where_they_ra
         "program's 2 CPUs, its /CPU:0 is the host, a request for /CPU:1../CPU:2 ran on the emulated "
         "/GPU:0../GPU:1 (and is listed there), a higher one does not exist and is soft-placed; trace without --gpus to "
         "give the program its own CPUs"]
+
+
+LSTM_FIT = """
+import numpy as np, tensorflow as tf, keras
+x = np.random.rand(64, 8, 4).astype("float32")
+y = np.random.randint(0, 3, 64)
+ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+with tf.distribute.MirroredStrategy().scope():
+    model = keras.Sequential([keras.Input((8, 4)), keras.layers.LSTM(8, return_sequences=True),
+                              keras.layers.GRU(4), keras.layers.Dense(3)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(ds, epochs=1, verbose=0)
+print("trained")
+"""
+
+
+def test_an_lstm_runs_on_emulated_gpus_with_keras_generic_kernels_and_says_so(tmp_path):
+    """Keras picks cuDNN's fused kernel when a GPU exists; it has no CPU kernel, so on emulated GPUs the
+    program would fail where a GPU machine runs it. It trains, the generic kernels on the replicas,
+    and the report says what the GPU machine would run instead."""
+    proc = trace(["--gpus", "2", str(write(tmp_path, "lstm.py", LSTM_FIT))], cwd=tmp_path, out=tmp_path / "out")
+    p = placement(tmp_path / "out", sized=False)
+    types = {t for dev in ("/GPU:0", "/GPU:1") for t in p["op_types_by_device"].get(dev, {})}
+    assert ("trained" in proc.stdout, "CudnnRNNV3" in types, "While" in types or "Enter" in types) == (True, False, True)
+    assert any("a GPU machine runs each as one cuDNN kernel (CudnnRNNV3)" in n for n in p["notes"])

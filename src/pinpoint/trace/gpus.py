@@ -90,6 +90,7 @@ class GpuNames:
         self._install_listings()
         self._install_settings()
         self._install_strategies()
+        self._install_cudnn()
         return self
 
     def arm(self) -> None:
@@ -234,6 +235,22 @@ class GpuNames:
     def _used(self) -> None:
         if self._armed:
             self.machine.initialize()
+
+    def _install_cudnn(self) -> None:
+        """Keras' LSTM and GRU ask whether a GPU exists to pick cuDNN's fused kernel (CudnnRNNV3),
+        which has no CPU kernel: on emulated GPUs the program would fail where a GPU machine runs.
+        Keras is told there is none for that one choice, so it runs its generic kernels, and the
+        report says the GPU machine would run one cuDNN kernel instead."""
+        def no_cudnn() -> bool:
+            self._note("Keras' LSTM/GRU: a GPU machine runs each as one cuDNN kernel (CudnnRNNV3) on its device; "
+                       "cuDNN's kernels do not exist on logical CPUs, so emulation runs Keras' generic kernels "
+                       "(more ops, on the same device)")
+            return False
+
+        try:
+            self._patch("rnn._is_gpu_available", no_cudnn)
+        except (ImportError, AttributeError):
+            pass  # a Keras without the TensorFlow RNN backend: nothing picks cuDNN
 
     def _note(self, note: str) -> None:
         if note not in self.ignored:
