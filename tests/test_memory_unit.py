@@ -130,7 +130,8 @@ def _graph(*nodes):
 
 def test_the_prediction_frees_after_the_last_reader_writes_in_place_and_shares_a_received_buffer():
     """x (400 B) on /GPU:0; relu writes into x (its last reader); y = matmul (100 B) is sent to /GPU:1,
-    where z = y * 2 may not write into the shared buffer (its sender may hold it): a new 100 B."""
+    where z = y * 2 writes into the received buffer once the send is done: logical CPUs share it, so
+    /GPU:1 allocates nothing. On a GPU machine the received y is a 100 B copy in /GPU:1's memory."""
     from pinpoint.placement.memory_predict import predict_peaks
 
     g0 = _graph(("x", "MatMul", [], "/GPU:0"), ("relu", "Relu", ["x"], "/GPU:0"),
@@ -141,9 +142,10 @@ def test_the_prediction_frees_after_the_last_reader_writes_in_place_and_shares_a
     sizes = {"x": [400], "relu": [400], "y": [100], "z": [100]}
     order = [("x", 0, 1), ("relu", 2, 3), ("y", 4, 5), ("send", 6, 6), ("recv", 7, 7), ("z", 8, 9)]
     devices = {n.name: n.device for g in (g0, g1) for n in g.node}
-    peaks = predict_peaks([g0, g1], order, lambda n: sizes.get(n, []), devices.get)
-    # /GPU:0: x (reused by relu) and y live together: 400 + 100; /GPU:1: z's own 100 B.
-    assert peaks == {"/GPU:0": 500, "/GPU:1": 100}
+    emulated = predict_peaks([g0, g1], order, lambda n: sizes.get(n, []), devices.get)
+    gpu = predict_peaks([g0, g1], order, lambda n: sizes.get(n, []), devices.get, copies=True)
+    # /GPU:0: x (reused by relu) and y live together: 400 + 100.
+    assert (emulated, gpu) == ({"/GPU:0": 500}, {"/GPU:0": 500, "/GPU:1": 100})
 
 
 def test_a_kernel_the_trace_does_not_show_runs_when_its_inputs_are_made():

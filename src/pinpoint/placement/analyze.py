@@ -130,7 +130,8 @@ def _memory(cap, namer: DeviceMap) -> dict | None:
         from pinpoint.placement.memory_predict import predict_call
 
         out["predicted"] = predict_call(cap.partition_graphs, cap.shapes, cap.memory_trace, devices, out["devices"],
-                                        first_call=True)
+                                        first_call=cap.memory_first_call)
+        out["call"] = "first" if cap.memory_first_call else "second"
         out = with_fit(out, cap.partition_graphs)
     return out | ({"why_not": cap.memory_why} if cap.memory_why else {})
 

@@ -71,6 +71,7 @@ class CapturedGraphs:
     memory_read_ps: int | None = None  # when the peak was read, in the trace's clock
     memory_trace: Any = None  # the profiled call's XSpace (its kernels' order: the memory prediction)
     memory_gpu_peaks: dict | None = None  # a GPU machine's: each GPU allocator's own peak over the call
+    memory_first_call: bool = True  # measured on the function's first call (its constants made then)
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:

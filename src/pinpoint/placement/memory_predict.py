@@ -4,8 +4,10 @@ buffer's life from the order the kernels ran, and TensorFlow's own buffer rules.
 The rules (checked against the allocator's events on emulated devices, docs/memory.md):
 - an op that hands an input on unchanged allocates nothing (Identity, Reshape, a cond's Switch and
   Merge, a loop's Enter and Exit, ReadVariableOp: the variable's own buffer);
-- a received tensor is the sent buffer itself (logical CPU devices share it; a GPU would copy it);
-- an element-wise op writes into an input buffer of its size when it is that buffer's last reader;
+- a received tensor is the sent buffer itself (logical CPU devices share it; a GPU would copy it),
+  written in place by its last reader once the send is done;
+- an element-wise op (and a collective all-reduce) writes into an input buffer of its size when it is
+  that buffer's last reader;
 - a buffer is freed when the last op reading it (through any alias) has finished;
 - a collective all-reduce holds a chunk of its input (input / group size) while it runs;
 - an update of a variable that a read still holds copies the variable first (copy-on-write), and
@@ -47,7 +49,7 @@ class _Buffer:
     device: str
     bytes: int
     refs: int = 0
-    shared: bool = False  # received from another device: its sender may still hold it (never written in place)
+    shared: bool = False  # a variable's own buffer, which a read only borrows (never written in place)
 
 
 def _tensor(inp: str) -> tuple[str, int]:
@@ -72,6 +74,7 @@ class _Sim:
     copies: bool = False  # a GPU machine's: a received tensor is a copy in the receiver's memory
     buffers: dict = field(default_factory=dict)  # (node, output) -> _Buffer
     views: dict = field(default_factory=lambda: defaultdict(list))  # variable -> its reads' buffers (0 bytes)
+    updated: set = field(default_factory=set)  # the variables updated so far in the call
     made: dict = field(default_factory=lambda: defaultdict(list))  # node -> the buffers it allocated
     live: dict = field(default_factory=lambda: defaultdict(int))
     peak: dict = field(default_factory=lambda: defaultdict(int))
@@ -122,7 +125,6 @@ class _Sim:
                     self.new((n.name, 0), device, size, reads[(n.name, 0)])
                 return
             if src and _tensor(src) in self.buffers:
-                self.buffers[_tensor(src)].shared = True
                 self.alias((n.name, 0), _tensor(src), reads[(n.name, 0)] - 1)
             return
         if op in _MERGES:
@@ -143,7 +145,7 @@ class _Sim:
         for k, size in enumerate(self.size_of(n.name)):
             if not size:
                 continue
-            if k == 0 and op in _CWISE:
+            if k == 0 and (op in _CWISE or _COLLECTIVE.match(op)):  # a collective reduces in place too
                 donor = next((t for t in inputs if t in self.buffers and self.buffers[t].bytes == size
                               and self.buffers[t].refs == 1 and not self.buffers[t].shared), None)
                 if donor is not None:  # written in place: the input's buffer becomes the output's
@@ -172,8 +174,13 @@ class _Sim:
 
     def update(self, n, inputs, device: str) -> None:
         """Copy-on-write: a read of the variable still pending means the update writes a copy, which
-        stays the variable's buffer after the call (its old one was allocated before it)."""
-        if not any(v.refs > 0 for v in self.views.get(self.variable(inputs[0]), ())):
+        stays the variable's buffer after the call (its old one was allocated before it). At a
+        function's first call every variable's first update copies: its buffer is still shared with
+        the value it was initialized from."""
+        var = self.variable(inputs[0])
+        first = self.first_call and var not in self.updated
+        self.updated.add(var)
+        if not first and not any(v.refs > 0 for v in self.views.get(var, ())):
             return
         size = max((self.buffers[t].bytes for t in inputs[1:] if t in self.buffers), default=0)
         size = size or max((self.size_of(t[0])[t[1]] for t in inputs[1:]

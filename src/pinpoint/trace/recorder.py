@@ -248,10 +248,13 @@ class Recorder:
             if not seen:
                 r = rec.functions[name] = FunctionRecord(name, user_name(fn, name), role=keras_role())
                 rec._resample()  # a new function may start a new phase: its eager ops are sampled
-            known[id(fn)] = r
-            rec._alive.append(fn)  # its id stays its own while it is in `known`
+            if seen or not memory_enabled():  # memory: the second call comes here too, to be measured
+                known[id(fn)] = r
+                rec._alive.append(fn)  # its id stays its own while it is in `known`
             r.calls += 1
             if seen:
+                if r.calls == 2 and r.capture is not None and memory_enabled():
+                    return rec._measure_memory(lambda: call_flat(fn, *args), r.capture)
                 return call_flat(fn, *args)
             if threading.current_thread() is not threading.main_thread():
                 # e.g. a ClusterCoordinator's closures: graph collection is process-wide, and
@@ -320,6 +323,19 @@ class Recorder:
         cap.input_arg_ids = {id(a) for a in args if (ref := self._input_elements.get(id(a))) is not None and ref() is a}
         self._find_variables({id(a) for a in args if _is_resource(a)})
         return out, cap
+
+    def _measure_memory(self, call, cap: CapturedGraphs):
+        """A function's second call under the profiler: its memory without what only a first call
+        allocates (its constants, variables still sharing the buffer they were initialized from).
+        The first call's measurement stays when the program calls the function once."""
+        taken = CapturedGraphs(step=0)
+        out, *_ = run_profiled(call, taken, real_gpus=self.graph_placement is None)
+        if taken.memory_events:
+            for name in ("memory_events", "memory_peak", "memory_why", "memory_read_ps", "memory_trace",
+                         "memory_gpu_peaks"):
+                setattr(cap, name, getattr(taken, name))
+            cap.memory_first_call = False
+        return out
 
     # ---- Session.run ----------------------------------------------------------------------------
     def _session_run(self, run, sess, fetches, feed_dict):
