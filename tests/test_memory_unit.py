@@ -192,3 +192,18 @@ def test_the_verdict_adds_each_stated_term_and_keeps_a_band_either_side():
         16 * gib: ("fits", need, 16 * gib - CONTEXT),
         11 * gib: ("borderline", need, 11 * gib - CONTEXT),
         8 * gib: ("does not fit", need, 8 * gib - CONTEXT)}
+
+
+def test_a_cluster_merge_keeps_each_tasks_devices_checks_and_reasons():
+    from pinpoint.placement.merge import merge_placements
+    from pinpoint.placement.summary import memory_line
+
+    chief = summarize(_events(), DEVICES, TYPES)
+    worker = {"why_not": "not measured: not run in a task of a multi-process TensorFlow cluster"}
+    base = {"devices": [], "transfers": {}, "variables": [], "conformance": {}}
+    merged = merge_placements([dict(base, task="chief:0", memory=chief), dict(base, task="worker:0", memory=worker)])
+    memory = merged["memory"]
+    assert (sorted(memory["devices"]), memory["why_not"], sorted(memory["tasks"])) == (
+        ["/CPU:0", "/GPU:0", "/GPU:1"], "[worker:0] not measured: not run in a task of a multi-process TensorFlow "
+        "cluster", ["chief:0", "worker:0"])
+    assert memory_line(memory).endswith("self-check: 0 of 6 allocator events off")

@@ -252,6 +252,21 @@ def _timing(ps: list[dict]) -> dict | None:
     return timing
 
 
+def _memory(ps: list[dict]) -> dict | None:
+    """Each task measured its own devices (names keep job/task) with its own self-check; a task that
+    could not measure says why under its name."""
+    measured = [p for p in ps if p.get("memory")]
+    if not measured:
+        return None
+    devices = {d: m for p in measured for d, m in (p["memory"].get("devices") or {}).items() if d.startswith("/")}
+    out: dict = {"devices": {d: devices[d] for d in sorted(devices, key=sort_key)},
+                 "tasks": {_task(p): {k: v for k, v in p["memory"].items() if k != "devices"} for p in measured}}
+    why = [f"[{_task(p)}] {p['memory']['why_not']}" for p in measured if p["memory"].get("why_not")]
+    if why:
+        out["why_not"] = "; ".join(why)
+    return out
+
+
 def _precision(ps: list[dict]) -> dict | None:
     if not ps[0].get("precision"):
         return None
@@ -281,9 +296,10 @@ SECTIONS: list[tuple[str, Callable[[list[dict]], object]]] = [
     ("input_pipeline", _input_pipeline),
     ("timing", _timing),
     ("precision", _precision),
+    ("memory", _memory),
 ]
 PROGRAM_SECTIONS = ("functions", "training_function", "eager", "program")
-_OPTIONAL = {"input_pipeline", "timing", "precision"}  # absent rather than null when no task has them
+_OPTIONAL = {"input_pipeline", "timing", "precision", "memory"}  # absent rather than null when no task has them
 
 
 def merge_placements(placements: list[dict]) -> dict:
@@ -312,5 +328,5 @@ def merge_placements(placements: list[dict]) -> dict:
 
 def _in_file_order(merged: dict) -> dict:
     """explain before the optional sections, as placement.json has always listed them."""
-    tail = {k: merged.pop(k) for k in ("input_pipeline", "timing", "precision") if k in merged}
+    tail = {k: merged.pop(k) for k in ("input_pipeline", "timing", "precision", "memory") if k in merged}
     return {**merged, **tail}

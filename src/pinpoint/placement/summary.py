@@ -127,7 +127,12 @@ def memory_line(memory) -> str | None:
     top = (devs[busiest]["at_peak"] or [None])[0] if busiest else None
     largest = (f"; largest at {busiest}'s peak: {top['op']} {human_bytes(top['requested'])} ({top['kind']})"
                if top else "")
-    check = memory["self_check"]
+    # A merged cluster's: each task replayed its own allocator's events.
+    checks = [memory["self_check"]] if memory.get("self_check") else [
+        t["self_check"] for t in (memory.get("tasks") or {}).values() if t.get("self_check")]
+    check = {"events": sum(c["events"] for c in checks), "mismatched": sum(c["mismatched"] for c in checks),
+             "unpartitioned": sum(c.get("unpartitioned") or 0 for c in checks),
+             **({k: checks[0].get(k) for k in ("replayed_peak", "allocator_peak")} if len(checks) == 1 else {})}
     peak = ("" if check.get("allocator_peak") in (None, check.get("replayed_peak")) else
             f", replayed peak {check['replayed_peak']:,} B but get_memory_info's {check['allocator_peak']:,} B")
     off = f", {check['unpartitioned']} not adding up over the devices" if check.get("unpartitioned") else ""
