@@ -249,13 +249,10 @@ class Recorder:
                 r = rec.functions[name] = FunctionRecord(name, user_name(fn, name), role=keras_role())
                 rec._resample()  # a new function may start a new phase: its eager ops are sampled
             if seen or not memory_enabled():  # memory: the second call comes here too, to be measured
-                known[id(fn)] = r
-                rec._alive.append(fn)  # its id stays its own while it is in `known`
+                rec._fast_path(known, fn, r)
             r.calls += 1
             if seen:
-                if r.calls == 2 and r.capture is not None and memory_enabled():
-                    return rec._measure_memory(lambda: call_flat(fn, *args), r.capture)
-                return call_flat(fn, *args)
+                return rec._seen_call(lambda: call_flat(fn, *args), r)
             if threading.current_thread() is not threading.main_thread():
                 # e.g. a ClusterCoordinator's closures: graph collection is process-wide, and
                 # those functions are instantiated by the remote workers' runtimes anyway.
@@ -323,6 +320,17 @@ class Recorder:
         cap.input_arg_ids = {id(a) for a in args if (ref := self._input_elements.get(id(a))) is not None and ref() is a}
         self._find_variables({id(a) for a in args if _is_resource(a)})
         return out, cap
+
+    def _fast_path(self, known: dict, fn, r: FunctionRecord) -> None:
+        """Calls of fn take the fast path from now on."""
+        known[id(fn)] = r
+        self._alive.append(fn)  # its id stays its own while it is in `known`
+
+    def _seen_call(self, call, r: FunctionRecord):
+        """A later call on the slow path: with memory measured, the second call is the one measured."""
+        if r.calls == 2 and r.capture is not None and memory_enabled():
+            return self._measure_memory(call, r.capture)
+        return call()
 
     def _measure_memory(self, call, cap: CapturedGraphs):
         """A function's second call under the profiler: its memory without what only a first call
