@@ -18,7 +18,7 @@ PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=8
 export PYTHONUNBUFFERED := 1
 
 .PHONY: help setup run provision train report example-data compile submit images docs lint mlflow-ui \
-        system-deps test test-compat test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
+        system-deps test test-compat test-corpus test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
 
 help: ## list the targets
 	@echo "Pinpoint: make TARGET [CONFIG=configs/demo.yaml]"
@@ -90,7 +90,7 @@ test: $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
 COMPAT_VENV := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_TESTS = $(sort $(wildcard tests/test_trace*.py tests/test_placement*.py)) tests/test_tfcompat.py \
-               $(wildcard tests/test_differential.py)
+               $(wildcard tests/test_differential.py tests/test_corpus.py)
 
 $(COMPAT_STAMP): requirements-compat.txt pyproject.toml | $(STAMP)
 	rm -rf $(COMPAT_VENV)
@@ -113,6 +113,11 @@ test-integration: $(STAMP) system-deps ## integration tier (real TF, real mlflow
 
 test-slow: $(STAMP) system-deps ## slow tier (multi-process clusters, images, faults)
 	@$(TIER) "slow" $(RELIABILITY)
+
+# The differential corpus (tests/corpus.py): every generated combination against plain TensorFlow,
+# two at a time (CORPUS_WORKERS); `make test` runs its sample of one per family.
+test-corpus: $(STAMP) ## the differential corpus: model families x program shapes x strategies against TensorFlow
+	@$(TIER) "corpus"
 
 test-faults: $(STAMP) system-deps ## the fault-injection suite
 	$(PYTEST) -m "not gpu" tests/test_faults.py $(RELIABILITY)

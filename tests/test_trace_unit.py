@@ -47,6 +47,8 @@ def test_the_training_function_updates_variables_and_keras_names_win():
     # TensorFlow's own checkpoint functions never are, even when nothing else updates variables.
     assert pick_training([_row("tf_function_save", 3, 5), _row("step", 30, 0)])["name"] == "step"
     assert pick_training([]) is None
+    # A coordinator's per-worker dataset_fn (uncaptured, one call per worker) never is, calls tied or not.
+    assert pick_training([_row("dataset_fn", 2, 0, ops=0), _row("worker_fn", 2, 0, ops=0)])["name"] == "worker_fn"
 
 
 def test_keras_evaluate_function_has_its_role_and_is_not_the_training_function():
