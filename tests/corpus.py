@@ -420,6 +420,8 @@ def _valid(c: Combo) -> bool:
         return False  # Keras 3 fit does not train under a parameter-server strategy
     if c.shape == "split":
         return c.strategy == "none"
+    if c.family == "embedding" and c.shape == "fit_numpy":
+        return False  # Keras' NumPy adapter takes no string array (plain Keras: "Invalid dtype: str192")
     if c.shape in ("ctl", "dfn", "reduce"):
         return c.strategy in ("one_device", "mirrored")
     return True
@@ -448,13 +450,23 @@ _EXTRA = [
     ("cnn", "fit_val", "one_device", "mixed"),
     ("cnn", "dfn", "one_device", "f32"),
     ("transformer", "fit_numpy", "mirrored", "f32"),
+    ("rnn", "fit_val", "one_device", "mixed"),
+    ("embedding", "ctl", "one_device", "f32"),
+    ("transformer", "ctl", "mirrored", "mixed"),
 ]
+
+# MobileNetV2 (about 7,700 ops a step, 580 variables) costs minutes a combination where the other
+# families cost seconds, and under MirroredStrategy the oracle's tfdbg shapes run alone takes more
+# than differential.TIMEOUT (docs/trace.md, "still out of reach"): it runs fit without a strategy
+# and under OneDeviceStrategy, and the model split by tf.device.
+_HEAVY = {"mobilenet": [("fit_data", "none", "f32"), ("fit_numpy", "one_device", "f32"), ("split", "none", "f32")]}
 
 COMBINATIONS: dict[str, Combo] = {}
 for _family in FAMILIES:
-    for _shape, _strategy, _dtype in _PER_FAMILY:
+    for _shape, _strategy, _dtype in _HEAVY.get(_family, _PER_FAMILY):
         _c = Combo(_family, _shape, _strategy, _dtype)
-        COMBINATIONS[_c.id] = _c
+        if _valid(_c):
+            COMBINATIONS[_c.id] = _c
 for _family, _shape, _strategy, _dtype in _EXTRA:
     _c = Combo(_family, _shape, _strategy, _dtype)
     COMBINATIONS[_c.id] = _c
@@ -462,12 +474,49 @@ assert all(_valid(c) for c in COMBINATIONS.values()), [k for k, c in COMBINATION
 
 # Differences Pinpoint still makes, each with its cause: the test of such a combination is a
 # strict xfail (tests/test_corpus.py); the entry must go once Pinpoint is fixed.
-KNOWN: dict[str, str] = {}
+_CUDNN = ("the pinpoint run fails: under the emulated GPUs Keras 3's GRU/LSTM take the cuDNN path (CudnnRNNV3, "
+          "a GPU-only kernel: 'No OpKernel was registered to support Op CudnnRNNV3'), so the training function "
+          "raises at its first call; plain TensorFlow on CPUs runs the generic kernels. Trace device emulation "
+          "(trace/gpus.py)")
+_STRING_EMULATION = ("the pinpoint run fails: a string tensor reaches an op under the emulated GPU strategy whose "
+                     "kernel takes no string ('Value for attr T of string is not in the list of allowed values'); "
+                     "plain TensorFlow runs the program. Trace device emulation (trace/gpus.py, "
+                     "distribute/emulation.py)")
+_STRING_LOOKUP = ("Pinpoint leaves StringLookup's two transfers unsized (its LookupTableFindV2 output and the "
+                  "Identity after it, /CPU:0<->/GPU:0, 0 B) where TensorFlow's runtime shapes give 192 B each: the "
+                  "shape inference of a hash-table lookup (placement/runshapes.py)")
+_ADAM_COND = ("the inputs of the optimizer's cond branches (Func/.../adam/cond/{then,else}/input, a lowered cond's "
+              "Switch outputs, 4 B each): Pinpoint leaves both branches' unsized; the oracle sizes a Switch output "
+              "from its data input whether its branch ran or not (SHAPE-mode tfdbg records no predicate), so one of "
+              "each pair is a dead tensor it overstates: neither side is exact until the oracle knows which branch "
+              "ran (an Embedding's sparse gradient takes Adam's cond)")
+_LOSS_SCALE = ("the tensors a LossScaleOptimizer's cond branches send across devices (cond/then/cond/..., "
+               "cond/else/cond/Mul): Pinpoint leaves them unsized or sizes one 8 B where the oracle has 4 B; the "
+               "oracle's tfdbg names of ops in a branch function are matched by suffix and collide between the "
+               "two branches, so which is right is not decided here")
+_TFDBG_CRASH = ("the oracle's shapes run (tfdbg v2, SHAPE mode) crashes with SIGSEGV on every attempt for this "
+                "program on TensorFlow 2.21: no runtime shapes, no comparison (the oracle, not Pinpoint)")
+KNOWN: dict[str, str] = {
+    **{cid: _CUDNN for cid in (
+        "rnn-fit_data-none-f32", "rnn-fit_data-mirrored-f32", "rnn-fit_data-mirrored-mixed",
+        "rnn-fit_numpy-one_device-f32", "rnn-fit_numpy-none-mixed", "rnn-fit_val-mirrored-f32",
+        "rnn-ctl-mirrored-f32", "rnn-dfn-mirrored-f32", "rnn-reduce-one_device-f32", "rnn-split-none-f32",
+        "rnn-fit_val-one_device-mixed")},
+    **{cid: _STRING_EMULATION for cid in (
+        "embedding-fit_data-mirrored-f32", "embedding-fit_data-mirrored-mixed", "embedding-fit_val-mirrored-f32")},
+    "embedding-fit_data-none-f32": _STRING_LOOKUP,
+    **{cid: _ADAM_COND for cid in (
+        "transformer-ctl-mirrored-f32", "transformer-dfn-mirrored-f32", "transformer-fit_numpy-mirrored-f32",
+        "transformer-ctl-mirrored-mixed", "embedding-ctl-mirrored-f32", "embedding-dfn-mirrored-f32")},
+    **{cid: _LOSS_SCALE for cid in (
+        "mlp-ctl-mirrored-mixed", "mlp-split-none-mixed", "transformer-fit_data-mirrored-mixed")},
+    "cnn-dfn-mirrored-f32": _TFDBG_CRASH,
+}
 
 # The fast sample `make test` runs: one per family, the shapes spread over them.
-SAMPLE = ("mlp-ctl-mirrored-f32", "cnn-fit_data-mirrored-f32", "mobilenet-fit_numpy-one_device-f32",
-          "rnn-split-none-f32", "transformer-dfn-mirrored-f32", "embedding-fit_val-mirrored-f32")
-assert set(SAMPLE) <= set(COMBINATIONS)
+SAMPLE = ("mlp-dfn-mirrored-f32", "cnn-fit_data-mirrored-f32", "mobilenet-fit_numpy-one_device-f32",
+          "rnn-split-none-f32", "transformer-fit_val-mirrored-f32", "embedding-reduce-one_device-f32")
+assert set(SAMPLE) <= set(COMBINATIONS) and set(KNOWN) <= set(COMBINATIONS), set(KNOWN) - set(COMBINATIONS)
 
 
 def _block(text: str, indent: str = "") -> str:

@@ -32,6 +32,8 @@ DOC = REPO / "docs" / "trace.md"
 BEGIN = "<!-- differential table: written by `python -m tests.differential --write`; do not edit -->"
 END = "<!-- end of differential table -->"
 TIMEOUT = 300
+# The shapes run made again after tfdbg crashed it (a signal, not an error of the program).
+SHAPES_RETRIES = 2
 
 # The program -> the function that trains it, as its author wrote it (TensorFlow has no notion of
 # a training function: this one row is checked against the program, not the oracle).
@@ -467,8 +469,6 @@ def run_program(name: str, work: Path, *, path: Path | None = None, training: st
     `name` is a program in tests/programs/ (its training function from TRAINING), or with `path`
     any program file (a generated one: tests/corpus.py) with its `training` function and whether
     it connects to a `cluster` (NO_DEFAULT_DEVICE, REMOTE_TRAINING)."""
-    from pinpoint.placement.files import read_placement
-
     if path is None:
         program, training, cluster = PROGRAMS / f"{name}.py", TRAINING[name], name in NO_DEFAULT_DEVICE
     else:
@@ -490,9 +490,11 @@ def run_program(name: str, work: Path, *, path: Path | None = None, training: st
     late = [k for k, c in codes.items() if c is None]
     if late:
         raise RuntimeError(f"{name}: the {', '.join(late)} run(s) took more than {TIMEOUT}s; see {work}")
-    if codes["shapes"] < 0:
+    for _ in range(SHAPES_RETRIES):
+        if codes["shapes"] is None or codes["shapes"] >= 0:
+            break
         # tfdbg under TensorFlow 2.21 now and then crashes a distributed program (a segfault in
-        # its writer threads, more often on a loaded machine): the shapes run is made once more.
+        # its writer threads, more often on a loaded machine): the shapes run is made again.
         codes.update(_run_processes({"shapes": cmds["shapes"]}, work, env, mode="a"))
         if codes["shapes"] is None:
             raise RuntimeError(f"{name}: the shapes run took more than {TIMEOUT}s; see {work}")
@@ -502,13 +504,20 @@ def run_program(name: str, work: Path, *, path: Path | None = None, training: st
             errors = [line for line in log.splitlines() if re.match(r"^[\w.]+(Error|Exception): ", line)]
             first = errors[-1] if errors else f"exit status {code}"
             raise RuntimeError(f"{name}: the {k} run failed with {first}\n{log[-3000:]}")
-    seconds = time.monotonic() - t0
+    result = compare_saved(name, work, training)
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def compare_saved(name: str, work: Path, training: str | None) -> Result:
+    """The comparison of one program's runs from what they wrote into `work` (no run)."""
+    from pinpoint.placement.files import read_placement
+
     pp = pinpoint_view(read_placement(work / "pinpoint"))
     tf = oracle_view(json.loads((work / "oracle.json").read_text()), json.loads((work / "shapes.json").read_text()),
                      (work / "placement.log").read_text())
     result = compare(name, pp, tf, training)
     result.training = training
-    result.seconds = seconds
     result.notes = list(tf.notes)
     result.input_ops = tf.input_ops
     result.counts["transfers TF could not size"] = sum(1 for n in tf.notes if "no runtime shape" in n)

@@ -22,7 +22,7 @@ WORKERS = int(os.environ.get("CORPUS_WORKERS", "2"))
 # An oracle note of a transfer TensorFlow could not size, and the reasons one may have: a tensor a
 # lowered `cond` sends from the branch that did not run has no runtime shape (no data moves).
 _UNSIZED = re.compile(r"^oracle: no runtime shape for (\S+) in (\S+)$")
-_DEAD_BRANCH = re.compile(r"(^|/)cond(_\d+)?/")
+_DEAD_BRANCH = re.compile(r"(^|/)cond(_\d+)?/(then|else)/")
 
 
 def _param(cid: str, *marks):
@@ -42,6 +42,8 @@ def matrix(request):
     with tempfile.TemporaryDirectory(prefix="corpus-") as tmp:
         results, failed, seconds = corpus.run_matrix(ids, Path(tmp), WORKERS, echo=lambda s: None)
     print(f"\ncorpus: {len(ids)} combinations in {seconds:.0f}s with {WORKERS} workers")
+    if os.environ.get("CORPUS_DOCS") == "1":  # the run's table into docs/trace.md (python -m tests.corpus --docs)
+        corpus.write_docs(results, failed, seconds, WORKERS)
     return results, failed
 
 
