@@ -85,7 +85,8 @@ test: $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
 # The oldest end of the supported TensorFlow range (src/pinpoint/versions.py) in a second venv from
 # requirements-compat.txt, rebuilt when that file or pyproject.toml changes. It runs the tests whose
 # answers depend on TensorFlow's behaviour: trace, placement, the private names of tfcompat and (where
-# it exists) the differential suite against plain TensorFlow. The kfp side is not installed there
+# it exists) the differential suite against plain TensorFlow, with the corpus' sample (the whole corpus
+# takes about 24 minutes on its own: `make test-compat PYTEST_ARGS="-m corpus"` would run it there). The kfp side is not installed there
 # (kfp 2.17 needs protobuf 6).
 COMPAT_VENV := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
@@ -101,7 +102,7 @@ $(COMPAT_STAMP): requirements-compat.txt pyproject.toml | $(STAMP)
 
 test-compat: $(COMPAT_STAMP) ## the trace and placement tests on the oldest supported TensorFlow (.venv-compat)
 	$(COMPAT_VENV)/bin/python -c "import tensorflow as tf, keras; print('test-compat: tensorflow', tf.__version__, 'keras', keras.__version__)"
-	$(COMPAT_VENV)/bin/pytest -p no:cacheprovider --durations=8 -m "not gpu" $(COMPAT_TESTS) $(PYTEST_ARGS)
+	$(COMPAT_VENV)/bin/pytest -p no:cacheprovider --durations=8 -m "not gpu and not corpus" $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 test-fast: test-unit ## quick iteration: unit tests only
 

@@ -94,6 +94,8 @@ def test_oracle_reads_input_on_each_replica(cid, matrix):
     replica's device: the comparison covers the input, not only the model."""
     results, failed = matrix
     if cid in failed:
+        if cid in corpus.KNOWN:  # no run to read (its cause: tests/corpus.py, KNOWN)
+            pytest.xfail(f"{cid} did not run: {corpus.KNOWN[cid]}")
         pytest.fail(f"{cid} did not run: {failed[cid]}")
     missing = corpus.missing_inputs(corpus.COMBINATIONS[cid], results[cid])
     assert not missing, f"{cid}: no input op on {missing} in TensorFlow's view: {dict(results[cid].input_ops)}"
