@@ -528,6 +528,7 @@ def _older_tensorflow() -> bool:
 # tests/test_differential.py's parameter_server).
 if _older_tensorflow():
     del KNOWN["cnn-dfn-mirrored-f32"]  # tfdbg does not crash there: the program agrees on 2.16
+    del KNOWN["transformer-fit_data-mirrored-mixed"]  # measured: no difference on 2.16
     for _cid, _c in COMBINATIONS.items():
         if _c.parameter_server and _cid not in KNOWN:
             KNOWN[_cid] = ("TensorFlow 2.16's log lines carry no thread id, so the oracle cannot leave out the eager "
