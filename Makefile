@@ -18,7 +18,7 @@ PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=8
 export PYTHONUNBUFFERED := 1
 
 .PHONY: help setup run provision train report example-data compile submit images docs lint mlflow-ui \
-        system-deps test test-compat test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
+        system-deps test test-compat test-corpus test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
 
 help: ## list the targets
 	@echo "Pinpoint: make TARGET [CONFIG=configs/demo.yaml]"
@@ -85,12 +85,13 @@ test: $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
 # The oldest end of the supported TensorFlow range (src/pinpoint/versions.py) in a second venv from
 # requirements-compat.txt, rebuilt when that file or pyproject.toml changes. It runs the tests whose
 # answers depend on TensorFlow's behaviour: trace, placement, the private names of tfcompat and (where
-# it exists) the differential suite against plain TensorFlow. The kfp side is not installed there
+# it exists) the differential suite against plain TensorFlow, with the corpus' sample (the whole corpus
+# takes about 24 minutes on its own: `make test-compat PYTEST_ARGS="-m corpus"` would run it there). The kfp side is not installed there
 # (kfp 2.17 needs protobuf 6).
 COMPAT_VENV := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_TESTS = $(sort $(wildcard tests/test_trace*.py tests/test_placement*.py)) tests/test_tfcompat.py \
-               $(wildcard tests/test_differential.py)
+               $(wildcard tests/test_differential.py tests/test_corpus.py)
 
 $(COMPAT_STAMP): requirements-compat.txt pyproject.toml | $(STAMP)
 	rm -rf $(COMPAT_VENV)
@@ -101,7 +102,7 @@ $(COMPAT_STAMP): requirements-compat.txt pyproject.toml | $(STAMP)
 
 test-compat: $(COMPAT_STAMP) ## the trace and placement tests on the oldest supported TensorFlow (.venv-compat)
 	$(COMPAT_VENV)/bin/python -c "import tensorflow as tf, keras; print('test-compat: tensorflow', tf.__version__, 'keras', keras.__version__)"
-	$(COMPAT_VENV)/bin/pytest -p no:cacheprovider --durations=8 -m "not gpu" $(COMPAT_TESTS) $(PYTEST_ARGS)
+	$(COMPAT_VENV)/bin/pytest -p no:cacheprovider --durations=8 -m "not gpu and not corpus" $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 test-fast: test-unit ## quick iteration: unit tests only
 
@@ -113,6 +114,11 @@ test-integration: $(STAMP) system-deps ## integration tier (real TF, real mlflow
 
 test-slow: $(STAMP) system-deps ## slow tier (multi-process clusters, images, faults)
 	@$(TIER) "slow" $(RELIABILITY)
+
+# The differential corpus (tests/corpus.py): every generated combination against plain TensorFlow,
+# two at a time (CORPUS_WORKERS); `make test` runs its sample of one per family.
+test-corpus: $(STAMP) ## the differential corpus: model families x program shapes x strategies against TensorFlow
+	@$(TIER) "corpus"
 
 test-faults: $(STAMP) system-deps ## the fault-injection suite
 	$(PYTEST) -m "not gpu" tests/test_faults.py $(RELIABILITY)

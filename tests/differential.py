@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ DOC = REPO / "docs" / "trace.md"
 BEGIN = "<!-- differential table: written by `python -m tests.differential --write`; do not edit -->"
 END = "<!-- end of differential table -->"
 TIMEOUT = 300
+# The shapes run made again after tfdbg crashed it (a signal, not an error of the program).
+SHAPES_RETRIES = 2
 
 # The program -> the function that trains it, as its author wrote it (TensorFlow has no notion of
 # a training function: this one row is checked against the program, not the oracle).
@@ -60,6 +63,10 @@ NO_DEFAULT_DEVICE = {"parameter_server"}
 # Pinpoint sees its graphs; its calls are compared, its ops cannot be.
 REMOTE_TRAINING = {"parameter_server"}
 
+# The ops that read a program's input batches, as TensorFlow runs them: an iterator's get-next
+# (a multi-device iterator's per-device shard), and the RemoteCall a distributed iterator makes
+# on a replica's device to run the host's pipeline.
+INPUT_OPS = re.compile(r"^(?:RemoteCall|\w*IteratorGetNext\w*)$")
 BOOKKEEPING = {"_Send", "_HostSend", "_Recv", "_HostRecv", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval"}
 SENDS = {"_Send", "_HostSend"}
 # Dtype enums that have no byte size (string, resource, variant): not sizable on either side.
@@ -116,6 +123,7 @@ class View:
     copies: dict = field(default_factory=dict)  # (from, to) -> (count, bytes)
     notes: list[str] = field(default_factory=list)
     sizing_errors: list[str] = field(default_factory=list)  # Pinpoint's: where its shape inference failed
+    input_ops: Counter = field(default_factory=Counter)  # (op type, device) -> n: the oracle's input reads
 
 
 def oracle_view(placement: dict, shapes: dict, log: str) -> View:
@@ -133,6 +141,8 @@ def oracle_view(placement: dict, shapes: dict, log: str) -> View:
                 for n in graph:
                     if n["op"] not in BOOKKEEPING:
                         ops[(node_name(n["name"]), spec_device(n["device"]))] += 1
+                    if INPUT_OPS.match(n["op"]):
+                        v.input_ops[(n["op"], spec_device(n["device"]))] += 1
                     if n["op"] in SENDS and n["send_device"] != n["recv_device"]:
                         tensor = n["inputs"][0].lstrip("^")
                         size = _oracle_size(n, tensor, nodes, f["args"], shapes)
@@ -178,6 +188,8 @@ def oracle_view(placement: dict, shapes: dict, log: str) -> View:
         # oneDNN builds log an eager op under its rewritten kernel's name (_MklMatMul): the op
         # the program ran (MatMul) is the name an op callback, and Pinpoint, see.
         op = _MKL.sub("", op)
+        if INPUT_OPS.match(op):
+            v.input_ops[(op, spec_device(_short(dev)))] += 1
         if op == "IteratorGetNext":
             raised[op] += 1
             if raised[op] > seen[op]:
@@ -215,6 +227,10 @@ def _oracle_size(send: dict, tensor: str, nodes: dict, args: dict, shapes: dict,
         return _nbytes(*src["const"])
     if src is not None and src["op"] == "Identity" and src["inputs"] and not src["inputs"][0].startswith("^"):
         # Identity's output is its input (tfdbg does not trace a function's output Identity).
+        return _oracle_size(send, src["inputs"][0], nodes, args, shapes, depth + 1)
+    if src is not None and src["op"] in ("Switch", "RefSwitch") and src["inputs"]:
+        # A lowered cond's Switch forwards its data input to the branch taken (an input of a
+        # branch inlined as 'Func/<cond>/then/input/...': a LossScaleOptimizer's step counter).
         return _oracle_size(send, src["inputs"][0], nodes, args, shapes, depth + 1)
     if src is not None and src["op"] in ("_Recv", "_HostRecv"):
         # A tensor received from another partition: what its sender sent.
@@ -273,6 +289,8 @@ class Result:
     notes: list[str] = field(default_factory=list)  # what the oracle could not read (not differences)
     uncaptured: list[str] = field(default_factory=list)  # functions neither side saw the graphs of
     seconds: float = 0.0
+    training: str | None = None
+    input_ops: Counter = field(default_factory=Counter)  # the oracle's: (op type, device) -> n
 
     @property
     def differences(self) -> list:
@@ -417,14 +435,49 @@ def _compare_eager(r: Result, pp: View, tf: View) -> None:
 
 
 # ---- running ---------------------------------------------------------------------------------
-def run_program(name: str, work: Path) -> Result:
-    """Both sides of one program (three processes at once), compared."""
-    from pinpoint.placement.files import read_placement
+# TensorFlow processes of this suite running at once, over every thread that runs programs (a
+# program's three runs and the corpus' parallel workers share them); DIFFERENTIAL_PROCESSES caps it.
+_SLOTS = threading.BoundedSemaphore(int(os.environ.get("DIFFERENTIAL_PROCESSES", "64")))
 
-    program = PROGRAMS / f"{name}.py"
+
+def _run_processes(cmds: dict[str, list[str]], work: Path, env: dict, mode: str = "w") -> dict[str, int | None]:
+    """Each command in a process of its own, as many at once as there are free slots; each waited
+    for (or killed at its timeout) before this returns: the exit statuses, None for a timeout."""
+    codes: dict[str, int | None] = {}
+
+    def one(k: str) -> None:
+        with _SLOTS:
+            with open(work / f"{k}.log", mode) as log:
+                p = subprocess.Popen(cmds[k], stdout=subprocess.DEVNULL, stderr=log, cwd=work, env=env)
+            try:
+                codes[k] = p.wait(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                codes[k] = None
+
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in cmds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes
+
+
+def run_program(name: str, work: Path, *, path: Path | None = None, training: str | None = None,
+                cluster: bool | None = None) -> Result:
+    """Both sides of one program (three processes at once, slots permitting), compared.
+
+    `name` is a program in tests/programs/ (its training function from TRAINING), or with `path`
+    any program file (a generated one: tests/corpus.py) with its `training` function and whether
+    it connects to a `cluster` (NO_DEFAULT_DEVICE, REMOTE_TRAINING)."""
+    if path is None:
+        program, training, cluster = PROGRAMS / f"{name}.py", TRAINING[name], name in NO_DEFAULT_DEVICE
+    else:
+        program = Path(path)
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", PYTHONHASHSEED="0",
-               ORACLE_DEFAULT_DEVICE="0" if name in NO_DEFAULT_DEVICE else "1")
+               ORACLE_DEFAULT_DEVICE="0" if cluster else "1")
     env.pop("MLFLOW_TRACKING_URI", None)
     bin_dir = Path(sys.executable).parent
     cmds = {
@@ -434,46 +487,41 @@ def run_program(name: str, work: Path) -> Result:
         "shapes": [sys.executable, str(ORACLE), "shapes", str(program), str(work / "shapes.json")],
     }
     t0 = time.monotonic()
-    procs = {}
-    for k, cmd in cmds.items():
-        with open(work / f"{k}.log", "w") as log:
-            procs[k] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=work, env=env)
     # Every run is waited for (or killed) before any failure is raised: none outlives the test.
-    deadline = time.monotonic() + TIMEOUT
-    late = []
-    for k, p in procs.items():
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            late.append(k)
+    codes = _run_processes(cmds, work, env)
+    late = [k for k, c in codes.items() if c is None]
     if late:
         raise RuntimeError(f"{name}: the {', '.join(late)} run(s) took more than {TIMEOUT}s; see {work}")
-    if procs["shapes"].returncode < 0:
+    for _ in range(SHAPES_RETRIES):
+        if codes["shapes"] is None or codes["shapes"] >= 0:
+            break
         # tfdbg under TensorFlow 2.21 now and then crashes a distributed program (a segfault in
-        # its writer threads, more often on a loaded machine): the shapes run is made once more.
-        with open(work / "shapes.log", "a") as log:
-            procs["shapes"] = subprocess.Popen(cmds["shapes"], stdout=subprocess.DEVNULL, stderr=log, cwd=work, env=env)
-        try:
-            procs["shapes"].wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            procs["shapes"].kill()
-            procs["shapes"].wait()
-            raise RuntimeError(f"{name}: the shapes run took more than {TIMEOUT}s; see {work}") from None
-    for k, p in procs.items():
-        if p.returncode != 0:
+        # its writer threads, more often on a loaded machine): the shapes run is made again.
+        codes.update(_run_processes({"shapes": cmds["shapes"]}, work, env, mode="a"))
+        if codes["shapes"] is None:
+            raise RuntimeError(f"{name}: the shapes run took more than {TIMEOUT}s; see {work}")
+    for k, code in codes.items():
+        if code != 0:
             log = (work / f"{k}.log").read_text()
             errors = [line for line in log.splitlines() if re.match(r"^[\w.]+(Error|Exception): ", line)]
-            first = errors[-1] if errors else f"exit status {p.returncode}"
+            first = errors[-1] if errors else f"exit status {code}"
             raise RuntimeError(f"{name}: the {k} run failed with {first}\n{log[-3000:]}")
-    seconds = time.monotonic() - t0
+    result = compare_saved(name, work, training)
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def compare_saved(name: str, work: Path, training: str | None) -> Result:
+    """The comparison of one program's runs from what they wrote into `work` (no run)."""
+    from pinpoint.placement.files import read_placement
+
     pp = pinpoint_view(read_placement(work / "pinpoint"))
     tf = oracle_view(json.loads((work / "oracle.json").read_text()), json.loads((work / "shapes.json").read_text()),
                      (work / "placement.log").read_text())
-    result = compare(name, pp, tf, TRAINING[name])
-    result.seconds = seconds
+    result = compare(name, pp, tf, training)
+    result.training = training
     result.notes = list(tf.notes)
+    result.input_ops = tf.input_ops
     result.counts["transfers TF could not size"] = sum(1 for n in tf.notes if "no runtime shape" in n)
     return result
 

@@ -11,7 +11,7 @@ from packaging.version import Version
 from pinpoint.versions import installed
 from tests import differential
 
-# Three processes per program, each limited to differential.TIMEOUT (the shapes run may be made twice).
+# Three processes per program, each limited to differential.TIMEOUT (the shapes run may be made three times).
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3 * differential.TIMEOUT)]
 
 # Differences Pinpoint still makes, each named exactly (the error they fail with, the reason);

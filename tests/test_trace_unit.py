@@ -47,6 +47,8 @@ def test_the_training_function_updates_variables_and_keras_names_win():
     # TensorFlow's own checkpoint functions never are, even when nothing else updates variables.
     assert pick_training([_row("tf_function_save", 3, 5), _row("step", 30, 0)])["name"] == "step"
     assert pick_training([]) is None
+    # A coordinator's per-worker dataset_fn (uncaptured, one call per worker) never is, calls tied or not.
+    assert pick_training([_row("dataset_fn", 2, 0, ops=0), _row("worker_fn", 2, 0, ops=0)])["name"] == "worker_fn"
 
 
 def test_keras_evaluate_function_has_its_role_and_is_not_the_training_function():
@@ -119,3 +121,11 @@ def test_a_graph_execution_error_is_told_by_its_cause_not_the_node_trailer():
                                          "  File \"a.py\", line 8, in f\n\nbad input : Tensor had NaN values\n"
                                          "\t [[{{node CheckNumerics}}]] [Op:__inference_fn_with_cond_62]")
     assert error_line(err) == "InvalidArgumentError: bad input : Tensor had NaN values"
+
+
+def test_a_long_program_name_cut_to_32_characters_is_still_a_dns_name():
+    from pinpoint.trace.session import trace_config
+
+    # Cut at 32 characters, 'transformer_ps_parameter_server_f32' would end in '-'.
+    assert trace_config("transformer_ps_parameter_server_f32", tracking=False).name == "transformer-ps-parameter-server"
+    assert trace_config("1234567890123456789012345678_x", tracking=False).name == "trace-12345678901234567890123456"

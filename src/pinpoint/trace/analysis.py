@@ -26,6 +26,9 @@ _APPLY_RE = re.compile(r"^(ResourceApply\w+|ResourceSparseApply\w+|Apply\w+|Assi
 _EVAL_NAMES = re.compile(r"(^|_)(test|eval|evaluate|evaluation|valid|validation|val)(_|$)")
 _PREDICT_NAMES = re.compile(r"(^|_)(predict|prediction|infer|inference|serve|serving)(_|$)")
 ROLES = ("train", "evaluate", "predict", "other")
+# An input pipeline's function (a ClusterCoordinator's per-worker `dataset_fn`): called once per
+# worker, it never trains; a tie in calls with the step it feeds goes to the step.
+_INPUT_NAMES = re.compile(r"(^|_)(dataset|datasets|input)(_fn)?$")
 
 
 def role_of(name: str, keras_role: str | None, applies: int, modifies: int) -> str:
@@ -91,7 +94,8 @@ def pick_training(rows: list[dict]) -> dict | None:
         return None
     pool = ([r for r in rows if r["role"] == "train"] or [r for r in rows if r["optimizer_updates"]]
             or [r for r in rows if r["role"] == "other"] or rows)
-    return max(pool, key=lambda r: (bool(TRAIN_NAMES.search(r["name"])), r["calls"], r["ops_per_call"]))
+    return max(pool, key=lambda r: (bool(TRAIN_NAMES.search(r["name"])), not _INPUT_NAMES.search(r["name"]),
+                                    r["calls"], r["ops_per_call"]))
 
 
 def strategy_of(variables: list) -> str:

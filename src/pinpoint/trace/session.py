@@ -130,9 +130,10 @@ def trace_config(name: str, *, tracking: bool, experiment: str = "pinpoint", met
 
     from pinpoint.config import Config
 
-    slug = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:32] or "program"
+    # Cut to 32 characters, then stripped: a cut may not leave a trailing '-' (not a DNS-1123 name).
+    slug = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:32].rstrip("-") or "program"
     if not slug[0].isalpha():
-        slug = f"trace-{slug}"[:32]
+        slug = f"trace-{slug}"[:32].rstrip("-")
     return Config(name=slug, tracking={"enabled": tracking, "experiment": experiment,
                                        "step_metrics_every_s": metrics_every_s})
 
