@@ -475,10 +475,6 @@ assert all(_valid(c) for c in COMBINATIONS.values()), [k for k, c in COMBINATION
 
 # Differences Pinpoint still makes, each with its cause: the test of such a combination is a
 # strict xfail (tests/test_corpus.py); the entry must go once Pinpoint is fixed.
-_CUDNN = ("the pinpoint run fails: under the emulated GPUs Keras 3's GRU/LSTM take the cuDNN path (CudnnRNNV3, "
-          "a GPU-only kernel: 'No OpKernel was registered to support Op CudnnRNNV3'), so the training function "
-          "raises at its first call; plain TensorFlow on CPUs runs the generic kernels. Trace device emulation "
-          "(trace/gpus.py)")
 _STRING_EMULATION = ("the pinpoint run fails: a string tensor reaches an op under the emulated GPU strategy whose "
                      "kernel takes no string ('Value for attr T of string is not in the list of allowed values'); "
                      "plain TensorFlow runs the program. Trace device emulation (trace/gpus.py, "
@@ -499,11 +495,6 @@ _TFDBG_CRASH = ("the oracle's shapes run (tfdbg v2, SHAPE mode) crashes with SIG
                 "program on TensorFlow 2.21 (not on 2.16, where it agrees): no runtime shapes, no comparison "
                 "(the oracle, not Pinpoint)")
 KNOWN: dict[str, str] = {
-    **{cid: _CUDNN for cid in (
-        "rnn-fit_data-none-f32", "rnn-fit_data-mirrored-f32", "rnn-fit_data-mirrored-mixed",
-        "rnn-fit_numpy-one_device-f32", "rnn-fit_numpy-none-mixed", "rnn-fit_val-mirrored-f32",
-        "rnn-ctl-mirrored-f32", "rnn-dfn-mirrored-f32", "rnn-reduce-one_device-f32", "rnn-split-none-f32",
-        "rnn-fit_val-one_device-mixed", "rnn-ps-parameter_server-f32")},
     **{cid: _STRING_EMULATION for cid in (
         "embedding-fit_data-mirrored-f32", "embedding-fit_data-mirrored-mixed", "embedding-fit_val-mirrored-f32")},
     "embedding-fit_data-none-f32": _STRING_LOOKUP,

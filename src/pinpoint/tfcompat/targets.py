@@ -148,9 +148,14 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
            used_for="the tf.device request around a Keras layer's calls"),
     Target("Layer.add_weight", "keras", patched=True, path="layers.Layer.add_weight",
            used_for="the tf.device request around a Keras weight's creation"),
-    Target("rnn._is_gpu_available", "keras.src.backend.tensorflow.rnn", "()", patched=True,
-           path="_is_gpu_available", used_for="run Keras' LSTM and GRU with their generic kernels on the "
-           f"{_DEVICES} (cuDNN's kernels do not exist on logical CPUs)"),
+    Target("backend.lstm", "keras.src.backend", "(inputs, initial_state_h, initial_state_c, mask, kernel, "
+           "recurrent_kernel, bias, activation, recurrent_activation, return_sequences=False, go_backwards=False, "
+           "unroll=False, time_major=False)", patched=True, path="lstm",
+           used_for=f"run Keras' LSTM with its generic kernels on the {_DEVICES} (cuDNN's do not exist on logical CPUs)"),
+    Target("backend.gru", "keras.src.backend", "(inputs, initial_state, mask, kernel, recurrent_kernel, bias, "
+           "activation, recurrent_activation, return_sequences=False, go_backwards=False, unroll=False, "
+           "time_major=False, reset_after=True)", patched=True, path="gru",
+           used_for=f"run Keras' GRU with its generic kernels on the {_DEVICES} (cuDNN's do not exist on logical CPUs)"),
     Target("Variable._variable_call", "tensorflow.python.ops.variables", patched=True,
            used_for="record every variable as the program creates it (strategy, devices, request, creator)"),
     # ---- read or called ----

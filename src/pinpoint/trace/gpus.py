@@ -237,20 +237,22 @@ class GpuNames:
             self.machine.initialize()
 
     def _install_cudnn(self) -> None:
-        """Keras' LSTM and GRU ask whether a GPU exists to pick cuDNN's fused kernel (CudnnRNNV3),
-        which has no CPU kernel: on emulated GPUs the program would fail where a GPU machine runs.
-        Keras is told there is none for that one choice, so it runs its generic kernels, and the
-        report says the GPU machine would run one cuDNN kernel instead."""
-        def no_cudnn() -> bool:
+        """Keras' LSTM and GRU see a GPU and take cuDNN's fused kernel (CudnnRNNV3), which has no CPU
+        kernel: on emulated GPUs the program would fail where a GPU machine runs. Their cuDNN path
+        answers as Keras' own does when cuDNN cannot run (NotImplementedError), so Keras runs its
+        generic kernels; every other choice (the layer turning XLA off, as it does for cuDNN) stays
+        the GPU machine's, and the report says the GPU machine runs one cuDNN kernel instead."""
+        def no_cudnn(*args, **kwargs):
             self._note("Keras' LSTM/GRU: a GPU machine runs each as one cuDNN kernel (CudnnRNNV3) on its device; "
                        "cuDNN's kernels do not exist on logical CPUs, so emulation runs Keras' generic kernels "
                        "(more ops, on the same device)")
-            return False
+            raise NotImplementedError
 
-        try:
-            self._patch("rnn._is_gpu_available", no_cudnn)
-        except (ImportError, AttributeError):
-            pass  # a Keras without the TensorFlow RNN backend: nothing picks cuDNN
+        for key in ("backend.lstm", "backend.gru"):
+            try:
+                self._patch(key, no_cudnn)
+            except (ImportError, AttributeError):
+                pass  # a Keras without these: nothing picks cuDNN
 
     def _note(self, note: str) -> None:
         if note not in self.ignored:

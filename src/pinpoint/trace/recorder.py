@@ -339,10 +339,9 @@ class Recorder:
         taken = CapturedGraphs(step=0)
         out, *_ = run_profiled(call, taken, real_gpus=self.graph_placement is None)
         if taken.memory_events:
-            for name in ("memory_events", "memory_peak", "memory_why", "memory_read_ps", "memory_trace",
-                         "memory_gpu_peaks"):
-                setattr(cap, name, getattr(taken, name))
-            cap.memory_first_call = False
+            cap.memory_events, cap.memory_peak, cap.memory_why = taken.memory_events, taken.memory_peak, taken.memory_why
+            cap.memory_read_ps, cap.memory_trace = taken.memory_read_ps, taken.memory_trace
+            cap.memory_gpu_peaks, cap.memory_first_call = taken.memory_gpu_peaks, False
         return out
 
     # ---- Session.run ----------------------------------------------------------------------------
