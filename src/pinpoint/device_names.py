@@ -56,6 +56,11 @@ def parse_device(value: str) -> tuple[str | None, int | None, str, int]:
     return job, task, m.group(5), int(m.group(6))
 
 
+def is_host(device: str) -> bool:
+    """A CPU device (the host's memory), in any spelling: '/CPU:0', '/job:worker/task:1/CPU:0'."""
+    return parse_name(device)[2] == "CPU"
+
+
 @lru_cache(maxsize=4096)  # a capture repeats a handful of device strings thousands of times
 def parse_name(device: str) -> tuple[str | None, int | None, str | None, int | None]:
     """(job, task, TYPE, index) of any runtime string; missing parts are None; job 'localhost'

@@ -115,24 +115,14 @@ def build(inputs: PlacementInputs) -> Placement:
 
 def _memory(cap, namer: DeviceMap) -> dict | None:
     """The measured memory of the captured call (placement.memory), or why it was not measured."""
-    from pinpoint.placement.memory import enabled, summarize
-    from pinpoint.placement.timing import node_devices
+    from pinpoint.placement.memory import enabled
+    from pinpoint.placement.memory_section import memory_section
 
     if cap.memory_events is None:
         return {"why_not": cap.memory_why or "the call was not profiled"} if enabled() else None
-    types = {n.name: n.op for g in cap.partition_graphs for n in g.node}
-    devices = node_devices(cap.partition_graphs, namer)
-    out = summarize(cap.memory_events, devices, types, cap.memory_peak,
-                    host=namer.canonical_spec("/job:localhost/replica:0/task:0/device:CPU:0") or "/CPU:0",
-                    read_ps=cap.memory_read_ps, gpus=cap.memory_gpu_peaks)
-    if cap.memory_trace is not None:
-        from pinpoint.placement.memory_fit import with_fit
-        from pinpoint.placement.memory_predict import predict_call
-
-        out["predicted"] = predict_call(cap.partition_graphs, cap.shapes, cap.memory_trace, devices, out["devices"],
-                                        first_call=cap.memory_first_call)
-        out["call"] = "first" if cap.memory_first_call else "second"
-        out = with_fit(out, cap.partition_graphs)
+    out = memory_section(cap.partition_graphs, cap.memory_trace, cap.memory_events, namer, peak=cap.memory_peak,
+                         read_ps=cap.memory_read_ps, gpus=cap.memory_gpu_peaks, shapes=cap.shapes,
+                         call="first" if cap.memory_first_call else "second")
     return out | ({"why_not": cap.memory_why} if cap.memory_why else {})
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pinpoint.device_names import is_host
 from pinpoint.sizes import CONTEXT
 
 BAND = 0.15  # the borderline band either side of the usable memory
@@ -46,7 +47,7 @@ def verdicts(memory: Mapping, gpu_memory: int, convolutions: bool = False) -> di
     usable = gpu_memory - CONTEXT
     out = {}
     for d, row in predicted.items():
-        if d.rsplit("/", 1)[-1].upper().startswith("CPU"):
+        if is_host(d):
             continue  # the host: its memory is not the GPU's
         measured = memory["devices"][d]
         parts = terms(row, measured, replicas, convolutions)

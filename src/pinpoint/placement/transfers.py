@@ -8,7 +8,7 @@ import functools
 import re
 from collections import Counter, defaultdict
 
-from pinpoint.device_names import DeviceMap, normalize, sort_key
+from pinpoint.device_names import DeviceMap, is_host, normalize, sort_key
 from pinpoint.placement.naming import LOOP_ATTR
 from pinpoint.placement.roundtrips import round_trips
 from pinpoint.placement.runshapes import DEAD_BRANCH
@@ -202,7 +202,7 @@ def input_copies(cap, namer: DeviceMap, nodes: dict) -> list[dict]:
             if n.op not in INPUT_SOURCES or n.name in dead:
                 continue
             dev = namer.canonical_spec(n.device)
-            if _is_host(dev):
+            if is_host(dev):
                 continue
             types = list(n.attr["output_types"].list.type) if "output_types" in n.attr else []
             sizes = [tensor_bytes(f"{n.name}:{i}", cap, nodes, t) for i, t in enumerate(types)]
@@ -220,7 +220,7 @@ def _input_args(cap, namer: DeviceMap) -> list[dict]:
     out = []
     for name, value in (cap.arg_values.items() if ids else ()):
         dev = namer.canonical_spec(value.device)
-        if id(value) not in ids or _is_host(dev):
+        if id(value) not in ids or is_host(dev):
             continue
         size = int(value.dtype.size) * int(value.shape.num_elements() or 0)
         out.append({"op": name, "to": dev, "bytes": size, "components": [size],
@@ -231,10 +231,6 @@ def _input_args(cap, namer: DeviceMap) -> list[dict]:
 def _dead(cap) -> set[str]:
     """The nodes of cond branches that did not run in the captured call (placement.runshapes)."""
     return {name for name, why in (getattr(cap, "unsized_why", None) or {}).items() if why == DEAD_BRANCH}
-
-
-def _is_host(spec_device: str) -> bool:
-    return spec_device.rsplit("/", 1)[-1].upper().startswith("CPU")
 
 
 def _bytes(dsize: int | None, shape) -> int | None:

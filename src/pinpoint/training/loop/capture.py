@@ -185,10 +185,9 @@ def profiled_steps(trainer, n: int, out_dir: Path, ctx, memory: bool = False) ->
 def memory_section(ctx, loop_captured, timed: dict | None) -> dict:
     """placement.json's `memory` section from the profiled call's allocator events (placement.memory)."""
     from pinpoint.device_names import DeviceMap
-    from pinpoint.placement.memory import memory_events, memory_traced, peak_read_ps, summarize
-    from pinpoint.placement.memory_fit import with_fit
-    from pinpoint.placement.memory_predict import predict_from_trace
-    from pinpoint.placement.timing import node_devices, read_xspace
+    from pinpoint.placement.memory import memory_events, memory_traced, peak_read_ps
+    from pinpoint.placement.memory_section import memory_section
+    from pinpoint.placement.timing import read_xspace
 
     if loop_captured is None:
         return {"why_not": "not measured under parameter_server: its steps run as closures in the workers' "
@@ -202,15 +201,9 @@ def memory_section(ctx, loop_captured, timed: dict | None) -> dict:
     why = memory_traced(events, timed.get("memory_peak"))
     if not events:
         return {"why_not": why}
-    namer = DeviceMap.of(ctx.device_map)
-    parts = loop_captured.partition_graphs
-    types = {n.name: n.op for g in parts for n in g.node}
-    devices = node_devices(parts, namer)
-    out = summarize(events, devices, types, timed.get("memory_peak"), host=namer.canonical_spec(
-        "/job:localhost/replica:0/task:0/device:CPU:0") or "/CPU:0", read_ps=peak_read_ps(xspace),
-        gpus=timed.get("gpu_peaks"))
-    out["predicted"] = predict_from_trace(parts, xspace, devices, out["devices"])
-    return with_fit(out, parts) | {"steps": timed["steps"], "trace": timed["trace"]}
+    out = memory_section(loop_captured.partition_graphs, xspace, events, DeviceMap.of(ctx.device_map),
+                         peak=timed.get("memory_peak"), read_ps=peak_read_ps(xspace), gpus=timed.get("gpu_peaks"))
+    return out | {"steps": timed["steps"], "trace": timed["trace"]}
 
 
 def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
