@@ -9,12 +9,12 @@ rule that put that op there, and what would avoid it.
 from __future__ import annotations
 
 from pinpoint.device_names import DeviceMap
+from pinpoint.placement.runshapes import SOURCES
 
 # Ops that hand a tensor on unchanged (a lowered cond's joins and forks, identities).
 PASS_ON = {"Merge", "RefMerge", "Switch", "RefSwitch", "Identity", "IdentityN", "Snapshot"}
 SENDS = {"_Send", "_HostSend"}
 RECVS = {"_Recv", "_HostRecv"}
-INPUT_SOURCES = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue"}
 
 RULES = {
     "Merge": ("a lowered tf.cond joins its branches in a Merge that has no device request of its own, so the "
@@ -93,7 +93,7 @@ def _source(name: str, nodes: dict, depth: int = 0) -> str | None:
     n = nodes.get(name)
     if n is None or depth > 32:
         return None
-    if n.op in INPUT_SOURCES:
+    if n.op in SOURCES:
         return name
     if n.op in PASS_ON | RECVS:
         if n.op in RECVS:

@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from pinpoint.device_names import DeviceMap, is_host, normalize, sort_key
 from pinpoint.placement.naming import LOOP_ATTR
 from pinpoint.placement.roundtrips import round_trips
-from pinpoint.placement.runshapes import DEAD_BRANCH
+from pinpoint.placement.runshapes import DEAD_BRANCH, SOURCES
 from pinpoint.placement.schema import json_number
 from pinpoint.tfcompat.graphs import FUSED_BIAS_GRAD
 
@@ -184,8 +184,6 @@ def _send_bytes(send, cap, nodes: dict) -> int | None:
     return _bytes(_dtype_size(send.attr["T"].type) if "T" in send.attr else None, _shape_of(name, int(idx or 0), cap, nodes))
 
 
-# Ops that hand a step its input element from an iterator (the iterator resource is where they run).
-INPUT_SOURCES = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue"}
 INPUT_VIA = ("the input pipeline runs on the host; its iterator on this device (a distributed iterator's "
              "prefetch: RemoteCall from the host, prefetch_to_device or copy_to_device) copied the element "
              "here before the step read it")
@@ -199,7 +197,7 @@ def input_copies(cap, namer: DeviceMap, nodes: dict) -> list[dict]:
     dead = _dead(cap)
     for g in cap.partition_graphs:
         for n in g.node:
-            if n.op not in INPUT_SOURCES or n.name in dead:
+            if n.op not in SOURCES or n.name in dead:  # the iterator resource is where they run
                 continue
             dev = namer.canonical_spec(n.device)
             if is_host(dev):
