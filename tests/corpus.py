@@ -494,7 +494,13 @@ _LOSS_SCALE = ("the tensors a LossScaleOptimizer's cond branches send across dev
 _TFDBG_CRASH = ("the oracle's shapes run (tfdbg v2, SHAPE mode) crashes with SIGSEGV on every attempt for this "
                 "program on TensorFlow 2.21 (not on 2.16, where it agrees): no runtime shapes, no comparison "
                 "(the oracle, not Pinpoint)")
+_XLA = ("Keras compiles a strategy-free fit with XLA (jit_compile='auto') when it sees a GPU, as on a GPU machine, "
+        "which `--gpus 2` now answers as; the oracle runs on CPUs, where Keras does not: the two sides run different "
+        "programs (one XLA cluster against per-op placement), so ops are not comparable one by one")
 KNOWN: dict[str, str] = {
+    **{cid: _XLA for cid in (
+        "mlp-fit_data-none-f32", "mlp-fit_numpy-none-mixed", "cnn-fit_data-none-f32", "cnn-fit_numpy-none-mixed",
+        "mobilenet-fit_data-none-f32", "transformer-fit_data-none-f32", "transformer-fit_numpy-none-mixed")},
     **{cid: _STRING_EMULATION for cid in (
         "embedding-fit_data-mirrored-f32", "embedding-fit_data-mirrored-mixed", "embedding-fit_val-mirrored-f32")},
     "embedding-fit_data-none-f32": _STRING_LOOKUP,
