@@ -141,6 +141,10 @@ def oracle_view(placement: dict, shapes: dict, log: str) -> View:
                 for n in graph:
                     if n["op"] not in BOOKKEEPING:
                         ops[(node_name(n["name"]), spec_device(n["device"]))] += 1
+                    # An XLA cluster: the ops its function has run as one program on the call's
+                    # device (no per-op placement), named as TensorFlow names an inlined body.
+                    for inner in n.get("xla_ops", ()):
+                        ops[(node_name(f"{n['name']}/{inner}"), spec_device(n["device"]))] += 1
                     if INPUT_OPS.match(n["op"]):
                         v.input_ops[(n["op"], spec_device(n["device"]))] += 1
                     if n["op"] in SENDS and n["send_device"] != n["recv_device"]:
