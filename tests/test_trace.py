@@ -201,19 +201,24 @@ def test_eager_assign_runs_on_the_variables_device_after_a_copy(tmp_path):
 
 
 # ---- issue 34: step metrics reach MLflow by time, each metric's latest value kept ------------------
-def test_step_metrics_reach_mlflow_at_most_once_per_interval_and_each_metrics_latest_value_arrives(tmp_path):
-    """--metrics-every-s 3600: the first logged step goes out, every later one is held back (per
-    metric, the latest), and the end of the run sends what was held, each at its own step."""
+def test_step_metrics_reach_mlflow_as_logged_up_to_the_budget_then_at_most_once_per_interval(tmp_path):
+    """--metrics-every-s 3600: the first 200 calls (tracking.step_metrics_budget) go out as
+    logged, every later one is held back (per metric, the latest), and the end of the run sends
+    what was held, each at its own step."""
     import json
 
     from mlflow.tracking import MlflowClient
 
+    from pinpoint.config import TrackingConfig
+
+    budget = TrackingConfig().step_metrics_budget
+    assert budget == 200
     script = write(tmp_path, "fast.py", """
         import time
         import pinpoint
-        for step in range(1, 201):
+        for step in range(1, 401):
             pinpoint.log(step, loss=1.0 / step)
-            if step == 50:
+            if step == 300:
                 pinpoint.log(step, learning_rate=0.1)
         time.sleep(1.0)  # the held values are sent after this, with the time they were logged
     """)
@@ -225,14 +230,16 @@ def test_step_metrics_reach_mlflow_at_most_once_per_interval_and_each_metrics_la
     (run,) = client.search_runs([client.get_experiment_by_name("thin").experiment_id])
     history = {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k))
                for k in ("loss", "learning_rate")}
-    assert history == {"loss": [(1, 1.0), (200, 1.0 / 200)], "learning_rate": [(50, 0.1)]}
+    # Calls 1..200 are the loss of steps 1..200; then 3600 s have not passed: held to the end.
+    assert history == {"loss": [(s, 1.0 / s) for s in range(1, 201)] + [(400, 1.0 / 400)],
+                       "learning_rate": [(300, 0.1)]}
     held = [m for k in ("loss", "learning_rate") for m in client.get_metric_history(run.info.run_id, k)
-            if m.step > 1]
+            if m.step > 200]
     ended = client.get_run(run.info.run_id).info.end_time
     assert [ended - m.timestamp >= 1000 for m in held] == [True, True]  # logged before the sleep
     cost = json.loads((out / "tracking.json").read_text())
     assert cost["run_id"] == run.info.run_id  # what `pinpoint plan --verify` links a source run by
-    assert cost["train"]["log_calls"] == 201  # every call counted, sent or held
+    assert cost["train"]["log_calls"] == 401  # every call counted, sent or held
     assert cost["run"]["sender_cpu_s"] > 0  # read from the sender process's /proc entry
 
 
