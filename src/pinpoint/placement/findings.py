@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pinpoint.placement.model import Placement
 from pinpoint.placement.summary import human_bytes
 
+FIRST_SCREEN = 8  # findings listed on the first screen; the rest are counted
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -83,16 +85,27 @@ def _fallbacks(p: Placement, ms: dict[str, float]) -> list[Finding]:
 
 
 def _eager(p: Placement) -> list[Finding]:
+    """The program's eager copies as one finding (their bytes over the whole program, the largest
+    pair as evidence), and its eager ops that ran off their request as another."""
     if p.eager is None:
         return []
-    out = [Finding("eager copy", f"{c['count']} eager copies {c['from']} -> {c['to']} for "
-                   + ", ".join(c["ops"]), next(iter(c["ops"]), ""), c["to"],
-                   f"create the tensor on {c['to']} (under its tf.device) or the variable where the value is",
-                   "eager", bytes=c["bytes"], bytes_note="over the program")
-           for c in p.eager.copies if c["from"] != c["to"]]
-    out += [Finding("eager op moved", f"{m['count']} {m['op_type']} asked for {m['requested']} and ran on {m['ran']}",
-                    m["op_type"], m["ran"], f"run it under {m['ran']}'s scope, or move its resource to "
-                    f"{m['requested']}", "eager") for m in p.eager.not_where_requested]
+    out = []
+    copies = sorted((c for c in p.eager.copies if c["from"] != c["to"]), key=lambda c: -c["bytes"])
+    if copies:
+        top = copies[0]
+        out.append(Finding("eager copies", f"{sum(c['count'] for c in copies)} eager copies between devices, the "
+                           f"most {top['from']} -> {top['to']} ({top['count']} for " + ", ".join(top["ops"]) + ")",
+                           next(iter(top["ops"]), ""), f"{top['from']} -> {top['to']}",
+                           "make each tensor on the device that reads it (under its tf.device), or the variable "
+                           "where its value is made", "eager", bytes=sum(c["bytes"] for c in copies),
+                           bytes_note="over the program"))
+    moved = sorted(p.eager.not_where_requested, key=lambda m: -m["count"])
+    if moved:
+        m = moved[0]
+        out.append(Finding("eager ops moved", f"{sum(x['count'] for x in moved)} eager ops ran off the device they "
+                           f"asked for, the most {m['count']} {m['op_type']} asked for {m['requested']}, ran on "
+                           f"{m['ran']}", m["op_type"], m["ran"], f"run it under {m['ran']}'s scope, or move its "
+                           f"resource to {m['requested']}", "eager"))
     return out
 
 
@@ -127,7 +140,8 @@ def first_screen(p: Placement, metrics, charts, x) -> dict:
     from pinpoint.placement.rundiagram import run_diagram
 
     per = p.transfers.per_step
+    found = findings(p)
     return {"rows": [{"kind": f.kind, "what": f.what, "evidence": f.evidence, "fix": f.fix, "anchor": f.anchor}
-                     for f in findings(p)],
+                     for f in found[:FIRST_SCREEN]], "more": len(found) - min(len(found), FIRST_SCREEN),
             "svg": run_diagram(p),
             "crossing": f"{human_bytes(per.bytes)} in {per.count:g} transfers per step cross devices"}
