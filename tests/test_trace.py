@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.first_screen import ARROW, BOX_FILL, chromium, expected_from_placement, read_first_screen, shows
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +103,25 @@ def test_custom_loop_activation_bytes_cross_each_way(custom_loop):
     assert [(i["to"], i["bytes"]) for i in relu] == [("/GPU:1", BATCH * HIDDEN * F32)]
 
 
+
+@pytest.mark.skipif(chromium() is None, reason="headless Chromium not installed (Debian package 'chromium')")
+def test_custom_loop_report_opens_on_the_run_with_its_activations_crossing(custom_loop):
+    """Issue 51: a model split over two GPUs; the first screen (a screenshot in test-output/) draws
+    each device with its ops and variables and an arrow per pair with its bytes, and says there is
+    nothing to change (no round trip, fallback, off-plan op or eager copy in placement.json)."""
+    p, _, _, out = custom_loop
+    screen = read_first_screen(out / "report.html", "split-two-gpus")
+    boxes, arrows, reduced = expected_from_placement(p)
+    assert (screen.boxes, screen.arrows, screen.reduced) == (boxes, arrows, None)
+    assert screen.arrows[("/GPU:0", "/GPU:1")] == BATCH * HIDDEN * F32 + (HIDDEN * CLASSES + CLASSES) * F32
+    assert screen.arrows[("/GPU:1", "/GPU:0")] == BATCH * CLASSES * F32 + HIDDEN * CLASSES * F32
+    assert screen.boxes["/GPU:1"][1] == 2  # head's kernel and bias
+    quiet = not (p["transfers"].get("round_trips") or p["fallbacks"] or (p.get("eager") or {}).get("copies")
+                 or (p.get("eager") or {}).get("not_where_requested")
+                 or any(r["score"] is not None and r["score"] < 1 for r in p["conformance"]["rules"]))
+    assert quiet and (screen.nothing, screen.findings) == (True, [])
+    assert shows(screen.screenshot, BOX_FILL) and shows(screen.screenshot, ARROW)
+
 def test_custom_loop_pinpoint_log_reaches_metrics_and_the_program_is_unchanged(custom_loop):
     _, metrics, stdout, _ = custom_loop
     assert metrics["exit_code"] == 0 and metrics["steps"] == 30
@@ -176,6 +197,27 @@ def test_fit_under_mirrored_strategy_mirrors_every_variable_and_logs_keras_loss(
     assert run.data.params["fit.batch_size"] == "64"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"placement.json", "report.html"} <= artifacts
+    if chromium() is not None:  # issue 51: the first screen of a traced fit
+        _fit_first_screen(p, out, params)
+
+
+def _fit_first_screen(p: dict, out: Path, params: int) -> None:
+    """The traced fit's report opens on its findings (each round trip of placement.json, both ways'
+    bytes, the costliest first) and on the run: two replicas all-reducing every gradient."""
+    from pinpoint.placement.summary import human_bytes
+
+    screen = read_first_screen(out / "report.html", "traced-keras-fit")
+    boxes, arrows, reduced = expected_from_placement(p)
+    assert (screen.boxes, screen.arrows) == (boxes, arrows)
+    assert screen.reduced == reduced == 2 * params * F32  # each replica's gradients, once a step
+    trips = sorted(p["transfers"].get("round_trips") or [], key=lambda r: -r["bytes"])
+    shown = [e for k, e in screen.findings if k == "round trip"]
+    assert [f"{human_bytes(2 * r['bytes'])} per step" in e for r, e in zip(trips, shown, strict=True)] == \
+        [True] * len(trips)
+    if trips:
+        assert screen.findings[0][0] == "round trip"  # bytes per step rank first
+    assert screen.nothing == (screen.findings == [])
+    assert shows(screen.screenshot, BOX_FILL)
 
 
 # ---- eager ops: an assign of a tensor made on the CPU to a variable on a GPU ------------------------

@@ -42,6 +42,8 @@ def boxes(p: Placement) -> list[DeviceBox]:
     devices = list(p.devices) or list(p.ops_by_device)
     hosts = [d for d in devices if is_host(d) and d not in p.device_aliases]
     rows = [r for r in (hosts, [d for d in devices if d not in hosts]) if r]
+    if not rows:
+        return []  # a program that ran no op on any device (nothing captured)
     width = max(len(r) for r in rows) * (BOX_W + GAP) - GAP
     step_ms = p.timing.step_ms if p.timing else None
     out = []
