@@ -2,8 +2,8 @@
 300 steps) runs into a local store laid out as `make run` lays it out (mlruns/ beside a
 pyproject.toml), `mlflow ui` serves it with the Makefile's arguments, and headless Chromium opens
 the train run's loss chart and the report in its artifact view. Screenshots in
-test-output/mlflow-run-page/ (git-ignored). About 2 minutes: the pipeline, the UI's start-up and
-three page loads."""
+test-output/mlflow-run-page/ (git-ignored). Slow tier: 106 s here (the 300-step pipeline, the UI's
+start-up and three page loads)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tests.first_screen import BOX_FILL, chromium, expected_from_placement, read
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "test-output" / "mlflow-run-page"
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200),
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200),
               pytest.mark.skipif(chromium() is None, reason="headless Chromium not installed (Debian package "
                                  "'chromium'; the project's setup installs it)")]
 
