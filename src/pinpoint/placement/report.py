@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pinpoint.errors import ConfigError
 from pinpoint.placement.files import read_placement
+from pinpoint.placement.findings import first_screen
 from pinpoint.placement.model import Placement, as_placement
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE
 from pinpoint.placement.sections import Variable
@@ -54,6 +55,10 @@ img{max-width:100%;border:1px solid #eee;margin:6px 0}
 .card.warn{border-color:#f0b429;background:#fff8e1} tr.warn td{background:#fff8e1} span.warn{color:#9a6700;font-weight:600}
 code{font-size:12px}
 table.groups>tbody>tr>td{vertical-align:top} details>summary{cursor:pointer} details table{margin:4px 0 8px}
+.first{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start} .first .findings{flex:1 1 480px;min-width:380px}
+ol.findings{margin:4px 0;padding-left:20px;font-size:13px} li.finding{margin:0 0 10px}
+span.evidence{font-family:monospace;font-size:12px;color:#555} span.fix{color:#1b5e20} p.nothing{font-size:14px}
+.diagram{flex:0 1 auto} .diagram svg{max-width:100%;height:auto;border:1px solid #eee;background:#fff}
 """
 
 
@@ -474,6 +479,10 @@ def _explained(key: str) -> Callable[[Placement, dict], str]:
 
 
 SECTIONS: list[Section] = [
+    Section("change", "what to change", "What to change", "findings.html.j2", first_screen,
+            lambda p, ex: "Most costly first (bytes crossing devices per step, then time, then memory): what "
+            "happens, its evidence (op, device, cost) and the fix; each links to its section below. Beside it, "
+            "the run: devices with their ops, variables and busy share, arrows sized by the bytes crossing."),
     Section("summary", "summary", "Summary", "summary.html.j2", _summary,
             lambda p, ex: "Read from the partition graphs the TensorFlow runtime actually executed on the sampled "
             f"step(s) {list(p.captured_steps)}; op.device is only a request, this is what ran."),

@@ -67,7 +67,8 @@ class StepRun:
 
     def __init__(self, spool: Spool, sender: SenderProcess, *, system_metrics: bool = False,
                  node_id: str | None = None, interval: float = 1.0, log_model: bool = True,
-                 step_metrics_every_s: float = 0.0, checkpoints_every_s: float = 0.0):
+                 step_metrics_every_s: float = 0.0, checkpoints_every_s: float = 0.0,
+                 step_metrics_budget: int = 0):
         self.spool = spool
         self._local_id = spool.meta["local_id"]
         self._sender = sender
@@ -89,6 +90,8 @@ class StepRun:
         # Step metrics by time (tracking.step_metrics_every_s): the latest value of each metric
         # not sent yet, with its step.
         self.step_metrics_every_s = step_metrics_every_s
+        self.step_metrics_budget = step_metrics_budget  # the first sends go out as logged
+        self._step_sends = 0
         self._held: dict[str, tuple[float, int, int]] = {}  # key -> (value, step, timestamp ms)
         self._epoch_offset = time.time() - time.perf_counter()  # perf_counter -> wall clock
         # (monotonic, sender CPU s) at each step-metrics send (<= 1/s): the steady share is read
@@ -218,13 +221,15 @@ class StepRun:
                 "records": self.spool.count()}
 
     def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """A training step's metrics, sent at most once per `step_metrics_every_s` (per metric: a
+        """A training step's metrics: the first `step_metrics_budget` sends as logged (a short run's
+        curve), then at most once per `step_metrics_every_s` (per metric: a
         metric held back is sent, at its own step, with the next send or `flush_step_metrics`):
         at 1,000 steps a second the sender still writes a few values a second, not thousands.
         The training's logging path: its calls and time are counted (`cost`)."""
         started = time.perf_counter()
-        if started - self._step_sent_at >= self.step_metrics_every_s:
+        if self._step_sends < self.step_metrics_budget or started - self._step_sent_at >= self.step_metrics_every_s:
             self._step_sent_at = started
+            self._step_sends += 1
             if self._held:
                 self.flush_step_metrics()
             self.log_metrics(metrics, step=step)
@@ -384,7 +389,8 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
     run = StepRun(spool, take_sender(uri), system_metrics=system_metrics, node_id=node_id,
                   interval=cfg.tracking.metrics_interval_s, log_model=cfg.tracking.log_model,
                   step_metrics_every_s=cfg.tracking.step_metrics_every_s,
-                  checkpoints_every_s=cfg.tracking.checkpoints_every_s)
+                  checkpoints_every_s=cfg.tracking.checkpoints_every_s,
+                  step_metrics_budget=cfg.tracking.step_metrics_budget)
     from pinpoint.tracking.params import config_params
 
     run.log_params(config_params(cfg))
