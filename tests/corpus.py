@@ -516,7 +516,8 @@ KNOWN: dict[str, str] = {
         "transformer-ctl-mirrored-f32", "transformer-dfn-mirrored-f32", "transformer-fit_numpy-mirrored-f32",
         "transformer-ctl-mirrored-mixed", "embedding-ctl-mirrored-f32", "embedding-dfn-mirrored-f32")},
     **{cid: _LOSS_SCALE for cid in (
-        "mlp-ctl-mirrored-mixed", "mlp-split-none-mixed", "transformer-fit_data-mirrored-mixed")},
+        "mlp-ctl-mirrored-mixed", "mlp-split-none-mixed", "transformer-fit_data-mirrored-mixed",
+        "mlp-fit_numpy-mirrored-mixed")},
     "cnn-dfn-mirrored-f32": _TFDBG_CRASH,
 }
 
