@@ -345,6 +345,18 @@ def placement(program: str, out: str) -> None:
 
 
 # ---- shapes ----------------------------------------------------------------------------------
+# A cond's branch function is named '<its name scope, '/' as '_'>_{true,false}_<uid>' (cond_v2).
+_BRANCH_GRAPH = re.compile(r"^(.+)_(true|false)_\d+$")
+BRANCH = "::"  # the separator of a branch op's key: ::<scope>::<then|else>::<op>:<slot>
+
+
+def _graph_name(reader, graph_id) -> str:
+    try:
+        return reader.graph_by_id(graph_id).name or ""
+    except KeyError:
+        return ""
+
+
 def shapes(program: str, out: str) -> None:
     import contextlib
 
@@ -371,7 +383,16 @@ def shapes(program: str, out: str) -> None:
             rank = int(v[2])
             if rank > 6:
                 continue
-            found[f"{t.op_name}:{t.output_slot}"].add((int(v[1]), tuple(int(d) for d in v[4:4 + rank])))
+            shape = (int(v[1]), tuple(int(d) for d in v[4:4 + rank]))
+            branch = _BRANCH_GRAPH.match(_graph_name(reader, t.graph_id))
+            if branch:
+                # An op of a cond's branch function: its name is the branch's own, and the other
+                # branch may have one alike; kept under the cond and the branch, so a lowered
+                # '<cond>/then/_k/<op>' finds it only when that branch ran.
+                scope, role = branch.group(1), {"true": "then", "false": "else"}[branch.group(2)]
+                found[f"{BRANCH}{scope}{BRANCH}{role}{BRANCH}{t.op_name}:{t.output_slot}"].add(shape)
+            else:
+                found[f"{t.op_name}:{t.output_slot}"].add(shape)
     with open(out, "w") as f:
         json.dump({k: sorted([d, list(s)] for d, s in v) for k, v in found.items()}, f)
 
