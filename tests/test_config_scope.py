@@ -22,7 +22,7 @@ import pytest
 
 from pinpoint.config import config_from_dict, config_to_yaml
 from pinpoint.config_reference import fields
-from pinpoint.config_scope import BUILTIN, CHOSEN_BY, ENTRYPOINT, PATHS, USER_MODEL, path_of, refused_on
+from pinpoint.config_scope import BUILTIN, CHOSEN_BY, ENTRYPOINT, NEEDS, PATHS, USER_MODEL, path_of, refused_on
 from pinpoint.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -68,7 +68,7 @@ SAMPLES: dict[str, tuple] = {
     "train.pinning.variables": ("/CPU:0", {}),
     "train.pinning.gradients": ("/CPU:0", {}),
     "train.pinning.layers": ({"dense_1": "/GPU:1"}, {}),
-    "train.pinning.layers_backward": ("default", {}),
+    "train.pinning.layers_backward": ("default", {"train": {"pinning": {"layers": {"dense_1": "/GPU:1"}}}}),
     "train.pinning.input": ("/CPU:0", {}),
     "train.pinning.soft_placement": (False, {}),
     "train.pinning.visible_devices": (["/GPU:0"], {}),
@@ -248,6 +248,17 @@ def test_defaults_never_written_are_not_refused_and_survive_the_round_trip():
     cfg = config_from_dict(_merge(BASE, {"train": CHOICE[ENTRYPOINT]}))
     again = config_from_dict(yaml.safe_load(config_to_yaml(cfg)))
     assert (again.digest(), again.train.model_fields_set) == (cfg.digest(), {"strategy", "entrypoint"})
+
+
+@pytest.mark.parametrize("field", sorted(NEEDS))
+def test_a_field_whose_condition_does_not_hold_is_refused_in_one_line(field):
+    """Written without what it needs (its sample's other fields), on the path where it would act."""
+    try:
+        config_from_dict(_config(BUILTIN, field, companions=False))
+    except ConfigError as err:
+        assert str(err).startswith(f"{field}: got ") and f"has no effect {NEEDS[field].condition}; " in str(err)
+    else:
+        raise AssertionError(f"{field} was accepted without its condition ({NEEDS[field].condition})")
 
 
 def test_the_removed_cadence_setting_is_refused_in_one_line():

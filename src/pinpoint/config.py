@@ -382,6 +382,11 @@ class TrainConfig(_Frozen):
         return self.model in MODELS
 
     @property
+    def user_data(self) -> bool:
+        """train.data is the user's callable (train.data_args are its arguments)."""
+        return is_import_path(self.data)
+
+    @property
     def streamed(self) -> bool:
         """Data read through tf.data (user callable or files), not held in memory."""
         return is_import_path(self.data) or file_source(self.data) is not None

@@ -148,8 +148,10 @@ def _default(info: typing.Any) -> str:
 
 
 def _no_effect(field: str) -> str:
-    return "; ".join(f"{', '.join(config_scope.CHOSEN_BY[p] for p in config_scope.PATHS if p in r.paths)}: "
-                     f"{r.why}" for r in config_scope.rules(field))
+    cells = [f"{', '.join(config_scope.CHOSEN_BY[p] for p in config_scope.PATHS if p in r.paths)}: {r.why}"
+             for r in config_scope.rules(field)]
+    need = config_scope.NEEDS.get(field)
+    return "; ".join(cells + ([need.condition] if need else []))
 
 
 def render() -> str:
@@ -158,7 +160,8 @@ def render() -> str:
              "src/pinpoint/config.py; do not edit -->", "",
              "Every field of the YAML config, its default and what it does. A field has no effect on some "
              "paths (your own code with `train.entrypoint`, or a built-in model): written there, it is "
-             "refused in one line saying why and what to do. A default you did not write is never refused.",
+             "refused in one line saying why and what to do; so is a field written without what it needs "
+             "(`unless ...`, `without ...`). A default you did not write is never refused.",
              "", "| field | type | default | what it does | no effect (refused) with |", "|---|---|---|---|---|"]
     for field, info in fields():
         text = DESCRIPTIONS[field].replace("|", "\\|")

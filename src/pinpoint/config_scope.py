@@ -10,7 +10,7 @@ schema on each path and checks that it is refused here or read by the code of th
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 BUILTIN, USER_MODEL, ENTRYPOINT = "built-in model", "user model", "entrypoint"
 PATHS = (BUILTIN, USER_MODEL, ENTRYPOINT)
@@ -83,6 +83,27 @@ NO_EFFECT: dict[str, NoEffect | tuple[NoEffect, ...]] = {
 }
 
 
+class Unless(NamedTuple):
+    """A field that does nothing on any path unless another field says so."""
+
+    holds: Callable[[Any], bool]  # on the config: the field takes effect
+    condition: str
+    fix: str
+
+
+# Dotted field -> the condition it needs to take effect (checked after the paths').
+NEEDS: dict[str, Unless] = {
+    "train.synthetic_examples": Unless(lambda cfg: cfg.train.data == "synthetic", "unless train.data is synthetic",
+                                       "set train.data: synthetic, or remove it"),
+    "train.data_args": Unless(lambda cfg: cfg.train.user_data,
+                              "unless train.data is a package.module:callable (they are its arguments)",
+                              "point train.data at your callable, or remove them"),
+    "train.pinning.layers_backward": Unless(lambda cfg: bool(cfg.train.pinning.layers),
+                                            "without train.pinning.layers (it places the pinned layers' backward "
+                                            "ops)", "pin layers with train.pinning.layers, or remove it"),
+}
+
+
 def path_of(train: Any) -> str:
     """The path a config's train section chooses."""
     if train.entrypoint:
@@ -108,16 +129,29 @@ def no_effect(cfg: Any) -> tuple[str, Any, str] | None:
     """(field, value, 'has no effect with ...; fix') of the first written field the chosen path
     ignores, or None."""
     path = path_of(cfg.train)
-    found = [(field, rule) for field in given_fields(cfg) for rule in rules(field) if path in rule.paths]
+    given = given_fields(cfg)
+    found = [(field, rule) for field in given for rule in rules(field) if path in rule.paths]
     if not found:
-        return None
+        return _unmet(cfg, given)
     field, rule = found[0]
-    value = cfg
-    for part in field.split("."):
-        value = getattr(value, part)
+    value = _value(cfg, field)
     others = [f for f, _ in found[1:]]
     also = f"; {', '.join(others)} {'has' if len(others) == 1 else 'have'} no effect there either" if others else ""
     return field, value, f"has no effect with {CHOSEN_BY[path]} ({rule.why}); {rule.fix}{also}"
+
+
+def _unmet(cfg: Any, given: list[str]) -> tuple[str, Any, str] | None:
+    for field in given:
+        need = NEEDS.get(field)
+        if need and not need.holds(cfg):
+            return field, _value(cfg, field), f"has no effect {need.condition}; {need.fix}"
+    return None
+
+
+def _value(cfg: Any, field: str) -> Any:
+    for part in field.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def rules(field: str) -> tuple[NoEffect, ...]:
