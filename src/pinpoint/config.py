@@ -382,9 +382,9 @@ class TrainConfig(_Frozen):
         return self.model in MODELS
 
     @property
-    def user_data(self) -> bool:
-        """train.data is the user's callable (train.data_args are its arguments)."""
-        return is_import_path(self.data)
+    def takes_data_args(self) -> bool:
+        """train.data reads train.data_args: the user's callable (its arguments) or an image folder."""
+        return is_import_path(self.data) or (file_source(self.data) or ("",))[0] == "images"
 
     @property
     def streamed(self) -> bool:

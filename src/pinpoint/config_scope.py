@@ -95,9 +95,9 @@ class Unless(NamedTuple):
 NEEDS: dict[str, Unless] = {
     "train.synthetic_examples": Unless(lambda cfg: cfg.train.data == "synthetic", "unless train.data is synthetic",
                                        "set train.data: synthetic, or remove it"),
-    "train.data_args": Unless(lambda cfg: cfg.train.user_data,
-                              "unless train.data is a package.module:callable (they are its arguments)",
-                              "point train.data at your callable, or remove them"),
+    "train.data_args": Unless(lambda cfg: cfg.train.takes_data_args,
+                              "unless train.data is a package.module:callable or an images: folder (they are "
+                              "its arguments)", "point train.data at your callable or image folder, or remove them"),
     "train.pinning.layers_backward": Unless(lambda cfg: bool(cfg.train.pinning.layers),
                                             "without train.pinning.layers (it places the pinned layers' backward "
                                             "ops)", "pin layers with train.pinning.layers, or remove it"),
