@@ -297,7 +297,8 @@ class TrainConfig(_Frozen):
     strategy: Literal[STRATEGIES] = "mirrored"  # type: ignore[valid-type]
     pinning: PinningConfig = Field(default_factory=PinningConfig)
     # Your own training code as the train step: "package.module:function", called as function(ctx)
-    # (pinpoint.training.entrypoint.context.EntrypointContext; docs/trace.md). model/data/loss are then unused.
+    # (pinpoint.training.entrypoint.context.EntrypointContext; docs/trace.md). The loop's fields are then
+    # refused if written (config_scope.NO_EFFECT).
     entrypoint: Optional[str] = None
     entrypoint_args: Union[dict[str, Any], list[str]] = Field(default_factory=dict)  # ctx.args, as given
     # A built-in model name or "package.module:callable" returning a keras.Model.

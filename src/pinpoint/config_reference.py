@@ -71,7 +71,7 @@ DESCRIPTIONS = {
                                     "moves).",
     "train.pinning.visible_devices": "The devices TensorFlow may see in each task.",
     "train.entrypoint": "Your own training code, `package.module:function`, called as `function(ctx)` "
-                        "(docs/trace.md); Pinpoint's loop, model, data and loss are then unused.",
+                        "(docs/trace.md); the fields of Pinpoint's loop are then refused (last column).",
     "train.entrypoint_args": "Given to train.entrypoint's function as `ctx.args`, as written (a mapping or a list).",
     "train.model": "A built-in model (`mlp`, `cnn`, `transformer`) or `package.module:callable` returning a "
                    "keras.Model (docs/user-code.md).",
