@@ -320,9 +320,9 @@ def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
     if cfg.cluster.devices_per_worker != n:
         raise ConfigError(f"cluster.devices_per_worker: got {cfg.cluster.devices_per_worker} in {config_path}, but "
                           f"the plan is for {n} replicas ({', '.join(replicas)}); set devices_per_worker: {n}")
-    data = cfg.model_dump(mode="json")
-    data["train"]["all_reduce"] = doc["all_reduce"]
-    data["placement"].update(enabled=True, timing=True)
+    data = cfg.model_dump(mode="json", exclude_unset=True)  # what was written (config_scope)
+    data.setdefault("train", {})["all_reduce"] = doc["all_reduce"]
+    data.setdefault("placement", {}).update(enabled=True, timing=True)
     return config_from_dict(data, source=config_path)
 
 

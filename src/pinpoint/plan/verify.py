@@ -73,14 +73,14 @@ def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
             raise ConfigError(f"train.model: got '{t.model}' in {config_path}, which has no layer {missing[0]} of the "
                               f"plan (its layers: {', '.join(names)}); verify with the config the run "
                               f"{doc.get('source_run')} was trained with")
-    data = cfg.model_dump(mode="json")
-    pinning = data["train"]["pinning"]
+    data = cfg.model_dump(mode="json", exclude_unset=True)  # what was written (config_scope)
+    pinning = data.setdefault("train", {}).setdefault("pinning", {})
     pinning["layers"] = layers
     if doc["pinning"].get("input") is not None:
         pinning["input"] = doc["pinning"]["input"]
     if doc["pinning"].get("gradients") is not None:
         pinning["gradients"] = doc["pinning"]["gradients"]
-    data["placement"].update(enabled=True, timing=True)
+    data.setdefault("placement", {}).update(enabled=True, timing=True)
     return config_from_dict(data, source=config_path)
 
 

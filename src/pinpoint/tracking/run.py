@@ -29,6 +29,10 @@ from pinpoint.tracking.uri import configure_http, redact, resolve_tracking_uri
 
 STEP_TAG = "pinpoint.step"
 FLUSH_TIMEOUT_S = 120.0  # how long the end of a step waits for the sender before leaving a spool
+# Seconds between two sends of the journal (every step's values, batched into log_batch calls): the
+# request rate is bounded by time; how often a step metric reaches MLflow is
+# tracking.step_metrics_every_s (the one cadence setting).
+SEND_INTERVAL_S = 1.0
 RUN_ID_WAIT_S = 60.0  # how long asking for the run id waits for the first attempt to create it
 
 
@@ -387,7 +391,7 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
     if system_metrics is None:
         system_metrics = step == "train"
     run = StepRun(spool, take_sender(uri), system_metrics=system_metrics, node_id=node_id,
-                  interval=cfg.tracking.metrics_interval_s, log_model=cfg.tracking.log_model,
+                  interval=SEND_INTERVAL_S, log_model=cfg.tracking.log_model,
                   step_metrics_every_s=cfg.tracking.step_metrics_every_s,
                   checkpoints_every_s=cfg.tracking.checkpoints_every_s,
                   step_metrics_budget=cfg.tracking.step_metrics_budget)
