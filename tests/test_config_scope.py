@@ -104,6 +104,7 @@ SAMPLES: dict[str, tuple] = {
     "tracking.enabled": (False, {}),
     "tracking.uri": ("http://mlflow:5000", {}),
     "tracking.experiment": ("other", {}),
+    "tracking.step_metrics_budget": (50, {}),
     "tracking.step_metrics_every_s": (0.0, {}),
     "tracking.checkpoints_every_s": (0.0, {}),
     "tracking.log_model": (False, {}),
