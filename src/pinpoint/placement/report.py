@@ -547,19 +547,20 @@ def render_html(placement: Placement | dict, metrics: dict | None, charts: dict[
         title=title, css=CSS, strategy=p.strategy, task=p.task, sections=rendered)
 
 
-def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:
+def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], Placement]:
     """Write DIR/report.html and DIR/charts/*.png; return (html path, charts, placement)."""
     from pinpoint.placement.charts import write_charts
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run_dir: got '{run_dir}', which is not a folder; pass a trained run folder such as runs/demo")
-    placement = read_placement(run_dir / PLACEMENT)
-    if not isinstance(placement, dict) or "ops_by_device" not in placement:
+    content = read_placement(run_dir / PLACEMENT)
+    if not isinstance(content, dict) or "ops_by_device" not in content:
         raise ConfigError(
             f"run_dir: got '{run_dir}', whose {PLACEMENT} is not a placement file; re-run `pinpoint train` with "
             "placement.enabled: true"
         )
+    placement = Placement.from_json(content)
     metrics_path = run_dir / METRICS
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else None
     charts = write_charts(placement, run_dir / CHARTS_DIR)
