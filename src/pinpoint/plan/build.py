@@ -1,6 +1,6 @@
 """A run folder's training step as the planner's PlanGraph (pinpoint.plan.graph).
 
-Reads placement.json and its per-op file (placement.files.read_placement), whose op rows record
+Reads placement.json and its per-op file (placement.files.load_placement), whose op rows record
 the step as a graph (placement.opgraph: each op's data inputs with their bytes, layer, requested
 device, colocation groups, kernel devices, own time), and the run's step times (train_log.jsonl,
 else metrics.json). Groups: one per layer key, "input" for the input pipeline's ops, "other" for
@@ -22,13 +22,14 @@ import statistics
 from collections import Counter, defaultdict
 from graphlib import TopologicalSorter
 from pathlib import Path
-from typing import Any
 
 from pinpoint.device_names import parse_name, sort_key
 from pinpoint.errors import ConfigError
 from pinpoint.layer_keys import is_pattern, key_matches
 from pinpoint.placement.conformance import INPUT_RE, NOT_COMPUTE, gradient_re
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.files import load_placement
+from pinpoint.placement.model import Placement
+from pinpoint.placement.sections import Variable
 from pinpoint.plan.allreduce import case_of
 from pinpoint.plan.graph import (
     BACKWARD,
@@ -58,8 +59,8 @@ def plan_graph(run_dir: str | Path, *, field: str = FIELD) -> PlanGraph:
     if not (run / PLACEMENT).is_file():
         raise ConfigError(f"{field}: got '{run}', which has no {PLACEMENT}; plan from the folder of a run "
                           "trained with placement.enabled: true (the default)")
-    placement = read_placement(run, field=field)
-    rows = placement.get("ops") or []
+    placement = load_placement(run, field=field)
+    rows = placement.ops
     if not rows:
         raise ConfigError(f"{field}: got '{run}', whose {PLACEMENT} holds no op of a captured step (its notes say "
                           "why; a multi-worker run's merged view has none: its tasks' placement-<role>-<index>.json "
@@ -70,20 +71,20 @@ def plan_graph(run_dir: str | Path, *, field: str = FIELD) -> PlanGraph:
     return build(placement, measured_step_us=_step_us(run))
 
 
-def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -> PlanGraph:
+def build(placement: Placement, *, measured_step_us: float | None = None) -> PlanGraph:
     """The PlanGraph of a placement (placement.json joined with its op rows)."""
-    rows = [r for r in placement.get("ops") or [] if r["type"] not in NOT_COMPUTE]
+    rows = [r for r in placement.ops if r["type"] not in NOT_COMPUTE]
     group_of = {r["op"]: _group_key(r) for r in rows}
     gradient_device = None
-    if (placement.get("strategy") or "none") == "none":  # one replica: a layer's passes can run apart
+    if (placement.strategy or "none") == "none":  # one replica: a layer's passes can run apart
         gradient_device = _gradient_device(rows, group_of, placement)
         group_of = _split_backward(rows, group_of, every=gradient_device is not None)
     by_group: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_group[group_of[r["op"]]].append(r)
-    aliases = placement.get("device_aliases") or {}
+    aliases = placement.device_aliases
     physical_to_spec = {v: k for k, v in aliases.items()}
-    host_physical = (placement.get("device_map") or {}).get("host") or "/CPU:0"
+    host_physical = (placement.device_map or {}).get("host") or "/CPU:0"
     host = physical_to_spec.get(host_physical, host_physical)
     if any(a[2] == host for r in rows for a in r.get("args") or ()):
         by_group.setdefault(INPUT, [])  # the host's arguments are sent from the input pipeline's side
@@ -95,8 +96,8 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
     for device in reversed(held):
         order.insert(0, held_on(device))
         by_group.setdefault(held_on(device), [])
-    var_bytes = _variable_bytes(placement.get("variables") or [], [k for k in by_group if _is_layer(k)])
-    pins = placement.get("layer_pins") or {}
+    var_bytes = _variable_bytes(placement.variables, [k for k in by_group if _is_layer(k)])
+    pins = placement.layer_pins or {}
     groups = []
     for key in order:
         ops = by_group[key]
@@ -113,7 +114,7 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
             movable=key != INPUT and not key.endswith(BACKWARD) and not is_held(key)
             and not any(r.get("kernel_devices") == ["CPU"] for r in ops),
         ))
-    devices = set(placement.get("devices") or ()) | set((placement.get("device_map") or {}).get("spec_replica_devices") or ())
+    devices = set(placement.devices) | set((placement.device_map or {}).get("spec_replica_devices") or ())
     sums, summing = _grad_sums(rows, group_of)
     tensors = _tensors(rows, group_of, host, summing)
     return PlanGraph(
@@ -123,7 +124,7 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
         sums=sums,
         devices=tuple(sorted(devices, key=sort_key)),
         host=host,
-        strategy=placement.get("strategy") or "",
+        strategy=placement.strategy or "",
         timed=timed,
         measured_step_us=measured_step_us,
         colocated=_colocated(rows, group_of),
@@ -135,18 +136,18 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
     )
 
 
-def _us_per_transfer(placement: dict[str, Any]) -> float | None:
+def _us_per_transfer(placement: Placement) -> float | None:
     """The profiled _Send/_Recv time per step (timing, summed over the devices) over the tensors
     crossing devices per step (the transfers matrix's count); None when untimed or no transfer."""
-    devices = (placement.get("timing") or {}).get("devices") or {}
-    matrix = (placement.get("transfers") or {}).get("matrix") or {}
-    count = sum(cell.get("count") or 0 for row in matrix.values() for cell in row.values())
+    devices = placement.timing.devices if placement.timing is not None else {}
+    matrix = placement.transfers.matrix
+    count = sum(cell.count or 0 for row in matrix.values() for cell in row.values())
     if not devices or not count:
         return None
-    return round(sum(d.get("transfer_ms") or 0.0 for d in devices.values()) * 1e3 / count, 3)
+    return round(sum(d.transfer_ms or 0.0 for d in devices.values()) * 1e3 / count, 3)
 
 
-def _ps_variables(placement: dict[str, Any], keys: list[str]) -> tuple[PsVariable, ...]:
+def _ps_variables(placement: Placement, keys: list[str]) -> tuple[PsVariable, ...]:
     """parameter_server: each variable with its group, round-robin turn and measured server.
 
     placement.json lists the variables in creation order. An optimizer slot (Keras names it
@@ -155,22 +156,21 @@ def _ps_variables(placement: dict[str, Any], keys: list[str]) -> tuple[PsVariabl
     runs there). The other variables the step updates are pulled by the worker and their update
     pushed (trainable variables: read, gradient; the step counter: read, increment); one the step
     only reads (the learning rate) is read on the servers by their update ops, not by a worker."""
-    if placement.get("strategy") != "parameter_server":
+    if placement.strategy != "parameter_server":
         return ()
-    rows = [v for v in placement.get("variables") or []
-            if len([d for d in v.get("devices") or () if parse_name(d)[0] == "ps"]) == 1]
-    trainable = [v["name"] for v in rows if v.get("class") == "trainable"]
+    rows = [v for v in placement.variables if len([d for d in v.devices if parse_name(d)[0] == "ps"]) == 1]
+    trainable = [v.name for v in rows if v.cls == "trainable"]
     out, turn = [], 0
     for v in rows:
-        server = next(d for d in v["devices"] if parse_name(d)[0] == "ps")
+        server = next(d for d in v.devices if parse_name(d)[0] == "ps")
         follows = _slot_of(v, trainable)
         if follows:
             key, index = _group_of(follows, keys), -1
         else:
-            key, index = _group_of(v["name"], keys), turn
+            key, index = _group_of(v.name, keys), turn
             turn += 1
-        out.append(PsVariable(v["name"], key, int(v.get("bytes") or 0), index, server,
-                              bool(v.get("update_ops")) and follows is None, follows))
+        out.append(PsVariable(v.name, key, int(v.bytes or 0), index, server,
+                              bool(v.update_ops) and follows is None, follows))
     return tuple(out)
 
 
@@ -179,12 +179,12 @@ def _group_of(name: str, keys: list[str]) -> str:
     return next((k for k in keys if layer_path and _owns(k, layer_path)), OTHER)
 
 
-def _slot_of(row: dict, trainable: list[str]) -> str | None:
+def _slot_of(row: Variable, trainable: list[str]) -> str | None:
     """The trainable variable an optimizer slot belongs to (None: not a slot): the longest whose
     path, '/' written '_', starts the slot's name after the optimizer's prefix."""
-    if row.get("class") != "optimizer":
+    if row.cls != "optimizer":
         return None
-    rest = row["name"].partition("/")[2]
+    rest = row.name.partition("/")[2]
     owners = [t for t in trainable if rest.startswith(t.replace("/", "_") + "_")]
     return max(owners, key=len) if owners else None
 
@@ -211,15 +211,15 @@ def _passes(rows: list[dict], group_of: dict[str, str]) -> tuple[dict[str, Count
     return fwd, bwd
 
 
-def _gradient_device(rows: list[dict], group_of: dict[str, str], placement: dict[str, Any]) -> str | None:
+def _gradient_device(rows: list[dict], group_of: dict[str, str], placement: Placement) -> str | None:
     """The one device the program put its whole backward pass on, else None (it follows the
     layers, or runs on several devices). Pinned: the run's conformance has a `gradients` rule
     (train.pinning.gradients). Chosen by a traced program (a tf.device around tape.gradient): some
     layer's backward pass ran apart from the layer, and every layer's on that one device."""
-    rules = (placement.get("conformance") or {}).get("rules") or []
+    rules = placement.conformance.rules
     fwd, bwd = _passes(rows, group_of)
     grad = gradient_re()
-    if any(r.get("rule") == "gradients" for r in rules):
+    if any(r.rule == "gradients" for r in rules):
         return _majority(r["device"] for r in rows if grad.search(r["op"]) and group_of[r["op"]] != INPUT) or None
     ends = {_majority(c.elements()) for c in bwd.values()}
     apart = any(fwd.get(k) and _majority(c.elements()) != _majority(fwd[k].elements()) for k, c in bwd.items())
@@ -513,14 +513,14 @@ def _owns(key: str, layer_path: str) -> bool:
     return key_matches(key, layer_path) or (not is_pattern(key) and layer_path.startswith(key + "/"))
 
 
-def _variable_bytes(variables: list[dict], keys: list[str]) -> dict[str, int]:
+def _variable_bytes(variables: tuple[Variable, ...], keys: list[str]) -> dict[str, int]:
     """Group -> bytes of the variables it owns (one copy): a variable belongs to the layer its name
     is scoped under ("dense_1/kernel" -> dense_1); the rest (optimizer slots, counters) to "other"."""
     out: Counter = Counter()
     for v in variables:
-        layer_path = v["name"].rpartition("/")[0]
+        layer_path = v.name.rpartition("/")[0]
         key = next((k for k in keys if layer_path and _owns(k, layer_path)), OTHER)
-        out[key] += v.get("bytes") or 0
+        out[key] += v.bytes or 0
     return dict(out)
 
 

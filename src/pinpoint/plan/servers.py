@@ -13,9 +13,8 @@ traffic is not part of the figure (measured_ps_bytes leaves it out too).
 
 from __future__ import annotations
 
-from typing import Any
-
 from pinpoint.device_names import parse_name, sort_key
+from pinpoint.placement.model import Placement as PlacementModel
 from pinpoint.plan.check import Placement
 from pinpoint.plan.graph import OTHER, PlanGraph
 
@@ -100,19 +99,19 @@ def predicted_ps_pairs(graph: PlanGraph, assign: Placement) -> dict[str, int]:
     return out
 
 
-def measured_ps_bytes(placement: dict[str, Any]) -> dict[str, int]:
+def measured_ps_bytes(placement: PlacementModel) -> dict[str, int]:
     """server -> bytes per step it sent to and received from the worker and chief tasks, from
     placement.json's transfers.matrix (rows: sender, columns: receiver)."""
-    matrix = (placement.get("transfers") or {}).get("matrix") or {}
+    matrix = placement.transfers.matrix
     servers = servers_of(set(matrix) | {d for row in matrix.values() for d in row})
     out = dict.fromkeys(servers, 0)
     for src, row in matrix.items():
         for dst, cell in row.items():
             a, b = parse_name(src)[0], parse_name(dst)[0]
             if a == "ps" and b in ("worker", "chief"):
-                out[src] += cell["bytes"]
+                out[src] += cell.bytes
             elif b == "ps" and a in ("worker", "chief"):
-                out[dst] += cell["bytes"]
+                out[dst] += cell.bytes
     return out
 
 
