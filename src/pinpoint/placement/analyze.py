@@ -38,7 +38,7 @@ from pinpoint.placement.opgraph import LayerMatcher, add_graph_fields, resource_
 from pinpoint.placement.requests import weight_rules
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE, json_number
 from pinpoint.placement.sections import Conformance, Eager, Fallback, FunctionRow, Rule, Variable, mean_score
-from pinpoint.placement.traffic import Timing, Transfers
+from pinpoint.placement.traffic import Timing, TransferItem, Transfers
 from pinpoint.placement.transfers import BOOKKEEPING, merge_transfer_steps, step_transfers
 from pinpoint.placement.variables import analyze_variables, safe_consistency, user_variables
 
@@ -96,7 +96,7 @@ def build(inputs: PlacementInputs) -> Placement:
         layers=tuple(layer_table(rule_rows, items, inputs.plan, inputs.layer_pins)),
         ops=tuple(scan.ops_detail),
         # Every transfer of the first captured step (tensor, from, to, bytes, consumers).
-        transfer_items=tuple(items),
+        transfer_items=tuple(map(TransferItem.from_json, items)),
         notes=tuple(_notes(inputs, captures, scan.ops_detail, var_info["variables"])),
         explain=explain,
         device_map=inputs.device_map_json,

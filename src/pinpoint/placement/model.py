@@ -24,7 +24,7 @@ from pinpoint.placement.sections import (
     Variable,
     as_json,
 )
-from pinpoint.placement.traffic import Timing, Transfers
+from pinpoint.placement.traffic import Timing, TransferItem, Transfers
 
 # Sections written only when present (absent rather than null), in placement.json's order.
 OPTIONAL = ("device_map", "input_pipeline", "timing", "precision", "layer_pins", "tasks",
@@ -52,7 +52,7 @@ class Placement:
     conformance: Conformance = field(default_factory=Conformance)
     layers: tuple[LayerRow, ...] = ()
     ops: tuple[Mapping[str, Any], ...] = ()
-    transfer_items: tuple[Mapping[str, Any], ...] = ()
+    transfer_items: tuple[TransferItem, ...] = ()
     notes: tuple[str, ...] = ()
     explain: Mapping[str, str] = field(default_factory=dict)
     # Written when known: the run's device map, input pipeline, timing, precision, the resolved
@@ -62,7 +62,8 @@ class Placement:
     timing: Timing | None = None
     precision: Mapping[str, Any] | None = None
     layer_pins: Mapping[str, str] | None = None
-    tasks: Mapping[str, Any] | None = None
+    # A merged cluster's: each task's own placement (less its per-op detail and explain).
+    tasks: Mapping[str, Placement] | None = None
     # A traced program (pinpoint trace, train.entrypoint): every function, the training one, eager ops.
     functions: tuple[FunctionRow, ...] | None = None
     training_function: str | None = None
@@ -108,7 +109,7 @@ class Placement:
             value = getattr(self, f.name)
             if f.name in OPTIONAL and value is None:
                 continue
-            out[f.name] = as_json(value)
+            out[f.name] = _tasks_json(value) if f.name == "tasks" else as_json(value)
         return out
 
     @classmethod
@@ -124,14 +125,24 @@ class Placement:
         kw["variables"] = tuple(Variable.from_json(v) for v in d.get("variables") or ())
         kw["fallbacks"] = tuple(Fallback.from_json(f) for f in d.get("fallbacks") or ())
         kw["eager"] = Eager.from_json(d.get("eager"))
-        for name in ("captured_steps", "devices", "ops", "transfer_items", "notes"):
+        for name in ("captured_steps", "devices", "ops", "notes"):
             kw[name] = tuple(d.get(name) or ())
+        kw["transfer_items"] = tuple(TransferItem.from_json(t) for t in d.get("transfer_items") or ())
+        if d.get("tasks") is not None:
+            kw["tasks"] = {t: Placement.from_json(tp) for t, tp in d["tasks"].items()}
         if d.get("functions") is not None:
             kw["functions"] = tuple(FunctionRow.from_json(f) for f in d["functions"])
         for name in ("physical_devices", "device_aliases", "ops_by_device", "op_types_by_device",
                      "variable_updates", "gradients", "explain"):
             kw[name] = d.get(name) or {}
         return cls(**kw)
+
+
+TASK_LEFT_OUT = ("ops", "transfer_items", "explain")  # a merged cluster's view of each task has none
+
+
+def _tasks_json(tasks: Mapping[str, Placement]) -> dict[str, Any]:
+    return {t: {k: v for k, v in p.to_json().items() if k not in TASK_LEFT_OUT} for t, p in tasks.items()}
 
 
 def as_placement(p: Placement | Mapping[str, Any] | None) -> Placement | None:

@@ -403,11 +403,10 @@ def _tasks(p: Placement, metrics, charts, x) -> dict | None:
         return None
     rows = []
     for t, tp in p.tasks.items():
-        per = (tp.get("transfers") or {}).get("per_step") or {}
-        rows.append({"task": t, "devices": ", ".join(tp.get("devices") or []),
-                     "ops": sum((tp.get("ops_by_device") or {}).values()), "transfers": per.get("count", 0),
-                     "bytes": human_bytes(per.get("bytes", 0)), "fallbacks": len(tp.get("fallbacks") or []),
-                     "conformance": (tp.get("conformance") or {}).get("score")})
+        per = tp.transfers.per_step
+        rows.append({"task": t, "devices": ", ".join(tp.devices), "ops": sum(tp.ops_by_device.values()),
+                     "transfers": per.count, "bytes": human_bytes(per.bytes), "fallbacks": len(tp.fallbacks),
+                     "conformance": tp.conformance.score})
     return {"rows": rows}
 
 
