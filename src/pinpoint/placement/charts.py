@@ -124,7 +124,7 @@ def ops_per_device(placement: Placement, path: Path) -> Path | None:
     if not ops:
         return None
     plt = _plt()
-    grads = placement.gradients.get("ops_by_device") or {}
+    grads = placement.gradients.ops_by_device or {}
     phys = placement.physical_devices
     devices = list(ops)
     g = [grads.get(d, 0) for d in devices]

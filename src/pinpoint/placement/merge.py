@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from pinpoint.device_names import sort_key
 from pinpoint.placement.model import Placement
+from pinpoint.placement.records import Gradients, Precision, ReplicaConsistency, VariableUpdates
 from pinpoint.placement.schema import EXPLAIN, json_number
 from pinpoint.placement.sections import Conformance, Variable
 from pinpoint.placement.traffic import Collective, PerStep, Timing, Traffic, Transfers
@@ -131,33 +132,25 @@ def _variables(ps: list[Placement]) -> tuple[Variable, ...]:
     return tuple(_united_variables(ps).values())
 
 
-def _variable_updates(ps: list[Placement]) -> dict:
-    updates = {"update_ops": 0, "unattributed_ops": 0}
-    for p in ps:
-        for k in updates:
-            updates[k] += p.variable_updates.get(k, 0)
+def _variable_updates(ps: list[Placement]) -> VariableUpdates:
+    update_ops = sum(p.variable_updates.update_ops or 0 for p in ps)
+    unattributed = sum(p.variable_updates.unattributed_ops or 0 for p in ps)
     united = list(_united_variables(ps).values())
-    rows = [v.to_json() for v in united]
     users = [v for v in united if not v.internal and not v.freed]
-    return dict(
-        updates,
-        method=ps[0].variable_updates.get("method", ""),
-        variables_with_updates=sum(1 for v in users if v.update_devices),
-        variables=len(users),
-        internal_variables=len(rows) - len(users),
-        coverage=coverage_text(rows, updates["unattributed_ops"]),
+    return VariableUpdates(
+        method=ps[0].variable_updates.method or "", update_ops=update_ops, unattributed_ops=unattributed,
+        variables_with_updates=sum(1 for v in users if v.update_devices), variables=len(users),
+        internal_variables=len(united) - len(users),
+        coverage=coverage_text([v.to_json() for v in united], unattributed),
     )
 
 
-def _gradients(ps: list[Placement]) -> dict:
+def _gradients(ps: list[Placement]) -> Gradients:
     grads: dict[str, float] = {}
     for p in ps:
-        _sum_into(grads, p.gradients.get("ops_by_device"))
-    return {
-        "scope": ps[0].gradients.get("scope", ""),
-        "ops_by_device": _sorted(grads),
-        "total": json_number(sum(grads.values())),
-    }
+        _sum_into(grads, p.gradients.ops_by_device)
+    return Gradients(scope=ps[0].gradients.scope or "", ops_by_device=_sorted(grads),
+                     total=json_number(sum(grads.values())))
 
 
 def _cross_task_drift(ps: list[Placement]) -> dict[str, float]:
@@ -175,7 +168,7 @@ def _cross_task_drift(ps: list[Placement]) -> dict[str, float]:
             for name, samples in prints.items() if len(samples) > 1}
 
 
-def _replica_consistency(ps: list[Placement]) -> dict | None:
+def _replica_consistency(ps: list[Placement]) -> ReplicaConsistency | None:
     drift: dict[str, float] = {}
     classes: dict[str, str] = {}
     aggregations: dict[str, str] = {}
@@ -185,13 +178,13 @@ def _replica_consistency(ps: list[Placement]) -> dict | None:
             if v.cls:
                 classes.setdefault(v.name, v.cls)
         rc = p.replica_consistency
-        if rc:
+        if rc is not None:
             seen = True
-            checked = max(checked, rc.get("checked", 0))
-            for name, diff in (rc.get("variables") or {}).items():
+            checked = max(checked, rc.checked)
+            for name, diff in rc.variables.items():
                 drift[name] = max(drift.get(name, 0.0), diff)
-            classes.update(rc.get("classes") or {})
-            aggregations.update(rc.get("aggregations") or {})
+            classes.update(rc.classes or {})
+            aggregations.update(rc.aggregations or {})
     cross = _cross_task_drift(ps)
     if cross:
         seen = True
@@ -200,10 +193,10 @@ def _replica_consistency(ps: list[Placement]) -> dict | None:
             drift[name] = max(drift.get(name, 0.0), diff)
     if not seen:
         return None
-    return dict(summarize_consistency(drift, {n: classes.get(n, "trainable") for n in drift}, aggregations),
-                checked=checked,
-                method="within each task: every component compared in full; across tasks: "
-                f"up to {FINGERPRINT_SAMPLES} evenly spaced values of each copy compared with the first task's")
+    return ReplicaConsistency.from_json(dict(
+        summarize_consistency(drift, {n: classes.get(n, "trainable") for n in drift}, aggregations), checked=checked,
+        method="within each task: every component compared in full; across tasks: "
+        f"up to {FINGERPRINT_SAMPLES} evenly spaced values of each copy compared with the first task's"))
 
 
 def _conformance(ps: list[Placement]) -> Conformance:
@@ -262,13 +255,11 @@ def _memory(ps: list[Placement]) -> dict | None:
     return out
 
 
-def _precision(ps: list[Placement]) -> dict | None:
-    if not ps[0].precision:
+def _precision(ps: list[Placement]) -> Precision | None:
+    if ps[0].precision is None:
         return None
-    return {
-        "policy": ps[0].precision.get("policy"),
-        "casts_by_device": {d: t["Cast"] for d, t in _op_types_by_device(ps).items() if t.get("Cast")},
-    }
+    return Precision(policy=ps[0].precision.policy,
+                     casts_by_device={d: t["Cast"] for d, t in _op_types_by_device(ps).items() if t.get("Cast")})
 
 
 # (section, how it is merged): every task's Placement -> the cluster's field.

@@ -8,6 +8,7 @@ from typing import Any
 
 from pinpoint.placement.model import Placement, as_placement
 from pinpoint.placement.naming import metric_key
+from pinpoint.placement.records import ReplicaConsistency
 
 
 def headline_metrics(placement: Placement | Mapping[str, Any]) -> dict[str, float]:
@@ -16,7 +17,7 @@ def headline_metrics(placement: Placement | Mapping[str, Any]) -> dict[str, floa
     out: dict[str, float] = {}
     for dev, n in p.ops_by_device.items():
         out[f"placement.ops.{metric_key(dev)}"] = float(n)
-    for dev, n in (p.gradients.get("ops_by_device") or {}).items():
+    for dev, n in (p.gradients.ops_by_device or {}).items():
         out[f"placement.gradient_ops.{metric_key(dev)}"] = float(n)
     out["placement.transfers_per_step"] = float(p.transfers.per_step.count)
     out["placement.transfer_bytes_per_step"] = float(p.transfers.per_step.bytes)
@@ -29,7 +30,7 @@ def headline_metrics(placement: Placement | Mapping[str, Any]) -> dict[str, floa
     out["placement.variables"] = float(len(p.user_variables))
     if p.conformance.score is not None:
         out["placement.conformance"] = float(p.conformance.score)
-    out |= _drift_metrics(p.replica_consistency or {})
+    out |= _drift_metrics(p.replica_consistency)
     out |= _timing_metrics(p)
     for dev, m in ((p.memory or {}).get("devices") or {}).items():
         if dev.startswith("/"):  # a device, not the bucket of allocations outside the step's graphs
@@ -41,16 +42,15 @@ def headline_metrics(placement: Placement | Mapping[str, Any]) -> dict[str, floa
     return out
 
 
-def _drift_metrics(rc) -> dict[str, float]:
+def _drift_metrics(rc: ReplicaConsistency | None) -> dict[str, float]:
     out: dict[str, float] = {}
-    if rc.get("max_abs_diff") is not None:
+    if rc is not None and rc.max_abs_diff is not None:
         # The headline: what must not drift (a placement.json from before the split: the overall max).
-        split = rc.get("trainable_drift") is not None and rc.get("state_drift") is not None
-        out["placement.replica_drift"] = float(max(rc["trainable_drift"], rc["state_drift"]) if split
-                                               else rc["max_abs_diff"])
+        split = rc.trainable_drift is not None and rc.state_drift is not None
+        out["placement.replica_drift"] = float(max(rc.trainable_drift, rc.state_drift) if split else rc.max_abs_diff)
         for part in ("trainable", "state", "on_read"):
-            if rc.get(f"{part}_drift") is not None:
-                out[f"placement.replica_drift.{part}"] = float(rc[f"{part}_drift"])
+            if getattr(rc, f"{part}_drift") is not None:
+                out[f"placement.replica_drift.{part}"] = float(getattr(rc, f"{part}_drift"))
     return out
 
 

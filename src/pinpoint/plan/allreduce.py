@@ -177,12 +177,12 @@ def run_choice(placement: Placement, replicas: tuple[str, ...], host: str, total
 def case_of(placement: Placement) -> AllReduceCase | None:
     """The AllReduceCase of a mirrored run's placement.json (with its op rows); None for another
     strategy or one replica (nothing to all-reduce)."""
-    dm = placement.device_map or {}
-    replicas = tuple(dm.get("spec_replica_devices") or ())
+    dm = placement.device_map
+    replicas = dm.spec_replica_devices if dm is not None else ()
     if placement.strategy != "mirrored" or len(replicas) < 2:
         return None
     aliases = placement.device_aliases
-    host_physical = dm.get("host") or "/CPU:0"
+    host_physical = dm.host
     host = next((spec for spec, phys in aliases.items() if phys == host_physical), host_physical)
     grads = tuple(int(v.bytes or 0) for v in placement.variables if v.cls == "trainable")
     measured = run_choice(placement, replicas, host, sum(grads))
@@ -191,7 +191,7 @@ def case_of(placement: Placement) -> AllReduceCase | None:
                           f"{', '.join(CHOICES)} moving its {sum(grads)} bytes of gradients; plan from a run "
                           "trained by Pinpoint with train.all_reduce set")
     matrix = {(a, b): int(c.bytes or 0) for a, row in placement.transfers.matrix.items() for b, c in row.items()}
-    draft = AllReduceCase(replicas, host, grads, bool(dm.get("emulated")), measured, {}, None)
+    draft = AllReduceCase(replicas, host, grads, dm.emulated, measured, {}, None)
     base = dict(matrix)
     short = []
     for pair, n in send_pairs(measured, draft).items():

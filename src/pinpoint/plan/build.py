@@ -84,7 +84,7 @@ def build(placement: Placement, *, measured_step_us: float | None = None) -> Pla
         by_group[group_of[r["op"]]].append(r)
     aliases = placement.device_aliases
     physical_to_spec = {v: k for k, v in aliases.items()}
-    host_physical = (placement.device_map or {}).get("host") or "/CPU:0"
+    host_physical = placement.device_map.host if placement.device_map else "/CPU:0"
     host = physical_to_spec.get(host_physical, host_physical)
     if any(a[2] == host for r in rows for a in r.get("args") or ()):
         by_group.setdefault(INPUT, [])  # the host's arguments are sent from the input pipeline's side
@@ -114,7 +114,7 @@ def build(placement: Placement, *, measured_step_us: float | None = None) -> Pla
             movable=key != INPUT and not key.endswith(BACKWARD) and not is_held(key)
             and not any(r.get("kernel_devices") == ["CPU"] for r in ops),
         ))
-    devices = set(placement.devices) | set((placement.device_map or {}).get("spec_replica_devices") or ())
+    devices = set(placement.devices) | set(placement.device_map.spec_replica_devices if placement.device_map else ())
     sums, summing = _grad_sums(rows, group_of)
     tensors = _tensors(rows, group_of, host, summing)
     return PlanGraph(
