@@ -35,7 +35,14 @@ from pinpoint.placement.conformance import (
 from pinpoint.placement.inputs import PlacementInputs
 from pinpoint.placement.model import Placement
 from pinpoint.placement.opgraph import LayerMatcher, add_graph_fields, resource_variables
-from pinpoint.placement.records import Gradients, InputPipeline, Precision, ReplicaConsistency, VariableUpdates
+from pinpoint.placement.records import (
+    Gradients,
+    InputPipeline,
+    OpRow,
+    Precision,
+    ReplicaConsistency,
+    VariableUpdates,
+)
 from pinpoint.placement.requests import weight_rules
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE, json_number
 from pinpoint.placement.sections import Conformance, Eager, Fallback, FunctionRow, Rule, Variable, mean_score
@@ -96,7 +103,7 @@ def build(inputs: PlacementInputs) -> Placement:
             safe_consistency(list(inputs.variables), values, inputs.optimizer_variables)),
         conformance=conformance,
         layers=tuple(layer_table(rule_rows, items, inputs.plan, inputs.layer_pins)),
-        ops=tuple(scan.ops_detail),
+        ops=tuple(map(OpRow.from_json, scan.ops_detail)),
         # Every transfer of the first captured step (tensor, from, to, bytes, consumers).
         transfer_items=tuple(map(TransferItem.from_json, items)),
         notes=tuple(_notes(inputs, captures, scan.ops_detail, var_info["variables"])),

@@ -3,8 +3,8 @@
 `placement.analyze.build` makes one from its inputs in one pass; `Placement.to_json()` is
 placement.json's content and `Placement.from_json()` reads it back, older schema versions
 included (`upgrade`). The report and the summary read these fields by name. The sections are in
-placement.sections, placement.traffic and placement.records; what no reader needs by name (per-op lists, matrices
-of counts, a variable's components) stays a mapping inside them.
+placement.sections, placement.traffic and placement.records; what no reader needs by name (matrices of counts, a
+variable's components) stays a mapping inside them; the per-op rows are `records.OpRow`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ from typing import Any
 
 from pinpoint.device_names import DeviceMap
 from pinpoint.errors import ConfigError
-from pinpoint.placement.records import Gradients, InputPipeline, Precision, ReplicaConsistency, VariableUpdates
+from pinpoint.placement.records import (
+    Gradients,
+    InputPipeline,
+    OpRow,
+    Precision,
+    ReplicaConsistency,
+    VariableUpdates,
+)
 from pinpoint.placement.schema import SCHEMA_VERSION
 from pinpoint.placement.sections import (
     Conformance,
@@ -53,7 +60,7 @@ class Placement:
     replica_consistency: ReplicaConsistency | None = None
     conformance: Conformance = field(default_factory=Conformance)
     layers: tuple[LayerRow, ...] = ()
-    ops: tuple[Mapping[str, Any], ...] = ()
+    ops: tuple[OpRow, ...] = ()
     transfer_items: tuple[TransferItem, ...] = ()
     notes: tuple[str, ...] = ()
     explain: Mapping[str, str] = field(default_factory=dict)
@@ -133,8 +140,9 @@ class Placement:
         kw["device_map"] = DeviceMap.from_json(d["device_map"]) if d.get("device_map") else None
         kw["input_pipeline"] = InputPipeline.from_json(d.get("input_pipeline"))
         kw["precision"] = Precision.from_json(d.get("precision"))
-        for name in ("captured_steps", "devices", "ops", "notes"):
+        for name in ("captured_steps", "devices", "notes"):
             kw[name] = tuple(d.get(name) or ())
+        kw["ops"] = tuple(OpRow.from_json(r) for r in d.get("ops") or ())
         kw["transfer_items"] = tuple(TransferItem.from_json(t) for t in d.get("transfer_items") or ())
         if d.get("tasks") is not None:
             kw["tasks"] = {t: Placement.from_json(tp) for t, tp in d["tasks"].items()}

@@ -133,3 +133,42 @@ class InputPipeline:
             return None
         return cls(kind=d.get("kind"), source=d.get("source"), device=d.get("device"), sharding=d.get("sharding"),
                    ops=d.get("ops") or {})
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One op of a captured step (placement_ops.json.gz's `ops`): its name, type and device; with
+    the step's graph (placement.opgraph; None in a placement.json from before it): its inputs
+    (tensor, bytes), the step's arguments it reads (name, bytes, device), the device it requested,
+    the ops it is colocated with, its layer, the device types with a kernel for it; its own time in
+    µs when the run was timed."""
+
+    op: str
+    type: str
+    device: str
+    inputs: tuple[tuple[str, int | None], ...] | None = None
+    args: tuple[tuple[str, int | None, str], ...] | None = None
+    requested: str | None = None
+    colocation: tuple[str, ...] = ()
+    layer: str | None = None
+    kernel_devices: tuple[str, ...] | None = None
+    us: float | None = None
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"op": self.op, "type": self.type, "device": self.device}
+        if self.inputs is not None:
+            out["inputs"] = [list(i) for i in self.inputs]
+            if self.args is not None:
+                out["args"] = [list(a) for a in self.args]
+            out |= {"requested": self.requested, "colocation": list(self.colocation), "layer": self.layer,
+                    "kernel_devices": list(self.kernel_devices) if self.kernel_devices is not None else None}
+        return out | present((("us", self.us),))
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> OpRow:
+        inputs, args, kernels = d.get("inputs"), d.get("args"), d.get("kernel_devices")
+        return cls(op=d["op"], type=d["type"], device=d["device"],
+                   inputs=tuple(tuple(i) for i in inputs) if inputs is not None else None,
+                   args=tuple(tuple(a) for a in args) if args is not None else None, requested=d.get("requested"),
+                   colocation=tuple(d.get("colocation") or ()), layer=d.get("layer"),
+                   kernel_devices=tuple(kernels) if kernels is not None else None, us=d.get("us"))

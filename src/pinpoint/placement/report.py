@@ -149,9 +149,9 @@ def _ops(p: Placement, metrics, charts, x) -> dict:
     scopes: dict[str, Counter] = defaultdict(Counter)
     types: dict[str, Counter] = defaultdict(Counter)
     for o in p.ops:
-        scope = _scope_of_op(o["op"])
-        scopes[scope][o["device"]] += 1
-        types[scope][o["type"]] += 1
+        scope = _scope_of_op(o.op)
+        scopes[scope][o.device] += 1
+        types[scope][o.type] += 1
     order = sorted(scopes, key=lambda s: (-sum(scopes[s].values()), s))
     per_device = [(f"on:{d}", d) for d in devices]
 

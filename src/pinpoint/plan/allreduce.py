@@ -202,10 +202,10 @@ def case_of(placement: Placement) -> AllReduceCase | None:
         base[pair] = max(0, base.get(pair, 0) - n)
     unsized = float(placement.transfers.per_step.unsized or 0)
     rows = placement.ops
-    timed = bool(rows) and all("us" in r for r in rows)
+    timed = bool(rows) and all(r.us is not None for r in rows)
     # A collective op's time is the exchange itself (and, on shared cores, waiting for the other
     # replicas): the link model prices it, so it is not the replica's compute.
-    compute = {d: round(sum(r["us"] for r in rows if r["device"] == d and not COLLECTIVE_RE.match(r["type"])), 3)
+    compute = {d: round(sum(r.us for r in rows if r.device == d and not COLLECTIVE_RE.match(r.type)), 3)
                for d in replicas} if timed else None
     # Assigned in replica context with an aggregation, such a variable is reduced at each update
     # by the same cross-device ops, one reduction per variable: not modeled (see `caveat`).

@@ -155,16 +155,16 @@ def _rule_from_rows(placement: Placement, key: str, planned: str, *, gradients_p
     program: its rules are its own tf.device scopes): the ops of layer `key` (its forward ops when
     the plan pins the gradients), or every backward op for `pinning.gradients`. None: no such op."""
     grad = gradient_re()
-    rows = [r for r in placement.ops if r["type"] not in NOT_COMPUTE]
+    rows = [r for r in placement.ops if r.type not in NOT_COMPUTE]
     if key == "pinning.gradients":
-        mine = [r for r in rows if grad.search(r["op"])]
+        mine = [r for r in rows if grad.search(r.op)]
     else:
-        mine = [r for r in rows if r.get("layer") == key and not (gradients_pinned and grad.search(r["op"]))]
+        mine = [r for r in rows if r.layer == key and not (gradients_pinned and grad.search(r.op))]
     if not mine:
         return None
-    on = sum(r["device"] == planned for r in mine)
-    off = tuple(Violation(op=r["op"], placed=r["device"]) for r in mine if r["device"] != planned)
-    return Rule(rule=key, planned=planned, observed=dict(Counter(r["device"] for r in mine)), relevant=len(mine),
+    on = sum(r.device == planned for r in mine)
+    off = tuple(Violation(op=r.op, placed=r.device) for r in mine if r.device != planned)
+    return Rule(rule=key, planned=planned, observed=dict(Counter(r.device for r in mine)), relevant=len(mine),
                 score=round(on / len(mine), 4), violations=off, violations_total=len(off))
 
 
