@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from pinpoint.device_names import sort_key
 from pinpoint.placement.model import Placement
-from pinpoint.placement.records import Gradients, Precision, ReplicaConsistency, VariableUpdates
+from pinpoint.placement.records import Gradients, InputPipeline, Precision, ReplicaConsistency, VariableUpdates
 from pinpoint.placement.schema import EXPLAIN, json_number
 from pinpoint.placement.sections import Conformance, Variable
 from pinpoint.placement.traffic import Collective, PerStep, Timing, Traffic, Transfers
@@ -216,7 +216,7 @@ def _transfer_items(ps: list[Placement]) -> tuple:
     return tuple(replace(t, task=p.task) for p in ps for t in p.transfer_items)
 
 
-def _input_pipeline(ps: list[Placement]):
+def _input_pipeline(ps: list[Placement]) -> InputPipeline | None:
     return ps[0].input_pipeline or None  # the chief's; each task's own is under tasks.<task>
 
 
