@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pinpoint.placement import charts
+from pinpoint.placement.model import Placement
 
 pytestmark = pytest.mark.unit
 MiB = 2**20
@@ -25,7 +26,9 @@ def drawn(monkeypatch, tmp_path):
     monkeypatch.setattr(charts, "_save", keep)
 
     def draw(chart, data):
-        path = chart(data, tmp_path / f"{chart.__name__}.png")
+        # A placement chart takes the model; the test writes placement.json's content (plan_timeline: a plan check).
+        arg = data if chart is charts.plan_timeline else Placement.from_json(data)
+        path = chart(arg, tmp_path / f"{chart.__name__}.png")
         assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         return figures[-1]
 
@@ -92,10 +95,10 @@ def test_conformance_draws_each_scored_rule(drawn):
 
 
 def test_variable_bytes_counts_every_component_where_it_lives_and_not_freed_ones(drawn):
-    variables = [{"bytes": 100, "components": [{"device": "/GPU:0"}, {"device": "/GPU:1"}]},
-                 {"bytes": 40, "components": [{"device": "/GPU:0"}]},
-                 {"bytes": 1000, "freed": True, "components": [{"device": "/GPU:1"}]},
-                 {"bytes": 8, "components": [{"device": "/CPU:0", "task": "ps:0"}]}]
+    variables = [{"name": "a", "bytes": 100, "components": [{"device": "/GPU:0"}, {"device": "/GPU:1"}]},
+                 {"name": "b", "bytes": 40, "components": [{"device": "/GPU:0"}]},
+                 {"name": "c", "bytes": 1000, "freed": True, "components": [{"device": "/GPU:1"}]},
+                 {"name": "d", "bytes": 8, "components": [{"device": "/CPU:0", "task": "ps:0"}]}]
     ax = drawn(charts.variable_bytes, {"variables": variables}).axes[0]
     (bars,) = ax.containers
     assert [h for *_, h in _bars(bars)] == [100 + 40, 100, 8]
@@ -155,8 +158,9 @@ def test_plan_timeline_draws_each_task_from_start_to_end_per_panel(drawn):
 
 
 def test_a_chart_without_its_data_draws_nothing(tmp_path):
-    for chart in (*charts.CHARTS.values(), charts.plan_timeline):
-        assert chart({}, tmp_path / "x.png") is None
+    for chart in charts.CHARTS.values():
+        assert chart(Placement.from_json({}), tmp_path / "x.png") is None
+    assert charts.plan_timeline({}, tmp_path / "x.png") is None
     assert not (tmp_path / "x.png").exists()
 
 

@@ -117,12 +117,15 @@ def _memory(p: Placement) -> list[Finding]:
 
 
 def _drift(p: Placement) -> list[Finding]:
-    rc = p.replica_consistency or {}
-    drift = rc.get("trainable_drift", rc.get("max_abs_diff") if rc.get("state_drift") is None else None)
+    rc = p.replica_consistency
+    if rc is None:
+        return []
+    # A placement.json from before the trainable/state split has only the largest difference.
+    drift = rc.trainable_drift if rc.split else (rc.max_abs_diff if rc.state_drift is None else None)
     if not drift:
         return []
     return [Finding("replica drift", f"mirrored trainable variables differ between replicas by up to {drift:.3g}",
-                    f"{rc.get('checked', 0)} mirrored variables", "replicas",
+                    f"{rc.checked} mirrored variables", "replicas",
                     "update every replica's copy (an update outside strategy.run, or a non-sync aggregation)",
                     "replicas")]
 
