@@ -498,26 +498,21 @@ _STRING_LOOKUP = ("Pinpoint leaves StringLookup's two transfers unsized (its loo
                   "its keys (placement/runshapes.py, lookups_as_fill), but the keys come from an input element of "
                   "strings, and the runtime's element bytes count each string's contents, so no batch follows "
                   "from them")
-_ADAM_COND = ("the inputs of the optimizer's cond branches (Func/.../adam/cond/{then,else}/input, a lowered cond's "
-              "Switch outputs, 4 B each): Pinpoint leaves both branches' unsized; the oracle sizes a Switch output "
-              "from its data input whether its branch ran or not (SHAPE-mode tfdbg records no predicate), so one of "
-              "each pair is a dead tensor it overstates: neither side is exact until the oracle knows which branch "
-              "ran (an Embedding's sparse gradient takes Adam's cond)")
-_LOSS_SCALE = ("the tensors a LossScaleOptimizer's cond branches send across devices (cond/then/cond/..., "
-               "cond/else/cond/Mul): Pinpoint leaves them unsized or sizes one 8 B where the oracle has 4 B; the "
-               "oracle's tfdbg names of ops in a branch function are matched by suffix and collide between the "
-               "two branches, so which is right is not decided here")
+_BRANCH_TAKEN = ("which branch of the LossScaleOptimizer's cond runs (finite gradients or not) depends on each process' "
+                 "random initial weights (the program sets no seed, as the guides do not): Pinpoint's captured call "
+                 "and the oracle's runs took different branches, so each side sizes the other's dead branch as "
+                 "unsized (measured: Pinpoint's then-branch 8 B where the oracle has no runtime shape, and the "
+                 "reverse)")
+_NESTED_COND_INPUTS = ("the inputs of a cond inside a cond's branch (Func/.../cond/then/.../adam/cond/{then,else}/"
+                       "input, 4 B each in the oracle): Pinpoint leaves them unsized, their data input's shape "
+                       "unknown to it through the outer branch's lowering")
 _TFDBG_CRASH = ("the oracle's shapes run (tfdbg v2, SHAPE mode) crashes with SIGSEGV on every attempt for this "
                 "program on TensorFlow 2.21 (not on 2.16, where it agrees): no runtime shapes, no comparison "
                 "(the oracle, not Pinpoint)")
 KNOWN: dict[str, str] = {
     "embedding-fit_data-none-f32": _STRING_LOOKUP,
-    **{cid: _ADAM_COND for cid in (
-        "transformer-ctl-mirrored-f32", "transformer-dfn-mirrored-f32", "transformer-fit_numpy-mirrored-f32",
-        "transformer-ctl-mirrored-mixed", "embedding-ctl-mirrored-f32", "embedding-dfn-mirrored-f32")},
-    **{cid: _LOSS_SCALE for cid in (
-        "mlp-ctl-mirrored-mixed", "mlp-split-none-mixed", "transformer-fit_data-mirrored-mixed",
-        "mlp-fit_numpy-mirrored-mixed")},
+    "transformer-ctl-mirrored-mixed": _BRANCH_TAKEN,
+    "transformer-fit_data-mirrored-mixed": _NESTED_COND_INPUTS,
     "cnn-dfn-mirrored-f32": _TFDBG_CRASH,
 }
 
