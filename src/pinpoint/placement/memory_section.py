@@ -26,7 +26,8 @@ def memory_section(partitions: list, xspace, events: list, namer: DeviceMap, *, 
     devices = node_devices(partitions, namer)
     out = summarize(events, devices, types, peak, host=namer.canonical_spec(HOST) or "/CPU:0", read_ps=read_ps,
                     gpus=gpus)
-    out["predicted"] = (predict_call(partitions, shapes, xspace, devices, out["devices"], first_call=call == "first")
-                        if shapes is not None else predict_from_trace(partitions, xspace, devices, out["devices"]))
+    out["predicted"] = (predict_call(partitions, shapes, xspace, events, devices, out["devices"],
+                                     first_call=call == "first")
+                        if shapes is not None else predict_from_trace(partitions, xspace, events, devices, out["devices"]))
     out["call"] = call
     return with_fit(out, partitions)
