@@ -268,6 +268,7 @@ def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple
     Identity inline, without an event): such a node ran once its data inputs were made, at once.
     A receive's event is when it was posted (in a loop, often before this iteration's tensor was
     made): it is done once its sender's tensor is made, and not before it was posted."""
+    ran = sorted(ran, key=lambda x: x[1])  # a node run several times (a loop's body): its last run
     times = {name: (s, e) for name, s, e in ran}
     sent = {n.tensor_name: n.inputs[0][0] for n in nodes.values() if n.op in _SENDS and n.inputs}
     posted: dict[str, list[int]] = defaultdict(list)  # a receive -> each time it was posted

@@ -41,6 +41,11 @@ ASSUMPTION = ("the kernels of the measured call replayed in the order they ran, 
               "on another device is a copy there) x the allocator's allocated/requested ratio measured on the device")
 
 
+ORDER_NOTE = ("a peak depends on the order the kernels ran in, which differs between two runs of one placement on "
+              "emulated devices (they share the host's threads): the plan's prediction replays the source run's order; "
+              "replayed_in_its_order is the verification run's own, the gap between the two is the order's")
+
+
 @dataclass(frozen=True)
 class DeviceMemory:
     """One device's predicted memory under a placement (bytes)."""
@@ -138,6 +143,16 @@ def over_cap(caps: Mapping[str, int], memory: Mapping[str, DeviceMemory]) -> lis
             if d in memory and memory[d].needs > cap]
 
 
+def ruled_lines(ruled: list) -> tuple[str, ...]:
+    """One line per distinct placement ruled out: (Plan, memory, over_cap lines) each."""
+    out: dict[tuple, str] = {}
+    for plan, _, over in ruled:
+        key = tuple(sorted(plan.placement.items()))
+        moved = ", ".join(f"{k} {d}" for k, d in sorted(plan.placement.items()))
+        out.setdefault(key, f"{plan.algorithm} ({moved}): {'; '.join(over)}")
+    return tuple(out.values())
+
+
 def no_fit_error(caps: Mapping[str, int], tried: list[tuple[str, dict[str, DeviceMemory]]]) -> PlacementError:
     """No candidate placement fits the caps: the one that comes closest, and the fix."""
     def excess(mem: dict[str, DeviceMemory]) -> int:
@@ -179,13 +194,18 @@ def compare_memory(predicted: Mapping[str, Mapping[str, int]], placement: Mappin
     measured = {d: m["peak_requested"] for d, m in (memory.get("devices") or {}).items() if d.startswith("/")}
     if not measured:
         return {"why_not": memory.get("why_not") or "the verification run measured no memory"}
+    # The verification run's own replay (its kernels in the order they ran there): the gap between the
+    # two predictions is the order the kernels ran in, not the placement.
+    own = {d: r.get("predicted") for d, r in ((memory.get("predicted") or {}).get("devices") or {}).items()}
     rows = []
     for d in sorted(set(predicted) | set(measured), key=_order):
         p, m = (predicted.get(d) or {}).get("peak", 0), measured.get(d, 0)
-        rows.append({"device": d, "predicted": p, "measured": m, "error": round((p - m) / m, 4) if m else None})
+        rows.append({"device": d, "predicted": p, "measured": m, "error": round((p - m) / m, 4) if m else None,
+                     "replayed_in_its_order": own.get(d)})
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
     return {"devices": rows, "largest_error": max(errors, default=None),
-            "mismatched_events": (memory.get("self_check") or {}).get("mismatched"), "assumption": ASSUMPTION}
+            "mismatched_events": (memory.get("self_check") or {}).get("mismatched"), "assumption": ASSUMPTION,
+            "order_note": ORDER_NOTE}
 
 
 def _order(device: str) -> tuple:
@@ -198,10 +218,12 @@ def memory_lines(check: Mapping[str, Any]) -> list[str]:
     """The lines `pinpoint plan --verify` prints for the memory check."""
     if "why_not" in check:
         return [f"memory: not checked ({check['why_not']})"]
-    lines = ["peak memory per device  predicted  measured  error"]
+    lines = ["peak memory per device  predicted  measured  error   (replayed in the run's own order)"]
     for r in check["devices"]:
         err = "-" if r["error"] is None else f"{r['error']:+.1%}"
-        lines.append(f"  {r['device']:<22} {r['predicted']:>9} {r['measured']:>9}  {err}")
+        own = r.get("replayed_in_its_order")
+        lines.append(f"  {r['device']:<22} {r['predicted']:>9} {r['measured']:>9}  {err:>6}   "
+                     f"({'-' if own is None else own})")
     lines.append(f"  (the call's peak, variables aside; the allocator's self-check: {check['mismatched_events']} "
                  "mismatched event(s))")
     return lines

@@ -46,7 +46,7 @@ from pinpoint.plan.baselines import even_split, measured, user
 from pinpoint.plan.check import Placement, Unit, backward_fits, fits_type, units, violations
 from pinpoint.plan.graph import OTHER, PlanGraph
 from pinpoint.plan.links import LinkModel
-from pinpoint.plan.memory import no_fit_error, over_cap
+from pinpoint.plan.memory import no_fit_error, over_cap, ruled_lines
 from pinpoint.plan.predict import predict
 from pinpoint.plan.servers import is_server, measured_placement, servers_of, unpinned
 from pinpoint.plan.tasks import TaskGraph, costs, task_graph
@@ -67,7 +67,8 @@ def balance_key(load: dict[str, float], devices: tuple[str, ...], crossing: int)
 class Plan:
     placement: Placement
     algorithm: str  # "m-ETF", "m-SCT", "... + balance moves", "LPT over parameter servers"
-    ruled_out: tuple[str, ...] = ()  # candidates whose predicted memory was above a device's cap (plan.memory)
+    # Candidates whose predicted memory was above a device's cap, one line each (plan.memory.ruled_lines).
+    ruled_out: tuple[str, ...] = ()
 
 
 class _Space:
@@ -477,8 +478,9 @@ def search(graph: PlanGraph, links: LinkModel, objective: str, devices: tuple[st
         if bad:  # the schedulers keep the constraints; this is the guard that they did
             raise PlacementError(bad[0])
         pred = predict(graph, plan.placement, links, devices)
-        if pred.memory and over_cap(graph.memory_cap_bytes, pred.memory):  # its predicted peak is above a cap
-            ruled.append((plan.algorithm, pred.memory))
+        over = over_cap(graph.memory_cap_bytes, pred.memory) if pred.memory else []
+        if over:  # its predicted peak is above a device's cap
+            ruled.append((plan, pred.memory, over))
             continue
         load = pred.compute_us if graph.timed else pred.ops
         if objective == "step_time":
@@ -487,11 +489,11 @@ def search(graph: PlanGraph, links: LinkModel, objective: str, devices: tuple[st
             key = balance_key(load, devices, pred.crossing_total)
         scored.append((key, len(scored), plan))
     if not scored:
-        raise no_fit_error(graph.memory_cap_bytes, ruled)
+        raise no_fit_error(graph.memory_cap_bytes, [(p.algorithm, m) for p, m, _ in ruled])
     cap = _traffic_cap(graph, space, links, devices) if objective == "balance" else None
     within = [x for x in scored if cap is None or x[0][1] <= cap]
     best = min(within or scored)[2]
-    return replace(best, ruled_out=tuple(sorted({name for name, _ in ruled})))
+    return replace(best, ruled_out=ruled_lines(ruled))
 
 
 def _gradient_devices(graph: PlanGraph, devices: tuple[str, ...]) -> list[str]:
