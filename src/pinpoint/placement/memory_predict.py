@@ -44,6 +44,7 @@ _CWISE = {"Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Softp
           "SelectV2", "Gelu"}
 _MKL = re.compile(r"^_Mkl(?:Native)?(?=[A-Z])")
 _COLLECTIVE = re.compile(r"^(Collective(Reduce|Gather|AllToAll)\w*|NcclAllReduce)$")
+MAX_ITERATIONS = 64  # a loop's iterations replayed one by one: the first 64 at most
 
 
 @dataclass
@@ -52,6 +53,7 @@ class _Buffer:
     bytes: int
     refs: int = 0
     shared: bool = False  # a variable's own buffer, which a read only borrows (never written in place)
+    holds: _Buffer | None = None  # a read's: the variable's old buffer it keeps alive after a copy-on-write
 
 
 def _tensor(inp: str) -> tuple[str, int]:
@@ -99,6 +101,8 @@ class _Sim:
     made: dict = field(default_factory=lambda: defaultdict(list))  # node -> the buffers it allocated
     live: dict = field(default_factory=lambda: defaultdict(int))
     peak: dict = field(default_factory=lambda: defaultdict(int))
+    copies_made: dict = field(default_factory=dict)  # variable -> the copy an update wrote (copy-on-write)
+    carried: dict = field(default_factory=dict)  # variable -> the copy a previous iteration wrote
 
     def new(self, key, device: str, size: int, refs: int) -> _Buffer:
         buf = self.buffers[key] = _Buffer(device, size, refs)
@@ -119,6 +123,10 @@ class _Sim:
         return self.local.get((t, device)) or self.buffers.get(t)
 
     def free_if_done(self, buf: _Buffer) -> None:
+        if buf.refs <= 0 and buf.holds is not None:  # a read done: the old buffer it kept is one read freer
+            held, buf.holds = buf.holds, None
+            held.refs -= 1
+            self.free_if_done(held)
         if buf.refs <= 0 and buf.bytes:
             self.live[buf.device] -= buf.bytes
             buf.bytes = 0  # freed once, whichever alias saw it last
@@ -247,7 +255,20 @@ class _Sim:
         size = size or max((self.size_of(t[0])[t[1]] for t in inputs[1:]
                             if t[1] < len(self.size_of(t[0]))), default=0)
         if size:
-            self.new((n.name, -2), device, size, 1 << 30)
+            self.copies_made[var] = self.new((n.name, -2), device, size, 1 << 30)
+            old = self.carried.pop(var, None)
+            if old is not None:  # the previous iteration's copy: freed once the reads still holding it are done
+                pending = [v for v in self.views.get(var, ()) if v.refs > 0]
+                old.refs = len(pending)
+                for v in pending:
+                    v.holds = old
+                self.free_if_done(old)
+
+    def carry(self, previous: _Sim) -> None:
+        """A loop's next iteration: the copies the previous one made are the variables' buffers now."""
+        for var, buf in previous.copies_made.items():
+            if buf.bytes:
+                self.carried[var] = self.new((f"carried:{var}", 0), buf.device, buf.bytes, 1 << 30)
 
     def end(self, n: Node, device: str) -> None:
         chunk = self.buffers.pop((n.name, -1), None)
@@ -267,7 +288,7 @@ def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple
     """The kernels the trace shows, and the cheap ones it does not (the executor runs a Reshape or an
     Identity inline, without an event): such a node ran once its data inputs were made, at once.
     A receive's event is when it was posted (in a loop, often before this iteration's tensor was
-    made): it is done once its sender's tensor is made, and not before it was posted."""
+    made, or one iteration ahead): it is done once its sender's tensor is made."""
     ran = sorted(ran, key=lambda x: x[1])  # a node run several times (a loop's body): its last run
     times = {name: (s, e) for name, s, e in ran}
     sent = {n.tensor_name: n.inputs[0][0] for n in nodes.values() if n.op in _SENDS and n.inputs}
@@ -289,12 +310,10 @@ def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple
             srcs = [sent[n.tensor_name]] if n.op in _RECVS and n.tensor_name in sent else \
                 [] if n.op in _RECVS else [t for t, _ in _data_inputs(n)]
             if srcs and all(s in times for s in srcs):
-                made = max(times[s][1] for s in srcs)
-                # The first posting once the tensor was made, else the making (it was posted before).
-                t = min((p for p in posted.get(n.name, ()) if p >= made), default=made)
+                t = max(times[s][1] for s in srcs)
                 times[n.name] = (t, t)
                 changed = True
-    for name, at in posted.items():  # a receive from outside the call's graphs: its last posting
+    for name, at in posted.items():  # a receive from outside the call's graphs: when it was last posted
         times.setdefault(name, (at[-1], at[-1]))
     # An op is done before any reader of its outputs starts: an event that lasts longer holds its
     # readers' work (an asynchronous kernel's done callback runs them inline), not its own.
@@ -319,10 +338,12 @@ def predict_peaks(partitions: list, order: Iterable[tuple[str, int, int]], size_
 @dataclass(frozen=True)
 class Schedule:
     """The call's kernels in the order they ran (the inline ones placed), ready to replay under any
-    device assignment: the same kernels in the same order, each on the device `device_of` gives it."""
+    device assignment: the same kernels in the same order, each on the device `device_of` gives it.
+    A loop's body runs once per iteration, each in its own order: each iteration is replayed (its
+    nodes' k-th runs, the nodes that ran once as they ran), and a device's peak is its highest."""
 
     nodes: Mapping[str, Node]
-    steps: tuple[tuple[bool, str], ...]  # (starts, node) in time order
+    runs: tuple[tuple[tuple[bool, str], ...], ...]  # per iteration: (starts, node) in time order
     readers: Mapping[tuple[str, int], tuple[str, ...]]  # tensor -> the ops that ran and read it
     sent: Mapping[str, tuple[str, int]]
 
@@ -330,35 +351,54 @@ class Schedule:
     def of(cls, nodes: Iterable[Node], order: Iterable[tuple[str, int, int]]) -> Schedule:
         by_name = {n.name: n for n in nodes}
         sent = {n.tensor_name: n.inputs[0] for n in by_name.values() if n.op in _SENDS and n.inputs}
-        ran = _with_inline_ops(by_name, [(name, s, e) for name, s, e in order if name in by_name])
+        runs_of: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for name, s, e in sorted((x for x in order if x[0] in by_name), key=lambda x: x[1]):
+            runs_of[name].append((s, e))
+        body = [len(r) for name, r in runs_of.items() if by_name[name].op not in _RECVS]
+        iterations = min(max(body, default=1), MAX_ITERATIONS)
+        runs, names = [], set()
+        for k in range(iterations):
+            ran = _with_inline_ops(by_name, [(name, *r[min(k, len(r) - 1)]) for name, r in runs_of.items()
+                                             if by_name[name].op not in _RECVS]
+                                   + [(name, s, e) for name, r in runs_of.items() if by_name[name].op in _RECVS
+                                      for s, e in r])
+            names |= {name for name, _, _ in ran}
+            # At one instant: what ended is released, then what starts allocates, in the order the inline
+            # ops were found (their inputs first), and an op of no duration ends after it started.
+            steps = []
+            for seq, (name, s, e) in enumerate(ran):
+                steps += [(s, 1, seq, True, name), (e, 2 if e == s else 0, seq, False, name)]
+            runs.append(tuple((starts, name) for _, _, _, starts, name in sorted(steps)))
         readers: dict[tuple[str, int], list[str]] = defaultdict(list)
-        for name in {name for name, _, _ in ran}:
+        for name in names:
             for t in _data_inputs(by_name[name]):
                 readers[t].append(name)
-        # At one instant: what ended is released, then what starts allocates, in the order the inline ops
-        # were found (their inputs first), and an op of no duration ends after it started.
-        steps = []
-        for seq, (name, s, e) in enumerate(ran):
-            steps += [(s, 1, seq, True, name), (e, 2 if e == s else 0, seq, False, name)]
-        return cls(by_name, tuple((starts, name) for _, _, _, starts, name in sorted(steps)),
-                   {t: tuple(sorted(r)) for t, r in readers.items()}, sent)
+        return cls(by_name, tuple(runs), {t: tuple(sorted(r)) for t, r in readers.items()}, sent)
 
     def peaks(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str], group_size: int = 1,
               first_call: bool = False, copies: bool = False) -> dict[str, int]:
         """Each device's peak (bytes requested) with node -> device_of(node); `copies`: a tensor read
         on another device than its maker's is a copy there (a GPU machine's)."""
-        counts = defaultdict(int, {t: len(r) for t, r in self.readers.items()})
-        sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies)
-        if copies:
-            for t, names in self.readers.items():
-                for name in names:
-                    sim.on[(t, device_of(name))] = sim.on.get((t, device_of(name)), 0) + 1
-        for starts, name in self.steps:
-            if starts:
-                sim.start(self.nodes[name], device_of(name))
-            else:
-                sim.end(self.nodes[name], device_of(name))
-        return dict(sim.peak)
+        out: dict[str, int] = {}
+        previous = None
+        for run in self.runs:
+            counts = defaultdict(int, {t: len(r) for t, r in self.readers.items()})
+            sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies)
+            if previous is not None:
+                sim.carry(previous)
+            if copies:
+                for t, names in self.readers.items():
+                    for name in names:
+                        sim.on[(t, device_of(name))] = sim.on.get((t, device_of(name)), 0) + 1
+            for starts, name in run:
+                if starts:
+                    sim.start(self.nodes[name], device_of(name))
+                else:
+                    sim.end(self.nodes[name], device_of(name))
+            for d, p in sim.peak.items():
+                out[d] = max(out.get(d, 0), p)
+            previous = sim
+        return out
 
 
 def compare(predicted: Mapping[str, int], measured: Mapping[str, dict]) -> dict[str, dict]:
@@ -392,6 +432,8 @@ class Replay:
     devices: Mapping[str, str]
     replicas: int = 0
     first_call: bool = False
+    batch: int | None = None  # the step's batch (memory_batch.batch_of)
+    scaled: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # node -> outputs that grow with it
 
     @cached_property
     def schedule(self) -> Schedule:
@@ -408,14 +450,15 @@ class Replay:
     def to_json(self) -> dict[str, Any]:
         return {"nodes": [[n.name, n.op, [list(t) for t in n.inputs], n.tensor_name] for n in self.nodes],
                 "order": [list(x) for x in self.order], "sizes": {k: list(v) for k, v in self.sizes.items()},
-                "devices": dict(self.devices), "replicas": self.replicas, "first_call": self.first_call}
+                "devices": dict(self.devices), "replicas": self.replicas, "first_call": self.first_call,
+                "batch": self.batch, "scaled": {k: list(v) for k, v in self.scaled.items()}}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Replay:
         nodes = tuple(Node(name, op, tuple((a, int(b)) for a, b in inputs), key) for name, op, inputs, key in d["nodes"])
         return cls(nodes, tuple((a, int(b), int(c)) for a, b, c in d["order"]),
                    {k: tuple(v) for k, v in d["sizes"].items()}, dict(d["devices"]), int(d.get("replicas") or 0),
-                   bool(d.get("first_call")))
+                   bool(d.get("first_call")), d.get("batch"), {k: tuple(v) for k, v in (d.get("scaled") or {}).items()})
 
 
 def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
@@ -423,12 +466,15 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     """(the call's Replay, how many nodes were sized by their shapes and how many by the allocator).
     An output whose shape inference left unknown (a batch dimension that depends on the step) is
     sized by what its op really asked the allocator for (`events`, the call's allocator events)."""
+    from pinpoint.placement.memory_batch import batch_of, scaled_outputs
     from pinpoint.placement.timing import op_events
 
     asked: dict[str, int] = {}
+    asked_shape: dict[str, str] = {}
     for e in events:
         if e.alloc and e.op and e.region == "output":
             asked.setdefault(e.op, e.requested)
+            asked_shape.setdefault(e.op, e.shape)
     counts = {"shapes": 0, "allocator": 0}
     nodes = tuple(Node.of(n) for g in partitions for n in g.node)
     sizes: dict[str, tuple[int, ...]] = {}
@@ -446,7 +492,9 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     order = tuple((e.name, e.start_ps - begin, e.start_ps - begin + e.dur_ps) for e in op_order)
     replicas = len({devices[n.name] for n in nodes if _COLLECTIVE.match(_MKL.sub("", n.op)) and n.name in devices})
     used = {n.name: devices[n.name] for n in nodes if n.name in devices}
-    return Replay(nodes, order, sizes, used, replicas, first_call), counts
+    batch = batch_of(nodes, shapes, sizes)
+    return Replay(nodes, order, sizes, used, replicas, first_call, batch,
+                  scaled_outputs(nodes, shapes, sizes, batch, asked_shape)), counts
 
 
 def predict_call(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
@@ -454,12 +502,15 @@ def predict_call(partitions: list, shapes: Mapping[str, list], xspace, events: I
     """The prediction for the profiled call as it ran (its kernels' order from the trace), per device
     beside the measured peak, and on a GPU machine (every tensor read on another device a copy
     there). `replay`: what `pinpoint plan` replays under another placement."""
+    from pinpoint.placement.memory_batch import batch_section
+
     replay, counts = replay_of(partitions, shapes, xspace, events, devices, first_call)
     rows = compare(replay.peaks(), measured)
     gpu = replay.peaks(copies=True)
     for d, row in rows.items():
         row["gpu_machine"] = gpu.get(d, 0)
-    return {"devices": rows, "sized": counts, "replicas": replay.replicas, "replay": replay.to_json()}
+    return {"devices": rows, "sized": counts, "replicas": replay.replicas, "batch": batch_section(replay),
+            "replay": replay.to_json()}
 
 
 def predict_from_trace(partitions: list, xspace, events: Iterable, devices: Mapping[str, str],
