@@ -22,6 +22,7 @@ ASSUMPTION = ("every output whose shape starts with the step's batch (inferred, 
               "grows in proportion to the batch, the others keep their size; the same kernels run in the same order; "
               "variables and slots do not depend on the batch")
 _INPUT_SOURCES = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue"}
+_RESOURCE = 20  # DT_RESOURCE: a variable's handle
 FACTORS = (2, 4)  # the other batches shown: these multiples of the measured one
 MAX_BATCH = 1 << 24
 
@@ -29,7 +30,8 @@ MAX_BATCH = 1 << 24
 def batch_of(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[int, ...]]) -> int | None:
     """The step's batch: the leading dimension of the input elements (an iterator's, or the rows
     Pinpoint's loop gathers under its input scope), from their shapes, or from their bytes over a
-    row's when shape inference left it unknown; None when none is known."""
+    row's when shape inference left it unknown; else the most common leading dimension of the
+    step's tensor arguments (a traced step called with its batch); None when none is known."""
     from pinpoint.placement.transfers import _dtype_size
 
     dims = Counter()
@@ -48,6 +50,11 @@ def batch_of(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[int, .
                 row = (_dtype_size(dtype) or 0) * math.prod(d[1:])
                 if row and sizes[n.name][k] % row == 0:
                     dims[sizes[n.name][k] // row] += 1
+    if not dims:  # a traced step fed tensors as arguments: their most common leading dimension
+        for n in nodes:
+            for dtype, d in (shapes.get(n.name) or ()) if n.op in ("_Arg", "_DeviceArg") else ():
+                if dtype != _RESOURCE and d and d[0]:
+                    dims[d[0]] += 1
     return dims.most_common(1)[0][0] if dims else None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pinpoint.device_names import is_host
 from pinpoint.placement.memory import UNATTRIBUTED as MEMORY_UNATTRIBUTED
 from pinpoint.placement.model import Placement, as_placement
 from pinpoint.placement.requests import weight_lines
@@ -102,6 +103,8 @@ def format_summary(placement: Placement | Mapping[str, Any] | None, metrics: Map
     if memory:
         lines.append(memory)
     lines.extend(fit_lines(p.memory))
+    if batch_line(p.memory):
+        lines.append(batch_line(p.memory))
     lines.append(_variables_line(p))
     lines.extend(_fallback_lines(p))
     lines.extend(_input_lines(p))
@@ -145,9 +148,21 @@ def fit_lines(memory) -> list[str]:
     fit = (memory or {}).get("fit")
     if not fit:
         return []
-    rows = ", ".join(f"{d} {v['verdict']} (needs {human_bytes(v['needs'])} of {human_bytes(v['usable'])})"
+    rows = ", ".join(f"{d} {v['verdict']} (needs {human_bytes(v['needs'])} of {human_bytes(v['usable'])}"
+                     + (f"; batch up to {v['largest_batch']:,}" if "largest_batch" in v else "") + ")"
                      for d, v in fit["devices"].items())
     return [f"memory fit : on {human_bytes(fit['gpu_memory'])} GPUs: {rows}"]
+
+
+def batch_line(memory) -> str | None:
+    """The memory predicted at other batch sizes (placement.memory_batch), busiest device first."""
+    batch = ((memory or {}).get("predicted") or {}).get("batch") or {}
+    devices = {d: v for d, v in (batch.get("devices") or {}).items() if not is_host(d)} or batch.get("devices") or {}
+    if not devices:
+        return None
+    sizes = list(next(iter(devices.values())))
+    rows = "; ".join(f"batch {b}: " + ", ".join(f"{d} {human_bytes(v[b])}" for d, v in devices.items()) for b in sizes)
+    return f"memory at  : measured at batch {batch['measured']}, predicted {rows}"
 
 
 def _training_line(metrics: Mapping[str, Any]) -> str:
