@@ -34,6 +34,7 @@ from pinpoint.placement.conformance import (
 )
 from pinpoint.placement.inputs import PlacementInputs
 from pinpoint.placement.memory_fit import with_fit
+from pinpoint.placement.memory_model import Memory
 from pinpoint.placement.model import Placement
 from pinpoint.placement.opgraph import LayerMatcher, add_graph_fields, resource_variables
 from pinpoint.placement.requests import weight_rules
@@ -110,8 +111,8 @@ def build(inputs: PlacementInputs) -> Placement:
         training_function=trace.training_function if trace else None,
         eager=Eager.from_json(trace.eager) if trace else None,
         program=trace.program if trace else None,
-        memory=with_fit(inputs.memory if inputs.memory is not None else _memory(captures[0], namer) if captures
-                        else None, var_info["variables"]),
+        memory=Memory.from_json(with_fit(inputs.memory if inputs.memory is not None else _memory(captures[0], namer)
+                                         if captures else None, var_info["variables"])),
     )
 
 

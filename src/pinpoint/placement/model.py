@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pinpoint.errors import ConfigError
+from pinpoint.placement.memory_model import Memory
 from pinpoint.placement.schema import SCHEMA_VERSION
 from pinpoint.placement.sections import (
     Conformance,
@@ -68,8 +69,8 @@ class Placement:
     training_function: str | None = None
     eager: Eager | None = None
     program: str | None = None
-    # Measured memory per device over the profiled call (placement.memory.summarize), when asked.
-    memory: Mapping[str, Any] | None = None
+    # Memory per device over the profiled call (placement.memory_model), when asked.
+    memory: Memory | None = None
     schema: int = SCHEMA_VERSION
 
     @property
@@ -124,6 +125,7 @@ class Placement:
         kw["variables"] = tuple(Variable.from_json(v) for v in d.get("variables") or ())
         kw["fallbacks"] = tuple(Fallback.from_json(f) for f in d.get("fallbacks") or ())
         kw["eager"] = Eager.from_json(d.get("eager"))
+        kw["memory"] = Memory.from_json(d.get("memory"))
         for name in ("captured_steps", "devices", "ops", "transfer_items", "notes"):
             kw[name] = tuple(d.get(name) or ())
         if d.get("functions") is not None:
