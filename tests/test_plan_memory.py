@@ -97,9 +97,13 @@ def test_verify_holds_each_predicted_peak_to_the_measured_one():
     assert compare_memory({}, {"memory": {"why_not": "no allocator events"}}) == {"why_not": "no allocator events"}
 
 
-def test_a_run_without_its_memory_replay_has_no_model():
+def test_a_run_without_its_memory_replay_or_of_several_replicas_has_no_model():
     assert memory_model({"memory": {"devices": {}}}, {}) is None
     assert memory_model({}, {}) is None
+    replay = Replay((), (), {}, {}).to_json()
+    assert memory_model({"strategy": "mirrored", "memory": {"devices": {}, "predicted": {"replay": replay}}}, {}) is None
+    assert memory_model({"strategy": "none", "memory": {"devices": {}, "predicted": {"replay": replay}}}, {}) \
+        is not None
 
 
 SIMPLE = LinkModel.from_dict({"pcie": {"latency_us": 1, "gb_per_s": 1}})
@@ -113,8 +117,9 @@ def test_a_gpu_size_for_a_run_without_its_memory_replay_is_one_line(tmp_path, ca
     before = sorted(p.name for p in run.iterdir())
     assert main(["plan", str(run), "--gpu-memory", "16GiB"]) == 2
     assert capsys.readouterr().err == (
-        f"pinpoint: --gpu-memory: got {16 * 2**30} bytes, but the run kept no memory measurement to predict each "
-        "device's peak from; re-run it with placement.memory: true (pinpoint trace --memory), or drop --gpu-memory\n")
+        f"pinpoint: --gpu-memory: got {16 * 2**30} bytes, but the run kept no memory measurement of one replica to "
+        "predict each device's peak from; re-run it with strategy none and placement.memory: true (pinpoint trace "
+        "--memory), or drop --gpu-memory\n")
     assert sorted(p.name for p in run.iterdir()) == before
 
 

@@ -20,6 +20,7 @@ temporaries (oneDNN's pooling workspace, convolution scratch) and tf.data's host
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -44,6 +45,7 @@ _CWISE = {"Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Softp
           "SelectV2", "Gelu"}
 _MKL = re.compile(r"^_Mkl(?:Native)?(?=[A-Z])")
 _COLLECTIVE = re.compile(r"^(Collective(Reduce|Gather|AllToAll)\w*|NcclAllReduce)$")
+_LIST_OPS = {"TensorListPushBack", "TensorListPopBack"}
 MAX_ITERATIONS = 64  # a loop's iterations replayed one by one: the first 64 at most
 
 
@@ -343,9 +345,12 @@ class Schedule:
     nodes' k-th runs, the nodes that ran once as they ran), and a device's peak is its highest."""
 
     nodes: Mapping[str, Node]
-    runs: tuple[tuple[tuple[bool, str], ...], ...]  # per iteration: (starts, node) in time order
+    runs: tuple[tuple[tuple[int, bool, str], ...], ...]  # per iteration: (time, starts, node) in time order
     readers: Mapping[tuple[str, int], tuple[str, ...]]  # tensor -> the ops that ran and read it
     sent: Mapping[str, tuple[str, int]]
+    # A loop's tensor lists (TensorListPushBack / PopBack): each push or pop node and when each of its
+    # runs ended. What the lists hold is counted beside the replay (see `held_in_lists`).
+    lists: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, nodes: Iterable[Node], order: Iterable[tuple[str, int, int]]) -> Schedule:
@@ -368,12 +373,62 @@ class Schedule:
             steps = []
             for seq, (name, s, e) in enumerate(ran):
                 steps += [(s, 1, seq, True, name), (e, 2 if e == s else 0, seq, False, name)]
-            runs.append(tuple((starts, name) for _, _, _, starts, name in sorted(steps)))
+            runs.append(tuple((t, starts, name) for t, _, _, starts, name in sorted(steps)))
         readers: dict[tuple[str, int], list[str]] = defaultdict(list)
         for name in names:
             for t in _data_inputs(by_name[name]):
                 readers[t].append(name)
-        return cls(by_name, tuple(runs), {t: tuple(sorted(r)) for t, r in readers.items()}, sent)
+        lists = {name: _list_times(by_name[name], r, readers, runs_of) for name, r in runs_of.items()
+                 if by_name[name].op in _LIST_OPS}
+        return cls(by_name, tuple(runs), {t: tuple(sorted(r)) for t, r in readers.items()}, sent, lists)
+
+    def _element_bytes(self, t: tuple[str, int], size_of: Callable[[str], list[int]]) -> int:
+        """The bytes of a pushed tensor, through the ops that pass a tensor on (a loop variable's
+        Switch, Merge, Enter, a receive); 0 for a variable's read (the list holds the variable's own
+        buffer, nothing new)."""
+        for _ in range(32):
+            n = self.nodes.get(t[0])
+            if n is None or _MKL.sub("", n.op) == "ReadVariableOp":
+                return 0
+            sizes = size_of(t[0])
+            if t[1] < len(sizes) and sizes[t[1]]:
+                return sizes[t[1]]
+            if n.op in _RECVS and n.tensor_name in self.sent:
+                t = self.sent[n.tensor_name]
+            elif (n.op in _ALIAS_FIRST or n.op in _MERGES) and n.inputs:
+                t = n.inputs[0]
+            else:
+                return 0
+        return 0
+
+    def held_in_lists(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str]):
+        """time -> device -> the bytes a loop's tensor lists hold then: each element pushed and not yet
+        popped (a loop keeps each iteration's activations so for its gradient), on its pusher's device."""
+        changes: list[tuple[int, str, int]] = []
+        pushed: dict[str, int] = defaultdict(int)  # device -> bytes pushed over the call
+        pops: dict[str, list[int]] = defaultdict(list)  # device -> when each pop ended
+        for name, ends in self.lists.items():
+            n, d = self.nodes[name], device_of(name)
+            if n.op != "TensorListPushBack":
+                pops[d] += ends
+                continue
+            size = self._element_bytes(n.inputs[1], size_of) if len(n.inputs) > 1 else 0
+            changes += [(t, d, size) for t in ends if size]
+            pushed[d] += size * len(ends)
+        for d, ends in pops.items():  # a pop's element is unsized: each pop frees its share of what was pushed
+            changes += [(t, d, -(pushed[d] // len(ends))) for t in ends if pushed[d]]
+        changes.sort()
+        times = [t for t, _, _ in changes]
+        totals, now = [], defaultdict(int)
+        for _, d, size in changes:
+            now[d] = max(0, now[d] + size)
+            totals.append(dict(now))
+
+        def at(t: int) -> Mapping[str, int]:
+            i = bisect.bisect_right(times, t)
+            return totals[i - 1] if i else {}
+
+        return at if changes else None
 
     def peaks(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str], group_size: int = 1,
               first_call: bool = False, copies: bool = False) -> dict[str, int]:
@@ -381,6 +436,7 @@ class Schedule:
         on another device than its maker's is a copy there (a GPU machine's)."""
         out: dict[str, int] = {}
         previous = None
+        lists = self.held_in_lists(size_of, device_of)
         for run in self.runs:
             counts = defaultdict(int, {t: len(r) for t, r in self.readers.items()})
             sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies)
@@ -390,15 +446,27 @@ class Schedule:
                 for t, names in self.readers.items():
                     for name in names:
                         sim.on[(t, device_of(name))] = sim.on.get((t, device_of(name)), 0) + 1
-            for starts, name in run:
+            for t, starts, name in run:
                 if starts:
                     sim.start(self.nodes[name], device_of(name))
                 else:
                     sim.end(self.nodes[name], device_of(name))
+                for d, held in (lists(t).items() if lists is not None else ()):
+                    out[d] = max(out.get(d, 0), sim.live[d] + held)
             for d, p in sim.peak.items():
                 out[d] = max(out.get(d, 0), p)
             previous = sim
         return out
+
+
+def _list_times(n: Node, runs: list[tuple[int, int]], readers: Mapping, runs_of: Mapping) -> tuple[int, ...]:
+    """When each run of a push added its element to the list (its end), or when each run of a pop let
+    its element go: once the ops reading the popped element in that iteration have ended (a loop runs
+    iterations in parallel: the pops can run ahead of the gradient math that reads their elements)."""
+    if n.op != "TensorListPopBack":
+        return tuple(e for _, e in runs)
+    users = [u for u in readers.get((n.name, 1), ()) if u in runs_of]
+    return tuple(max([e, *(runs_of[u][j][1] for u in users if j < len(runs_of[u]))]) for j, (_, e) in enumerate(runs))
 
 
 def compare(predicted: Mapping[str, int], measured: Mapping[str, dict]) -> dict[str, dict]:

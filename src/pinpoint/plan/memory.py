@@ -71,7 +71,11 @@ class MemoryModel:
 
 
 def memory_model(placement: Mapping[str, Any], group_of: Mapping[str, str]) -> MemoryModel | None:
-    """The model of a run whose placement kept its memory replay; None without one."""
+    """The model of a run whose placement kept its memory replay; None without one, or for a run of
+    several replicas (mirrored: each replica's nodes belong to the same layers, and a layer plan is
+    trained with one replica)."""
+    if (placement.get("strategy") or "none") != "none":
+        return None
     memory = placement.get("memory") or {}
     replay = (memory.get("predicted") or {}).get("replay")
     if not replay:
@@ -173,9 +177,9 @@ def with_gpu_memory(graph, size: int | None, devices: tuple[str, ...], field: st
     if size is None:
         return graph
     if graph.memory is None:
-        raise ConfigError(f"{field}: got {size} bytes, but the run kept no memory measurement to predict each "
-                          "device's peak from; re-run it with placement.memory: true (pinpoint trace --memory), "
-                          f"or drop {field}")
+        raise ConfigError(f"{field}: got {size} bytes, but the run kept no memory measurement of one replica to "
+                          "predict each device's peak from; re-run it with strategy none and placement.memory: true "
+                          f"(pinpoint trace --memory), or drop {field}")
     caps = {d: size - CONTEXT for d in devices if parse_name(d)[2] == "GPU"}
     return replace(graph, memory_cap_bytes={**graph.memory_cap_bytes, **caps})
 
