@@ -223,3 +223,14 @@ def test_a_loops_tensor_list_holds_each_pushed_element_until_the_gradient_readin
     sizes = {"x": [100], "R": [50]}
     peaks = Schedule.of(nodes, order).peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0")
     assert peaks == {"/GPU:0": 3 * 100 + 50}
+
+
+def test_a_kernels_scratch_is_held_while_it_runs():
+    """a (300 B) then b reading it (200 B) with 64 B of scratch: 300 + 200 + 64 while b runs."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    nodes = [Node("a", "Conv2D"), Node("b", "Conv2D", (("a", 0),))]
+    sizes = {"a": [300], "b": [200]}
+    schedule = Schedule.of(nodes, [("a", 0, 1), ("b", 2, 3)])
+    peaks = [schedule.peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0", temps=t) for t in ({}, {"b": 64})]
+    assert peaks == [{"/GPU:0": 500}, {"/GPU:0": 564}]

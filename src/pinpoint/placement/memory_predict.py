@@ -14,8 +14,11 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
   the copy is the variable from then on;
 - constants, arguments and variables exist before the call: not part of its peak.
 
-What the rules leave out is said where the prediction is compared with the measurement: kernel
-temporaries (oneDNN's pooling workspace, convolution scratch) and tf.data's host buffers.
+- a kernel's scratch (the allocator's `temp` region: oneDNN's convolution and pooling workspaces)
+  is held while it runs, as much as it asked for in the measured call.
+
+What the rules leave out is said where the prediction is compared with the measurement: tf.data's
+host buffers.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ class _Sim:
     made: dict = field(default_factory=lambda: defaultdict(list))  # node -> the buffers it allocated
     live: dict = field(default_factory=lambda: defaultdict(int))
     peak: dict = field(default_factory=lambda: defaultdict(int))
+    temps: Mapping = field(default_factory=dict)  # node -> its kernel's scratch (bytes), held while it runs
     copies_made: dict = field(default_factory=dict)  # variable -> the copy an update wrote (copy-on-write)
     carried: dict = field(default_factory=dict)  # variable -> the copy a previous iteration wrote
 
@@ -153,6 +157,8 @@ class _Sim:
 
     def start(self, n: Node, device: str) -> None:
         op, inputs, reads = _MKL.sub("", n.op), _data_inputs(n), self.readers
+        if self.temps.get(n.name):  # its kernel's scratch, returned when it ends
+            self.new((n.name, -3), device, self.temps[n.name], 1)
         if op in ("Const", "HostConst") and self.first_call:
             # A constant's tensor is made when its kernel is, at the function's first call, and kept.
             for k, size in enumerate(self.size_of(n.name)):
@@ -273,10 +279,11 @@ class _Sim:
                 self.carried[var] = self.new((f"carried:{var}", 0), buf.device, buf.bytes, 1 << 30)
 
     def end(self, n: Node, device: str) -> None:
-        chunk = self.buffers.pop((n.name, -1), None)
-        if chunk is not None:
-            chunk.refs = 0
-            self.free_if_done(chunk)
+        for scratch in (-1, -3):  # a collective's chunk, a kernel's scratch
+            chunk = self.buffers.pop((n.name, scratch), None)
+            if chunk is not None:
+                chunk.refs = 0
+                self.free_if_done(chunk)
         if _MKL.sub("", n.op) not in _SENDS:  # a send's read passes to its receiver
             for t in _data_inputs(n):
                 buf = self.get(t, device)
@@ -431,15 +438,17 @@ class Schedule:
         return at if changes else None
 
     def peaks(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str], group_size: int = 1,
-              first_call: bool = False, copies: bool = False) -> dict[str, int]:
+              first_call: bool = False, copies: bool = False, temps: Mapping[str, int] | None = None) -> dict[str, int]:
         """Each device's peak (bytes requested) with node -> device_of(node); `copies`: a tensor read
-        on another device than its maker's is a copy there (a GPU machine's)."""
+        on another device than its maker's is a copy there (a GPU machine's); `temps`: each kernel's
+        scratch while it runs."""
         out: dict[str, int] = {}
         previous = None
         lists = self.held_in_lists(size_of, device_of)
         for run in self.runs:
             counts = defaultdict(int, {t: len(r) for t, r in self.readers.items()})
-            sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies)
+            sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies,
+                       temps=temps or {})
             if previous is not None:
                 sim.carry(previous)
             if copies:
@@ -502,6 +511,9 @@ class Replay:
     first_call: bool = False
     batch: int | None = None  # the step's batch (memory_batch.batch_of)
     scaled: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # node -> outputs that grow with it
+    # node -> the most scratch its kernel asked for at once (the allocator's `temp` region, as measured):
+    # oneDNN's convolution and pooling workspaces; kept at any batch and placement.
+    temps: Mapping[str, int] = field(default_factory=dict)
 
     @cached_property
     def schedule(self) -> Schedule:
@@ -513,20 +525,21 @@ class Replay:
     def peaks(self, device_of: Callable[[str], str] | None = None, copies: bool = False) -> dict[str, int]:
         """Each device's peak over the call, every node on device_of(node) (default: where it ran)."""
         return self.schedule.peaks(self.size_of, device_of or (lambda name: self.devices.get(name, "")),
-                                   self.replicas or 1, self.first_call, copies)
+                                   self.replicas or 1, self.first_call, copies, self.temps)
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": [[n.name, n.op, [list(t) for t in n.inputs], n.tensor_name] for n in self.nodes],
                 "order": [list(x) for x in self.order], "sizes": {k: list(v) for k, v in self.sizes.items()},
                 "devices": dict(self.devices), "replicas": self.replicas, "first_call": self.first_call,
-                "batch": self.batch, "scaled": {k: list(v) for k, v in self.scaled.items()}}
+                "batch": self.batch, "scaled": {k: list(v) for k, v in self.scaled.items()}, "temps": dict(self.temps)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Replay:
         nodes = tuple(Node(name, op, tuple((a, int(b)) for a, b in inputs), key) for name, op, inputs, key in d["nodes"])
         return cls(nodes, tuple((a, int(b), int(c)) for a, b, c in d["order"]),
                    {k: tuple(v) for k, v in d["sizes"].items()}, dict(d["devices"]), int(d.get("replicas") or 0),
-                   bool(d.get("first_call")), d.get("batch"), {k: tuple(v) for k, v in (d.get("scaled") or {}).items()})
+                   bool(d.get("first_call")), d.get("batch"), {k: tuple(v) for k, v in (d.get("scaled") or {}).items()},
+                   dict(d.get("temps") or {}))
 
 
 def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
@@ -539,10 +552,13 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
 
     asked: dict[str, int] = {}
     asked_shape: dict[str, str] = {}
+    temps: dict[str, int] = {}
     for e in events:
         if e.alloc and e.op and e.region == "output":
             asked.setdefault(e.op, e.requested)
             asked_shape.setdefault(e.op, e.shape)
+        elif e.alloc and e.op and e.region == "temp":
+            temps[e.op] = max(temps.get(e.op, 0), e.requested)
     counts = {"shapes": 0, "allocator": 0}
     nodes = tuple(Node.of(n) for g in partitions for n in g.node)
     sizes: dict[str, tuple[int, ...]] = {}
@@ -562,7 +578,10 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     used = {n.name: devices[n.name] for n in nodes if n.name in devices}
     batch = batch_of(nodes, shapes, sizes)
     return Replay(nodes, order, sizes, used, replicas, first_call, batch,
-                  scaled_outputs(nodes, shapes, sizes, batch, asked_shape)), counts
+                  scaled_outputs(nodes, shapes, sizes, batch, asked_shape),
+                  # (an update's copy-on-write copy is the update rule's, not a scratch)
+                  {n.name: temps[n.name] for n in nodes if temps.get(n.name) and not _UPDATE.match(_MKL.sub("", n.op))}
+                  ), counts
 
 
 def predict_call(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
