@@ -80,7 +80,7 @@ def render_memory(comps: list[p.Comparison], results: Results) -> str:
                     within = err is not None and -0.05 <= err <= 0.05
                     rows.append([a.label, d, f"{x['predicted']:,}", f"{x['measured']:,}",
                                  "-" if err is None else f"{err:+.1%}", f"{r['mismatched']} of {r['events']}",
-                                 f"recorded ({'within' if within else 'outside'} {TARGET})"])
+                                 f"recorded ({'meets' if within else 'misses'}: {TARGET})"])
     table = markdown_table(["model, strategy", "device", "predicted B", "measured B", "error", "mismatched events",
                             "target"], rows)
     return (f"{table}\n\nReplay self-check: {bad} mismatched events over every run (target 0).\n"

@@ -12,7 +12,8 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
 - a collective all-reduce holds a chunk of its input (input / group size) while it runs;
 - an update of a variable that a read still holds copies the variable first (copy-on-write), and
   the copy is the variable from then on;
-- constants, arguments and variables exist before the call: not part of its peak.
+- constants, arguments and variables exist before the call: not part of its peak, nor an input
+  element (its iterator prefetched it);
 
 - a kernel's scratch (the allocator's `temp` region: oneDNN's convolution and pooling workspaces)
   is held while it runs, as much as it asked for in the measured call.
@@ -48,6 +49,9 @@ _CWISE = {"Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Softp
           "SelectV2", "Gelu"}
 _MKL = re.compile(r"^_Mkl(?:Native)?(?=[A-Z])")
 _COLLECTIVE = re.compile(r"^(Collective(Reduce|Gather|AllToAll)\w*|NcclAllReduce)$")
+# An input pipeline's element: made by its iterator's prefetch before the call (on the replica's device
+# under a distributed iterator), not by this kernel.
+_PREFETCHED = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue", "MultiDeviceIteratorGetNextFromShard"}
 _LIST_OPS = {"TensorListPushBack", "TensorListPopBack"}
 MAX_ITERATIONS = 64  # a loop's iterations replayed one by one: the first 64 at most
 
@@ -165,7 +169,7 @@ class _Sim:
                 if size:
                     self.new((n.name, k), device, size, 1 << 30)
             return
-        if op in _NOTHING or op in _SENDS:
+        if op in _NOTHING or op in _SENDS or op in _PREFETCHED:
             return
         if self.copies and op not in _RECVS:
             self.fetch(n, device)
