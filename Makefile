@@ -17,7 +17,7 @@ MLFLOW_PORT ?= 5000
 PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=8
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup run provision train report example-data compile submit images docs lint mlflow-ui \
+.PHONY: help setup run provision train report example-data compile submit images docs config-docs lint mlflow-ui \
         system-deps test test-compat test-corpus test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
 
 help: ## list the targets
@@ -58,8 +58,11 @@ submit: $(STAMP) ## submit to a Kubeflow cluster: make submit KFP_HOST=https://.
 images: ## build the CPU image (docker or podman; GPU=1 also the GPU image); CODE_DIR=path [USER_IMAGE=name:tag] adds your code's image
 	$(if $(GPU),GPU="$(GPU)") $(if $(CODE_DIR),CODE_DIR="$(CODE_DIR)" $(if $(USER_IMAGE),USER_IMAGE="$(USER_IMAGE)")) bash docker/build.sh
 
-docs: $(STAMP) ## regenerate generated docs (the emulation fidelity table in docs/placement.md from tests/fidelity.yaml)
+docs: $(STAMP) config-docs ## regenerate generated docs (the emulation fidelity table in docs/placement.md from tests/fidelity.yaml; docs/config.md)
 	$(BIN)/python -m tests.fidelity --write
+
+config-docs: $(STAMP) ## regenerate docs/config.md, the reference of every config field, from the schema
+	$(BIN)/python -m pinpoint.config_reference docs/config.md
 
 lint: $(STAMP) ## hadolint on the Dockerfiles, ruff on the code
 	bash docker/lint.sh

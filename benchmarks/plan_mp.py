@@ -143,7 +143,7 @@ def _pinpoint(*argv: str) -> str:
 def measure(spec: dict) -> dict[str, Any]:
     """Worker kind "plan_mp": one case (spec: model, devices): the user's split trained, planned
     for balance and the plan trained (`pinpoint plan --verify`); the measured figures of both."""
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.files import load_placement
     from pinpoint.plan.build import plan_graph
     from pinpoint.plan.links import LinkModel
     from pinpoint.plan.predict import predict
@@ -175,7 +175,7 @@ def measure(spec: dict) -> dict[str, Any]:
     # figures plan_check's `verified` row holds for the plan's run.
     source = plan_graph(folder / name)
     user = predict(source, {g.key: g.device for g in source.groups}, LinkModel(), tuple(devices))
-    user_bytes = sum(pair_bytes(read_placement(folder / name / "placement.json")).values())
+    user_bytes = sum(pair_bytes(load_placement(folder / name / "placement.json")).values())
     verified = [c["placements"]["verified"] for c in checks]
     predicted = check["placements"]
     moved = sum(1 for k, d in check["pinning"]["layers"].items() if split.get(k) != d)

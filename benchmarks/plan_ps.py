@@ -94,7 +94,7 @@ def largest_over_mean(per_server: dict[str, int]) -> float:
 def measure(spec: dict) -> dict[str, Any]:
     """Worker kind "plan_ps": the round-robin training, then `pinpoint plan --verify` (the plan
     and its training); the planning time is taken on its own, in this process."""
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.files import load_placement
     from pinpoint.plan.build import plan_graph
     from pinpoint.plan.command import plan_run
     from pinpoint.plan.links import LinkModel
@@ -104,7 +104,7 @@ def measure(spec: dict) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     write_model(folder)
     rr_run = train(folder, "round-robin")
-    rr = measured_ps_bytes(read_placement(rr_run / "placement.json"))
+    rr = measured_ps_bytes(load_placement(rr_run / "placement.json"))
     t0 = time.perf_counter()  # the planner's time on the captured graph: read, search, predict
     graph = plan_graph(rr_run)
     doc, _ = plan_run(graph, source_run=str(rr_run), devices=None, objective=None, links=LinkModel())

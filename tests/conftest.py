@@ -161,6 +161,17 @@ def make_config(name: str, *, cluster: dict | None = None, train: dict | None = 
     return config_from_dict(data)
 
 
+# The built-in mlp trained on digits (64 features, 10 classes), the tests' default model: layer ->
+# (inputs, units) of its Dense kernel and bias, float32 (training/loop/models.py builds it).
+MLP_DIGITS = {"dense_1": (64, 128), "dense_2": (128, 64), "head": (64, 10)}
+
+
+def mlp_param_bytes(layers=tuple(MLP_DIGITS)) -> int:
+    """Bytes of the kernels and biases of `layers` (4 bytes a float32): the whole model's are
+    (64*128 + 128 + 128*64 + 64 + 64*10 + 10) * 4 = 68,904, what one replica's gradients hold."""
+    return sum((MLP_DIGITS[n][0] * MLP_DIGITS[n][1] + MLP_DIGITS[n][1]) * 4 for n in layers)
+
+
 # ---- TensorFlow in this process -----------------------------------------------------------------
 LOGICAL_CPUS = 3  # the host /CPU:0 and two emulated GPUs /CPU:1, /CPU:2 (as pinpoint.devices maps them)
 

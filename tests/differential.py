@@ -141,6 +141,10 @@ def oracle_view(placement: dict, shapes: dict, log: str) -> View:
                 for n in graph:
                     if n["op"] not in BOOKKEEPING:
                         ops[(node_name(n["name"]), spec_device(n["device"]))] += 1
+                    # An XLA cluster: the ops its function has run as one program on the call's
+                    # device (no per-op placement), named as TensorFlow names an inlined body.
+                    for inner in n.get("xla_ops", ()):
+                        ops[(node_name(f"{n['name']}/{inner}"), spec_device(n["device"]))] += 1
                     if INPUT_OPS.match(n["op"]):
                         v.input_ops[(n["op"], spec_device(n["device"]))] += 1
                     if n["op"] in SENDS and n["send_device"] != n["recv_device"]:
@@ -221,6 +225,9 @@ def _oracle_size(send: dict, tensor: str, nodes: dict, args: dict, shapes: dict,
         return "?"
     name, _, idx = tensor.partition(":")
     src = nodes.get(name)
+    branch_input = _BRANCH_INPUT.match(name)
+    if branch_input and not _branch_ran(branch_input.group(1), branch_input.group(2), shapes):
+        return "?"  # the input of a branch that did not run: nothing was produced, nothing moved
     if src is not None and src["op"] in ("_Arg", "_DeviceArg") and name in args:
         return _nbytes(*args[name])
     if src is not None and "const" in src:
@@ -245,6 +252,14 @@ def _oracle_size(send: dict, tensor: str, nodes: dict, args: dict, shapes: dict,
                  if not i.startswith("^") and nodes.get(i.split(":")[0], {}).get("op") != "Const"}
         sized.discard("?")
         return sized.pop() if len(sized) == 1 else "?"
+    lowered = _LOWERED_BRANCH.match(name)
+    if lowered:
+        # An op of a lowered cond's branch: the oracle's shapes of that branch's ops, only if it ran.
+        found = _branch_shapes(lowered.group(1), lowered.group(2), f"{node_name(lowered.group(3))}:{idx or 0}", shapes)
+        if not found:
+            return "?"
+        sized = {_nbytes(d, s) for d, s in found if d == dtype} or {_nbytes(d, s) for d, s in found}
+        return sized.pop() if len(sized) == 1 else "?"
     key = f"{node_name(name)}:{idx or 0}"
     parts = key.split("/")
     for i in range(len(parts)):  # an inlined callee's op is '<call op>/<op>'
@@ -253,6 +268,39 @@ def _oracle_size(send: dict, tensor: str, nodes: dict, args: dict, shapes: dict,
             sized = {_nbytes(d, s) for d, s in found if d == dtype} or {_nbytes(d, s) for d, s in found}
             return sized.pop() if len(sized) == 1 else "?"
     return "?"
+
+
+# A lowered cond's branch op, '<cond>/then/_<k>/<op>' (the last such segment: the innermost cond),
+# and a branch's input, 'Func/<cond>/then/_<k>/input/_<j>'.
+_LOWERED_BRANCH = re.compile(r"^(.*)/(then|else)/_\d+/(.*)$")
+_BRANCH_INPUT = re.compile(r"^Func/(.*)/(then|else)/_\d+/input/_\d+$")
+
+
+def _branch_entries(shapes: dict, role: str):
+    """(scope with '/' as '_', op key, shapes) of the oracle's branch ops of `role` (then/else)."""
+    from tests.oracle import BRANCH
+
+    for key, found in shapes.items():
+        if key.startswith(BRANCH):
+            _, scope, r, op = key.split(BRANCH, 3)
+            if r == role:
+                yield scope, op, found
+
+
+def _matches(cond: str, scope: str) -> bool:
+    """Whether the branch graph named from `scope` is the one of the cond op named `cond`."""
+    flat = node_name(cond).replace("/", "_")
+    return flat == scope or flat.endswith("_" + scope)
+
+
+def _branch_shapes(cond: str, role: str, op_key: str, shapes: dict) -> list:
+    return [tuple(x) for scope, op, found in _branch_entries(shapes, role)
+            if op == op_key and _matches(cond, scope) for x in found]
+
+
+def _branch_ran(cond: str, role: str, shapes: dict) -> bool:
+    """Whether tfdbg saw any op of that branch of `cond` run."""
+    return any(_matches(cond, scope) for scope, _, _ in _branch_entries(shapes, role))
 
 
 def pinpoint_view(p: dict) -> View:

@@ -71,9 +71,55 @@ def short(device: str) -> str:
     return f"/job:{job}/task:{task or 0}{local}"
 
 
-def _configure(tf) -> None:
+def _configure(tf, jit: bool = True) -> None:
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(3)])
+    _keras_decides_as_on_gpus(tf, jit)
+
+
+def _keras_decides_as_on_gpus(tf, jit: bool) -> None:
+    """Keras 3 makes two choices by looking for a GPU: `compile(jit_compile="auto")` compiles a
+    strategy-free `fit` with XLA when one exists, and LSTM/GRU take cuDNN (turning XLA off for the
+    model). The oracle stands in for the GPU machine, so both are decided by Keras' own code with a
+    GPU in view; cuDNN's kernels cannot run on CPUs, so its path answers as Keras' own does when
+    cuDNN cannot run (NotImplementedError: the generic kernels, the layer's XLA choice kept).
+    Without `jit` (the shapes run: tfdbg has no kernel inside an XLA cluster) every function runs
+    op by op; its tensors are the same."""
+    import importlib
+
+    try:
+        from keras.src import backend as keras_backend
+        from keras.src.trainers import trainer
+
+        # The module by its path: the package also exports a function named `rnn`.
+        rnn = importlib.import_module("keras.src.backend.tensorflow.rnn")
+    except ImportError:
+        return  # a Keras without these choices
+    resolve = trainer.Trainer._resolve_auto_jit_compile
+    listing = tf.config.list_physical_devices
+
+    def with_a_gpu(device_type=None):
+        devices = listing(device_type)
+        if device_type in (None, "GPU"):
+            devices = [*devices, tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")]
+        return devices
+
+    def resolve_on_gpus(self):
+        tf.config.list_physical_devices = with_a_gpu
+        try:
+            return resolve(self)
+        finally:
+            tf.config.list_physical_devices = listing
+
+    def no_cudnn(*args, **kwargs):
+        raise NotImplementedError
+
+    if jit:
+        trainer.Trainer._resolve_auto_jit_compile = resolve_on_gpus
+    rnn._is_gpu_available = lambda: True
+    for name in ("lstm", "gru"):
+        if hasattr(keras_backend, name):
+            setattr(keras_backend, name, no_cudnn)
 
 
 def _run_program(path: str, wrap, work: str) -> None:
@@ -123,7 +169,7 @@ class Observer:
             f = self.functions.get(op_type)
             if f is None:
                 fgs = md.function_graphs if md is not None else []
-                graphs = [[_nodes(g) for g in fg.partition_graphs] for fg in fgs]
+                graphs = [[_nodes(g, self.ctx) for g in fg.partition_graphs] for fg in fgs]
                 # The called function's arguments by name (its graph is the one with as many
                 # _Arg nodes as the call has inputs): they size the transfers of an argument.
                 args = {}
@@ -160,11 +206,15 @@ class Observer:
         return None
 
 
-def _nodes(graph) -> list[dict]:
-    """A partition graph's nodes: name, op, device, inputs and the attrs a transfer needs."""
+def _nodes(graph, ctx) -> list[dict]:
+    """A partition graph's nodes: name, op, device, inputs and the attrs a transfer needs; a call
+    XLA compiles (`_XlaMustCompile`: the runtime launches it as one program on its device, not
+    inlined) with the names of the ops of its function."""
     out = []
     for n in graph.node:
         row = {"name": n.name, "op": n.op, "device": short(n.device), "inputs": list(n.input)}
+        if "_XlaMustCompile" in n.attr and n.attr["_XlaMustCompile"].b and "f" in n.attr:
+            row["xla_ops"] = [nd.name for nd in ctx.get_function_def(n.attr["f"].func.name).node_def]
         if n.op in ("_Send", "_HostSend", "_Recv", "_HostRecv"):
             row["send_device"] = short(n.attr["send_device"].s.decode())
             row["recv_device"] = short(n.attr["recv_device"].s.decode())
@@ -295,13 +345,25 @@ def placement(program: str, out: str) -> None:
 
 
 # ---- shapes ----------------------------------------------------------------------------------
+# A cond's branch function is named '<its name scope, '/' as '_'>_{true,false}_<uid>' (cond_v2).
+_BRANCH_GRAPH = re.compile(r"^(.+)_(true|false)_\d+$")
+BRANCH = "::"  # the separator of a branch op's key: ::<scope>::<then|else>::<op>:<slot>
+
+
+def _graph_name(reader, graph_id) -> str:
+    try:
+        return reader.graph_by_id(graph_id).name or ""
+    except KeyError:
+        return ""
+
+
 def shapes(program: str, out: str) -> None:
     import contextlib
 
     import tensorflow as tf
     from tensorflow.python.debug.lib import debug_events_reader
 
-    _configure(tf)
+    _configure(tf, jit=False)
     root = tempfile.mkdtemp(prefix="tfdbg-", dir=os.path.dirname(os.path.abspath(out)))
 
     @contextlib.contextmanager
@@ -321,7 +383,16 @@ def shapes(program: str, out: str) -> None:
             rank = int(v[2])
             if rank > 6:
                 continue
-            found[f"{t.op_name}:{t.output_slot}"].add((int(v[1]), tuple(int(d) for d in v[4:4 + rank])))
+            shape = (int(v[1]), tuple(int(d) for d in v[4:4 + rank]))
+            branch = _BRANCH_GRAPH.match(_graph_name(reader, t.graph_id))
+            if branch:
+                # An op of a cond's branch function: its name is the branch's own, and the other
+                # branch may have one alike; kept under the cond and the branch, so a lowered
+                # '<cond>/then/_k/<op>' finds it only when that branch ran.
+                scope, role = branch.group(1), {"true": "then", "false": "else"}[branch.group(2)]
+                found[f"{BRANCH}{scope}{BRANCH}{role}{BRANCH}{t.op_name}:{t.output_slot}"].add(shape)
+            else:
+                found[f"{t.op_name}:{t.output_slot}"].add(shape)
     with open(out, "w") as f:
         json.dump({k: sorted([d, list(s)] for d, s in v) for k, v in found.items()}, f)
 

@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pinpoint"
 LAYERS = [
     ("foundation", {"__init__", "errors", "quiet", "hooks", "runfolder", "signals", "userlog",
                     "versions"}),
-    ("config", {"device_names", "config", "layer_keys", "sizes"}),
+    ("config", {"device_names", "config", "config_scope", "config_reference", "layer_keys", "sizes"}),
     ("machine", {"devices", "kernels", "usercode", "tfcompat"}),
     ("analysis", {"placement", "provision", "plan"}),
     ("tracking", {"tracking"}),

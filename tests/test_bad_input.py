@@ -34,8 +34,10 @@ class Case:
 
 
 def base(**train) -> dict:
+    # Pinpoint's loop runs 4 steps; an entrypoint's code runs its own (the fields would be refused).
+    loop = {} if "entrypoint" in train else {"steps": 4, "batch_size": 8, "checkpoint_every": 0}
     return make_config("bad", cluster={"devices_per_worker": 2}, tracking=NO_TRACKING, as_dict=True,
-                       train={"strategy": "none", "steps": 4, "batch_size": 8, "checkpoint_every": 0, **train})
+                       train={"strategy": "none", **loop, **train})
 
 
 def tracked(config: dict) -> dict:
@@ -135,6 +137,12 @@ CASES = [
     Case("entrypoint-with-evaluator", PROV,
          {**cluster(workers=1, evaluator=1), "train": base(strategy="multi_worker_mirrored", entrypoint="upkg.m:main")["train"]},
          ("cluster.evaluator", "train.entrypoint")),
+    # Issue 50: a field the entrypoint's path ignores is refused, not validated against a default model.
+    Case("entrypoint-with-layer-pins", TRAIN, base(entrypoint="fit_example.train:main", model="cnn",
+                                                   pinning={"layers": {"my_dense": "/GPU:1"}}),
+         ("train.pinning.layers", "has no effect with train.entrypoint", "tf.device", "train.model")),
+    Case("metrics-interval-removed", PROV, {**base(), "tracking": {"metrics_interval_s": 2}},
+         ("tracking.metrics_interval_s", "tracking.step_metrics_every_s")),
     Case("entrypoint-module-missing", TRAIN, base(entrypoint="upkg.nope:main"), ("train.entrypoint", "no module"),
          files=USER_FILES),
     Case("entrypoint-not-callable", TRAIN, base(entrypoint="upkg.m:NOT_CALLABLE"), ("train.entrypoint", "not a callable"),

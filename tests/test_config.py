@@ -21,7 +21,8 @@ def test_demo_config_loads():
     assert cfg.cluster.emulate is True
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "examples").glob("*/config.yaml")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_example_config_is_valid(path):
     data = yaml.safe_load(path.read_text())
     if "name" not in data or "nodes" in data:

@@ -27,10 +27,10 @@ def _make_var(name: str, *args: str) -> str:
     return _make("--eval", "print-%: ; @echo $($*)", f"print-{name}", *args).strip()
 
 
-def test_readme_lists_the_targets_make_help_prints():
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"## Make targets \(`make help`\)\n\n```\n(.*?)```\n", readme, re.S)
-    assert block, "README.md has no '## Make targets (`make help`)' block"
+def test_the_development_page_lists_the_targets_make_help_prints():
+    page = (REPO / "docs" / "development.md").read_text()
+    block = re.search(r"## Make targets \(`make help`\)\n\n```\n(.*?)```\n", page, re.S)
+    assert block, "docs/development.md has no '## Make targets (`make help`)' block"
     assert block.group(1) == _make("help")
 
 
@@ -65,8 +65,8 @@ def test_make_images_builds_the_gpu_image_only_when_asked():
     recipe = _make("-n", "images", "GPU=1")
     assert recipe.startswith('GPU="1" ') and recipe.rstrip().endswith("bash docker/build.sh")
     assert not _make("-n", "images").startswith("GPU")
-    readme = (REPO / "README.md").read_text()
-    assert "builds the CPU and GPU" not in readme and "`make images GPU=1` also the GPU image" in readme
+    page = (REPO / "docs" / "install.md").read_text()
+    assert "builds the CPU and GPU" not in page and "`make images GPU=1` also builds the GPU image" in page
 
 
 def _tier_expressions() -> list[str]:
@@ -95,3 +95,126 @@ def test_the_gpu_tests_have_no_skip_of_their_own():
     """Deselected by marker, not skipped after importing TensorFlow once per case."""
     text = (REPO / "tests" / "test_fidelity.py").read_text()
     assert "pytest.skip(" not in text
+
+
+# ---- issue 51: the README as a front door, docs/ pages a newcomer can read ------------------------------
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINKED = [*PAGES, REPO / "benchmarks" / "HISTORY.md"]
+NEEDS_A_CLUSTER = "# needs a cluster"
+
+
+def _prose(text: str) -> str:
+    """The text without fenced code blocks and HTML comments."""
+    return re.sub(r"<!--.*?-->", "", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), flags=re.S)
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of a Markdown page: each paragraph and each list item split at '.', '!' or '?'
+    followed by a capital, a quote or code; headings, tables and code blocks are not prose (an
+    inline code span or a link counts as one word)."""
+    blocks, cur = [], []
+    for line in _prose(text).splitlines() + [""]:
+        s = line.strip()
+        item = re.match(r"([-*+]|\d+\.)\s+", s)
+        if not s or s.startswith(("#", "|", "![")) or item:
+            if cur:
+                blocks.append(" ".join(cur))
+            cur = [s[item.end():]] if item else []
+        else:
+            cur.append(s)
+    out = []
+    for b in blocks:
+        b = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", re.sub(r"`[^`]*`", "X", b))
+        out += [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`*(\"'\[])", b) if re.search(r"\w", s)]
+    return out
+
+
+def test_sentences_average_under_25_words_across_the_readme_and_docs():
+    said = [s for p in PAGES for s in sentences(p.read_text())]
+    words = sum(len(s.split()) for s in said)
+    assert words / len(said) < 25, f"{words / len(said):.1f} words a sentence over {len(said)} sentences"
+
+
+def test_the_sentence_count_splits_where_a_reader_stops():
+    text = "# Title\n\nOne two three. Four `a b c` five.\n\n- An item. [A link](x.md) here\n\n```\nnot. Prose.\n```\n"
+    assert sentences(text) == ["One two three.", "Four X five.", "An item.", "A link here"]
+
+
+def test_the_readme_is_a_front_door_with_a_picture_of_the_report():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    (image,) = re.findall(r"!\[[^\]]*\]\((docs/images/[^)]+\.png)\)", readme)
+    assert (REPO / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for way in ("### 1. The demo", "### 2. Your config", "### 3. Your own program, under `pinpoint trace`",
+                "### 4. Kubernetes and Kubeflow"):
+        assert way in readme
+    # Every docs page is linked from the front door.
+    assert {p.name for p in PAGES[1:]} <= set(re.findall(r"\(docs/([a-z-]+\.md)\)", readme))
+
+
+@pytest.mark.parametrize("page", [p for p in LINKED if p.parent.name != REPO.name or p.name != "README.md"],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_every_docs_page_starts_with_five_lines_in_short(page):
+    lines = page.read_text().splitlines()
+    assert lines[0].startswith("# ") and lines[1:3] == ["", "## In short"], page
+    items = lines[3:lines.index("", 3)]
+    assert len(items) == 5 and all(i.startswith("- ") for i in items), items
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but '-' and '_' dropped, spaces as '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    return {_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", _prose(page.read_text()), re.M)}
+
+
+@pytest.mark.parametrize("page", LINKED, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(page):
+    text = re.sub(r"`[^`\n]*`", "", _prose(page.read_text()))
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in _anchors(dest)):
+            broken.append(target)
+    assert broken == []
+
+
+# Each shell command of the README and the CI test that runs it: (test file, what the test runs).
+# `make X` runs its recipe, so the test runs the recipe's command.
+RUN_IN_CI = {
+    "make setup": ("Makefile", "test: $(STAMP)"),  # make test (CI) builds .venv as setup does
+    "make run": ("tests/test_mlflow_run_page.py", '"run", str(REPO / "configs" / "demo.yaml")'),
+    "make mlflow-ui": ("tests/test_mlflow_run_page.py", '"mlflow ui" in line'),
+    "make example-data": ("tests/test_example.py", '"-m", "digits_cnn.data"'),
+    "make run CONFIG=examples/digits_cnn/config.yaml": ("tests/test_example.py", '"run", str(config)'),
+    "cd examples/keras_fit && pinpoint trace --gpus 2 -m fit_example.train --epochs 3":
+        ("tests/test_trace.py", '["--gpus", "2", "--experiment", "trace-fit"'),
+    "make images": ("tests/conftest.py", '"build.sh"'),
+    "make compile": ("tests/test_pipelines_compile.py", '"pinpoint.cli", "compile"'),
+}
+
+
+def _readme_commands() -> list[tuple[str, bool]]:
+    """(command, marked as needing a cluster) for every line of the README's bash blocks."""
+    out = []
+    for block in re.findall(r"^```bash\n(.*?)^```", (REPO / "README.md").read_text(), re.S | re.M):
+        for line in block.splitlines():
+            command, _, comment = line.partition("#")
+            if command.strip():
+                out.append((command.strip(), comment.strip().startswith(NEEDS_A_CLUSTER[2:])))
+    return out
+
+
+def test_every_readme_command_runs_in_ci_or_is_marked_as_needing_a_cluster():
+    commands = _readme_commands()
+    unaccounted = [c for c, cluster in commands if not cluster and c not in RUN_IN_CI]
+    assert unaccounted == [], f"run them in a CI test (and add them to RUN_IN_CI) or mark them '{NEEDS_A_CLUSTER}'"
+    for command, (where, runs) in RUN_IN_CI.items():
+        assert command in [c for c, _ in commands], f"RUN_IN_CI names '{command}', which the README no longer has"
+        assert runs in (REPO / where).read_text(), (command, where)
+    assert [c for c, cluster in commands if cluster] == ["make submit KFP_HOST=https://..."]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pinpoint.errors import PlacementError
+from tests.conftest import mlp_param_bytes
 from tests.test_training import _three_logical_cpus  # noqa: F401 (autouse fixture)
 from tests.test_training import make_cfg as training_cfg
 from tests.test_training import train as train_run
@@ -133,7 +134,7 @@ def test_soft_placement_off_fails_like_a_gpu_machine_naming_op_rule_and_fix(code
 
 def test_seed_scenario_moves_one_parameter_set_gpu1_to_gpu0_and_only_the_batch_through_the_host(tmp_path):
     placement = train(make_cfg({"variables": "/GPU:0", "gradients": "/GPU:1"}), tmp_path)
-    params = sum(v["bytes"] for v in placement["variables"] if v["name"].endswith(("kernel", "bias")))
+    params = mlp_param_bytes()  # the mlp's kernels and biases, from its shapes
     matrix = placement["transfers"]["matrix"]
     # The gradients (computed on /GPU:1) cross once to the variables' device; nothing else does.
     assert matrix["/GPU:1"] == {"/GPU:0": {"count": 6, "bytes": params}}, [i for i in placement["transfers"]["largest"] if i["from"] == "/GPU:1"]

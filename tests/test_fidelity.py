@@ -17,7 +17,7 @@ import yaml
 
 from pinpoint.placement.files import read_placement
 from tests import fidelity
-from tests.conftest import NO_TRACKING, make_config
+from tests.conftest import MLP_DIGITS, NO_TRACKING, make_config, mlp_param_bytes
 
 MATRIX = fidelity.load()
 CHECKED = sorted({r["scenario"] for r in MATRIX["rows"] if r.get("check")})
@@ -63,9 +63,13 @@ def test_every_row_names_a_scenario_a_figure_and_a_reason_and_checks_only_known_
 # ---- the checks ----------------------------------------------------------------------------
 
 
-def _params(p, device=None) -> int:
-    return sum(v["bytes"] for v in p["variables"] if v["name"].endswith(("kernel", "bias"))
-               and (device is None or v["devices"] == [device]))
+# Every checked scenario trains the built-in mlp on digits: its parameter bytes from its shapes.
+_params = mlp_param_bytes
+
+
+def _pinned_on(device: str) -> tuple[str, ...]:
+    """The layers the matrix's one layer-pinning scenario puts on `device` (its config, not its placement)."""
+    return tuple(n for n, d in MATRIX["scenarios"]["layers"]["pinning"]["layers"].items() if d == device)
 
 
 def check_compute_on(p, devices):
@@ -94,22 +98,22 @@ def check_host_traffic(p, what):
 
 def check_params_cross(p, pair):
     src, dst = pair
-    assert p["transfers"]["matrix"][src] == {dst: {"count": 6, "bytes": _params(p)}}
+    assert p["transfers"]["matrix"][src] == {dst: {"count": 6, "bytes": _params()}}
 
 
 def check_collective_bytes(p, what):
     assert what == "params"
     coll = p["transfers"]["collectives"]
-    assert {d: c["input_bytes"] for d, c in coll.items()} == {"/GPU:0": _params(p), "/GPU:1": _params(p)}
+    assert {d: c["input_bytes"] for d, c in coll.items()} == {"/GPU:0": _params(), "/GPU:1": _params()}
 
 
 def check_grads_to_host(p, devices):
     matrix = p["transfers"]["matrix"]
     for d in devices:
         # One parameter set of gradients per replica, plus its loss and metric scalars.
-        extra = matrix[d]["/CPU:0"]["bytes"] - _params(p)
+        extra = matrix[d]["/CPU:0"]["bytes"] - _params()
         assert 0 <= extra <= 32, (d, matrix[d])
-        assert matrix["/CPU:0"][d]["bytes"] >= _params(p)  # each replica reads the host's variables
+        assert matrix["/CPU:0"][d]["bytes"] >= _params()  # each replica reads the host's variables
 
 
 def check_layer_rules(p, score):
@@ -124,7 +128,7 @@ def check_params_round_trip(p, pair):
     to_near = sum(i["bytes"] for i in items if (i["from"], i["to"]) == (far, near)
                   and i["tensor"].startswith("gradients/") and any(sgd.match(c) for c in i["consumers"]))
     back = sum(i["bytes"] for i in items if (i["from"], i["to"]) == (near, far) and sgd.match(i["tensor"]))
-    assert to_near == back == _params(p, far), (to_near, back, _params(p, far))
+    assert _pinned_on(far) and to_near == back == _params(_pinned_on(far)), (to_near, back, _pinned_on(far))
 
 
 def check_input_on(p, device):
@@ -174,6 +178,16 @@ def test_emulated_placement_matches_the_fidelity_matrix(scenario, placements):
                 CHECKS[name](placement, arg)
             except AssertionError as err:
                 raise AssertionError(f"{scenario} / {row['figure']} / {name}: {err}") from None
+
+
+@pytest.mark.integration
+def test_the_param_arithmetic_is_the_mlp_keras_builds(tf):
+    """The tests' arithmetic against TensorFlow: the built model's trainable variables."""
+    from pinpoint.training.loop.models import build_model
+
+    model = build_model("mlp", (64,), 10)
+    assert sorted({w.path.split("/")[-2] for w in model.trainable_weights}) == sorted(MLP_DIGITS)
+    assert sum(int(w.numpy().nbytes) for w in model.trainable_weights) == mlp_param_bytes() == 68_904
 
 
 # ---- against real GPUs ---------------------------------------------------------------------

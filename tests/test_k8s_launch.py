@@ -300,7 +300,7 @@ def test_what_provision_only_warned_about_stops_the_launch(tmp_path, outside_a_p
     from pinpoint.k8s.launch import launch_training
     from pinpoint.provision import provision
 
-    base = _config(cluster=cluster).model_dump(mode="json")
+    base = _config(cluster=cluster).model_dump(mode="json", exclude_unset=True)
     base["tracking"] = {"enabled": False, **({"uri": tracking_uri} if tracking_uri else {})}
     cfg = config_from_dict(base)
     root = tmp_path / "claim"
@@ -427,7 +427,7 @@ def test_a_sweep_on_kubernetes_gets_every_variants_placement(tmp_path, monkeypat
     root = tmp_path / "claim"
     pod_run_rel = manifests.pod_run_rel
     monkeypatch.setattr(manifests, "pod_run_rel", lambda out_dir, name: pod_run_rel(out_dir, name, str(root)))
-    base = _config().model_dump(mode="json")
+    base = _config().model_dump(mode="json", exclude_unset=True)
     variants = {"ring": {"all_reduce": "ring"}, "auto": {"all_reduce": "auto"}}
     with FakeKubeApiServer("success", pvc_root=root) as fake:
         fake.add_pvc("team-a", "shared-runs", ["ReadWriteMany"])

@@ -196,13 +196,15 @@ def test_the_verdict_adds_each_stated_term_and_keeps_a_band_either_side():
 
 def test_a_cluster_merge_keeps_each_tasks_devices_checks_and_reasons():
     from pinpoint.placement.merge import merge_placements
+    from pinpoint.placement.model import Placement
     from pinpoint.placement.summary import memory_line
 
     chief = summarize(_events(), DEVICES, TYPES)
     worker = {"why_not": "not measured: not run in a task of a multi-process TensorFlow cluster"}
     base = {"devices": [], "transfers": {}, "variables": [], "conformance": {}}
-    merged = merge_placements([dict(base, task="chief:0", memory=chief), dict(base, task="worker:0", memory=worker)])
-    memory = merged["memory"]
+    merged = merge_placements([Placement.from_json(dict(base, task="chief:0", memory=chief)),
+                               Placement.from_json(dict(base, task="worker:0", memory=worker))])
+    memory = merged.memory
     assert (sorted(memory["devices"]), memory["why_not"], sorted(memory["tasks"])) == (
         ["/CPU:0", "/GPU:0", "/GPU:1"], "[worker:0] not measured: not run in a task of a multi-process TensorFlow "
         "cluster", ["chief:0", "worker:0"])

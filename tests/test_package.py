@@ -92,8 +92,8 @@ def test_the_two_locks_are_the_two_ends_of_the_tensorflow_range():
 
 
 @pytest.mark.unit
-def test_the_readme_states_the_range_and_the_versions_of_both_ends():
-    readme = " ".join((REPO / "README.md").read_text().split())
+def test_the_install_page_states_the_range_and_the_versions_of_both_ends():
+    readme = " ".join((REPO / "docs" / "install.md").read_text().split())
     assert "TensorFlow `{tensorflow}`, Keras `{keras}`, MLflow `{mlflow}`".format(**SUPPORTED) in readme
     for lock in ("requirements.lock", "requirements-compat.txt"):
         tf, keras, mlflow = (_lock_version(REPO / lock, n) for n in ("tensorflow", "keras", "mlflow"))

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 def _run(root, name, speed, violations, score=None):
     d = root / name
     d.mkdir(parents=True)
-    rules = [{"rule": "pinning.variables", "violations_total": violations}]
+    rules = [{"rule": "pinning.variables", "planned": "/GPU:0", "violations_total": violations}]
     score = score if score is not None else (1.0 if violations == 0 else 0.5)
     (d / "placement.json").write_text(json.dumps({"strategy": "none", "conformance": {"score": score, "rules": rules}}))
     (d / "metrics.json").write_text(json.dumps({"examples_per_sec": speed, "final_loss": 0.5}))

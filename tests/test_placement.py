@@ -162,7 +162,10 @@ def test_model_split_moves_activations(tf):
     p = _build([cap], [w1, w2], plan=plan)
     act = [t for t in p["transfers"]["largest"] if t["from"] == "/GPU:0" and t["to"] == "/GPU:1"]
     assert any(t["bytes"] == 10 * 24 * 4 and t["tensor"].startswith("first/") for t in act), act
-    assert p["transfers"]["matrix"]["/GPU:0"]["/GPU:1"]["bytes"] >= 10 * 24 * 4
+    # Exactly two tensors cross: the batch x [10, 8] from the host to layer 'first', and its
+    # activations h [10, 24] to layer 'second' (float32: 4 bytes); counted once each.
+    assert p["transfers"]["matrix"] == {"/CPU:0": {"/GPU:0": {"count": 1, "bytes": 10 * 8 * 4}},
+                                        "/GPU:0": {"/GPU:1": {"count": 1, "bytes": 10 * 24 * 4}}}
     rules = {r["rule"]: r for r in p["conformance"]["rules"]}
     assert rules["layers.first"]["score"] == 1.0
     assert rules["layers.second"]["score"] == 0.0  # the plan said /GPU:0, it ran on /GPU:1
@@ -300,7 +303,13 @@ def test_central_storage_keeps_variables_on_host(tf):
     assert rules["strategy.variables_on_host"]["score"] == 1.0
     # parameters travel host -> each replica device, gradients back
     m = p["transfers"]["matrix"]
-    assert m["/CPU:0"]["/GPU:0"]["bytes"] >= 40 and m["/CPU:0"]["/GPU:1"]["bytes"] >= 40
+    # Per replica: w [5, 2] float32 read from the host (5 * 2 * 4 bytes) and its gradient back;
+    # the replica's loss (a float32 scalar) to the function's output on the host, and back.
+    w_bytes, loss_bytes = 5 * 2 * 4, 4
+    for gpu in ("/GPU:0", "/GPU:1"):
+        assert m["/CPU:0"][gpu] == {"count": 2, "bytes": w_bytes + loss_bytes}
+        assert m[gpu]["/CPU:0"] == {"count": 2, "bytes": w_bytes + loss_bytes}
+    assert sorted(m) == ["/CPU:0", "/GPU:0", "/GPU:1"] and sorted(m["/CPU:0"]) == ["/GPU:0", "/GPU:1"]
 
 
 PS_SCRIPT = r'''
@@ -433,7 +442,7 @@ def test_loop_capture_matches_a_single_step_capture(tf):
     assert m["/GPU:1"]["/GPU:0"] == m1["/GPU:1"]["/GPU:0"] and m["/GPU:1"]["/GPU:0"]["bytes"] == param_bytes
     assert m["/GPU:0"]["/GPU:1"] == m1["/GPU:0"]["/GPU:1"] and m["/GPU:0"]["/GPU:1"]["bytes"] == param_bytes
     # the batch x (a loop input living on the host) is sent to B every iteration, and sized
-    assert m["/CPU:0"]["/GPU:1"]["bytes"] >= 64 * 32 * 4
+    assert m["/CPU:0"]["/GPU:1"] == {"count": 1, "bytes": 64 * 32 * 4}  # x [64, 32] float32, once a step
     assert pl["transfers"]["per_step"]["unsized"] == 0
     assert [v["update_devices"] for v in pl["variables"]] == [["/GPU:0"], ["/GPU:0"]]
     assert pl["gradients"]["ops_by_device"] == p1["gradients"]["ops_by_device"]

@@ -12,6 +12,7 @@ import pytest
 from pinpoint.device_names import DeviceMap, matches, normalize
 from pinpoint.placement.merge import merge_placements
 from pinpoint.placement.metrics import headline_metrics, metrics_step
+from pinpoint.placement.model import Placement
 from pinpoint.placement.naming import metric_key
 from pinpoint.placement.summary import format_summary
 
@@ -98,6 +99,11 @@ def _as_task(p: dict, job: str, task: int) -> dict:
     return q
 
 
+def _merge(*contents) -> dict:
+    """placement.json's content of the merge of each task's placement.json content."""
+    return merge_placements([Placement.from_json(c) for c in contents]).to_json()
+
+
 def test_merge_leaves_tensorflows_own_variables_out_of_the_cross_task_drift():
     # Each task's collective-ordering token differs from the others' by design (multi-worker).
     base = _sample()
@@ -105,7 +111,7 @@ def test_merge_leaves_tensorflows_own_variables_out_of_the_cross_task_drift():
     for task, value in ((a, 1.0), (b, 7.0)):
         task["variables"].append({"name": "Variable", "class": "internal", "devices": [], "update_devices": [],
                                   "components": [], "fingerprint": {"sample": [value]}})
-    rc = merge_placements([a, b])["replica_consistency"]
+    rc = _merge(a, b)["replica_consistency"]
     assert "Variable" not in rc["variables"]
 
 
@@ -114,7 +120,7 @@ def test_merge_placements_unites_tasks():
     a, b = _as_task(base, "chief", 0), _as_task(base, "worker", 0)
     b["conformance"]["score"] = 0.5
     b["replica_consistency"] = {"checked": 2, "max_abs_diff": 0.125, "variables": {"dense_1/kernel": 0.125}}
-    m = merge_placements([a, b])
+    m = _merge(a, b)
     assert m["task"] == "cluster"
     assert set(m["devices"]) == set(a["devices"]) | set(b["devices"])
     assert sum(m["ops_by_device"].values()) == sum(base["ops_by_device"].values()) * 2
@@ -129,7 +135,8 @@ def test_merge_placements_unites_tasks():
     assert v["devices"] == ["/job:chief/task:0/GPU:0", "/job:worker/task:0/GPU:0"]
     assert m["replica_consistency"]["max_abs_diff"] == 0.125
     assert set(m["tasks"]) == {"chief:0", "worker:0"} and "ops" not in m["tasks"]["chief:0"]
-    assert merge_placements([a]) is a and merge_placements([]) == {}
+    one = Placement.from_json(a)
+    assert merge_placements([one]) is one and merge_placements([]) is None
     # the merged placement renders
     from pinpoint.placement.report import render_html
 
@@ -236,14 +243,18 @@ def test_layer_pins_map_paths_to_their_keys_devices():
 def test_a_merged_traced_program_keeps_the_chiefs_own_sections():
     """train.entrypoint in a cluster: the merge unites the tasks' sections; functions, the training
     function, eager ops and the program are the chief's (the first placement)."""
-    chief = dict(_sample(), task="chief:0", functions=[{"name": "train_step", "calls": 3}],
+    def fn(name: str, calls: int) -> dict:
+        return {"name": name, "concrete": name, "kind": "tf.function", "calls": calls, "captured": True,
+                "ops_per_call": 1, "ops_by_device": {}, "transfers_per_call": 0, "transfer_bytes_per_call": 0,
+                "collectives_per_call": 0, "variable_updates": 0, "optimizer_updates": 0, "role": "train"}
+
+    chief = dict(_sample(), task="chief:0", functions=[fn("train_step", 3)],
                  training_function="train_step", eager={"ops": 7}, program="train:main")
-    worker = dict(_sample(), task="worker:0", functions=[{"name": "other", "calls": 1}],
+    worker = dict(_sample(), task="worker:0", functions=[fn("other", 1)],
                   training_function="other", eager={"ops": 1}, program="train:main")
-    merged = merge_placements([chief, worker])
-    assert {k: merged[k] for k in ("functions", "training_function", "eager", "program")} == \
-        {"functions": [{"name": "train_step", "calls": 3}], "training_function": "train_step",
-         "eager": {"ops": 7}, "program": "train:main"}
+    merged = merge_placements([Placement.from_json(chief), Placement.from_json(worker)])
+    assert ([(f.name, f.calls) for f in merged.functions], merged.training_function, merged.eager.ops,
+            merged.program) == ([("train_step", 3)], "train_step", 7, "train:main")
 
 
 def test_a_sizing_error_is_one_summary_line_under_the_transfers():

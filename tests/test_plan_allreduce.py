@@ -18,6 +18,8 @@ import pytest
 import yaml
 
 from pinpoint.cli import main
+from pinpoint.placement.files import load_placement
+from pinpoint.placement.model import Placement
 from pinpoint.plan.allreduce import AllReduceCase, all_reduce_us, refusal, section, send_pairs
 from pinpoint.plan.links import LinkModel
 from tests.conftest import NO_TRACKING, make_config
@@ -163,7 +165,7 @@ def test_the_plan_predicts_the_bytes_per_pair_of_the_choices_trained_after_it_ex
     cfg = make_config("ar-hier", cluster={"devices_per_worker": 2, "emulate": True},
                       train=dict(TRAIN, all_reduce="hierarchical_copy"), tracking=NO_TRACKING, placement=PLACEMENT)
     assert train_command(cfg, hier) == 0
-    measured = {p: n for p, n in pair_bytes(json.loads((hier / "placement.json").read_text())).items() if n}
+    measured = {p: n for p, n in pair_bytes(load_placement(hier / "placement.json")).items() if n}
     assert measured == doc["all_reduce_plan"]["prediction"]["hierarchical_copy"]["bytes_crossing"]
 
 
@@ -180,8 +182,8 @@ def test_the_change_between_two_choices_is_the_difference_of_their_formulas(sour
     cfg = make_config("ar-ring", cluster={"devices_per_worker": 2, "emulate": True},
                       train=dict(TRAIN, all_reduce="ring"), tracking=NO_TRACKING, placement=PLACEMENT)
     assert train_command(cfg, ring) == 0
-    before = pair_bytes(json.loads((source / "placement.json").read_text()))
-    after = pair_bytes(json.loads((ring / "placement.json").read_text()))
+    before = pair_bytes(load_placement(source / "placement.json"))
+    after = pair_bytes(load_placement(ring / "placement.json"))
     g = _gradient_bytes(json.loads((source / "placement.json").read_text()))
     assert g == G  # the built-in mlp is the Dense stack of the unit tests
     delta = {p: after.get(p, 0) - before.get(p, 0) for p in set(before) | set(after)}
@@ -249,16 +251,17 @@ def test_cpu_replicas_sharing_the_hosts_memory_keep_the_runs_own_choice():
         "reduce_to_host", {("/CPU:1", "/CPU:0"): G, ("/CPU:0", "/CPU:1"): G})
 
 
-def _placement(matrix: dict, unsized: int = 0) -> dict:
+def _placement(matrix: dict, unsized: int = 0) -> Placement:
     """A mirrored run's placement.json as case_of reads it: 2 emulated GPUs, the Dense stack's
     variables, a transfers matrix."""
     rows = {}
     for (a, b), n in matrix.items():
         rows.setdefault(a, {})[b] = {"count": 1, "bytes": n}
-    return {"strategy": "mirrored", "device_aliases": {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"},
-            "device_map": {"spec_replica_devices": ["/GPU:0", "/GPU:1"], "host": "/CPU:0", "emulated": True},
-            "variables": [{"name": f"v{i}", "bytes": g, "class": "trainable"} for i, g in enumerate(GRADS)],
-            "op_types_by_device": {}, "transfers": {"matrix": rows, "per_step": {"unsized": unsized}}}
+    return Placement.from_json({
+        "strategy": "mirrored", "device_aliases": {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"},
+        "device_map": {"spec_replica_devices": ["/GPU:0", "/GPU:1"], "host": "/CPU:0", "emulated": True},
+        "variables": [{"name": f"v{i}", "bytes": g, "class": "trainable"} for i, g in enumerate(GRADS)],
+        "op_types_by_device": {}, "transfers": {"matrix": rows, "per_step": {"unsized": unsized}}})
 
 
 @pytest.mark.unit

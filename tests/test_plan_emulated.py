@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from pinpoint.placement.model import Placement
 from pinpoint.plan.build import build
 from pinpoint.plan.emit import step_models
 from pinpoint.plan.emulated import KIND, EmulatedHost, tensors_crossing
@@ -94,13 +95,13 @@ def test_the_plan_file_of_a_real_gpu_run_names_only_the_link_model():
     assert step_models(chain(emulated=False)) == {"step_ms": "links"}
 
 
-def _placement(**extra) -> dict:
+def _placement(**extra) -> Placement:
     """A two-op run: x on /GPU:0 feeds y on /GPU:1 (one tensor of 32 bytes), GPUs emulated."""
     ops = [{"op": "d0/MatMul", "type": "MatMul", "device": "/GPU:0", "layer": "d0", "inputs": [], "us": 5.0},
            {"op": "d1/MatMul", "type": "MatMul", "device": "/GPU:1", "layer": "d1",
             "inputs": [["d0/MatMul:0", 32]], "us": 7.0}]
-    return {"ops": ops, "devices": ["/CPU:0", "/GPU:0", "/GPU:1"], "strategy": "default",
-            "device_aliases": {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}, **extra}
+    return Placement.from_json({"ops": ops, "devices": ["/CPU:0", "/GPU:0", "/GPU:1"], "strategy": "default",
+                                "device_aliases": {"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}, **extra})
 
 
 def test_build_reads_the_profiled_time_per_transfer():

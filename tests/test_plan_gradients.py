@@ -19,6 +19,8 @@ import pytest
 import yaml
 
 from pinpoint.errors import PlacementError
+from pinpoint.placement.files import load_placement
+from pinpoint.placement.model import Placement
 from pinpoint.plan.graph import BACKWARD, Edge, Group, PlanGraph
 from tests.conftest import NO_TRACKING, make_config
 
@@ -149,11 +151,11 @@ def test_verify_trains_the_plans_gradient_device_and_holds_it_to_the_gradients_r
     assert (got.train.pinning.layers, got.train.pinning.gradients) == ({"dense_1": "/GPU:1", "head": "/GPU:0"},
                                                                        "/GPU:0")
     placement = {"conformance": {"rules": [
-        {"rule": "layers.dense_1", "score": 1.0, "observed": {"/GPU:1": 3}, "violations": []},
-        {"rule": "layers.head", "score": 1.0, "observed": {"/GPU:0": 3}, "violations": []},
-        {"rule": "gradients", "score": 0.5, "observed": {"/GPU:0": 1, "/CPU:0": 1},
+        {"rule": "layers.dense_1", "planned": "/GPU:1", "score": 1.0, "observed": {"/GPU:1": 3}, "violations": []},
+        {"rule": "layers.head", "planned": "/GPU:0", "score": 1.0, "observed": {"/GPU:0": 3}, "violations": []},
+        {"rule": "gradients", "planned": "/GPU:0", "score": 0.5, "observed": {"/GPU:0": 1, "/CPU:0": 1},
          "violations": [{"op": "gradients/Shape", "placed": "/CPU:0", "why": "host-only (no GPU kernel)"}]}]}}
-    got = compare_conformance(placement, doc["pinning"]["layers"], doc["pinning"]["gradients"])
+    got = compare_conformance(Placement.from_json(placement), doc["pinning"]["layers"], doc["pinning"]["gradients"])
     assert got["score"] == round(2.5 / 3, 4)
     assert got["layers"][-1] == {"layer": "pinning.gradients", "planned": "/GPU:0", "score": 0.5,
                                  "observed": {"/GPU:0": 1, "/CPU:0": 1}}
@@ -212,7 +214,7 @@ def test_bytes_predicted_from_a_run_with_pinned_gradients_are_what_each_placemen
     for name, pinning in PLACED.items():
         predicted = {f"{a} -> {b}": n for (a, b), n in bytes_crossing(graph, placement_of(graph, pinning)).items()}
         run = _train(tmp_path, name, pinning)
-        measured = {p: n for p, n in pair_bytes(json.loads((run / "placement.json").read_text())).items() if n}
+        measured = {p: n for p, n in pair_bytes(load_placement(run / "placement.json")).items() if n}
         assert predicted == measured, name
 
     # The plan of the run, trained: exact bytes and every pin obeyed, the gradients' among them.

@@ -15,6 +15,7 @@ import pytest
 
 from pinpoint.errors import ConfigError
 from pinpoint.placement.files import ops_path, write_placement
+from pinpoint.placement.model import Placement
 from pinpoint.placement.opgraph import LayerMatcher, colocated_layers
 from pinpoint.plan.build import plan_graph
 from pinpoint.plan.graph import Edge
@@ -378,8 +379,8 @@ def test_a_tensor_two_groups_read_on_one_device_crosses_once():
     from pinpoint.plan.predict import bytes_crossing
 
     rows = [*ROWS, _row("loss/Mean", "Mean", "/GPU:1", [("m/enc/MatMul", 4096)], us=1.0)]
-    g = build({"strategy": "none", "devices": ["/CPU:0", "/GPU:0", "/GPU:1"], "device_map": {"host": "/CPU:0"},
-               "variables": VARIABLES, "ops": rows})
+    g = build(Placement.from_json({"strategy": "none", "devices": ["/CPU:0", "/GPU:0", "/GPU:1"],
+                                   "device_map": {"host": "/CPU:0"}, "variables": VARIABLES, "ops": rows}))
     edges = {(e.src, e.dst): e.bytes for e in g.edges}
     assert (edges[("enc", "dec")], edges[("enc", "other")]) == (4096, 4096)
     ran = {x.key: x.device for x in g.groups}
@@ -426,8 +427,8 @@ def test_a_residual_gradient_is_summed_per_device_then_beside_the_op_that_made_i
         _row("gradients/m/stem/Conv2D_grad/Conv2DBackpropFilter", "Conv2DBackpropFilter", "/GPU:0",
              [("gradients/AddN", 400)], layer="stem", colocation=["m/stem/Conv2D"]),
     ]
-    g = build({"strategy": "none", "devices": ["/CPU:0", "/GPU:0", "/GPU:1", "/GPU:2"],
-               "device_map": {"host": "/CPU:0"}, "ops": rows})
+    g = build(Placement.from_json({"strategy": "none", "devices": ["/CPU:0", "/GPU:0", "/GPU:1", "/GPU:2"],
+                                   "device_map": {"host": "/CPU:0"}, "ops": rows}))
     assert [(s.home, len(s.contributions), s.readers) for s in g.sums] == [("stem", 2, frozenset({"stem"}))]
     at = {"stem": "/GPU:0", "conv": "/GPU:1", "add": "/GPU:0", "head": "/GPU:2", "other": "/GPU:0"}
     assert {k: v for k, v in bytes_crossing(g, at).items() if v} == {

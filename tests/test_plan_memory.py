@@ -9,6 +9,7 @@ import pytest
 
 from pinpoint.errors import PlacementError
 from pinpoint.placement.memory_predict import Node, Replay
+from pinpoint.placement.model import Placement
 from pinpoint.plan.command import table
 from pinpoint.plan.graph import Edge, Group, PlanGraph
 from pinpoint.plan.links import LinkModel
@@ -89,21 +90,24 @@ def test_verify_holds_each_predicted_peak_to_the_measured_one():
                                        "(outside the step's graphs)": {"peak_requested": 8}},
                            "self_check": {"mismatched": 0}}}
     measured["memory"]["predicted"] = {"devices": {"/GPU:0": {"predicted": 1600}, "/GPU:1": {"predicted": 1240}}}
-    check = compare_memory({"/GPU:0": {"peak": 1600}, "/GPU:1": {"peak": 1000}}, measured)
+    check = compare_memory({"/GPU:0": {"peak": 1600}, "/GPU:1": {"peak": 1000}}, Placement.from_json(measured))
     assert check["devices"] == [
         {"device": "/GPU:0", "predicted": 1600, "measured": 1600, "error": 0.0, "replayed_in_its_order": 1600},
         {"device": "/GPU:1", "predicted": 1000, "measured": 1250, "error": -0.2, "replayed_in_its_order": 1240}]
     assert (check["largest_error"], check["mismatched_events"]) == (0.2, 0)
-    assert compare_memory({}, {"memory": {"why_not": "no allocator events"}}) == {"why_not": "no allocator events"}
+    assert compare_memory({}, Placement.from_json({"memory": {"why_not": "no allocator events"}})) == \
+        {"why_not": "no allocator events"}
 
 
 def test_a_run_without_its_memory_replay_or_of_several_replicas_has_no_model():
-    assert memory_model({"memory": {"devices": {}}}, {}) is None
-    assert memory_model({}, {}) is None
+    def model(d: dict):
+        return memory_model(Placement.from_json(d), {})
+
+    assert (model({"memory": {"devices": {}}}), model({})) == (None, None)
     replay = Replay((), (), {}, {}).to_json()
-    assert memory_model({"strategy": "mirrored", "memory": {"devices": {}, "predicted": {"replay": replay}}}, {}) is None
-    assert memory_model({"strategy": "none", "memory": {"devices": {}, "predicted": {"replay": replay}}}, {}) \
-        is not None
+    assert model({"strategy": "mirrored", "memory": {"devices": {}, "predicted": {"replay": replay}}}) is None
+    assert model({"strategy": "none", "memory": {"devices": {}, "predicted": {"replay": replay}}}).replay == \
+        Replay((), (), {}, {})
 
 
 SIMPLE = LinkModel.from_dict({"pcie": {"latency_us": 1, "gb_per_s": 1}})

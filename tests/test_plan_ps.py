@@ -16,6 +16,7 @@ import yaml
 
 from benchmarks.plan_ps import HIDDEN, WIDTH, train, write_model
 from pinpoint.placement.files import read_placement
+from pinpoint.placement.model import Placement
 from pinpoint.plan.servers import measured_ps_bytes
 
 # A multi-process parameter-server cluster trained twice: the slow tier (pyproject markers).
@@ -70,7 +71,7 @@ def test_ps_plan_verified_balances_servers_and_predicts_their_bytes_exactly(tmp_
     and measured on the verification run's, equal server by server."""
     write_model(tmp_path)
 
-    rr = measured_ps_bytes(_train(tmp_path, "rr"))
+    rr = measured_ps_bytes(Placement.from_json(_train(tmp_path, "rr")))
     assert rr == _round_robin_bytes()
     # ps 0 holds four hidden kernels and the head's: 2 * (4 * 16384 + 2560) of 271456 bytes a step.
     assert _ratio(rr) == Fraction(2 * (4 * 16384 + 2560) * 4, 271456)  # 2.0068x
@@ -123,7 +124,7 @@ def test_ps_plan_verified_balances_servers_and_predicts_their_bytes_exactly(tmp_
            f"{float(_ratio(expected)):.4f}x" in proc.stdout
 
     placement = read_placement(vdir / "placement.json")
-    assert measured_ps_bytes(placement) == expected
+    assert measured_ps_bytes(Placement.from_json(placement)) == expected
     for v in placement["variables"]:  # each layer's kernel and bias on its planned server
         layer = v["name"].split("/")[0]
         if layer in layers:

@@ -75,7 +75,7 @@ def _sent(run: Path) -> set[str]:
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_residual_model_placed_otherwise_than_its_source_run_gets_exact_bytes_per_pair(tmp_path, tf):
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.files import load_placement
     from pinpoint.plan.build import plan_graph
     from pinpoint.plan.links import LinkModel
     from pinpoint.plan.predict import predict
@@ -96,7 +96,7 @@ def test_a_residual_model_placed_otherwise_than_its_source_run_gets_exact_bytes_
         return {f"{a} -> {b}": n for (a, b), n in pairs.items() if n}
 
     def measured(run: Path) -> dict[str, int]:
-        return {pair: b for pair, b in pair_bytes(read_placement(run, field="run_dir")).items() if b}
+        return {pair: b for pair, b in pair_bytes(load_placement(run, field="run_dir")).items() if b}
 
     assert predicted(source, SPLIT) == measured(split)
     assert predicted(split, OTHER) == measured(other)

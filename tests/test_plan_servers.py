@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from pinpoint.placement.model import Placement
 from pinpoint.plan.build import _ps_variables
 from pinpoint.plan.graph import Group, PlanGraph
 from pinpoint.plan.servers import measured_placement, measured_ps_bytes, predicted_ps_bytes, variable_servers
@@ -26,7 +27,7 @@ def _graph(servers_measured):
             _var("b/kernel", "trainable", 200, b_k), _var("b/bias", "trainable", 20, b_b),
             _var("adam/iteration", "optimizer", 8, it), _var("adam/learning_rate", "optimizer", 4, lr, 0),
             _var("adam/a_kernel_momentum", "optimizer", 400, a_k), _var("adam/a_kernel_velocity", "optimizer", 400, a_k)]
-    variables = _ps_variables({"strategy": "parameter_server", "variables": rows}, ["a", "b"])
+    variables = _ps_variables(Placement.from_json({"strategy": "parameter_server", "variables": rows}), ["a", "b"])
     groups = tuple(Group(k, i, 0.0, 3, 0, WORKER) for i, k in enumerate(("a", "b", "other")))
     return PlanGraph(groups, (), (*PS, WORKER), WORKER, "parameter_server", False, ps_variables=variables)
 
@@ -63,4 +64,4 @@ def test_measured_bytes_per_server_are_its_traffic_with_workers_and_chief_only()
         WORKER: {PS[0]: cell(100), PS[1]: cell(30), "/job:chief/task:0/CPU:0": cell(8)},
         "/job:chief/task:0/CPU:0": {WORKER: cell(5000), PS[2]: cell(6)},
     }}}
-    assert measured_ps_bytes(placement) == {PS[0]: 200, PS[1]: 30, PS[2]: 6}
+    assert measured_ps_bytes(Placement.from_json(placement)) == {PS[0]: 200, PS[1]: 30, PS[2]: 6}

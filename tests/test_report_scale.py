@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from pinpoint.placement.files import ops_path, read_placement, write_placement
-from pinpoint.placement.model import upgrade
 from pinpoint.placement.report import LARGEST, SECTIONS, render_html, write_report
 
 SAMPLE = Path(__file__).parent / "data" / "placement-sample.json"
@@ -34,16 +33,43 @@ def test_placement_files_split_and_read_back_as_one(tmp_path):
     with gzip.open(ops_path(tmp_path / "placement.json")) as f:
         detail = json.loads(f.read())
     assert len(detail["ops"]) == len(p["ops"]) and detail["transfer_items"] == p["transfer_items"]
-    # The sample is schema 1: it reads back as the current schema (model.upgrade), split or not.
-    assert read_placement(tmp_path) == upgrade(p)
-    assert read_placement(tmp_path, detail=False) == upgrade(main)
+    # The sample is schema 1 without layers rows: it reads back as schema 2 with nothing added,
+    # split or not (the upgrade itself: test_a_schema_1_placement_reads_as_the_hand_written_schema_2).
+    assert read_placement(tmp_path) == {**p, "schema": 2}
+    assert read_placement(tmp_path, detail=False) == {**main, "schema": 2}
     assert ops_path(tmp_path / "placement-worker-0.json").name == "placement-worker-0_ops.json.gz"
+
+
+@pytest.mark.unit
+def test_a_schema_1_placement_reads_as_the_hand_written_schema_2(tmp_path):
+    """Schema 1 had no layer_pins: they are read off the layers rows (each matched layer -> its
+    key's device). The expected file is written by hand (tests/data), not by the upgrader."""
+    expected = json.loads((SAMPLE.parent / "placement-schema2-expected.json").read_text())
+    shutil.copy(SAMPLE.parent / "placement-schema1.json", tmp_path / "placement.json")
+    assert read_placement(tmp_path) == expected
+    assert expected["layer_pins"] == {"dense_1": "/GPU:0", "dense_2": "/GPU:1", "head": "/GPU:1"}
+    assert read_placement(SAMPLE.parent / "placement-schema2-expected.json") == expected  # schema 2 as it is
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("schema", [3, "2"])
+def test_a_newer_or_unknown_schema_is_refused_in_one_line(tmp_path, schema):
+    from pinpoint.errors import ConfigError
+    from pinpoint.placement.schema import SCHEMA_VERSION
+
+    assert SCHEMA_VERSION == 2  # the version this test's files are written for
+    doc = json.loads((SAMPLE.parent / "placement-schema2-expected.json").read_text())
+    (tmp_path / "placement.json").write_text(json.dumps({**doc, "schema": schema}))
+    with pytest.raises(ConfigError) as err:
+        read_placement(tmp_path)
+    assert str(err.value) == (f"placement.json schema: got {schema!r}; this pinpoint reads versions 1 to 2; read it "
+                              "with the pinpoint version that wrote it, or upgrade pinpoint")
 
 
 @pytest.mark.unit
 def test_a_placement_json_from_before_the_split_reads_the_same(tmp_path):
     shutil.copy(SAMPLE, tmp_path / "placement.json")
-    assert read_placement(tmp_path) == upgrade(_sample())
+    assert read_placement(tmp_path) == {**_sample(), "schema": 2}
 
 
 def _large(n_layers: int = 300, vars_per_layer: int = 4, ops_per_layer: int = 40) -> dict:

@@ -66,7 +66,7 @@ def test_mlflow_gets_the_timing_metrics_and_the_trace_folder(tmp_path):
     trace under the artifact folder profile/ as TensorBoard's profile plugin expects it."""
     from mlflow.tracking import MlflowClient
 
-    cfg = _cfg(True, steps=4).model_dump(mode="json")
+    cfg = _cfg(True, steps=4).model_dump(mode="json", exclude_unset=True)
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     cfg["tracking"] = {"enabled": True, "uri": uri, "experiment": "timing", "log_model": False}
     _, placement, _ = train(config_from_dict(cfg), tmp_path / "run")

@@ -10,6 +10,7 @@ import pytest
 from pinpoint.device_names import DeviceMap
 from pinpoint.placement.merge import merge_placements
 from pinpoint.placement.metrics import headline_metrics
+from pinpoint.placement.model import Placement
 from pinpoint.placement.summary import format_summary, timing_lines
 from pinpoint.placement.timing import OpEvent, device_timing, timing_from_trace, union_ps
 
@@ -139,7 +140,7 @@ def test_multi_worker_merge_keeps_each_tasks_devices_and_walls():
     a = _placement_with_timing("chief:0", "/job:chief/task:0")
     b = _placement_with_timing("worker:0", "/job:worker/task:0")
     b["timing"]["wall_ms"] = 4.0
-    m = merge_placements([a, b])["timing"]
+    m = merge_placements([Placement.from_json(a), Placement.from_json(b)]).to_json()["timing"]
     assert set(m["devices"]) == {"/job:chief/task:0/GPU:0", "/job:chief/task:0/GPU:1",
                                  "/job:worker/task:0/GPU:0", "/job:worker/task:0/GPU:1"}
     assert m["wall_ms"] == 4.0 and m["tasks"]["chief:0"]["wall_ms"] == 2.5 and m["trace"] == "profile"

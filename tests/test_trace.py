@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.first_screen import ARROW, BOX_FILL, chromium, expected_from_placement, read_first_screen, shows
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +103,25 @@ def test_custom_loop_activation_bytes_cross_each_way(custom_loop):
     assert [(i["to"], i["bytes"]) for i in relu] == [("/GPU:1", BATCH * HIDDEN * F32)]
 
 
+
+@pytest.mark.skipif(chromium() is None, reason="headless Chromium not installed (Debian package 'chromium')")
+def test_custom_loop_report_opens_on_the_run_with_its_activations_crossing(custom_loop):
+    """Issue 51: a model split over two GPUs; the first screen (a screenshot in test-output/) draws
+    each device with its ops and variables and an arrow per pair with its bytes, and says there is
+    nothing to change (no round trip, fallback, off-plan op or eager copy in placement.json)."""
+    p, _, _, out = custom_loop
+    screen = read_first_screen(out / "report.html", "split-two-gpus")
+    boxes, arrows, reduced = expected_from_placement(p)
+    assert (screen.boxes, screen.arrows, screen.reduced) == (boxes, arrows, None)
+    assert screen.arrows[("/GPU:0", "/GPU:1")] == BATCH * HIDDEN * F32 + (HIDDEN * CLASSES + CLASSES) * F32
+    assert screen.arrows[("/GPU:1", "/GPU:0")] == BATCH * CLASSES * F32 + HIDDEN * CLASSES * F32
+    assert screen.boxes["/GPU:1"][1] == 2  # head's kernel and bias
+    quiet = not (p["transfers"].get("round_trips") or p["fallbacks"] or (p.get("eager") or {}).get("copies")
+                 or (p.get("eager") or {}).get("not_where_requested")
+                 or any(r["score"] is not None and r["score"] < 1 for r in p["conformance"]["rules"]))
+    assert quiet and (screen.nothing, screen.findings) == (True, [])
+    assert shows(screen.screenshot, BOX_FILL) and shows(screen.screenshot, ARROW)
+
 def test_custom_loop_pinpoint_log_reaches_metrics_and_the_program_is_unchanged(custom_loop):
     _, metrics, stdout, _ = custom_loop
     assert metrics["exit_code"] == 0 and metrics["steps"] == 30
@@ -176,6 +197,27 @@ def test_fit_under_mirrored_strategy_mirrors_every_variable_and_logs_keras_loss(
     assert run.data.params["fit.batch_size"] == "64"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"placement.json", "report.html"} <= artifacts
+    if chromium() is not None:  # issue 51: the first screen of a traced fit
+        _fit_first_screen(p, out, params)
+
+
+def _fit_first_screen(p: dict, out: Path, params: int) -> None:
+    """The traced fit's report opens on its findings (each round trip of placement.json, both ways'
+    bytes, the costliest first) and on the run: two replicas all-reducing every gradient."""
+    from pinpoint.placement.summary import human_bytes
+
+    screen = read_first_screen(out / "report.html", "traced-keras-fit")
+    boxes, arrows, reduced = expected_from_placement(p)
+    assert (screen.boxes, screen.arrows) == (boxes, arrows)
+    assert screen.reduced == reduced == 2 * params * F32  # each replica's gradients, once a step
+    trips = sorted(p["transfers"].get("round_trips") or [], key=lambda r: -r["bytes"])
+    shown = [e for k, e in screen.findings if k == "round trip"]
+    assert [f"{human_bytes(2 * r['bytes'])} per step" in e for r, e in zip(trips, shown, strict=True)] == \
+        [True] * len(trips)
+    if trips:
+        assert screen.findings[0][0] == "round trip"  # bytes per step rank first
+    assert screen.nothing == (screen.findings == [])
+    assert shows(screen.screenshot, BOX_FILL)
 
 
 # ---- eager ops: an assign of a tensor made on the CPU to a variable on a GPU ------------------------
@@ -201,19 +243,24 @@ def test_eager_assign_runs_on_the_variables_device_after_a_copy(tmp_path):
 
 
 # ---- issue 34: step metrics reach MLflow by time, each metric's latest value kept ------------------
-def test_step_metrics_reach_mlflow_at_most_once_per_interval_and_each_metrics_latest_value_arrives(tmp_path):
-    """--metrics-every-s 3600: the first logged step goes out, every later one is held back (per
-    metric, the latest), and the end of the run sends what was held, each at its own step."""
+def test_step_metrics_reach_mlflow_as_logged_up_to_the_budget_then_at_most_once_per_interval(tmp_path):
+    """--metrics-every-s 3600: the first 200 calls (tracking.step_metrics_budget) go out as
+    logged, every later one is held back (per metric, the latest), and the end of the run sends
+    what was held, each at its own step."""
     import json
 
     from mlflow.tracking import MlflowClient
 
+    from pinpoint.config import TrackingConfig
+
+    budget = TrackingConfig().step_metrics_budget
+    assert budget == 200
     script = write(tmp_path, "fast.py", """
         import time
         import pinpoint
-        for step in range(1, 201):
+        for step in range(1, 401):
             pinpoint.log(step, loss=1.0 / step)
-            if step == 50:
+            if step == 300:
                 pinpoint.log(step, learning_rate=0.1)
         time.sleep(1.0)  # the held values are sent after this, with the time they were logged
     """)
@@ -225,14 +272,16 @@ def test_step_metrics_reach_mlflow_at_most_once_per_interval_and_each_metrics_la
     (run,) = client.search_runs([client.get_experiment_by_name("thin").experiment_id])
     history = {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k))
                for k in ("loss", "learning_rate")}
-    assert history == {"loss": [(1, 1.0), (200, 1.0 / 200)], "learning_rate": [(50, 0.1)]}
+    # Calls 1..200 are the loss of steps 1..200; then 3600 s have not passed: held to the end.
+    assert history == {"loss": [(s, 1.0 / s) for s in range(1, 201)] + [(400, 1.0 / 400)],
+                       "learning_rate": [(300, 0.1)]}
     held = [m for k in ("loss", "learning_rate") for m in client.get_metric_history(run.info.run_id, k)
-            if m.step > 1]
+            if m.step > 200]
     ended = client.get_run(run.info.run_id).info.end_time
     assert [ended - m.timestamp >= 1000 for m in held] == [True, True]  # logged before the sleep
     cost = json.loads((out / "tracking.json").read_text())
     assert cost["run_id"] == run.info.run_id  # what `pinpoint plan --verify` links a source run by
-    assert cost["train"]["log_calls"] == 201  # every call counted, sent or held
+    assert cost["train"]["log_calls"] == 401  # every call counted, sent or held
     assert cost["run"]["sender_cpu_s"] > 0  # read from the sender process's /proc entry
 
 

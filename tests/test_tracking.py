@@ -337,13 +337,13 @@ def _api_requests(server) -> int:
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_5000_steps_send_a_bounded_number_of_requests_and_every_value(live_mlflow, tmp_path):
-    """Metrics go out once per tracking.metrics_interval_s in log_batch calls, whatever the step
+    """Metrics go out once per SEND_INTERVAL_S in log_batch calls, whatever the step
     rate: 5,000 steps logged faster than any training loop (4 metrics each, over ~3 s) cost
     about one request per interval plus one per 1,000 values, and every step's value arrives."""
     import math
 
     cfg = make_cfg(live_mlflow.uri)
-    interval = cfg.tracking.metrics_interval_s
+    from pinpoint.tracking.run import SEND_INTERVAL_S as interval
     values = 4 * 5000
     with open_step_run(cfg, "train", tmp_path, system_metrics=False) as run:
         run_id = run.run_id

@@ -16,7 +16,7 @@ import pytest
 from pinpoint.config import config_from_dict
 from pinpoint.errors import ConfigError, PlacementError
 from pinpoint.placement.files import read_placement
-from tests.conftest import NO_TRACKING, make_config
+from tests.conftest import NO_TRACKING, make_config, mlp_param_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -280,11 +280,6 @@ def all_reduce_runs(tmp_path_factory):
     return get
 
 
-def _param_bytes(placement) -> int:
-    """Bytes of one replica's trainable parameters: what one gradient all-reduce reduces."""
-    return sum(v["bytes"] for v in placement["variables"] if v["name"].endswith(("kernel", "bias")))
-
-
 def _sent(placement, src, dst) -> int:
     return placement["transfers"]["matrix"].get(src, {}).get(dst, {}).get("bytes", 0)
 
@@ -292,14 +287,14 @@ def _sent(placement, src, dst) -> int:
 def test_all_reduce_ring_is_a_collective_among_the_replicas_with_no_gradient_to_the_host(all_reduce_runs):
     p, _ = all_reduce_runs("ring")
     coll = {d: c["input_bytes"] for d, c in p["transfers"]["collectives"].items()}
-    assert coll == {"/GPU:0": _param_bytes(p), "/GPU:1": _param_bytes(p)}
+    assert coll == {"/GPU:0": mlp_param_bytes(), "/GPU:1": mlp_param_bytes()}
     for d in ("/GPU:0", "/GPU:1"):
         assert _sent(p, d, "/CPU:0") <= 16, p["transfers"]["matrix"][d]  # scalars (loss, metric) only
 
 
 def test_all_reduce_reduce_to_host_sends_every_replicas_gradients_to_the_host_and_back(all_reduce_runs):
     p, _ = all_reduce_runs("reduce_to_host")
-    pb = _param_bytes(p)
+    pb = mlp_param_bytes()
     assert p["transfers"]["collectives"] == {}
     for d in ("/GPU:0", "/GPU:1"):
         assert pb <= _sent(p, d, "/CPU:0") <= pb + 32, p["transfers"]["matrix"][d]  # gradients + scalars
@@ -308,7 +303,7 @@ def test_all_reduce_reduce_to_host_sends_every_replicas_gradients_to_the_host_an
 
 def test_all_reduce_hierarchical_copy_copies_between_the_replicas_not_through_the_host(all_reduce_runs):
     p, _ = all_reduce_runs("hierarchical_copy")
-    pb = _param_bytes(p)
+    pb = mlp_param_bytes()
     assert p["transfers"]["collectives"] == {}
     # 2 devices: /GPU:1's gradients to /GPU:0, which sums and copies the result back.
     assert _sent(p, "/GPU:1", "/GPU:0") == pb

@@ -263,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--experiment", default="pinpoint", help="MLflow experiment (pinpoint)")
     s.add_argument("--log-every", type=int, default=10, help="send Keras' batch logs every N batches (10)")
     s.add_argument("--metrics-every-s", type=float, default=1.0,
-                   help="step metrics reach MLflow at most once per S seconds per metric, the latest kept "
+                   help="after the first tracking.step_metrics_budget sends, step metrics reach MLflow at most once per S "
+                        "seconds per metric, the latest kept "
                         "(1.0; 0: every logged step): tracking.step_metrics_every_s")
     s.add_argument("-m", dest="module", metavar="MODULE", help="run a module as `python -m MODULE` would")
     s.add_argument("program", nargs=argparse.REMAINDER, help="SCRIPT.py and its arguments (or the module's arguments)")

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.errors import ConfigError
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.files import load_placement
+from pinpoint.placement.model import Placement
 from pinpoint.runfolder import METRICS, PLACEMENT, atomic_write_json, ensure_dir, read_json
 
 COMPARISON_JSON = "comparison.json"
@@ -20,12 +21,10 @@ def _speed(metrics: dict) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _obeyed(placement: dict, min_score: float) -> tuple[bool, float | None, int]:
+def _obeyed(placement: Placement, min_score: float) -> tuple[bool, float | None, int]:
     """(obeyed, conformance score, violations). No rules at all (nothing planned) counts as obeyed."""
-    conf = placement.get("conformance") or {}
-    rules = conf.get("rules") or []
-    violations = sum(int(r.get("violations_total") or 0) for r in rules)
-    score = conf.get("score")
+    violations = sum(int(r.violations_total or 0) for r in placement.conformance.rules)
+    score = placement.conformance.score
     obeyed = violations == 0 or (score is not None and float(score) >= min_score)
     return obeyed, (float(score) if score is not None else None), violations
 
@@ -37,14 +36,14 @@ def compare_runs(run_dirs: list[Path], *, min_score: float = 1.0) -> dict[str, A
     rows = []
     for d in run_dirs:
         d = Path(d)
-        placement = read_placement(d / PLACEMENT, detail=False, field="run_dirs")
+        placement = load_placement(d / PLACEMENT, detail=False, field="run_dirs")
         metrics = read_json(d / METRICS, field="run_dirs")
         obeyed, score, violations = _obeyed(placement, min_score)
         rows.append(
             {
                 "name": d.name,
                 "run_dir": str(d),
-                "strategy": placement.get("strategy"),
+                "strategy": placement.strategy,
                 "examples_per_sec": _speed(metrics),
                 "final_loss": metrics.get("final_loss"),
                 "conformance": score,

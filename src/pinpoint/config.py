@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from pinpoint import __version__, layer_keys
+from pinpoint import __version__, config_scope, layer_keys
 from pinpoint.device_names import parse_device
 from pinpoint.errors import ConfigError
 
@@ -69,6 +69,10 @@ DEFAULT_IMAGE = f"pinpoint-cpu:{__version__}"
 # The run-folder claim the pipeline's steps mount when cluster.runs_volume_claim is unset (a
 # single-process run trains inside the train step's pod; the steps still share the run folder).
 DEFAULT_RUNS_CLAIM = "pinpoint-runs"
+
+# Defaults the launch step shares (pinpoint.k8s.options.LaunchOptions): defined here only.
+UNSCHEDULABLE_GRACE_S = 600.0  # a GPU node pool scaling up from zero takes minutes
+DEADLINE_S = 86400
 
 DNS1123_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -141,10 +145,10 @@ class ClusterConfig(_Frozen):
     runs_volume_claim: Optional[str] = None
     # How long a pod may stay unschedulable before the launch step gives up (a GPU node pool
     # scaling up from zero takes minutes).
-    unschedulable_grace_s: float = Field(600.0, ge=0)
+    unschedulable_grace_s: float = Field(UNSCHEDULABLE_GRACE_S, ge=0)
     # activeDeadlineSeconds of the TFJob/Jobs (the cluster stops a run that outlives its launcher)
     # and the launch step's own timeout.
-    deadline_s: int = Field(86400, ge=60)
+    deadline_s: int = Field(DEADLINE_S, ge=60)
     # ttlSecondsAfterFinished: finished TFJobs/Jobs (and their pods' logs) are removed after this.
     ttl_after_finished_s: int = Field(3600, ge=0)
     # Secret holding the MLflow connection (keys tracking-uri, username, password; each
@@ -293,7 +297,8 @@ class TrainConfig(_Frozen):
     strategy: Literal[STRATEGIES] = "mirrored"  # type: ignore[valid-type]
     pinning: PinningConfig = Field(default_factory=PinningConfig)
     # Your own training code as the train step: "package.module:function", called as function(ctx)
-    # (pinpoint.training.entrypoint.context.EntrypointContext; docs/trace.md). model/data/loss are then unused.
+    # (pinpoint.training.entrypoint.context.EntrypointContext; docs/trace.md). The loop's fields are then
+    # refused if written (config_scope.NO_EFFECT).
     entrypoint: Optional[str] = None
     entrypoint_args: Union[dict[str, Any], list[str]] = Field(default_factory=dict)  # ctx.args, as given
     # A built-in model name or "package.module:callable" returning a keras.Model.
@@ -378,6 +383,11 @@ class TrainConfig(_Frozen):
         return self.model in MODELS
 
     @property
+    def takes_data_args(self) -> bool:
+        """train.data reads train.data_args: the user's callable (its arguments) or an image folder."""
+        return is_import_path(self.data) or (file_source(self.data) or ("",))[0] == "images"
+
+    @property
     def streamed(self) -> bool:
         """Data read through tf.data (user callable or files), not held in memory."""
         return is_import_path(self.data) or file_source(self.data) is not None
@@ -387,14 +397,15 @@ class TrackingConfig(_Frozen):
     enabled: bool = True
     uri: Optional[str] = None  # None: local store inside the repo (mlruns/); else a server URI
     experiment: str = "pinpoint"
-    # Seconds between two sends of the journaled metrics (every step's values, batched): the
-    # request rate to the server is bounded by time, not by steps per second.
-    metrics_interval_s: float = Field(1.0, gt=0, le=300)
     # Step metrics (the trainer's logged steps, Keras fit's batches, pinpoint.log) reach MLflow
     # at most once per this many seconds per metric, the latest value of each kept and sent at
     # the next send and at the end: the sender's work is bounded by time whatever the step rate
     # (train_log.jsonl keeps every logged step). 0: every logged step.
     step_metrics_every_s: float = Field(1.0, ge=0, le=3600)
+    # ... except the first this many sends of step metrics, which go out as logged: a short run
+    # draws a curve (the demo's 300 steps, logged every 10, give 31 points), a long one adds at
+    # most one point a second after them. 0: thinned by time from the first step.
+    step_metrics_budget: int = Field(200, ge=0, le=100_000)
     # Checkpoints reach MLflow at most once per this many seconds: the newest one when the time
     # has come, and the last one held back at the end of the run, so a run writing checkpoints
     # every few steps uploads a few a minute, not tens a second (each is ~3 files, ~7 ms of the
@@ -402,6 +413,16 @@ class TrackingConfig(_Frozen):
     # train.checkpoint_every / the checkpoint manager say. 0: every checkpoint.
     checkpoints_every_s: float = Field(10.0, ge=0, le=86400)
     log_model: bool = True  # log the final model (MLflow keras flavor) at the end of training
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_cadence(cls, data: Any) -> Any:
+        """tracking.metrics_interval_s overlapped step_metrics_every_s (both a time between step
+        metrics reaching MLflow): the journal is now sent once a second (SEND_INTERVAL_S)."""
+        if isinstance(data, dict) and "metrics_interval_s" in data:
+            _fail("tracking.metrics_interval_s", data["metrics_interval_s"], "removed: step metrics reach MLflow "
+                  "at most once per tracking.step_metrics_every_s, the one cadence setting; set that instead")
+        return data
 
 
 class Config(_Frozen):
@@ -425,6 +446,9 @@ class Config(_Frozen):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Config":
+        unused = config_scope.no_effect(self)  # first: a field the path ignores is not checked further
+        if unused:
+            _fail(*unused)
         _check_strategy_vs_cluster(self)
         _check_pinning_vs_strategy(self)
         _check_data(self)
@@ -719,10 +743,14 @@ def resolve_paths(cfg: Config, base: Path) -> Config:
     src = file_source(data)
     if src and not Path(src[1]).is_absolute():
         data = f"{src[0]}:{base / src[1]}"
-    if (code_dir, data) == (t.code_dir, t.data):
+    # Only what changed is updated: an updated field counts as written (config_scope).
+    update = {k: v for k, v in (("code_dir", code_dir), ("data", data)) if v != getattr(t, k)}
+    if not update:
         return cfg
-    return cfg.model_copy(update={"train": t.model_copy(update={"code_dir": code_dir, "data": data})})
+    return cfg.model_copy(update={"train": t.model_copy(update=update)})
 
 
 def config_to_yaml(cfg: Config) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    """The fields the user wrote (and the paths load_config resolved): reloaded, the same Config,
+    whose fields the path ignores are still told apart from defaults (config_scope)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True), sort_keys=False)

@@ -20,6 +20,7 @@ The one place that knows TensorFlow's device-string syntax (no TensorFlow import
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
@@ -157,6 +158,14 @@ class DeviceMap:
             fallbacks=dict(getattr(device_map, "fallbacks", None) or {}),
             missing=dict(getattr(device_map, "missing", None) or {}),
         )
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> DeviceMap:
+        """A DeviceMap from its to_json() (placement.json's device_map; `missing` is not written)."""
+        return cls(aliases=dict(d.get("device_aliases") or {}), replica_devices=tuple(d.get("replica_devices") or ()),
+                   spec_replica_devices=tuple(d.get("spec_replica_devices") or ()), host=d.get("host") or HOST,
+                   emulated=bool(d.get("emulated", False)), fallbacks=dict(d.get("fallbacks") or {}),
+                   visible=dict(d.get("visible_devices") or {}), local_devices=tuple(d.get("local_devices") or ()))
 
     def physical(self, spec_device: str) -> str:
         """The device to put in tf.device() for a spec device (job prefixes kept)."""

@@ -20,8 +20,8 @@ class Hook:
     def on_checkpoint(self, step: int, path: str) -> None:
         """path: the checkpoint prefix just written (readable by tf.train.load_checkpoint)."""
 
-    def on_placement(self, placement: Mapping[str, Any]) -> None:
-        """placement: the dict written to placement.json."""
+    def on_placement(self, placement: Any) -> None:
+        """placement: what was written to placement.json, as pinpoint.placement.model.Placement."""
 
     def on_train_end(self, summary: Mapping[str, Any], model: Any = None) -> None:
         """summary: the dict written to metrics.json; model: the trained Keras model (chief)."""

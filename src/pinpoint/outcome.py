@@ -9,6 +9,7 @@ from typing import Any
 
 from pinpoint.hooks import Hook
 from pinpoint.placement.files import write_placement
+from pinpoint.placement.model import Placement, as_placement
 from pinpoint.runfolder import METRICS, PLACEMENT, atomic_write_json
 
 
@@ -18,7 +19,7 @@ def write_outcome(out: Path, placement: dict | None, metrics: dict, hooks: Hook,
     on_train_end; then `summary` (default: the placement summary table) on stdout."""
     if placement is not None:
         write_placement(Path(out) / PLACEMENT, placement)
-        hooks.on_placement(placement)
+        hooks.on_placement(as_placement(placement) or Placement())
     atomic_write_json(Path(out) / METRICS, metrics)
     hooks.on_train_end(metrics, model)
     if summary is None:

@@ -7,12 +7,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from pinpoint.config import DEADLINE_S, UNSCHEDULABLE_GRACE_S
+
 
 @dataclass
 class LaunchOptions:
     poll_seconds: float = 2.0
-    timeout_seconds: float = 24 * 3600.0  # launch_training: cluster.deadline_s
-    unschedulable_grace_seconds: float = 120.0  # launch_training: cluster.unschedulable_grace_s
+    timeout_seconds: float = float(DEADLINE_S)  # launch_training: cluster.deadline_s
+    unschedulable_grace_seconds: float = UNSCHEDULABLE_GRACE_S  # launch_training: cluster.unschedulable_grace_s
     image_pull_grace_seconds: float = 30.0
     # Up to this many pods every pod's log is streamed; above, the chief's and each failed pod's
     # (the requests per poll stay constant: 1,024 workers would be 1,024 log reads per poll).

@@ -37,10 +37,18 @@ from pinpoint.placement.memory_fit import with_fit
 from pinpoint.placement.memory_model import Memory
 from pinpoint.placement.model import Placement
 from pinpoint.placement.opgraph import LayerMatcher, add_graph_fields, resource_variables
+from pinpoint.placement.records import (
+    Gradients,
+    InputPipeline,
+    OpRow,
+    Precision,
+    ReplicaConsistency,
+    VariableUpdates,
+)
 from pinpoint.placement.requests import weight_rules
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE, json_number
 from pinpoint.placement.sections import Conformance, Eager, Fallback, FunctionRow, Rule, Variable, mean_score
-from pinpoint.placement.traffic import Timing, Transfers
+from pinpoint.placement.traffic import Timing, TransferItem, Transfers
 from pinpoint.placement.transfers import BOOKKEEPING, merge_transfer_steps, step_transfers
 from pinpoint.placement.variables import analyze_variables, safe_consistency, user_variables
 
@@ -86,25 +94,26 @@ def build(inputs: PlacementInputs) -> Placement:
         fallbacks=tuple(map(Fallback.from_json, _observed_fallbacks(scan, namer, inputs.device_map)
                             + sorted(scan.predicted.values(), key=lambda f: f["op"]))),
         variables=tuple(map(Variable.from_json, var_info["variables"] + var_info["freed"])),
-        variable_updates=var_info["updates"],
-        gradients={
-            "scope": f"{inputs.gradient_scope}/ and gradient_tape/",
-            "ops_by_device": _mean_counter(scan.grads),
-            "total": json_number(sum(sum(c.values()) for c in scan.grads) / max(len(scan.grads), 1)),
-        },
+        variable_updates=VariableUpdates.from_json(var_info["updates"]),
+        gradients=Gradients(
+            scope=f"{inputs.gradient_scope}/ and gradient_tape/",
+            ops_by_device=_mean_counter(scan.grads),
+            total=json_number(sum(sum(c.values()) for c in scan.grads) / max(len(scan.grads), 1)),
+        ),
         # The trainer builds the placement after its last step, so this is the end-of-training check.
-        replica_consistency=safe_consistency(list(inputs.variables), values, inputs.optimizer_variables),
+        replica_consistency=ReplicaConsistency.from_json(
+            safe_consistency(list(inputs.variables), values, inputs.optimizer_variables)),
         conformance=conformance,
         layers=tuple(layer_table(rule_rows, items, inputs.plan, inputs.layer_pins)),
-        ops=tuple(scan.ops_detail),
+        ops=tuple(map(OpRow.from_json, scan.ops_detail)),
         # Every transfer of the first captured step (tensor, from, to, bytes, consumers).
-        transfer_items=tuple(items),
+        transfer_items=tuple(map(TransferItem.from_json, items)),
         notes=tuple(_notes(inputs, captures, scan.ops_detail, var_info["variables"])),
         explain=explain,
-        device_map=inputs.device_map_json,
-        input_pipeline=inputs.input_pipeline,
+        device_map=DeviceMap.from_json(inputs.device_map_json) if inputs.device_map_json else None,
+        input_pipeline=InputPipeline.from_json(inputs.input_pipeline),
         timing=Timing.from_json(inputs.timing),
-        precision=_precision(inputs.precision_policy, op_types),
+        precision=Precision.from_json(_precision(inputs.precision_policy, op_types)),
         layer_pins={path: namer.canonical_spec(dev) for path, dev in inputs.layer_pins.by_path().items()}
         if inputs.layer_pins is not None else None,
         functions=tuple(map(FunctionRow.from_json, trace.functions)) if trace else None,

@@ -380,3 +380,61 @@ def capture_on_device(py_fn: Callable[..., Any], device: str, *args, step: int =
         "(the runtime placed and partitioned it here; its parts ran on the devices shown)"
     )
     return result, captured
+
+
+# A lowered cond inlines its branch functions as '<If op>/then/_<k>/<op>' ('else' for the other).
+_IFS = {"If", "StatelessIf"}
+_LOWERED_BRANCH = re.compile(r"/(then|else)/_\d+/")
+
+
+def branch_shapes(fn) -> dict[str, list]:
+    """The static shapes of the ops inside each `cond`'s branch functions of tf.function `fn`
+    (in its graph or any function it calls), by '<cond op>/<then|else>/<op>'; the traced graph
+    holds only the If op. Empty without a cond (or without the Python graph)."""
+    found: dict[str, list] = {}
+    try:
+        graph = fn.graph
+    except Exception:  # noqa: BLE001 - a function loaded without its Python graph
+        return found
+    _walk_branches(graph, "", found, depth=0, in_branch=False)
+    return found
+
+
+def add_branch_shapes(captured: CapturedGraphs, found: dict[str, list]) -> int:
+    """`branch_shapes` under the names the runtime gives those ops once it lowers each cond into
+    the executed graphs ('<cond op>/then/_<k>/<op>'); returns how many."""
+    added = 0
+    for g in captured.partition_graphs:
+        for n in g.node:
+            if n.name in captured.shapes:
+                continue
+            outs = found.get(_LOWERED_BRANCH.sub(r"/\1/", n.name))
+            if outs is not None:
+                captured.shapes[n.name] = outs
+                added += 1
+    return added
+
+
+def _walk_branches(graph, prefix: str, found: dict, depth: int, in_branch: bool) -> None:
+    library = called_graphs(graph)
+    for op in graph.get_operations():
+        if in_branch:
+            found.setdefault(prefix + op.name, output_shapes(op))
+        if depth >= 8:
+            continue
+        if op.type in _IFS:
+            for attr, role in (("then_branch", "then"), ("else_branch", "else")):
+                inner = library.get(_function_name(op, attr))
+                if inner is not None:
+                    _walk_branches(inner, f"{prefix}{op.name}/{role}/", found, depth + 1, True)
+        elif op.type in ("StatefulPartitionedCall", "PartitionedCall"):
+            inner = library.get(_function_name(op, "f"))
+            if inner is not None:
+                _walk_branches(inner, f"{prefix}{op.name}/", found, depth + 1, in_branch)
+
+
+def _function_name(op, attr: str) -> str | None:
+    try:
+        return op.get_attr(attr).name
+    except (ValueError, AttributeError):
+        return None

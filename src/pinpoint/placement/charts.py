@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from pinpoint.placement.model import Placement, as_placement
 from pinpoint.placement.summary import human_bytes
 
 TOP_OP_TYPES = 22
@@ -25,15 +28,15 @@ def _save(plt, fig, path: Path) -> Path:
     plt.close(fig)
     return path
 
-def _label(dev: str, physical: dict) -> str:
+def _label(dev: str, physical: Mapping[str, str]) -> str:
     phys = physical.get(dev, dev)
     # the job/task prefix is the same as the spec name's: show only the local physical device
     return f"{dev}\n(= {phys[phys.rfind('/') + 1:]})" if phys != dev else dev
 
 
-def ops_heatmap(placement: dict, path: Path) -> Path | None:
+def ops_heatmap(placement: Placement, path: Path) -> Path | None:
     """Device x op-type heatmap of ops per step (the most frequent op types, the rest as 'other')."""
-    types = placement.get("op_types_by_device") or {}
+    types = placement.op_types_by_device
     if not types:
         return None
     plt = _plt()
@@ -54,7 +57,7 @@ def ops_heatmap(placement: dict, path: Path) -> Path | None:
             data[i, j] = types[d].get(t, 0)
         if other:
             data[i, -1] = sum(types[d].get(t, 0) for t in other)
-    phys = placement.get("physical_devices") or {}
+    phys = placement.physical_devices
     fig, ax = plt.subplots(figsize=(max(7, 0.5 * len(cols) + 2.5), 1.0 + 0.7 * len(devices)))
     masked = np.ma.masked_equal(data, 0)
     im = ax.imshow(masked, aspect="auto", cmap="YlOrRd", vmin=0)
@@ -71,10 +74,10 @@ def ops_heatmap(placement: dict, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
-def transfer_matrix(placement: dict, path: Path) -> Path | None:
+def transfer_matrix(placement: Placement, path: Path) -> Path | None:
     """Source x destination device matrix of bytes per step (cell text: bytes and count)."""
-    matrix = (placement.get("transfers") or {}).get("matrix") or {}
-    devices = list(placement.get("devices") or [])
+    matrix = placement.transfers.matrix
+    devices = list(placement.devices)
     for s, row in matrix.items():
         for d in [s, *row]:
             if d not in devices:
@@ -89,9 +92,9 @@ def transfer_matrix(placement: dict, path: Path) -> Path | None:
     counts = np.zeros((n, n))
     for s, row in matrix.items():
         for d, cell in row.items():
-            data[devices.index(s), devices.index(d)] = cell.get("bytes", 0)
-            counts[devices.index(s), devices.index(d)] = cell.get("count", 0)
-    phys = placement.get("physical_devices") or {}
+            data[devices.index(s), devices.index(d)] = cell.bytes
+            counts[devices.index(s), devices.index(d)] = cell.count
+    phys = placement.physical_devices
     size = 2.2 + 1.1 * n
     fig, ax = plt.subplots(figsize=(size + 1.5, size))
     im = ax.imshow(np.ma.masked_equal(data, 0), cmap="Blues", vmin=0)
@@ -108,21 +111,21 @@ def transfer_matrix(placement: dict, path: Path) -> Path | None:
                         va="center", fontsize=8, color="white" if data[i, j] > 0.6 * peak else "black")
             elif i == j:
                 ax.text(j, i, "-", ha="center", va="center", fontsize=8, color="grey")
-    per = (placement.get("transfers") or {}).get("per_step") or {}
-    ax.set_title(f"Cross-device transfers per step: {per.get('count', 0)} "
-                 f"({human_bytes(per.get('bytes', 0))})", fontsize=10)
+    per = placement.transfers.per_step
+    ax.set_title(f"Cross-device transfers per step: {per.count} "
+                 f"({human_bytes(per.bytes)})", fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02, label="bytes per step")
     return _save(plt, fig, path)
 
 
-def ops_per_device(placement: dict, path: Path) -> Path | None:
+def ops_per_device(placement: Placement, path: Path) -> Path | None:
     """Stacked bars: forward/other ops and backward-pass (gradient) ops per device."""
-    ops = placement.get("ops_by_device") or {}
+    ops = placement.ops_by_device
     if not ops:
         return None
     plt = _plt()
-    grads = (placement.get("gradients") or {}).get("ops_by_device") or {}
-    phys = placement.get("physical_devices") or {}
+    grads = placement.gradients.ops_by_device or {}
+    phys = placement.physical_devices
     devices = list(ops)
     g = [grads.get(d, 0) for d in devices]
     rest = [ops[d] - grads.get(d, 0) for d in devices]
@@ -141,20 +144,20 @@ def ops_per_device(placement: dict, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
-def conformance(placement: dict, path: Path) -> Path | None:
+def conformance(placement: Placement, path: Path) -> Path | None:
     """Horizontal bars: each rule's score; red below 1."""
-    rules = [r for r in (placement.get("conformance") or {}).get("rules") or [] if r.get("score") is not None]
+    rules = [r for r in placement.conformance.rules if r.score is not None]
     if not rules:
         return None
     plt = _plt()
-    names = [(f"[{r['task']}] " if r.get("task") else "") + f"{r['rule']} -> {r['planned']}" for r in rules]
-    scores = [r["score"] for r in rules]
+    names = [(f"[{r.task}] " if r.task else "") + f"{r.rule} -> {r.planned}" for r in rules]
+    scores = [r.score for r in rules]
     fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.42 * len(rules)))
     colors = ["#54a24b" if s >= 1.0 else "#e45756" for s in scores]
     y = range(len(rules))
     ax.barh(list(y), scores, color=colors)
     for i, r in enumerate(rules):
-        ax.text(min(r["score"], 1.0) + 0.01, i, f"{r['score']:.2f}  ({r['relevant'] - r['violations_total']}/{r['relevant']})",
+        ax.text(min(r.score, 1.0) + 0.01, i, f"{r.score:.2f}  ({r.relevant - r.violations_total}/{r.relevant})",
                 va="center", fontsize=8)
     ax.set_yticks(list(y), names, fontsize=8)
     ax.invert_yaxis()
@@ -167,21 +170,21 @@ def conformance(placement: dict, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
-def variable_bytes(placement: dict, path: Path) -> Path | None:
+def variable_bytes(placement: Placement, path: Path) -> Path | None:
     """Bytes of variable storage per device (every component counted where it lives)."""
     per: dict[str, float] = {}
-    for v in placement.get("variables") or []:
-        if v.get("freed"):
+    for v in placement.variables:
+        if v.freed:
             continue  # storage no longer held at the end
-        for c in v.get("components") or []:
+        for c in v.components:
             dev = c.get("device") or "?"
             if c.get("task") and not dev.startswith("/job:"):
                 dev = f"[{c['task']}] {dev}"
-            per[dev] = per.get(dev, 0) + (v.get("bytes") or 0)
+            per[dev] = per.get(dev, 0) + (v.bytes or 0)
     if not per:
         return None
     plt = _plt()
-    phys = placement.get("physical_devices") or {}
+    phys = placement.physical_devices
     devices = list(per)
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(devices) + 2), 3.2))
     ax.bar(range(len(devices)), [per[d] for d in devices], color="#72b7b2")
@@ -195,31 +198,31 @@ def variable_bytes(placement: dict, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
-def time_per_device(placement: dict, path: Path) -> Path | None:
+def time_per_device(placement: Placement, path: Path) -> Path | None:
     """placement.timing: one stacked bar per device over the timed window (compute, transfers, idle)."""
-    timing = placement.get("timing") or {}
-    devs = timing.get("devices") or {}
-    wall = timing.get("wall_ms") or 0
+    timing = placement.timing
+    devs = timing.devices if timing is not None else {}
+    wall = (timing.wall_ms if timing is not None else 0) or 0
     if not devs or not wall:
         return None
     plt = _plt()
-    phys = placement.get("physical_devices") or {}
+    phys = placement.physical_devices
     devices = list(devs)
-    compute = [devs[d].get("compute_ms", 0) for d in devices]
-    moved = [devs[d].get("transfer_ms", 0) for d in devices]
-    idle = [max(0.0, wall - devs[d].get("busy_ms", 0)) for d in devices]
+    compute = [devs[d].compute_ms for d in devices]
+    moved = [devs[d].transfer_ms for d in devices]
+    idle = [max(0.0, wall - devs[d].busy_ms) for d in devices]
     fig, ax = plt.subplots(figsize=(9.5, 1.4 + 0.55 * len(devices)))
     y = list(range(len(devices)))
     ax.barh(y, compute, color="#4c78a8", label="compute")
     ax.barh(y, moved, left=compute, color="#f58518", label="transfers (_Send/_Recv, collectives)")
     ax.barh(y, idle, left=[c + m for c, m in zip(compute, moved)], color="#e0e0e0", label="idle")
     for i, d in enumerate(devices):
-        ax.text(wall * 1.01, i, f"busy {devs[d].get('busy_ms', 0):.3f} ms", va="center", fontsize=8)
+        ax.text(wall * 1.01, i, f"busy {devs[d].busy_ms:.3f} ms", va="center", fontsize=8)
     ax.set_yticks(y, [_label(d, phys).replace("\n", " ") for d in devices], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, wall * 1.3)
     ax.set_xlabel("ms of the timed window")
-    steps = timing.get("steps") or []
+    steps = timing.steps
     ax.set_title(f"Time per device over {len(steps)} timed step(s), {wall:.3f} ms wall", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.spines[["top", "right"]].set_visible(False)
@@ -230,14 +233,14 @@ MEMORY_KINDS = ("activation", "gradient", "optimizer", "optimizer update", "vari
                 "temporary", "outside the step")
 
 
-def memory_peaks(placement: dict, path: Path) -> Path | None:
+def memory_peaks(placement: Placement, path: Path) -> Path | None:
     """placement.memory: one bar per device at its peak, stacked by what the live bytes hold (the
     largest live allocations by kind; the rest of the peak as 'smaller allocations')."""
-    devs = {d: m for d, m in ((placement.get("memory") or {}).get("devices") or {}).items() if d.startswith("/")}
+    devs = {d: m for d, m in ((placement.memory or {}).get("devices") or {}).items() if d.startswith("/")}
     if not devs:
         return None
     plt = _plt()
-    phys = placement.get("physical_devices") or {}
+    phys = placement.physical_devices
     devices = list(devs)
     fig, ax = plt.subplots(figsize=(9.5, 1.4 + 0.55 * len(devices)))
     y = list(range(len(devices)))
@@ -265,9 +268,9 @@ def memory_peaks(placement: dict, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
-def memory_timeline(placement: dict, path: Path) -> Path | None:
+def memory_timeline(placement: Placement, path: Path) -> Path | None:
     """placement.memory: each device's live bytes over the profiled call, its peak marked."""
-    devs = {d: m for d, m in ((placement.get("memory") or {}).get("devices") or {}).items()
+    devs = {d: m for d, m in ((placement.memory or {}).get("devices") or {}).items()
             if d.startswith("/") and m.get("timeline")}
     if not devs:
         return None
@@ -334,10 +337,11 @@ CHARTS = {
 }
 
 
-def write_charts(placement: dict, folder: Path) -> dict[str, Path]:
+def write_charts(placement: Placement | Mapping[str, Any], folder: Path) -> dict[str, Path]:
     """Write every applicable chart into folder; return {file name: path}. A chart of an earlier
     placement written into the same folder that does not apply to this one is removed (only
     Pinpoint's own chart names are touched), so the folder shows this placement only."""
+    placement = as_placement(placement) or Placement()
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
     for name, fn in CHARTS.items():

@@ -44,12 +44,6 @@ def requested_defs(cap) -> dict:
     return out
 
 
-def split_fallbacks(placement) -> tuple[list[dict], list[dict]]:
-    """(observed, predicted): what the runtime moved, and what a GPU machine would (emulation)."""
-    fallbacks = placement.get("fallbacks") or []
-    return [f for f in fallbacks if not f.get("predicted")], [f for f in fallbacks if f.get("predicted")]
-
-
 def predicted_fallback(node, pre, requested: str | None, namer: DeviceMap, emulated_gpus: set) -> dict | None:
     """A GPU machine's fallback for an op that ran on an emulated GPU, from the kernel registry."""
     if node.op in BOOKKEEPING or pre is None or XLA_ATTR in node.attr:

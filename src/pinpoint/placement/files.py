@@ -5,8 +5,9 @@ ResNet50 on 4 GPUs); the per-op list (`ops`), every transfer of the first captur
 (`transfer_items`), the variables' fingerprints and the memory prediction's replay
 (`memory.predicted.replay`, what `pinpoint plan` replays per placement) go to the gzipped file beside it, named after
 it (placement.json -> placement_ops.json.gz, placement-worker-0.json ->
-placement-worker-0_ops.json.gz). `read_placement` joins them again (the report, merge, compare
-and MLflow use it; nothing else opens the files); a placement.json written before the split,
+placement-worker-0_ops.json.gz). `read_placement` joins them again and `load_placement` reads them as
+the model (placement.model.Placement: the report, merge, planner, compare and MLflow use it; nothing
+else opens the files); a placement.json written before the split,
 with `ops` inside, reads the same, and one of an older schema version reads in the current one
 (placement.model.upgrade).
 """
@@ -33,14 +34,14 @@ def ops_path(path: str | Path) -> Path:
     return p.with_name(p.name.removesuffix(".json") + OPS_SUFFIX)
 
 
-def split_placement(placement: dict[str, Any]) -> tuple[dict, dict]:
-    """(placement.json's content, the per-op file's content)."""
-    main = {k: v for k, v in placement.items() if k not in DETAIL_KEYS}
-    detail = {k: placement[k] for k in DETAIL_KEYS if k in placement}
+def split_placement(content: dict[str, Any]) -> tuple[dict, dict]:
+    """(placement.json's content, the per-op file's content) from the whole placement's content."""
+    main = {k: v for k, v in content.items() if k not in DETAIL_KEYS}
+    detail = {k: content[k] for k in DETAIL_KEYS if k in content}
     prints = {}
-    if placement.get("variables"):
+    if content.get("variables"):
         main["variables"] = []
-        for v in placement["variables"]:
+        for v in content["variables"]:
             if "fingerprint" in v:
                 prints[v["name"]] = v["fingerprint"]
             main["variables"].append({k: x for k, x in v.items() if k != "fingerprint"})
@@ -96,3 +97,12 @@ def read_placement(path: str | Path, *, detail: bool = True, field: str = "run_d
         return main
     with gzip.open(ops, "rb") as f:
         return join_placement(main, json.loads(f.read()))
+
+
+def load_placement(path: str | Path, *, detail: bool = True, field: str = "run_dir") -> Placement:
+    """The placement model of placement.json (read_placement's content, see there)."""
+    content = read_placement(path, detail=detail, field=field)
+    if not isinstance(content, dict):
+        raise ConfigError(f"{field}: got '{path}', whose {PLACEMENT} is not a placement file; re-run `pinpoint train` "
+                          "with placement.enabled: true")
+    return Placement.from_json(content)

@@ -3,8 +3,8 @@
 `placement.analyze.build` makes one from its inputs in one pass; `Placement.to_json()` is
 placement.json's content and `Placement.from_json()` reads it back, older schema versions
 included (`upgrade`). The report and the summary read these fields by name. The sections are in
-placement.sections and placement.traffic; what no reader needs by name (per-op lists, matrices
-of counts, a variable's components) stays a mapping inside them.
+placement.sections, placement.traffic and placement.records; what no reader needs by name (matrices of counts, a
+variable's components) stays a mapping inside them; the per-op rows are `records.OpRow`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from pinpoint.device_names import DeviceMap
 from pinpoint.errors import ConfigError
 from pinpoint.placement.memory_model import Memory
+from pinpoint.placement.records import (
+    Gradients,
+    InputPipeline,
+    OpRow,
+    Precision,
+    ReplicaConsistency,
+    VariableUpdates,
+)
 from pinpoint.placement.schema import SCHEMA_VERSION
 from pinpoint.placement.sections import (
     Conformance,
@@ -25,7 +34,7 @@ from pinpoint.placement.sections import (
     Variable,
     as_json,
 )
-from pinpoint.placement.traffic import Timing, Transfers
+from pinpoint.placement.traffic import Timing, TransferItem, Transfers
 
 # Sections written only when present (absent rather than null), in placement.json's order.
 OPTIONAL = ("device_map", "input_pipeline", "timing", "precision", "layer_pins", "tasks",
@@ -42,28 +51,29 @@ class Placement:
     devices: tuple[str, ...] = ()
     physical_devices: Mapping[str, str] = field(default_factory=dict)
     device_aliases: Mapping[str, str] = field(default_factory=dict)
-    ops_by_device: Mapping[str, Any] = field(default_factory=dict)
-    op_types_by_device: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    ops_by_device: Mapping[str, float] = field(default_factory=dict)
+    op_types_by_device: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     transfers: Transfers = field(default_factory=Transfers)
     fallbacks: tuple[Fallback, ...] = ()
     variables: tuple[Variable, ...] = ()
-    variable_updates: Mapping[str, Any] = field(default_factory=dict)
-    gradients: Mapping[str, Any] = field(default_factory=dict)
-    replica_consistency: Mapping[str, Any] | None = None
+    variable_updates: VariableUpdates = field(default_factory=VariableUpdates)
+    gradients: Gradients = field(default_factory=Gradients)
+    replica_consistency: ReplicaConsistency | None = None
     conformance: Conformance = field(default_factory=Conformance)
     layers: tuple[LayerRow, ...] = ()
-    ops: tuple[Mapping[str, Any], ...] = ()
-    transfer_items: tuple[Mapping[str, Any], ...] = ()
+    ops: tuple[OpRow, ...] = ()
+    transfer_items: tuple[TransferItem, ...] = ()
     notes: tuple[str, ...] = ()
     explain: Mapping[str, str] = field(default_factory=dict)
     # Written when known: the run's device map, input pipeline, timing, precision, the resolved
     # train.pinning.layers ({layer path: device}), a merged cluster's tasks.
-    device_map: Mapping[str, Any] | None = None
-    input_pipeline: Mapping[str, Any] | None = None
+    device_map: DeviceMap | None = None
+    input_pipeline: InputPipeline | None = None
     timing: Timing | None = None
-    precision: Mapping[str, Any] | None = None
+    precision: Precision | None = None
     layer_pins: Mapping[str, str] | None = None
-    tasks: Mapping[str, Any] | None = None
+    # A merged cluster's: each task's own placement (less its per-op detail and explain).
+    tasks: Mapping[str, Placement] | None = None
     # A traced program (pinpoint trace, train.entrypoint): every function, the training one, eager ops.
     functions: tuple[FunctionRow, ...] | None = None
     training_function: str | None = None
@@ -109,7 +119,7 @@ class Placement:
             value = getattr(self, f.name)
             if f.name in OPTIONAL and value is None:
                 continue
-            out[f.name] = as_json(value)
+            out[f.name] = _tasks_json(value) if f.name == "tasks" else as_json(value)
         return out
 
     @classmethod
@@ -126,14 +136,30 @@ class Placement:
         kw["fallbacks"] = tuple(Fallback.from_json(f) for f in d.get("fallbacks") or ())
         kw["eager"] = Eager.from_json(d.get("eager"))
         kw["memory"] = Memory.from_json(d.get("memory"))
-        for name in ("captured_steps", "devices", "ops", "transfer_items", "notes"):
+        kw["variable_updates"] = VariableUpdates.from_json(d.get("variable_updates"))
+        kw["gradients"] = Gradients.from_json(d.get("gradients"))
+        kw["replica_consistency"] = ReplicaConsistency.from_json(d.get("replica_consistency"))
+        kw["device_map"] = DeviceMap.from_json(d["device_map"]) if d.get("device_map") else None
+        kw["input_pipeline"] = InputPipeline.from_json(d.get("input_pipeline"))
+        kw["precision"] = Precision.from_json(d.get("precision"))
+        for name in ("captured_steps", "devices", "notes"):
             kw[name] = tuple(d.get(name) or ())
+        kw["ops"] = tuple(OpRow.from_json(r) for r in d.get("ops") or ())
+        kw["transfer_items"] = tuple(TransferItem.from_json(t) for t in d.get("transfer_items") or ())
+        if d.get("tasks") is not None:
+            kw["tasks"] = {t: Placement.from_json(tp) for t, tp in d["tasks"].items()}
         if d.get("functions") is not None:
             kw["functions"] = tuple(FunctionRow.from_json(f) for f in d["functions"])
-        for name in ("physical_devices", "device_aliases", "ops_by_device", "op_types_by_device",
-                     "variable_updates", "gradients", "explain"):
+        for name in ("physical_devices", "device_aliases", "ops_by_device", "op_types_by_device", "explain"):
             kw[name] = d.get(name) or {}
         return cls(**kw)
+
+
+TASK_LEFT_OUT = ("ops", "transfer_items", "explain")  # a merged cluster's view of each task has none
+
+
+def _tasks_json(tasks: Mapping[str, Placement]) -> dict[str, Any]:
+    return {t: {k: v for k, v in p.to_json().items() if k not in TASK_LEFT_OUT} for t, p in tasks.items()}
 
 
 def as_placement(p: Placement | Mapping[str, Any] | None) -> Placement | None:

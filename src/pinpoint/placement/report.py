@@ -21,7 +21,9 @@ from pathlib import Path
 
 from pinpoint.errors import ConfigError
 from pinpoint.placement.files import read_placement
+from pinpoint.placement.findings import first_screen
 from pinpoint.placement.model import Placement, as_placement
+from pinpoint.placement.records import ReplicaConsistency
 from pinpoint.placement.schema import EXPLAIN, EXPLAIN_TRACE
 from pinpoint.placement.sections import Variable
 from pinpoint.placement.summary import format_summary, human_bytes
@@ -54,6 +56,10 @@ img{max-width:100%;border:1px solid #eee;margin:6px 0}
 .card.warn{border-color:#f0b429;background:#fff8e1} tr.warn td{background:#fff8e1} span.warn{color:#9a6700;font-weight:600}
 code{font-size:12px}
 table.groups>tbody>tr>td{vertical-align:top} details>summary{cursor:pointer} details table{margin:4px 0 8px}
+.first{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start} .first .findings{flex:1 1 480px;min-width:380px}
+ol.findings{margin:4px 0;padding-left:20px;font-size:13px} li.finding{margin:0 0 10px}
+span.evidence{font-family:monospace;font-size:12px;color:#555} span.fix{color:#1b5e20} p.nothing{font-size:14px}
+.diagram{flex:0 1 auto} .diagram svg{max-width:100%;height:auto;border:1px solid #eee;background:#fff}
 """
 
 
@@ -111,21 +117,21 @@ def _summary(p: Placement, metrics: dict | None, charts: dict, x: dict) -> dict:
         ("fallbacks", len(fallbacks), "bad" if fallbacks else ""),
         *([("predicted fallbacks", len(predicted), "bad")] if predicted else []),
         ("conformance", "n/a" if score is None else f"{score:.2f}", "bad" if score is not None and score < 1.0 else ""),
-        *_drift_cards(p.replica_consistency or None),
+        *_drift_cards(p.replica_consistency),
     ]
     return {"cards": [{"label": k, "value": v, "cls": cls} for k, v, cls in cards],
             "notes": list(p.notes), "summary": format_summary(p, metrics)}
 
 
-def _drift_cards(rc: dict | None) -> list[tuple[str, str, str]]:
+def _drift_cards(rc: ReplicaConsistency | None) -> list[tuple[str, str, str]]:
     """Trainable drift red when not 0 (a sync bug), state drift amber (per-replica state,
     explained in its section); one card for a placement.json before the split."""
-    if not rc or rc.get("max_abs_diff") is None:
+    if rc is None or rc.max_abs_diff is None:
         return [("replica drift", "n/a", "")]
-    if rc.get("trainable_drift") is None:
-        return [("replica drift", f"{rc['max_abs_diff']:.3g}", "bad" if rc["max_abs_diff"] else "")]
-    return [("trainable drift", f"{rc['trainable_drift']:.3g}", "bad" if rc["trainable_drift"] else ""),
-            ("state drift", f"{rc['state_drift']:.3g}", "warn" if rc["state_drift"] else "")]
+    if rc.trainable_drift is None:
+        return [("replica drift", f"{rc.max_abs_diff:.3g}", "bad" if rc.max_abs_diff else "")]
+    return [("trainable drift", f"{rc.trainable_drift:.3g}", "bad" if rc.trainable_drift else ""),
+            ("state drift", f"{rc.state_drift:.3g}", "warn" if rc.state_drift else "")]
 
 
 def _devices(p: Placement, metrics, charts, x) -> dict:
@@ -142,15 +148,15 @@ def _devices_what(p: Placement, ex: dict) -> str:
 
 def _ops(p: Placement, metrics, charts, x) -> dict:
     phys = p.physical_devices
-    grads = p.gradients.get("ops_by_device") or {}
+    grads = p.gradients.ops_by_device or {}
     rows = [{"device": _dev(d, phys), "ops": n, "grads": grads.get(d, 0)} for d, n in p.ops_by_device.items()]
     devices = list(p.ops_by_device)
     scopes: dict[str, Counter] = defaultdict(Counter)
     types: dict[str, Counter] = defaultdict(Counter)
     for o in p.ops:
-        scope = _scope_of_op(o["op"])
-        scopes[scope][o["device"]] += 1
-        types[scope][o["type"]] += 1
+        scope = _scope_of_op(o.op)
+        scopes[scope][o.device] += 1
+        types[scope][o.type] += 1
     order = sorted(scopes, key=lambda s: (-sum(scopes[s].values()), s))
     per_device = [(f"on:{d}", d) for d in devices]
 
@@ -283,13 +289,13 @@ def _variables(p: Placement, metrics, charts, x) -> dict:
 
 def _variables_what(p: Placement, ex: dict) -> str:
     vu = p.variable_updates
-    return (ex.get("variables", "") + f" Attribution of update ops: {vu.get('coverage', 'n/a')}"
-            + (f" ({vu['method']})." if vu.get("method") else "."))
+    return (ex.get("variables", "") + f" Attribution of update ops: {'n/a' if vu.coverage is None else vu.coverage}"
+            + (f" ({vu.method})." if vu.method else "."))
 
 
 def _gradients(p: Placement, metrics, charts, x) -> dict:
     return {"rows": [{"device": _dev(d, p.physical_devices), "ops": n}
-                     for d, n in (p.gradients.get("ops_by_device") or {}).items()]}
+                     for d, n in (p.gradients.ops_by_device or {}).items()]}
 
 
 def _conformance(p: Placement, metrics, charts, x) -> dict:
@@ -334,11 +340,11 @@ STATE_CLASSES = ("replica_state", "sync_on_read")
 
 
 def _replicas(p: Placement, metrics, charts, x) -> dict:
-    rc = p.replica_consistency or None
-    if not rc:
+    rc = p.replica_consistency
+    if rc is None:
         return {"present": False}
-    classes = rc.get("classes") or {}
-    per_var = sorted((rc.get("variables") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    classes = rc.classes or {}
+    per_var = sorted(rc.variables.items(), key=lambda kv: (-kv[1], kv[0]))
 
     def row(n, d):
         return {"name": n, "class": classes.get(n, ""), "diff": f"{d:.3g}"}
@@ -360,15 +366,14 @@ def _replicas(p: Placement, metrics, charts, x) -> dict:
         groups.append({"name": layer, "rows": [row(n, d) for n, d in items], "bad": bool(b), "warn": bool(w),
                        "bad_rows": b, "warn_rows": w,
                        "totals": {"count": len(items), "diff": f"{max(d for _, d in items):.3g}"}})
-    split = rc.get("trainable_drift") is not None
+    split = rc.split
     columns = [("name", "variable"), ("class", "class"), ("diff", "max abs diff")]
     return {
-        "present": True, "split": split, "checked": rc.get("checked", 0), "method": rc.get("method"),
-        "drift": rc.get("max_abs_diff"),
-        "trainable": rc.get("trainable_drift"), "state": rc.get("state_drift"),
-        "trainable_text": f"{rc['trainable_drift']:.3g}" if split else "",
-        "state_text": f"{rc['state_drift']:.3g}" if split else "",
-        "state_groups": [dict(g, count=len(g["variables"]), drift=f"{g['drift']:.3g}") for g in rc.get("state") or []],
+        "present": True, "split": split, "checked": rc.checked, "method": rc.method, "drift": rc.max_abs_diff,
+        "trainable": rc.trainable_drift, "state": rc.state_drift,
+        "trainable_text": f"{rc.trainable_drift:.3g}" if split else "",
+        "state_text": f"{rc.state_drift:.3g}" if split else "",
+        "state_groups": [dict(g, count=len(g["variables"]), drift=f"{g['drift']:.3g}") for g in rc.state or []],
         "largest": [row(n, d) for n, d in largest], "largest_bad": lb, "largest_warn": lw, "columns": columns,
         "grouped": {"by": "layer", "total_columns": [("count", "variables"), ("diff", "max abs diff")],
                     "columns": columns, "num": ("diff",), "groups": groups},
@@ -376,24 +381,24 @@ def _replicas(p: Placement, metrics, charts, x) -> dict:
 
 
 def _input(p: Placement, metrics, charts, x) -> dict | None:
-    pipe, prec = p.input_pipeline, p.precision or {}
-    if not pipe and prec.get("policy", "float32") == "float32":
+    pipe, prec = p.input_pipeline, p.precision
+    if not pipe and (prec is None or prec.policy == "float32"):
         return None
     rows = []
     if pipe:
-        shard = pipe.get("sharding") or {}
-        rows.append({"what": "input pipeline", "value": f"{pipe.get('kind')} from {pipe.get('source')}",
-                     "device": _dev(pipe.get("device", ""), p.physical_devices)})
+        shard = pipe.sharding or {}
+        rows.append({"what": "input pipeline", "value": f"{pipe.kind} from {pipe.source}",
+                     "device": _dev(pipe.device if pipe.device is not None else "", p.physical_devices)})
         if shard.get("by") == "none":
             rows.append({"what": "sharding", "value": "none (one worker reads everything)", "device": ""})
         else:
             rows.append({"what": "sharding", "value": f"by {shard.get('by')}: worker {shard.get('worker')} of "
                          f"{shard.get('workers')}, {shard.get('files')} file(s)", "device": ""})
-        ops = {k: v for k, v in (pipe.get("ops") or {}).items() if not k.startswith("_")}
+        ops = {k: v for k, v in pipe.ops.items() if not k.startswith("_")}
         rows.append({"what": "dataset ops", "value": ", ".join(f"{k} x{v}" for k, v in ops.items()), "device": ""})
     if prec:
-        casts = prec.get("casts_by_device") or {}
-        rows.append({"what": "precision", "value": prec.get("policy"),
+        casts = prec.casts_by_device
+        rows.append({"what": "precision", "value": prec.policy,
                      "device": ", ".join(f"{d}: {n} Cast" for d, n in casts.items())})
     return {"rows": rows}
 
@@ -403,11 +408,10 @@ def _tasks(p: Placement, metrics, charts, x) -> dict | None:
         return None
     rows = []
     for t, tp in p.tasks.items():
-        per = (tp.get("transfers") or {}).get("per_step") or {}
-        rows.append({"task": t, "devices": ", ".join(tp.get("devices") or []),
-                     "ops": sum((tp.get("ops_by_device") or {}).values()), "transfers": per.get("count", 0),
-                     "bytes": human_bytes(per.get("bytes", 0)), "fallbacks": len(tp.get("fallbacks") or []),
-                     "conformance": (tp.get("conformance") or {}).get("score")})
+        per = tp.transfers.per_step
+        rows.append({"task": t, "devices": ", ".join(tp.devices), "ops": sum(tp.ops_by_device.values()),
+                     "transfers": per.count, "bytes": human_bytes(per.bytes), "fallbacks": len(tp.fallbacks),
+                     "conformance": tp.conformance.score})
     return {"rows": rows}
 
 
@@ -474,6 +478,10 @@ def _explained(key: str) -> Callable[[Placement, dict], str]:
 
 
 SECTIONS: list[Section] = [
+    Section("change", "what to change", "What to change", "findings.html.j2", first_screen,
+            lambda p, ex: "Most costly first (bytes crossing devices per step, then time, then memory): what "
+            "happens, its evidence (op, device, cost) and the fix; each links to its section below. Beside it, "
+            "the run: devices with their ops, variables and busy share, arrows sized by the bytes crossing."),
     Section("summary", "summary", "Summary", "summary.html.j2", _summary,
             lambda p, ex: "Read from the partition graphs the TensorFlow runtime actually executed on the sampled "
             f"step(s) {list(p.captured_steps)}; op.device is only a request, this is what ran."),
@@ -547,19 +555,20 @@ def render_html(placement: Placement | dict, metrics: dict | None, charts: dict[
         title=title, css=CSS, strategy=p.strategy, task=p.task, sections=rendered)
 
 
-def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], dict]:
+def write_report(run_dir: Path) -> tuple[Path, dict[str, Path], Placement]:
     """Write DIR/report.html and DIR/charts/*.png; return (html path, charts, placement)."""
     from pinpoint.placement.charts import write_charts
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run_dir: got '{run_dir}', which is not a folder; pass a trained run folder such as runs/demo")
-    placement = read_placement(run_dir / PLACEMENT)
-    if not isinstance(placement, dict) or "ops_by_device" not in placement:
+    content = read_placement(run_dir / PLACEMENT)
+    if not isinstance(content, dict) or "ops_by_device" not in content:
         raise ConfigError(
             f"run_dir: got '{run_dir}', whose {PLACEMENT} is not a placement file; re-run `pinpoint train` with "
             "placement.enabled: true"
         )
+    placement = Placement.from_json(content)
     metrics_path = run_dir / METRICS
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else None
     charts = write_charts(placement, run_dir / CHARTS_DIR)

@@ -38,13 +38,16 @@ _SWITCHES = {"Switch", "RefSwitch"}
 
 def row_bytes(outs: list[tuple[int, list[int] | None]]) -> int | None:
     """The bytes of one batch row of an input element of traced shapes `outs` (dtype enum, dims);
-    None unless every component's first dimension is the dynamic batch and the rest are known."""
+    None unless every component's first dimension is the dynamic batch, the rest are known and
+    every dtype has a fixed size."""
     import tensorflow as tf
 
     row = 0
     for dtype, dims in outs:
         dt = tf.dtypes.as_dtype(dtype)
-        if not dims or dims[0] is not None or None in dims[1:] or not dt.is_numpy_compatible:
+        # A string's bytes are its contents' (the runtime counts each string's length), not a
+        # fixed size a row: no batch follows from the element's bytes.
+        if not dims or dims[0] is not None or None in dims[1:] or not dt.is_numpy_compatible or not dt.size:
             return None
         n = dt.size
         for d in dims[1:]:
@@ -297,6 +300,7 @@ def infer_shapes(partitions: list, element_bytes: list[int] | None,
     dead = dead_nodes(graph, taken)
     resolve_merges(graph, kernels, dead)
     unfuse(graph)
+    lookups_as_fill(graph)
     if loops:
         first_iteration(graph)
     renamed = importable_names(graph)
@@ -365,6 +369,52 @@ def unfuse(graph) -> int:
         added += [filt, bias]
     graph.node.extend(added)
     return len(added) // 2
+
+
+# A hash table's lookup: its output shape comes from the table's handle data, which a partition
+# graph's resource argument does not carry, so TensorFlow's import leaves it unknown.
+LOOKUPS = {"LookupTableFindV2", "LookupTableFind"}
+
+
+def lookups_as_fill(graph) -> int:
+    """Rewrite (in place) each table lookup with a scalar default value as `Fill(Shape(keys),
+    default)`, under the lookup's name: a scalar-valued table returns one value per key, the keys'
+    shape in the default's dtype, which is what Fill's shape function gives; returns how many."""
+    nodes = {n.name: n for n in graph.node}
+    added = []
+    for n in graph.node:
+        if n.op not in LOOKUPS:
+            continue
+        data = [i for i in n.input if not i.startswith("^")]
+        control = [i for i in n.input if i.startswith("^")]
+        if len(data) != 3 or not _scalar(nodes, data[2]):
+            continue  # a table of tensors (or a default of unknown shape): left to TensorFlow
+        shape = _node(f"{n.name}{_UNFUSED}keys_shape", "Shape", [data[1]], n.device)
+        shape.attr["T"].type = n.attr["Tin"].type
+        shape.attr["out_type"].type = 3  # int32
+        dtype = n.attr["Tout"].type
+        n.op = "Fill"
+        n.ClearField("attr")
+        n.attr["T"].type = dtype
+        n.attr["index_type"].type = 3
+        del n.input[:]
+        n.input.extend([shape.name, data[2], *control])
+        added.append(shape)
+    graph.node.extend(added)
+    return len(added)
+
+
+def _scalar(nodes: dict, inp: str) -> bool:
+    """Whether the tensor `inp` is a scalar by its producer's graph: a constant's value, or the
+    shape a function argument was traced with."""
+    name, idx = _tensor(inp)
+    n = nodes.get(name)
+    if n is None:
+        return False
+    if n.op == "Const":
+        return not n.attr["value"].tensor.tensor_shape.dim
+    shapes = n.attr["_output_shapes"].list.shape if "_output_shapes" in n.attr else []
+    return idx < len(shapes) and not shapes[idx].unknown_rank and not shapes[idx].dim
 
 
 def _node(name: str, op: str, inputs: list[str], device: str):

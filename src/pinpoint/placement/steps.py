@@ -274,8 +274,9 @@ def _expand_xla(captured: CapturedGraphs, library: dict) -> CapturedGraphs:
         if f is None:
             continue
         captured.xla_calls.append((fname, call.device))
-        scope = call.name.rpartition("/")[0]
-        prefix = f"{scope}/" if scope else ""
+        # Named as TensorFlow names a function body it inlines (under the call's name), so an op
+        # has the same name whether or not XLA compiled its function.
+        prefix = f"{call.name}/"
         args = _call_arguments(call, f)
         for nd in f.node_def:
             m = g.node.add()

@@ -9,6 +9,7 @@ from pinpoint.device_names import is_host
 from pinpoint.placement.memory import UNATTRIBUTED as MEMORY_UNATTRIBUTED
 from pinpoint.placement.memory_model import Memory
 from pinpoint.placement.model import Placement, as_placement
+from pinpoint.placement.records import ReplicaConsistency
 from pinpoint.placement.requests import weight_lines
 from pinpoint.placement.sections import Eager
 from pinpoint.placement.traffic import Timing, Transfers
@@ -30,15 +31,16 @@ def human_bytes(n: float | None) -> str:
     return f"{n:.1f} GiB"
 
 
-def drift_line(rc: Mapping[str, Any]) -> str:
+def drift_line(rc: ReplicaConsistency) -> str:
     """Trainable drift (must be 0) and state drift (per-replica state, explained) in one line."""
-    trainable = rc["trainable_drift"]
+    trainable = rc.trainable_drift
+    state = 0 if rc.state_drift is None else rc.state_drift
     line = (f"replica drift: trainable {trainable:.3g}"
             + (" (copies that must be identical differ: a sync bug)" if trainable else "")
-            + f", state {rc.get('state_drift', 0):.3g} over {rc.get('checked', 0)} mirrored variable(s)")
-    if rc.get("on_read_drift"):
-        line += f" (ON_READ accumulators {rc['on_read_drift']:.3g}, not counted: per replica by design)"
-    for group in rc.get("state") or []:
+            + f", state {state:.3g} over {rc.checked} mirrored variable(s)")
+    if rc.on_read_drift:
+        line += f" (ON_READ accumulators {rc.on_read_drift:.3g}, not counted: per replica by design)"
+    for group in rc.state or []:
         names = group["variables"]
         line += (f"; {len(names)} {group['what']} differ by design (each replica's own batch share; a "
                  f"checkpoint keeps {group.get('checkpoint_keeps', 'one copy')}), e.g. {names[0]['variable']}; "
@@ -184,7 +186,7 @@ def _training_line(metrics: Mapping[str, Any]) -> str:
 
 
 def _ops_line(p: Placement) -> str:
-    grads = p.gradients.get("ops_by_device") or {}
+    grads = p.gradients.ops_by_device or {}
 
     def short_phys(d: str) -> str:
         phys = p.physical_devices.get(d, d)
@@ -237,7 +239,7 @@ def _variables_line(p: Placement) -> str:
     return (f"variables  : {len(vars_)} (" + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
             + (f"; +{internal} internal, TensorFlow's own" if internal else "")
             + (f"; +{len(freed)} created and freed before the end: " + _freed_devices(freed) if freed else "")
-            + f"); {p.variable_updates.get('coverage', '')}")
+            + f"); {p.variable_updates.coverage or ''}")
 
 
 def _freed_devices(freed: list) -> str:
@@ -267,14 +269,13 @@ def _input_lines(p: Placement) -> list[str]:
     lines = []
     pipe = p.input_pipeline
     if pipe:
-        shard = pipe.get("sharding") or {}
+        shard = pipe.sharding or {}
         by = f"; sharded by {shard['by']} ({shard.get('files')} file(s) here)" if shard.get("by") not in (None, "none") else ""
-        lines.append(f"input      : {pipe.get('kind')} on {pipe.get('device')} from {pipe.get('source')}{by}")
-    prec = p.precision or {}
-    if prec.get("policy", "float32") != "float32":
-        casts = prec.get("casts_by_device") or {}
-        lines.append(f"precision  : {prec['policy']}; casts per step: "
-                     + (", ".join(f"{d} {n}" for d, n in casts.items()) or "none"))
+        lines.append(f"input      : {pipe.kind} on {pipe.device} from {pipe.source}{by}")
+    prec = p.precision
+    if prec is not None and prec.policy != "float32":
+        lines.append(f"precision  : {prec.policy}; casts per step: "
+                     + (", ".join(f"{d} {n}" for d, n in prec.casts_by_device.items()) or "none"))
     return lines
 
 
@@ -287,11 +288,11 @@ def _conformance_line(p: Placement) -> str:
             + ("; below 1: " + ", ".join(f"{r.rule} {r.score:.2f}" for r in bad[:3]) if bad else ""))
 
 
-def _drift_summary(rc: Mapping[str, Any] | None) -> str:
-    if not rc:
+def _drift_summary(rc: ReplicaConsistency | None) -> str:
+    if rc is None:
         return "replica drift: not applicable (no mirrored variables)"
-    if rc.get("max_abs_diff") is None:
-        return f"replica drift: not checked ({rc.get('error', 'components unreadable')})"
-    if rc.get("trainable_drift") is None:  # a placement.json from before the split
-        return f"replica drift: max |diff| {rc['max_abs_diff']:.3g} over {rc.get('checked', 0)} mirrored variable(s)"
+    if rc.max_abs_diff is None:
+        return f"replica drift: not checked ({'components unreadable' if rc.error is None else rc.error})"
+    if rc.trainable_drift is None:  # a placement.json from before the split
+        return f"replica drift: max |diff| {rc.max_abs_diff:.3g} over {rc.checked} mirrored variable(s)"
     return drift_line(rc)

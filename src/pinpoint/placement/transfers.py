@@ -46,6 +46,7 @@ _SAME_SHAPE = {"AddN", "Identity", "Snapshot"}
 # ArithmeticOptimizer rewrites a residual block's Add into nodes of its own (AddOpsRewrite_Add)
 # that have no traced shape; their inputs do.
 _BROADCAST = {"Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum", "RealDiv"}
+_SWITCHES = {"Switch", "RefSwitch"}
 
 
 def _shape_of(name: str, index: int, cap, nodes: dict, depth: int = 0) -> list[int] | None:
@@ -76,6 +77,12 @@ def _shape_of(name: str, index: int, cap, nodes: dict, depth: int = 0) -> list[i
                     shape = _shape_of(iname, int(idx or 0), cap, nodes, depth + 1)
                     if shape is not None:
                         return shape
+        if n.op in _SWITCHES and index in (0, 1) and depth < 8:
+            # A lowered cond's Switch forwards its data input to the branch taken, either output.
+            data = next((i for i in n.input if not i.startswith("^")), None)
+            if data is not None:
+                iname, _, idx = data.partition(":")
+                return _shape_of(iname, int(idx or 0), cap, nodes, depth + 1)
         if n.op in _BROADCAST and index == 0 and depth < 8:
             shapes = []
             for inp in (i for i in n.input if not i.startswith("^")):
@@ -131,6 +138,7 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
     matrix: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"count": 0, "bytes": 0}))
     items = []
     loop = {"count": 0, "bytes": 0}
+    dead = _dead(cap)
     for g in cap.partition_graphs:
         for n in g.node:
             if n.op not in SENDS:
@@ -153,6 +161,10 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
             inp = n.input[0].lstrip("^") if n.input else ""
             name, _, idx = inp.partition(":")
             size = _bytes(dsize, _shape_of(name, int(idx or 0), cap, nodes) if name else None)
+            if size and name in dead:
+                # A tensor of a branch that did not run is never produced: no data moved (its reason
+                # says so); a control signal (0 B) is sent either way.
+                size = None
             if size is not None:
                 sized += 1
                 nbytes += size
@@ -174,8 +186,7 @@ def step_transfers(cap, namer: DeviceMap) -> dict:
         "unsized_reasons": dict(why),
         "sizing_errors": list(getattr(cap, "sizing_errors", None) or ()),
         "input": input_copies(cap, namer, nodes),
-        "round_trips": round_trips(cap.partition_graphs, namer, lambda send: _send_bytes(send, cap, nodes),
-                                   _dead(cap)),
+        "round_trips": round_trips(cap.partition_graphs, namer, lambda send: _send_bytes(send, cap, nodes), dead),
     }
 
 

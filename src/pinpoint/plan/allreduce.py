@@ -36,6 +36,7 @@ from typing import Any
 from pinpoint.config import ALL_REDUCE, Config, config_from_dict
 from pinpoint.device_names import parse_name, sort_key
 from pinpoint.errors import ConfigError
+from pinpoint.placement.model import Placement
 from pinpoint.placement.transfers import COLLECTIVE_RE
 from pinpoint.plan.links import LinkModel
 
@@ -149,7 +150,7 @@ def refusal(choice: str, case: AllReduceCase) -> str | None:
     return None
 
 
-def run_choice(placement: dict[str, Any], replicas: tuple[str, ...], host: str, total: int) -> str | None:
+def run_choice(placement: Placement, replicas: tuple[str, ...], host: str, total: int) -> str | None:
     """The all-reduce a mirrored run used, from what ran: a collective op on the replicas (ring;
     NcclAllReduce: nccl), else every replica's gradients to the host and back (reduce_to_host),
     else the packed gradients between the two halves' first devices (hierarchical_copy). When the
@@ -157,13 +158,12 @@ def run_choice(placement: dict[str, Any], replicas: tuple[str, ...], host: str, 
     Half the gradients' bytes on the pattern's pairs decide: the runtime cannot size every
     transfer (a dynamic shape counts 0), and the directions read carry little else (a replica
     sends the host only the loss sums; the batch goes the other way)."""
-    types = {t for d in replicas for t in (placement.get("op_types_by_device") or {}).get(d, {})}
+    types = {t for d in replicas for t in placement.op_types_by_device.get(d, {})}
     if "NcclAllReduce" in types:
         return "nccl"
     if any(t.startswith("Collective") for t in types):
         return "ring"
-    matrix = {(a, b): c.get("bytes") or 0 for a, row in ((placement.get("transfers") or {}).get("matrix") or {}).items()
-              for b, c in row.items()}
+    matrix = {(a, b): c.bytes or 0 for a, row in placement.transfers.matrix.items() for b, c in row.items()}
     half = total / 2
     if all(matrix.get((d, host), 0) >= half for d in replicas if d != host):
         return "reduce_to_host"
@@ -174,25 +174,24 @@ def run_choice(placement: dict[str, Any], replicas: tuple[str, ...], host: str, 
     return None
 
 
-def case_of(placement: dict[str, Any]) -> AllReduceCase | None:
+def case_of(placement: Placement) -> AllReduceCase | None:
     """The AllReduceCase of a mirrored run's placement.json (with its op rows); None for another
     strategy or one replica (nothing to all-reduce)."""
-    dm = placement.get("device_map") or {}
-    replicas = tuple(dm.get("spec_replica_devices") or ())
-    if placement.get("strategy") != "mirrored" or len(replicas) < 2:
+    dm = placement.device_map
+    replicas = dm.spec_replica_devices if dm is not None else ()
+    if placement.strategy != "mirrored" or len(replicas) < 2:
         return None
-    aliases = placement.get("device_aliases") or {}
-    host_physical = dm.get("host") or "/CPU:0"
+    aliases = placement.device_aliases
+    host_physical = dm.host
     host = next((spec for spec, phys in aliases.items() if phys == host_physical), host_physical)
-    grads = tuple(int(v.get("bytes") or 0) for v in placement.get("variables") or [] if v.get("class") == "trainable")
+    grads = tuple(int(v.bytes or 0) for v in placement.variables if v.cls == "trainable")
     measured = run_choice(placement, replicas, host, sum(grads))
     if measured is None:
         raise ConfigError(f"run_dir: got a mirrored run on {', '.join(replicas)} whose transfers show none of "
                           f"{', '.join(CHOICES)} moving its {sum(grads)} bytes of gradients; plan from a run "
                           "trained by Pinpoint with train.all_reduce set")
-    matrix = {(a, b): int(c.get("bytes") or 0) for a, row in ((placement.get("transfers") or {}).get("matrix") or {}).items()
-              for b, c in row.items()}
-    draft = AllReduceCase(replicas, host, grads, bool(dm.get("emulated")), measured, {}, None)
+    matrix = {(a, b): int(c.bytes or 0) for a, row in placement.transfers.matrix.items() for b, c in row.items()}
+    draft = AllReduceCase(replicas, host, grads, dm.emulated, measured, {}, None)
     base = dict(matrix)
     short = []
     for pair, n in send_pairs(measured, draft).items():
@@ -201,16 +200,16 @@ def case_of(placement: dict[str, Any]) -> AllReduceCase | None:
         if base.get(pair, 0) < n:
             short.append(f"{pair[0]} -> {pair[1]}")
         base[pair] = max(0, base.get(pair, 0) - n)
-    unsized = float(((placement.get("transfers") or {}).get("per_step") or {}).get("unsized") or 0)
-    rows = placement.get("ops") or []
-    timed = bool(rows) and all("us" in r for r in rows)
+    unsized = float(placement.transfers.per_step.unsized or 0)
+    rows = placement.ops
+    timed = bool(rows) and all(r.us is not None for r in rows)
     # A collective op's time is the exchange itself (and, on shared cores, waiting for the other
     # replicas): the link model prices it, so it is not the replica's compute.
-    compute = {d: round(sum(r["us"] for r in rows if r["device"] == d and not COLLECTIVE_RE.match(r["type"])), 3)
+    compute = {d: round(sum(r.us for r in rows if r.device == d and not COLLECTIVE_RE.match(r.type)), 3)
                for d in replicas} if timed else None
     # Assigned in replica context with an aggregation, such a variable is reduced at each update
     # by the same cross-device ops, one reduction per variable: not modeled (see `caveat`).
-    state = sum(int(v.get("bytes") or 0) for v in placement.get("variables") or [] if v.get("class") == "aggregated_state")
+    state = sum(int(v.bytes or 0) for v in placement.variables if v.cls == "aggregated_state")
     return AllReduceCase(replicas, host, grads, draft.emulated, measured,
                          {p: n for p, n in sorted(base.items()) if n}, compute, state, tuple(short), unsized)
 
@@ -320,9 +319,9 @@ def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
     if cfg.cluster.devices_per_worker != n:
         raise ConfigError(f"cluster.devices_per_worker: got {cfg.cluster.devices_per_worker} in {config_path}, but "
                           f"the plan is for {n} replicas ({', '.join(replicas)}); set devices_per_worker: {n}")
-    data = cfg.model_dump(mode="json")
-    data["train"]["all_reduce"] = doc["all_reduce"]
-    data["placement"].update(enabled=True, timing=True)
+    data = cfg.model_dump(mode="json", exclude_unset=True)  # what was written (config_scope)
+    data.setdefault("train", {})["all_reduce"] = doc["all_reduce"]
+    data.setdefault("placement", {}).update(enabled=True, timing=True)
     return config_from_dict(data, source=config_path)
 
 
@@ -332,7 +331,7 @@ NOT_SEEN = ("the exchange of {choice} runs inside its collective op (CollectiveR
             "(transfers.collectives), which is the packed gradients the exchange moves")
 
 
-def check(doc: dict[str, Any], verified: Any, placement: dict[str, Any], links: LinkModel, *,
+def check(doc: dict[str, Any], verified: Any, placement: Placement, links: LinkModel, *,
           bytes_: dict[str, Any], measured_pairs: dict[str, int], verify_run: str, step_note: str) -> dict[str, Any]:
     """plan_check.json of an all-reduce plan (doc) against the verification run (`verified`, its
     PlanGraph; `placement`, its placement.json): bytes per ordered pair (`bytes_`, plan.verify's
@@ -341,8 +340,7 @@ def check(doc: dict[str, Any], verified: Any, placement: dict[str, Any], links: 
     case: AllReduceCase = verified.all_reduce
     predictions = doc["all_reduce_plan"]["prediction"]
     planned = predictions["plan"]
-    coll = (placement.get("transfers") or {}).get("collectives") or {}
-    measured_inputs = {d: int(c.get("input_bytes") or 0) for d, c in coll.items()}
+    measured_inputs = {d: int(c.input_bytes or 0) for d, c in placement.transfers.collectives.items()}
     predicted_inputs = planned["collective_input_bytes"]
     choice = doc["all_reduce"]
     ran = case.measured

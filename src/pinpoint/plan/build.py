@@ -1,6 +1,6 @@
 """A run folder's training step as the planner's PlanGraph (pinpoint.plan.graph).
 
-Reads placement.json and its per-op file (placement.files.read_placement), whose op rows record
+Reads placement.json and its per-op file (placement.files.load_placement), whose op rows record
 the step as a graph (placement.opgraph: each op's data inputs with their bytes, layer, requested
 device, colocation groups, kernel devices, own time), and the run's step times (train_log.jsonl,
 else metrics.json). Groups: one per layer key, "input" for the input pipeline's ops, "other" for
@@ -22,13 +22,15 @@ import statistics
 from collections import Counter, defaultdict
 from graphlib import TopologicalSorter
 from pathlib import Path
-from typing import Any
 
 from pinpoint.device_names import parse_name, sort_key
 from pinpoint.errors import ConfigError
 from pinpoint.layer_keys import is_pattern, key_matches
 from pinpoint.placement.conformance import INPUT_RE, NOT_COMPUTE, gradient_re
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.files import load_placement
+from pinpoint.placement.model import Placement
+from pinpoint.placement.records import OpRow
+from pinpoint.placement.sections import Variable
 from pinpoint.plan.allreduce import case_of
 from pinpoint.plan.graph import (
     BACKWARD,
@@ -59,62 +61,62 @@ def plan_graph(run_dir: str | Path, *, field: str = FIELD) -> PlanGraph:
     if not (run / PLACEMENT).is_file():
         raise ConfigError(f"{field}: got '{run}', which has no {PLACEMENT}; plan from the folder of a run "
                           "trained with placement.enabled: true (the default)")
-    placement = read_placement(run, field=field)
-    rows = placement.get("ops") or []
+    placement = load_placement(run, field=field)
+    rows = placement.ops
     if not rows:
         raise ConfigError(f"{field}: got '{run}', whose {PLACEMENT} holds no op of a captured step (its notes say "
                           "why; a multi-worker run's merged view has none: its tasks' placement-<role>-<index>.json "
                           "do); plan from a run folder whose placement captured a step")
-    if any("inputs" not in r for r in rows):
+    if any(r.inputs is None for r in rows):
         raise ConfigError(f"{field}: got '{run}', whose placement was captured by an older Pinpoint (its op rows "
                           "have no inputs); re-run with placement.enabled (this version records the graph)")
     return build(placement, measured_step_us=_step_us(run))
 
 
-def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -> PlanGraph:
+def build(placement: Placement, *, measured_step_us: float | None = None) -> PlanGraph:
     """The PlanGraph of a placement (placement.json joined with its op rows)."""
-    rows = [r for r in placement.get("ops") or [] if r["type"] not in NOT_COMPUTE]
-    group_of = {r["op"]: _group_key(r) for r in rows}
+    rows = [r for r in placement.ops if r.type not in NOT_COMPUTE]
+    group_of = {r.op: _group_key(r) for r in rows}
     gradient_device = None
-    if (placement.get("strategy") or "none") == "none":  # one replica: a layer's passes can run apart
+    if (placement.strategy or "none") == "none":  # one replica: a layer's passes can run apart
         gradient_device = _gradient_device(rows, group_of, placement)
         group_of = _split_backward(rows, group_of, every=gradient_device is not None)
-    by_group: dict[str, list[dict]] = defaultdict(list)
+    by_group: dict[str, list[OpRow]] = defaultdict(list)
     for r in rows:
-        by_group[group_of[r["op"]]].append(r)
-    aliases = placement.get("device_aliases") or {}
+        by_group[group_of[r.op]].append(r)
+    aliases = placement.device_aliases
     physical_to_spec = {v: k for k, v in aliases.items()}
-    host_physical = (placement.get("device_map") or {}).get("host") or "/CPU:0"
+    host_physical = placement.device_map.host if placement.device_map else "/CPU:0"
     host = physical_to_spec.get(host_physical, host_physical)
-    if any(a[2] == host for r in rows for a in r.get("args") or ()):
+    if any(a[2] == host for r in rows for a in r.args or ()):
         by_group.setdefault(INPUT, [])  # the host's arguments are sent from the input pipeline's side
-    held = sorted({a[2] for r in rows for a in r.get("args") or () if _held(a, host)}, key=sort_key)
-    timed = bool(rows) and all("us" in r for r in rows)
+    held = sorted({a[2] for r in rows for a in r.args or () if _held(a, host)}, key=sort_key)
+    timed = bool(rows) and all(r.us is not None for r in rows)
     order = _order(rows, group_of)
     if INPUT in by_group and INPUT not in order:
         order.insert(0, INPUT)
     for device in reversed(held):
         order.insert(0, held_on(device))
         by_group.setdefault(held_on(device), [])
-    var_bytes = _variable_bytes(placement.get("variables") or [], [k for k in by_group if _is_layer(k)])
-    pins = placement.get("layer_pins") or {}
+    var_bytes = _variable_bytes(placement.variables, [k for k in by_group if _is_layer(k)])
+    pins = placement.layer_pins or {}
     groups = []
     for key in order:
         ops = by_group[key]
-        kernels = [frozenset(r["kernel_devices"]) for r in ops if r.get("kernel_devices")]
+        kernels = [frozenset(r.kernel_devices) for r in ops if r.kernel_devices]
         groups.append(Group(
             key=key,
             order=order.index(key),
-            compute_us=round(sum(r.get("us", 0.0) for r in ops), 3) if timed else 0.0,
+            compute_us=round(sum(r.us for r in ops), 3) if timed else 0.0,
             ops=len(ops),
             variable_bytes=var_bytes.get(key, 0),
-            device=_majority(r["device"] for r in ops) if ops else key.removeprefix(HELD) if is_held(key) else host,
+            device=_majority(r.device for r in ops) if ops else key.removeprefix(HELD) if is_held(key) else host,
             requested=_requested(key, ops, pins),
             allowed=frozenset.intersection(*kernels) if kernels else None,
             movable=key != INPUT and not key.endswith(BACKWARD) and not is_held(key)
-            and not any(r.get("kernel_devices") == ["CPU"] for r in ops),
+            and not any(r.kernel_devices == ("CPU",) for r in ops),
         ))
-    devices = set(placement.get("devices") or ()) | set((placement.get("device_map") or {}).get("spec_replica_devices") or ())
+    devices = set(placement.devices) | set(placement.device_map.spec_replica_devices if placement.device_map else ())
     sums, summing = _grad_sums(rows, group_of)
     tensors = _tensors(rows, group_of, host, summing)
     return PlanGraph(
@@ -124,7 +126,7 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
         sums=sums,
         devices=tuple(sorted(devices, key=sort_key)),
         host=host,
-        strategy=placement.get("strategy") or "",
+        strategy=placement.strategy or "",
         timed=timed,
         measured_step_us=measured_step_us,
         colocated=_colocated(rows, group_of),
@@ -137,18 +139,18 @@ def build(placement: dict[str, Any], *, measured_step_us: float | None = None) -
     )
 
 
-def _us_per_transfer(placement: dict[str, Any]) -> float | None:
+def _us_per_transfer(placement: Placement) -> float | None:
     """The profiled _Send/_Recv time per step (timing, summed over the devices) over the tensors
     crossing devices per step (the transfers matrix's count); None when untimed or no transfer."""
-    devices = (placement.get("timing") or {}).get("devices") or {}
-    matrix = (placement.get("transfers") or {}).get("matrix") or {}
-    count = sum(cell.get("count") or 0 for row in matrix.values() for cell in row.values())
+    devices = placement.timing.devices if placement.timing is not None else {}
+    matrix = placement.transfers.matrix
+    count = sum(cell.count or 0 for row in matrix.values() for cell in row.values())
     if not devices or not count:
         return None
-    return round(sum(d.get("transfer_ms") or 0.0 for d in devices.values()) * 1e3 / count, 3)
+    return round(sum(d.transfer_ms or 0.0 for d in devices.values()) * 1e3 / count, 3)
 
 
-def _ps_variables(placement: dict[str, Any], keys: list[str]) -> tuple[PsVariable, ...]:
+def _ps_variables(placement: Placement, keys: list[str]) -> tuple[PsVariable, ...]:
     """parameter_server: each variable with its group, round-robin turn and measured server.
 
     placement.json lists the variables in creation order. An optimizer slot (Keras names it
@@ -157,22 +159,21 @@ def _ps_variables(placement: dict[str, Any], keys: list[str]) -> tuple[PsVariabl
     runs there). The other variables the step updates are pulled by the worker and their update
     pushed (trainable variables: read, gradient; the step counter: read, increment); one the step
     only reads (the learning rate) is read on the servers by their update ops, not by a worker."""
-    if placement.get("strategy") != "parameter_server":
+    if placement.strategy != "parameter_server":
         return ()
-    rows = [v for v in placement.get("variables") or []
-            if len([d for d in v.get("devices") or () if parse_name(d)[0] == "ps"]) == 1]
-    trainable = [v["name"] for v in rows if v.get("class") == "trainable"]
+    rows = [v for v in placement.variables if len([d for d in v.devices if parse_name(d)[0] == "ps"]) == 1]
+    trainable = [v.name for v in rows if v.cls == "trainable"]
     out, turn = [], 0
     for v in rows:
-        server = next(d for d in v["devices"] if parse_name(d)[0] == "ps")
+        server = next(d for d in v.devices if parse_name(d)[0] == "ps")
         follows = _slot_of(v, trainable)
         if follows:
             key, index = _group_of(follows, keys), -1
         else:
-            key, index = _group_of(v["name"], keys), turn
+            key, index = _group_of(v.name, keys), turn
             turn += 1
-        out.append(PsVariable(v["name"], key, int(v.get("bytes") or 0), index, server,
-                              bool(v.get("update_ops")) and follows is None, follows))
+        out.append(PsVariable(v.name, key, int(v.bytes or 0), index, server,
+                              bool(v.update_ops) and follows is None, follows))
     return tuple(out)
 
 
@@ -181,12 +182,12 @@ def _group_of(name: str, keys: list[str]) -> str:
     return next((k for k in keys if layer_path and _owns(k, layer_path)), OTHER)
 
 
-def _slot_of(row: dict, trainable: list[str]) -> str | None:
+def _slot_of(row: Variable, trainable: list[str]) -> str | None:
     """The trainable variable an optimizer slot belongs to (None: not a slot): the longest whose
     path, '/' written '_', starts the slot's name after the optimizer's prefix."""
-    if row.get("class") != "optimizer":
+    if row.cls != "optimizer":
         return None
-    rest = row["name"].partition("/")[2]
+    rest = row.name.partition("/")[2]
     owners = [t for t in trainable if rest.startswith(t.replace("/", "_") + "_")]
     return max(owners, key=len) if owners else None
 
@@ -201,34 +202,34 @@ def _held(arg: list, host: str) -> bool:
     return bool(arg[1]) and arg[2] != host
 
 
-def _passes(rows: list[dict], group_of: dict[str, str]) -> tuple[dict[str, Counter], dict[str, Counter]]:
+def _passes(rows: list[OpRow], group_of: dict[str, str]) -> tuple[dict[str, Counter], dict[str, Counter]]:
     """(forward, backward) op devices per layer: how many of each pass's ops ran on each device."""
     grad = gradient_re()
     fwd: dict[str, Counter] = defaultdict(Counter)
     bwd: dict[str, Counter] = defaultdict(Counter)
     for r in rows:
-        key = group_of[r["op"]]
+        key = group_of[r.op]
         if _is_layer(key):
-            (bwd if grad.search(r["op"]) else fwd)[key][r["device"]] += 1
+            (bwd if grad.search(r.op) else fwd)[key][r.device] += 1
     return fwd, bwd
 
 
-def _gradient_device(rows: list[dict], group_of: dict[str, str], placement: dict[str, Any]) -> str | None:
+def _gradient_device(rows: list[OpRow], group_of: dict[str, str], placement: Placement) -> str | None:
     """The one device the program put its whole backward pass on, else None (it follows the
     layers, or runs on several devices). Pinned: the run's conformance has a `gradients` rule
     (train.pinning.gradients). Chosen by a traced program (a tf.device around tape.gradient): some
     layer's backward pass ran apart from the layer, and every layer's on that one device."""
-    rules = (placement.get("conformance") or {}).get("rules") or []
+    rules = placement.conformance.rules
     fwd, bwd = _passes(rows, group_of)
     grad = gradient_re()
-    if any(r.get("rule") == "gradients" for r in rules):
-        return _majority(r["device"] for r in rows if grad.search(r["op"]) and group_of[r["op"]] != INPUT) or None
+    if any(r.rule == "gradients" for r in rules):
+        return _majority(r.device for r in rows if grad.search(r.op) and group_of[r.op] != INPUT) or None
     ends = {_majority(c.elements()) for c in bwd.values()}
     apart = any(fwd.get(k) and _majority(c.elements()) != _majority(fwd[k].elements()) for k, c in bwd.items())
     return next(iter(ends)) if apart and len(ends) == 1 else None
 
 
-def _split_backward(rows: list[dict], group_of: dict[str, str], *, every: bool) -> dict[str, str]:
+def _split_backward(rows: list[OpRow], group_of: dict[str, str], *, every: bool) -> dict[str, str]:
     """group_of, with the backward ops of a layer whose backward pass ran on another device than
     its forward pass (the program chose where gradients run: train.pinning.gradients, a tf.device
     around tape.gradient) as a group of their own, `<layer> (backward)`: pinning a layer moves its
@@ -245,15 +246,15 @@ def _split_backward(rows: list[dict], group_of: dict[str, str], *, every: bool) 
     return {op: f"{k}{BACKWARD}" if k in apart and grad.search(op) else k for op, k in group_of.items()}
 
 
-def _group_key(row: dict) -> str:
-    if row.get("layer"):
-        return row["layer"]
-    if INPUT_RE.match(row["type"]) or _INPUT_SCOPE.search(row["op"]):
+def _group_key(row: OpRow) -> str:
+    if row.layer:
+        return row.layer
+    if INPUT_RE.match(row.type) or _INPUT_SCOPE.search(row.op):
         return INPUT
     return OTHER
 
 
-def _order(rows: list[dict], group_of: dict[str, str]) -> list[str]:
+def _order(rows: list[OpRow], group_of: dict[str, str]) -> list[str]:
     """Groups in the order their forward ops run: each op's depth in the step's dataflow (longest
     path from a source), a group ranked by its deepest forward op, so a layer chain comes out in
     order and the loss after the last layer. Forward: neither a gradient op nor downstream of one
@@ -264,21 +265,21 @@ def _order(rows: list[dict], group_of: dict[str, str]) -> list[str]:
     every: dict[str, int] = {}
     first: dict[str, int] = {}
     for i, r in enumerate(rows):
-        g = group_of[r["op"]]
+        g = group_of[r.op]
         first.setdefault(g, i)
-        every[g] = max(every.get(g, -1), depth[r["op"]])
-        if r["op"] not in backward:
-            fwd[g] = max(fwd.get(g, -1), depth[r["op"]])
+        every[g] = max(every.get(g, -1), depth[r.op])
+        if r.op not in backward:
+            fwd[g] = max(fwd.get(g, -1), depth[r.op])
     top = max(every.values(), default=0) + 1
     return sorted(first, key=lambda g: (fwd[g] if g in fwd else top + every[g], first[g]))
 
 
-def _depths(rows: list[dict]) -> tuple[dict[str, int], set[str]]:
+def _depths(rows: list[OpRow]) -> tuple[dict[str, int], set[str]]:
     """(op -> longest path in ops from a source of the step's data edges, the ops that are gradient
     ops or downstream of one), in Kahn's order."""
     grad = gradient_re()
-    names = {r["op"] for r in rows}
-    preds = {r["op"]: {t.partition(":")[0] for t, _ in r["inputs"]} & names for r in rows}
+    names = {r.op for r in rows}
+    preds = {r.op: {t.partition(":")[0] for t, _ in r.inputs} & names for r in rows}
     succs: dict[str, list[str]] = defaultdict(list)
     for op, ps in preds.items():
         for p in ps:
@@ -299,7 +300,7 @@ def _depths(rows: list[dict]) -> tuple[dict[str, int], set[str]]:
     return depth, backward
 
 
-def _tensors(rows: list[dict], group_of: dict[str, str], host: str, summing: set[str]) -> tuple[Tensor, ...]:
+def _tensors(rows: list[OpRow], group_of: dict[str, str], host: str, summing: set[str]) -> tuple[Tensor, ...]:
     """Every tensor one group's ops hand to another group's, with the groups reading it. An
     argument of the step function on the host comes from the input group; a sized one on another
     device (a captured tensor) from that device's `arguments on <device>` group; a variable's
@@ -307,11 +308,11 @@ def _tensors(rows: list[dict], group_of: dict[str, str], host: str, summing: set
     sum (`summing`) read and make is the sum's (PlanGraph.sums)."""
     found: dict[str, tuple[str, int, set[str]]] = {}
     for r in rows:
-        if r["op"] in summing:
+        if r.op in summing:
             continue
-        dst = group_of[r["op"]]
-        fed = [(group_of.get(t.partition(":")[0]), t, b) for t, b in r["inputs"] if t.partition(":")[0] not in summing]
-        fed += [(INPUT if dev == host else held_on(dev), t, b) for t, b, dev in r.get("args") or ()
+        dst = group_of[r.op]
+        fed = [(group_of.get(t.partition(":")[0]), t, b) for t, b in r.inputs if t.partition(":")[0] not in summing]
+        fed += [(INPUT if dev == host else held_on(dev), t, b) for t, b, dev in r.args or ()
                 if dev == host or _held([t, b, dev], host)]
         for src, tensor, nbytes in fed:
             if src is not None and src != dst:
@@ -323,7 +324,7 @@ def _tensors(rows: list[dict], group_of: dict[str, str], host: str, summing: set
 _SUM_OP = re.compile(r"(^|/)gradients(_\d+)?/AddN(_\d+)?$")  # tf.gradients' aggregation (_MultiDeviceAddN)
 
 
-def _grad_sums(rows: list[dict], group_of: dict[str, str]) -> tuple[tuple[GradSum, ...], set[str]]:
+def _grad_sums(rows: list[OpRow], group_of: dict[str, str]) -> tuple[tuple[GradSum, ...], set[str]]:
     """The step's gradient sums as TensorFlow builds them whatever the placement, and their ops.
 
     The run shows each sum as its placement built it: an AddN per device of contributions (read
@@ -331,16 +332,16 @@ def _grad_sums(rows: list[dict], group_of: dict[str, str]) -> tuple[tuple[GradSu
     is kept as its contributions (the inputs of its AddNs that are not its own partial sums), the
     group of the op that made the tensor (the op its contributions' forward ops read it from) and
     the groups reading the result; the ops of a sum whose maker is not found stay plain ops."""
-    sum_ops = {r["op"]: r for r in rows if r["type"] == "AddN" and r.get("colocation") and _SUM_OP.search(r["op"])}
+    sum_ops = {r.op: r for r in rows if r.type == "AddN" and r.colocation and _SUM_OP.search(r.op)}
     if not sum_ops:
         return (), set()
-    by_name = {r["op"]: r for r in rows}
+    by_name = {r.op: r for r in rows}
     readers: dict[str, list[str]] = defaultdict(list)
     for r in rows:
-        for t, _ in r["inputs"]:
+        for t, _ in r.inputs:
             op = t.partition(":")[0]
             if op in sum_ops:
-                readers[op].append(r["op"])
+                readers[op].append(r.op)
     partial_of = {op: rs[0] for op, rs in readers.items() if len(rs) == 1 and rs[0] in sum_ops}
     roots = [op for op in sum_ops if op not in partial_of]
     parts: dict[str, list[str]] = defaultdict(list)  # root -> its ops (itself and its partial sums)
@@ -354,7 +355,7 @@ def _grad_sums(rows: list[dict], group_of: dict[str, str]) -> tuple[tuple[GradSu
     summing: set[str] = set()
     for root in _sum_order(roots, parts, sum_ops):
         ops = parts[root]
-        leaves = [(t, b) for op in ops for t, b in sum_ops[op]["inputs"] if t.partition(":")[0] not in ops]
+        leaves = [(t, b) for op in ops for t, b in sum_ops[op].inputs if t.partition(":")[0] not in ops]
         home = _maker_group([(t, b) for t, b in leaves if t.partition(":")[0] not in sum_ops], by_name, group_of)
         # Another sum passed through is one of its contributions: kept only when that one is.
         if home is None or any(t.partition(":")[0] in sum_ops and t.partition(":")[0] not in index for t, _ in leaves):
@@ -377,13 +378,13 @@ def _grad_sums(rows: list[dict], group_of: dict[str, str]) -> tuple[tuple[GradSu
 def _sum_order(roots: list[str], parts: dict[str, list[str]], sum_ops: dict[str, dict]) -> list[str]:
     """The sums' roots, each after the sums it reads."""
     root_of = {op: root for root, ops in parts.items() for op in ops}
-    reads = {root: {root_of[t.partition(":")[0]] for part in parts[root] for t, _ in sum_ops[part]["inputs"]
+    reads = {root: {root_of[t.partition(":")[0]] for part in parts[root] for t, _ in sum_ops[part].inputs
                     if t.partition(":")[0] in root_of} - {root}
              for root in roots}
     return list(TopologicalSorter(reads).static_order())
 
 
-def _maker_group(leaves: list[tuple[str, int | None]], by_name: dict[str, dict],
+def _maker_group(leaves: list[tuple[str, int | None]], by_name: dict[str, OpRow],
                  group_of: dict[str, str]) -> str | None:
     """The group of the op that made the tensor a sum's contributions are the gradient of (None
     when not found). A contribution's op is colocated with the forward op that read a tensor, and
@@ -393,25 +394,26 @@ def _maker_group(leaves: list[tuple[str, int | None]], by_name: dict[str, dict],
     found = set()
     for t, nbytes in leaves:
         op = by_name.get(t.partition(":")[0])
-        for fwd in (op or {}).get("colocation") or ():
+        for fwd in op.colocation if op is not None else ():
             reader = by_name.get(fwd)
             if reader is None:
                 continue
-            inputs = [i for i, b in reader["inputs"] if b == nbytes]
+            inputs = [i for i, b in reader.inputs if b == nbytes]
             if len(inputs) == 1 and inputs[0].partition(":")[0] in group_of:
                 found.add(inputs[0])
     upstream = [c for c in found if all(o == c or c in _made_from(o, by_name) for o in found)]
     return group_of[upstream[0].partition(":")[0]] if len(upstream) == 1 else None
 
 
-def _made_from(tensor: str, by_name: dict[str, dict], depth: int = 6) -> set[str]:
+def _made_from(tensor: str, by_name: dict[str, OpRow], depth: int = 6) -> set[str]:
     """The tensors `tensor` is computed from, `depth` ops back."""
     out: set[str] = set()
     frontier = [tensor]
     for _ in range(depth):
         nxt = []
         for t in frontier:
-            for i, _ in (by_name.get(t.partition(":")[0]) or {}).get("inputs") or ():
+            row = by_name.get(t.partition(":")[0])
+            for i, _ in (row.inputs if row is not None else None) or ():
                 if i not in out:
                     out.add(i)
                     nxt.append(i)
@@ -433,7 +435,7 @@ def _sum_edges(sums: tuple[GradSum, ...]) -> tuple[Tensor, ...]:
     return tuple(out)
 
 
-def _unabsorb(rows: list[dict], group_of: dict[str, str], found: dict[str, tuple[str, int, set[str]]]) -> None:
+def _unabsorb(rows: list[OpRow], group_of: dict[str, str], found: dict[str, tuple[str, int, set[str]]]) -> None:
     """Undo grappler's merge of another group's adds into a group's sum, in `found` (in place).
 
     ArithmeticOptimizer's AddOpsRewrite merges a tree of adds on one device into one sum under the
@@ -446,21 +448,21 @@ def _unabsorb(rows: list[dict], group_of: dict[str, str], found: dict[str, tuple
     grad = gradient_re()
     tree_of: dict[str, tuple[str, str]] = {}  # a rewritten node -> (its tree's scope, its group)
     for r in rows:
-        scope, sep, _ = r["op"].partition(_ADD_OPS_REWRITE)
+        scope, sep, _ = r.op.partition(_ADD_OPS_REWRITE)
         # Not a gradient's sum: its adds are all its own group's (colocated with the op whose
         # gradient it sums); the operands other groups hand it are contributions, each its own tensor.
         if sep and not grad.search(scope + "/"):
-            tree_of[r["op"]] = (scope, group_of[r["op"]])
+            tree_of[r.op] = (scope, group_of[r.op])
     if not tree_of:
         return
     operands: dict[tuple[str, str], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     read_elsewhere: dict[str, set[str]] = defaultdict(set)  # group -> tensors its other ops read
     sums_in = {dst for _, dst in tree_of.values()}
     for r in rows:
-        tree, dst = tree_of.get(r["op"]), group_of[r["op"]]
+        tree, dst = tree_of.get(r.op), group_of[r.op]
         if tree is None and dst not in sums_in:
             continue
-        for t, _ in r["inputs"]:
+        for t, _ in r.inputs:
             src = group_of.get(t.partition(":")[0])
             if src is not None and src != dst and t in found:
                 (operands[tree][src] if tree else read_elsewhere[dst]).add(t)
@@ -489,7 +491,7 @@ def _edges(tensors: tuple[Tensor, ...]) -> tuple[Edge, ...]:
     return tuple(Edge(s, d, b, count[(s, d)]) for (s, d), b in sorted(total.items()))
 
 
-def _colocated(rows: list[dict], group_of: dict[str, str]) -> tuple[frozenset[str], ...]:
+def _colocated(rows: list[OpRow], group_of: dict[str, str]) -> tuple[frozenset[str], ...]:
     """Groups the runtime keeps on one device: an op's colocation groups name ops of other groups
     (transitively merged)."""
     parent: dict[str, str] = {}
@@ -500,10 +502,10 @@ def _colocated(rows: list[dict], group_of: dict[str, str]) -> tuple[frozenset[st
         return g
 
     for r in rows:
-        for other in r.get("colocation") or ():
+        for other in r.colocation or ():
             g = group_of.get(other)
-            if g is not None and g != group_of[r["op"]]:
-                parent[find(g)] = find(group_of[r["op"]])
+            if g is not None and g != group_of[r.op]:
+                parent[find(g)] = find(group_of[r.op])
     sets: dict[str, set[str]] = defaultdict(set)
     for g in list(parent):
         sets[find(g)].add(g)
@@ -515,14 +517,14 @@ def _owns(key: str, layer_path: str) -> bool:
     return key_matches(key, layer_path) or (not is_pattern(key) and layer_path.startswith(key + "/"))
 
 
-def _variable_bytes(variables: list[dict], keys: list[str]) -> dict[str, int]:
+def _variable_bytes(variables: tuple[Variable, ...], keys: list[str]) -> dict[str, int]:
     """Group -> bytes of the variables it owns (one copy): a variable belongs to the layer its name
     is scoped under ("dense_1/kernel" -> dense_1); the rest (optimizer slots, counters) to "other"."""
     out: Counter = Counter()
     for v in variables:
-        layer_path = v["name"].rpartition("/")[0]
+        layer_path = v.name.rpartition("/")[0]
         key = next((k for k in keys if layer_path and _owns(k, layer_path)), OTHER)
-        out[key] += v.get("bytes") or 0
+        out[key] += v.bytes or 0
     return dict(out)
 
 
@@ -531,13 +533,13 @@ def _majority(devices) -> str:
     return min(counts, key=lambda d: (-counts[d], sort_key(d))) if counts else ""
 
 
-def _requested(key: str, ops: list[dict], pins: dict[str, str]) -> str | None:
+def _requested(key: str, ops: list[OpRow], pins: dict[str, str]) -> str | None:
     """The user's pin for the group (placement.json's layer_pins, by layer path), else the one
     device its ops requested (none, or several: None)."""
     pinned = {dev for path, dev in pins.items() if _owns(key, path)} if key not in (INPUT, OTHER) else set()
     if len(pinned) == 1:
         return pinned.pop()
-    asked = {r.get("requested") for r in ops} - {"", None}
+    asked = {r.requested for r in ops} - {"", None}
     return asked.pop() if len(asked) == 1 else None
 
 

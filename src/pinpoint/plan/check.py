@@ -89,13 +89,13 @@ def where(key: str) -> str:
     return "pinning.input" if key == "input" else f"pinning.layers.{key}"
 
 
-def violations(graph: PlanGraph, placement: Placement) -> list[str]:
-    """One line per way the runtime would not obey `placement` (empty: it would), each naming
+def violations(graph: PlanGraph, assign: Placement) -> list[str]:
+    """One line per way the runtime would not obey `assign` (empty: it would), each naming
     the plan file's field."""
     known = set(graph.devices) | {graph.host}
     out = []
     for g in graph.groups:
-        dev = placement.get(g.key)
+        dev = assign.get(g.key)
         where_ = where(g.key)
         if dev is None:
             out.append(f"{where_}: got no device; give every group one")
@@ -109,20 +109,20 @@ def violations(graph: PlanGraph, placement: Placement) -> list[str]:
         elif not g.movable and dev != g.device and not (graph.gradient_device and is_backward(g.key)):
             why = "the program computes it there" if is_backward(g.key) else "host-only ops"
             out.append(f"{where_}: got '{dev}', but {g.key} must stay on '{g.device}' ({why}); pin it there")
-    passes = sorted({placement[g.key] for g in graph.groups if is_backward(g.key) and g.key in placement})
+    passes = sorted({assign[g.key] for g in graph.groups if is_backward(g.key) and g.key in assign})
     if graph.gradient_device and len(passes) > 1:
         out.append(f"pinning.gradients: got the backward pass on {', '.join(passes)}; pinning.gradients puts all "
                    "of it on one device, pick one")
     for members in graph.colocated:
-        placed = sorted((k, placement[k]) for k in members if k in placement)
+        placed = sorted((k, assign[k]) for k in members if k in assign)
         if len({d for _, d in placed}) > 1:
             (k0, d0), (k1, d1) = placed[0], next(p for p in placed if p[1] != placed[0][1])
             out.append(f"{where(k1)}: got '{d1}', split from {k0} on '{d0}' (TensorFlow keeps them on one device); "
                        "pin them to one device")
     used: dict[str, int] = {}
     for g in graph.groups:
-        if g.key in placement:
-            used[placement[g.key]] = used.get(placement[g.key], 0) + g.variable_bytes
+        if g.key in assign:
+            used[assign[g.key]] = used.get(assign[g.key], 0) + g.variable_bytes
     for dev, cap in sorted(graph.memory_cap_bytes.items()):
         if used.get(dev, 0) > cap:
             out.append(f"memory_cap_bytes.{dev}: got {cap}, but the placement puts {used[dev]} bytes of variables "

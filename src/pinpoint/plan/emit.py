@@ -27,16 +27,16 @@ from pinpoint.plan.servers import ps_rationale
 from pinpoint.runfolder import atomic_write_text
 
 
-def pinning_of(graph: PlanGraph, placement: Placement) -> dict[str, Any]:
+def pinning_of(graph: PlanGraph, assign: Placement) -> dict[str, Any]:
     """The `pinning` section of a placement, the groups a config can pin: `layers` (the movable
     layers), `input` when the input pipeline may move, `gradients` when the program pinned its
     backward pass (graph.gradient_device)."""
-    out: dict[str, Any] = {"layers": {g.key: placement[g.key] for g in graph.groups
+    out: dict[str, Any] = {"layers": {g.key: assign[g.key] for g in graph.groups
                                       if g.movable and g.key not in NOT_LAYERS}}
-    inp = next((placement[g.key] for g in graph.groups if g.key == "input" and g.movable), None)
+    inp = next((assign[g.key] for g in graph.groups if g.key == "input" and g.movable), None)
     if inp is not None:
         out["input"] = inp
-    backward = next((placement[g.key] for g in graph.groups if is_backward(g.key)), None)
+    backward = next((assign[g.key] for g in graph.groups if is_backward(g.key)), None)
     if graph.gradient_device is not None and backward is not None:
         out["gradients"] = backward
     return out
@@ -44,13 +44,13 @@ def pinning_of(graph: PlanGraph, placement: Placement) -> dict[str, Any]:
 
 def placement_of(graph: PlanGraph, pinning: dict[str, Any]) -> Placement:
     """Every group's device under a plan file's `pinning` (what it leaves out stays where it ran)."""
-    placement = {g.key: g.device for g in graph.groups}
-    placement.update({k: v for k, v in (pinning.get("layers") or {}).items() if k in placement})
-    if pinning.get("input") is not None and "input" in placement:
-        placement["input"] = pinning["input"]
+    assign = {g.key: g.device for g in graph.groups}
+    assign.update({k: v for k, v in (pinning.get("layers") or {}).items() if k in assign})
+    if pinning.get("input") is not None and "input" in assign:
+        assign["input"] = pinning["input"]
     if pinning.get("gradients") is not None and graph.gradient_device is not None:
-        placement.update({g.key: pinning["gradients"] for g in graph.groups if is_backward(g.key)})
-    return placement
+        assign.update({g.key: pinning["gradients"] for g in graph.groups if is_backward(g.key)})
+    return assign
 
 
 def _kib(n: int) -> str:

@@ -141,40 +141,40 @@ class PlanGraph:
         groups = tuple(replace(g, device=device) if is_backward(g.key) else g for g in self.groups)
         return replace(self, groups=groups, gradient_device=device)
 
-    def crossings(self, placement: Mapping[str, str]) -> Iterator[tuple[str, str, int, int]]:
-        """(from device, to device, bytes, tensors) per step of each transfer `placement` (group
+    def crossings(self, assign: Mapping[str, str]) -> Iterator[tuple[str, str, int, int]]:
+        """(from device, to device, bytes, tensors) per step of each transfer `assign` (group
         key -> device) makes: each tensor once per other device that reads it (the runtime's one
         _Send/_Recv pair per tensor and receiving device); per edge for a graph built by hand."""
         if self.tensors or self.sums:
             sent: set[tuple[str, str]] = set()  # (tensor, receiving device): the runtime sends it once
             for t in self.tensors:
-                a = placement[t.src]
-                for b in {placement[d] for d in t.dsts} - {a}:
+                a = assign[t.src]
+                for b in {assign[d] for d in t.dsts} - {a}:
                     if t.name:
                         sent.add((t.name, b))
                     yield a, b, t.bytes, 1
-            yield from self._sum_crossings(placement, sent)
+            yield from self._sum_crossings(assign, sent)
             return
         for e in self.edges:
-            a, b = placement[e.src], placement[e.dst]
+            a, b = assign[e.src], assign[e.dst]
             if a != b:
                 yield a, b, e.bytes, e.tensors
 
-    def _sum_crossings(self, placement: Mapping[str, str], sent: set[tuple[str, str]]):
+    def _sum_crossings(self, assign: Mapping[str, str], sent: set[tuple[str, str]]):
         where: list[str] = []  # each sum's device, in order (a sum reads only earlier ones)
         for i, s in enumerate(self.sums):
             on: dict[str, list[str]] = {}  # device -> the contributions there (tensor ids)
             for tensor, group, j in s.contributions:
-                device = placement[group] if group is not None else where[j]
+                device = assign[group] if group is not None else where[j]
                 on.setdefault(device, []).append(tensor if group is not None else f"sum:{j}")
-            home = placement[s.home] if len(on) > 1 else next(iter(on))
+            home = assign[s.home] if len(on) > 1 else next(iter(on))
             where.append(home)
             for device, tensors in on.items():
                 if device != home:
                     # One contribution is sent as it is; several are summed on their device first.
                     yield from _once(sent, tensors[0] if len(tensors) == 1 else f"sum:{i}@{device}",
                                      device, home, s.bytes)
-            for b in {placement[r] for r in s.readers} - {home}:
+            for b in {assign[r] for r in s.readers} - {home}:
                 yield from _once(sent, f"sum:{i}", home, b, s.bytes)
 
     def group(self, key: str) -> Group:

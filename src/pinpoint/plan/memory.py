@@ -34,7 +34,9 @@ from typing import Any
 
 from pinpoint.device_names import parse_name
 from pinpoint.errors import ConfigError, PlacementError
+from pinpoint.placement.memory_model import Memory
 from pinpoint.placement.memory_predict import Replay
+from pinpoint.placement.model import Placement
 
 ASSUMPTION = ("the kernels of the measured call replayed in the order they ran, each node on its group's planned "
               "device; held: variables and their optimizer slots; needs: held + the GPU machine's peak (a tensor read "
@@ -70,23 +72,21 @@ class MemoryModel:
     measured: Mapping[str, int]  # device -> the source call's measured peak (requested)
 
 
-def memory_model(placement: Mapping[str, Any], group_of: Mapping[str, str]) -> MemoryModel | None:
+def memory_model(placement: Placement, group_of: Mapping[str, str]) -> MemoryModel | None:
     """The model of a run whose placement kept its memory replay; None without one, or for a run of
     several replicas (mirrored: each replica's nodes belong to the same layers, and a layer plan is
     trained with one replica)."""
-    if (placement.get("strategy") or "none") != "none":
+    memory = placement.memory
+    if (placement.strategy or "none") != "none" or memory is None:
         return None
-    memory = placement.get("memory") or {}
-    replay = (memory.get("predicted") or {}).get("replay")
+    replay = (memory.predicted or {}).get("replay")
     if not replay:
         return None
-    devices = memory.get("devices") or {}
-    ratio = {d: m["peak_allocated"] / m["peak_requested"] for d, m in devices.items()
-             if d.startswith("/") and m.get("peak_requested")}
-    variables = tuple((v["name"], v.get("bytes") or 0, (v.get("devices") or [""])[0])
-                      for v in placement.get("variables") or ())
+    devices = {d: m for d, m in (memory.devices or {}).items() if d.startswith("/")}
+    ratio = {d: m["peak_allocated"] / m["peak_requested"] for d, m in devices.items() if m.get("peak_requested")}
+    variables = tuple((v.name, v.bytes or 0, (v.devices or ("",))[0]) for v in placement.variables)
     return MemoryModel(Replay.from_json(replay), dict(group_of), variables, ratio,
-                       {d: m["peak_requested"] for d, m in devices.items() if d.startswith("/")})
+                       {d: m["peak_requested"] for d, m in devices.items()})
 
 
 def device_memory(model: MemoryModel, placement: Mapping[str, str]) -> dict[str, DeviceMemory]:
@@ -190,17 +190,17 @@ def memory_doc(graph, ruled_out: tuple[str, ...]) -> dict[str, Any]:
             "measured_peak": dict(graph.memory.measured), "assumption": ASSUMPTION}
 
 
-def compare_memory(predicted: Mapping[str, Mapping[str, int]], placement: Mapping[str, Any]) -> dict[str, Any]:
+def compare_memory(predicted: Mapping[str, Mapping[str, int]], placement: Placement) -> dict[str, Any]:
     """plan_check.json's `memory`: per device the plan's predicted peak of the call (emulated, as the
     verification run measures it) against the verification run's measured peak (requested bytes),
     with the error, and the measurement's own self-check."""
-    memory = placement.get("memory") or {}
-    measured = {d: m["peak_requested"] for d, m in (memory.get("devices") or {}).items() if d.startswith("/")}
+    memory = placement.memory or Memory()
+    measured = {d: m["peak_requested"] for d, m in (memory.devices or {}).items() if d.startswith("/")}
     if not measured:
-        return {"why_not": memory.get("why_not") or "the verification run measured no memory"}
+        return {"why_not": memory.why_not or "the verification run measured no memory"}
     # The verification run's own replay (its kernels in the order they ran there): the gap between the
     # two predictions is the order the kernels ran in, not the placement.
-    own = {d: r.get("predicted") for d, r in ((memory.get("predicted") or {}).get("devices") or {}).items()}
+    own = {d: r.get("predicted") for d, r in ((memory.predicted or {}).get("devices") or {}).items()}
     rows = []
     for d in sorted(set(predicted) | set(measured), key=_order):
         p, m = (predicted.get(d) or {}).get("peak", 0), measured.get(d, 0)
@@ -208,7 +208,7 @@ def compare_memory(predicted: Mapping[str, Mapping[str, int]], placement: Mappin
                      "replayed_in_its_order": own.get(d)})
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
     return {"devices": rows, "largest_error": max(errors, default=None),
-            "mismatched_events": (memory.get("self_check") or {}).get("mismatched"), "assumption": ASSUMPTION,
+            "mismatched_events": (memory.self_check or {}).get("mismatched"), "assumption": ASSUMPTION,
             "order_note": ORDER_NOTE}
 
 

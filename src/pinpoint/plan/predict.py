@@ -138,24 +138,24 @@ def simulate(tg: TaskGraph, device_of: list[str], links: LinkModel, record: list
     return end
 
 
-def predict(graph: PlanGraph, placement: Placement, links: LinkModel, devices: tuple[str, ...] | None = None,
+def predict(graph: PlanGraph, assign: Placement, links: LinkModel, devices: tuple[str, ...] | None = None,
             tg: TaskGraph | None = None) -> Prediction:
-    """The prediction for `placement` (every group key mapped); `devices` are the ones the
+    """The prediction for `assign` (every group key mapped); `devices` are the ones the
     balance figures are taken over (default: the devices the placement uses)."""
     if tg is None:
         tg = task_graph(graph, {g.key: g.compute_us for g in graph.groups})
     variables_only = graph.strategy == "parameter_server" and bool(graph.ps_variables)
-    original = placement
+    original = assign
     if variables_only:
         # A layer pinned to a ps task has its variables there and still computes on the worker.
-        placement = {g.key: g.device if is_server(placement[g.key]) else placement[g.key] for g in graph.groups}
+        assign = {g.key: g.device if is_server(assign[g.key]) else assign[g.key] for g in graph.groups}
         var_where = variable_servers(graph, original)
-    used = sorted(set(placement.values()), key=sort_key)
+    used = sorted(set(assign.values()), key=sort_key)
     compute = dict.fromkeys(used, 0.0)
     ops = dict.fromkeys(used, 0)
     memory = dict.fromkeys(used, 0)
     for g in graph.groups:
-        d = placement[g.key]
+        d = assign[g.key]
         compute[d] += g.compute_us
         ops[d] += g.ops
         if not variables_only:
@@ -163,8 +163,8 @@ def predict(graph: PlanGraph, placement: Placement, links: LinkModel, devices: t
     if variables_only:
         for v in graph.ps_variables:
             memory[var_where[v.name]] = memory.get(var_where[v.name], 0) + v.bytes
-    crossing = bytes_crossing(graph, placement)
-    step = simulate(tg, [placement[k] for k in tg.keys], links) if graph.timed else None
+    crossing = bytes_crossing(graph, assign)
+    step = simulate(tg, [assign[k] for k in tg.keys], links) if graph.timed else None
     busy = {d: (compute[d] / step if step else 0.0) for d in used}
     ps: dict[str, int] = {}
     if variables_only:
@@ -177,32 +177,32 @@ def predict(graph: PlanGraph, placement: Placement, links: LinkModel, devices: t
     return Prediction(step, compute, ops, busy, dict(sorted(crossing.items())), memory, ps,
                       tuple(devices) if devices is not None else tuple(used), graph.timed,
                       None if host is None else host.step_us(graph, original),
-                      device_memory(graph.memory, placement) if graph.memory is not None and not variables_only else {})
+                      device_memory(graph.memory, assign) if graph.memory is not None and not variables_only else {})
 
 
-def bytes_crossing(graph: PlanGraph, placement: Placement) -> dict[tuple[str, str], int]:
+def bytes_crossing(graph: PlanGraph, assign: Placement) -> dict[tuple[str, str], int]:
     """Bytes per step crossing each ordered device pair: each tensor once per other device that
     reads it (the runtime's one _Send/_Recv pair per tensor and receiving device); from the edges
     when the graph has no tensors (built by hand)."""
     crossing: dict[tuple[str, str], int] = {}
-    for a, b, nbytes, _ in graph.crossings(placement):
+    for a, b, nbytes, _ in graph.crossings(assign):
         crossing[(a, b)] = crossing.get((a, b), 0) + nbytes
     return crossing
     for e in graph.edges:
-        a, b = placement[e.src], placement[e.dst]
+        a, b = assign[e.src], assign[e.dst]
         if a != b:
             crossing[(a, b)] = crossing.get((a, b), 0) + e.bytes
     return crossing
 
 
-def schedule(graph: PlanGraph, placement: Placement, links: LinkModel) -> list[dict[str, Any]]:
+def schedule(graph: PlanGraph, assign: Placement, links: LinkModel) -> list[dict[str, Any]]:
     """The simulated step of a timed run's placement, task by task: device, group, pass
     (forward/backward), start_us, end_us, in start order ([] for an untimed run)."""
     if not graph.timed:
         return []
     tg = task_graph(graph, {g.key: g.compute_us for g in graph.groups})
     record: list = []
-    simulate(tg, [placement[k] for k in tg.keys], links, record)
+    simulate(tg, [assign[k] for k in tg.keys], links, record)
     return [{"device": dev, "group": tg.group_of(t), "pass": "backward" if t % 2 else "forward",
              "start_us": round(a, 3), "end_us": round(b, 3)}
             for t, dev, a, b in sorted(record, key=lambda r: (r[2], sort_key(r[1]))) if b > a]

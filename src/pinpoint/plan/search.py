@@ -209,10 +209,10 @@ def list_schedule(graph: PlanGraph, tg: TaskGraph, space: _Space, links: LinkMod
     return {k: placed[space.unit_of[k]] for k in tg.keys}
 
 
-def _balance_moves(graph: PlanGraph, space: _Space, placement: Placement, devices: tuple[str, ...],
+def _balance_moves(graph: PlanGraph, space: _Space, assign: Placement, devices: tuple[str, ...],
                    cost: dict[str, float]) -> Placement:
     """Move one unit at a time while (busiest compute over `devices`, bytes crossing) drops."""
-    dev_of = [placement[u.keys[0]] for u in space.units]
+    dev_of = [assign[u.keys[0]] for u in space.units]
     ucost = [sum(cost[k] for k in u.keys) for u in space.units]
     adj: list[dict[int, int]] = [{} for _ in space.units]
     for e in graph.edges:
@@ -397,19 +397,19 @@ def _contiguous(graph: PlanGraph, space: _Space, devices: tuple[str, ...], cost:
         p = best[s][q][1]
         cuts.append((s, p, q))
         q = p
-    placement = {key: d for i, d in dev_of.items() for key in space.units[i].keys}
+    assign = {key: d for i, d in dev_of.items() for key in space.units[i].keys}
     for s, p, q in cuts:
         for j in range(p, q):
             for key in space.units[free[j]].keys:
-                placement[key] = order[s]
-    return placement
+                assign[key] = order[s]
+    return assign
 
 
 def _ps_plan(graph: PlanGraph, space: _Space, servers: tuple[str, ...]) -> Placement:
-    placement = {g.key: g.device for g in graph.groups}
+    assign = {g.key: g.device for g in graph.groups}
     carried = dict.fromkeys(servers, 0)
     if graph.ps_variables:  # a group left on a server would mean pinned there: start unpinned
-        placement = unpinned(graph)
+        assign = unpinned(graph)
         # Variables no pin moves (the optimizer's step counter) keep their round-robin slots.
         every = servers_of(graph.devices)
         for v in graph.ps_variables:
@@ -429,8 +429,8 @@ def _ps_plan(graph: PlanGraph, space: _Space, servers: tuple[str, ...]) -> Place
         carried[d] += u.variable_bytes
         mem[d] += u.variable_bytes
         for k in u.keys:
-            placement[k] = d
-    return placement
+            assign[k] = d
+    return assign
 
 
 def _best_ps(graph: PlanGraph, links: LinkModel, servers: tuple[str, ...], lpt: Plan) -> Plan:
@@ -446,9 +446,9 @@ def _best_ps(graph: PlanGraph, links: LinkModel, servers: tuple[str, ...], lpt: 
     return own if largest(own) <= largest(lpt) else lpt
 
 
-def _within(space: _Space, placement: Placement) -> bool:
+def _within(space: _Space, assign: Placement) -> bool:
     """Every unit on a device it may use in this search (e.g. not on a GPU beyond --devices)."""
-    return all(placement[u.keys[0]] in space.candidates[i] for i, u in enumerate(space.units))
+    return all(assign[u.keys[0]] in space.candidates[i] for i, u in enumerate(space.units))
 
 
 def search(graph: PlanGraph, links: LinkModel, objective: str, devices: tuple[str, ...]) -> Plan:

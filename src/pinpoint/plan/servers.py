@@ -13,9 +13,8 @@ traffic is not part of the figure (measured_ps_bytes leaves it out too).
 
 from __future__ import annotations
 
-from typing import Any
-
 from pinpoint.device_names import parse_name, sort_key
+from pinpoint.placement.model import Placement as PlacementModel
 from pinpoint.plan.check import Placement
 from pinpoint.plan.graph import OTHER, PlanGraph
 
@@ -28,15 +27,15 @@ def is_server(device: str) -> bool:
     return parse_name(device)[0] == "ps"
 
 
-def variable_servers(graph: PlanGraph, placement: Placement) -> dict[str, str]:
-    """variable name -> the server it lives on under `placement`."""
+def variable_servers(graph: PlanGraph, assign: Placement) -> dict[str, str]:
+    """variable name -> the server it lives on under `assign`."""
     servers = servers_of(graph.devices)
     out = {}
     for v in graph.ps_variables:
         if v.follows:
             continue
         # "other" (the optimizer's counters) has no pinning field: its variables keep their slots.
-        pinned = placement.get(v.group) if v.group != OTHER else None
+        pinned = assign.get(v.group) if v.group != OTHER else None
         out[v.name] = pinned if pinned and is_server(pinned) else servers[v.index % len(servers)]
     for v in graph.ps_variables:
         if v.follows:  # an optimizer slot, colocated with its variable
@@ -44,10 +43,10 @@ def variable_servers(graph: PlanGraph, placement: Placement) -> dict[str, str]:
     return out
 
 
-def predicted_ps_bytes(graph: PlanGraph, placement: Placement) -> dict[str, int]:
-    """server -> bytes it sends to and receives from the workers per step under `placement`."""
+def predicted_ps_bytes(graph: PlanGraph, assign: Placement) -> dict[str, int]:
+    """server -> bytes it sends to and receives from the workers per step under `assign`."""
     out = dict.fromkeys(servers_of(graph.devices), 0)
-    where = variable_servers(graph, placement)
+    where = variable_servers(graph, assign)
     for v in graph.ps_variables:
         if v.per_step:
             out[where[v.name]] += 2 * v.bytes
@@ -71,17 +70,17 @@ def measured_placement(graph: PlanGraph) -> Placement:
     """The run as measured: a group whose variables all sat on one server other than their
     round-robin slots was pinned there; the rest unpinned."""
     servers = servers_of(graph.devices)
-    placement = unpinned(graph)
+    assign = unpinned(graph)
     by_group: dict[str, list] = {}
     for v in graph.ps_variables:
         by_group.setdefault(v.group, []).append(v)
     for key, vs in by_group.items():
         where = {v.server for v in vs}
         turns = [v for v in vs if not v.follows]
-        if key != OTHER and key in placement and len(where) == 1 and \
+        if key != OTHER and key in assign and len(where) == 1 and \
                 any(v.server != servers[v.index % len(servers)] for v in turns):
-            placement[key] = where.pop()
-    return placement
+            assign[key] = where.pop()
+    return assign
 
 
 def step_worker(graph: PlanGraph) -> str:
@@ -90,29 +89,29 @@ def step_worker(graph: PlanGraph) -> str:
     return next((d for d in sorted(graph.devices, key=sort_key) if parse_name(d)[0] == "worker"), graph.host)
 
 
-def predicted_ps_pairs(graph: PlanGraph, placement: Placement) -> dict[str, int]:
-    """'a -> b' -> bytes per step between each server and the step's worker under `placement`:
+def predicted_ps_pairs(graph: PlanGraph, assign: Placement) -> dict[str, int]:
+    """'a -> b' -> bytes per step between each server and the step's worker under `assign`:
     the pulls (server -> worker) and the pushed updates (worker -> server), half of each
     server's predicted_ps_bytes each way."""
     worker, out = step_worker(graph), {}
-    for server, nbytes in predicted_ps_bytes(graph, placement).items():
+    for server, nbytes in predicted_ps_bytes(graph, assign).items():
         out[f"{server} -> {worker}"] = out[f"{worker} -> {server}"] = nbytes // 2
     return out
 
 
-def measured_ps_bytes(placement: dict[str, Any]) -> dict[str, int]:
+def measured_ps_bytes(placement: PlacementModel) -> dict[str, int]:
     """server -> bytes per step it sent to and received from the worker and chief tasks, from
     placement.json's transfers.matrix (rows: sender, columns: receiver)."""
-    matrix = (placement.get("transfers") or {}).get("matrix") or {}
+    matrix = placement.transfers.matrix
     servers = servers_of(set(matrix) | {d for row in matrix.values() for d in row})
     out = dict.fromkeys(servers, 0)
     for src, row in matrix.items():
         for dst, cell in row.items():
             a, b = parse_name(src)[0], parse_name(dst)[0]
             if a == "ps" and b in ("worker", "chief"):
-                out[src] += cell["bytes"]
+                out[src] += cell.bytes
             elif b == "ps" and a in ("worker", "chief"):
-                out[dst] += cell["bytes"]
+                out[dst] += cell.bytes
     return out
 
 

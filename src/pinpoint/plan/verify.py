@@ -23,6 +23,8 @@ from pinpoint.device_names import parse_name
 from pinpoint.errors import ConfigError
 from pinpoint.layer_keys import key_matches
 from pinpoint.placement.conformance import NOT_COMPUTE, gradient_re
+from pinpoint.placement.model import Placement
+from pinpoint.placement.sections import Rule, Violation
 from pinpoint.plan import allreduce as all_reduce
 from pinpoint.plan.emit import placement_of
 from pinpoint.plan.graph import PlanGraph
@@ -76,15 +78,15 @@ def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
             raise ConfigError(f"train.model: got '{t.model}' in {config_path}, which has no layer {missing[0]} of the "
                               f"plan (its layers: {', '.join(names)}); verify with the config the run "
                               f"{doc.get('source_run')} was trained with")
-    data = cfg.model_dump(mode="json")
-    pinning = data["train"]["pinning"]
+    data = cfg.model_dump(mode="json", exclude_unset=True)  # what was written (config_scope)
+    pinning = data.setdefault("train", {}).setdefault("pinning", {})
     pinning["layers"] = layers
     if doc["pinning"].get("input") is not None:
         pinning["input"] = doc["pinning"]["input"]
     if doc["pinning"].get("gradients") is not None:
         pinning["gradients"] = doc["pinning"]["gradients"]
     # memory: the plan's predicted peaks are held to the verification run's measured ones.
-    data["placement"].update(enabled=True, timing=True, **({"memory": True} if doc.get("memory") else {}))
+    data.setdefault("placement", {}).update(enabled=True, timing=True, **({"memory": True} if doc.get("memory") else {}))
     return config_from_dict(data, source=config_path)
 
 
@@ -106,10 +108,9 @@ def _check_servers(cfg: Config, doc: dict[str, Any], config_path: str) -> None:
                           f"set cluster.ps: {needed} or more")
 
 
-def pair_bytes(placement: dict[str, Any]) -> dict[str, int]:
+def pair_bytes(placement: Placement) -> dict[str, int]:
     """Bytes per step per device pair ('a -> b'), as a run's placement.json transfers matrix counted them."""
-    matrix = (placement.get("transfers") or {}).get("matrix") or {}
-    return {f"{a} -> {b}": cell.get("bytes") or 0 for a, row in matrix.items() for b, cell in row.items()}
+    return {f"{a} -> {b}": cell.bytes or 0 for a, row in placement.transfers.matrix.items() for b, cell in row.items()}
 
 
 def compare_bytes(predicted: dict[str, int], measured: dict[str, int]) -> dict[str, Any]:
@@ -121,17 +122,17 @@ def compare_bytes(predicted: dict[str, int], measured: dict[str, int]) -> dict[s
             "predicted_total": sum(predicted.values()), "measured_total": sum(measured.values())}
 
 
-def _causes(placement: dict[str, Any]) -> dict[str, str]:
+def _causes(placement: Placement) -> dict[str, str]:
     """Op -> why it left its requested device (the run's fallbacks)."""
-    return {f["op"]: f.get("reason") or "" for f in placement.get("fallbacks") or [] if f.get("op")}
+    return {f.op: f.reason or "" for f in placement.fallbacks if f.op}
 
 
-def compare_conformance(placement: dict[str, Any], layers: dict[str, str], gradients: str | None = None
+def compare_conformance(placement: Placement, layers: dict[str, str], gradients: str | None = None
                         ) -> dict[str, Any]:
     """Each planned layer's rule of the verification run (and the `gradients` rule when the plan
     pins the backward pass, listed as layer `pinning.gradients`): its score, and every deviation
     with its cause (the rule's own `why`, else the run's fallback reason for the op)."""
-    rules = {r["rule"]: r for r in (placement.get("conformance") or {}).get("rules") or []}
+    rules = {r.rule: r for r in placement.conformance.rules}
     causes = _causes(placement)
     out, deviations = [], []
     planned = {f"layers.{key}": (key, device) for key, device in layers.items()}
@@ -144,37 +145,38 @@ def compare_conformance(placement: dict[str, Any], layers: dict[str, str], gradi
             deviations.append({"layer": key, "op": None, "placed": None,
                                "cause": "the verification run has no layers rule for it (no op matched the layer)"})
             continue
-        out.append({"layer": key, "planned": device, "score": rule["score"], "observed": rule.get("observed") or {}})
-        for v in rule.get("violations") or []:
-            deviations.append({"layer": key, "op": v["op"], "placed": v["placed"],
-                               "cause": v.get("why") or causes.get(v["op"])
+        out.append({"layer": key, "planned": device, "score": rule.score, "observed": dict(rule.observed)})
+        for v in rule.violations:
+            deviations.append({"layer": key, "op": v.op, "placed": v.placed,
+                               "cause": v.why or causes.get(v.op)
                                or "placed off the layer's device with no recorded fallback (the placer's choice)"})
     score = round(sum(r["score"] for r in out) / len(out), 4) if out else None
     return {"score": score, "layers": out, "deviations": deviations}
 
 
-def _rule_from_rows(placement: dict[str, Any], key: str, planned: str, *, gradients_pinned: bool) -> dict | None:
+def _rule_from_rows(placement: Placement, key: str, planned: str, *, gradients_pinned: bool) -> Rule | None:
     """A planned pin scored from the run's op rows when the run has no rule for it (a traced
     program: its rules are its own tf.device scopes): the ops of layer `key` (its forward ops when
     the plan pins the gradients), or every backward op for `pinning.gradients`. None: no such op."""
     grad = gradient_re()
-    rows = [r for r in placement.get("ops") or [] if r["type"] not in NOT_COMPUTE]
+    rows = [r for r in placement.ops if r.type not in NOT_COMPUTE]
     if key == "pinning.gradients":
-        mine = [r for r in rows if grad.search(r["op"])]
+        mine = [r for r in rows if grad.search(r.op)]
     else:
-        mine = [r for r in rows if r.get("layer") == key and not (gradients_pinned and grad.search(r["op"]))]
+        mine = [r for r in rows if r.layer == key and not (gradients_pinned and grad.search(r.op))]
     if not mine:
         return None
-    on = sum(r["device"] == planned for r in mine)
-    return {"score": round(on / len(mine), 4), "observed": dict(Counter(r["device"] for r in mine)),
-            "violations": [{"op": r["op"], "placed": r["device"]} for r in mine if r["device"] != planned]}
+    on = sum(r.device == planned for r in mine)
+    off = tuple(Violation(op=r.op, placed=r.device) for r in mine if r.device != planned)
+    return Rule(rule=key, planned=planned, observed=dict(Counter(r.device for r in mine)), relevant=len(mine),
+                score=round(on / len(mine), 4), violations=off, violations_total=len(off))
 
 
-def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, placement: dict[str, Any],
+def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, placement: Placement,
                links: LinkModel, *, verify_run: str) -> dict[str, Any]:
     """plan_check.json: the plan's prediction (doc, made on `source`) against the verification
     run (`verified`, its placement.json `placement`)."""
-    emulated = bool(placement.get("device_aliases"))
+    emulated = bool(placement.device_aliases)
     if doc.get("all_reduce") and verified.all_reduce is not None:  # the all-reduce choice, trained mirrored
         measured = pair_bytes(placement)
         predicted = doc["all_reduce_plan"]["prediction"]["plan"]["bytes_crossing"]

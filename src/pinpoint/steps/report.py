@@ -26,8 +26,11 @@ def report_command(run_dir, *, parent_run_id: str | None = None) -> int:
 
             warm_tracking(cfg)  # MLflow's import and store open in the sender while the charts render
     out, charts, placement = write_report(run_dir)
-    if cfg is not None:
+    if cfg is not None and cfg.tracking.enabled:
         from pinpoint.tracking import open_step_run
+        from pinpoint.tracking.attach import attach_files, recorded_run_id
+
+        train_run = recorded_run_id(run_dir)  # the train step's run, before this run's close rewrites it
 
         with open_step_run(cfg, "report", run_dir, parent_run_id=parent_run_id) as run:
             run.log_metrics(headline_metrics(placement), step=metrics_step(placement))  # the captured step
@@ -37,6 +40,8 @@ def report_command(run_dir, *, parent_run_id: str | None = None) -> int:
             run.log_artifact(out)
             if charts:
                 run.log_artifacts(run_dir / CHARTS_DIR, artifact_path=CHARTS_DIR)
+        # The report where the user opens the pipeline: its train run and its parent run.
+        attach_files(cfg, [(train_run, "train"), (parent_run_id, None)], [out])
     print(f"report: {out}", file=sys.stderr)
     print(f"charts: {', '.join(str(p) for p in charts.values()) or 'none'}", file=sys.stderr)
     return 0

@@ -13,6 +13,7 @@ from pinpoint.device_names import DeviceMap, local_name, normalize, sort_key
 from pinpoint.placement.analyze import build
 from pinpoint.placement.conformance import BOOKKEEPING
 from pinpoint.placement.inputs import PlacementInputs, TraceInputs
+from pinpoint.placement.model import Placement
 from pinpoint.placement.schema import json_number
 from pinpoint.placement.transfers import step_transfers
 
@@ -287,17 +288,17 @@ def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] =
                               task=task, layer_units=layer_units, created=created)).to_json()
 
 
-def trace_metrics(recorder, placement: dict, *, exit_code: int, seconds: float, keras: dict | None) -> dict:
+def trace_metrics(recorder, placement: Placement, *, exit_code: int, seconds: float, keras: dict | None) -> dict:
     """metrics.json for a traced program."""
-    train = next((f for f in placement.get("functions", []) if f.get("training")), None)
+    train = placement.training
     out: dict[str, Any] = {
-        "program": placement.get("program"),
+        "program": placement.program,
         "exit_code": exit_code,
         "seconds": json_number(seconds),
-        "strategy": placement.get("strategy"),
-        "steps": train["calls"] if train else 0,
-        "training_function": train["name"] if train else None,
-        "functions": len(placement.get("functions", [])),
+        "strategy": placement.strategy,
+        "steps": train.calls if train else 0,
+        "training_function": train.name if train else None,
+        "functions": len(placement.functions or ()),
         "eager_ops": recorder.eager.total,
     }
     if recorder.eager.stopped is not None:  # later eager ops ran uncounted (placement.json's notes)

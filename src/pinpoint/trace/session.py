@@ -114,10 +114,11 @@ class Capture:
                                layer_units=units, created=self.created.records)
 
     def metrics(self, placement: dict, exit_code: int) -> dict:
+        from pinpoint.placement.model import Placement
         from pinpoint.trace.analysis import trace_metrics
 
         keras = self.fit.summary()
-        out = trace_metrics(self.recorder, placement, exit_code=exit_code,
+        out = trace_metrics(self.recorder, Placement.from_json(placement), exit_code=exit_code,
                             seconds=time.monotonic() - self.started, keras=keras)
         if "final_loss" not in out and self.last_logged:
             out.update({f"final_{k}": v for k, v in self.last_logged.items()})

@@ -11,6 +11,7 @@ from typing import Any
 from pinpoint.hooks import Hook
 from pinpoint.placement.files import ops_path, split_placement
 from pinpoint.placement.metrics import headline_metrics, metrics_step
+from pinpoint.placement.model import Placement
 from pinpoint.runfolder import CLUSTER_SPEC, METRICS, PLACEMENT, TRAIN_LOG
 from pinpoint.tracking.checkpoints import artifact_dir, checkpoint_files
 
@@ -47,7 +48,7 @@ class TrackingHook(Hook):
         # the manager may delete old checkpoints before the upload.
         self.run.log_checkpoint(checkpoint_files(path), artifact_dir(step))
 
-    def on_placement(self, placement: Mapping[str, Any]) -> None:
+    def on_placement(self, placement: Placement) -> None:
         # The placement metrics (the report logs the same ones) at the step they were captured at.
         self.run.log_metrics(headline_metrics(placement), step=metrics_step(placement))
         # placement.json and its per-op file as the run folder has them (placement.files).
@@ -56,9 +57,9 @@ class TrackingHook(Hook):
             self.run.log_artifact(main)
             self.run.log_artifact(ops)
         else:
-            self.run.log_dict(split_placement(dict(placement))[0], PLACEMENT)
+            self.run.log_dict(split_placement(placement.to_json())[0], PLACEMENT)
         # placement.timing: the profiler trace, a TensorBoard logdir (`tensorboard --logdir profile`).
-        trace = (placement.get("timing") or {}).get("trace")
+        trace = placement.timing.trace if placement.timing is not None else None
         if trace and (self.run_dir / trace).is_dir():
             self.run.log_artifacts(self.run_dir / trace, trace)
 

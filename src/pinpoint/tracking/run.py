@@ -29,6 +29,10 @@ from pinpoint.tracking.uri import configure_http, redact, resolve_tracking_uri
 
 STEP_TAG = "pinpoint.step"
 FLUSH_TIMEOUT_S = 120.0  # how long the end of a step waits for the sender before leaving a spool
+# Seconds between two sends of the journal (every step's values, batched into log_batch calls): the
+# request rate is bounded by time; how often a step metric reaches MLflow is
+# tracking.step_metrics_every_s (the one cadence setting).
+SEND_INTERVAL_S = 1.0
 RUN_ID_WAIT_S = 60.0  # how long asking for the run id waits for the first attempt to create it
 
 
@@ -67,7 +71,8 @@ class StepRun:
 
     def __init__(self, spool: Spool, sender: SenderProcess, *, system_metrics: bool = False,
                  node_id: str | None = None, interval: float = 1.0, log_model: bool = True,
-                 step_metrics_every_s: float = 0.0, checkpoints_every_s: float = 0.0):
+                 step_metrics_every_s: float = 0.0, checkpoints_every_s: float = 0.0,
+                 step_metrics_budget: int = 0):
         self.spool = spool
         self._local_id = spool.meta["local_id"]
         self._sender = sender
@@ -89,6 +94,8 @@ class StepRun:
         # Step metrics by time (tracking.step_metrics_every_s): the latest value of each metric
         # not sent yet, with its step.
         self.step_metrics_every_s = step_metrics_every_s
+        self.step_metrics_budget = step_metrics_budget  # the first sends go out as logged
+        self._step_sends = 0
         self._held: dict[str, tuple[float, int, int]] = {}  # key -> (value, step, timestamp ms)
         self._epoch_offset = time.time() - time.perf_counter()  # perf_counter -> wall clock
         # (monotonic, sender CPU s) at each step-metrics send (<= 1/s): the steady share is read
@@ -218,13 +225,15 @@ class StepRun:
                 "records": self.spool.count()}
 
     def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """A training step's metrics, sent at most once per `step_metrics_every_s` (per metric: a
+        """A training step's metrics: the first `step_metrics_budget` sends as logged (a short run's
+        curve), then at most once per `step_metrics_every_s` (per metric: a
         metric held back is sent, at its own step, with the next send or `flush_step_metrics`):
         at 1,000 steps a second the sender still writes a few values a second, not thousands.
         The training's logging path: its calls and time are counted (`cost`)."""
         started = time.perf_counter()
-        if started - self._step_sent_at >= self.step_metrics_every_s:
+        if self._step_sends < self.step_metrics_budget or started - self._step_sent_at >= self.step_metrics_every_s:
             self._step_sent_at = started
+            self._step_sends += 1
             if self._held:
                 self.flush_step_metrics()
             self.log_metrics(metrics, step=step)
@@ -382,9 +391,10 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
     if system_metrics is None:
         system_metrics = step == "train"
     run = StepRun(spool, take_sender(uri), system_metrics=system_metrics, node_id=node_id,
-                  interval=cfg.tracking.metrics_interval_s, log_model=cfg.tracking.log_model,
+                  interval=SEND_INTERVAL_S, log_model=cfg.tracking.log_model,
                   step_metrics_every_s=cfg.tracking.step_metrics_every_s,
-                  checkpoints_every_s=cfg.tracking.checkpoints_every_s)
+                  checkpoints_every_s=cfg.tracking.checkpoints_every_s,
+                  step_metrics_budget=cfg.tracking.step_metrics_budget)
     from pinpoint.tracking.params import config_params
 
     run.log_params(config_params(cfg))

@@ -1,6 +1,6 @@
 """Sends a spool's records to MLflow from a background thread; the training step never waits.
 
-Rate: the thread makes one pass every `interval` seconds (tracking.metrics_interval_s), and a
+Rate: the thread makes one pass every `interval` seconds (tracking.run.SEND_INTERVAL_S), and a
 pass sends all pending metrics in as few log_batch calls as MLflow allows (1000 metrics each),
 so the number of requests depends on time, not on steps per second. flush/close force a pass.
 

@@ -80,7 +80,7 @@ class Spool:
     def append(self, op: str, **fields: Any) -> dict[str, Any]:
         """Journal one record. A buffered spool keeps metric records in memory (no disk write on
         the training thread per step); they reach the journal at the sender's next pass
-        (`write_buffered`, every tracking.metrics_interval_s) or with the next other record,
+        (`write_buffered`, every tracking.run.SEND_INTERVAL_S) or with the next other record,
         which is written through at once. A checkpoint's artifact record is such a record: a
         crash loses at most the metrics logged since the last checkpoint and the last pass,
         and a restart redoes (and logs again) every step after that checkpoint."""

@@ -62,7 +62,7 @@ def write_task_placement(out: Path, ctx: TaskContext, placement: dict) -> None:
 
 def cluster_placement(cfg: Config, out: Path) -> dict | None:
     """Wait for every training task's placement file and merge them (None: none arrived)."""
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.files import load_placement
     from pinpoint.placement.merge import merge_placements
 
     c = cfg.cluster
@@ -71,11 +71,11 @@ def cluster_placement(cfg: Config, out: Path) -> dict | None:
     deadline = time.monotonic() + PLACEMENT_WAIT
     while time.monotonic() < deadline and not all(f.is_file() for f in files):
         time.sleep(0.5)
-    present = [read_placement(f) for f in files if f.is_file()]
+    present = [load_placement(f) for f in files if f.is_file()]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         print(f"pinpoint: warning: no placement from {', '.join(missing)}; merging the others", file=sys.stderr)
-    return merge_placements(present) if present else None
+    return merge_placements(present).to_json() if present else None
 
 
 def chief_placement(cfg: Config, out: Path, ctx: TaskContext, own: dict | None, *,

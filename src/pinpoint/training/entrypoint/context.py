@@ -17,6 +17,7 @@ from pinpoint.config import Config
 from pinpoint.errors import PinpointError
 from pinpoint.hooks import HookList
 from pinpoint.outcome import write_outcome
+from pinpoint.placement.model import as_placement
 from pinpoint.training.peers import peer_lost
 from pinpoint.training.setup import TaskContext
 from pinpoint.training.skeleton import (
@@ -165,8 +166,8 @@ def _metrics(cfg: Config, task: TaskContext, ctx: EntrypointContext, cap, placem
         "seconds": round(time.monotonic() - cap.started, 3),
         "device_map": task.device_map.to_json(),
     }
-    train_fn = next((f for f in (placement or {}).get("functions", []) if f.get("training")), None)
-    out["steps"] = keras.get("batches") or (train_fn or {}).get("calls") or ctx.last_saved or 0
+    train_fn = as_placement(placement).training if placement else None
+    out["steps"] = keras.get("batches") or (train_fn.calls if train_fn else None) or ctx.last_saved or 0
     out.update(keras)
     if "final_loss" not in out:
         out.update({f"final_{k}": v for k, v in cap.last_logged.items()})
