@@ -205,7 +205,7 @@ def test_a_cluster_merge_keeps_each_tasks_devices_checks_and_reasons():
     merged = merge_placements([Placement.from_json(dict(base, task="chief:0", memory=chief)),
                                Placement.from_json(dict(base, task="worker:0", memory=worker))])
     memory = merged.memory
-    assert (sorted(memory["devices"]), memory["why_not"], sorted(memory["tasks"])) == (
+    assert (sorted(memory.devices), memory.why_not, sorted(memory.tasks)) == (
         ["/CPU:0", "/GPU:0", "/GPU:1"], "[worker:0] not measured: not run in a task of a multi-process TensorFlow "
         "cluster", ["chief:0", "worker:0"])
     assert memory_line(memory).endswith("self-check: 0 of 6 allocator events off")
