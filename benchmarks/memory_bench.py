@@ -97,15 +97,47 @@ else:
 
 
 def memory_arms(models=MODELS, strategies=STRATEGIES) -> list[tuple[str, str, dict]]:
-    """(name, label, spec) of each model x strategy run."""
+    """(name, label, spec) of each model x strategy run, and the worked example in Pinpoint's loop."""
     return [(f"{m}-{s}", f"{m}, {s}", {"kind": "memory", "model": m, "strategy": s}) for m in models
-            for s in strategies]
+            for s in strategies] + [
+        ("digits-cnn", "examples/digits_cnn (Pinpoint's loop, split over 2 GPUs)", {"kind": "memory",
+                                                                                     "example": "digits_cnn"})]
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "digits_cnn"
+
+
+def example(out: Path) -> dict[str, Any]:
+    """`pinpoint train` of the worked example's own config with placement.memory on (60 steps, no
+    MLflow, no checkpoints); its TFRecords are written first when missing (make example-data)."""
+    import yaml
+
+    if not list((EXAMPLE / "data").glob("digits-*.tfrecord")):
+        subprocess.run([sys.executable, "-m", "digits_cnn.data", str(EXAMPLE / "data")], check=True,
+                       env={**os.environ, "PYTHONPATH": str(EXAMPLE)}, capture_output=True)
+    cfg = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    cfg["train"].update(code_dir=str(EXAMPLE), data=f"tfrecord:{EXAMPLE}/data/digits-*.tfrecord", steps=60,
+                        checkpoint_every=0)
+    cfg["tracking"] = {"enabled": False}
+    cfg["placement"] = {"memory": True, "timing": True}
+    config = out / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pinpoint.cli", "train", str(config), "--out", str(out / "run")],
+                          capture_output=True, text=True, check=False, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"pinpoint train digits_cnn exited {proc.returncode}: {proc.stderr[-400:]}")
+    return dict(memory_record(json.loads((out / "run" / "placement.json").read_text()).get("memory") or {}),
+                process_wall_s=wall)
 
 
 def measure(spec: dict) -> dict[str, Any]:
     """One traced run: each device's predicted and measured peak, the self-check, the wall time."""
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
+    if spec.get("example"):
+        return example(out)
     prog = out / "program.py"
     prog.write_text(PROGRAM)
     argv = [sys.executable, "-m", "pinpoint.cli", "trace", "--memory", "--gpus", "2", "--no-tracking",

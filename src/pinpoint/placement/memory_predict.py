@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from pinpoint.device_names import is_host
+
 _ALIAS_FIRST = {"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "PreventGradient", "Enter",
                 "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration", "EnsureShape", "Switch",
                 "RefSwitch", "_Retval", "_DeviceRetval"}
@@ -49,8 +51,8 @@ _CWISE = {"Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Softp
           "SelectV2", "Gelu"}
 _MKL = re.compile(r"^_Mkl(?:Native)?(?=[A-Z])")
 _COLLECTIVE = re.compile(r"^(Collective(Reduce|Gather|AllToAll)\w*|NcclAllReduce)$")
-# An input pipeline's element: made by its iterator's prefetch before the call (on the replica's device
-# under a distributed iterator), not by this kernel.
+# An input pipeline's element on an accelerator: made by its distributed iterator's prefetch before the
+# call, not by this kernel. On the host it stands for the next element tf.data's threads make meanwhile.
 _PREFETCHED = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue", "MultiDeviceIteratorGetNextFromShard"}
 _LIST_OPS = {"TensorListPushBack", "TensorListPopBack"}
 MAX_ITERATIONS = 64  # a loop's iterations replayed one by one: the first 64 at most
@@ -169,7 +171,7 @@ class _Sim:
                 if size:
                     self.new((n.name, k), device, size, 1 << 30)
             return
-        if op in _NOTHING or op in _SENDS or op in _PREFETCHED:
+        if op in _NOTHING or op in _SENDS or (op in _PREFETCHED and not is_host(device)):
             return
         if self.copies and op not in _RECVS:
             self.fetch(n, device)
