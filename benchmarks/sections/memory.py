@@ -1,7 +1,7 @@
 """Issue 49: memory per device. Each model x strategy is traced once with `--memory` on 2 emulated
 GPUs (benchmarks/memory_bench.py); the table holds each device's predicted peak to the allocator's
 measured one, and the replay's self-check. One run each: the figures are recorded (a verdict needs
-an interval over 3 rounds, which would take this section past its 5 minutes)."""
+an interval over 3 rounds, which would take this section past 5 minutes)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ def memory(s: p.Settings, out: Path) -> list[p.Comparison]:
         arms=arms, repeats=1, run_s=RUN_S,
         note="parameter_server: not measured (its steps run in the workers' runtimes, out of the chief's profiler)"),
         cost_comparison(s)]
-    return comps if os.environ.get(OPT_IN) == "1" else []  # the full bench has no 6 minutes to spare for it yet
+    return comps if os.environ.get(OPT_IN) == "1" else []  # the full bench has no 8 minutes to spare for it yet
 
 
-# Seconds of one traced run, the mean over the 12 (2026-11-27: 347 s for all of them, MobileNetV2 and
-# ResNet50 most of it). The section is opt-in: with it the full plan would be 45 of its 40 minutes.
+# Seconds of one run, the mean over the 13 (2026-11-27: the 12 traced ones took 6.6 min, MobileNetV2 and
+# ResNet50 most of it). The section is opt-in: with it the full plan would be 46 of its 40 minutes.
 RUN_S = 29.0
 OPT_IN = "PINPOINT_BENCH_MEMORY"
 
@@ -63,7 +63,7 @@ def render_memory(comps: list[p.Comparison], results: Results) -> str:
     from benchmarks.table import markdown_table
 
     if not comps:
-        return f"Not run: set {OPT_IN}=1 to run this section (about 6 minutes).\n"
+        return f"Not run: set {OPT_IN}=1 to run this section (about 8 minutes).\n"
     rows, bad, cost = [], 0, [c for c in comps if c.key == "memory-cost"]
     for c in comps:
         if c.key != "memory-accuracy":
