@@ -4,7 +4,7 @@ The logical device layout is fixed once per process, so each run (Pinpoint or Ke
 device count) gets a fresh process. SPEC keys:
   kind          "pinpoint" | "keras" | "keras_mwm" | "keras_task" | "make_run" | "program" | "entrypoint"
                 | "k8s_scale" | "placement_scale" | "overheads" | "loop_anatomy" | "plan_ps" | "plan_mp"
-                | "plan_step"
+                | "plan_step" | "memory"
   config        a Pinpoint config as a dict (pinpoint, keras*)
   out           the run folder
   warmup_steps  steps excluded from the steady state (trace, warm-up, placement capture)
@@ -70,6 +70,7 @@ KINDS = {
     "plan_ps": "benchmarks.plan_ps:measure",
     "plan_mp": "benchmarks.plan_mp:measure",
     "plan_step": "benchmarks.plan_step:measure",
+    "memory": "benchmarks.memory_bench:measure",
 }
 
 

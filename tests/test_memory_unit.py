@@ -205,7 +205,34 @@ def test_a_cluster_merge_keeps_each_tasks_devices_checks_and_reasons():
     merged = merge_placements([Placement.from_json(dict(base, task="chief:0", memory=chief)),
                                Placement.from_json(dict(base, task="worker:0", memory=worker))])
     memory = merged.memory
-    assert (sorted(memory["devices"]), memory["why_not"], sorted(memory["tasks"])) == (
+    assert (sorted(memory.devices), memory.why_not, sorted(memory.tasks)) == (
         ["/CPU:0", "/GPU:0", "/GPU:1"], "[worker:0] not measured: not run in a task of a multi-process TensorFlow "
         "cluster", ["chief:0", "worker:0"])
     assert memory_line(memory).endswith("self-check: 0 of 6 allocator events off")
+
+
+def test_a_loops_tensor_list_holds_each_pushed_element_until_the_gradient_reading_it_ends():
+    """A forward loop of 3 iterations pushes x (100 B each) into a list; the backward loop pops all 3
+    at once (iterations in parallel) and R reads each popped element later (making 50 B). Before the
+    first R ends the list still holds all 3: 300 B, with R's own 50 B."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    nodes = [Node("x", "MatMul"), Node("P", "TensorListPushBack", (("list", 0), ("x", 0))),
+             Node("list", "EmptyTensorList"), Node("Q", "TensorListPopBack", (("P", 0),)),
+             Node("R", "Mul", (("Q", 1),))]
+    order = [("x", 0, 1), ("x", 10, 11), ("x", 20, 21), ("P", 2, 3), ("P", 12, 13), ("P", 22, 23),
+             ("Q", 30, 31), ("Q", 32, 33), ("Q", 34, 35), ("R", 40, 45), ("R", 50, 55), ("R", 60, 65)]
+    sizes = {"x": [100], "R": [50]}
+    peaks = Schedule.of(nodes, order).peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0")
+    assert peaks == {"/GPU:0": 3 * 100 + 50}
+
+
+def test_a_kernels_scratch_is_held_while_it_runs():
+    """a (300 B) then b reading it (200 B) with 64 B of scratch: 300 + 200 + 64 while b runs."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    nodes = [Node("a", "Conv2D"), Node("b", "Conv2D", (("a", 0),))]
+    sizes = {"a": [300], "b": [200]}
+    schedule = Schedule.of(nodes, [("a", 0, 1), ("b", 2, 3)])
+    peaks = [schedule.peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0", temps=t) for t in ({}, {"b": 64})]
+    assert peaks == [{"/GPU:0": 500}, {"/GPU:0": 564}]

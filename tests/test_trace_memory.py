@@ -4,6 +4,8 @@ arithmetic of a tensor placed by tf.device."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.test_trace import F32, placement, trace, write
@@ -34,14 +36,14 @@ for _ in range(3):
 
 
 @pytest.fixture(scope="module")
-def split(tmp_path_factory) -> tuple[dict, str]:
+def split(tmp_path_factory) -> tuple[dict, str, Path]:
     folder = tmp_path_factory.mktemp("memory")
     proc = trace(["--memory", "--gpus", "2", str(write(folder, "split.py", SPLIT))], cwd=folder, out=folder / "out")
-    return placement(folder / "out")["memory"], proc.stdout
+    return placement(folder / "out")["memory"], proc.stdout, folder / "out"
 
 
 def test_every_allocator_event_replays_and_every_byte_has_a_device(split):
-    memory, _ = split
+    memory, _, _ = split
     check = memory["self_check"]
     assert (check["mismatched"], check["unpartitioned"], check["replayed_peak"]) == (0, 0, check["allocator_peak"])
 
@@ -49,13 +51,22 @@ def test_every_allocator_event_replays_and_every_byte_has_a_device(split):
 def test_the_matmul_on_gpu_1_is_that_devices_peak(split):
     """(/GPU:0's `y * 2.0` may reuse y's buffer in place: logical CPUs share a received tensor's
     buffer, so whether it allocates depends on the order the two devices' ops ran.)"""
-    memory, stdout = split
+    memory, stdout, _ = split
     gpu1 = memory["devices"]["/GPU:1"]
     product = ROWS * COLS * F32  # y = x @ w, float32
     assert (gpu1["peak_requested"], [(x["op"], x["requested"]) for x in gpu1["at_peak"]]) == (product, [("MatMul", product)])
     assert "memory     : step peak per device:" in stdout
     # Predicted from the executed graphs: the product is the only tensor /GPU:1 makes.
     assert memory["predicted"]["devices"]["/GPU:1"]["predicted"] == product
+
+
+def test_the_measured_calls_trace_is_kept_for_tensorboards_memory_profile(split):
+    from pinpoint.placement.memory import memory_events
+    from pinpoint.placement.timing import read_xspace
+
+    memory, _, out = split
+    (kept,) = (out / memory["trace"]).glob("plugins/profile/*/*.xplane.pb")
+    assert len(memory_events(read_xspace(kept))) == memory["self_check"]["events"]
 
 
 def test_without_the_flag_nothing_is_measured(tmp_path):

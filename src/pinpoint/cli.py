@@ -128,19 +128,25 @@ def cmd_plan(args) -> int:
             flag = "--config" if args.config else "--verify-out"
             raise ConfigError(f"{flag}: got '{args.config or args.verify_out}' with --against; --against checks a "
                               "run made already, --config trains one: pass one of them")
-        for flag, value in (("--devices", args.devices), ("--objective", args.objective), ("--links", args.links)):
+        for flag, value in (("--devices", args.devices), ("--objective", args.objective), ("--links", args.links),
+                            ("--gpu-memory", args.gpu_memory)):
             if value is not None:
                 raise ConfigError(f"{flag}: got '{value}' with --against, which checks the plan file as it was "
                                   "written (its devices, objective and links); drop it")
         from pinpoint.steps.verify import verify_against
 
         return verify_against(Path(args.dir), Path(args.against), plan_file=Path(args.out) if args.out else None)
+    gpu_memory = None
+    if args.gpu_memory is not None:
+        from pinpoint.sizes import parse_size
+
+        gpu_memory = parse_size(args.gpu_memory, "--gpu-memory")
     if args.verify:
         from pinpoint.steps.verify import verify_command
 
         return verify_command(Path(args.dir), args.config, devices=args.devices, objective=args.objective,
                               out=Path(args.out) if args.out else None, links_file=args.links,
-                              verify_out=args.verify_out)
+                              verify_out=args.verify_out, gpu_memory=gpu_memory)
     if args.config or args.verify_out:
         flag = "--config" if args.config else "--verify-out"
         raise ConfigError(f"{flag}: got '{args.config or args.verify_out}' without --verify; add --verify to "
@@ -148,7 +154,7 @@ def cmd_plan(args) -> int:
     from pinpoint.plan.command import plan_command
 
     return plan_command(Path(args.dir), devices=args.devices, objective=args.objective,
-                        out=Path(args.out) if args.out else None, links_file=args.links)
+                        out=Path(args.out) if args.out else None, links_file=args.links, gpu_memory=gpu_memory)
 
 
 def cmd_upload_spool(args) -> int:
@@ -201,6 +207,8 @@ def _add_plan_parser(sub) -> None:
     s.add_argument("--verify", action="store_true",
                    help="train --config with the plan's layers and compare prediction with measurement "
                         "(plan_check.json in the verification folder)")
+    s.add_argument("--gpu-memory", metavar="SIZE", help="each GPU's memory, e.g. 16GiB: a placement whose predicted "
+                   "peak on a GPU is above it is ruled out (needs a run with placement.memory; docs/plan.md)")
     s.add_argument("--config", metavar="CONFIG", help="with --verify: the config to train with the plan")
     s.add_argument("--verify-out", metavar="DIR", help="with --verify: the verification run folder "
                                                        "(default RUN_DIR-verify beside the run)")

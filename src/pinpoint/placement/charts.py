@@ -236,7 +236,7 @@ MEMORY_KINDS = ("activation", "gradient", "optimizer", "optimizer update", "vari
 def memory_peaks(placement: Placement, path: Path) -> Path | None:
     """placement.memory: one bar per device at its peak, stacked by what the live bytes hold (the
     largest live allocations by kind; the rest of the peak as 'smaller allocations')."""
-    devs = {d: m for d, m in ((placement.memory or {}).get("devices") or {}).items() if d.startswith("/")}
+    devs = {d: m for d, m in ((placement.memory.devices if placement.memory else None) or {}).items() if d.startswith("/")}
     if not devs:
         return None
     plt = _plt()
@@ -270,7 +270,7 @@ def memory_peaks(placement: Placement, path: Path) -> Path | None:
 
 def memory_timeline(placement: Placement, path: Path) -> Path | None:
     """placement.memory: each device's live bytes over the profiled call, its peak marked."""
-    devs = {d: m for d, m in ((placement.memory or {}).get("devices") or {}).items()
+    devs = {d: m for d, m in ((placement.memory.devices if placement.memory else None) or {}).items()
             if d.startswith("/") and m.get("timeline")}
     if not devs:
         return None

@@ -2,7 +2,8 @@
 
 placement.json holds what the report's sections and MLflow's metrics need (under 300 KB for
 ResNet50 on 4 GPUs); the per-op list (`ops`), every transfer of the first captured step
-(`transfer_items`) and the variables' fingerprints go to the gzipped file beside it, named after
+(`transfer_items`), the variables' fingerprints and the memory prediction's replay
+(`memory.predicted.replay`, what `pinpoint plan` replays per placement) go to the gzipped file beside it, named after
 it (placement.json -> placement_ops.json.gz, placement-worker-0.json ->
 placement-worker-0_ops.json.gz). `read_placement` joins them again and `load_placement` reads them as
 the model (placement.model.Placement: the report, merge, planner, compare and MLflow use it; nothing
@@ -23,6 +24,7 @@ from pinpoint.placement.model import Placement, upgrade
 from pinpoint.runfolder import PLACEMENT, atomic_write_bytes, atomic_write_text
 
 DETAIL_KEYS = ("ops", "transfer_items")
+REPLAY = "memory_replay"  # placement.json's memory.predicted.replay, kept in the per-op file
 OPS_SUFFIX = "_ops.json.gz"
 
 
@@ -45,6 +47,10 @@ def split_placement(content: dict[str, Any]) -> tuple[dict, dict]:
             main["variables"].append({k: x for k, x in v.items() if k != "fingerprint"})
     if prints:
         detail["fingerprints"] = prints
+    predicted = (main.get("memory") or {}).get("predicted") or {}
+    if "replay" in predicted:  # the memory prediction's replay (pinpoint plan replays it per placement)
+        main["memory"] = dict(main["memory"], predicted={k: v for k, v in predicted.items() if k != "replay"})
+        detail[REPLAY] = predicted["replay"]
     return main, detail
 
 
@@ -53,6 +59,8 @@ def join_placement(main: dict[str, Any], detail: dict[str, Any] | None) -> dict[
     if not detail:
         return main
     out = dict(main, **{k: detail[k] for k in DETAIL_KEYS if k in detail})
+    if REPLAY in detail and (main.get("memory") or {}).get("predicted"):
+        out["memory"] = dict(main["memory"], predicted=dict(main["memory"]["predicted"], replay=detail[REPLAY]))
     prints = detail.get("fingerprints") or {}
     if prints and out.get("variables"):
         out["variables"] = [dict(v, fingerprint=prints[v["name"]]) if v["name"] in prints else v

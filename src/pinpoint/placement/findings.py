@@ -110,10 +110,10 @@ def _eager(p: Placement) -> list[Finding]:
 
 
 def _memory(p: Placement) -> list[Finding]:
-    devices = (p.memory or {}).get("devices") or {}
+    devices = (p.memory.devices if p.memory else None) or {}
     return [Finding("memory", m["what"], m["evidence"], m["device"], m["fix"], "memory",
                     memory=(devices.get(m["device"]) or {}).get("peak_requested"))
-            for m in (p.memory or {}).get("findings") or ()]
+            for m in (p.memory.findings if p.memory else None) or ()]
 
 
 def _drift(p: Placement) -> list[Finding]:

@@ -12,18 +12,27 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
 - a collective all-reduce holds a chunk of its input (input / group size) while it runs;
 - an update of a variable that a read still holds copies the variable first (copy-on-write), and
   the copy is the variable from then on;
-- constants, arguments and variables exist before the call: not part of its peak.
+- constants, arguments and variables exist before the call: not part of its peak, nor an input
+  element (its iterator prefetched it);
 
-What the rules leave out is said where the prediction is compared with the measurement: kernel
-temporaries (oneDNN's pooling workspace, convolution scratch) and tf.data's host buffers.
+- a kernel's scratch (the allocator's `temp` region: oneDNN's convolution and pooling workspaces)
+  is held while it runs, as much as it asked for in the measured call.
+
+What the rules leave out is said where the prediction is compared with the measurement: tf.data's
+host buffers.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from pinpoint.device_names import is_host
 
 _ALIAS_FIRST = {"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "PreventGradient", "Enter",
                 "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration", "EnsureShape", "Switch",
@@ -42,6 +51,11 @@ _CWISE = {"Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Softp
           "SelectV2", "Gelu"}
 _MKL = re.compile(r"^_Mkl(?:Native)?(?=[A-Z])")
 _COLLECTIVE = re.compile(r"^(Collective(Reduce|Gather|AllToAll)\w*|NcclAllReduce)$")
+# An input pipeline's element on an accelerator: made by its distributed iterator's prefetch before the
+# call, not by this kernel. On the host it stands for the next element tf.data's threads make meanwhile.
+_PREFETCHED = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue", "MultiDeviceIteratorGetNextFromShard"}
+_LIST_OPS = {"TensorListPushBack", "TensorListPopBack"}
+MAX_ITERATIONS = 64  # a loop's iterations replayed one by one: the first 64 at most
 
 
 @dataclass
@@ -50,6 +64,7 @@ class _Buffer:
     bytes: int
     refs: int = 0
     shared: bool = False  # a variable's own buffer, which a read only borrows (never written in place)
+    holds: _Buffer | None = None  # a read's: the variable's old buffer it keeps alive after a copy-on-write
 
 
 def _tensor(inp: str) -> tuple[str, int]:
@@ -57,8 +72,25 @@ def _tensor(inp: str) -> tuple[str, int]:
     return name, int(idx or 0)
 
 
-def _data_inputs(n) -> list[tuple[str, int]]:
-    return [_tensor(i) for i in n.input if not i.startswith("^")]
+@dataclass(frozen=True)
+class Node:
+    """What the replay reads of an executed node: its name, type, data inputs and, for a _Send or a
+    _Recv, the rendezvous key pairing them."""
+
+    name: str
+    op: str
+    inputs: tuple[tuple[str, int], ...] = ()
+    tensor_name: str = ""
+
+    @classmethod
+    def of(cls, n) -> Node:
+        """From a NodeDef of the executed partition graphs."""
+        key = n.attr["tensor_name"].s.decode() if "tensor_name" in n.attr else ""
+        return cls(n.name, n.op, tuple(_tensor(i) for i in n.input if not i.startswith("^")), key)
+
+
+def _data_inputs(n: Node) -> tuple[tuple[str, int], ...]:
+    return n.inputs
 
 
 @dataclass
@@ -71,42 +103,78 @@ class _Sim:
     size_of: Callable[[str], list[int]]
     group_size: int
     first_call: bool = False
-    copies: bool = False  # a GPU machine's: a received tensor is a copy in the receiver's memory
+    copies: bool = False  # a GPU machine's: a tensor read on another device is a copy in that device's memory
+    on: dict = field(default_factory=dict)  # (tensor, device) -> its readers there (copies)
     buffers: dict = field(default_factory=dict)  # (node, output) -> _Buffer
+    local: dict = field(default_factory=dict)  # (tensor, device) -> its copy there (copies)
     views: dict = field(default_factory=lambda: defaultdict(list))  # variable -> its reads' buffers (0 bytes)
     updated: set = field(default_factory=set)  # the variables updated so far in the call
     made: dict = field(default_factory=lambda: defaultdict(list))  # node -> the buffers it allocated
     live: dict = field(default_factory=lambda: defaultdict(int))
     peak: dict = field(default_factory=lambda: defaultdict(int))
+    temps: Mapping = field(default_factory=dict)  # node -> its kernel's scratch (bytes), held while it runs
+    copies_made: dict = field(default_factory=dict)  # variable -> the copy an update wrote (copy-on-write)
+    carried: dict = field(default_factory=dict)  # variable -> the copy a previous iteration wrote
 
-    def new(self, key, device: str, size: int, refs: int) -> None:
+    def new(self, key, device: str, size: int, refs: int) -> _Buffer:
         buf = self.buffers[key] = _Buffer(device, size, refs)
         self.made[key[0]].append(buf)
         self.live[device] += size
         self.peak[device] = max(self.peak[device], self.live[device])
+        return buf
 
-    def alias(self, key, src, extra: int) -> None:
-        buf = self.buffers.get(src)
+    def alias(self, key, src, extra: int, device: str = "") -> None:
+        buf = self.get(src, device)
         if buf is not None:
             self.buffers[key] = buf
             buf.refs += extra
             self.free_if_done(buf)
 
+    def get(self, t, device: str):
+        """Tensor t's buffer as an op on `device` reads it: its copy there, if one was made."""
+        return self.local.get((t, device)) or self.buffers.get(t)
+
     def free_if_done(self, buf: _Buffer) -> None:
+        if buf.refs <= 0 and buf.holds is not None:  # a read done: the old buffer it kept is one read freer
+            held, buf.holds = buf.holds, None
+            held.refs -= 1
+            self.free_if_done(held)
         if buf.refs <= 0 and buf.bytes:
             self.live[buf.device] -= buf.bytes
             buf.bytes = 0  # freed once, whichever alias saw it last
 
-    def start(self, n, device: str) -> None:
+    def fetch(self, n: Node, device: str) -> None:
+        """copies: each input made on another device is copied into `device` once, for all its readers there."""
+        for t in _data_inputs(n):
+            buf = self.buffers.get(t)
+            if buf is None or buf.device == device or (t, device) in self.local:
+                continue
+            sizes = self.size_of(t[0])
+            size = buf.bytes or (sizes[t[1]] if t[1] < len(sizes) else 0)
+            if not size:
+                continue
+            mine = self.on.get((t, device), 0)
+            buf.refs -= mine  # its readers here read the copy
+            self.free_if_done(buf)
+            self.local[(t, device)] = copy = _Buffer(device, 0, mine)
+            copy.bytes = size
+            self.live[device] += size
+            self.peak[device] = max(self.peak[device], self.live[device])
+
+    def start(self, n: Node, device: str) -> None:
         op, inputs, reads = _MKL.sub("", n.op), _data_inputs(n), self.readers
+        if self.temps.get(n.name):  # its kernel's scratch, returned when it ends
+            self.new((n.name, -3), device, self.temps[n.name], 1)
         if op in ("Const", "HostConst") and self.first_call:
             # A constant's tensor is made when its kernel is, at the function's first call, and kept.
             for k, size in enumerate(self.size_of(n.name)):
                 if size:
                     self.new((n.name, k), device, size, 1 << 30)
             return
-        if op in _NOTHING or op in _SENDS:
+        if op in _NOTHING or op in _SENDS or (op in _PREFETCHED and not is_host(device)):
             return
+        if self.copies and op not in _RECVS:
+            self.fetch(n, device)
         if op == "ReadVariableOp" and inputs:  # the variable's own buffer: counted before the call
             view = self.buffers[(n.name, 0)] = _Buffer(device, 0, reads[(n.name, 0)], shared=True)
             self.views[self.variable(inputs[0])].append(view)
@@ -114,42 +182,57 @@ class _Sim:
         if _UPDATE.match(op) and inputs:
             self.update(n, inputs, device)
             return
-        if op in _RECVS:  # the sent buffer itself: its send's read passes to the receiver's readers
-            src = self.sent.get(n.attr["tensor_name"].s)
-            if self.copies and src and _tensor(src) in self.buffers:
-                buf = self.buffers[_tensor(src)]
-                size = buf.bytes or (self.size_of(_tensor(src)[0]) or [0])[_tensor(src)[1]]
-                buf.refs -= 1  # the send's read: done once the copy is made
-                self.free_if_done(buf)
-                if size:
-                    self.new((n.name, 0), device, size, reads[(n.name, 0)])
-                return
-            if src and _tensor(src) in self.buffers:
-                self.alias((n.name, 0), _tensor(src), reads[(n.name, 0)] - 1)
+        if op in _RECVS:
+            self.receive(n, device)
             return
         if op in _MERGES:
-            live = [t for t in inputs if t in self.buffers]
+            live = [t for t in inputs if self.get(t, device) is not None]
             if live:
-                self.alias((n.name, 0), live[0], reads[(n.name, 0)])
+                self.alias((n.name, 0), live[0], reads[(n.name, 0)], device)
             return
         if op in _ALIAS_FIRST or op == "IdentityN":
             pairs = list(enumerate(inputs)) if op == "IdentityN" else [(0, inputs[0])] if inputs else []
             if op in ("Switch", "RefSwitch") and inputs:
                 pairs = [(0, inputs[0]), (1, inputs[0])]
             for k, t in pairs:
-                self.alias((n.name, k), t, reads[(n.name, k)])
+                self.alias((n.name, k), t, reads[(n.name, k)], device)
             return
-        if _COLLECTIVE.match(op) and inputs and inputs[0] in self.buffers:
+        self.compute(n, op, inputs, device)
+
+    def receive(self, n: Node, device: str) -> None:
+        """The sent buffer itself: its send's read passes to the receiver's readers (copies: a copy
+        here, once the send is done, unless the sender is on this device)."""
+        src = self.sent.get(n.tensor_name)
+        if not src or src not in self.buffers:
+            return
+        buf = self.buffers[src]
+        if self.copies and buf.device != device:
+            size = buf.bytes or (self.size_of(src[0]) or [0])[src[1]]
+            buf.refs -= 1  # the send's read: done once the copy is made
+            self.free_if_done(buf)
+            if size:
+                self.new((n.name, 0), device, size, self.readers[(n.name, 0)])
+            return
+        self.alias((n.name, 0), src, self.readers[(n.name, 0)] - 1)
+
+    def compute(self, n: Node, op: str, inputs, device: str) -> None:
+        """A kernel's outputs: new buffers, or an input's written in place (see the module doc)."""
+        reads = self.readers
+        first = self.get(inputs[0], device) if inputs else None
+        if _COLLECTIVE.match(op) and first is not None:
             # The ring's chunk of its input while it runs (returned when it ends).
-            self.new((n.name, -1), device, self.buffers[inputs[0]].bytes // max(self.group_size, 1), 1)
+            self.new((n.name, -1), device, first.bytes // max(self.group_size, 1), 1)
         for k, size in enumerate(self.size_of(n.name)):
             if not size:
                 continue
             if k == 0 and (op in _CWISE or _COLLECTIVE.match(op)):  # a collective reduces in place too
-                donor = next((t for t in inputs if t in self.buffers and self.buffers[t].bytes == size
-                              and self.buffers[t].refs == 1 and not self.buffers[t].shared), None)
+                donor = next((b for b in (self.get(t, device) for t in inputs) if b is not None and b.bytes == size
+                              and b.refs == 1 and not b.shared
+                              and (b.device == device or not self.copies)), None)
                 if donor is not None:  # written in place: the input's buffer becomes the output's
-                    self.alias((n.name, 0), donor, reads[(n.name, 0)])
+                    self.buffers[(n.name, 0)] = donor
+                    donor.refs += reads[(n.name, 0)]
+                    self.free_if_done(donor)
                     continue
             self.new((n.name, k), device, size, reads[(n.name, k)])
 
@@ -161,10 +244,10 @@ class _Sim:
             if n is None:
                 break
             if n.op in _RECVS:
-                src = self.sent.get(n.attr["tensor_name"].s)
-                name = _tensor(src)[0] if src else name
+                src = self.sent.get(n.tensor_name)
                 if not src:
                     break
+                name = src[0]
                 continue
             data = _data_inputs(n)
             if n.op not in _HANDLE_PASS or not data:
@@ -172,7 +255,7 @@ class _Sim:
             name = data[0][0]
         return name
 
-    def update(self, n, inputs, device: str) -> None:
+    def update(self, n: Node, inputs, device: str) -> None:
         """Copy-on-write: a read of the variable still pending means the update writes a copy, which
         stays the variable's buffer after the call (its old one was allocated before it). At a
         function's first call every variable's first update copies: its buffer is still shared with
@@ -182,31 +265,53 @@ class _Sim:
         self.updated.add(var)
         if not first and not any(v.refs > 0 for v in self.views.get(var, ())):
             return
-        size = max((self.buffers[t].bytes for t in inputs[1:] if t in self.buffers), default=0)
+        size = max((b.bytes for b in (self.get(t, device) for t in inputs[1:]) if b is not None), default=0)
         size = size or max((self.size_of(t[0])[t[1]] for t in inputs[1:]
                             if t[1] < len(self.size_of(t[0]))), default=0)
         if size:
-            self.new((n.name, -2), device, size, 1 << 30)
+            self.copies_made[var] = self.new((n.name, -2), device, size, 1 << 30)
+            old = self.carried.pop(var, None)
+            if old is not None:  # the previous iteration's copy: freed once the reads still holding it are done
+                pending = [v for v in self.views.get(var, ()) if v.refs > 0]
+                old.refs = len(pending)
+                for v in pending:
+                    v.holds = old
+                self.free_if_done(old)
 
-    def end(self, n) -> None:
-        chunk = self.buffers.pop((n.name, -1), None)
-        if chunk is not None:
-            chunk.refs = 0
-            self.free_if_done(chunk)
+    def carry(self, previous: _Sim) -> None:
+        """A loop's next iteration: the copies the previous one made are the variables' buffers now."""
+        for var, buf in previous.copies_made.items():
+            if buf.bytes:
+                self.carried[var] = self.new((f"carried:{var}", 0), buf.device, buf.bytes, 1 << 30)
+
+    def end(self, n: Node, device: str) -> None:
+        for scratch in (-1, -3):  # a collective's chunk, a kernel's scratch
+            chunk = self.buffers.pop((n.name, scratch), None)
+            if chunk is not None:
+                chunk.refs = 0
+                self.free_if_done(chunk)
         if _MKL.sub("", n.op) not in _SENDS:  # a send's read passes to its receiver
             for t in _data_inputs(n):
-                buf = self.buffers.get(t)
+                buf = self.get(t, device)
                 if buf is not None:
                     buf.refs -= 1
                     self.free_if_done(buf)
         for buf in self.made.get(n.name, ()):  # outputs that nothing that ran reads
             self.free_if_done(buf)
 
-
 def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
     """The kernels the trace shows, and the cheap ones it does not (the executor runs a Reshape or an
-    Identity inline, without an event): such a node ran once its data inputs were made, at once."""
+    Identity inline, without an event): such a node ran once its data inputs were made, at once.
+    A receive's event is when it was posted (in a loop, often before this iteration's tensor was
+    made, or one iteration ahead): it is done once its sender's tensor is made."""
+    ran = sorted(ran, key=lambda x: x[1])  # a node run several times (a loop's body): its last run
     times = {name: (s, e) for name, s, e in ran}
+    sent = {n.tensor_name: n.inputs[0][0] for n in nodes.values() if n.op in _SENDS and n.inputs}
+    posted: dict[str, list[int]] = defaultdict(list)  # a receive -> each time it was posted
+    for name, s, _ in ran:
+        if nodes[name].op in _RECVS:
+            posted[name].append(s)
+            times.pop(name, None)
     begin = min((s for s, _ in times.values()), default=0)
     for n in nodes.values():  # what exists when the call starts: its arguments, handles and constants
         if n.op in _NOTHING and n.name not in times:
@@ -217,13 +322,14 @@ def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple
         for n in nodes.values():
             if n.name in times or n.op in _MERGES:
                 continue
-            srcs = [t for t, _ in _data_inputs(n)]
-            if n.op in _RECVS or not srcs:
-                continue
-            if all(s in times for s in srcs):
+            srcs = [sent[n.tensor_name]] if n.op in _RECVS and n.tensor_name in sent else \
+                [] if n.op in _RECVS else [t for t, _ in _data_inputs(n)]
+            if srcs and all(s in times for s in srcs):
                 t = max(times[s][1] for s in srcs)
                 times[n.name] = (t, t)
                 changed = True
+    for name, at in posted.items():  # a receive from outside the call's graphs: when it was last posted
+        times.setdefault(name, (at[-1], at[-1]))
     # An op is done before any reader of its outputs starts: an event that lasts longer holds its
     # readers' work (an asynchronous kernel's done callback runs them inline), not its own.
     first_read: dict[str, int] = {}
@@ -240,25 +346,142 @@ def predict_peaks(partitions: list, order: Iterable[tuple[str, int, int]], size_
     """Each device's predicted peak (bytes requested) over one call: `order` the kernels that ran
     as (node, start, end) in any unit, `size_of(node)` its outputs' bytes (0: unknown or none),
     `device_of(node)` its device."""
-    nodes = {n.name: n for g in partitions for n in g.node}
-    sent = {n.attr["tensor_name"].s: n.input[0] for n in nodes.values() if n.op in _SENDS and n.input}
-    ran = _with_inline_ops(nodes, [(name, s, e) for name, s, e in order if name in nodes])
-    readers: dict[tuple[str, int], int] = defaultdict(int)
-    for name in {name for name, _, _ in ran}:
-        for t in _data_inputs(nodes[name]):
-            readers[t] += 1
-    sim = _Sim(nodes, sent, readers, size_of, group_size, first_call, copies)
-    # At one instant: what ended is released, then what starts allocates, in the order the inline ops
-    # were found (their inputs first), and an op of no duration ends after it started.
-    steps = []
-    for seq, (name, s, e) in enumerate(ran):
-        steps += [(s, 1, seq, True, name), (e, 2 if e == s else 0, seq, False, name)]
-    for _, _, _, is_start, name in sorted(steps):
-        if not is_start:
-            sim.end(nodes[name])
-        else:
-            sim.start(nodes[name], device_of(name))
-    return dict(sim.peak)
+    nodes = [Node.of(n) for g in partitions for n in g.node]
+    return Schedule.of(nodes, order).peaks(size_of, device_of, group_size, first_call, copies)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The call's kernels in the order they ran (the inline ones placed), ready to replay under any
+    device assignment: the same kernels in the same order, each on the device `device_of` gives it.
+    A loop's body runs once per iteration, each in its own order: each iteration is replayed (its
+    nodes' k-th runs, the nodes that ran once as they ran), and a device's peak is its highest."""
+
+    nodes: Mapping[str, Node]
+    runs: tuple[tuple[tuple[int, bool, str], ...], ...]  # per iteration: (time, starts, node) in time order
+    readers: Mapping[tuple[str, int], tuple[str, ...]]  # tensor -> the ops that ran and read it
+    sent: Mapping[str, tuple[str, int]]
+    # A loop's tensor lists (TensorListPushBack / PopBack): each push or pop node and when each of its
+    # runs ended. What the lists hold is counted beside the replay (see `held_in_lists`).
+    lists: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, nodes: Iterable[Node], order: Iterable[tuple[str, int, int]]) -> Schedule:
+        by_name = {n.name: n for n in nodes}
+        sent = {n.tensor_name: n.inputs[0] for n in by_name.values() if n.op in _SENDS and n.inputs}
+        runs_of: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for name, s, e in sorted((x for x in order if x[0] in by_name), key=lambda x: x[1]):
+            runs_of[name].append((s, e))
+        body = [len(r) for name, r in runs_of.items() if by_name[name].op not in _RECVS]
+        iterations = min(max(body, default=1), MAX_ITERATIONS)
+        runs, names = [], set()
+        for k in range(iterations):
+            ran = _with_inline_ops(by_name, [(name, *r[min(k, len(r) - 1)]) for name, r in runs_of.items()
+                                             if by_name[name].op not in _RECVS]
+                                   + [(name, s, e) for name, r in runs_of.items() if by_name[name].op in _RECVS
+                                      for s, e in r])
+            names |= {name for name, _, _ in ran}
+            # At one instant: what ended is released, then what starts allocates, in the order the inline
+            # ops were found (their inputs first), and an op of no duration ends after it started.
+            steps = []
+            for seq, (name, s, e) in enumerate(ran):
+                steps += [(s, 1, seq, True, name), (e, 2 if e == s else 0, seq, False, name)]
+            runs.append(tuple((t, starts, name) for t, _, _, starts, name in sorted(steps)))
+        readers: dict[tuple[str, int], list[str]] = defaultdict(list)
+        for name in names:
+            for t in _data_inputs(by_name[name]):
+                readers[t].append(name)
+        lists = {name: _list_times(by_name[name], r, readers, runs_of) for name, r in runs_of.items()
+                 if by_name[name].op in _LIST_OPS}
+        return cls(by_name, tuple(runs), {t: tuple(sorted(r)) for t, r in readers.items()}, sent, lists)
+
+    def _element_bytes(self, t: tuple[str, int], size_of: Callable[[str], list[int]]) -> int:
+        """The bytes of a pushed tensor, through the ops that pass a tensor on (a loop variable's
+        Switch, Merge, Enter, a receive); 0 for a variable's read (the list holds the variable's own
+        buffer, nothing new)."""
+        for _ in range(32):
+            n = self.nodes.get(t[0])
+            if n is None or _MKL.sub("", n.op) == "ReadVariableOp":
+                return 0
+            sizes = size_of(t[0])
+            if t[1] < len(sizes) and sizes[t[1]]:
+                return sizes[t[1]]
+            if n.op in _RECVS and n.tensor_name in self.sent:
+                t = self.sent[n.tensor_name]
+            elif (n.op in _ALIAS_FIRST or n.op in _MERGES) and n.inputs:
+                t = n.inputs[0]
+            else:
+                return 0
+        return 0
+
+    def held_in_lists(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str]):
+        """time -> device -> the bytes a loop's tensor lists hold then: each element pushed and not yet
+        popped (a loop keeps each iteration's activations so for its gradient), on its pusher's device."""
+        changes: list[tuple[int, str, int]] = []
+        pushed: dict[str, int] = defaultdict(int)  # device -> bytes pushed over the call
+        pops: dict[str, list[int]] = defaultdict(list)  # device -> when each pop ended
+        for name, ends in self.lists.items():
+            n, d = self.nodes[name], device_of(name)
+            if n.op != "TensorListPushBack":
+                pops[d] += ends
+                continue
+            size = self._element_bytes(n.inputs[1], size_of) if len(n.inputs) > 1 else 0
+            changes += [(t, d, size) for t in ends if size]
+            pushed[d] += size * len(ends)
+        for d, ends in pops.items():  # a pop's element is unsized: each pop frees its share of what was pushed
+            changes += [(t, d, -(pushed[d] // len(ends))) for t in ends if pushed[d]]
+        changes.sort()
+        times = [t for t, _, _ in changes]
+        totals, now = [], defaultdict(int)
+        for _, d, size in changes:
+            now[d] = max(0, now[d] + size)
+            totals.append(dict(now))
+
+        def at(t: int) -> Mapping[str, int]:
+            i = bisect.bisect_right(times, t)
+            return totals[i - 1] if i else {}
+
+        return at if changes else None
+
+    def peaks(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str], group_size: int = 1,
+              first_call: bool = False, copies: bool = False, temps: Mapping[str, int] | None = None) -> dict[str, int]:
+        """Each device's peak (bytes requested) with node -> device_of(node); `copies`: a tensor read
+        on another device than its maker's is a copy there (a GPU machine's); `temps`: each kernel's
+        scratch while it runs."""
+        out: dict[str, int] = {}
+        previous = None
+        lists = self.held_in_lists(size_of, device_of)
+        for run in self.runs:
+            counts = defaultdict(int, {t: len(r) for t, r in self.readers.items()})
+            sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies,
+                       temps=temps or {})
+            if previous is not None:
+                sim.carry(previous)
+            if copies:
+                for t, names in self.readers.items():
+                    for name in names:
+                        sim.on[(t, device_of(name))] = sim.on.get((t, device_of(name)), 0) + 1
+            for t, starts, name in run:
+                if starts:
+                    sim.start(self.nodes[name], device_of(name))
+                else:
+                    sim.end(self.nodes[name], device_of(name))
+                for d, held in (lists(t).items() if lists is not None else ()):
+                    out[d] = max(out.get(d, 0), sim.live[d] + held)
+            for d, p in sim.peak.items():
+                out[d] = max(out.get(d, 0), p)
+            previous = sim
+        return out
+
+
+def _list_times(n: Node, runs: list[tuple[int, int]], readers: Mapping, runs_of: Mapping) -> tuple[int, ...]:
+    """When each run of a push added its element to the list (its end), or when each run of a pop let
+    its element go: once the ops reading the popped element in that iteration have ended (a loop runs
+    iterations in parallel: the pops can run ahead of the gradient math that reads their elements)."""
+    if n.op != "TensorListPopBack":
+        return tuple(e for _, e in runs)
+    users = [u for u in readers.get((n.name, 1), ()) if u in runs_of]
+    return tuple(max([e, *(runs_of[u][j][1] for u in users if j < len(runs_of[u]))]) for j, (_, e) in enumerate(runs))
 
 
 def compare(predicted: Mapping[str, int], measured: Mapping[str, dict]) -> dict[str, dict]:
@@ -280,44 +503,111 @@ def bytes_of(outs: list | None) -> list[int]:
     return [(_bytes(_dtype_size(dtype), dims) or 0) if dims is not None else 0 for dtype, dims in outs or ()]
 
 
-def predict_call(partitions: list, shapes: Mapping[str, list], xspace, devices: Mapping[str, str],
-                 measured: Mapping[str, dict], first_call: bool = False) -> dict:
-    """The prediction for the profiled call as it ran (its kernels' order from the trace), per device
-    beside the measured peak. An output whose shape inference left unknown (a batch dimension that
-    depends on the step) is sized by what its op really asked the allocator for: `sizes` counts both."""
-    from pinpoint.placement.memory import memory_events
+@dataclass(frozen=True)
+class Replay:
+    """One profiled call as the prediction replays it, kept in the run folder (placement_ops.json.gz,
+    `memory_replay`) so `pinpoint plan` can replay it under another placement: the executed nodes,
+    the kernels as they ran (node, start ps, end ps), each node's output bytes and device."""
+
+    nodes: tuple[Node, ...]
+    order: tuple[tuple[str, int, int], ...]
+    sizes: Mapping[str, tuple[int, ...]]
+    devices: Mapping[str, str]
+    replicas: int = 0
+    first_call: bool = False
+    batch: int | None = None  # the step's batch (memory_batch.batch_of)
+    scaled: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # node -> outputs that grow with it
+    # node -> the most scratch its kernel asked for at once (the allocator's `temp` region, as measured):
+    # oneDNN's convolution and pooling workspaces; kept at any batch and placement.
+    temps: Mapping[str, int] = field(default_factory=dict)
+
+    @cached_property
+    def schedule(self) -> Schedule:
+        return Schedule.of(self.nodes, self.order)
+
+    def size_of(self, name: str) -> list[int]:
+        return list(self.sizes.get(name, ()))
+
+    def peaks(self, device_of: Callable[[str], str] | None = None, copies: bool = False) -> dict[str, int]:
+        """Each device's peak over the call, every node on device_of(node) (default: where it ran)."""
+        return self.schedule.peaks(self.size_of, device_of or (lambda name: self.devices.get(name, "")),
+                                   self.replicas or 1, self.first_call, copies, self.temps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nodes": [[n.name, n.op, [list(t) for t in n.inputs], n.tensor_name] for n in self.nodes],
+                "order": [list(x) for x in self.order], "sizes": {k: list(v) for k, v in self.sizes.items()},
+                "devices": dict(self.devices), "replicas": self.replicas, "first_call": self.first_call,
+                "batch": self.batch, "scaled": {k: list(v) for k, v in self.scaled.items()}, "temps": dict(self.temps)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Replay:
+        nodes = tuple(Node(name, op, tuple((a, int(b)) for a, b in inputs), key) for name, op, inputs, key in d["nodes"])
+        return cls(nodes, tuple((a, int(b), int(c)) for a, b, c in d["order"]),
+                   {k: tuple(v) for k, v in d["sizes"].items()}, dict(d["devices"]), int(d.get("replicas") or 0),
+                   bool(d.get("first_call")), d.get("batch"), {k: tuple(v) for k, v in (d.get("scaled") or {}).items()},
+                   dict(d.get("temps") or {}))
+
+
+def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
+              first_call: bool = False) -> tuple[Replay, dict[str, int]]:
+    """(the call's Replay, how many nodes were sized by their shapes and how many by the allocator).
+    An output whose shape inference left unknown (a batch dimension that depends on the step) is
+    sized by what its op really asked the allocator for (`events`, the call's allocator events)."""
+    from pinpoint.placement.memory_batch import batch_of, scaled_outputs
     from pinpoint.placement.timing import op_events
 
     asked: dict[str, int] = {}
-    for e in memory_events(xspace):
+    asked_shape: dict[str, str] = {}
+    temps: dict[str, int] = {}
+    for e in events:
         if e.alloc and e.op and e.region == "output":
             asked.setdefault(e.op, e.requested)
+            asked_shape.setdefault(e.op, e.shape)
+        elif e.alloc and e.op and e.region == "temp":
+            temps[e.op] = max(temps.get(e.op, 0), e.requested)
     counts = {"shapes": 0, "allocator": 0}
-
-    def size_of(name: str) -> list[int]:
-        out = bytes_of(shapes.get(name))
-        if out and not out[0] and name in asked:
+    nodes = tuple(Node.of(n) for g in partitions for n in g.node)
+    sizes: dict[str, tuple[int, ...]] = {}
+    for n in nodes:
+        out = bytes_of(shapes.get(n.name))
+        if out and not out[0] and n.name in asked:
             counts["allocator"] += 1
-            return [asked[name], *out[1:]]
-        counts["shapes"] += any(out)
-        return out
+            out = [asked[n.name], *out[1:]]
+        else:
+            counts["shapes"] += any(out)
+        if any(out):
+            sizes[n.name] = tuple(out)
+    op_order, _ = op_events(xspace)
+    begin = min((e.start_ps for e in op_order), default=0)
+    order = tuple((e.name, e.start_ps - begin, e.start_ps - begin + e.dur_ps) for e in op_order)
+    replicas = len({devices[n.name] for n in nodes if _COLLECTIVE.match(_MKL.sub("", n.op)) and n.name in devices})
+    used = {n.name: devices[n.name] for n in nodes if n.name in devices}
+    batch = batch_of(nodes, shapes, sizes)
+    return Replay(nodes, order, sizes, used, replicas, first_call, batch,
+                  scaled_outputs(nodes, shapes, sizes, batch, asked_shape),
+                  # (an update's copy-on-write copy is the update rule's, not a scratch)
+                  {n.name: temps[n.name] for n in nodes if temps.get(n.name) and not _UPDATE.match(_MKL.sub("", n.op))}
+                  ), counts
 
-    events, _ = op_events(xspace)
-    order = [(e.name, e.start_ps, e.start_ps + e.dur_ps) for e in events]
-    replicas = len({devices[n.name] for g in partitions for n in g.node
-                    if _COLLECTIVE.match(_MKL.sub("", n.op)) and n.name in devices})
-    predicted = predict_peaks(partitions, order, size_of, lambda name: devices.get(name, ""),
-                              group_size=replicas or 1, first_call=first_call)
-    # A GPU machine's: every received tensor copied into the receiving GPU's memory.
-    gpu = predict_peaks(partitions, order, size_of, lambda name: devices.get(name, ""),
-                        group_size=replicas or 1, first_call=first_call, copies=True)
-    rows = compare(predicted, measured)
+
+def predict_call(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
+                 measured: Mapping[str, dict], first_call: bool = False) -> dict:
+    """The prediction for the profiled call as it ran (its kernels' order from the trace), per device
+    beside the measured peak, and on a GPU machine (every tensor read on another device a copy
+    there). `replay`: what `pinpoint plan` replays under another placement."""
+    from pinpoint.placement.memory_batch import batch_section
+
+    replay, counts = replay_of(partitions, shapes, xspace, events, devices, first_call)
+    rows = compare(replay.peaks(), measured)
+    gpu = replay.peaks(copies=True)
     for d, row in rows.items():
         row["gpu_machine"] = gpu.get(d, 0)
-    return {"devices": rows, "sized": counts, "replicas": replicas}
+    return {"devices": rows, "sized": counts, "replicas": replay.replicas, "batch": batch_section(replay),
+            "replay": replay.to_json()}
 
 
-def predict_from_trace(partitions: list, xspace, devices: Mapping[str, str], measured: Mapping[str, dict]) -> dict:
+def predict_from_trace(partitions: list, xspace, events: Iterable, devices: Mapping[str, str],
+                       measured: Mapping[str, dict]) -> dict:
     """predict_call for a call whose shapes are not known yet: TensorFlow's shape inference over its
     partition graphs (placement.runshapes), the kernels that ran read off the trace."""
     from pinpoint.placement.runshapes import infer_shapes
@@ -327,4 +617,4 @@ def predict_from_trace(partitions: list, xspace, devices: Mapping[str, str], mea
         shapes, _ = infer_shapes(partitions, None, kernel_nodes(xspace), loops=True)
     except Exception as err:  # noqa: BLE001 - a sizing error: said, not raised after training
         return {"error": f"shape inference failed ({type(err).__name__}: {str(err).splitlines()[0][:160]})"}
-    return predict_call(partitions, shapes, xspace, devices, measured)
+    return predict_call(partitions, shapes, xspace, events, devices, measured)

@@ -1,6 +1,6 @@
 """placement.json's `memory` section from one profiled call: measured (placement.memory), predicted
-(placement.memory_predict) and, with a device size, the fits verdict (placement.memory_fit). The
-one assembly for a traced program and for Pinpoint's own loop."""
+(placement.memory_predict). The one assembly for a traced program and for Pinpoint's own loop; the
+fits verdict (placement.memory_fit) is added where the placement is built, beside its variables."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ def memory_section(partitions: list, xspace, events: list, namer: DeviceMap, *, 
     `partitions`; `shapes`: their output shapes when known (else TensorFlow's shape inference); `call`:
     which call it was ('first' makes its constants and copies variables still sharing their initial value)."""
     from pinpoint.placement.memory import summarize
-    from pinpoint.placement.memory_fit import with_fit
     from pinpoint.placement.memory_predict import predict_call, predict_from_trace
     from pinpoint.placement.timing import node_devices
 
@@ -26,7 +25,8 @@ def memory_section(partitions: list, xspace, events: list, namer: DeviceMap, *, 
     devices = node_devices(partitions, namer)
     out = summarize(events, devices, types, peak, host=namer.canonical_spec(HOST) or "/CPU:0", read_ps=read_ps,
                     gpus=gpus)
-    out["predicted"] = (predict_call(partitions, shapes, xspace, devices, out["devices"], first_call=call == "first")
-                        if shapes is not None else predict_from_trace(partitions, xspace, devices, out["devices"]))
+    out["predicted"] = (predict_call(partitions, shapes, xspace, events, devices, out["devices"],
+                                     first_call=call == "first")
+                        if shapes is not None else predict_from_trace(partitions, xspace, events, devices, out["devices"]))
     out["call"] = call
-    return with_fit(out, partitions)
+    return out

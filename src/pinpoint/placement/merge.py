@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pinpoint.device_names import sort_key
+from pinpoint.placement.memory_model import Memory
 from pinpoint.placement.model import Placement
 from pinpoint.placement.records import Gradients, InputPipeline, Precision, ReplicaConsistency, VariableUpdates
 from pinpoint.placement.schema import EXPLAIN, json_number
@@ -240,19 +241,19 @@ def _timing(ps: list[Placement]) -> Timing | None:
     )
 
 
-def _memory(ps: list[Placement]) -> dict | None:
+def _memory(ps: list[Placement]) -> Memory | None:
     """Each task measured its own devices (names keep job/task) with its own self-check; a task that
     could not measure says why under its name."""
     measured = [p for p in ps if p.memory]
     if not measured:
         return None
-    devices = {d: m for p in measured for d, m in (p.memory.get("devices") or {}).items() if d.startswith("/")}
+    devices = {d: m for p in measured for d, m in (p.memory.devices or {}).items() if d.startswith("/")}
     out: dict = {"devices": {d: devices[d] for d in sorted(devices, key=sort_key)},
-                 "tasks": {p.task: {k: v for k, v in p.memory.items() if k != "devices"} for p in measured}}
-    why = [f"[{p.task}] {p.memory['why_not']}" for p in measured if p.memory.get("why_not")]
+                 "tasks": {p.task: {k: v for k, v in p.memory.to_json().items() if k != "devices"} for p in measured}}
+    why = [f"[{p.task}] {p.memory.why_not}" for p in measured if p.memory.why_not]
     if why:
         out["why_not"] = "; ".join(why)
-    return out
+    return Memory.from_json(out)
 
 
 def _precision(ps: list[Placement]) -> Precision | None:

@@ -32,7 +32,7 @@ def headline_metrics(placement: Placement | Mapping[str, Any]) -> dict[str, floa
         out["placement.conformance"] = float(p.conformance.score)
     out |= _drift_metrics(p.replica_consistency)
     out |= _timing_metrics(p)
-    for dev, m in ((p.memory or {}).get("devices") or {}).items():
+    for dev, m in ((p.memory.devices if p.memory else None) or {}).items():
         if dev.startswith("/"):  # a device, not the bucket of allocations outside the step's graphs
             out[f"memory.peak_bytes.{metric_key(dev)}"] = float(m["peak_requested"])
             out[f"memory.peak_allocated_bytes.{metric_key(dev)}"] = float(m["peak_allocated"])

@@ -15,6 +15,7 @@ from typing import Any
 
 from pinpoint.device_names import DeviceMap
 from pinpoint.errors import ConfigError
+from pinpoint.placement.memory_model import Memory
 from pinpoint.placement.records import (
     Gradients,
     InputPipeline,
@@ -78,8 +79,8 @@ class Placement:
     training_function: str | None = None
     eager: Eager | None = None
     program: str | None = None
-    # Measured memory per device over the profiled call (placement.memory.summarize), when asked.
-    memory: Mapping[str, Any] | None = None
+    # Memory per device over the profiled call (placement.memory_model), when asked.
+    memory: Memory | None = None
     schema: int = SCHEMA_VERSION
 
     @property
@@ -134,6 +135,7 @@ class Placement:
         kw["variables"] = tuple(Variable.from_json(v) for v in d.get("variables") or ())
         kw["fallbacks"] = tuple(Fallback.from_json(f) for f in d.get("fallbacks") or ())
         kw["eager"] = Eager.from_json(d.get("eager"))
+        kw["memory"] = Memory.from_json(d.get("memory"))
         kw["variable_updates"] = VariableUpdates.from_json(d.get("variable_updates"))
         kw["gradients"] = Gradients.from_json(d.get("gradients"))
         kw["replica_consistency"] = ReplicaConsistency.from_json(d.get("replica_consistency"))

@@ -229,11 +229,11 @@ def _memory(p: Placement, metrics, charts, x) -> dict | None:
     memory = p.memory
     if memory is None:
         return None
-    devs = {d: m for d, m in (memory.get("devices") or {}).items()}
-    check = memory.get("self_check") or {}
+    devs = dict(memory.devices or {})
+    check = memory.self_check or {}
     return {
-        "charts": charts, "why_not": memory.get("why_not"), "check": check, "trace": memory.get("trace"),
-        "findings": list(memory.get("findings") or ()),
+        "charts": charts, "why_not": memory.why_not, "check": check, "trace": memory.trace,
+        "findings": list(memory.findings or ()),
         "rows": [{"device": _dev(d, p.physical_devices) if d.startswith("/") else d,
                   "requested": human_bytes(m["peak_requested"]), "allocated": human_bytes(m["peak_allocated"]),
                   "at": f"{m['peak_time_us']:.1f}"} for d, m in devs.items()],

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pinpoint.device_names import is_host
 from pinpoint.placement.memory import UNATTRIBUTED as MEMORY_UNATTRIBUTED
+from pinpoint.placement.memory_model import Memory
 from pinpoint.placement.model import Placement, as_placement
 from pinpoint.placement.records import ReplicaConsistency
 from pinpoint.placement.requests import weight_lines
@@ -104,6 +106,8 @@ def format_summary(placement: Placement | Mapping[str, Any] | None, metrics: Map
     if memory:
         lines.append(memory)
     lines.extend(fit_lines(p.memory))
+    if batch_line(p.memory):
+        lines.append(batch_line(p.memory))
     lines.append(_variables_line(p))
     lines.extend(_fallback_lines(p))
     lines.extend(_input_lines(p))
@@ -118,11 +122,12 @@ def format_summary(placement: Placement | Mapping[str, Any] | None, metrics: Map
 def memory_line(memory) -> str | None:
     """The summary's memory line: each device's peak (requested, allocated), the largest tensor live
     at the busiest device's peak, the self-check."""
+    memory = Memory.from_json(memory)
     if not memory:
         return None
-    if not memory.get("devices"):
-        return f"memory     : not measured: {memory.get('why_not', 'no allocation was traced')}"
-    devs = {d: m for d, m in memory["devices"].items() if d != MEMORY_UNATTRIBUTED}
+    if not memory.devices:
+        return f"memory     : not measured: {memory.why_not or 'no allocation was traced'}"
+    devs = {d: m for d, m in memory.devices.items() if d != MEMORY_UNATTRIBUTED}
     parts = [f"{d} {human_bytes(m['peak_requested'])} ({human_bytes(m['peak_allocated'])} allocated)"
              for d, m in devs.items()]
     busiest = max(devs, key=lambda d: devs[d]["peak_requested"], default=None)
@@ -130,8 +135,8 @@ def memory_line(memory) -> str | None:
     largest = (f"; largest at {busiest}'s peak: {top['op']} {human_bytes(top['requested'])} ({top['kind']})"
                if top else "")
     # A merged cluster's: each task replayed its own allocator's events.
-    checks = [memory["self_check"]] if memory.get("self_check") else [
-        t["self_check"] for t in (memory.get("tasks") or {}).values() if t.get("self_check")]
+    checks = [memory.self_check] if memory.self_check else [
+        t["self_check"] for t in (memory.tasks or {}).values() if t.get("self_check")]
     check = {"events": sum(c["events"] for c in checks), "mismatched": sum(c["mismatched"] for c in checks),
              "unpartitioned": sum(c.get("unpartitioned") or 0 for c in checks),
              **({k: checks[0].get(k) for k in ("replayed_peak", "allocator_peak")} if len(checks) == 1 else {})}
@@ -144,12 +149,24 @@ def memory_line(memory) -> str | None:
 
 def fit_lines(memory) -> list[str]:
     """The fits verdict per device for the GPU size given (--gpu-memory, cluster.gpu_memory)."""
-    fit = (memory or {}).get("fit")
+    fit = (Memory.from_json(memory) or Memory()).fit
     if not fit:
         return []
-    rows = ", ".join(f"{d} {v['verdict']} (needs {human_bytes(v['needs'])} of {human_bytes(v['usable'])})"
+    rows = ", ".join(f"{d} {v['verdict']} (needs {human_bytes(v['needs'])} of {human_bytes(v['usable'])}"
+                     + (f"; batch up to {v['largest_batch']:,}" if "largest_batch" in v else "") + ")"
                      for d, v in fit["devices"].items())
     return [f"memory fit : on {human_bytes(fit['gpu_memory'])} GPUs: {rows}"]
+
+
+def batch_line(memory) -> str | None:
+    """The memory predicted at other batch sizes (placement.memory_batch), busiest device first."""
+    batch = ((Memory.from_json(memory) or Memory()).predicted or {}).get("batch") or {}
+    devices = {d: v for d, v in (batch.get("devices") or {}).items() if not is_host(d)} or batch.get("devices") or {}
+    if not devices:
+        return None
+    sizes = list(next(iter(devices.values())))
+    rows = "; ".join(f"batch {b}: " + ", ".join(f"{d} {human_bytes(v[b])}" for d, v in devices.items()) for b in sizes)
+    return f"memory at  : measured at batch {batch['measured']}, predicted {rows}"
 
 
 def _training_line(metrics: Mapping[str, Any]) -> str:

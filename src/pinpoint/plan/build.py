@@ -46,6 +46,7 @@ from pinpoint.plan.graph import (
     held_on,
     is_held,
 )
+from pinpoint.plan.memory import memory_model
 from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
 
 FIELD = "run_dir"
@@ -134,6 +135,7 @@ def build(placement: Placement, *, measured_step_us: float | None = None) -> Pla
         us_per_transfer=_us_per_transfer(placement),
         all_reduce=case_of(placement),
         gradient_device=gradient_device,
+        memory=memory_model(placement, group_of),
     )
 
 

@@ -10,6 +10,7 @@ from pinpoint.plan.baselines import baselines
 from pinpoint.plan.emit import plan_document, write_plan
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel, load_links
+from pinpoint.plan.memory import memory_doc, with_gpu_memory
 from pinpoint.plan.predict import Prediction, predict
 from pinpoint.plan.search import OBJECTIVES, search
 
@@ -40,15 +41,19 @@ def table(predictions: dict[str, Prediction]) -> str:
     """A readable table: one row per placement (with the parameter servers' balance when any)."""
     servers = any(p.ps_bytes for p in predictions.values())
     emulated = any(p.emulated_step_us is not None for p in predictions.values())
+    memory = any(p.memory for p in predictions.values())
     head = ("placement", "step ms", "busiest/mean", "crossing/step", "peak var memory") + \
-        (("largest ps/mean",) if servers else ()) + (("here ms (emulated)",) if emulated else ())
+        (("largest ps/mean",) if servers else ()) + (("here ms (emulated)",) if emulated else ()) + \
+        (("peak memory per device (needs on a GPU)",) if memory else ())
     rows = [head]
     for name, p in predictions.items():
         ratio, ps = p.busiest_over_mean, p.ps_over_mean
         rows.append((name, "-" if p.step_us is None else f"{p.step_us / 1e3:.3f}",
                      "-" if ratio is None else f"{ratio:.2f}x", _bytes(p.crossing_total), _bytes(p.peak_memory))
                     + (("-" if ps is None else f"{ps:.2f}x",) if servers else ())
-                    + (("-" if p.emulated_step_us is None else f"{p.emulated_step_us / 1e3:.3f}",) if emulated else ()))
+                    + (("-" if p.emulated_step_us is None else f"{p.emulated_step_us / 1e3:.3f}",) if emulated else ())
+                    + ((", ".join(f"{d} {_bytes(p.memory[d].needs)}" for d in p.devices if d in p.memory),)
+                       if memory else ()))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      for r in rows)
@@ -62,9 +67,10 @@ def _bytes(n: int) -> str:
 
 
 def plan_run(graph: PlanGraph, *, source_run: str, devices: int | None, objective: str | None,
-             links: LinkModel) -> tuple[dict, dict[str, Prediction]]:
+             links: LinkModel, gpu_memory: int | None = None) -> tuple[dict, dict[str, Prediction]]:
     """(the plan document, predictions by placement name) for a PlanGraph; a mirrored run's plan
-    also chooses its train.all_reduce (plan.allreduce: `all_reduce`, `all_reduce_plan`)."""
+    also chooses its train.all_reduce (plan.allreduce: `all_reduce`, `all_reduce_plan`);
+    `gpu_memory`: each GPU's size in bytes, which each device's predicted peak must fit (plan.memory)."""
     if objective is None:
         objective = "step_time" if graph.timed else "balance"
     if objective not in OBJECTIVES:
@@ -73,12 +79,15 @@ def plan_run(graph: PlanGraph, *, source_run: str, devices: int | None, objectiv
         raise ConfigError(f"--objective: got step_time, but {source_run} was not timed; re-run with "
                           "placement.timing: true, or pass --objective balance")
     target = target_devices(graph, devices)
+    graph = with_gpu_memory(graph, gpu_memory, target)
     plan = search(graph, links, objective, target)
     base = baselines(graph, target)
     predictions = {"plan": predict(graph, plan.placement, links, target)}
     predictions.update({name: predict(graph, p, links, target) for name, p in base.items()})
     doc = plan_document(graph, source_run=source_run, objective=objective, algorithm=plan.algorithm, devices=target,
                         links=links, plan=plan.placement, predictions=predictions, baselines=base)
+    if graph.memory is not None:
+        doc["memory"] = memory_doc(graph, plan.ruled_out)
     if graph.all_reduce is not None:
         from pinpoint.plan.allreduce import section
 
@@ -87,12 +96,13 @@ def plan_run(graph: PlanGraph, *, source_run: str, devices: int | None, objectiv
 
 
 def plan_command(run_dir: Path, *, devices: int | None = None, objective: str | None = None,
-                 out: Path | None = None, links_file: str | None = None) -> int:
+                 out: Path | None = None, links_file: str | None = None, gpu_memory: int | None = None) -> int:
     links = load_links(links_file)  # a bad --links fails before the run folder is read
     from pinpoint.plan.build import plan_graph  # the capture's side; its readers load only when planning
 
     graph = plan_graph(run_dir)
-    doc, predictions = plan_run(graph, source_run=str(run_dir), devices=devices, objective=objective, links=links)
+    doc, predictions = plan_run(graph, source_run=str(run_dir), devices=devices, objective=objective, links=links,
+                                gpu_memory=gpu_memory)
     path = write_plan(out if out is not None else Path(run_dir) / "plan.yaml", doc)
     print_plan(doc, predictions, path)
     return 0

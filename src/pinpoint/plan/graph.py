@@ -133,6 +133,7 @@ class PlanGraph:
     # tape.gradient): every layer's backward ops are then a group `<layer> (backward)` there, and a
     # plan may move them together to another device. None: the backward pass follows the layers.
     gradient_device: str | None = None
+    memory: Any = None  # plan.memory.MemoryModel: the measured call's replay (placement.memory), else None
 
     def with_gradients(self, device: str) -> PlanGraph:
         """This graph as if the program had put its backward pass on `device` (the groups' costs

@@ -10,6 +10,8 @@ so transfers on one link queue. step_us is the makespan: the last task's or tran
 Figures that do not depend on the schedule are exact sums:
 - bytes crossing (a, b) per step: the bytes of every edge from a group on a to a group on b;
 - peak variable memory on a device: the variable_bytes of the groups on it (one copy each);
+- memory per device, when the run kept its memory replay: the measured call replayed with each
+  group's nodes on its planned device (plan.memory);
 - bytes per parameter server (strategy parameter_server): a step is one closure on one worker
   (ClusterCoordinator), which pulls each variable the step updates and pushes its gradient (same
   size), so a server carries 2 * sum(bytes of those variables on it) per step, however many
@@ -24,7 +26,7 @@ placement sends across devices beyond the source's own).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pinpoint.device_names import parse_name, sort_key
@@ -32,6 +34,7 @@ from pinpoint.plan.check import Placement
 from pinpoint.plan.emulated import EmulatedHost
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel
+from pinpoint.plan.memory import DeviceMemory, device_memory
 from pinpoint.plan.servers import is_server, predicted_ps_bytes, variable_servers
 from pinpoint.plan.tasks import TaskGraph, task_graph
 
@@ -52,6 +55,8 @@ class Prediction:
     # The step on the machine that ran the source run when its GPUs were emulated (emulated.py);
     # step_us stays the link model's (what the placement costs on the devices it describes).
     emulated_step_us: float | None = None
+    # Per device: the predicted memory (plan.memory.DeviceMemory) when the run kept its memory replay.
+    memory: dict[str, DeviceMemory] = field(default_factory=dict)
 
     @property
     def busiest_over_mean(self) -> float | None:
@@ -91,6 +96,7 @@ class Prediction:
             "variable_bytes": dict(self.peak_variable_bytes),
             "ps_bytes": dict(self.ps_bytes),
             **({} if self.emulated_step_us is None else {"emulated_step_ms": round(self.emulated_step_us / 1e3, 4)}),
+            **({"memory": {d: m.to_json() for d, m in self.memory.items()}} if self.memory else {}),
         }
 
 
@@ -170,7 +176,8 @@ def predict(graph: PlanGraph, assign: Placement, links: LinkModel, devices: tupl
     host = EmulatedHost.of(graph)
     return Prediction(step, compute, ops, busy, dict(sorted(crossing.items())), memory, ps,
                       tuple(devices) if devices is not None else tuple(used), graph.timed,
-                      None if host is None else host.step_us(graph, original))
+                      None if host is None else host.step_us(graph, original),
+                      device_memory(graph.memory, assign) if graph.memory is not None and not variables_only else {})
 
 
 def bytes_crossing(graph: PlanGraph, assign: Placement) -> dict[tuple[str, str], int]:

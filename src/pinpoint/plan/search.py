@@ -5,7 +5,9 @@ From Jeon et al., "Baechi: Fast Device Placement of Machine Learning Graphs" (So
   use, the pair with the earliest possible start — the device free and the task's inputs there
   (a transfer from another device priced by the link model) — and put the task there. A group
   is placed with its first task; its other task and its colocated groups follow it. "m": a
-  device is a candidate only while the group's variables fit its memory cap.
+  device is a candidate only while the group's variables fit its memory cap (and, when the run
+  kept its memory replay, a finished candidate whose predicted peak on a device is above that
+  device's cap is ruled out: plan.memory).
 - m-SCT (smallest communication time): ETF with a favorite child per group, kept on its
   parent's device. The paper picks favorite children with an LP relaxation; here the favorite
   child is chosen greedily: the group the parent's heaviest forward edge feeds. When a parent
@@ -36,7 +38,7 @@ rest where they ran.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pinpoint.device_names import parse_name
 from pinpoint.errors import PlacementError
@@ -44,6 +46,7 @@ from pinpoint.plan.baselines import even_split, measured, user
 from pinpoint.plan.check import Placement, Unit, backward_fits, fits_type, units, violations
 from pinpoint.plan.graph import OTHER, PlanGraph
 from pinpoint.plan.links import LinkModel
+from pinpoint.plan.memory import no_fit_error, over_cap, ruled_lines
 from pinpoint.plan.predict import predict
 from pinpoint.plan.servers import is_server, measured_placement, servers_of, unpinned
 from pinpoint.plan.tasks import TaskGraph, costs, task_graph
@@ -64,6 +67,8 @@ def balance_key(load: dict[str, float], devices: tuple[str, ...], crossing: int)
 class Plan:
     placement: Placement
     algorithm: str  # "m-ETF", "m-SCT", "... + balance moves", "LPT over parameter servers"
+    # Candidates whose predicted memory was above a device's cap, one line each (plan.memory.ruled_lines).
+    ruled_out: tuple[str, ...] = ()
 
 
 class _Space:
@@ -467,21 +472,28 @@ def search(graph: PlanGraph, links: LinkModel, objective: str, devices: tuple[st
             moved = graph.with_gradients(device)
             found += [Plan(p.placement, f"{p.algorithm}, gradients on {device}")
                       for p in _layer_plans(moved, _Space(moved, devices), links, devices)]
-    scored = []
+    scored, ruled = [], []
     for plan in found:
         bad = violations(graph, plan.placement)
         if bad:  # the schedulers keep the constraints; this is the guard that they did
             raise PlacementError(bad[0])
         pred = predict(graph, plan.placement, links, devices)
+        over = over_cap(graph.memory_cap_bytes, pred.memory) if pred.memory else []
+        if over:  # its predicted peak is above a device's cap
+            ruled.append((plan, pred.memory, over))
+            continue
         load = pred.compute_us if graph.timed else pred.ops
         if objective == "step_time":
             key = (pred.step_us, pred.crossing_total)
         else:
             key = balance_key(load, devices, pred.crossing_total)
         scored.append((key, len(scored), plan))
+    if not scored:
+        raise no_fit_error(graph.memory_cap_bytes, [(p.algorithm, m) for p, m, _ in ruled])
     cap = _traffic_cap(graph, space, links, devices) if objective == "balance" else None
     within = [x for x in scored if cap is None or x[0][1] <= cap]
-    return min(within or scored)[2]
+    best = min(within or scored)[2]
+    return replace(best, ruled_out=ruled_lines(ruled))
 
 
 def _gradient_devices(graph: PlanGraph, devices: tuple[str, ...]) -> list[str]:

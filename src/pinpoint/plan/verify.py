@@ -8,7 +8,9 @@ devices too), conformance (the verification run's `layers.<key>` rules, every vi
 cause) and the step time (predicted vs the measured median; on emulated GPUs the measured step
 cannot show the link model's transfer prices, see STEP_NOTE). A plan over parameter servers
 trains under strategy parameter_server, and adds the bytes per server (ps_bytes, predicted vs
-servers.measured_ps_bytes); its pairs are each server's with the step's worker.
+servers.measured_ps_bytes); its pairs are each server's with the step's worker. When the source run
+kept its memory replay, the verification run measures memory too and each device's predicted peak
+is held to the measured one (plan.memory.compare_memory).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pinpoint.plan import allreduce as all_reduce
 from pinpoint.plan.emit import placement_of
 from pinpoint.plan.graph import PlanGraph
 from pinpoint.plan.links import LinkModel
+from pinpoint.plan.memory import compare_memory, memory_lines
 from pinpoint.plan.predict import predict, schedule
 from pinpoint.plan.servers import measured_ps_bytes, predicted_ps_pairs, servers_of
 
@@ -82,7 +85,8 @@ def verify_config(cfg: Config, doc: dict[str, Any], config_path: str) -> Config:
         pinning["input"] = doc["pinning"]["input"]
     if doc["pinning"].get("gradients") is not None:
         pinning["gradients"] = doc["pinning"]["gradients"]
-    data.setdefault("placement", {}).update(enabled=True, timing=True)
+    # memory: the plan's predicted peaks are held to the verification run's measured ones.
+    data.setdefault("placement", {}).update(enabled=True, timing=True, **({"memory": True} if doc.get("memory") else {}))
     return config_from_dict(data, source=config_path)
 
 
@@ -229,6 +233,8 @@ def plan_check(doc: dict[str, Any], source: PlanGraph, verified: PlanGraph, plac
     }
     if servers:
         check["ps_bytes"] = compare_servers(planned["ps_bytes"], measured_ps_bytes(placement))
+    if planned.get("memory"):
+        check["memory"] = compare_memory(planned["memory"], placement)
     return check
 
 
@@ -288,6 +294,8 @@ def check_table(check: dict[str, Any]) -> str:
         lines.append(f"conformance of the plan's layers: {c['score']} ({len(c['deviations'])} deviation(s))")
         for d in c["deviations"]:
             lines.append(f"  layers.{d['layer']}: {d['op']} on {d['placed']}: {d['cause']}")
+    if check.get("memory"):
+        lines += memory_lines(check["memory"])
     s = check["step"]
     pred = "-" if s["predicted_ms"] is None else f"{s['predicted_ms']:.3f}"
     meas = "-" if s["measured_ms"] is None else f"{s['measured_ms']:.3f}"

@@ -30,7 +30,7 @@ def verify_out_dir(run_dir: Path, verify_out: str | None) -> Path:
 
 def verify_command(run_dir: Path, config_path: str | None, *, devices: int | None = None,
                    objective: str | None = None, out: Path | None = None, links_file: str | None = None,
-                   verify_out: str | None = None) -> int:
+                   verify_out: str | None = None, gpu_memory: int | None = None) -> int:
     if not config_path:
         raise ConfigError("--config: got nothing; --verify trains a config with the plan: pass the run's config "
                           "(pinpoint plan RUN_DIR --verify --config CONFIG)")
@@ -40,7 +40,8 @@ def verify_command(run_dir: Path, config_path: str | None, *, devices: int | Non
 
     run_dir = Path(run_dir)
     source = plan_graph(run_dir)
-    doc, predictions = plan_run(source, source_run=str(run_dir), devices=devices, objective=objective, links=links)
+    doc, predictions = plan_run(source, source_run=str(run_dir), devices=devices, objective=objective, links=links,
+                                gpu_memory=gpu_memory)
     vcfg = verify_config(cfg, doc, config_path)  # every refusal before anything is written
     vdir = verify_out_dir(run_dir, verify_out)
     path = write_plan(out if out is not None else run_dir / PLAN_FILE, doc)
@@ -142,6 +143,8 @@ def plan_figures(doc: dict[str, Any], check: dict[str, Any]) -> tuple[dict[str, 
         metrics["plan.collective_inputs_exact"] = float(check["all_reduce"]["collective_inputs"]["exact"])
     if "ps_bytes" in check:  # a plan over parameter servers
         metrics["plan.ps_bytes_exact"] = float(check["ps_bytes"]["exact"])
+    if (check.get("memory") or {}).get("largest_error") is not None:  # the predicted peaks against the measured
+        metrics["plan.memory_largest_error"] = float(check["memory"]["largest_error"])
     if check["conformance"]["score"] is not None:
         metrics["plan.conformance"] = float(check["conformance"]["score"])
     for key in ("predicted_ms", "measured_ms"):

@@ -197,6 +197,7 @@ def finish(cap: Capture, run, out: Path, label: str, exit_code: int) -> dict:
     from pinpoint.tracking.hook import TrackingHook
 
     placement = cap.placement(label)
+    keep_memory_profile(cap, placement, out)
     metrics = cap.metrics(placement, exit_code)
     hook = TrackingHook(run) if run.enabled else None
     if hook is not None:
@@ -207,3 +208,22 @@ def finish(cap: Capture, run, out: Path, label: str, exit_code: int) -> dict:
         run.log_artifact(html)
     print(f"Run folder: {out}", flush=True)
     return placement
+
+
+def keep_memory_profile(cap: Capture, placement: dict, out: Path) -> None:
+    """The measured call's profiler trace under OUT/profile/ (memory.trace), so TensorBoard's memory
+    profile opens on it, as on the profile Pinpoint's own loop keeps."""
+    from pinpoint.runfolder import PROFILE, atomic_write_bytes
+
+    memory = placement.get("memory") or {}
+    train = next((f for f in placement.get("functions") or () if f.get("training")), None)
+    if not memory.get("devices") or train is None:
+        return
+    record = next((r for r in cap.recorder.functions.values() if r.name == train.get("concrete")), None)
+    xspace = getattr(record.capture, "memory_trace", None) if record is not None and record.capture else None
+    if xspace is None:
+        return
+    host = (xspace.hostnames[0] if xspace.hostnames else "localhost").replace("/", "_")
+    atomic_write_bytes(out / PROFILE / "plugins" / "profile" / "memory" / f"{host}.xplane.pb",
+                       xspace.SerializeToString())
+    memory["trace"] = PROFILE

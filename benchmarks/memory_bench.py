@@ -1,0 +1,163 @@
+"""Issue 49: memory per device, predicted from the executed graphs against the allocator's own
+measurement, on small models under `pinpoint trace --memory --gpus 2`.
+
+Each run traces PROGRAM (below) for one model and one strategy: `mirrored` (Keras fit under
+MirroredStrategy over 2 emulated GPUs) or `split` (a GradientTape step with the model's first
+half under tf.device("/GPU:0") and the rest under "/GPU:1"; a functional model, whose layers do not
+run one after another, runs whole on /GPU:1 with the loss and the optimizer on /GPU:0). The record
+is each device's predicted and measured peak (placement.json memory.predicted), the replay
+self-check's mismatched events, and the process wall time. parameter_server is not measured: its
+steps run in the workers' runtimes, out of the chief's profiler (memory.why_not says so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MODELS = ("mlp", "cnn", "lstm", "transformer", "mobilenetv2", "resnet50")
+STRATEGIES = ("mirrored", "split")
+
+PROGRAM = '''
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+MODEL, STRATEGY = sys.argv[1], sys.argv[2]
+BATCH = 32
+SHAPES = {"mlp": (64,), "cnn": (16, 16, 3), "lstm": (16, 8), "transformer": (16, 32), "mobilenetv2": (32, 32, 3),
+          "resnet50": (32, 32, 3)}
+
+
+def transformer(shape):
+    x = inp = keras.Input(shape)
+    a = keras.layers.MultiHeadAttention(num_heads=4, key_dim=8)(x, x)
+    x = keras.layers.LayerNormalization()(x + a)
+    f = keras.layers.Dense(64, activation="relu")(x)
+    x = keras.layers.LayerNormalization()(x + keras.layers.Dense(32)(f))
+    return keras.Model(inp, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(x)))
+
+
+def build():
+    shape = SHAPES[MODEL]
+    if MODEL == "mlp":
+        return keras.Sequential([keras.Input(shape), *[keras.layers.Dense(256, activation="relu") for _ in range(3)],
+                                 keras.layers.Dense(10)])
+    if MODEL == "cnn":
+        return keras.Sequential([keras.Input(shape), keras.layers.Conv2D(16, 3, activation="relu"),
+                                 keras.layers.MaxPooling2D(), keras.layers.Conv2D(32, 3, activation="relu"),
+                                 keras.layers.Flatten(), keras.layers.Dense(10)])
+    if MODEL == "lstm":
+        return keras.Sequential([keras.Input(shape), keras.layers.LSTM(32), keras.layers.Dense(10)])
+    if MODEL == "transformer":
+        return transformer(shape)
+    if MODEL == "mobilenetv2":
+        return keras.applications.MobileNetV2(input_shape=shape, alpha=0.35, weights=None, classes=10)
+    return keras.applications.ResNet50(input_shape=shape, weights=None, classes=10)
+
+
+x = np.random.default_rng(0).normal(size=(4 * BATCH, *SHAPES[MODEL])).astype("float32")
+y = np.zeros(4 * BATCH, "int32")
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+if STRATEGY == "mirrored":
+    with tf.distribute.MirroredStrategy(["/GPU:0", "/GPU:1"]).scope():
+        model = build()
+        model.compile(optimizer="adam", loss=loss)
+    model.fit(x, y, batch_size=BATCH, epochs=1, steps_per_epoch=3, verbose=0)
+else:
+    model, opt = build(), keras.optimizers.Adam()
+    layers = model.layers if isinstance(model, keras.Sequential) else None
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            if layers is None:
+                with tf.device("/GPU:1"):
+                    out = model(xb, training=True)
+            else:
+                out = xb
+                for i, layer in enumerate(layers):
+                    with tf.device("/GPU:0" if i < len(layers) // 2 else "/GPU:1"):
+                        out = layer(out, training=True)
+            with tf.device("/GPU:0"):
+                value = loss(yb, out)
+        opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables))
+        return value
+
+    for i in range(3):
+        step(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
+'''
+
+
+def memory_arms(models=MODELS, strategies=STRATEGIES) -> list[tuple[str, str, dict]]:
+    """(name, label, spec) of each model x strategy run, and the worked example in Pinpoint's loop."""
+    return [(f"{m}-{s}", f"{m}, {s}", {"kind": "memory", "model": m, "strategy": s}) for m in models
+            for s in strategies] + [
+        ("digits-cnn", "examples/digits_cnn (Pinpoint's loop, split over 2 GPUs)", {"kind": "memory",
+                                                                                     "example": "digits_cnn"})]
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "digits_cnn"
+
+
+def example(out: Path) -> dict[str, Any]:
+    """`pinpoint train` of the worked example's own config with placement.memory on (60 steps, no
+    MLflow, no checkpoints); its TFRecords are written first when missing (make example-data)."""
+    import yaml
+
+    if not list((EXAMPLE / "data").glob("digits-*.tfrecord")):
+        subprocess.run([sys.executable, "-m", "digits_cnn.data", str(EXAMPLE / "data")], check=True,
+                       env={**os.environ, "PYTHONPATH": str(EXAMPLE)}, capture_output=True)
+    cfg = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    cfg["train"].update(code_dir=str(EXAMPLE), data=f"tfrecord:{EXAMPLE}/data/digits-*.tfrecord", steps=60,
+                        checkpoint_every=0)
+    cfg["tracking"] = {"enabled": False}
+    cfg["placement"] = {"memory": True, "timing": True}
+    config = out / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pinpoint.cli", "train", str(config), "--out", str(out / "run")],
+                          capture_output=True, text=True, check=False, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"pinpoint train digits_cnn exited {proc.returncode}: {proc.stderr[-400:]}")
+    return dict(memory_record(json.loads((out / "run" / "placement.json").read_text()).get("memory") or {}),
+                process_wall_s=wall)
+
+
+def measure(spec: dict) -> dict[str, Any]:
+    """One traced run: each device's predicted and measured peak, the self-check, the wall time."""
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    if spec.get("example"):
+        return example(out)
+    prog = out / "program.py"
+    prog.write_text(PROGRAM)
+    argv = [sys.executable, "-m", "pinpoint.cli", "trace", "--memory", "--gpus", "2", "--no-tracking",
+            "--out", str(out / "trace"), str(prog), spec["model"], spec["strategy"]]
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, cwd=out, capture_output=True, text=True, check=False,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"pinpoint trace {spec['model']} {spec['strategy']} exited {proc.returncode}: "
+                           f"{proc.stderr[-400:]}")
+    return dict(memory_record(json.loads((out / "trace" / "placement.json").read_text()).get("memory") or {}),
+                process_wall_s=wall)
+
+
+def memory_record(memory: dict) -> dict[str, Any]:
+    """The figures of one run's memory section: per device predicted, measured, error."""
+    if not memory.get("devices"):
+        return {"why_not": memory.get("why_not") or "no memory section"}
+    predicted = (memory.get("predicted") or {}).get("devices") or {}
+    return {"devices": {d: {k: r[k] for k in ("predicted", "measured", "error")} for d, r in predicted.items()},
+            "mismatched": (memory.get("self_check") or {}).get("mismatched"),
+            "events": (memory.get("self_check") or {}).get("events"), "call": memory.get("call")}
