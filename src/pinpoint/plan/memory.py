@@ -89,16 +89,16 @@ def memory_model(placement: Placement, group_of: Mapping[str, str]) -> MemoryMod
                        {d: m["peak_requested"] for d, m in devices.items()})
 
 
-def device_memory(model: MemoryModel, placement: Mapping[str, str]) -> dict[str, DeviceMemory]:
-    """Each device's predicted memory with every group on placement[group]."""
-    where = _node_devices(model, placement)
+def device_memory(model: MemoryModel, assign: Mapping[str, str]) -> dict[str, DeviceMemory]:
+    """Each device's predicted memory with every group on assign[group]."""
+    where = _node_devices(model, assign)
 
     def device_of(name: str) -> str:
         return where.get(name) or model.replay.devices.get(name, "")
 
     peak = model.replay.peaks(device_of)
     gpu = model.replay.peaks(device_of, copies=True)
-    held = _held(model, placement)
+    held = _held(model, assign)
     top = max(model.ratio.values(), default=1.0)
     out = {}
     for d in sorted(set(peak) | set(gpu) | set(held)):
@@ -110,9 +110,9 @@ def device_memory(model: MemoryModel, placement: Mapping[str, str]) -> dict[str,
     return out
 
 
-def _node_devices(model: MemoryModel, placement: Mapping[str, str]) -> dict[str, str]:
+def _node_devices(model: MemoryModel, assign: Mapping[str, str]) -> dict[str, str]:
     """Node -> device: its group's planned device; a receive goes with its tensor's first reader."""
-    out = {n: placement[g] for n, g in model.group_of.items() if g in placement}
+    out = {n: assign[g] for n, g in model.group_of.items() if g in assign}
     readers = model.replay.schedule.readers
     for n in model.replay.nodes:
         if n.name not in out and n.op in ("_Recv", "_HostRecv"):
@@ -122,14 +122,14 @@ def _node_devices(model: MemoryModel, placement: Mapping[str, str]) -> dict[str,
     return out
 
 
-def _held(model: MemoryModel, placement: Mapping[str, str]) -> dict[str, int]:
-    """Device -> bytes of the variables (and slots) on it under the placement."""
-    keys = sorted(placement, key=len, reverse=True)
+def _held(model: MemoryModel, assign: Mapping[str, str]) -> dict[str, int]:
+    """Device -> bytes of the variables (and slots) on it under the placement `assign` (group -> device)."""
+    keys = sorted(assign, key=len, reverse=True)
     home: dict[str, str | None] = {}  # a layer's variable -> its group's device
     for name, _, _ in model.variables:
         scope = name.rpartition("/")[0]
         key = next((k for k in keys if scope == k or scope.startswith(k + "/")), None)
-        home[name] = placement[key] if key is not None else None
+        home[name] = assign[key] if key is not None else None
     out: dict[str, int] = {}
     for name, nbytes, measured in model.variables:
         d = home[name]

@@ -210,13 +210,14 @@ def finish(cap: Capture, run, out: Path, label: str, exit_code: int) -> dict:
     return placement
 
 
-def keep_memory_profile(cap: Capture, placement: dict, out: Path) -> None:
+def keep_memory_profile(cap: Capture, content: dict, out: Path) -> None:
     """The measured call's profiler trace under OUT/profile/ (memory.trace), so TensorBoard's memory
-    profile opens on it, as on the profile Pinpoint's own loop keeps."""
+    profile opens on it, as on the profile Pinpoint's own loop keeps. `content`: placement.json's
+    content as the capture built it, before its one writer writes it (the trace's folder is added)."""
     from pinpoint.runfolder import PROFILE, atomic_write_bytes
 
-    memory = placement.get("memory") or {}
-    train = next((f for f in placement.get("functions") or () if f.get("training")), None)
+    memory = content.get("memory") or {}
+    train = next((f for f in content.get("functions") or () if f.get("training")), None)
     if not memory.get("devices") or train is None:
         return
     record = next((r for r in cap.recorder.functions.values() if r.name == train.get("concrete")), None)
