@@ -51,7 +51,7 @@ class Ratio:
     num: str
     den: str
     metric: str
-    target: str | None = None  # benchmarks.targets.target(KEY), e.g. ">= 1": declared there only
+    target: str | None = None  # benchmarks.targets.target(KEY): every target is declared there only
     difference: bool = False  # num - den (e.g. seconds of fixed cost) instead of num / den
     # den "": not a ratio but num's own value (e.g. `make run`'s wall time <= 30 s).
     # A list field of num's records pooled over the rounds instead of one value per round (e.g.

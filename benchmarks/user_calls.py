@@ -19,6 +19,7 @@ from benchmarks.plan import Arm, Comparison, Ratio, Settings
 from benchmarks.targets import target
 
 ROOT = Path(__file__).resolve().parent.parent
+PROGRAM = ROOT / "benchmarks" / "user_program.py"  # run as a script, as `python train.py` is
 CALLS, BLOCKS, WARMUP = 20000, 3, 2000
 ROUNDS = 3  # pairs of processes: a verdict needs 3 (benchmarks/targets.py)
 KEY = "user-calls"
@@ -49,10 +50,13 @@ def run(spec: dict) -> dict[str, Any]:
     args = ["--calls", str(spec["calls"]), "--blocks", str(spec["blocks"]), "--warmup", str(spec["warmup"]),
             "--out", str(timing)]
     if spec["via"] == "python":
-        argv = [sys.executable, "-m", "benchmarks.user_program", *args]
+        argv = [sys.executable, str(PROGRAM), *args]
     else:
-        argv = [sys.executable, "-m", "pinpoint.cli", "trace", "--no-tracking", "--out", str(out / "trace"),
-                "-m", "benchmarks.user_program", *args]
+        # The `pinpoint` command as users run it (python -m pinpoint.cli puts runpy's frames under the
+        # program: see trace.program.run).
+        cli = Path(sys.executable).with_name("pinpoint")
+        argv = [*([str(cli)] if cli.is_file() else [sys.executable, "-m", "pinpoint.cli"]), "trace", "--no-tracking",
+                "--out", str(out / "trace"), str(PROGRAM), *args]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     t0 = time.perf_counter()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, check=False)

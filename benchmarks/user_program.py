@@ -3,7 +3,7 @@
 each timed in blocks of CALLS calls after a warm-up; the best block, in µs per call, is written
 to --out as JSON. Nothing of Pinpoint is imported: the process pays what a user's does.
 
-    python -m benchmarks.user_program --calls 20000 --blocks 3 --warmup 2000 --out timing.json
+    python benchmarks/user_program.py --calls 20000 --blocks 3 --warmup 2000 --out timing.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def best_us(call, calls: int, blocks: int) -> tuple[float, list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.user_program")
+    p = argparse.ArgumentParser(prog="benchmarks/user_program.py")
     p.add_argument("--calls", type=int, default=20000)
     p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2000, help="calls of each before timing (past the quiet window)")

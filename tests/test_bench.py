@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace as dataclasses_replace
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from benchmarks.stats import fmt, fmt_summary, paired_ratios, summarize
 from benchmarks.table import markdown_table
 
 pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_summarize_median_min_max_odd_and_even():
@@ -449,8 +451,8 @@ def _fake_record(arm) -> dict:
             # what the overheads arm measures (pairs of blocks: added µs, Pinpoint's µs)
             **{f"{name}_{kind}_blocks": [0.5, 0.5, 0.5] for name in ("tf_function", "tf_function_wrapper", "eager_op",
                                                                       "log") for kind in ("added", "pinpoint")},
-            # what a user_calls arm measures: its best block, µs per call
-            "fn_us": 150.0, "add_us": 10.0}
+            # what a user_calls arm measures: its best block, µs per call, and what it ran
+            "fn_us": 150.0, "add_us": 10.0, "calls": 20000, "blocks": 3, "warmup": 2000}
 
 
 def _fake_comparisons(monkeypatch):
@@ -695,6 +697,27 @@ def test_a_target_is_decided_by_its_interval_not_its_median(low, high, target, v
     assert decide(Summary(median, 0.0, 9.0, 5, 0, low, high), target) == verdict
 
 
+def test_a_target_measured_fewer_than_three_times_is_recorded_not_met():
+    from benchmarks.stats import decide, summarize
+
+    assert decide(summarize([1.2, 1.3], interval=True), ">= 1") == "recorded (2 values: a verdict needs 3; target >= 1)"
+    assert decide(summarize([1.2], interval=True), ">= 1") == "recorded (1 value: a verdict needs 3; target >= 1)"
+    assert decide(summarize([1.2, 1.3, 1.25], interval=True), ">= 1") == "met (target >= 1)"
+
+
+def test_every_target_is_declared_in_benchmarks_targets():
+    """Issue 50.2: no target written where it is used; every Ratio's is one of targets.TARGETS."""
+    from benchmarks.plan import Settings, build_plan
+    from benchmarks.targets import TARGETS
+
+    declared = {str(t) for t in TARGETS.values()}
+    assert {rt.target for c in build_plan(Settings()) for rt in c.ratios if rt.target} <= declared
+    sources = [p for p in (ROOT / "benchmarks").rglob("*.py") if p.name != "targets.py"]
+    written = [f"{p.name}: {m.group(0)}" for p in sources
+               for m in re.finditer(r"""["'][<>]= ?\d""", p.read_text())]
+    assert written == []
+
+
 def test_decide_without_data_and_with_a_bad_target():
     from benchmarks.stats import Summary, decide
 
@@ -913,3 +936,50 @@ def test_plan_step_section_of_a_failed_run_says_so():
     from benchmarks.plan_step import section
 
     assert section({"plan-step": {"step": [{"error": "exit 1"}]}}) == "not run, or failed (see Skipped and failed runs)\n"
+
+
+# ---- issue 50.2: every figure of RESULTS.md from the run's raw results ---------------------------
+def _perturbed_results(plan, base: float, spread: float) -> dict:
+    """Three rounds of every comparison's arms, _fake_record's figures each moved by a factor
+    base + spread x (a number of the figure and the arm, and the round): ratios and spreads move too."""
+    import zlib
+
+    def moved(key: str, arm: str, k: int, v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return v
+        f = base + spread * (zlib.crc32(f"{key}/{arm}".encode()) % 97 + k / 3)
+        return type(v)(v * f) if isinstance(v, float) else int(v * f) + 1
+    # A list field (pairs of blocks, trainings) one value shorter in the second: its counts move too.
+    cut = 1 if base > 1 else 0
+    return {c.key: {a.name: [{key: ([moved(key, a.name, k, x) for x in v[cut:]] if isinstance(v, list) else
+                                   moved(key, a.name, k, v)) for key, v in _fake_record(a).items()}
+                             for k in range(3)] for a in c.arms} for c in plan if not c.skipped}
+
+
+def test_results_md_says_no_number_its_raw_results_do_not_give():
+    """RESULTS.md rendered from raw results, then from the same results with every figure moved:
+    a number in both is a setting, a count of the plan, a target or an issue's number, which the
+    report shows with nothing run too; none is a measurement written into the renderer."""
+    from benchmarks.plan import Settings, build_plan
+    from benchmarks.render import render_markdown
+    from benchmarks.targets import TARGETS
+
+    plan = build_plan(Settings(repeats=3))
+    _, _, raw = _fake_results()
+    raw = dict(raw, settings=Settings(repeats=3).__dict__)
+
+    def numbers(md: str) -> list[str]:
+        md = re.sub(r"issue \d+(\.\d+)?|target [<>]= [0-9.]+", "", md)  # what the plan states, run or not
+        return re.findall(r"\d[\d,]*(?:\.\d+)?", md)
+
+    first = render_markdown(plan, _perturbed_results(plan, 1.0, 0.001), raw, None)
+    second = render_markdown(plan, _perturbed_results(plan, 3.7, 0.013), raw, None)
+    nothing_run = render_markdown(plan, {}, raw, None)
+    # The plan's own words: its comparisons' titles, notes, arms and ratios (sizes, steps, batches).
+    planned = " ".join(f"{c.key} {c.title} {c.note} " + " ".join(f"{a.name} {a.label}" for a in c.arms)
+                       + " ".join(rt.label for rt in c.ratios) for c in plan)
+    allowed = set(numbers(nothing_run)) | set(numbers(planned)) | {f"{t.bound:g}" for t in TARGETS.values()}
+    lines = list(zip(first.splitlines(), second.splitlines(), strict=True))
+    # The same place of the same line: a number that did not move with the figures, and is not the plan's.
+    stale = [(a, x) for a, b in lines for x, y in zip(numbers(a), numbers(b), strict=True) if x == y and x not in allowed]
+    assert stale == []
