@@ -83,8 +83,8 @@ def run(program: Program, on_end=None) -> Outcome:
     frame's line number, at a cost that grows with how far into its function a frame is (issue
     50.5: Pinpoint's frames under a shallow program cost it ~1.5 µs an op before)."""
     try:
-        with _as_program(program) as (target, module):
-            namespace = _execute(target, module)
+        with _as_program(program) as (target, kind):
+            namespace = run_script(target) if kind == "script" else _run_other(target, kind)
         if on_end is not None:
             on_end()
         del namespace
@@ -96,9 +96,10 @@ def run(program: Program, on_end=None) -> Outcome:
 
 
 @contextlib.contextmanager
-def _as_program(program: Program) -> Iterator[tuple[str, bool]]:
+def _as_program(program: Program) -> Iterator[tuple[str, str]]:
     """sys.argv and sys.path as `python SCRIPT ARGS` / `python -m MODULE ARGS` has them, and the
-    program's warning filters; (the script's path or the module's name, whether a module)."""
+    program's warning filters; (the script's path or the module's name, "script", "folder" or
+    "module")."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     try:
         sys.argv = [program.target, *program.args]
@@ -109,16 +110,18 @@ def _as_program(program: Program) -> Iterator[tuple[str, bool]]:
             target = str(Path(program.target).resolve())
             # A folder runs its __main__.py with the folder itself first on sys.path, as `python DIR`.
             sys.path.insert(0, target if os.path.isdir(target) else os.path.dirname(target))
+        kind = "module" if program.module else "script" if os.path.isfile(target) else "folder"
         with program_warnings():
-            yield target, program.module
+            yield target, kind
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
-def _execute(target: str, module: bool) -> dict:
-    if module:
+def _run_other(target: str, kind: str) -> dict:
+    """A module (`-m`) or a folder with a __main__.py, as runpy runs them."""
+    if kind == "module":
         return runpy.run_module(target, run_name="__main__", alter_sys=True)
-    return run_script(target) if os.path.isfile(target) else runpy.run_path(target, run_name="__main__")
+    return runpy.run_path(target, run_name="__main__")
 
 
 def run_script(script: str) -> dict:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pinpoint.device_names import DeviceMap
 from pinpoint.runfolder import PLACEMENT, ensure_dir
+from pinpoint.trace.program import run as program_run
 
 
 @dataclass
@@ -150,12 +151,10 @@ def drive(steps: Generator) -> int:
     finish; its exit code. The generator's frame is suspended while the program runs, so it is
     not on the stack TensorFlow captures at every op (see trace.program.run): the CLI calls this
     from its entry point."""
-    from pinpoint.trace.program import run
-
     first = _first(steps)
     if isinstance(first, int):
         return first
-    return _finish(steps, run(first[0], on_end=first[1]))
+    return _finish(steps, program_run(first[0], on_end=first[1]))
 
 
 def _first(steps: Generator):
