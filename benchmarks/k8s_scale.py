@@ -20,7 +20,6 @@ from pathlib import Path
 SIZES = (16, 256, 1024)
 FLAVORS = ("jobset", "tfjob")
 POLLS = 8
-PROVISION_TARGET_S = 10.0
 
 
 def topology(pods: int) -> dict:
@@ -107,6 +106,7 @@ def comparison():
 def section(results: dict) -> str:
     """The RESULTS.md section: a row per arm and the three targets of issue 26.7."""
     from benchmarks.table import markdown_table
+    from benchmarks.targets import target
 
     runs = results.get("k8s-scale") or {}
     recs = {name: next((r for r in recs if "error" not in r), None) for name, recs in runs.items()}
@@ -132,8 +132,9 @@ def section(results: dict) -> str:
     big, small = SIZES[-1], SIZES[0]
     lines = []
     worst = max((get(f, big, "provision_s") or 0.0) for f in FLAVORS)
-    lines.append(f"- provision at {big:,} pods < {PROVISION_TARGET_S:g} s: {worst:.2f} s: "
-                 f"**{'met' if worst < PROVISION_TARGET_S else 'NOT met'}**")
+    # One run per flavour and size: recorded against the target, not decided (benchmarks/targets.py).
+    lines.append(f"- provision at {big:,} pods, target {target('k8s.provision_s')} s: {worst:.2f} s (the slower "
+                 f"flavour, one run each): **recorded**")
     for f in FLAVORS:
         a, b = get(f, small, "manifest_bytes_per_pod"), get(f, big, "manifest_bytes_per_pod")
         c, d = get(f, small, "cluster_spec_bytes_per_pod"), get(f, big, "cluster_spec_bytes_per_pod")
@@ -144,5 +145,5 @@ def section(results: dict) -> str:
         a, b = get(f, small, "requests_per_poll"), get(f, big, "requests_per_poll")
         if None not in (a, b):
             lines.append(f"- {f}: launch API requests per poll at {big:,} / at {small} pods = {b:g} / {a:g}: "
-                         f"**{'met' if b == a else 'NOT met'}** (constant)")
+                         f"{'constant' if b == a else 'NOT constant'} (one run each: recorded)")
     return table + "\n" + "\n".join(lines) + "\n"

@@ -179,6 +179,7 @@ def measure(spec: dict) -> dict[str, Any]:
     add = lambda: tf.add(x, y)  # noqa: E731
     step_fn = lambda: model.train_on_batch(*batch)  # noqa: E731
     record["eager_quiet_ops"] = _quiet_ops()
+    record["eager_resample_s"] = list(_resample_s())  # the waits before sampling windows: first, longest
 
     def fn_past_window(cap: Capture) -> None:
         # The first call (captured), then the window passed on eager ops already recorded (each
@@ -232,6 +233,12 @@ def _quiet_ops() -> int:
     from pinpoint.trace.recorder import EAGER_QUIET_OPS
 
     return EAGER_QUIET_OPS
+
+
+def _resample_s() -> tuple[float, float]:
+    from pinpoint.trace.sampling import EAGER_RESAMPLE_S
+
+    return EAGER_RESAMPLE_S
 
 
 def _mlp(tf):

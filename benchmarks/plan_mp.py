@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-BALANCE_TARGET = 1.10
+from benchmarks.targets import target
+
 # The plan trained this many times (`pinpoint plan --verify`, each a fresh folder): the per-op
 # times of emulated GPUs on a shared 2-core host vary run to run by tens of percent, so one
 # training of the plan decides nothing; the target is judged on the interval of their median.
@@ -205,7 +206,7 @@ def comparison():
     # interval); the user's split is one training, recorded beside it.
     ratios = tuple(r for a in arms for r in (
         Ratio(f"{a.name}: plan's busiest / mean compute per step, measured ({VERIFY_ROUNDS} trainings)", a.name, "",
-              "plan_ratio", target=f"<= {BALANCE_TARGET:.2f}", pooled="plan_ratios"),
+              "plan_ratio", target=target("plan_mp.balance"), pooled="plan_ratios"),
         Ratio(f"{a.name}: user's split busiest / mean compute per step, measured", a.name, "", "user_ratio")))
     # run_s: one case is the user's split trained (10 steps, 6 timed), then the plan made and
     # trained VERIFY_ROUNDS times: measured on the bench machine at a8abac4 with one training of
@@ -236,7 +237,7 @@ def section(results: dict) -> str:
             continue
         r = recs[0]
         balance = summarize(r.get("plan_ratios") or [r["plan_ratio"]], interval=True)
-        verdict = decide(balance, f"<= {BALANCE_TARGET:.2f}")
+        verdict = decide(balance, target("plan_mp.balance"))
         fewer = r["plan_bytes"] <= r["user_bytes"]
         ok = verdict.startswith("met") and fewer
         rows.append([f"{m}, {n} GPUs ({r['groups']} groups)",
@@ -257,5 +258,5 @@ def section(results: dict) -> str:
             "- measured: busiest device's compute over the mean of the GPUs (placement.timing's per-op time per "
             "step, summed per device) and bytes crossing devices per step (the transfers matrix, host pairs "
             "included); the user's split is the equal-count contiguous split of the model's layers. The even "
-            "split is predicted on the user's run (not trained). Emulated GPUs share the host's 2 cores: the "
+            "split is predicted on the user's run (not trained). Emulated GPUs share the host's cores: the "
             "per-op times vary run to run, so a measured ratio carries that noise; the bytes do not.\n")

@@ -11,7 +11,17 @@ from typing import Any
 
 from benchmarks.flops import ring_allreduce_min_bytes
 from benchmarks.plan import Comparison
-from benchmarks.stats import Summary, decide, fmt, fmt_summary, paired_ratios, summarize
+from benchmarks.stats import (
+    MIN_VALUES,
+    RESAMPLES,
+    TOLERANCE,
+    Summary,
+    decide,
+    fmt,
+    fmt_summary,
+    paired_ratios,
+    summarize,
+)
 from benchmarks.table import markdown_table
 
 Results = dict[str, dict[str, list[dict]]]
@@ -143,9 +153,8 @@ def _anatomy(plan: list[Comparison], results: Results) -> str:
         conclusion = ("Call by call in one process, Keras' train function is not faster than Pinpoint's "
                       f"({peer[0].lower() + peer[1:]}): a gap in the end-to-end row above is not in the training "
                       "function. That row runs each arm in a fresh process, `pinpoint train` with what it does around "
-                      "the function (the first call's capture, the train log, the call's example indices), and a "
-                      "run's steady rate on this shared 2-core machine varies from process to process by more than "
-                      "the gap (the row's min–max)."
+                      "the function (the first call's capture, the train log, the call's example indices)"
+                      + _spread_against_gap(results) + "."
                       + (f" Keras' choices that would make Pinpoint's function faster still: {'; '.join(gap)}."
                          if gap else ""))
     return (
@@ -157,8 +166,8 @@ def _anatomy(plan: list[Comparison], results: Results) -> str:
         + "\n".join(lines) + "\n\n"
         "Pinpoint draws each call's example indices on the host from a seeded permutation per epoch (`EpochOrder`: "
         "a resumed run sees the same batches) and passes them to the training function; it chose them inside the "
-        "step with TensorFlow's per-example RandomIndexShuffle before (24 µs a step of 64 in a profile, where "
-        f"Keras shuffles in tf.data on a background thread){': ' + '; '.join(saved) if saved else ''}. "
+        "step with TensorFlow's per-example RandomIndexShuffle before (where Keras shuffles in tf.data on a "
+        f"background thread){': ' + '; '.join(saved) if saved else ''}. "
         "Keras compiles its whole train step with XLA, the optimizer's update included; Pinpoint compiles "
         "forward and backward and applies the gradients outside, where its capture reports each update op and "
         "its device (`variable_updates`). Keras' distributed dataset prefetches each batch onto the device on a "
@@ -166,6 +175,18 @@ def _anatomy(plan: list[Comparison], results: Results) -> str:
         f"inside the step, so the input placement is part of the step's graphs, and each step copies it to the "
         f"replica ({g.get('device', '?')}): its loop runs in two partitions. Both are choices for what the report can "
         f"show. {conclusion}\n")
+
+
+def _spread_against_gap(results: Results) -> str:
+    """How much Pinpoint's steady rate varied between the keras-none row's processes, against the
+    row's gap to Keras (both from the run's records)."""
+    eps = summ((results.get("keras-none") or {}).get("pinpoint", []), "examples_per_sec")
+    r = ratio_summary(results, "keras-none", "pinpoint", "keras", "examples_per_sec")
+    if eps is None or r is None or not eps.median:
+        return ""
+    spread, gap = (eps.max - eps.min) / eps.median, abs(r.median - 1)
+    return (f"; its steady rate varied from process to process by {fmt(100 * spread, 3)}% of its median (the row's "
+            f"min–max), {'more' if spread > gap else 'less'} than the gap, {fmt(100 * gap, 3)}%")
 
 
 def _first(recs: Sequence[dict], key: str):
@@ -219,14 +240,12 @@ def section_overhead(plan: list[Comparison], results: Results) -> str:
     out = markdown_table(["arm", "train time s (train_command)", "steady ex/s", "process wall s", "runs"], arm_rows)
     ratio_rows = []
     for rt in comp.ratios:
-        r = ratio_summary(results, comp.key, rt.num, rt.den, rt.metric)
-        w = ratio_summary(results, comp.key, rt.num, rt.den, "process_wall_s")
-        a, b = values(runs.get(rt.num, []), rt.metric), values(runs.get(rt.den, []), rt.metric)
-        diff = summarize([None if x is None or y is None else x - y for x, y in zip(a, b)])
-        ratio_rows.append([rt.label, fmt_summary(r), fmt_summary(diff, 3, " s"), fmt_summary(w),
+        # A steady cost: the ratio of steady rates; a fixed cost: the difference in seconds (issue 50.2).
+        r = compare_summary(results, comp.key, rt)
+        wall = compare_summary(results, comp.key, dataclasses.replace(rt, metric="process_wall_s", difference=True))
+        ratio_rows.append([rt.label, fmt_summary(r, 3, " s" if rt.difference else ""), fmt_summary(wall, 3, " s"),
                            target_met(r, rt.target) or "recorded"])
-    out += "\n" + markdown_table(
-        ["ratio (same round)", "train time", "train time difference", "process wall", "target"], ratio_rows)
+    out += "\n" + markdown_table(["same round", "value", "process wall difference", "target"], ratio_rows)
     return out
 
 
@@ -330,13 +349,12 @@ def section_allreduce(plan: list[Comparison], results: Results) -> str:
     ) + (f"\n{comp.note}\n" if comp.note else "")
 
 
-LINEAR_SPREAD = 2.0  # analysis seconds per op, largest / smallest row of a model: "linear in ops" up to this
-REPORT_OPEN_TARGET_MS = 2000.0
 
 
 def section_real_models(plan: list[Comparison], results: Results) -> str:
     """Issue 25.5: capture + analysis at scale, one row per model and device count; the growth
     stated as analysis time per op across the rows (constant: linear in ops)."""
+    from benchmarks.targets import target
     comp = next((c for c in plan if c.key == "real-models"), None)
     if comp is None or comp.key not in results:
         return f"skipped: {comp.skipped}\n" if comp is not None and comp.skipped else "not run\n"
@@ -361,17 +379,18 @@ def section_real_models(plan: list[Comparison], results: Results) -> str:
     for model, vals in per_op.items():
         vals = [v for v in vals if v]
         if len(vals) > 1:
+            # One run per device count: the spread is recorded against its target, not decided.
             spread = max(vals) / min(vals)
-            verdict = "met" if spread <= LINEAR_SPREAD else "not met"
             lines.append(f"- {model}: analysis time per op {fmt(min(vals), 3)}-{fmt(max(vals), 3)} µs over "
                          f"{len(vals)} device counts (largest / smallest {fmt(spread, 3)}); target linear in ops "
-                         f"(per-op time within {LINEAR_SPREAD:g}x): **{verdict}**")
-    opened = [r[-1] for r in rows if r[-1]]
+                         f"(per-op time, largest / smallest {target('real_models.per_op_spread')}): "
+                         f"**recorded (one run per device count)**")
+    opened = summarize(pooled([r for recs in results[comp.key].values() for r in recs], "open_report_runs_ms"),
+                       interval=True)
     if opened:
-        worst = max(float(x.replace(",", "")) for x in opened)
-        lines.append(f"- report.html of the largest run opened in headless Chromium in {fmt(worst, 3)} ms "
-                     f"(load event, median of 3); target under {REPORT_OPEN_TARGET_MS / 1000:g} s: "
-                     f"**{'met' if worst < REPORT_OPEN_TARGET_MS else 'not met'}**")
+        lines.append(f"- report.html of each model's largest run opened in headless Chromium: "
+                     f"{fmt_summary(opened, 3, ' ms')} over {opened.n} loads (load event); target {target('real_models.report_open_ms')} ms: "
+                     f"**{decide(opened, target('real_models.report_open_ms'))}**")
     return markdown_table(
         ["model", "devices", "ops / step", "analysis s", "µs / op", "write s", "placement.json MB",
          "placement_ops.json.gz MB", "peak RSS MB", "RSS growth in analysis MB", "report open ms"],
@@ -399,7 +418,7 @@ def section_mfu(plan: list[Comparison], results: Results) -> str:
 def section_make_run(plan: list[Comparison], results: Results) -> str:
     """Issue 15.7: the wall time of `make run`, per pipeline step, and its time to the first
     training step (from the command's start to the end of step 1, per train_log.jsonl)."""
-    from benchmarks.make_run import TARGET_WALL_S
+    from benchmarks.targets import target
 
     runs = (results.get("make-run") or {}).get("make-run")
     if not runs:
@@ -415,9 +434,9 @@ def section_make_run(plan: list[Comparison], results: Results) -> str:
         [["make run", *(fmt_summary(summ(runs, c)) for c in cols), str(len(runs))]],
     )
     wall = summ(runs, "wall_s", interval=True)
-    verdict = "not run" if wall is None else decide(wall, f"<= {TARGET_WALL_S:g}")
+    verdict = "not run" if wall is None else decide(wall, target("make_run.wall_s"))
     return table + (
-        f"\nTarget (issue 15.7): wall time <= {TARGET_WALL_S:g} s: {fmt_summary(wall)} s: **{verdict}**. "
+        f"\nTarget (issue 15.7): wall time {target('make_run.wall_s')} s: {fmt_summary(wall)} s: **{verdict}**. "
         "A step's time is its "
         "process's, from kfp.local starting it to its exit (imports, its MLflow step run and exit included); "
         "before the steps: the CLI, kfp and the MLflow parent run; after: the parent run's end, the summary, "
@@ -440,10 +459,12 @@ def failures(results: Results) -> list[str]:
 SETTINGS = """\
 - Every figure is the median of the runs, with (min–max); ratios are taken between the arms of
   the same round, then summarized. A ratio (or difference) also shows [low, high], the 95%
-  bootstrap interval of its median (the rounds resampled with replacement, 4,000 times), and a
-  target is decided by that interval: met when all of it is on the target's side, NOT met when
-  none of it is, undecided when it straddles the target (or a single round gives no interval).
-  A comparison with a time cap runs more rounds until every targeted interval is within ±3% of
+  bootstrap interval of its median (the rounds resampled with replacement, {resamples} times), and a
+  target (benchmarks/targets.py) is decided by that interval: met when all of it is on the target's
+  side, NOT met when none of it is, undecided when it straddles the target; a figure with fewer
+  than {min_values} values (rounds, or pairs of blocks) is recorded, not decided. A steady cost is
+  a ratio of steady rates, a fixed cost a difference in seconds.
+  A comparison with a time cap runs more rounds until every targeted interval is within ±{tolerance}% of
   its median or the cap is reached. Each run is its own process; the arms of a comparison run back
   to back, alternating order between rounds (A B, B A, ...). On a shared machine (see the load
   average above) the absolute numbers move with the load; the same-round ratios much less.
@@ -549,7 +570,7 @@ def render_markdown(plan: list[Comparison], results: Results, raw: dict, chart_n
         parts += ["## Chart\n", f"![benchmarks]({chart_name})\n"]
     parts += ["## Time per comparison\n", section_times(plan, raw)]
     parts += ["## How it is measured\n", SETTINGS.format(
-        batch=2 * s["per_replica_batch"], lr=_lr(plan), spe=_log_every(plan), warmup=s["warmup_steps"],
+        resamples=f"{RESAMPLES:,}", min_values=MIN_VALUES, tolerance=fmt(100 * TOLERANCE), batch=2 * s["per_replica_batch"], lr=_lr(plan), spe=_log_every(plan), warmup=s["warmup_steps"],
         overhead=s["overhead_steps"])]
     fails = failures(results)
     if skipped or fails:

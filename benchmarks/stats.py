@@ -58,16 +58,21 @@ def bootstrap_interval(values: Sequence[float], *, level: float = LEVEL, resampl
     return meds[int(tail * resamples)], meds[min(resamples - 1, int((1 - tail) * resamples))]
 
 
+MIN_VALUES = 3  # a verdict needs an interval from at least this many values (benchmarks/targets.py)
+
+
 def decide(s: Summary | None, target: str) -> str:
-    """'met', 'NOT met' or 'undecided (...)' for `target` ('>= x' / '<= x'), by the interval:
-    met when all of it is on the target's side, NOT met when none of it is, undecided when it
-    straddles the target (or there is no interval: a single value)."""
+    """'met', 'NOT met', 'undecided (...)' or 'recorded (...)' for `target` ('>= x' / '<= x'), by
+    the interval: met when all of it is on the target's side, NOT met when none of it is,
+    undecided when it straddles the target; recorded (no verdict) under MIN_VALUES values."""
     op, _, num = target.partition(" ")
     bound = float(num)
     if op not in (">=", "<="):
         raise ValueError(f"target: got {target!r}; use '>= NUMBER' or '<= NUMBER'")
     if s is None:
         return f"NOT met (no data: every run failed; target {target})"
+    if s.n < MIN_VALUES:
+        return f"recorded ({s.n} value{'s' if s.n != 1 else ''}: a verdict needs {MIN_VALUES}; target {target})"
     if s.low is None or s.high is None:
         return f"undecided (one value, no interval; target {target})"
     ok_low, ok_high = (s.low >= bound, s.high >= bound) if op == ">=" else (s.low <= bound, s.high <= bound)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.plan import Arm, Comparison, Ratio, Settings
+from benchmarks.targets import target
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -50,8 +51,10 @@ def program_comparison(key: str, title: str, program: dict, *, run_s: float, rep
             Arm("trace", "pinpoint trace", {"kind": "program", "via": "trace", **program}))
     return Comparison(
         key=key, title=title, arms=arms, repeats=repeats,
-        ratios=(Ratio("trace / python, steady examples/s", "trace", "python", "examples_per_sec", ">= 0.97"),
-                Ratio("trace - python, fixed cost", "trace", "python", "fixed_s", "<= 3", difference=True)),
+        ratios=(Ratio("trace / python, steady examples/s", "trace", "python", "examples_per_sec",
+                      target("trace.steady")),
+                Ratio("trace - python, fixed cost", "trace", "python", "fixed_s", target("trace.fixed_s"),
+                      difference=True)),
         note="the same program and arguments, the same devices; the program measures its own steady state "
              "(--timing-out); fixed cost = process wall - batches x batch / steady examples/s",
         run_s=run_s, time_cap_s=time_cap_s,

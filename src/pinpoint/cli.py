@@ -9,6 +9,7 @@ registers them through the `pinpoint.commands` entry-point group (pyproject.toml
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -88,9 +89,11 @@ def cmd_report(args) -> int:
     return report_command(Path(args.dir), parent_run_id=args.parent_run_id)
 
 
-def cmd_trace(args) -> int:
+def cmd_trace(args):
+    """The steps of `pinpoint trace` (trace.session.trace_steps): `main` drives them, so the
+    program runs under as few of Pinpoint's frames as can be (trace.program.run says why)."""
     from pinpoint.trace.program import Program
-    from pinpoint.trace.session import trace_command
+    from pinpoint.trace.session import trace_steps
 
     if args.module:
         program = Program(args.module, list(args.program), module=True)
@@ -114,9 +117,8 @@ def cmd_trace(args) -> int:
 
         # Read once, when TensorFlow creates its host allocator: before the program imports it.
         os.environ[ALLOCATOR_ENV] = "true"
-    return trace_command(program, out=args.out, gpus=args.gpus, tracking=not args.no_tracking,
-                         log_every=args.log_every, experiment=args.experiment,
-                         metrics_every_s=args.metrics_every_s)
+    return trace_steps(program, out=args.out, gpus=args.gpus, tracking=not args.no_tracking,
+                       log_every=args.log_every, experiment=args.experiment, metrics_every_s=args.metrics_every_s)
 
 
 def cmd_plan(args) -> int:
@@ -289,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     code = _main(argv)
+    if not isinstance(code, int):  # pinpoint trace's steps: its program runs from here
+        from pinpoint.trace.session import drive
+
+        code = _guarded(drive, code)
     if argv is None:
         # The process's entry point (`pinpoint ...`, `python -m pinpoint.cli`), which exits next:
         # the objects alive now leave the cyclic garbage collector, so interpreter exit does not
@@ -323,26 +329,37 @@ def split_trace_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _main(argv: list[str] | None) -> int:
+def _guarded(run, *args) -> int:
+    """run(*args)'s exit code; Pinpoint's errors in one line, an interrupt as 130."""
     try:
-        front, program_args = split_trace_argv(list(sys.argv[1:] if argv is None else argv))
-        args = build_parser().parse_args(front)
-        if args.command == "trace":
-            args.program = [*args.program, *program_args]
-        from pinpoint.versions import check_supported
-
-        check_supported()  # a TensorFlow outside the supported range: one line, before any work
-        if argv is None:  # the process's entry point: its environment is ours to set
-            from pinpoint.quiet import quiet_start
-
-            quiet_start(args.verbose)
-        return int(args.fn(args) or 0)
+        return run(*args)
     except PinpointError as err:
         print(f"pinpoint: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("pinpoint: interrupted", file=sys.stderr)
         return 130
+
+
+def _main(argv: list[str] | None):
+    """A command's exit code, or pinpoint trace's steps for `main` to drive."""
+    return _guarded(_command, argv)
+
+
+def _command(argv: list[str] | None):
+    front, program_args = split_trace_argv(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(front)
+    if args.command == "trace":
+        args.program = [*args.program, *program_args]
+    from pinpoint.versions import check_supported
+
+    check_supported()  # a TensorFlow outside the supported range: one line, before any work
+    if argv is None:  # the process's entry point: its environment is ours to set
+        from pinpoint.quiet import quiet_start
+
+        quiet_start(args.verbose)
+    result = args.fn(args)
+    return result if inspect.isgenerator(result) else int(result or 0)
 
 
 if __name__ == "__main__":

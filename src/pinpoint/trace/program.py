@@ -4,13 +4,18 @@ with Pinpoint's own frames left out."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import runpy
 import sys
 import traceback
+import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pinpoint.errors import ConfigError
 from pinpoint.quiet import program_warnings
@@ -71,21 +76,15 @@ class Outcome:
 def run(program: Program, on_end=None) -> Outcome:
     """Run `program` as __main__; its exit code and how it ended. `on_end()` is called when the
     program ended, while its module's objects are still alive. The caller's sys.argv and
-    sys.path are restored afterwards."""
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.path are restored afterwards.
+
+    The program runs a few bytecodes into this function and into run_script: TensorFlow captures
+    the Python stack (up to 30 frames) at every eager op and tf.function call and works out each
+    frame's line number, at a cost that grows with how far into its function a frame is (issue
+    50.5: Pinpoint's frames under a shallow program cost it ~1.5 µs an op before)."""
     try:
-        if program.module:
-            sys.argv = [program.target, *program.args]
-            sys.path.insert(0, os.getcwd())
-            with program_warnings():
-                namespace = runpy.run_module(program.target, run_name="__main__", alter_sys=True)
-        else:
-            script = str(Path(program.target).resolve())
-            sys.argv = [program.target, *program.args]
-            # A folder runs its __main__.py with the folder itself first on sys.path, as `python DIR`.
-            sys.path.insert(0, script if os.path.isdir(script) else os.path.dirname(script))
-            with program_warnings():
-                namespace = runpy.run_path(script, run_name="__main__")
+        with _as_program(program) as (target, kind):
+            namespace = run_script(target) if kind == "script" else _run_other(target, kind)
         if on_end is not None:
             on_end()
         del namespace
@@ -94,8 +93,68 @@ def run(program: Program, on_end=None) -> Outcome:
         if on_end is not None:
             on_end()  # the traceback keeps the program's frames alive
         return _outcome(err)
+
+
+@contextlib.contextmanager
+def _as_program(program: Program) -> Iterator[tuple[str, str]]:
+    """sys.argv and sys.path as `python SCRIPT ARGS` / `python -m MODULE ARGS` has them, and the
+    program's warning filters; (the script's path or the module's name, "script", "folder" or
+    "module")."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    try:
+        sys.argv = [program.target, *program.args]
+        if program.module:
+            sys.path.insert(0, os.getcwd())
+            target = program.target
+        else:
+            target = str(Path(program.target).resolve())
+            # A folder runs its __main__.py with the folder itself first on sys.path, as `python DIR`.
+            sys.path.insert(0, target if os.path.isdir(target) else os.path.dirname(target))
+        kind = "module" if program.module else "script" if os.path.isfile(target) else "folder"
+        with program_warnings():
+            yield target, kind
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def _run_other(target: str, kind: str) -> dict:
+    """A module (`-m`) or a folder with a __main__.py, as runpy runs them."""
+    if kind == "module":
+        return runpy.run_module(target, run_name="__main__", alter_sys=True)
+    return runpy.run_path(target, run_name="__main__")
+
+
+def run_script(script: str) -> dict:
+    """`runpy.run_path(script, run_name="__main__")` for a Python file, in this one frame (runpy
+    takes three; see `run`). As run_path: a fresh `__main__` module in sys.modules, its globals
+    the program's, and sys.argv[0] the script while it runs; a copy of its globals returned."""
+    code, module = _compiled(script)
+    with _as_main(module, script):
+        exec(code, module.__dict__)
+    return module.__dict__.copy()
+
+
+def _compiled(script: str) -> tuple[Any, types.ModuleType]:
+    with io.open_code(script) as f:
+        code = compile(f.read(), script, "exec")
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=script, __cached__=None, __doc__=None, __loader__=None, __package__="",
+                           __spec__=None)
+    return code, module
+
+
+@contextlib.contextmanager
+def _as_main(module: types.ModuleType, script: str) -> Iterator[None]:
+    saved_main, saved_argv0 = sys.modules.get("__main__"), sys.argv[0]
+    sys.modules["__main__"], sys.argv[0] = module, script
+    try:
+        yield
+    finally:
+        sys.argv[0] = saved_argv0
+        if saved_main is None:
+            del sys.modules["__main__"]
+        else:
+            sys.modules["__main__"] = saved_main
 
 
 def _outcome(err: BaseException) -> Outcome:

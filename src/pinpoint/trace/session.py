@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pinpoint.device_names import DeviceMap
 from pinpoint.runfolder import PLACEMENT, ensure_dir
+from pinpoint.trace.program import run as program_run
 
 
 @dataclass
@@ -139,9 +141,44 @@ def trace_config(name: str, *, tracking: bool, experiment: str = "pinpoint", met
                                        "step_metrics_every_s": metrics_every_s})
 
 
-def trace_command(program, *, out: str | Path | None, gpus: int | None, tracking: bool,
-                  log_every: int = 10, experiment: str = "pinpoint", metrics_every_s: float = 1.0) -> int:
-    """`pinpoint trace`: run `program` with capture on; the program's exit code."""
+def trace_command(program, **options) -> int:
+    """`pinpoint trace`: run `program` with capture on; the program's exit code (trace_steps'
+    options)."""
+    return drive(trace_steps(program, **options))
+
+
+def drive(steps: Generator) -> int:
+    """Run the program a `trace_steps` generator yields, from this frame, and let the generator
+    finish; its exit code. The generator's frame is suspended while the program runs, so it is
+    not on the stack TensorFlow captures at every op (see trace.program.run): the CLI calls this
+    from its entry point."""
+    first = _first(steps)
+    if isinstance(first, int):
+        return first
+    return _finish(steps, program_run(first[0], on_end=first[1]))
+
+
+def _first(steps: Generator):
+    """The program the steps yield and its on_end, or their exit code if they ended before it."""
+    try:
+        return next(steps)
+    except StopIteration as stop:
+        return stop.value
+
+
+def _finish(steps: Generator, outcome) -> int:
+    try:
+        steps.send(outcome)
+    except StopIteration as stop:
+        return stop.value
+    raise RuntimeError("trace_steps yielded a second program")
+
+
+def trace_steps(program, *, out: str | Path | None, gpus: int | None, tracking: bool, log_every: int = 10,
+                experiment: str = "pinpoint", metrics_every_s: float = 1.0) -> Generator:
+    """`pinpoint trace` in steps (`drive` runs them): set up, yield (program, on_end) with capture
+    on and receive its trace.program.Outcome, then write what was captured; returns the
+    program's exit code."""
     from pinpoint.quiet import import_tensorflow
     from pinpoint.trace import program as prog
 
@@ -169,7 +206,7 @@ def trace_command(program, *, out: str | Path | None, gpus: int | None, tracking
                             "trace.gpus": gpus or 0, "trace.emulated": dm.emulated})
             cap = Capture(dm, log_every=log_every, send=run.log_step_metrics, params=run.log_params)
             with cap:
-                outcome = prog.run(program, on_end=cap.on_end)
+                outcome = yield program, cap.on_end
             finish(cap, run, out, label, outcome.exit_code)
             if outcome.status == prog.KILLED:
                 raise KeyboardInterrupt  # the run ends KILLED

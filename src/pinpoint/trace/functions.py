@@ -1,0 +1,186 @@
+"""tf.functions: each concrete function's record, its name in the program, and its first call.
+
+The first eager call of each function (each concrete function, so a retrace is a new one) runs
+with graph collection on, which the runtime does when it instantiates the function anyway: its
+partition graphs and traced shapes are recorded once; later calls are counted by
+trace.calls' wrapper. With memory measured (--memory), the second call runs under the profiler.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from pinpoint.placement.capture import (
+    CapturedGraphs,
+    add_branch_shapes,
+    add_function_graphs,
+    branch_shapes,
+    map_arg_values,
+    run_profiled,
+    size_from_inference,
+    size_iterator_outputs,
+)
+from pinpoint.placement.memory import enabled as memory_enabled
+from pinpoint.tfcompat.api import executing_eagerly
+from pinpoint.tfcompat.graphs import called_graphs, collect_graphs
+from pinpoint.trace.eager import is_resource
+from pinpoint.trace.shapes import function_shapes
+
+_SUFFIX_RE = re.compile(r"^__(inference|forward|backward)_(.*?)(_\d+)?$")
+def python_name(concrete: str) -> str:
+    """'__inference_one_step_on_iterator_1234' -> 'one_step_on_iterator'."""
+    m = _SUFFIX_RE.match(concrete)
+    return m.group(2) if m else concrete
+
+
+# TensorFlow's wrapper around a function whose first call creates variables it cannot lift out.
+_WRAPPERS = {"fn_with_cond"}
+_KERAS_ROLES = {"fit": "train", "train_on_batch": "train", "evaluate": "evaluate", "test_on_batch": "evaluate",
+                "predict": "predict", "predict_on_batch": "predict"}
+
+
+def user_name(fn, concrete: str) -> str:
+    """The program's name for a function: TensorFlow's `fn_with_cond` (the first call of a
+    function that creates variables) is named after the user's function it wraps."""
+    name = python_name(concrete)
+    if name not in _WRAPPERS:
+        return name
+    try:
+        library = called_graphs(fn.graph)
+    except Exception:  # noqa: BLE001 - no Python graph
+        return name
+    for key in library:
+        inner = python_name(key if isinstance(key, str) else key.decode())
+        if inner != key and inner not in _WRAPPERS:
+            return inner
+    return name
+
+
+def error_line(err: BaseException) -> str:
+    """'<type>: <the line that says what went wrong>' (a graph execution error's cause is last)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    if lines and lines[0].rstrip(":") == "Graph execution error":
+        # The cause is the last line before the runtime's '[[{{node X}}]] [Op:...]' trailer.
+        lines = [ln for ln in lines if not ln.startswith("[[")][-1:] or lines[-1:]
+    text = lines[0] if lines else ""
+    return f"{type(err).__name__}: {text[:200]}"
+
+
+def keras_role(frame=None) -> str | None:
+    """Which Keras method (fit, evaluate, predict) the call comes from: the innermost one on the
+    stack (fit's validation runs evaluate)."""
+    import sys
+
+    f = frame or sys._getframe(1)
+    while f is not None:
+        code = f.f_code
+        role = _KERAS_ROLES.get(code.co_name)
+        if role and "/keras/src/" in code.co_filename.replace("\\", "/"):
+            return role
+        f = f.f_back
+    return None
+
+
+@dataclass
+class FunctionRecord:
+    """One concrete function (or one Session.run signature): its calls and what its first call ran."""
+
+    name: str  # the concrete function's name ('__inference_f_22') or 'Session.run(...)'
+    python_name: str
+    calls: int = 0
+    check_at: int = 0  # the call count at which the recorder next asks whether a window is due
+    capture: CapturedGraphs | None = None
+    kind: str = "tf.function"  # or "Session.run"
+    # The Keras method its first call came from ("train", "evaluate", "predict"), else None.
+    role: str | None = None
+    # The exception its first call raised (type and first line), else None.
+    error: str | None = None
+
+
+class FunctionCalls:
+    """Every call the counting wrapper does not count itself: a function's first call (captured),
+    a call on the slow path, a call while a function traces. `functions` holds the records by
+    concrete name (Session.run's too); `known` the functions whose calls the wrapper counts."""
+
+    def __init__(self, functions: dict, on_new, eager_ops, finder, real_gpus: bool) -> None:
+        self.functions = functions
+        self.on_new = on_new  # () -> None: a new function (a new phase: its eager ops are sampled)
+        self.eager_ops = eager_ops  # trace.eager.EagerOps: the latest input elements
+        self.finder = finder  # trace.variables.VariableFinder
+        self.real_gpus = real_gpus  # False under emulation: a listed GPU is a logical CPU, no GPU allocator
+        self.active = False
+        self.known: dict[int, FunctionRecord] = {}  # id(AtomicFunction) -> its record
+        self._alive: list = []  # the functions in `known` (kept alive: an id is not reused)
+
+    def call(self, call_flat, fn, args):
+        """A call the wrapper did not count (slow(call_flat, fn, args) of trace.calls)."""
+        if not self.active or not executing_eagerly(fn):
+            return call_flat(fn, *args)
+        name = fn.name.decode() if isinstance(fn.name, bytes) else str(fn.name)
+        r = self.functions.get(name)
+        seen = r is not None
+        if not seen:
+            r = self.functions[name] = FunctionRecord(name, user_name(fn, name), role=keras_role())
+            self.on_new()
+        if seen or not memory_enabled():  # memory: the second call comes here too, to be measured
+            self.known[id(fn)] = r  # its calls take the fast path from now on
+            self._alive.append(fn)  # its id stays its own while it is in `known`
+        r.calls += 1
+        if seen:
+            return self._seen_call(lambda: call_flat(fn, *args), r)
+        if threading.current_thread() is not threading.main_thread():
+            # e.g. a ClusterCoordinator's closures: graph collection is process-wide, and
+            # those functions are instantiated by the remote workers' runtimes anyway.
+            return call_flat(fn, *args)
+        try:
+            out, r.capture = self._capture_first_call(lambda: call_flat(fn, *args), fn, args)
+        except BaseException as err:
+            r.error = error_line(err)
+            raise
+        return out
+
+    def _capture_first_call(self, call, fn, args) -> tuple[Any, CapturedGraphs]:
+        cap = CapturedGraphs(step=0)
+        # The traced shapes, before the call: they tell whether the profiler is needed.
+        dynamic = function_shapes(fn, cap)
+        # A cond's branch that did not run sends nothing: which one ran is read off the profiled call.
+        branches = branch_shapes(fn)
+        with collect_graphs() as collected:
+            if dynamic or branches or memory_enabled():
+                # TensorFlow records no step stats for a tf.function call (dev_stats stays empty), so a
+                # dynamic batch dimension is read off the bytes the iterator handed out (the profiler),
+                # and what derives from it off TensorFlow's shape inference (size_from_inference).
+                # The same profiled call holds the allocator's events when memory is measured.
+                out, element_bytes, kernels, why = run_profiled(call, cap if memory_enabled() else None,
+                                                                real_gpus=self.real_gpus)
+            else:
+                out, element_bytes, kernels, why = call(), None, None, None
+        add_function_graphs(cap, collected.metadata, fn.name)
+        add_branch_shapes(cap, branches)
+        size_iterator_outputs(cap, element_bytes, why)
+        size_from_inference(cap, element_bytes, kernels)
+        map_arg_values(cap, list(args))  # the handles attribute the variable updates
+        cap.input_arg_ids = {id(a) for a in args if self.eager_ops.is_input_element(a)}
+        self.finder.find({id(a) for a in args if is_resource(a)})
+        return out, cap
+
+    def _seen_call(self, call, r: FunctionRecord):
+        """A later call on the slow path: with memory measured, the second call is the one measured."""
+        if r.calls == 2 and r.capture is not None and memory_enabled():
+            return self._measure_memory(call, r.capture)
+        return call()
+
+    def _measure_memory(self, call, cap: CapturedGraphs):
+        """A function's second call under the profiler: its memory without what only a first call
+        allocates (its constants, variables still sharing the buffer they were initialized from).
+        The first call's measurement stays when the program calls the function once."""
+        taken = CapturedGraphs(step=0)
+        out, *_ = run_profiled(call, taken, real_gpus=self.real_gpus)
+        if taken.memory_events:
+            cap.memory_events, cap.memory_peak, cap.memory_why = taken.memory_events, taken.memory_peak, taken.memory_why
+            cap.memory_read_ps, cap.memory_trace = taken.memory_read_ps, taken.memory_trace
+            cap.memory_gpu_peaks, cap.memory_first_call = taken.memory_gpu_peaks, False
+        return out

@@ -1,0 +1,148 @@
+"""The variables behind what a program ran, found by their handles and kept alive until the
+report is written (so it can show them and compare their mirrored copies).
+
+A captured function's variables are looked up by the handles it was called with; an eager
+update's by the handle it updated. The live objects are scanned (`gc.get_objects()`) only when
+a handle is new to the index: new variables exist.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+from pinpoint.tfcompat.api import keras_variable_class, keras_wrapped
+
+_PLATFORM_VARIABLES = {"save_counter:0", "save_counter"}
+
+
+class VariableFinder:
+    """Variables by the ids of their component handles, outermost wrapper (Keras, else
+    distributed, else plain), in discovery order."""
+
+    def __init__(self) -> None:
+        self._variables: dict[int, Any] = {}  # id -> variable (Keras or tf), in discovery order
+        self._index: dict[int, Any] = {}  # component handle id -> weakref to its outermost variable
+        self._seen_handles: set[int] = set()
+        self._resolved: set[int] = set()
+        self._pending: dict[int, bool] = {}  # eager-updated handles not yet matched; True: scanned once
+
+    def keep(self, variable) -> None:
+        """Keep `variable` (e.g. a tf.compat.v1 graph's collection)."""
+        self._variables.setdefault(id(variable), variable)
+
+    def looked_for(self, handle_id: int) -> bool:
+        """Whether an updated handle's variable was found or a scan already looked for it."""
+        return handle_id in self._resolved or self._pending.get(handle_id, False)
+
+    def on_update(self, handle_id: int) -> None:
+        """Find the variable an eager op updated. A variable's first update is its initializer,
+        run inside its constructor before the object holds its handle: it is looked up again at
+        its next update (one scan resolves every handle waiting then)."""
+        if handle_id in self._resolved:
+            return
+        if self._keep(handle_id):
+            return
+        if handle_id not in self._pending:
+            self._pending[handle_id] = False  # not yet looked for by a scan
+            return
+        if not self._pending[handle_id]:
+            self._reindex()
+            for h in list(self._pending):
+                if not self._keep(h):
+                    self._pending[h] = True  # scanned once; found at the end if still alive
+
+    def _keep(self, handle_id: int) -> bool:
+        v = self._lookup(handle_id)
+        if v is None:
+            return False
+        self.keep(v)
+        self._resolved.add(handle_id)
+        self._pending.pop(handle_id, None)
+        return True
+
+    def find(self, handle_ids: set[int]) -> None:
+        """Keep the variables whose component handles are among `handle_ids`."""
+        new = handle_ids - self._seen_handles
+        if not new:
+            return
+        self._seen_handles |= new
+        missing = [h for h in new if self._lookup(h) is None]
+        if missing:
+            self._reindex()
+        for h in new:
+            v = self._lookup(h)
+            if v is not None:
+                self.keep(v)
+
+    def _lookup(self, handle_id: int):
+        ref = self._index.get(handle_id)
+        return ref() if ref is not None else None
+
+    def _reindex(self) -> None:
+        for v in live_variables():
+            try:
+                ref = weakref.ref(v)
+            except TypeError:
+                continue
+            for c in components(v):
+                h = getattr(c, "handle", None)
+                if h is not None:
+                    self._index[id(h)] = ref
+
+    def resolve_pending(self) -> None:
+        """Match the eager-updated handles still unmatched (call while the program's objects live)."""
+        if self._pending:
+            self._reindex()
+            for h in list(self._pending):
+                self._keep(h)
+
+    def adopt(self, created: list) -> None:
+        """Keep the variables the program created and still holds, as their outermost wrapper
+        (trace.created's records; call while the program's objects live)."""
+        alive = [v for v in (r.ref() for r in created) if v is not None]
+        if not alive:
+            return
+        self._reindex()
+        for v in alive:
+            handle = getattr(components(v)[0], "handle", None)
+            outer = self._lookup(id(handle)) if handle is not None else None
+            self.keep(outer if outer is not None else v)
+
+    def variables(self) -> list:
+        """The variables found (not a tf.train.Checkpoint's own save counter)."""
+        return [v for v in self._variables.values() if getattr(v, "name", "") not in _PLATFORM_VARIABLES]
+
+
+def live_variables() -> list:
+    """Every live variable, outermost wrapper only (a Keras variable hides its tf.Variable, a
+    distributed variable its components)."""
+    import tensorflow as tf
+
+    KerasVariable = keras_variable_class()
+    keras_vars, tf_vars = [], []
+    for obj in gc.get_objects():
+        if KerasVariable and isinstance(obj, KerasVariable):
+            keras_vars.append(obj)
+        elif isinstance(obj, tf.Variable):
+            tf_vars.append(obj)
+    inner = set()
+    for kv in keras_vars:
+        value = keras_wrapped(kv)
+        if value is not None:
+            inner.add(id(value))
+            inner.update(id(c) for c in components(value))
+    for v in tf_vars:
+        comps = components(v)
+        if len(comps) != 1 or comps[0] is not v:  # (== on variables compares values)
+            inner.update(id(c) for c in comps)
+    outer = [kv for kv in keras_vars if keras_wrapped(kv) is not None]
+    return outer + [v for v in tf_vars if id(v) not in inner]
+
+
+def components(v) -> list:
+    from pinpoint.placement.variables import components as parts
+    from pinpoint.placement.variables import unwrap
+
+    return parts(unwrap(v))
