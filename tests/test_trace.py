@@ -244,7 +244,7 @@ def test_eager_assign_runs_on_the_variables_device_after_a_copy(tmp_path):
 
 # ---- issue 34: step metrics reach MLflow by time, each metric's latest value kept ------------------
 def test_step_metrics_reach_mlflow_as_logged_up_to_the_budget_then_at_most_once_per_interval(tmp_path):
-    """--metrics-every-s 3600: the first 200 calls (tracking.step_metrics_budget) go out as
+    """--metrics-every-s 3600: the first 50 calls (tracking.step_metrics_budget) go out as
     logged, every later one is held back (per metric, the latest), and the end of the run sends
     what was held, each at its own step."""
     import json
@@ -254,7 +254,7 @@ def test_step_metrics_reach_mlflow_as_logged_up_to_the_budget_then_at_most_once_
     from pinpoint.config import TrackingConfig
 
     budget = TrackingConfig().step_metrics_budget
-    assert budget == 200
+    assert budget == 50
     script = write(tmp_path, "fast.py", """
         import time
         import pinpoint
@@ -272,11 +272,11 @@ def test_step_metrics_reach_mlflow_as_logged_up_to_the_budget_then_at_most_once_
     (run,) = client.search_runs([client.get_experiment_by_name("thin").experiment_id])
     history = {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k))
                for k in ("loss", "learning_rate")}
-    # Calls 1..200 are the loss of steps 1..200; then 3600 s have not passed: held to the end.
-    assert history == {"loss": [(s, 1.0 / s) for s in range(1, 201)] + [(400, 1.0 / 400)],
+    # Calls 1..50 are the loss of steps 1..50; then 3600 s have not passed: held to the end.
+    assert history == {"loss": [(s, 1.0 / s) for s in range(1, 51)] + [(400, 1.0 / 400)],
                        "learning_rate": [(300, 0.1)]}
     held = [m for k in ("loss", "learning_rate") for m in client.get_metric_history(run.info.run_id, k)
-            if m.step > 200]
+            if m.step > 50]
     ended = client.get_run(run.info.run_id).info.end_time
     assert [ended - m.timestamp >= 1000 for m in held] == [True, True]  # logged before the sleep
     cost = json.loads((out / "tracking.json").read_text())

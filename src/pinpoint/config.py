@@ -405,7 +405,7 @@ class TrackingConfig(_Frozen):
     # ... except the first this many sends of step metrics, which go out as logged: a short run
     # draws a curve (the demo's 300 steps, logged every 10, give 31 points), a long one adds at
     # most one point a second after them. 0: thinned by time from the first step.
-    step_metrics_budget: int = Field(200, ge=0, le=100_000)
+    step_metrics_budget: int = Field(50, ge=0, le=100_000)
     # Checkpoints reach MLflow at most once per this many seconds: the newest one when the time
     # has come, and the last one held back at the end of the run, so a run writing checkpoints
     # every few steps uploads a few a minute, not tens a second (each is ~3 files, ~7 ms of the
