@@ -13,6 +13,7 @@ import pytest
 
 from pinpoint.config import config_from_dict
 from pinpoint.errors import ConfigError
+from pinpoint.placement.model import Placement
 from pinpoint.tracking import (
     end_parent_run,
     open_step_run,
@@ -153,7 +154,8 @@ def test_parent_and_child_runs_params_metrics_artifacts(live_mlflow, tmp_path):
         for step in range(1, 21):
             hook.on_step_end(step, {"loss": 1 / step, "accuracy": step / 20, "examples_per_sec": 100.0,
                                     "step_time": 0.01})
-        hook.on_placement({"ops_by_device": {"/GPU:0": 12}, "transfers": {"per_step": {"count": 3, "bytes": 96}}})
+        hook.on_placement(Placement.from_json({"ops_by_device": {"/GPU:0": 12},
+                                               "transfers": {"per_step": {"count": 3, "bytes": 96}}}))
         run_id = run.run_id
     end_parent_run(parent, "FINISHED")
     c = client(live_mlflow.uri)

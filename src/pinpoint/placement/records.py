@@ -42,6 +42,7 @@ class VariableUpdates:
     variables_with_updates: int | None = None
     variables: int | None = None
     internal_variables: int | None = None
+    freed_variables: int | None = None  # variables the program created and freed before the end
     coverage: str | None = None
 
     def to_json(self) -> dict:
