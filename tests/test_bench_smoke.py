@@ -38,10 +38,10 @@ def test_quick_bench_runs_both_sides_and_writes_results(tmp_path):
         assert rec["peak_flops"] > 1e8 and 0 < rec["mfu"] < 1
     assert pp["replica_devices"] == keras["replica_devices"]
     md = results.read_text()
-    # One round (--quick) gives one ratio and no interval: the target is not decided by it.
+    # One round (--quick) gives one ratio: recorded, a verdict needs 3 values (benchmarks.stats.decide).
     row = re.search(r"^- strategy none, 1 device: pinpoint / Keras examples/sec = ([0-9.]+) .*\*\*(.+)\*\*$", md, re.M)
     assert row, md
-    assert row.group(2) == "undecided (one value, no interval; target >= 1)"
+    assert row.group(2) == "recorded (1 value: a verdict needs 3; target >= 1)"
     assert raw["machine"]["nproc"] >= 1 and raw["machine"]["tensorflow"] in md
     assert results.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
