@@ -83,8 +83,10 @@ for _ in range(3):
 @pytest.mark.timeout(300)
 def test_the_peak_predicted_at_four_times_the_batch_is_the_one_measured_there(tmp_path):
     """32 layers: the peak is the activations the backward pass keeps (one per layer). Which
-    transient tensors overlap them changes from run to run (the executor's order): one activation
-    more or less, 3% of the peak (with 2 layers, 0.83 and 1.11 MB in two runs at 1024)."""
+    transient tensors overlap them changes from run to run (the executor's order): at 4096, two
+    runs peaked at 34,766,976 and 36,864,120 B, two activations apart (2 x 4096 x 64 x 4 B), with
+    one inter-op thread too. The prediction replays the 1024 run's own order, so it is held to 5%
+    beyond what the order alone moves: two activations at the larger batch."""
     from tests.test_trace import placement, trace, write
 
     prog = write(tmp_path, "mlp.py", PROGRAM)
@@ -94,7 +96,8 @@ def test_the_peak_predicted_at_four_times_the_batch_is_the_one_measured_there(tm
     assert small["predicted"]["batch"]["measured"] == 1024
     predicted = small["predicted"]["batch"]["devices"]["/GPU:0"]["4096"]
     measured = large["devices"]["/GPU:0"]["peak_requested"]
-    assert abs(predicted - measured) / measured <= 0.05
+    order = 2 * 4096 * 64 * 4  # two activations of a Dense(64) layer, float32
+    assert abs(predicted - measured) <= 0.05 * measured + order
     # The largest batch that fits 1 GiB: the last whose need (the verdict's terms: variables, the GPU
     # machine's peak at that batch x the allocator's ratio) is within the fits threshold.
     from pinpoint.placement.files import read_placement
