@@ -4,6 +4,7 @@ to simulate an outage."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -37,6 +38,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def makefile_ui_args(port: int) -> list[str]:
+    """`make mlflow-ui`'s `mlflow ui` arguments (its store layout and host), on `port`."""
+    text = (Path(__file__).resolve().parents[1] / "Makefile").read_text().replace("\\\n", " ")
+    args = next(line for line in text.splitlines() if "mlflow ui" in line).split("mlflow ui", 1)[1].split()
+    return [str(port) if a == "$(MLFLOW_PORT)" else a for a in args]
+
+
+@contextlib.contextmanager
+def mlflow_ui(repo: Path, port: int):
+    """`mlflow ui` as `make mlflow-ui` starts it, in `repo`, on `port`; yields its base URL once it
+    answers /health, and stops its process group after."""
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", *makefile_ui_args(port)], cwd=repo,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(base + "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
 
 
 class MlflowServer:

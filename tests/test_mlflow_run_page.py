@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -41,13 +39,6 @@ def _browse(url: str, png: Path, profile: Path) -> str:
     return subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=180).stdout
 
 
-def _ui_args(port: int) -> list[str]:
-    """`make mlflow-ui`'s arguments (its store layout and host), on `port`."""
-    text = (REPO / "Makefile").read_text().replace("\\\n", " ")
-    args = next(line for line in text.splitlines() if "mlflow ui" in line).split("mlflow ui", 1)[1].split()
-    return [str(port) if a == "$(MLFLOW_PORT)" else a for a in args]
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """`make run` in a fresh checkout's layout; (repo folder, the local store's URI)."""
@@ -63,26 +54,11 @@ def demo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ui(demo):
-    from conftest import free_port
+    from conftest import free_port, mlflow_ui
 
     repo, _ = demo
-    port = free_port()
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", *_ui_args(port)], cwd=repo, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
+    with mlflow_ui(repo, free_port()) as base:
         yield base
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(20)
 
 
 def _runs(uri: str) -> dict:

@@ -128,26 +128,15 @@ def test_mlflow_ui_shows_what_pinpoint_train_and_report_logged(live_mlflow, tmp_
     assert dom.count('src="data:image/png;base64,') >= 3  # the charts, embedded
 
 
-def _makefile_ui_args() -> list[str]:
-    """The `mlflow ui` arguments of the Makefile's mlflow-ui target (store layout + host)."""
-    text = (REPO / "Makefile").read_text().replace("\\\n", " ")
-    line = next(line for line in text.splitlines() if "mlflow ui" in line)
-    args = line.split("mlflow ui", 1)[1].split()
-    return [a.replace("$(MLFLOW_PORT)", "0") for a in args]
-
-
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_make_mlflow_ui_serves_the_embedded_store(tmp_path, monkeypatch):
     """A run logged to the default local store (no URI configured) is served, artifacts included,
     by `mlflow ui` started with the Makefile's arguments from the repo root."""
     import json
-    import os
-    import sys
-    import time
     import urllib.request
 
-    from conftest import free_port
+    from conftest import free_port, makefile_ui_args, mlflow_ui
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -163,29 +152,12 @@ def test_make_mlflow_ui_serves_the_embedded_store(tmp_path, monkeypatch):
     assert (repo / "mlruns" / "mlflow.db").is_file()
 
     port = free_port()
-    args = _makefile_ui_args()
+    args = makefile_ui_args(port)
     assert args[args.index("--host") + 1] == "127.0.0.1"
-    args[args.index("--port") + 1] = str(port)
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", *args], cwd=repo, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
+    with mlflow_ui(repo, port) as base:
         with urllib.request.urlopen(f"{base}/api/2.0/mlflow/runs/get?run_id={run_id}", timeout=30) as r:
             data = json.load(r)
         metrics = {m["key"] for m in data["run"]["data"]["metrics"]}
         assert set(PLACEMENT_METRICS) <= metrics
         with urllib.request.urlopen(f"{base}/get-artifact?path=report.html&run_uuid={run_id}", timeout=30) as r:
             assert r.read() == b"<html>r</html>"
-    finally:
-        import signal
-
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(20)
