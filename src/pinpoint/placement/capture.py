@@ -52,6 +52,9 @@ class CapturedGraphs:
     # Input-pipeline ops (IteratorGetNext) whose traced shape has a dynamic dimension: sized
     # from the bytes the runtime reports they handed out (size_iterator_outputs).
     dynamic_inputs: list[str] = field(default_factory=list)
+    # The traced shapes of the ops inside each cond's branch functions, by '<cond op>/<then|else>/
+    # <op>' (the traced graph holds only the If op); add_branch_shapes names them as executed.
+    branch_shapes: dict[str, list] = field(default_factory=dict)
     # Node name -> why its output could not be sized, when a reason is known.
     unsized_why: dict[str, str] = field(default_factory=dict)
     # Eager ops the runtime ran on its own threads during the call (a py_function body, run as
@@ -383,26 +386,13 @@ def capture_on_device(py_fn: Callable[..., Any], device: str, *args, step: int =
 
 
 # A lowered cond inlines its branch functions as '<If op>/then/_<k>/<op>' ('else' for the other).
-_IFS = {"If", "StatelessIf"}
 _LOWERED_BRANCH = re.compile(r"/(then|else)/_\d+/")
 
 
-def branch_shapes(fn) -> dict[str, list]:
-    """The static shapes of the ops inside each `cond`'s branch functions of tf.function `fn`
-    (in its graph or any function it calls), by '<cond op>/<then|else>/<op>'; the traced graph
-    holds only the If op. Empty without a cond (or without the Python graph)."""
-    found: dict[str, list] = {}
-    try:
-        graph = fn.graph
-    except Exception:  # noqa: BLE001 - a function loaded without its Python graph
-        return found
-    _walk_branches(graph, "", found, depth=0, in_branch=False)
-    return found
-
-
-def add_branch_shapes(captured: CapturedGraphs, found: dict[str, list]) -> int:
-    """`branch_shapes` under the names the runtime gives those ops once it lowers each cond into
-    the executed graphs ('<cond op>/then/_<k>/<op>'); returns how many."""
+def add_branch_shapes(captured: CapturedGraphs) -> int:
+    """`captured.branch_shapes` under the names the runtime gives those ops once it lowers each cond
+    into the executed graphs ('<cond op>/then/_<k>/<op>'); returns how many."""
+    found = captured.branch_shapes
     added = 0
     for g in captured.partition_graphs:
         for n in g.node:
@@ -413,28 +403,3 @@ def add_branch_shapes(captured: CapturedGraphs, found: dict[str, list]) -> int:
                 captured.shapes[n.name] = outs
                 added += 1
     return added
-
-
-def _walk_branches(graph, prefix: str, found: dict, depth: int, in_branch: bool) -> None:
-    library = called_graphs(graph)
-    for op in graph.get_operations():
-        if in_branch:
-            found.setdefault(prefix + op.name, output_shapes(op))
-        if depth >= 8:
-            continue
-        if op.type in _IFS:
-            for attr, role in (("then_branch", "then"), ("else_branch", "else")):
-                inner = library.get(_function_name(op, attr))
-                if inner is not None:
-                    _walk_branches(inner, f"{prefix}{op.name}/{role}/", found, depth + 1, True)
-        elif op.type in ("StatefulPartitionedCall", "PartitionedCall"):
-            inner = library.get(_function_name(op, "f"))
-            if inner is not None:
-                _walk_branches(inner, f"{prefix}{op.name}/", found, depth + 1, in_branch)
-
-
-def _function_name(op, attr: str) -> str | None:
-    try:
-        return op.get_attr(attr).name
-    except (ValueError, AttributeError):
-        return None

@@ -17,7 +17,6 @@ from pinpoint.placement.capture import (
     CapturedGraphs,
     add_branch_shapes,
     add_function_graphs,
-    branch_shapes,
     map_arg_values,
     run_profiled,
     size_from_inference,
@@ -146,10 +145,9 @@ class FunctionCalls:
         cap = CapturedGraphs(step=0)
         # The traced shapes, before the call: they tell whether the profiler is needed.
         dynamic = function_shapes(fn, cap)
-        # A cond's branch that did not run sends nothing: which one ran is read off the profiled call.
-        branches = branch_shapes(fn)
         with collect_graphs() as collected:
-            if dynamic or branches or memory_enabled():
+            # A cond's branch that did not run sends nothing: which one ran is read off the profiled call.
+            if dynamic or cap.branch_shapes or memory_enabled():
                 # TensorFlow records no step stats for a tf.function call (dev_stats stays empty), so a
                 # dynamic batch dimension is read off the bytes the iterator handed out (the profiler),
                 # and what derives from it off TensorFlow's shape inference (size_from_inference).
@@ -159,7 +157,7 @@ class FunctionCalls:
             else:
                 out, element_bytes, kernels, why = call(), None, None, None
         add_function_graphs(cap, collected.metadata, fn.name)
-        add_branch_shapes(cap, branches)
+        add_branch_shapes(cap)
         size_iterator_outputs(cap, element_bytes, why)
         size_from_inference(cap, element_bytes, kernels)
         map_arg_values(cap, list(args))  # the handles attribute the variable updates

@@ -36,23 +36,33 @@ def _dynamic_source(graph, seen: set) -> bool:
     return False
 
 
-_CALL_OPS = {"StatefulPartitionedCall", "PartitionedCall"}
+# The functions an op runs, each with the prefix the runtime inlines its body under: a call's
+# '<call op>/<op>', a cond's branches '<If op>/then/<op>' and '<If op>/else/<op>' (the lowering
+# adds a '_<k>/' after the branch: capture.add_branch_shapes).
+_CALLEES = {"StatefulPartitionedCall": (("f", "/"),), "PartitionedCall": (("f", "/"),),
+            "If": (("then_branch", "/then/"), ("else_branch", "/else/")),
+            "StatelessIf": (("then_branch", "/then/"), ("else_branch", "/else/"))}
 
 
-def graph_shapes(graph, prefix: str, cap: CapturedGraphs, depth: int) -> None:
+def graph_shapes(graph, prefix: str, cap: CapturedGraphs, depth: int, branch: bool = False) -> None:
+    """The static shapes of `graph`'s ops and of the functions they call, into `cap.shapes`; those
+    inside a cond's branch into `cap.branch_shapes` (their executed names are not known yet)."""
     library = called_graphs(graph)
+    store = cap.branch_shapes if branch else cap.shapes
     for op in graph.get_operations():
-        outs = cap.shapes.setdefault(prefix + op.name, output_shapes(op))
-        if op.type in GET_NEXT and has_dynamic_dims(outs):
+        outs = store.setdefault(prefix + op.name, output_shapes(op))
+        if not branch and op.type in GET_NEXT and has_dynamic_dims(outs):
             cap.dynamic_inputs.append(prefix + op.name)
-        if op.type in _CALL_OPS and depth < 8:
+        if depth >= 8:
+            continue
+        for attr, sep in _CALLEES.get(op.type, ()):
             try:
-                callee = op.get_attr("f").name
+                callee = op.get_attr(attr).name
             except (ValueError, AttributeError):
                 continue
             inner = library.get(callee)
             if inner is not None:
-                graph_shapes(inner, f"{prefix}{op.name}/", cap, depth + 1)
+                graph_shapes(inner, f"{prefix}{op.name}{sep}", cap, depth + 1, branch or sep != "/")
 
 
 def run_shapes(step_stats, cap: CapturedGraphs) -> None:
