@@ -189,7 +189,7 @@ def test_every_relative_link_resolves(page):
 RUN_IN_CI = {
     "make setup": ("Makefile", "test: $(STAMP)"),  # make test (CI) builds .venv as setup does
     "make run": ("tests/test_mlflow_run_page.py", '"run", str(REPO / "configs" / "demo.yaml")'),
-    "make mlflow-ui": ("tests/test_mlflow_run_page.py", '"mlflow ui" in line'),
+    "make mlflow-ui": ("tests/test_mlflow_run_page.py", "with mlflow_ui(repo, free_port()) as base"),
     "make example-data": ("tests/test_example.py", '"-m", "digits_cnn.data"'),
     "make run CONFIG=examples/digits_cnn/config.yaml": ("tests/test_example.py", '"run", str(config)'),
     "cd examples/keras_fit && pinpoint trace --gpus 2 -m fit_example.train --epochs 3":
