@@ -291,10 +291,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     code = _main(argv)
-    if not isinstance(code, int):  # pinpoint trace's steps: its program runs from here
-        from pinpoint.trace.session import drive
+    if not isinstance(code, int):
+        # pinpoint trace's steps. Its program runs from this frame, two below the process' first:
+        # TensorFlow captures up to 30 frames of the Python stack at every op (issue 50.5).
+        from pinpoint.trace.program import run
+        from pinpoint.trace.session import first_program, send_outcome
 
-        code = _guarded(drive, code)
+        steps, code = code, _guarded(first_program, code)
+        if not isinstance(code, int):
+            code = _guarded(send_outcome, steps, run(*code))
     if argv is None:
         # The process's entry point (`pinpoint ...`, `python -m pinpoint.cli`), which exits next:
         # the objects alive now leave the cyclic garbage collector, so interpreter exit does not

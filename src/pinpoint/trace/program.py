@@ -78,13 +78,19 @@ def run(program: Program, on_end=None) -> Outcome:
     program ended, while its module's objects are still alive. The caller's sys.argv and
     sys.path are restored afterwards.
 
-    The program runs a few bytecodes into this function and into run_script: TensorFlow captures
+    The program runs a few bytecodes into this function: TensorFlow captures
     the Python stack (up to 30 frames) at every eager op and tf.function call and works out each
     frame's line number, at a cost that grows with how far into its function a frame is (issue
     50.5: Pinpoint's frames under a shallow program cost it ~1.5 µs an op before)."""
     try:
         with _as_program(program) as (target, kind):
-            namespace = run_script(target) if kind == "script" else _run_other(target, kind)
+            if kind == "script":  # runpy.run_path's work, the exec in this frame (runpy takes three frames)
+                code, module = _compiled(target)
+                with _as_main(module, target):
+                    exec(code, module.__dict__)
+                namespace = module.__dict__.copy()
+            else:
+                namespace = _run_other(target, kind)
         if on_end is not None:
             on_end()
         del namespace
@@ -122,16 +128,6 @@ def _run_other(target: str, kind: str) -> dict:
     if kind == "module":
         return runpy.run_module(target, run_name="__main__", alter_sys=True)
     return runpy.run_path(target, run_name="__main__")
-
-
-def run_script(script: str) -> dict:
-    """`runpy.run_path(script, run_name="__main__")` for a Python file, in this one frame (runpy
-    takes three; see `run`). As run_path: a fresh `__main__` module in sys.modules, its globals
-    the program's, and sys.argv[0] the script while it runs; a copy of its globals returned."""
-    code, module = _compiled(script)
-    with _as_main(module, script):
-        exec(code, module.__dict__)
-    return module.__dict__.copy()
 
 
 def _compiled(script: str) -> tuple[Any, types.ModuleType]:

@@ -148,25 +148,26 @@ def trace_command(program, **options) -> int:
 
 
 def drive(steps: Generator) -> int:
-    """Run the program a `trace_steps` generator yields, from this frame, and let the generator
-    finish; its exit code. The generator's frame is suspended while the program runs, so it is
-    not on the stack TensorFlow captures at every op (see trace.program.run): the CLI calls this
-    from its entry point."""
-    first = _first(steps)
+    """Run the program a `trace_steps` generator yields and let the generator finish; its exit
+    code. The generator's frame is suspended while the program runs, so it is not on the stack
+    TensorFlow captures at every op (see trace.program.run). The CLI does the same in its own
+    frame (cli.main), which saves this one."""
+    first = first_program(steps)
     if isinstance(first, int):
         return first
-    return _finish(steps, program_run(first[0], on_end=first[1]))
+    return send_outcome(steps, program_run(*first))
 
 
-def _first(steps: Generator):
-    """The program the steps yield and its on_end, or their exit code if they ended before it."""
+def first_program(steps: Generator):
+    """(program, on_end) the steps yield, or their exit code if they ended before it."""
     try:
         return next(steps)
     except StopIteration as stop:
         return stop.value
 
 
-def _finish(steps: Generator, outcome) -> int:
+def send_outcome(steps: Generator, outcome) -> int:
+    """Send the program's outcome to the steps; their exit code."""
     try:
         steps.send(outcome)
     except StopIteration as stop:
