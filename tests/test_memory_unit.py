@@ -211,6 +211,26 @@ def test_a_cluster_merge_keeps_each_tasks_devices_checks_and_reasons():
     assert memory_line(memory).endswith("self-check: 0 of 6 allocator events off")
 
 
+def test_cluster_tasks_measured_without_the_profiler_show_each_tasks_peak_and_the_reason_once():
+    """Tasks of a multi-process cluster run no profiler: each keeps its allocator's peak (task_peak),
+    the merge says the shared reason once, naming the tasks, and the summary is one line."""
+    from pinpoint.placement.merge import merge_placements
+    from pinpoint.placement.model import Placement
+    from pinpoint.placement.summary import memory_line
+
+    why = "not measured per device: not run in a task of a multi-process TensorFlow cluster"
+    base = {"devices": [], "transfers": {}, "variables": [], "conformance": {}}
+    merged = merge_placements([
+        Placement.from_json(dict(base, task="chief:0", memory={"why_not": why, "task_peak": 3 * 2**20, "steps": [2]})),
+        Placement.from_json(dict(base, task="worker:0", memory={"why_not": why, "task_peak": 1536, "steps": [2]}))])
+    memory = merged.memory
+    assert memory.why_not == f"[chief:0, worker:0] {why}"
+    assert {t: v["task_peak"] for t, v in memory.tasks.items()} == {"chief:0": 3 * 2**20, "worker:0": 1536}
+    assert memory_line(memory) == (
+        "memory     : step peak per task (all its devices together, the allocator's own): chief:0 3.0 MiB, "
+        f"worker:0 1.5 KiB; [chief:0, worker:0] {why}")
+
+
 def test_a_loops_tensor_list_holds_each_pushed_element_until_the_gradient_reading_it_ends():
     """A forward loop of 3 iterations pushes x (100 B each) into a list; the backward loop pops all 3
     at once (iterations in parallel) and R reads each popped element later (making 50 B). Before the
