@@ -256,3 +256,25 @@ def test_a_kernels_scratch_is_held_while_it_runs():
     schedule = Schedule.of(nodes, [("a", 0, 1), ("b", 2, 3)])
     peaks = [schedule.peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0", temps=t) for t in ({}, {"b": 64})]
     assert peaks == [{"/GPU:0": 500}, {"/GPU:0": 564}]
+
+
+def test_a_parameter_server_coordinator_reads_each_serving_tasks_figures_and_names_the_missing(tmp_path):
+    """The serving tasks' files (OUT/task_memory/ROLE-INDEX.json): each task's figures, a task without a
+    file named in the one reason, and the summary's one line."""
+    import json
+
+    from pinpoint.placement.memory_model import Memory
+    from pinpoint.placement.memory_tasks import TASK_MEMORY, serving_tasks_memory
+    from pinpoint.placement.summary import memory_line
+
+    (tmp_path / TASK_MEMORY).mkdir()
+    (tmp_path / TASK_MEMORY / "ps-0.json").write_text(json.dumps({"task": "ps:0", "held": 69_120, "peak": 2**17,
+                                                                   "time": 0.0}))
+    (tmp_path / TASK_MEMORY / "other.json").write_text("not json")
+    memory = serving_tasks_memory(tmp_path, ["worker:0", "ps:0"], "the steps run in the workers")
+    assert memory == {"why_not": "not measured per device: the steps run in the workers; no figures from worker:0 "
+                                 "(none in task_memory/: a task on another machine writes into its own file system)",
+                      "tasks": {"ps:0": {"held": 69_120, "peak": 131_072}}}
+    assert memory_line(Memory.from_json(memory)) == (
+        "memory     : per task (all its devices together, the allocator's own): ps:0 holds 67.5 KiB (peak 128.0 KiB "
+        f"since it started); {memory['why_not']}")

@@ -36,16 +36,21 @@ def _stats() -> dict | None:
 
 def start_reporting(out_dir: Path, role: str, index: int, every: float = EVERY_S) -> threading.Thread:
     """Write this task's allocator figures into OUT/task_memory/ROLE-INDEX.json every `every` s,
-    from a daemon thread (it ends with the process)."""
+    from a daemon thread (it ends with the process). A folder it cannot write stops the reports,
+    never the task: the coordinator then names it among the tasks it has no figures from."""
     path = Path(out_dir) / TASK_MEMORY / f"{role}-{index}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
 
     def loop() -> None:
-        while True:
-            stats = _stats()
-            if stats is not None:
-                atomic_write_json(path, {"task": f"{role}:{index}", **stats, "time": time.time()})
-            time.sleep(every)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            while True:
+                stats = _stats()
+                if stats is not None:
+                    atomic_write_json(path, {"task": f"{role}:{index}", **stats, "time": time.time()})
+                time.sleep(every)
+        except OSError as err:
+            print(f"pinpoint: {role}:{index} cannot write its memory figures ({err}); the placement "
+                  "will say it has none from this task", flush=True)
 
     thread = threading.Thread(target=loop, name="pinpoint-task-memory", daemon=True)
     thread.start()
