@@ -229,6 +229,10 @@ def test_cluster_tasks_measured_without_the_profiler_show_each_tasks_peak_and_th
     assert memory_line(memory) == (
         "memory     : step peak per task (all its devices together, the allocator's own): chief:0 3.0 MiB, "
         f"worker:0 1.5 KiB; [chief:0, worker:0] {why}")
+    from pinpoint.placement.metrics import headline_metrics
+
+    assert {k: v for k, v in headline_metrics(merged).items() if k.startswith("memory.")} == {
+        "memory.task_peak_bytes.chief_0": 3.0 * 2**20, "memory.task_peak_bytes.worker_0": 1536.0}
 
 
 def test_a_loops_tensor_list_holds_each_pushed_element_until_the_gradient_reading_it_ends():
