@@ -211,6 +211,30 @@ def test_a_cluster_merge_keeps_each_tasks_devices_checks_and_reasons():
     assert memory_line(memory).endswith("self-check: 0 of 6 allocator events off")
 
 
+def test_cluster_tasks_measured_without_the_profiler_show_each_tasks_peak_and_the_reason_once():
+    """Tasks of a multi-process cluster run no profiler: each keeps its allocator's peak (task_peak),
+    the merge says the shared reason once, naming the tasks, and the summary is one line."""
+    from pinpoint.placement.merge import merge_placements
+    from pinpoint.placement.model import Placement
+    from pinpoint.placement.summary import memory_line
+
+    why = "not measured per device: not run in a task of a multi-process TensorFlow cluster"
+    base = {"devices": [], "transfers": {}, "variables": [], "conformance": {}}
+    merged = merge_placements([
+        Placement.from_json(dict(base, task="chief:0", memory={"why_not": why, "task_peak": 3 * 2**20, "steps": [2]})),
+        Placement.from_json(dict(base, task="worker:0", memory={"why_not": why, "task_peak": 1536, "steps": [2]}))])
+    memory = merged.memory
+    assert memory.why_not == f"[chief:0, worker:0] {why}"
+    assert {t: v["task_peak"] for t, v in memory.tasks.items()} == {"chief:0": 3 * 2**20, "worker:0": 1536}
+    assert memory_line(memory) == (
+        "memory     : step peak per task (all its devices together, the allocator's own): chief:0 3.0 MiB, "
+        f"worker:0 1.5 KiB; [chief:0, worker:0] {why}")
+    from pinpoint.placement.metrics import headline_metrics
+
+    assert {k: v for k, v in headline_metrics(merged).items() if k.startswith("memory.")} == {
+        "memory.task_peak_bytes.chief_0": 3.0 * 2**20, "memory.task_peak_bytes.worker_0": 1536.0}
+
+
 def test_a_loops_tensor_list_holds_each_pushed_element_until_the_gradient_reading_it_ends():
     """A forward loop of 3 iterations pushes x (100 B each) into a list; the backward loop pops all 3
     at once (iterations in parallel) and R reads each popped element later (making 50 B). Before the
@@ -236,3 +260,25 @@ def test_a_kernels_scratch_is_held_while_it_runs():
     schedule = Schedule.of(nodes, [("a", 0, 1), ("b", 2, 3)])
     peaks = [schedule.peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0", temps=t) for t in ({}, {"b": 64})]
     assert peaks == [{"/GPU:0": 500}, {"/GPU:0": 564}]
+
+
+def test_a_parameter_server_coordinator_reads_each_serving_tasks_figures_and_names_the_missing(tmp_path):
+    """The serving tasks' files (OUT/task_memory/ROLE-INDEX.json): each task's figures, a task without a
+    file named in the one reason, and the summary's one line."""
+    import json
+
+    from pinpoint.placement.memory_model import Memory
+    from pinpoint.placement.memory_tasks import TASK_MEMORY, serving_tasks_memory
+    from pinpoint.placement.summary import memory_line
+
+    (tmp_path / TASK_MEMORY).mkdir()
+    (tmp_path / TASK_MEMORY / "ps-0.json").write_text(json.dumps({"task": "ps:0", "held": 69_120, "peak": 2**17,
+                                                                   "time": 0.0}))
+    (tmp_path / TASK_MEMORY / "other.json").write_text("not json")
+    memory = serving_tasks_memory(tmp_path, ["worker:0", "ps:0"], "the steps run in the workers")
+    assert memory == {"why_not": "not measured per device: the steps run in the workers; no figures from worker:0 "
+                                 "(none in task_memory/: a task on another machine writes into its own file system)",
+                      "tasks": {"ps:0": {"held": 69_120, "peak": 131_072}}}
+    assert memory_line(Memory.from_json(memory)) == (
+        "memory     : per task (all its devices together, the allocator's own): ps:0 holds 67.5 KiB (peak 128.0 KiB "
+        f"since it started); {memory['why_not']}")

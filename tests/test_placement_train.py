@@ -85,7 +85,7 @@ def test_multi_worker_placements_are_merged(tmp_path):
     cfg = _config(tmp_path, strategy="multi_worker_mirrored", max_restarts=0)
     data = yaml.safe_load(cfg.read_text())
     data["cluster"].update(chief=1, workers=1, devices_per_worker=1)
-    data["placement"]["sample_steps"] = 1
+    data["placement"].update(sample_steps=1, memory=True)
     cfg.write_text(yaml.safe_dump(data))
     out = tmp_path / "run"
     r = _run(["train", str(cfg), "--out", str(out)], tmp_path, 840)
@@ -105,6 +105,42 @@ def test_multi_worker_placements_are_merged(tmp_path):
     kernel = next(v for v in m["variables"] if v["name"].endswith("kernel"))
     assert {c["task"] for c in kernel["components"]} == {"chief:0", "worker:0"}
     assert m["replica_consistency"]["checked"] > 0 and m["replica_consistency"]["max_abs_diff"] == 0.0
+    # placement.memory: a cluster task runs no profiler (CLUSTER_TASK), so no per-device split; each
+    # task read its own allocator's peak over the sampled step. The step all-reduces the MLP's
+    # gradients packed into one buffer: (64*128+128 + 128*64+64 + 64*10+10) floats = 68,904 B live at once.
+    from pinpoint.placement.timing import CLUSTER_TASK
+
+    memory = m["memory"]
+    assert memory["devices"] == {} and memory["why_not"] == f"[chief:0, worker:0] not measured per device: {CLUSTER_TASK}"
+    assert {t: (v["steps"], v["task_peak"] >= 68_904) for t, v in memory["tasks"].items()} == {
+        "chief:0": ([2], True), "worker:0": ([2], True)}
+    assert sum(line.startswith("[chief:0] memory     : step peak per task") for line in r.stdout.splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_parameter_server_placement_has_each_serving_tasks_memory(tmp_path):
+    """placement.memory under parameter_server (chief + 2 workers + 1 ps, ~25 s): the coordinator's
+    allocator sees none of the steps (they run in the workers' runtimes) and no task runs the profiler,
+    so each serving task reports its own allocator's totals. The ps holds the MLP's variables
+    (64 -> 128 -> 64 -> 10), each rounded up by the allocator to 256 B: 32,768 + 512 + 32,768 + 256 +
+    2,560 + 256 = 69,120 B."""
+    cfg = _config(tmp_path, strategy="parameter_server", max_restarts=0, pinning={})
+    data = yaml.safe_load(cfg.read_text())
+    data["cluster"].update(chief=1, workers=2, ps=1, devices_per_worker=1)
+    data["placement"].update(sample_steps=1, memory=True)
+    cfg.write_text(yaml.safe_dump(data))
+    out = tmp_path / "run"
+    r = _run(["train", str(cfg), "--out", str(out)], tmp_path, 540)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    memory = read_placement(out / "placement.json")["memory"]
+    tasks = memory["tasks"]
+    assert sorted(tasks) == ["ps:0", "worker:0", "worker:1"] and memory.get("devices") in (None, {})
+    assert tasks["ps:0"]["held"] >= 69_120, tasks
+    assert all(t["held"] <= t["peak"] for t in tasks.values()), tasks
+    assert memory["why_not"].startswith("not measured per device: parameter_server's steps run as closures")
+    lines = [line for line in r.stdout.splitlines() if "memory     :" in line]
+    assert len(lines) == 1 and lines[0].startswith("[chief:0] memory     : per task (all its devices together")
 
 
 @pytest.mark.integration

@@ -28,6 +28,9 @@ class Memory:
     trace: str | None = None  # the profile folder TensorBoard's memory profile opens on
     fit: Mapping[str, Any] | None = None  # the verdict per device for a GPU size
     tasks: Mapping[str, Any] | None = None  # a merged cluster: each task's own checks
+    # Not split per device (no allocator events: a cluster task does not run the profiler): the
+    # allocator's own peak over the same steps, every device of the process together.
+    task_peak: int | None = None
     why_not: str | None = None
 
     def to_json(self) -> dict[str, Any]:

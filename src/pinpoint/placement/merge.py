@@ -250,10 +250,18 @@ def _memory(ps: list[Placement]) -> Memory | None:
     devices = {d: m for p in measured for d, m in (p.memory.devices or {}).items() if d.startswith("/")}
     out: dict = {"devices": {d: devices[d] for d in sorted(devices, key=sort_key)},
                  "tasks": {p.task: {k: v for k, v in p.memory.to_json().items() if k != "devices"} for p in measured}}
-    why = [f"[{p.task}] {p.memory.why_not}" for p in measured if p.memory.why_not]
+    why = _tasks_by_reason({p.task: p.memory.why_not for p in measured if p.memory.why_not})
     if why:
-        out["why_not"] = "; ".join(why)
+        out["why_not"] = "; ".join(f"[{', '.join(tasks)}] {reason}" for reason, tasks in why.items())
     return Memory.from_json(out)
+
+
+def _tasks_by_reason(why: dict[str, str]) -> dict[str, list[str]]:
+    """Each reason once, with the tasks it holds for (every task of a cluster usually has the same)."""
+    out: dict[str, list[str]] = {}
+    for task, reason in why.items():
+        out.setdefault(reason, []).append(task)
+    return out
 
 
 def _precision(ps: list[Placement]) -> Precision | None:

@@ -36,10 +36,23 @@ def headline_metrics(placement: Placement | Mapping[str, Any]) -> dict[str, floa
         if dev.startswith("/"):  # a device, not the bucket of allocations outside the step's graphs
             out[f"memory.peak_bytes.{metric_key(dev)}"] = float(m["peak_requested"])
             out[f"memory.peak_allocated_bytes.{metric_key(dev)}"] = float(m["peak_allocated"])
+    out |= _task_memory_metrics(p.memory.tasks if p.memory else None)
     # "input": the bytes the iterator copied from the host to each device per step, outside the step.
     for dev, b in p.transfers.input.per_step.items():
         out[f"placement.input_bytes_per_step.{metric_key(dev)}"] = float(b)
     return out
+
+
+# A cluster's task without a per-device split: its allocator's own totals (docs/memory.md).
+TASK_MEMORY_METRICS = {"task_peak": "memory.task_peak_bytes", "held": "memory.held_bytes",
+                       "peak": "memory.peak_since_start_bytes"}
+
+
+def _task_memory_metrics(tasks: Mapping[str, Any] | None) -> dict[str, float]:
+    # `peak` is a serving task's (beside `held`), never another section's key.
+    return {f"{name}.{task.replace(':', '_')}": float(t[key]) for task, t in (tasks or {}).items()
+            for key, name in TASK_MEMORY_METRICS.items()
+            if t.get(key) is not None and (key == "task_peak" or t.get("held") is not None)}
 
 
 def _drift_metrics(rc: ReplicaConsistency | None) -> dict[str, float]:

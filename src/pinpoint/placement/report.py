@@ -240,7 +240,20 @@ def _memory(p: Placement, metrics, charts, x) -> dict | None:
         "live": [{"device": d, "op": a["op"], "kind": a["kind"], "bytes": human_bytes(a["requested"]),
                   "shape": a["shape"], "region": a["region"]} for d, m in devs.items() if d.startswith("/")
                  for a in m["at_peak"]],
+        "tasks": _task_totals(memory),
     }
+
+
+def _task_totals(memory) -> list[dict]:
+    """No per-device split (a cluster's tasks): each task's allocator totals, all its devices together."""
+    out = []
+    for task, t in (memory.tasks or {}).items():
+        if t.get("task_peak") is not None:
+            out.append({"task": task, "what": "peak over the sampled steps", "bytes": human_bytes(t["task_peak"])})
+        if t.get("held") is not None:
+            out += [{"task": task, "what": "held when training ended", "bytes": human_bytes(t["held"])},
+                    {"task": task, "what": "peak since the task started", "bytes": human_bytes(t["peak"])}]
+    return out
 
 
 def _fallbacks(p: Placement, metrics, charts, x) -> dict:

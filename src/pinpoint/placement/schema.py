@@ -64,7 +64,9 @@ EXPLAIN = {
     "attributed to the device of the op that made it. Peak = the most bytes live at once on the device; "
     "requested is what the ops asked for, allocated what the allocator handed out (a fits verdict needs "
     "allocated). Logical CPU devices share a received tensor's buffer where a GPU copies it, so an emulated "
-    "device can hold less than the GPU would (docs/memory.md).",
+    "device can hold less than the GPU would (docs/memory.md). A task of a multi-process cluster runs no "
+    "profiler (it can crash the task): task_peak is then its allocator's own peak over the same steps, every "
+    "device of the task together.",
 }
 
 

@@ -126,7 +126,7 @@ def memory_line(memory) -> str | None:
     if not memory:
         return None
     if not memory.devices:
-        return f"memory     : not measured: {memory.why_not or 'no allocation was traced'}"
+        return _unsplit_memory_line(memory)
     devs = {d: m for d, m in memory.devices.items() if d != MEMORY_UNATTRIBUTED}
     parts = [f"{d} {human_bytes(m['peak_requested'])} ({human_bytes(m['peak_allocated'])} allocated)"
              for d, m in devs.items()]
@@ -145,6 +145,24 @@ def memory_line(memory) -> str | None:
     off = f", {check['unpartitioned']} not adding up over the devices" if check.get("unpartitioned") else ""
     return (f"memory     : step peak per device: {', '.join(parts)}{largest}; self-check: "
             f"{check['mismatched']} of {check['events']} allocator events off{off}{peak}")
+
+
+def _unsplit_memory_line(memory: Memory) -> str:
+    """No per-device figures: why, and each task's allocator peak when it was read (a cluster task)."""
+    why = memory.why_not or "no allocation was traced"
+    tasks = dict(memory.tasks or {})
+    peaks = {t: v["task_peak"] for t, v in tasks.items() if v.get("task_peak") is not None}
+    if memory.task_peak is not None:
+        peaks["this process"] = memory.task_peak
+    serving = {t: v for t, v in tasks.items() if v.get("held") is not None}
+    if peaks:
+        return (f"memory     : step peak per task (all its devices together, the allocator's own): "
+                f"{', '.join(f'{t} {human_bytes(b)}' for t, b in peaks.items())}; {why}")
+    if serving:
+        return ("memory     : per task (all its devices together, the allocator's own): " + ", ".join(
+            f"{t} holds {human_bytes(v['held'])} (peak {human_bytes(v['peak'])} since it started)"
+            for t, v in serving.items()) + f"; {why}")
+    return f"memory     : not measured: {why}"
 
 
 def fit_lines(memory) -> list[str]:

@@ -60,7 +60,7 @@ def run_task(
         return run_evaluator(cfg, out, dm)
     try:
         if cfg.train.strategy == "parameter_server" and role in ("worker", "ps"):
-            return _serve(role, index)
+            return _serve(role, index, out if cfg.placement.memory else None)
         return _train_task(cfg, out, dm, role, index, resume_from_run, parent_run_id)
     except Exception as err:
         if peer_lost(err):
@@ -73,8 +73,9 @@ def run_task(
         raise
 
 
-def _serve(role: str, index: int) -> int:
-    """A ps or worker task of parameter_server: serve variables / run closures until stopped."""
+def _serve(role: str, index: int, memory_out: Path | None = None) -> int:
+    """A ps or worker task of parameter_server: serve variables / run closures until stopped
+    (`memory_out`: placement.memory, its allocator's figures written there: placement.memory_tasks)."""
     import tensorflow as tf
 
     from pinpoint.training.setup import resolver
@@ -83,6 +84,10 @@ def _serve(role: str, index: int) -> int:
     server = tf.distribute.Server(r.cluster_spec(), job_name=role, task_index=index,
                                   protocol=r.rpc_layer or "grpc", start=True)
     print(f"pinpoint: {role}:{index} serving at {server.target}", flush=True)
+    if memory_out is not None:
+        from pinpoint.placement.memory_tasks import start_reporting
+
+        start_reporting(memory_out, role, index)
     server.join()  # returns only when the process is stopped
     return 0
 

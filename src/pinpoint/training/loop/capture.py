@@ -182,20 +182,29 @@ def profiled_steps(trainer, n: int, out_dir: Path, ctx, memory: bool = False) ->
                "memory_peak": peak[0], "gpu_peaks": gpus[0]}
 
 
-def memory_section(ctx, loop_captured, timed: dict | None) -> dict:
-    """placement.json's `memory` section from the profiled call's allocator events (placement.memory)."""
+def memory_section(ctx, loop_captured, timed: dict | None, out_dir: Path, serving: tuple[str, ...] = ()) -> dict:
+    """placement.json's `memory` section from the profiled call's allocator events (placement.memory);
+    parameter_server: the `serving` tasks' own figures (placement.memory_tasks)."""
     from pinpoint.device_names import DeviceMap
     from pinpoint.placement.memory import memory_events, memory_traced, peak_read_ps
     from pinpoint.placement.memory_section import memory_section
+    from pinpoint.placement.memory_tasks import serving_tasks_memory
     from pinpoint.placement.timing import read_xspace
 
     if loop_captured is None:
-        return {"why_not": "not measured under parameter_server: its steps run as closures in the workers' "
-                           "runtimes, out of this process's profiler"}
+        return serving_tasks_memory(
+            out_dir, list(serving),
+            "parameter_server's steps run as closures in the workers' runtimes, out of the coordinator's "
+            "allocator, and a task of a multi-process cluster runs no profiler; each serving task's allocator "
+            "totals, every device of the task together")
     if timed is None:
         return {"why_not": "not measured: training ended before the sampled steps ran as their own call"}
     if timed["xplane"] is None:
-        return {"why_not": f"not measured: {timed['why']}"}
+        # The allocator's peak was still read over the same steps (no profiler needed): this
+        # process's total, every device together.
+        peak = timed.get("memory_peak")
+        return {"why_not": f"not measured per device: {timed['why']}",
+                **({"task_peak": peak, "steps": timed["steps"]} if peak is not None else {})}
     xspace = read_xspace(timed["xplane"])
     events = memory_events(xspace)
     why = memory_traced(events, timed.get("memory_peak"))

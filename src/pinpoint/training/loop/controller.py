@@ -59,6 +59,12 @@ class TrainResult:
     trained: bool = True  # False: the checkpoint was already at train.steps
 
 
+def _serving(cfg: Config) -> tuple[str, ...]:
+    """parameter_server's tasks that only serve (workers run the closures, ps hold the variables)."""
+    c = cfg.cluster
+    return tuple([f"worker:{i}" for i in range(c.workers)] + [f"ps:{i}" for i in range(c.ps)])
+
+
 def is_logged(step: int, log_every: int, total: int) -> bool:
     """train_log.jsonl and the hooks' step metrics hold this step."""
     return step % log_every == 0 or step == total or step == FIRST_LOGGED_STEP
@@ -153,7 +159,7 @@ class Controller:
         if not captures:
             return None
         timing = timing_section(ctx, plan.loop_captured, plan.timed) if plan.timing else None
-        memory = memory_section(ctx, plan.loop_captured, plan.timed) if plan.memory else None
+        memory = memory_section(ctx, plan.loop_captured, plan.timed, self.out, _serving(self.cfg)) if plan.memory else None
         placement = placement_report(self.cfg, ctx, run.trainer, captures, timing=timing, memory=memory)
         write_task_placement(self.out, ctx, placement)  # multi_worker: the chief merges them in finish()
         return placement
