@@ -59,6 +59,9 @@ _LIST_OPS = {"TensorListPushBack", "TensorListPopBack", "TensorListFromTensor"}
 # TensorListFromTensor copies each element into its own allocate_temp buffer, which the list keeps).
 _LIST_MAKERS = {"TensorListFromTensor", "TensorListSplit", "TensorListScatter", "TensorListScatterV2",
                 "TensorListScatterIntoExistingList"}
+# Ops whose outputs are not a new buffer of their own (an input passed on, a variable's, a list's element).
+_NOT_MADE = _ALIAS_FIRST | _MERGES | _NOTHING | _SENDS | _RECVS | _PREFETCHED | _LIST_OPS | {
+    "IdentityN", "ReadVariableOp", "TensorListGetItem"}
 MAX_ITERATIONS = 64  # a loop's iterations replayed one by one: the first 64 at most
 
 
@@ -384,6 +387,8 @@ class Schedule:
     lists: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     # A loop's Exit -> the Enter that took its variable's initial value in (Enter -> Merge -> Switch -> Exit).
     frames: Mapping[str, str] = field(default_factory=dict)
+    # A loop body's kernels: each run (start, end), in the order they ran (see `other_iterations`).
+    repeated: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, nodes: Iterable[Node], order: Iterable[tuple[str, int, int]]) -> Schedule:
@@ -414,7 +419,8 @@ class Schedule:
         lists = {name: _list_times(by_name[name], r, readers, runs_of) for name, r in runs_of.items()
                  if by_name[name].op in _LIST_OPS}
         return cls(by_name, tuple(runs), {t: tuple(sorted(r)) for t, r in readers.items()}, sent, lists,
-                   _frames(by_name))
+                   _frames(by_name), {name: tuple(r) for name, r in runs_of.items() if len(r) > 1
+                                      and by_name[name].op not in _RECVS})
 
     def _element_bytes(self, t: tuple[str, int], size_of: Callable[[str], list[int]]) -> int:
         """The bytes of a pushed tensor, through the ops that pass a tensor on (a loop variable's
@@ -450,17 +456,18 @@ class Schedule:
         return ""
 
     @cached_property
-    def popped_lists(self) -> frozenset:
+    def popped_lists(self) -> Mapping[str, str]:
         """The TensorListFromTensor lists whose elements a loop pushes for its gradient (the forward
-        loop's TensorListGetItem of them, pushed into an accumulator): those elements stay until popped."""
-        out = set()
+        loop's TensorListGetItem of them, pushed into an accumulator) -> that accumulator: those
+        elements stay until its pops."""
+        out = {}
         for name in self.lists:
             n = self.nodes[name]
             if n.op == "TensorListPushBack" and len(n.inputs) > 1:
                 item = self.nodes.get(self._list_source(n.inputs[1]))
                 if item is not None and item.op == "TensorListGetItem" and item.inputs:
-                    out.add(self._list_source(item.inputs[0]))
-        return frozenset(out)
+                    out[self._list_source(item.inputs[0])] = self._list_source(n.inputs[0])
+        return out
 
     def _with_list_elements(self, size_of: Callable[[str], list[int]]) -> Callable[[str], list[int]]:
         """size_of, a TensorListFromTensor's list with its elements (the tensor's bytes, copied into the
@@ -483,35 +490,65 @@ class Schedule:
         """time -> device -> the bytes a loop's tensor lists hold then: each element pushed and not yet
         popped (a loop keeps each iteration's activations so for its gradient), on its pusher's device."""
         changes: list[tuple[int, str, int]] = []
-        pushed: dict[str, int] = defaultdict(int)  # device -> bytes pushed over the call
-        pops: dict[str, list[int]] = defaultdict(list)  # device -> when each pop ended
+        pushed: dict[tuple[str, str], int] = defaultdict(int)  # (device, list) -> bytes pushed over the call
+        pops: dict[tuple[str, str], list[int]] = defaultdict(list)  # (device, list) -> when each pop ended
         for name, ends in self.lists.items():
             n, d = self.nodes[name], device_of(name)
-            if n.op == "TensorListFromTensor":  # its elements, from when it made them to their pops
+            if n.op == "TensorListFromTensor":  # its elements, from when it made them until popped
                 size = self._element_bytes(n.inputs[0], size_of) if name in self.popped_lists else 0
                 changes += [(t, d, size) for t in ends[:1] if size]
-                pushed[d] += size
+                pushed[(d, self.popped_lists.get(name, ""))] += size
                 continue
+            key = (d, self._list_source(n.inputs[0]) if n.inputs else "")
             if n.op != "TensorListPushBack":
-                pops[d] += ends
+                pops[key] += ends
                 continue
             size = self._element_bytes(n.inputs[1], size_of) if len(n.inputs) > 1 else 0
             changes += [(t, d, size) for t in ends if size]
-            pushed[d] += size * len(ends)
-        for d, ends in pops.items():  # a pop's element is unsized: each pop frees its share of what was pushed
-            changes += [(t, d, -(pushed[d] // len(ends))) for t in ends if pushed[d]]
-        changes.sort()
-        times = [t for t, _, _ in changes]
-        totals, now = [], defaultdict(int)
-        for _, d, size in changes:
-            now[d] = max(0, now[d] + size)
-            totals.append(dict(now))
+            pushed[key] += size * len(ends)
+        # A pop's element is unsized: each pop frees its share of what was pushed into its list (the pops
+        # of a list traced to no push: their share of what the device's lists no pop traced to hold).
+        unmatched, spare = defaultdict(int), defaultdict(list)
+        for (d, lst), size in pushed.items():
+            unmatched[d] += 0 if (d, lst) in pops else size
+        for (d, lst), ends in pops.items():
+            if pushed.get((d, lst)):
+                changes += [(t, d, -(pushed[(d, lst)] // len(ends))) for t in ends]
+            else:
+                spare[d] += ends
+        for d, ends in spare.items():
+            changes += [(t, d, -(unmatched[d] // len(ends))) for t in ends if unmatched[d]]
+        return _timeline(changes)
 
-        def at(t: int) -> Mapping[str, int]:
-            i = bisect.bisect_right(times, t)
-            return totals[i - 1] if i else {}
+    def other_iterations(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str]):
+        """(k -> time -> device -> bytes) what the loop's other iterations hold while iteration k is
+        replayed. A loop runs up to parallel_iterations iterations at once: a gradient loop's weight
+        gradients (each iteration's MatMul, summed by an AddN chain one iteration at a time) can all be
+        made before the sums catch up. Each run j of a body kernel holds its output from its start to
+        the end of its readers' j-th runs (a reader that did not run once per iteration: not counted)."""
+        lives = []  # (node, j, start, end, device, bytes)
+        for name, runs in self.repeated.items():
+            op = _MKL.sub("", self.nodes[name].op)
+            if op in _NOT_MADE or _UPDATE.match(op):
+                continue
+            for k, size in enumerate(size_of(name)):
+                users = self.readers.get((name, k), ())
+                if not size or not users or any(u not in self.repeated for u in users):
+                    continue
+                for j, (s, e) in enumerate(runs):
+                    ends = [self.repeated[u][j][1] for u in users if j < len(self.repeated[u])]
+                    if len(ends) == len(users):
+                        lives.append((name, j, s, max(e, *ends), device_of(name), size))
+        if not lives:
+            return None
+        every = _timeline([c for _, _, s, e, d, b in lives for c in ((s, d, b), (e, d, -b))])
 
-        return at if changes else None
+        def of(k: int):
+            own = _timeline([c for name, j, s, e, d, b in lives if j == min(k, len(self.repeated[name]) - 1)
+                             for c in ((s, d, b), (e, d, -b))])
+            return lambda t: {d: v - (own(t).get(d, 0) if own else 0) for d, v in every(t).items()}
+
+        return of
 
     def peaks(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str], group_size: int = 1,
               first_call: bool = False, copies: bool = False, temps: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -521,8 +558,10 @@ class Schedule:
         out: dict[str, int] = {}
         previous = None
         lists = self.held_in_lists(size_of, device_of)
+        others = self.other_iterations(size_of, device_of)
         size_of = self._with_list_elements(size_of)
-        for run in self.runs:
+        for k, run in enumerate(self.runs):
+            other = others(k) if others is not None else None
             counts = defaultdict(int, {t: len(r) for t, r in self.readers.items()})
             sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies,
                        temps=temps or {}, frames=self.frames)
@@ -537,12 +576,31 @@ class Schedule:
                     sim.start(self.nodes[name], device_of(name))
                 else:
                     sim.end(self.nodes[name], device_of(name))
-                for d, held in (lists(t).items() if lists is not None else ()):
-                    out[d] = max(out.get(d, 0), sim.live[d] + held)
+                held = defaultdict(int, lists(t) if lists is not None else {})
+                for d, b in (other(t).items() if other is not None else ()):
+                    held[d] += max(0, b)
+                for d, b in held.items():
+                    out[d] = max(out.get(d, 0), sim.live[d] + b)
             for d, p in sim.peak.items():
                 out[d] = max(out.get(d, 0), p)
             previous = sim
         return out
+
+
+def _timeline(changes: list[tuple[int, str, int]]):
+    """time -> device -> the running sum of the (time, device, bytes) changes up to then, or None."""
+    changes = sorted(changes)
+    times = [t for t, _, _ in changes]
+    totals, now = [], defaultdict(int)
+    for _, d, size in changes:
+        now[d] = max(0, now[d] + size)
+        totals.append(dict(now))
+
+    def at(t: int) -> Mapping[str, int]:
+        i = bisect.bisect_right(times, t)
+        return totals[i - 1] if i else {}
+
+    return at if changes else None
 
 
 def _frames(nodes: Mapping[str, Node]) -> dict[str, str]:
@@ -568,6 +626,8 @@ def _list_times(n: Node, runs: list[tuple[int, int]], readers: Mapping, runs_of:
     """When each run of a push added its element to the list (its end), or when each run of a pop let
     its element go: once the ops reading the popped element in that iteration have ended (a loop runs
     iterations in parallel: the pops can run ahead of the gradient math that reads their elements)."""
+    if n.op == "TensorListFromTensor":  # its elements exist from when it starts copying them in
+        return tuple(s for s, _ in runs)
     if n.op != "TensorListPopBack":
         return tuple(e for _, e in runs)
     users = [u for u in readers.get((n.name, 1), ()) if u in runs_of]
