@@ -14,6 +14,10 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
   the copy is the variable from then on;
 - constants, arguments and variables exist before the call: not part of its peak, nor an input
   element (its iterator prefetched it);
+- a loop: a variable's initial value is held from its Enter to its Exit; a tensor list's elements
+  are copies its maker allocated (TensorListFromTensor), read without an allocation
+  (TensorListGetItem), held until popped when pushed for the gradient; iterations run in parallel,
+  so each run of a body kernel holds its output until its readers' runs of the same iteration end;
 
 - a kernel's scratch (the allocator's `temp` region: oneDNN's convolution and pooling workspaces)
   is held while it runs, as much as it asked for in the measured call.
