@@ -546,10 +546,15 @@ class Schedule:
         if not lives:
             return None
         every = _timeline([c for _, _, s, e, d, b in lives for c in ((s, d, b), (e, d, -b))])
+        by_run, lasts = defaultdict(list), []  # iteration k replays each kernel's k-th run, or its last
+        for life in lives:
+            by_run[life[1]].append(life)
+            if life[1] == len(self.repeated[life[0]]) - 1:
+                lasts.append(life)
 
         def of(k: int):
-            own = _timeline([c for name, j, s, e, d, b in lives if j == min(k, len(self.repeated[name]) - 1)
-                             for c in ((s, d, b), (e, d, -b))])
+            mine = by_run.get(k, []) + [life for life in lasts if life[1] < k]
+            own = _timeline([c for _, _, s, e, d, b in mine for c in ((s, d, b), (e, d, -b))])
             return lambda t: {d: v - (own(t).get(d, 0) if own else 0) for d, v in every(t).items()}
 
         return of
