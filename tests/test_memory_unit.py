@@ -282,3 +282,54 @@ def test_a_parameter_server_coordinator_reads_each_serving_tasks_figures_and_nam
     assert memory_line(Memory.from_json(memory)) == (
         "memory     : per task (all its devices together, the allocator's own): ps:0 holds 67.5 KiB (peak 128.0 KiB "
         f"since it started); {memory['why_not']}")
+
+
+def test_a_loop_holds_its_variables_initial_value_until_its_exit():
+    """A loop variable enters as z (Fill, 100 B): Enter -> Merge -> Switch; the body's AddN sums it
+    with g (100 B) and h reads the sum (50 B); the Exit comes after two iterations. The loop holds z
+    until its Exit, so AddN cannot write into z: it writes into g. While h runs: z + the sum + h."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    nodes = [Node("z", "Fill"), Node("E", "Enter", (("z", 0),)), Node("M", "Merge", (("E", 0), ("NI", 0))),
+             Node("p", "Const"), Node("S", "Switch", (("M", 0), ("p", 0))), Node("g", "MatMul"),
+             Node("A", "AddN", (("S", 1), ("g", 0))), Node("NI", "NextIteration", (("A", 0),)),
+             Node("h", "MatMul", (("A", 0),)), Node("X", "Exit", (("S", 0),))]
+    order = [("z", 0, 1), ("g", 2, 3), ("A", 4, 5), ("h", 6, 7), ("g", 12, 13), ("A", 14, 15), ("h", 16, 17),
+             ("X", 20, 21)]
+    sizes = {"z": [100], "g": [100], "A": [100], "h": [50]}
+    schedule = Schedule.of(nodes, order)
+    assert (schedule.frames, schedule.peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0")) == (
+        {"X": "E"}, {"/GPU:0": 100 + 100 + 50})
+
+
+def test_a_tensor_lists_elements_are_copies_held_until_popped_and_reading_one_allocates_nothing():
+    """x (300 B) unstacked into a list of 3 (TensorListFromTensor copies each element into its own
+    buffer); a loop reads element i (TensorListGetItem: the list's own buffer) and pushes it for the
+    gradient; Z (500 B) runs before the first read. The 300 B of elements are live from the unstacking
+    on, pushed or not (pushed: until popped; not: as the list's own buffer until its last read), and
+    no read adds to them: 300 + 500 while Z runs."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    forward = [Node("x", "Transpose"), Node("L", "TensorListFromTensor", (("x", 0),)), Node("Z", "MatMul"),
+               Node("GI", "TensorListGetItem", (("L", 0),)), Node("y", "Tanh", (("GI", 0),))]
+    loop = [("x", 0, 1), ("L", 2, 3), ("Z", 4, 5), *((n, 10 * k + 6, 10 * k + 7) for k in range(3) for n in ("GI", "y"))]
+    pushed = [*forward, Node("acc", "EmptyTensorList"), Node("P", "TensorListPushBack", (("acc", 0), ("GI", 0))),
+              Node("Q", "TensorListPopBack", (("P", 0),)), Node("R", "Mul", (("Q", 1),))]
+    backward = [*((("P", 10 * k + 8, 10 * k + 9)) for k in range(3)), ("Q", 40, 41), ("Q", 42, 43), ("Q", 44, 45),
+                ("R", 50, 55), ("R", 60, 65), ("R", 70, 75)]
+    sizes = {"x": [300], "Z": [500], "GI": [100], "y": [10], "R": [50]}
+    peaks = [Schedule.of(nodes, order).peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0")
+             for nodes, order in ((pushed, loop + backward), (forward, loop))]
+    assert peaks == [{"/GPU:0": 300 + 500}, {"/GPU:0": 300 + 500}]
+
+
+def test_a_loops_iterations_that_run_ahead_hold_their_tensors_together():
+    """Two iterations of a body: g (100 B) made in both before the AddN summing each (its reader) runs:
+    iteration 1's g is made while iteration 0's still waits for its AddN, so 100 + 100 at once (each
+    iteration replayed alone would hold 100)."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    nodes = [Node("g", "MatMul"), Node("acc", "Const"), Node("A", "AddN", (("acc", 0), ("g", 0)))]
+    order = [("g", 0, 1), ("g", 2, 3), ("A", 10, 11), ("A", 12, 13)]
+    sizes = {"g": [100], "A": [100]}
+    assert Schedule.of(nodes, order).peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0") == {"/GPU:0": 2 * 100}

@@ -14,6 +14,10 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
   the copy is the variable from then on;
 - constants, arguments and variables exist before the call: not part of its peak, nor an input
   element (its iterator prefetched it);
+- a loop: a variable's initial value is held from its Enter to its Exit; a tensor list's elements
+  are copies its maker allocated (TensorListFromTensor), read without an allocation
+  (TensorListGetItem), held until popped when pushed for the gradient; iterations run in parallel,
+  so each run of a body kernel holds its output until its readers' runs of the same iteration end;
 
 - a kernel's scratch (the allocator's `temp` region: oneDNN's convolution and pooling workspaces)
   is held while it runs, as much as it asked for in the measured call.
@@ -54,7 +58,14 @@ _COLLECTIVE = re.compile(r"^(Collective(Reduce|Gather|AllToAll)\w*|NcclAllReduce
 # An input pipeline's element on an accelerator: made by its distributed iterator's prefetch before the
 # call, not by this kernel. On the host it stands for the next element tf.data's threads make meanwhile.
 _PREFETCHED = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue", "MultiDeviceIteratorGetNextFromShard"}
-_LIST_OPS = {"TensorListPushBack", "TensorListPopBack"}
+_LIST_OPS = {"TensorListPushBack", "TensorListPopBack", "TensorListFromTensor"}
+# Ops whose allocator `temp` requests are a list's elements, not a kernel's scratch (list_kernels.h:
+# TensorListFromTensor copies each element into its own allocate_temp buffer, which the list keeps).
+_LIST_MAKERS = {"TensorListFromTensor", "TensorListSplit", "TensorListScatter", "TensorListScatterV2",
+                "TensorListScatterIntoExistingList"}
+# Ops whose outputs are not a new buffer of their own (an input passed on, a variable's, a list's element).
+_NOT_MADE = _ALIAS_FIRST | _MERGES | _NOTHING | _SENDS | _RECVS | _PREFETCHED | _LIST_OPS | {
+    "IdentityN", "ReadVariableOp", "TensorListGetItem"}
 MAX_ITERATIONS = 64  # a loop's iterations replayed one by one: the first 64 at most
 
 
@@ -115,6 +126,7 @@ class _Sim:
     temps: Mapping = field(default_factory=dict)  # node -> its kernel's scratch (bytes), held while it runs
     copies_made: dict = field(default_factory=dict)  # variable -> the copy an update wrote (copy-on-write)
     carried: dict = field(default_factory=dict)  # variable -> the copy a previous iteration wrote
+    frames: Mapping = field(default_factory=dict)  # a loop's Exit -> the Enter of its variable's initial value
 
     def new(self, key, device: str, size: int, refs: int) -> _Buffer:
         buf = self.buffers[key] = _Buffer(device, size, refs)
@@ -175,6 +187,8 @@ class _Sim:
             return
         if self.copies and op not in _RECVS:
             self.fetch(n, device)
+        if op == "TensorListGetItem":  # the list's own element (list_kernels.h: set_output of it), no buffer
+            return
         if op == "ReadVariableOp" and inputs:  # the variable's own buffer: counted before the call
             view = self.buffers[(n.name, 0)] = _Buffer(device, 0, reads[(n.name, 0)], shared=True)
             self.views[self.variable(inputs[0])].append(view)
@@ -196,6 +210,8 @@ class _Sim:
                 pairs = [(0, inputs[0]), (1, inputs[0])]
             for k, t in pairs:
                 self.alias((n.name, k), t, reads[(n.name, k)], device)
+            if n.name in self.held and self.buffers.get((n.name, 0)) is not None:
+                self.buffers[(n.name, 0)].refs += 1  # a loop variable's initial value: held until its Exit
             return
         self.compute(n, op, inputs, device)
 
@@ -284,7 +300,16 @@ class _Sim:
             if buf.bytes:
                 self.carried[var] = self.new((f"carried:{var}", 0), buf.device, buf.bytes, 1 << 30)
 
+    @cached_property
+    def held(self) -> frozenset:
+        return frozenset(self.frames.values())
+
     def end(self, n: Node, device: str) -> None:
+        if n.name in self.frames:  # the loop is done with its variable's initial value
+            buf = self.buffers.get((self.frames[n.name], 0))
+            if buf is not None:
+                buf.refs -= 1
+                self.free_if_done(buf)
         for scratch in (-1, -3):  # a collective's chunk, a kernel's scratch
             chunk = self.buffers.pop((n.name, scratch), None)
             if chunk is not None:
@@ -364,6 +389,10 @@ class Schedule:
     # A loop's tensor lists (TensorListPushBack / PopBack): each push or pop node and when each of its
     # runs ended. What the lists hold is counted beside the replay (see `held_in_lists`).
     lists: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # A loop's Exit -> the Enter that took its variable's initial value in (Enter -> Merge -> Switch -> Exit).
+    frames: Mapping[str, str] = field(default_factory=dict)
+    # A loop body's kernels: each run (start, end), in the order they ran (see `other_iterations`).
+    repeated: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, nodes: Iterable[Node], order: Iterable[tuple[str, int, int]]) -> Schedule:
@@ -393,7 +422,9 @@ class Schedule:
                 readers[t].append(name)
         lists = {name: _list_times(by_name[name], r, readers, runs_of) for name, r in runs_of.items()
                  if by_name[name].op in _LIST_OPS}
-        return cls(by_name, tuple(runs), {t: tuple(sorted(r)) for t, r in readers.items()}, sent, lists)
+        return cls(by_name, tuple(runs), {t: tuple(sorted(r)) for t, r in readers.items()}, sent, lists,
+                   _frames(by_name), {name: tuple(r) for name, r in runs_of.items() if len(r) > 1
+                                      and by_name[name].op not in _RECVS})
 
     def _element_bytes(self, t: tuple[str, int], size_of: Callable[[str], list[int]]) -> int:
         """The bytes of a pushed tensor, through the ops that pass a tensor on (a loop variable's
@@ -401,8 +432,8 @@ class Schedule:
         buffer, nothing new)."""
         for _ in range(32):
             n = self.nodes.get(t[0])
-            if n is None or _MKL.sub("", n.op) == "ReadVariableOp":
-                return 0
+            if n is None or _MKL.sub("", n.op) in ("ReadVariableOp", "TensorListGetItem"):
+                return 0  # a variable's or a list's own buffer: the pushing list holds nothing new
             sizes = size_of(t[0])
             if t[1] < len(sizes) and sizes[t[1]]:
                 return sizes[t[1]]
@@ -414,34 +445,119 @@ class Schedule:
                 return 0
         return 0
 
+    def _list_source(self, t: tuple[str, int]) -> str:
+        """The node that made tensor t, through the ops that pass a tensor (or a list) on."""
+        for _ in range(32):
+            n = self.nodes.get(t[0])
+            if n is None:
+                return ""
+            if n.op in _RECVS and n.tensor_name in self.sent:
+                t = self.sent[n.tensor_name]
+            elif (n.op in _ALIAS_FIRST or n.op in _MERGES) and n.inputs:
+                t = n.inputs[0]
+            else:
+                return n.name
+        return ""
+
+    @cached_property
+    def popped_lists(self) -> Mapping[str, str]:
+        """The TensorListFromTensor lists whose elements a loop pushes for its gradient (the forward
+        loop's TensorListGetItem of them, pushed into an accumulator) -> that accumulator: those
+        elements stay until its pops."""
+        out = {}
+        for name in self.lists:
+            n = self.nodes[name]
+            if n.op == "TensorListPushBack" and len(n.inputs) > 1:
+                item = self.nodes.get(self._list_source(n.inputs[1]))
+                if item is not None and item.op == "TensorListGetItem" and item.inputs:
+                    out[self._list_source(item.inputs[0])] = self._list_source(n.inputs[0])
+        return out
+
+    def _with_list_elements(self, size_of: Callable[[str], list[int]]) -> Callable[[str], list[int]]:
+        """size_of, a TensorListFromTensor's list with its elements (the tensor's bytes, copied into the
+        list), unless they are counted with the lists a loop pops (`held_in_lists`)."""
+        extra = {name: self._element_bytes(n.inputs[0], size_of) for name, n in self.nodes.items()
+                 if n.op in _LIST_MAKERS and n.inputs and name not in self.popped_lists}
+        extra = {k: v for k, v in extra.items() if v}
+        if not extra:
+            return size_of
+
+        def sized(name: str) -> list[int]:
+            out = list(size_of(name))
+            if name in extra:
+                out[:1] = [(out[0] if out else 0) + extra[name]]
+            return out
+
+        return sized
+
     def held_in_lists(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str]):
         """time -> device -> the bytes a loop's tensor lists hold then: each element pushed and not yet
         popped (a loop keeps each iteration's activations so for its gradient), on its pusher's device."""
         changes: list[tuple[int, str, int]] = []
-        pushed: dict[str, int] = defaultdict(int)  # device -> bytes pushed over the call
-        pops: dict[str, list[int]] = defaultdict(list)  # device -> when each pop ended
+        pushed: dict[tuple[str, str], int] = defaultdict(int)  # (device, list) -> bytes pushed over the call
+        pops: dict[tuple[str, str], list[int]] = defaultdict(list)  # (device, list) -> when each pop ended
         for name, ends in self.lists.items():
             n, d = self.nodes[name], device_of(name)
+            if n.op == "TensorListFromTensor":  # its elements, from when it made them until popped
+                size = self._element_bytes(n.inputs[0], size_of) if name in self.popped_lists else 0
+                changes += [(t, d, size) for t in ends[:1] if size]
+                pushed[(d, self.popped_lists.get(name, ""))] += size
+                continue
+            key = (d, self._list_source(n.inputs[0]) if n.inputs else "")
             if n.op != "TensorListPushBack":
-                pops[d] += ends
+                pops[key] += ends
                 continue
             size = self._element_bytes(n.inputs[1], size_of) if len(n.inputs) > 1 else 0
             changes += [(t, d, size) for t in ends if size]
-            pushed[d] += size * len(ends)
-        for d, ends in pops.items():  # a pop's element is unsized: each pop frees its share of what was pushed
-            changes += [(t, d, -(pushed[d] // len(ends))) for t in ends if pushed[d]]
-        changes.sort()
-        times = [t for t, _, _ in changes]
-        totals, now = [], defaultdict(int)
-        for _, d, size in changes:
-            now[d] = max(0, now[d] + size)
-            totals.append(dict(now))
+            pushed[key] += size * len(ends)
+        # A pop's element is unsized: each pop frees its share of what was pushed into its list (the pops
+        # of a list traced to no push: their share of what the device's lists no pop traced to hold).
+        unmatched, spare = defaultdict(int), defaultdict(list)
+        for (d, lst), size in pushed.items():
+            unmatched[d] += 0 if (d, lst) in pops else size
+        for (d, lst), ends in pops.items():
+            if pushed.get((d, lst)):
+                changes += [(t, d, -(pushed[(d, lst)] // len(ends))) for t in ends]
+            else:
+                spare[d] += ends
+        for d, ends in spare.items():
+            changes += [(t, d, -(unmatched[d] // len(ends))) for t in ends if unmatched[d]]
+        return _timeline(changes)
 
-        def at(t: int) -> Mapping[str, int]:
-            i = bisect.bisect_right(times, t)
-            return totals[i - 1] if i else {}
+    def other_iterations(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str]):
+        """(k -> time -> device -> bytes) what the loop's other iterations hold while iteration k is
+        replayed. A loop runs up to parallel_iterations iterations at once: a gradient loop's weight
+        gradients (each iteration's MatMul, summed by an AddN chain one iteration at a time) can all be
+        made before the sums catch up. Each run j of a body kernel holds its output from its start to
+        the end of its readers' j-th runs (a reader that did not run once per iteration: not counted)."""
+        lives = []  # (node, j, start, end, device, bytes)
+        for name, runs in self.repeated.items():
+            op = _MKL.sub("", self.nodes[name].op)
+            if op in _NOT_MADE or _UPDATE.match(op):
+                continue
+            for k, size in enumerate(size_of(name)):
+                users = self.readers.get((name, k), ())
+                if not size or not users or any(u not in self.repeated for u in users):
+                    continue
+                for j, (s, e) in enumerate(runs):
+                    ends = [self.repeated[u][j][1] for u in users if j < len(self.repeated[u])]
+                    if len(ends) == len(users):
+                        lives.append((name, j, s, max(e, *ends), device_of(name), size))
+        if not lives:
+            return None
+        every = _timeline([c for _, _, s, e, d, b in lives for c in ((s, d, b), (e, d, -b))])
+        by_run, lasts = defaultdict(list), []  # iteration k replays each kernel's k-th run, or its last
+        for life in lives:
+            by_run[life[1]].append(life)
+            if life[1] == len(self.repeated[life[0]]) - 1:
+                lasts.append(life)
 
-        return at if changes else None
+        def of(k: int):
+            mine = by_run.get(k, []) + [life for life in lasts if life[1] < k]
+            own = _timeline([c for _, _, s, e, d, b in mine for c in ((s, d, b), (e, d, -b))])
+            return lambda t: {d: v - (own(t).get(d, 0) if own else 0) for d, v in every(t).items()}
+
+        return of
 
     def peaks(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str], group_size: int = 1,
               first_call: bool = False, copies: bool = False, temps: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -451,10 +567,13 @@ class Schedule:
         out: dict[str, int] = {}
         previous = None
         lists = self.held_in_lists(size_of, device_of)
-        for run in self.runs:
+        others = self.other_iterations(size_of, device_of)
+        size_of = self._with_list_elements(size_of)
+        for k, run in enumerate(self.runs):
+            other = others(k) if others is not None else None
             counts = defaultdict(int, {t: len(r) for t, r in self.readers.items()})
             sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies,
-                       temps=temps or {})
+                       temps=temps or {}, frames=self.frames)
             if previous is not None:
                 sim.carry(previous)
             if copies:
@@ -466,18 +585,58 @@ class Schedule:
                     sim.start(self.nodes[name], device_of(name))
                 else:
                     sim.end(self.nodes[name], device_of(name))
-                for d, held in (lists(t).items() if lists is not None else ()):
-                    out[d] = max(out.get(d, 0), sim.live[d] + held)
+                held = defaultdict(int, lists(t) if lists is not None else {})
+                for d, b in (other(t).items() if other is not None else ()):
+                    held[d] += max(0, b)
+                for d, b in held.items():
+                    out[d] = max(out.get(d, 0), sim.live[d] + b)
             for d, p in sim.peak.items():
                 out[d] = max(out.get(d, 0), p)
             previous = sim
         return out
 
 
+def _timeline(changes: list[tuple[int, str, int]]):
+    """time -> device -> the running sum of the (time, device, bytes) changes up to then, or None."""
+    changes = sorted(changes)
+    times = [t for t, _, _ in changes]
+    totals, now = [], defaultdict(int)
+    for _, d, size in changes:
+        now[d] = max(0, now[d] + size)
+        totals.append(dict(now))
+
+    def at(t: int) -> Mapping[str, int]:
+        i = bisect.bisect_right(times, t)
+        return totals[i - 1] if i else {}
+
+    return at if changes else None
+
+
+def _frames(nodes: Mapping[str, Node]) -> dict[str, str]:
+    """Each loop variable's Exit -> the Enter of its initial value. Measured (the allocator's events of
+    Keras' LSTM, 2026-11-28): the value a loop variable enters with is freed when the loop exits, not
+    after its first iteration read it (nor is it written in place: an AddN in the body writes into its
+    other input), so the loop's frame holds it from its Enter to its Exit."""
+    out = {}
+    merges = {n.name: n for n in nodes.values() if n.op in _MERGES}
+    merge_of = {n.name: n.inputs[0][0] for n in nodes.values() if n.op in ("Switch", "RefSwitch") and n.inputs}
+    for n in nodes.values():
+        if n.op not in ("Exit", "RefExit") or not n.inputs:
+            continue
+        merge = merges.get(merge_of.get(n.inputs[0][0], ""))
+        enter = next((t for t, _ in merge.inputs if nodes.get(t) and nodes[t].op in ("Enter", "RefEnter")), None) \
+            if merge else None
+        if enter:
+            out[n.name] = enter
+    return out
+
+
 def _list_times(n: Node, runs: list[tuple[int, int]], readers: Mapping, runs_of: Mapping) -> tuple[int, ...]:
     """When each run of a push added its element to the list (its end), or when each run of a pop let
     its element go: once the ops reading the popped element in that iteration have ended (a loop runs
     iterations in parallel: the pops can run ahead of the gradient math that reads their elements)."""
+    if n.op == "TensorListFromTensor":  # its elements exist from when it starts copying them in
+        return tuple(s for s, _ in runs)
     if n.op != "TensorListPopBack":
         return tuple(e for _, e in runs)
     users = [u for u in readers.get((n.name, 1), ()) if u in runs_of]
@@ -586,7 +745,8 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     return Replay(nodes, order, sizes, used, replicas, first_call, batch,
                   scaled_outputs(nodes, shapes, sizes, batch, asked_shape),
                   # (an update's copy-on-write copy is the update rule's, not a scratch)
-                  {n.name: temps[n.name] for n in nodes if temps.get(n.name) and not _UPDATE.match(_MKL.sub("", n.op))}
+                  {n.name: temps[n.name] for n in nodes if temps.get(n.name) and not _UPDATE.match(_MKL.sub("", n.op))
+                   and n.op not in _LIST_MAKERS}
                   ), counts
 
 
