@@ -303,26 +303,73 @@ OWN_CPUS = """
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(2)])
     names = [d.name for d in tf.config.list_logical_devices("CPU")]
-    with tf.device("/CPU:0"):
+    with tf.device("/CPU:1"):
+        v = tf.Variable([1.0, 2.0])
         x = tf.constant([1.0, 2.0]) * 2.0
-    json.dump({"cpus": names, "x": x.numpy().tolist()}, open(sys.argv[1], "w"))
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        w = tf.Variable(3.0)
+
+
+    @tf.function
+    def step(a):
+        with tf.device("/CPU:1"):
+            b = tf.square(a)
+        with tf.device("/CPU:2"):  # a CPU the program did not configure: soft-placed
+            total = tf.reduce_sum(a)
+        v.assign_add(b)
+        return strategy.run(lambda: w * 2.0), total
+
+
+    if len(sys.argv) > 2:  # plain TensorFlow: where its runtime placed step's ops (the partition graphs it ran)
+        from tensorflow.python.eager import context
+
+        context.context().enable_graph_collection()
+    step(x)
+    placed = {}
+    if len(sys.argv) > 2:
+        for fg in context.context().export_run_metadata().function_graphs:
+            for graph in fg.partition_graphs:
+                for node in graph.node:
+                    if node.op not in ("_Send", "_Recv", "_Arg", "_Retval"):
+                        kinds = placed.setdefault("/CPU:" + node.device.rsplit(":", 1)[1], {})
+                        kinds[node.op] = kinds.get(node.op, 0) + 1
+    json.dump({"cpus": names, "v": v.device, "x": x.device, "w": [c.device for c in w.values],
+               "replicas": strategy.extended.worker_devices, "value": v.numpy().tolist()}, open(sys.argv[1], "w"))
+    if placed:
+        json.dump(placed, open(sys.argv[1] + ".placed", "w"))
 """
 
 
-def test_a_programs_own_logical_cpus_are_taken_and_the_report_says_where_they_ran(tmp_path):
+def test_a_programs_own_logical_cpus_are_its_own_devices_as_on_a_gpu_machine(tmp_path):
     script = write(tmp_path, "own_cpus.py", OWN_CPUS)
-    trace(["--gpus", "2", str(script), str(tmp_path / "traced.json")], cwd=tmp_path, out=tmp_path / "out")
-    _plain(script, tmp_path / "plain.json")
-    # The program runs on and reads back what plain TensorFlow gives it (no RuntimeError).
+    proc = trace(["--gpus", "2", str(script), str(tmp_path / "traced.json")], cwd=tmp_path, out=tmp_path / "out")
+    _plain(script, tmp_path / "plain.json", "plain")
+    # The program lists, runs on and reads back the devices plain TensorFlow gives it: its /CPU:1
+    # is a logical CPU of its own (runtime name and all), not an emulated GPU.
     assert json.loads((tmp_path / "traced.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+    plain = json.loads((tmp_path / "plain.json.placed").read_text())
     p = placement(tmp_path / "out")
-    assert p["eager"]["op_types_by_device"]["/CPU:0"] == {"Mul": 1}
-    assert [n for n in p["notes"] if "split the host CPU" in n] == [
-        "emulation: set_logical_device_configuration: the program split the host CPU into 2 logical CPUs; under "
-        "--gpus 2 the runtime's logical CPUs 1..2 are the emulated GPUs, so no CPU was added: tf.config lists the "
-        "program's 2 CPUs, its /CPU:0 is the host, a request for /CPU:1../CPU:2 ran on the emulated "
-        "/GPU:0../GPU:1 (and is listed there), a higher one does not exist and is soft-placed; trace without --gpus to "
-        "give the program its own CPUs"]
+    # step's ops on /CPU:1, as TensorFlow's runtime placed them (the request, the variable's update
+    # and replica 1 of the strategy).
+    assert p["op_types_by_device"]["/CPU:1"] == plain["/CPU:1"]
+    assert p["eager"]["op_types_by_device"]["/CPU:1"]["Mul"] == 1
+    assert sorted((v["name"], [c["device"] for c in v["components"]]) for v in p["variables"]
+                  if v["name"] == "Variable") == [
+        ("Variable", ["/CPU:0"]), ("Variable", ["/CPU:0", "/CPU:1"]), ("Variable", ["/CPU:1"]), ("Variable", ["/CPU:1"])]
+    rules = {r["rule"]: r["observed"] for r in p["conformance"]["rules"]}
+    assert rules["strategy.replica_1_compute"] == {"/CPU:1": 2} and rules["tf.device /CPU:1"] == {"/CPU:1": 2}
+    # /CPU:2 exists nowhere: TensorFlow's placer drops its type and index and takes the function's
+    # own device, /CPU:0 under plain TensorFlow, /GPU:0 on the GPU machine (colocation_graph.cc).
+    assert plain["/CPU:0"]["Sum"] == 1
+    assert [(f["op"], f["requested"], f["placed"]) for f in p["fallbacks"]] == [
+        ("Const", "/CPU:2", "/GPU:0"), ("Sum", "/CPU:2", "/GPU:0")]
+    shown = (tmp_path / "out" / "report.html").read_text() + json.dumps(p) + proc.stdout
+    assert "/CPU:1002" not in shown  # never the emulation's internal name for the missing CPU
+    assert [n for n in p["notes"] if "CPU" in n and n.startswith("emulation:")] == [
+        "emulation: the program requested /CPU:2, but it has 2 logical CPU(s): soft placement runs it where a GPU "
+        "machine's placer does (the request's type and index dropped): an eager op on /GPU:0, an op in a tf.function "
+        "on the function's own device; those ops are fallbacks from /CPU:2"]
 
 
 LSTM_FIT = """

@@ -129,3 +129,19 @@ def test_a_long_program_name_cut_to_32_characters_is_still_a_dns_name():
     # Cut at 32 characters, 'transformer_ps_parameter_server_f32' would end in '-'.
     assert trace_config("transformer_ps_parameter_server_f32", tracking=False).name == "transformer-ps-parameter-server"
     assert trace_config("1234567890123456789012345678_x", tracking=False).name == "trace-12345678901234567890123456"
+
+
+def test_a_program_splitting_the_host_cpu_beyond_the_kept_cpus_is_told_where_the_rest_runs():
+    """Up to FIRST_GPU CPUs (the host and the ones kept for the program) are its own: nothing to
+    say. One more names the emulated /GPU:0's logical CPU."""
+    from types import SimpleNamespace
+
+    from pinpoint.trace.gpus import FIRST_GPU, _not_applied
+
+    host = SimpleNamespace(device_type="CPU")
+    assert FIRST_GPU == 8
+    assert _not_applied("set_logical_device_configuration", (host, [None] * 8), 2, FIRST_GPU) is None
+    assert _not_applied("set_logical_device_configuration", (host, [None] * 9), 2, FIRST_GPU) == (
+        "set_logical_device_configuration: the program split the host CPU into 9 logical CPUs; under --gpus 2 "
+        "emulation keeps 8 for it: tf.config lists its 9 CPUs, but a request for /CPU:8../CPU:9 runs on the "
+        "emulated /GPU:0../GPU:1 (and is listed there) and a higher one does not exist and is soft-placed")

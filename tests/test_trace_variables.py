@@ -26,10 +26,12 @@ def truth(proc) -> dict:
 
 
 def short(device: str) -> str:
-    """TensorFlow's '/job:localhost/replica:0/task:0/device:CPU:2' as the report spells it (the
-    emulation's /CPU:i+1 stands in for /GPU:i)."""
+    """TensorFlow's '/job:localhost/replica:0/task:0/device:CPU:9' as the report spells it (the
+    emulation's /CPU:FIRST_GPU+i stands in for /GPU:i)."""
+    from pinpoint.trace.gpus import FIRST_GPU
+
     kind, index = device.rsplit("device:", 1)[-1].split(":")
-    return "/CPU:0" if index == "0" else f"/GPU:{int(index) - 1}"
+    return "/CPU:0" if index == "0" else f"/GPU:{int(index) - FIRST_GPU}"
 
 
 MIXED_CNN = """

@@ -120,9 +120,10 @@ def sort_key(device: str):
     return (job or "", task if task is not None else -1, dtype or "", index if index is not None else -1)
 
 
-def emulation_aliases(gpu_indices) -> dict[str, str]:
-    """Spec '/GPU:i' -> the logical CPU that emulates it, '/CPU:{i+1}' ('/CPU:0' is the host)."""
-    return {f"/GPU:{i}": f"/CPU:{i + 1}" for i in gpu_indices}
+def emulation_aliases(gpu_indices, first: int = 1) -> dict[str, str]:
+    """Spec '/GPU:i' -> the logical CPU that emulates it, '/CPU:{first+i}' ('/CPU:0' is the host;
+    `pinpoint trace --gpus` keeps the CPUs before `first` for the program's own)."""
+    return {f"/GPU:{i}": f"/CPU:{first + i}" for i in gpu_indices}
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,19 @@
 
 A program written for N GPUs spells them `/GPU:i` in `tf.device`, asks
 `tf.config.list_logical_devices("GPU")`, and builds `MirroredStrategy()` on the GPUs it finds.
-On a CPU-only machine `emulate(n)` gives the process n+1 logical CPUs (`/CPU:0` stays the host,
-`/CPU:i+1` stands in for `/GPU:i`, as configs do) and `GpuNames` makes every spelling follow:
+On a CPU-only machine `emulate(n)` gives the process logical CPUs: `/CPU:0` stays the host,
+`/CPU:1`..`/CPU:OWN_CPUS` are kept for the program's own (a program that splits the host CPU, as
+TensorFlow's distributed-input guide does), `/CPU:FIRST_GPU+i` stands in for `/GPU:i`; `GpuNames`
+makes every spelling follow:
 
 - device strings: TensorFlow parses every device request (`tf.device`, Keras device scopes,
   strategy device lists, `tf.DeviceSpec` strings) through `DeviceSpecV2._string_to_components`;
   a GPU there is translated to its logical CPU, so the runtime, the graphs and the report all see
   one consistent physical name, which the DeviceMap shows as the GPU again;
 - a GPU index the machine lacks resolves to /GPU:0, as soft placement resolves it there;
+- the program's own CPUs: `/CPU:j` is runtime `/CPU:j` when the program configured more than j
+  logical CPUs (so runtime names parse back to themselves); a CPU it did not configure is soft-placed
+  as a missing GPU index is;
 - device questions: logical and physical listings (with or without a type), device details and
   `device_lib.list_local_devices` (tf.test.is_gpu_available) answer as the n-GPU machine, so
   Keras' own choices (jit_compile="auto" asks whether a non-CPU device exists) are its choices;
@@ -30,24 +35,37 @@ import contextlib
 import threading
 
 from pinpoint.device_names import DeviceMap, emulation_aliases, normalize, parse_name
+from pinpoint.errors import PlacementError
 from pinpoint.tfcompat.api import forget_parsed_devices, logical_device, physical_device, soft_placement
 from pinpoint.tfcompat.devices import MachineConfig, gpu_attributes, gpu_details
 from pinpoint.tfcompat.patches import Patches, patch_local_devices
 
 GPU = "GPU"
+# Logical CPUs kept for a program that splits the host CPU itself (/CPU:1../CPU:OWN_CPUS; it may
+# configure up to OWN_CPUS + 1). Measured: 10 logical CPUs instead of 3 start in the same time
+# (~0.02 s), with the same threads and memory (CPU devices share TensorFlow's thread pools).
+OWN_CPUS = 7
+FIRST_GPU = OWN_CPUS + 1  # the logical CPU that emulates /GPU:0
+# A CPU the program did not configure, requested in a graph: /CPU:MISSING_CPU+j names no device, so
+# TensorFlow's placer soft-places it (as a missing GPU index).
+MISSING_CPU = 1000
 
 
 def emulate(n: int) -> DeviceMap:
-    """n emulated GPUs on logical CPUs 1..n (before TensorFlow initializes its devices)."""
+    """n emulated GPUs on logical CPUs FIRST_GPU.. (before TensorFlow initializes its devices),
+    after the ones kept for the program's own."""
     import tensorflow as tf
 
     from pinpoint.devices import configure_logical_cpus
 
-    configure_logical_cpus(tf, n + 1)
-    aliases = emulation_aliases(range(n))
+    try:
+        have = configure_logical_cpus(tf, FIRST_GPU + n)
+    except PlacementError:  # initialized before with fewer (a second trace in one process): none kept
+        have = configure_logical_cpus(tf, n + 1)
+    aliases = emulation_aliases(range(n), first=have - n)
     return DeviceMap(aliases=aliases, replica_devices=tuple(aliases[f"/GPU:{i}"] for i in range(n)),
                      spec_replica_devices=tuple(f"/GPU:{i}" for i in range(n)), emulated=True,
-                     local_devices=tuple(f"/CPU:{i}" for i in range(n + 1)))
+                     local_devices=("/CPU:0", *aliases.values()))
 
 
 def real_gpus(n: int) -> DeviceMap:
@@ -75,6 +93,9 @@ class GpuNames:
     def __init__(self, dm: DeviceMap):
         self.dm = dm
         self.n = len(dm.spec_replica_devices)
+        # The logical CPU that emulates /GPU:0; the ones before it but the host are the program's own.
+        self.first = parse_name(dm.aliases["/GPU:0"])[3] if "/GPU:0" in dm.aliases else FIRST_GPU
+        self.own = self.first - 1
         self.ignored: list[str] = []  # what emulation could not follow, and how it answered instead
         self.missing: dict[str, str] = {}  # GPU requests the machine lacks -> the logical CPU they name
         self.machine: MachineConfig | None = None  # the GPU machine's device settings
@@ -99,13 +120,17 @@ class GpuNames:
         self._armed = True
 
     def _install_names(self) -> None:
-        """Device strings: /GPU:i is logical CPU i+1; "/GPU" (any GPU) is the first one."""
+        """Device strings: /GPU:i is logical CPU FIRST_GPU+i; "/GPU" (any GPU) is the first one; the
+        program's /CPU:j is logical CPU j if it configured it (`_cpu_index`)."""
         parse = Patches.current("DeviceSpecV2._string_to_components")
 
         def string_to_components(spec=None):
             job, replica, task, dtype, index = parse(spec)
             if dtype == GPU:
-                return job, replica, task, "CPU", self._gpu_index(index) + 1
+                return job, replica, task, "CPU", self._gpu_index(index) + self.first
+            # A runtime's full name (TensorFlow lists its devices so) is the device itself.
+            if dtype == "CPU" and index is not None and 1 <= index <= self.own and job != "localhost":
+                return job, replica, task, "CPU", self._cpu_index(index)
             return job, replica, task, dtype, index
 
         self._patch("DeviceSpecV2._string_to_components", staticmethod(string_to_components))
@@ -134,12 +159,37 @@ class GpuNames:
         if index < self.n or not soft_placement():
             return index
         written = f"/GPU:{index}"
-        self.missing.setdefault(written, f"/CPU:{index + 1}")
+        self.missing.setdefault(written, f"/CPU:{index + self.first}")
         self._note(f"the program requested {written}, which a machine with {self.n} GPU(s) does not have: soft "
                    "placement runs it where a GPU machine's placer does (the request's type and index dropped): "
                    "an eager op on /GPU:0, an op in a tf.function on the function's own device; those ops are "
                    f"fallbacks from {written}")
         return 0 if tf.executing_eagerly() else index
+
+    def own_cpus(self) -> int:
+        """How many logical CPUs the program has: its own split of the host CPU, else 1."""
+        host = [d for d in self.machine.physical() if d.device_type == "CPU"] if self.machine else []
+        return len(self.machine.virtual_devices(host[0]) or [None]) if host else 1
+
+    def _cpu_index(self, index: int) -> int:
+        """The logical CPU a request for the program's /CPU:index (1 <= index <= self.own) names:
+        itself when the program configured it; else the request matches no device, as on a GPU
+        machine, and soft placement drops its type and index (see `_gpu_index`): eagerly the op
+        runs on /GPU:0 (the best device by type priority), in a graph the index names no device and
+        TensorFlow's placer puts the op on the function's own device. Runtime names /CPU:j of the
+        program's CPUs parse back to themselves."""
+        import tensorflow as tf
+
+        if index < self.own_cpus():
+            return index
+        if not soft_placement():
+            return MISSING_CPU + index  # unsatisfiable, as there
+        written = f"/CPU:{index}"
+        self.missing.setdefault(written, f"/CPU:{MISSING_CPU + index}")
+        self._note(f"the program requested {written}, but it has {self.own_cpus()} logical CPU(s): soft placement "
+                   "runs it where a GPU machine's placer does (the request's type and index dropped): an eager op on "
+                   f"/GPU:0, an op in a tf.function on the function's own device; those ops are fallbacks from {written}")
+        return self.first if tf.executing_eagerly() and self.n else MISSING_CPU + index
 
     def _install_listings(self) -> None:
         """Device listings and descriptions answer as the GPU machine: /CPU:0 and the n GPUs."""
@@ -154,7 +204,7 @@ class GpuNames:
         self.machine = MachineConfig(host + gpus)
 
         def logical(ctx, device_type=None):
-            found = [d for d in list_logical(ctx, None) if normalize(d.name) not in emulated]
+            found = [d for d in list_logical(ctx, None) if normalize(d.name) not in emulated and not _kept(d, 1, self.own)]
             cpus = self.machine.virtual_devices(host[0]) if host else None
             if cpus:  # the program split the host CPU: its own setting, as it reads it back (see _not_applied)
                 found = [logical_device(f"/device:CPU:{j}", "CPU") for j in range(len(cpus))] + [
@@ -171,7 +221,8 @@ class GpuNames:
             return details(ctx, device)
 
         def local_devices(session_config=None):
-            found = [d for d in local(session_config) if normalize(d.name) not in emulated]
+            found = [d for d in local(session_config) if normalize(d.name) not in emulated
+                     and not _kept(d, self.own_cpus(), self.own)]
             return found + [gpu_attributes(i, incarnation=0x5EED + i) for i in range(self.n)]
 
         def num_gpus(ctx):
@@ -197,7 +248,7 @@ class GpuNames:
                 return original(ctx, dev)
             self._note(f"{name}: an emulated GPU's memory is its logical CPU's allocator, which the host and "
                        "every emulated GPU share: the numbers are the process's host tensors, not one GPU's")
-            return original(ctx, f"CPU:{index + 1}")
+            return original(ctx, f"CPU:{index + self.first}")
 
         return on_device
 
@@ -227,7 +278,9 @@ class GpuNames:
             before = self.machine.snapshot()
             out = self.machine.call(original, *args)
             if self.machine.snapshot() != before:
-                self._note(_not_applied(name, args, self.n))
+                forget_parsed_devices()  # the program's CPUs changed what /CPU:j parses to
+                if note := _not_applied(name, args, self.n, self.first):
+                    self._note(note)
             return out
 
         return apply
@@ -360,15 +413,23 @@ def _on_machine(machine: MachineConfig, getter):
     return lambda ctx, *args: machine.call(getter, *args)
 
 
-def _not_applied(name: str, args: tuple, n: int) -> str:
-    """What a device setting the program made (before using the devices) does under emulation."""
+def _kept(dev, configured: int, kept: int) -> bool:
+    """A logical CPU kept for the program's own CPUs (1..kept) beyond the ones it configured."""
+    _, _, dtype, index = parse_name(normalize(dev.name))
+    return dtype == "CPU" and index is not None and configured <= index <= kept
+
+
+def _not_applied(name: str, args: tuple, n: int, first: int) -> str | None:
+    """What a device setting the program made (before using the devices) does under emulation
+    (None: it is applied, as on a GPU machine)."""
     dev = args[0] if args else None
     if name == "set_logical_device_configuration" and getattr(dev, "device_type", None) == "CPU":
-        return (f"{name}: the program split the host CPU into {len(args[1])} logical CPUs; under --gpus {n} the "
-                f"runtime's logical CPUs 1..{n} are the emulated GPUs, so no CPU was added: tf.config lists the "
-                f"program's {len(args[1])} CPUs, its /CPU:0 is the host, a request for /CPU:1../CPU:{n} ran on the "
-                f"emulated /GPU:0../GPU:{n - 1} (and is listed there), a higher one does not exist and is soft-placed; "
-                "trace without --gpus to give the program its own CPUs")
+        if len(args[1]) <= first:
+            return None  # its CPUs are logical CPUs of their own
+        return (f"{name}: the program split the host CPU into {len(args[1])} logical CPUs; under --gpus {n} "
+                f"emulation keeps {first} for it: tf.config lists its {len(args[1])} CPUs, but a request for "
+                f"/CPU:{first}../CPU:{first + n - 1} runs on the emulated /GPU:0../GPU:{n - 1} (and is listed "
+                "there) and a higher one does not exist and is soft-placed")
     what = {"set_memory_growth": "memory growth of the emulated GPUs (logical CPUs have no GPU memory)",
             "set_logical_device_configuration": "GPU virtual devices (memory_limit): the logical GPUs stay one per "
                                                 "emulated GPU",
