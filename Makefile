@@ -14,7 +14,7 @@ NAME = $(shell sed -n -E "s/^name:[[:space:]]*['\"]?([a-z0-9-]*).*/\1/p" $(CONFI
 RUN_DIR ?= runs/$(NAME)
 PIPELINE_YAML ?= pipelines/training_pipeline.yaml
 MLFLOW_PORT ?= 5000
-PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=8
+PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=25
 export PYTHONUNBUFFERED := 1
 
 .PHONY: help setup run provision train report example-data compile submit images docs config-docs lint mlflow-ui \
