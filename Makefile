@@ -89,7 +89,8 @@ test: $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
 # requirements-compat.txt, rebuilt when that file or pyproject.toml changes. It runs the tests whose
 # answers depend on TensorFlow's behaviour: trace, placement, the private names of tfcompat and (where
 # it exists) the differential suite against plain TensorFlow, with the corpus' sample (the whole corpus
-# takes about 24 minutes on its own: `make test-compat PYTEST_ARGS="-m corpus"` would run it there). The kfp side is not installed there
+# took about 21 minutes on 2.16 run family by family with CORPUS_WORKERS=1 on a shared 2-core machine, docs/trace.md:
+# `make test-compat PYTEST_ARGS="-m corpus"` would run it there). The kfp side is not installed there
 # (kfp 2.17 needs protobuf 6).
 COMPAT_VENV := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed

@@ -4,6 +4,7 @@ code it checks).
 
     python tests/oracle.py placement PROGRAM.py OUT.json   # devices, functions, variables, eager ops
     python tests/oracle.py shapes PROGRAM.py OUT.json      # the shape every graph op produced
+    python tests/oracle.py read DUMP_DIR OUT.json          # the same, from a finished shapes run's dump
 
 Devices: the process gets 3 logical CPUs (/CPU:0 the host, /CPU:1 for /GPU:0, /CPU:2 for /GPU:1).
 The program's text is rewritten before it runs: every '/GPU:i' literal becomes '/CPU:i+1' and
@@ -361,7 +362,6 @@ def shapes(program: str, out: str) -> None:
     import contextlib
 
     import tensorflow as tf
-    from tensorflow.python.debug.lib import debug_events_reader
 
     _configure(tf, jit=False)
     root = tempfile.mkdtemp(prefix="tfdbg-", dir=os.path.dirname(os.path.abspath(out)))
@@ -374,6 +374,25 @@ def shapes(program: str, out: str) -> None:
         tf.debugging.experimental.disable_dump_debug_info()
 
     _run_program(program, wrap, os.path.dirname(os.path.abspath(out)))
+    # The dump is complete (the program ran, tfdbg's writer closed): a crash from here on is the
+    # reading's, and `read` in a fresh process reads the same dump (tests/differential.py).
+    with open(out + DUMP, "w") as f:
+        f.write(root)
+    read_shapes(root, out)
+
+
+# Where `shapes` leaves the path of its finished tfdbg dump: next to its output.
+DUMP = ".dump"
+
+
+def read_shapes(root: str, out: str) -> None:
+    """The runtime shapes in the tfdbg dump `root`, into `out`. Reading it in the process that ran
+    a MirroredStrategy program crashes (SIGSEGV inside protobuf, in DebugDataReader's
+    graph_execution_traces or _load_graphs) for some programs on every attempt (measured:
+    cnn-dfn-mirrored-f32 on TensorFlow 2.21, rnn-dfn-mirrored-f32 on 2.16); the same dump read
+    in a fresh process reads whole."""
+    from tensorflow.python.debug.lib import debug_events_reader
+
     found: dict[str, set] = defaultdict(set)
     with debug_events_reader.DebugDataReader(root) as reader:
         reader.update()
@@ -398,8 +417,8 @@ def shapes(program: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    mode, program_path, out_path = sys.argv[1:4]
-    {"placement": placement, "shapes": shapes}[mode](program_path, out_path)
+    mode, program_path, out_path = sys.argv[1:4]  # read: the dump's folder instead of a program
+    {"placement": placement, "shapes": shapes, "read": read_shapes}[mode](program_path, out_path)
     # Everything is written: TensorFlow 2.21 can crash tearing down a distributed program that
     # ran under tfdbg (a segfault at interpreter exit, after the results are out).
     sys.stdout.flush()
