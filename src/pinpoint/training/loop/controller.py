@@ -61,8 +61,9 @@ class TrainResult:
 
 def _serving(cfg: Config) -> tuple[str, ...]:
     """parameter_server's tasks that only serve (workers run the closures, ps hold the variables)."""
-    c = cfg.cluster
-    return tuple([f"worker:{i}" for i in range(c.workers)] + [f"ps:{i}" for i in range(c.ps)])
+    from pinpoint.provision.tfconfig import task_list
+
+    return tuple(f"{role}:{i}" for role, i in task_list(cfg.cluster) if role in ("worker", "ps"))
 
 
 def is_logged(step: int, log_every: int, total: int) -> bool:
