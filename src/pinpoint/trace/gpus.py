@@ -159,12 +159,17 @@ class GpuNames:
         if index < self.n or not soft_placement():
             return index
         written = f"/GPU:{index}"
-        self.missing.setdefault(written, f"/CPU:{index + self.first}")
-        self._note(f"the program requested {written}, which a machine with {self.n} GPU(s) does not have: soft "
-                   "placement runs it where a GPU machine's placer does (the request's type and index dropped): "
-                   "an eager op on /GPU:0, an op in a tf.function on the function's own device; those ops are "
-                   f"fallbacks from {written}")
+        self._soft_placed(written, f"/CPU:{index + self.first}",
+                          f"which a machine with {self.n} GPU(s) does not have")
         return 0 if tf.executing_eagerly() else index
+
+    def _soft_placed(self, written: str, runtime: str, why: str) -> None:
+        """Record a request no device matches (`runtime`: the logical CPU it names) and say once
+        where soft placement runs it."""
+        self.missing.setdefault(written, runtime)
+        self._note(f"the program requested {written}, {why}: soft placement runs it where a GPU machine's placer "
+                   "does (the request's type and index dropped): an eager op on /GPU:0, an op in a tf.function on "
+                   f"the function's own device; those ops are fallbacks from {written}")
 
     def own_cpus(self) -> int:
         """How many logical CPUs the program has: its own split of the host CPU, else 1."""
@@ -185,10 +190,7 @@ class GpuNames:
         if not soft_placement():
             return MISSING_CPU + index  # unsatisfiable, as there
         written = f"/CPU:{index}"
-        self.missing.setdefault(written, f"/CPU:{MISSING_CPU + index}")
-        self._note(f"the program requested {written}, but it has {self.own_cpus()} logical CPU(s): soft placement "
-                   "runs it where a GPU machine's placer does (the request's type and index dropped): an eager op on "
-                   f"/GPU:0, an op in a tf.function on the function's own device; those ops are fallbacks from {written}")
+        self._soft_placed(written, f"/CPU:{MISSING_CPU + index}", f"but it has {self.own_cpus()} logical CPU(s)")
         return self.first if tf.executing_eagerly() and self.n else MISSING_CPU + index
 
     def _install_listings(self) -> None:
