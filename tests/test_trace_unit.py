@@ -145,3 +145,17 @@ def test_a_program_splitting_the_host_cpu_beyond_the_kept_cpus_is_told_where_the
         "set_logical_device_configuration: the program split the host CPU into 9 logical CPUs; under --gpus 2 "
         "emulation keeps 8 for it: tf.config lists its 9 CPUs, but a request for /CPU:8../CPU:9 runs on the "
         "emulated /GPU:0../GPU:1 (and is listed there) and a higher one does not exist and is soft-placed")
+
+
+def test_a_later_fit_logs_only_what_changed_under_its_own_number():
+    """MLflow keeps one value per param: the second fit's other strategy is `fit2.strategy`, its
+    unchanged batch size is not sent again, a param the first fit lacked is sent as it is."""
+    from pinpoint.trace.session import Capture
+
+    sent = []
+    cap = Capture(dm=None, params=sent.append)
+    cap.log_fit_params({"fit.strategy": "OneDeviceStrategy", "fit.batch_size": 64})
+    cap.log_fit_params({"fit.strategy": "OneDeviceStrategy", "fit.batch_size": 64})
+    cap.log_fit_params({"fit.strategy": "MirroredStrategy", "fit.batch_size": 64, "fit.epochs": 2})
+    assert sent == [{"fit.strategy": "OneDeviceStrategy", "fit.batch_size": 64},
+                    {"fit3.strategy": "MirroredStrategy", "fit.epochs": 2}]

@@ -151,7 +151,8 @@ STRATEGIES = """
     truth("temp", temp, True)
     del temp
 
-    # OneDeviceStrategy: a model built and trained, and a variable dropped.
+    # OneDeviceStrategy: a model built, trained and dropped (its variables were a captured
+    # function's), and a variable dropped.
     one = tf.distribute.OneDeviceStrategy("/GPU:1")
     with one.scope():
         m1 = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="d1")], name="one")
@@ -160,8 +161,9 @@ STRATEGIES = """
     truth("once", once, True)
     del once
     for w in m1.weights:
-        truth(w.path, w.value, False)
+        truth(w.path, w.value, True)
     m1.fit(tf.zeros((8, 4)), tf.zeros((8, 2)), epochs=1, verbose=0)
+    del m1
 
     # MirroredStrategy: one variable dropped, a model kept.
     mirrored = tf.distribute.MirroredStrategy()
@@ -213,7 +215,11 @@ def test_variables_made_under_several_strategies_in_turn_are_all_reported_live_o
     for strategy, n in (("OneDeviceStrategy", 1 + 6), ("MirroredStrategy", 1 + 6)):
         made = [v for v in p["variables"] if (v.get("created") or {}).get("strategy") == strategy]
         assert len(made) == n, strategy
-    freed = sum(1 for v in p["variables"] if v.get("freed"))
-    assert p["variable_updates"]["freed_variables"] == freed == 3
-    # temp on /GPU:0, once on /GPU:1, scratch on both.
-    assert "+3 created and freed before the end: /GPU:0: 2, /GPU:1: 2" in proc.stdout
+    # Freed: temp, once, scratch, and the dropped model's 2 weights, 2 sgd and 2 loss variables.
+    freed = [v["name"] for v in p["variables"] if v.get("freed")]
+    assert p["variable_updates"]["freed_variables"] == len(freed) == 3 + 6
+    assert sorted(v["name"] for v in p["variables"] if v.get("freed") and v["created"]["strategy"] == "OneDeviceStrategy"
+                  ) == ["loss/count", "loss/total", "once", "one/d1/bias", "one/d1/kernel", "sgd/iteration",
+                        "sgd/learning_rate"]
+    # temp on /GPU:0, once and the dropped model's six on /GPU:1, scratch on both.
+    assert "+9 created and freed before the end: /GPU:0: 2, /GPU:1: 8" in proc.stdout

@@ -434,3 +434,27 @@ def test_file_artifacts_pending_at_a_pass_go_up_in_one_call_each_where_it_belong
         assert local.read_text() == f"latest {step}"  # each checkpoint's own state file
     assert steps_of(c, sender.run_id, "loss") == [100, 200, 300]
     assert list((spool.folder / "stage").iterdir()) == []  # the batch's links are gone
+
+
+@pytest.mark.unit
+def test_the_senders_cpu_time_is_read_to_the_millisecond():
+    """The steady share's window is about a second: the sender's CPU time is read from the
+    process CPU clock (ns), not /proc's 10 ms ticks. The child tells its own process_time, then
+    waits: the parent's reading agrees with it within 2 ms."""
+    import subprocess
+    import sys
+
+    from pinpoint.tracking.process import SenderProcess
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.123: pass\n"
+         "print(time.process_time(), flush=True)\nsys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    sender = SenderProcess("unused")
+    sender._proc = child
+    try:
+        told = float(child.stdout.readline())
+        assert sender.cpu_s() == pytest.approx(told, abs=0.002)
+    finally:
+        child.kill()
+        child.wait()

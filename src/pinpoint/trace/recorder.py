@@ -48,12 +48,22 @@ class Recorder:
         self.finder = VariableFinder()
         self.sampler = Sampler(self.eager, quiet_ops)
         self.eager_ops = EagerOps(self.eager, self.finder, self.sampler, default_device)
-        self.calls = FunctionCalls(self.functions, self.sampler.resample, self.eager_ops, self.finder,
+        self.calls = FunctionCalls(self.functions, self._on_new_function, self.eager_ops, self.finder,
                                    real_gpus=graph_placement is None)
         self.sessions = SessionRuns(self.functions, self.finder, graph_placement)
         self._patches = Patches()
         self._flush = _nothing  # the counting wrapper's flush, once installed
         self.active = False
+
+    def _on_new_function(self) -> None:
+        """A new function: a new phase (its eager ops are sampled), and perhaps a model built to
+        replace one (the variables the program dropped are let go)."""
+        self.sampler.resample()
+        self.finder.release_dropped()
+
+    def watch(self, created: list) -> None:
+        """trace.created's records: a variable among them the program drops is let go."""
+        self.finder.watch(created)
 
     @property
     def quiet_ops(self) -> int:

@@ -35,6 +35,8 @@ class Capture:
     last_logged: dict = field(default_factory=dict)  # the last pinpoint.log metrics
     weight_rows: list | None = None  # the weights' requests, read by on_end while the layers live
     layer_units: tuple[str, ...] | None = None  # the program's layers by path, read with them
+    fit_params: dict = field(default_factory=dict)  # the params fit calls logged so far
+    fits: int = 0
 
     def __enter__(self) -> Capture:
         from pinpoint import userlog
@@ -65,12 +67,13 @@ class Capture:
             self.created = CreationLog(default)
             stack.callback(self.created.uninstall)
             self.created.install()
+            self.recorder.watch(self.created.records)
             from pinpoint.trace.requests import RequestLog
 
             self.requests = RequestLog(default)
             stack.callback(self.requests.uninstall)
             self.requests.install()
-            self.fit = FitPatch(lambda batch: KerasLogger(self.send_metrics, self.params, log_every=self.log_every,
+            self.fit = FitPatch(lambda batch: KerasLogger(self.send_metrics, self.log_fit_params, log_every=self.log_every,
                                                           batch_size=batch, quiet=self.recorder.quiet))
             stack.callback(self.fit.uninstall)
             self.fit.install()
@@ -93,6 +96,19 @@ class Capture:
         self.recorder.sample_if_due()  # an eager loop's chance of a sampling window
         if self.send is not None:
             self.send(metrics, step=step)
+
+    def log_fit_params(self, params: dict) -> None:
+        """A fit call's params. MLflow keeps one value a param: a later fit's value that differs
+        (another model, strategy, batch size) is logged as `fit<N>.<name>`, N its call's number."""
+        self.fits += 1
+        new = {}
+        for k, v in params.items():
+            if k not in self.fit_params:
+                self.fit_params[k] = new[k] = v
+            elif self.fit_params[k] != v:
+                new[k.replace("fit.", f"fit{self.fits}.", 1)] = v
+        if new and self.params is not None:
+            self.params(new)
 
     def send_metrics(self, metrics: dict, step: int) -> None:
         self.recorder.sample_if_due()

@@ -8,7 +8,9 @@ a handle is new to the index: new variables exist.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import threading
 import weakref
 from typing import Any
 
@@ -27,6 +29,43 @@ class VariableFinder:
         self._seen_handles: set[int] = set()
         self._resolved: set[int] = set()
         self._pending: dict[int, bool] = {}  # eager-updated handles not yet matched; True: scanned once
+        self._created: list = []  # trace.created's records (watch): the variables that may be let go
+        self._created_seen = 0  # how many of them the last release_dropped saw
+
+    def watch(self, created: list) -> None:
+        """Let go of the program's dropped variables (`release_dropped`) among `created`, the
+        records trace.created appends to as the program creates variables."""
+        self._created = created
+
+    def release_dropped(self) -> None:
+        """Let go of each kept variable that the program no longer holds, so that it is freed as in
+        the program and reported freed (from its creation record). Only variables with such a record
+        are let go (the rest would vanish from the report), only after new ones were created since
+        the last time (a model built to replace one), and only on the program's thread: one full
+        collection tells what nothing but this finder holds."""
+        if len(self._created) == self._created_seen or threading.current_thread() is not threading.main_thread():
+            return
+        self._created_seen = len(self._created)
+        recorded = {id(h) for r in self._created for h in (ref() for ref in r.handles if ref is not None)
+                    if h is not None}
+        order = list(self._variables)
+        weak = _weak_refs(self._variables, recorded)
+        kept = {k: v for k, v in self._variables.items() if k not in weak}
+        self._variables = {}
+        gc.collect()
+        for key in order:
+            v = weak[key]() if key in weak else kept[key]
+            if v is not None:
+                self._variables[key] = v
+        if len(self._variables) < len(order):
+            self._prune()
+
+    def _prune(self) -> None:
+        """Forget the handles of variables that are gone: an id may be a new handle's now."""
+        for h in [h for h, ref in self._index.items() if ref() is None]:
+            del self._index[h]
+            self._resolved.discard(h)
+            self._seen_handles.discard(h)
 
     def keep(self, variable) -> None:
         """Keep `variable` (e.g. a tf.compat.v1 graph's collection)."""
@@ -139,6 +178,17 @@ def live_variables() -> list:
             inner.update(id(c) for c in comps)
     outer = [kv for kv in keras_vars if keras_wrapped(kv) is not None]
     return outer + [v for v in tf_vars if id(v) not in inner]
+
+
+def _weak_refs(variables: dict, handle_ids: set[int]) -> dict:
+    """Weak references to the variables a component handle of which is among `handle_ids` (a
+    function of its own: no local name outlives it to hold one of them)."""
+    refs = {}
+    for key, v in variables.items():
+        if any(id(getattr(c, "handle", None)) in handle_ids for c in components(v)):
+            with contextlib.suppress(TypeError):  # not weakly referable: kept
+                refs[key] = weakref.ref(v)
+    return refs
 
 
 def components(v) -> list:
