@@ -3,12 +3,20 @@ tf.function and an eager tf.add) runs as a whole process under `python` and unde
 `pinpoint trace --no-tracking`, the two arms back to back, their order alternating between
 rounds; each process times CALLS-call blocks after a warm-up past the recorder's quiet window
 and keeps its best block. Added: the trace process's µs per call - the python process's, round
-by round; the verdict from the interval of those differences (>= 3 rounds)."""
+by round; the verdict from the interval of those differences (>= 3 rounds).
+
+Short blocks, many of them: a block of 20,000 calls (~3 s) that a slow spell of the machine hits
+is as slow as its spell, so the best of 3 moved by 4% from process to process; the best of 15
+blocks of 4,000 moves by about 1%. Both arms run with the same fixed hash seed and, where
+`setarch` exists, without address-space randomisation: the processes of an arm then share one
+memory layout, whose luck otherwise moves a call by several µs (measured 2026-11-28: 135.4 to
+144.9 µs over 5 python processes with it, 131.5 to 135.0 without)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -20,8 +28,9 @@ from benchmarks.targets import target
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "benchmarks" / "user_program.py"  # run as a script, as `python train.py` is
-CALLS, BLOCKS, WARMUP = 20000, 3, 2000
-ROUNDS = 3  # pairs of processes: a verdict needs 3 (benchmarks/targets.py)
+CALLS, BLOCKS, WARMUP = 4000, 15, 2000
+ROUNDS = 5  # pairs of processes: a verdict needs 3 (benchmarks/targets.py); the differences are ~1 µs
+FIXED_LAYOUT = ["setarch", "-R"] if shutil.which("setarch") else []
 KEY = "user-calls"
 
 
@@ -38,7 +47,7 @@ def comparison(s: Settings) -> Comparison:
                 Ratio("eager tf.add: trace - python, µs", "trace", "python", "add_us",
                       target("calls.eager_op_us"), difference=True)),
         repeats=ROUNDS if full else 1,
-        run_s=17.0,  # a process: TensorFlow's import, 3 x 20,000 calls of each, the trace's report
+        run_s=16.0,  # a process: TensorFlow's import, 15 x 4,000 calls of each, the trace's report
     )
 
 
@@ -57,13 +66,13 @@ def run(spec: dict) -> dict[str, Any]:
         cli = Path(sys.executable).with_name("pinpoint")
         argv = [*([str(cli)] if cli.is_file() else [sys.executable, "-m", "pinpoint.cli"]), "trace", "--no-tracking",
                 "--out", str(out / "trace"), str(PROGRAM), *args]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONHASHSEED": "0"}
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run([*FIXED_LAYOUT, *argv], cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not timing.is_file():
         raise RuntimeError(f"{' '.join(argv[:6])}... exited {proc.returncode}: {proc.stderr[-400:]}")
-    return {**json.loads(timing.read_text()), "wall_s": wall}
+    return {**json.loads(timing.read_text()), "wall_s": wall, "fixed_layout": bool(FIXED_LAYOUT)}
 
 
 def render(comps: list[Comparison], results: dict) -> str:
@@ -90,4 +99,6 @@ def render(comps: list[Comparison], results: dict) -> str:
          "added µs, trace - python, same round [95% interval] (min–max)", "target", "pairs"], rows)
         + f"\nEach process: {spec['warmup']:,} calls of each as a warm-up (past the recorder's quiet window), then "
           f"{spec['blocks']} blocks of {spec['calls']:,} calls of each (benchmarks/user_program.py), its best block; "
-          "the two processes of a round run back to back, the order alternating between rounds.\n")
+          "the two processes of a round run back to back, the order alternating between rounds"
+          + (", both with a fixed hash seed and without address-space randomisation (one memory layout per arm)"
+             if spec.get("fixed_layout") else ", both with a fixed hash seed") + ".\n")
