@@ -156,7 +156,9 @@ def more_rounds(comp: Comparison, runs: dict, elapsed: float, done: int) -> bool
     if comp.time_cap_s is None or done == 0 or elapsed + elapsed / done > comp.time_cap_s:
         return False
     results = {comp.key: runs}
-    return not all(settled(compare_summary(results, comp.key, rt)) for rt in comp.ratios if rt.target and not rt.difference)
+    # A ratio with no figures yet (failed or figure-less runs) is not one more round would settle.
+    found = [compare_summary(results, comp.key, rt) for rt in comp.ratios if rt.target and not rt.difference]
+    return any(x is not None and not settled(x) for x in found)
 
 
 def _save(out: Path, machine: dict, command: str, s: Settings, elapsed: float, results: dict, *,

@@ -763,6 +763,24 @@ def test_more_rounds_while_the_interval_is_wide_and_the_cap_allows():
     assert not more_rounds(_capped(None), wide, elapsed=40.0, done=2)  # no cap: the planned rounds
 
 
+def test_no_more_rounds_for_runs_without_the_figure():
+    """Runs that failed or report no figure give a ratio nothing to settle: more rounds would run
+    until the cap (a fake worker in a test: thousands of rounds, minutes)."""
+    from benchmarks.run import more_rounds
+
+    figureless = {"a": [{"train_s": 1.0}, {"train_s": 1.0}], "b": [{"train_s": 1.0}, {"train_s": 1.0}]}
+    assert not more_rounds(_capped(100.0), figureless, elapsed=40.0, done=2)
+
+
+def test_the_tracking_comparison_has_no_time_cap_in_a_quick_run(tmp_path):
+    from benchmarks.plan import Settings, build_plan
+
+    def cap(repeats):
+        return next(c for c in build_plan(Settings(repeats=repeats), tmp_path) if c.key == "tracking").time_cap_s
+
+    assert (cap(1), cap(5)) == (None, 8 * 4 * 7.9)
+
+
 def test_more_rounds_leave_out_a_difference_in_seconds():
     """A fixed cost of 0.3 s [0.1, 0.5] is decided against its target by the interval; ±3% of it
     would ask for rounds until the cap every time."""

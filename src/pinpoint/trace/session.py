@@ -98,7 +98,7 @@ class Capture:
             self.send(metrics, step=step)
 
     def log_fit_params(self, params: dict) -> None:
-        """A fit call's params. MLflow keeps one value a param: a later fit's value that differs
+        """A fit call's params. MLflow keeps one value per param: a later fit's value that differs
         (another model, strategy, batch size) is logged as `fit<N>.<name>`, N its call's number."""
         self.fits += 1
         new = {}
