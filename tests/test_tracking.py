@@ -458,3 +458,31 @@ def test_the_senders_cpu_time_is_read_to_the_millisecond():
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.unit
+def test_the_steady_cpu_window_starts_at_the_middle_not_at_the_last_send(tmp_path, monkeypatch):
+    """The sender's CPU is sampled every CPU_SAMPLE_S of logging calls, not only at the 1/s sends:
+    over a 2.3 s run sending once a second, the steady window starts within 0.1 s after the middle,
+    1.15 s (sampled at sends only, it started at the last send, 0.3 s before the end: often no pass
+    of the sender in it). The clock and the sender are stand-ins; the arithmetic is the test's."""
+    import pinpoint.tracking.run as trun
+
+    now = [100.0]
+    monkeypatch.setattr(trun.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(trun.time, "perf_counter", lambda: now[0])
+
+    class Sender:
+        run_created_at = (100.0, 0.0)
+
+        def cpu_s(self):
+            return 0.01 * (now[0] - 100.0)  # 1% of a core throughout
+
+    spool = Spool.create(tmp_path / "s", {"local_id": "local-cpu", "uri": "http://nowhere"})
+    run = trun.StepRun(spool, Sender(), step_metrics_every_s=1.0)
+    for step in range(230):  # 230 steps of 10 ms: 2.3 s, sends at 0, 1 and 2 s
+        run.log_step_metrics({"loss": 1.0}, step=step)
+        now[0] += 0.01
+    cost = run.cost()
+    assert cost["steady_wall_s"] == pytest.approx(2.3 - 1.2, abs=0.021)  # the first sample at or after 1.15 s
+    assert cost["sender_steady_share"] == pytest.approx(0.01)

@@ -33,6 +33,7 @@ FLUSH_TIMEOUT_S = 120.0  # how long the end of a step waits for the sender befor
 # request rate is bounded by time; how often a step metric reaches MLflow is
 # tracking.step_metrics_every_s (the one cadence setting).
 SEND_INTERVAL_S = 1.0
+CPU_SAMPLE_S = 0.1  # how often the training's logging path reads the sender's CPU clock (~1 µs a read)
 RUN_ID_WAIT_S = 60.0  # how long asking for the run id waits for the first attempt to create it
 
 
@@ -98,9 +99,12 @@ class StepRun:
         self._step_sends = 0
         self._held: dict[str, tuple[float, int, int]] = {}  # key -> (value, step, timestamp ms)
         self._epoch_offset = time.time() - time.perf_counter()  # perf_counter -> wall clock
-        # (monotonic, sender CPU s) at each step-metrics send (<= 1/s): the steady share is read
-        # over the second half of training, after the run's start-up sends (params, spec).
+        # (monotonic, sender CPU s) every CPU_SAMPLE_S of step-metrics calls: the steady share is
+        # read over the second half of training, after the run's start-up sends (params, spec).
+        # Sampled at sends only (1/s), the window of a 2 s run began 0.3 s before its end and
+        # often held none of the sender's passes (one a second): a share of 0.
         self._cpu_samples: list[tuple[float, float]] = []
+        self._sampled_at = float("-inf")
         # Checkpoints by time (tracking.checkpoints_every_s): the newest one not sent yet.
         self.checkpoints_every_s = checkpoints_every_s
         self._held_checkpoint: tuple[list[Path], str] | None = None
@@ -237,12 +241,14 @@ class StepRun:
             if self._held:
                 self.flush_step_metrics()
             self.log_metrics(metrics, step=step)
-            if self._sender.run_created_at is not None and (cpu := self._sender.cpu_s()) is not None:
-                self._cpu_samples.append((time.monotonic(), cpu))
         else:
             held, ts = self._held, int(1000 * (started + self._epoch_offset))  # when it was logged
             for key, value in metrics.items():
                 held[key] = (value, step, ts)
+        if started - self._sampled_at >= CPU_SAMPLE_S and self._sender.run_created_at is not None:
+            self._sampled_at = started
+            if (cpu := self._sender.cpu_s()) is not None:
+                self._cpu_samples.append((time.monotonic(), cpu))
         self.log_calls += 1
         self.log_s += time.perf_counter() - started
 
