@@ -26,6 +26,8 @@ _DEAD_BRANCH = re.compile(r"(^|/)cond(_\d+)?/(then|else)/")
 
 
 def _param(cid: str, *marks):
+    if cid in corpus.UNCOMPARABLE:
+        marks = (*marks, pytest.mark.skip(reason=corpus.UNCOMPARABLE[cid]))
     if cid in corpus.KNOWN:
         marks = (*marks, pytest.mark.xfail(strict=True, raises=AssertionError, reason=corpus.KNOWN[cid]))
     return pytest.param(cid, marks=marks, id=cid)
@@ -37,7 +39,7 @@ def matrix(request):
     ids = []
     for item in request.session.items:
         cid = getattr(item, "callspec", None) and item.callspec.params.get("cid")
-        if item.module is request.module and cid and cid not in ids:
+        if item.module is request.module and cid and cid not in ids and not item.get_closest_marker("skip"):
             ids.append(cid)
     with tempfile.TemporaryDirectory(prefix="corpus-") as tmp:
         results, failed, seconds = corpus.run_matrix(ids, Path(tmp), WORKERS, echo=lambda s: None)
@@ -67,7 +69,8 @@ def _check(cid: str, matrix) -> None:
 
 SAMPLE = [_param(cid) for cid in corpus.SAMPLE]
 ALL = [_param(cid) for cid in corpus.COMBINATIONS]
-DISTRIBUTED = [pytest.param(cid, id=cid) for cid, c in corpus.COMBINATIONS.items() if c.distributed]
+DISTRIBUTED = [pytest.param(cid, id=cid, marks=[pytest.mark.skip(reason=corpus.UNCOMPARABLE[cid])]
+                             if cid in corpus.UNCOMPARABLE else []) for cid, c in corpus.COMBINATIONS.items() if c.distributed]
 TIMEOUT = pytest.mark.timeout(3 * differential.TIMEOUT * len(corpus.COMBINATIONS))
 
 
