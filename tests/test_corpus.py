@@ -25,9 +25,13 @@ _UNSIZED = re.compile(r"^oracle: no runtime shape for (\S+) in (\S+)$")
 _DEAD_BRANCH = re.compile(r"(^|/)cond(_\d+)?/(then|else)/")
 
 
+def _uncomparable(cid: str) -> tuple:
+    """The skip of a combination the oracle cannot compare on this TensorFlow (none: ())."""
+    return (pytest.mark.skip(reason=corpus.UNCOMPARABLE[cid]),) if cid in corpus.UNCOMPARABLE else ()
+
+
 def _param(cid: str, *marks):
-    if cid in corpus.UNCOMPARABLE:
-        marks = (*marks, pytest.mark.skip(reason=corpus.UNCOMPARABLE[cid]))
+    marks = (*marks, *_uncomparable(cid))
     if cid in corpus.KNOWN:
         marks = (*marks, pytest.mark.xfail(strict=True, raises=AssertionError, reason=corpus.KNOWN[cid]))
     return pytest.param(cid, marks=marks, id=cid)
@@ -69,8 +73,8 @@ def _check(cid: str, matrix) -> None:
 
 SAMPLE = [_param(cid) for cid in corpus.SAMPLE]
 ALL = [_param(cid) for cid in corpus.COMBINATIONS]
-DISTRIBUTED = [pytest.param(cid, id=cid, marks=[pytest.mark.skip(reason=corpus.UNCOMPARABLE[cid])]
-                             if cid in corpus.UNCOMPARABLE else []) for cid, c in corpus.COMBINATIONS.items() if c.distributed]
+DISTRIBUTED = [pytest.param(cid, id=cid, marks=_uncomparable(cid)) for cid, c in corpus.COMBINATIONS.items()
+               if c.distributed]
 TIMEOUT = pytest.mark.timeout(3 * differential.TIMEOUT * len(corpus.COMBINATIONS))
 
 
