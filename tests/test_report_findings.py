@@ -37,6 +37,18 @@ def test_the_sample_finds_its_variables_rule_off_plan_and_draws_every_pair():
     assert html.index('id="change"') < html.index('id="summary"')  # the first section
 
 
+def test_a_freed_variable_is_not_counted_in_its_devices_box():
+    """A box counts the variables living on its device at the end: one the program freed (trace's
+    `freed`) no longer does, on each of its devices."""
+    p = _sample()
+    before = {b.device: b.variables for b in boxes(as_placement(p))}
+    gone = p["variables"][0]
+    gone["freed"] = True
+    after = {b.device: b.variables for b in boxes(as_placement(p))}
+    assert after == {d: n - (d in gone["devices"]) for d, n in before.items()}
+    assert after != before
+
+
 def test_findings_rank_bytes_per_step_first_then_time_then_memory():
     p = _sample()
     p["transfers"]["round_trips"] = [

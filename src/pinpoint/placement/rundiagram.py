@@ -52,7 +52,7 @@ def boxes(p: Placement) -> list[DeviceBox]:
         for j, d in enumerate(row):
             t = p.timing.devices.get(d) if p.timing else None
             busy = t.busy_ms / step_ms if t is not None and step_ms else None
-            out.append(DeviceBox(d, int(p.ops_by_device.get(d, 0) or 0), sum(1 for v in p.variables if d in v.devices),
+            out.append(DeviceBox(d, int(p.ops_by_device.get(d, 0) or 0), sum(1 for v in p.variables if d in v.devices and not v.freed),
                                  busy, left + j * (BOX_W + GAP), MARGIN + i * (BOX_H + ROW_GAP)))
     return out
 
