@@ -71,7 +71,8 @@ def expected_from_placement(p: dict) -> tuple[dict, dict, int | None]:
     """What the diagram must show, from placement.json: each device's ops per step and variables
     living there, the bytes of each ordered pair, the bytes all-reduced."""
     devices = p.get("devices") or list(p["ops_by_device"])
-    boxes = {d: (int(p["ops_by_device"].get(d, 0)), sum(1 for v in p["variables"] if d in v["devices"]))
+    boxes = {d: (int(p["ops_by_device"].get(d, 0)),
+                 sum(1 for v in p["variables"] if d in v["devices"] and not v.get("freed")))  # freed: gone
              for d in devices}
     arrows = {(s, d): int(c["bytes"]) for s, row in p["transfers"]["matrix"].items() for d, c in row.items()
               if c["bytes"] and s != d}
