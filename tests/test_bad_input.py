@@ -317,10 +317,13 @@ def test_bad_input_in_process(case, tmp_path, capsys):
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_bad_input_needing_tensorflow(tmp_path):
-    """One subprocess per case: a real `pinpoint train` that must refuse before writing anything."""
+    """One subprocess per case: a real `pinpoint train` that must refuse before writing anything.
+    Two cases at a time (each is mostly TensorFlow's import: ~80 s one after another in CI)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    failures = []
-    for case in SUBPROC:
+
+    def one(case) -> str | None:
         d = tmp_path / case.id
         d.mkdir()
         argv, out = _materialise(case, d)
@@ -331,7 +334,11 @@ def test_bad_input_needing_tensorflow(tmp_path):
             _assert_one_line(proc.returncode, proc.stderr, case, out)
             assert not _processes_mentioning(str(d)), f"{case.id}: a process outlived pinpoint"
         except AssertionError as err:
-            failures.append(str(err))
+            return str(err)
+        return None
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        failures = [f for f in pool.map(one, SUBPROC) if f]
     assert not failures, "\n\n".join(failures)
 
 
