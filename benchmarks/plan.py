@@ -28,7 +28,7 @@ class Settings:
     # the rounds for those two arms (14 s each); the MLflow arm keeps `repeats` rounds.
     overhead_repeat_factor: int = 2
     # A Pinpoint-vs-Keras row without a target is recorded, not judged: fewer rounds (each is
-    # two 15-20 s runs) keep the full run within its 40 minutes.
+    # two 15-20 s runs) keep the full run within its 50 minutes.
     recorded_repeats: int = 2  # (issue 34's longer tracking runs and per-call section need the time)
     scaling_devices: tuple[int, ...] = (1, 2, 4)
     per_replica_batch: int = 32
@@ -246,7 +246,7 @@ def real_models_comparison(s: Settings) -> Comparison:
         title=f"placement at scale: MobileNetV2 and ResNet50 under mirrored, {REAL_PER_REPLICA_BATCH} images per replica",
         arms=tuple(arms),
         # One round in the full bench (sizes and ops per step are the same in every run; the
-        # growth is read across the device counts), to stay within its 40 minutes.
+        # growth is read across the device counts), to stay within its 50 minutes.
         repeats=1,
         note="each row: one run (sizes and ops per step are the same in every run); a 4-step run with step 2 "
              "captured",

@@ -39,7 +39,7 @@ def _program(example: str, module: str, args: list[str]) -> dict:
 
 
 # Rounds of these comparisons: each run is a whole process (TensorFlow's import included), and the
-# full bench stays under its 40 minutes (benchmarks.sections.PLAN_LIMIT_S). The two trace rows
+# full bench stays under its 50 minutes (benchmarks.sections.PLAN_LIMIT_S). The two trace rows
 # have a target: more rounds while its interval is wider than ±3%, up to TRACE_CAP_S of runs.
 ROUNDS = 3
 TRACE_ROUNDS, TRACE_CAP_S = 4, 120.0

@@ -500,14 +500,8 @@ _STRING_LOOKUP = ("Pinpoint leaves StringLookup's two transfers unsized (its loo
                   "its keys (placement/runshapes.py, lookups_as_fill), but the keys come from an input element of "
                   "strings, and the runtime's element bytes count each string's contents, so no batch follows "
                   "from them")
-_NESTED_COND_INPUTS = ("the inputs of a cond inside a cond's branch (Func/.../cond/then/.../adam/cond/{then,else}/"
-                       "input, 4 B each in the oracle): Pinpoint leaves them unsized, their data input's shape "
-                       "unknown to it through the outer branch's lowering")
-# (measured: the same 4 differences, row for row, on TensorFlow 2.21 and 2.16, 3 runs of 3 on 2.16)
 KNOWN: dict[str, str] = {
     "embedding-fit_data-none-f32": _STRING_LOOKUP,
-    "transformer-ctl-mirrored-mixed": _NESTED_COND_INPUTS,
-    "transformer-fit_data-mirrored-mixed": _NESTED_COND_INPUTS,
 }
 
 

@@ -279,29 +279,50 @@ _BRANCH_INPUT = re.compile(r"^Func/(.*)/(then|else)/_\d+/input/_\d+$")
 
 def _branch_entries(shapes: dict, role: str):
     """(scope with '/' as '_', op key, shapes) of the oracle's branch ops of `role` (then/else)."""
-    from tests.oracle import BRANCH
+    from tests.oracle import BRANCH, SCOPES
 
     for key, found in shapes.items():
-        if key.startswith(BRANCH):
+        if key.startswith(BRANCH) and key != SCOPES:
             _, scope, r, op = key.split(BRANCH, 3)
             if r == role:
                 yield scope, op, found
 
 
+_CALLS = re.compile(r"(^|/)((Stateful)?PartitionedCall(_\d+)?|body/_\d+)(?=/)")
+
+
 def _matches(cond: str, scope: str) -> bool:
-    """Whether the branch graph named from `scope` is the one of the cond op named `cond`."""
+    """Whether a branch graph of `scope` ('<scope>@<call depth>', tests/oracle.py) could be one of
+    the cond op named `cond` (its name, each function it was inlined from a prefix)."""
     flat = node_name(cond).replace("/", "_")
-    return flat == scope or flat.endswith("_" + scope)
+    name, _, depth = scope.rpartition("@")
+    if depth and int(depth) != len(_CALLS.findall(node_name(cond))):
+        return False
+    name = name if depth else scope
+    return flat == name or flat.endswith("_" + name)
+
+
+def _scope_of(cond: str, shapes: dict) -> str | None:
+    """The branch functions' scope of the cond op named `cond`: the longest of the traced ones
+    that its name ends with ('cond_adam_cond', not the 'cond' of an outer or sibling cond)."""
+    from tests.oracle import SCOPES
+
+    known = shapes.get(SCOPES)
+    if known is None:  # a dump read before the scopes were recorded: the ones that ran
+        known = {scope for role in ("then", "else") for scope, _, _ in _branch_entries(shapes, role)}
+    found = [scope for scope in known if _matches(cond, scope)]
+    return max(found, key=len) if found else None
 
 
 def _branch_shapes(cond: str, role: str, op_key: str, shapes: dict) -> list:
-    return [tuple(x) for scope, op, found in _branch_entries(shapes, role)
-            if op == op_key and _matches(cond, scope) for x in found]
+    scope = _scope_of(cond, shapes)
+    return [tuple(x) for s, op, found in _branch_entries(shapes, role) if op == op_key and s == scope for x in found]
 
 
 def _branch_ran(cond: str, role: str, shapes: dict) -> bool:
     """Whether tfdbg saw any op of that branch of `cond` run."""
-    return any(_matches(cond, scope) for scope, _, _ in _branch_entries(shapes, role))
+    scope = _scope_of(cond, shapes)
+    return any(s == scope for s, _, _ in _branch_entries(shapes, role))
 
 
 def pinpoint_view(p: dict) -> View:

@@ -349,6 +349,27 @@ def placement(program: str, out: str) -> None:
 # A cond's branch function is named '<its name scope, '/' as '_'>_{true,false}_<uid>' (cond_v2).
 _BRANCH_GRAPH = re.compile(r"^(.+)_(true|false)_\d+$")
 BRANCH = "::"  # the separator of a branch op's key: ::<scope>::<then|else>::<op>:<slot>
+SCOPES = "::scopes"  # the key of every branch function's scope, whether it ran or not
+
+
+def _graphs(reader):
+    """Every graph tfdbg saw, from the outermost down."""
+    graphs = list(reader.outermost_graphs())
+    while graphs:
+        g = graphs.pop()
+        yield g
+        graphs.extend(reader.graph_by_id(i) for i in g.inner_graph_ids)
+
+
+def _scope(reader, graph_id, scope: str) -> str:
+    """A branch function's scope and its call depth, '<scope>@<n>': the function graphs (called
+    functions, loop bodies) between it and the traced function that runs it. Two conds named
+    alike, one in the traced function and one in a function it calls, are then two scopes."""
+    functions, g = 0, reader.graph_by_id(graph_id)
+    while g.outer_graph_id:
+        g = reader.graph_by_id(g.outer_graph_id)
+        functions += bool(g.name) and not _BRANCH_GRAPH.match(g.name)  # the eager context has no name
+    return f"{scope}@{max(functions - 1, 0)}"
 
 
 def _graph_name(reader, graph_id) -> str:
@@ -408,12 +429,19 @@ def read_shapes(root: str, out: str) -> None:
                 # An op of a cond's branch function: its name is the branch's own, and the other
                 # branch may have one alike; kept under the cond and the branch, so a lowered
                 # '<cond>/then/_k/<op>' finds it only when that branch ran.
-                scope, role = branch.group(1), {"true": "then", "false": "else"}[branch.group(2)]
+                scope = _scope(reader, t.graph_id, branch.group(1))
+                role = {"true": "then", "false": "else"}[branch.group(2)]
                 found[f"{BRANCH}{scope}{BRANCH}{role}{BRANCH}{t.op_name}:{t.output_slot}"].add(shape)
             else:
                 found[f"{t.op_name}:{t.output_slot}"].add(shape)
+        # Every branch function traced, run or not: a cond is matched to the longest scope that
+        # names it, so a nested cond is not taken for an outer one its name ends like.
+        scopes = {_scope(reader, g.graph_id, _BRANCH_GRAPH.match(g.name).group(1)) for g in _graphs(reader)
+                  if _BRANCH_GRAPH.match(g.name or "")}
+    result = {k: sorted([d, list(s)] for d, s in v) for k, v in found.items()}
+    result[SCOPES] = sorted(scopes)
     with open(out, "w") as f:
-        json.dump({k: sorted([d, list(s)] for d, s in v) for k, v in found.items()}, f)
+        json.dump(result, f)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """Issue 49: memory per device. Each model x strategy is traced once with `--memory` on 2 emulated
 GPUs (benchmarks/memory_bench.py); the table holds each device's predicted peak to the allocator's
 measured one, and the replay's self-check. One run each: the figures are recorded (a verdict needs
-an interval over 3 rounds, which would take this section past 5 minutes)."""
+an interval over 3 rounds, which would take this section past 20 minutes); the cost of memory on
+is decided over 3 rounds."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from benchmarks import plan as p
@@ -25,13 +25,12 @@ def memory(s: p.Settings, out: Path) -> list[p.Comparison]:
         arms=arms, repeats=1, run_s=RUN_S,
         note="parameter_server: not measured (its steps run in the workers' runtimes, out of the chief's profiler)"),
         cost_comparison(s)]
-    return comps if os.environ.get(OPT_IN) == "1" else []  # the full bench has no 8 minutes to spare for it yet
+    return comps
 
 
 # Seconds of one run, the mean over the 13 (2026-11-27: the 12 traced ones took 6.6 min, MobileNetV2 and
-# ResNet50 most of it). The section is opt-in: with it the full plan would be 46 of its 40 minutes.
+# ResNet50 most of it): about 7 of the full bench's minutes (benchmarks.sections.PLAN_LIMIT_S).
 RUN_S = 29.0
-OPT_IN = "PINPOINT_BENCH_MEMORY"
 
 
 COST_STEPS = 500
@@ -64,7 +63,7 @@ def render_memory(comps: list[p.Comparison], results: Results) -> str:
     from benchmarks.table import markdown_table
 
     if not comps:
-        return f"Not run: set {OPT_IN}=1 to run this section (about 8 minutes).\n"
+        return "Not run in this bench.\n"
     rows, bad, cost = [], 0, [c for c in comps if c.key == "memory-cost"]
     for c in comps:
         if c.key != "memory-accuracy":
