@@ -962,16 +962,18 @@ def _perturbed_results(plan, base: float, spread: float) -> dict:
     base + spread x (a number of the figure and the arm, and the round): ratios and spreads move too."""
     import zlib
 
-    def moved(key: str, arm: str, k: int, v):
+    def moved(key: str, arm: str, i: int, k: int, v):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             return v
-        f = base + spread * (zlib.crc32(f"{key}/{arm}".encode()) % 97 + k / 3)
+        # i / 17: two arms of a comparison never move alike (their hashes' residues may be equal:
+        # memory-on and memory-off's train_s are), so a difference of two arms moves too.
+        f = base + spread * (zlib.crc32(f"{key}/{arm}".encode()) % 97 + i / 17 + k / 3)
         return type(v)(v * f) if isinstance(v, float) else int(v * f) + 1
     # A list field (pairs of blocks, trainings) one value shorter in the second: its counts move too.
     cut = 1 if base > 1 else 0
-    return {c.key: {a.name: [{key: ([moved(key, a.name, k, x) for x in v[cut:]] if isinstance(v, list) else
-                                   moved(key, a.name, k, v)) for key, v in _fake_record(a).items()}
-                             for k in range(3)] for a in c.arms} for c in plan if not c.skipped}
+    return {c.key: {a.name: [{key: ([moved(key, a.name, i, k, x) for x in v[cut:]] if isinstance(v, list) else
+                                   moved(key, a.name, i, k, v)) for key, v in _fake_record(a).items()}
+                             for k in range(3)] for i, a in enumerate(c.arms)} for c in plan if not c.skipped}
 
 
 def test_results_md_says_no_number_its_raw_results_do_not_give():
