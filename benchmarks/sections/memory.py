@@ -28,9 +28,9 @@ def memory(s: p.Settings, out: Path) -> list[p.Comparison]:
     return comps
 
 
-# Seconds of one run, the mean over the 13 (2026-11-27: the 12 traced ones took 6.6 min, MobileNetV2 and
-# ResNet50 most of it): about 7 of the full bench's minutes (benchmarks.sections.PLAN_LIMIT_S).
-RUN_S = 29.0
+# Seconds of one run, the mean over the 13, +5% (2026-11-28, benchmarks/runs/2026-11-28-0956-memory.md:
+# the section took 3.5 min, its 6 on/off runs ~31 s of it; MobileNetV2 and ResNet50 most of the rest).
+RUN_S = 14.5
 
 
 COST_STEPS = 500
