@@ -296,9 +296,8 @@ def _matches(cond: str, scope: str) -> bool:
     the cond op named `cond` (its name, each function it was inlined from a prefix)."""
     flat = node_name(cond).replace("/", "_")
     name, _, depth = scope.rpartition("@")
-    if depth and int(depth) != len(_CALLS.findall(node_name(cond))):
+    if int(depth) != len(_CALLS.findall(node_name(cond))):
         return False
-    name = name if depth else scope
     return flat == name or flat.endswith("_" + name)
 
 
@@ -307,10 +306,7 @@ def _scope_of(cond: str, shapes: dict) -> str | None:
     that its name ends with ('cond_adam_cond', not the 'cond' of an outer or sibling cond)."""
     from tests.oracle import SCOPES
 
-    known = shapes.get(SCOPES)
-    if known is None:  # a dump read before the scopes were recorded: the ones that ran
-        known = {scope for role in ("then", "else") for scope, _, _ in _branch_entries(shapes, role)}
-    found = [scope for scope in known if _matches(cond, scope)]
+    found = [scope for scope in shapes[SCOPES] if _matches(cond, scope)]
     return max(found, key=len) if found else None
 
 
