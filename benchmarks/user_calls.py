@@ -7,7 +7,11 @@ by round; the verdict from the interval of those differences (>= 3 rounds).
 
 Short blocks, many of them: a block of 20,000 calls (~3 s) that a slow spell of the machine hits
 is as slow as its spell, so the best of 3 moved by 4% from process to process; the best of 15
-blocks of 4,000 moves by about 1%. Both arms run with the same fixed hash seed and, where
+blocks of 4,000 moves by about 1%. Many short processes rather than long ones: what is left moves
+with the process, not the block (measured 2026-11-28, 15 pairs of best-of-8: the differences ran
+from -2.4 to +6.3 µs, a pair's blocks all on one side of the other's), so the interval narrows
+with pairs, not blocks. Two processes taking turns block by block (paired in time) were worse:
+the waiting one's threads moved the other's blocks by up to 35 µs. Both arms run with the same fixed hash seed and, where
 `setarch` exists, without address-space randomisation: the processes of an arm then share one
 memory layout, whose luck otherwise moves a call by several µs (measured 2026-11-28: 135.4 to
 144.9 µs over 5 python processes with it, 131.5 to 135.0 without)."""
@@ -28,8 +32,8 @@ from benchmarks.targets import target
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "benchmarks" / "user_program.py"  # run as a script, as `python train.py` is
-CALLS, BLOCKS, WARMUP = 4000, 15, 2000
-ROUNDS = 5  # pairs of processes: a verdict needs 3 (benchmarks/targets.py); the differences are ~1 µs
+CALLS, BLOCKS, WARMUP = 4000, 6, 2000
+ROUNDS = 28  # pairs of processes: a verdict needs 3 (benchmarks/targets.py); ~1 µs against ±2.7 between pairs
 FIXED_LAYOUT = ["setarch", "-R"] if shutil.which("setarch") else []
 KEY = "user-calls"
 
@@ -47,7 +51,7 @@ def comparison(s: Settings) -> Comparison:
                 Ratio("eager tf.add: trace - python, µs", "trace", "python", "add_us",
                       target("calls.eager_op_us"), difference=True)),
         repeats=ROUNDS if full else 1,
-        run_s=16.0,  # a process: TensorFlow's import, 15 x 4,000 calls of each, the trace's report
+        run_s=9.0,  # a process: TensorFlow's import, 6 x 4,000 calls of each, the trace's report
     )
 
 
