@@ -9,8 +9,8 @@ Short blocks, many of them: a block of 20,000 calls (~3 s) that a slow spell of 
 is as slow as its spell, so the best of 3 moved by 4% from process to process; the best of 15
 blocks of 4,000 moves by about 1%. Many short processes rather than long ones: what is left moves
 with the process, not the block (measured 2026-11-28, 15 pairs of best-of-8: the differences ran
-from -2.4 to +6.3 µs, a pair's blocks all on one side of the other's), so the interval narrows
-with pairs, not blocks. Two processes taking turns block by block (paired in time) were worse:
+from -2.4 to +6.3 µs; in 3 pairs each of the trace process's four best blocks was slower than each
+of the python process's), so the interval narrows with pairs, not blocks. Two processes taking turns block by block (paired in time) were worse:
 the waiting one's threads moved the other's blocks by up to 35 µs. Both arms run with the same fixed hash seed and, where
 `setarch` exists, without address-space randomisation: the processes of an arm then share one
 memory layout, whose luck otherwise moves a call by several µs (measured 2026-11-28: 135.4 to
