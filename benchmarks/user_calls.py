@@ -5,13 +5,14 @@ rounds; each process times CALLS-call blocks after a warm-up past the recorder's
 and keeps its best block. Added: the trace process's µs per call - the python process's, round
 by round; the verdict from the interval of those differences (>= 3 rounds).
 
-Short blocks, many of them: a block of 20,000 calls (~3 s) that a slow spell of the machine hits
-is as slow as its spell, so the best of 3 moved by 4% from process to process; the best of 15
-blocks of 4,000 moves by about 1%. Many short processes rather than long ones: what is left moves
-with the process, not the block (measured 2026-11-28, 15 pairs of best-of-8: the differences ran
-from -2.4 to +6.3 µs; in 3 pairs each of the trace process's four best blocks was slower than each
-of the python process's), so the interval narrows with pairs, not blocks. Two processes taking turns block by block (paired in time) were worse:
-the waiting one's threads moved the other's blocks by up to 35 µs. Both arms run with the same fixed hash seed and, where
+Short blocks: a block of 20,000 calls (~3 s) that a slow spell of the machine hits is as slow as
+its spell, so the best of 3 moved by 4% from process to process; the best of 15 blocks of 4,000
+moves by about 1%. Many short processes rather than a few long ones: what is left moves with the
+process, not the block (measured 2026-11-28, 15 pairs of best-of-8: the differences ran from -2.4
+to +6.3 µs; in 3 pairs each of the trace process's four best blocks was slower than each of the
+python process's), so the interval narrows with pairs, not blocks. Two processes taking turns
+block by block (paired in time) were worse: the waiting one's threads moved the other's blocks by
+up to 35 µs. Both arms run with the same fixed hash seed and, where
 `setarch` exists, without address-space randomisation: the processes of an arm then share one
 memory layout, whose luck otherwise moves a call by several µs (measured 2026-11-28: 135.4 to
 144.9 µs over 5 python processes with it, 131.5 to 135.0 without)."""
@@ -33,7 +34,7 @@ from benchmarks.targets import target
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "benchmarks" / "user_program.py"  # run as a script, as `python train.py` is
 CALLS, BLOCKS, WARMUP = 4000, 6, 2000
-ROUNDS = 28  # pairs of processes: a verdict needs 3 (benchmarks/targets.py); ~1 µs against ±2.7 between pairs
+ROUNDS = 28  # pairs of processes: a verdict needs 3 (benchmarks/targets.py); ~1-2 µs, pairs spread by ~3 µs
 FIXED_LAYOUT = ["setarch", "-R"] if shutil.which("setarch") else []
 KEY = "user-calls"
 
