@@ -596,6 +596,12 @@ def _log_every(plan) -> int:
     return int(_cfg0(plan)["train"].get("log_every", 10))
 
 
+def distinct_labels(labels: list[str], keys: list[str]) -> list[str]:
+    """Each chart row's label; one that two comparisons share (trace / python for trace-fit and
+    trace-loop) also names its comparison, so no two rows read alike."""
+    return [f"{lab} ({k})" if labels.count(lab) > 1 else lab for lab, k in zip(labels, keys)]
+
+
 def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
     """A 2x2 PNG: ratios with min/max whiskers, scaling, bytes vs ring minimum, MFU."""
     import matplotlib
@@ -609,7 +615,7 @@ def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
 
     # 1. same-round ratios: points with min-max whiskers on a log axis (x2 and /2 look alike)
     ax = axes[0][0]
-    labels, meds, lo, hi, targets = [], [], [], [], []
+    labels, keys, meds, lo, hi, targets = [], [], [], [], [], []
     for c in plan:
         for rt in c.ratios:
             r = None if rt.difference else ratio_summary(results, c.key, rt.num, rt.den, rt.metric)
@@ -617,11 +623,13 @@ def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
                 continue
             name = c.key.replace("keras-", "") if c.key.startswith("keras-") else ""
             labels.append(f"{rt.label} {name}".strip())
+            keys.append(c.key)
             meds.append(r.median)
             lo.append(r.median - r.min)
             hi.append(r.max - r.median)
             targets.append(rt.target)
     if meds:
+        labels = distinct_labels(labels, keys)
         y = list(range(len(meds)))
         ax.errorbar(meds, y, xerr=[lo, hi], fmt="o", color="#4c72b0", capsize=4, ms=7)
         ax.axvline(1.0, color="black", lw=1)

@@ -181,6 +181,14 @@ def test_chart_is_written(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
+def test_chart_rows_that_share_a_label_name_their_comparison():
+    from benchmarks.render import distinct_labels
+
+    got = distinct_labels(["trace / python", "trace / python", "memory on / off"],
+                          ["trace-fit", "trace-loop", "memory-cost"])
+    assert got == ["trace / python (trace-fit)", "trace / python (trace-loop)", "memory on / off"]
+
+
 def test_pinpoint_steady_state_window_from_train_log(tmp_path):
     from benchmarks.pinpoint_run import steady_state
 
