@@ -608,7 +608,7 @@ def run(cid: str, work: Path):
 
 
 def run_matrix(ids, work: Path, workers: int = 2, echo=print):
-    """The combinations `ids`, `workers` at once (threads; each runs its three processes in the
+    """The combinations `ids`, `workers` at once (threads; each runs its processes in the
     differential suite's process slots): (results by id, failures by id, seconds in all)."""
     from concurrent.futures import ThreadPoolExecutor
 

@@ -31,9 +31,11 @@ ORACLE = REPO / "tests" / "oracle.py"
 DOC = REPO / "docs" / "trace.md"
 BEGIN = "<!-- differential table: written by `python -m tests.differential --write`; do not edit -->"
 END = "<!-- end of differential table -->"
-TIMEOUT = 300
+TIMEOUT = 300  # a run of a program: the oracle's process, which makes two, has twice this
 # The shapes run made again after tfdbg crashed it (a signal, not an error of the program).
 SHAPES_RETRIES = 2
+# The most one program's runs may take: the oracle's two runs, made again at most SHAPES_RETRIES times.
+PROGRAM_TIMEOUT = 2 * TIMEOUT * (1 + SHAPES_RETRIES)
 ORACLE_DUMP = ".dump"  # tests/oracle.py's DUMP: next to shapes.json, the path of its finished tfdbg dump
 
 # The program -> the function that trains it, as its author wrote it (TensorFlow has no notion of
@@ -508,7 +510,8 @@ _SLOTS = threading.BoundedSemaphore(int(os.environ.get("DIFFERENTIAL_PROCESSES",
 
 def _run_processes(cmds: dict[str, list[str]], work: Path, env: dict, mode: str = "w") -> dict[str, int | None]:
     """Each command in a process of its own, as many at once as there are free slots; each waited
-    for (or killed at its timeout) before this returns: the exit statuses, None for a timeout."""
+    for (or killed at its timeout: TIMEOUT a run, `tests/oracle.py both` makes two) before this
+    returns: the exit statuses, None for a timeout."""
     codes: dict[str, int | None] = {}
 
     def one(k: str) -> None:
@@ -516,7 +519,7 @@ def _run_processes(cmds: dict[str, list[str]], work: Path, env: dict, mode: str 
             with open(work / f"{k}.log", mode) as log:
                 p = subprocess.Popen(cmds[k], stdout=subprocess.DEVNULL, stderr=log, cwd=work, env=env)
             try:
-                codes[k] = p.wait(timeout=TIMEOUT)
+                codes[k] = p.wait(timeout=_timeout(cmds[k]))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
@@ -530,9 +533,14 @@ def _run_processes(cmds: dict[str, list[str]], work: Path, env: dict, mode: str 
     return codes
 
 
+def _timeout(cmd: list[str]) -> int:
+    return 2 * TIMEOUT if cmd[2:3] == ["both"] else TIMEOUT  # [python, oracle.py, mode, ...]
+
+
 def run_program(name: str, work: Path, *, path: Path | None = None, training: str | None = None,
                 cluster: bool | None = None) -> Result:
-    """Both sides of one program (three processes at once, slots permitting), compared.
+    """Both sides of one program (two processes at once, slots permitting: Pinpoint's and the
+    oracle's; three for a program that connects to a cluster), compared.
 
     `name` is a program in tests/programs/ (its training function from TRAINING), or with `path`
     any program file (a generated one: tests/corpus.py) with its `training` function and whether
@@ -546,33 +554,39 @@ def run_program(name: str, work: Path, *, path: Path | None = None, training: st
                ORACLE_DEFAULT_DEVICE="0" if cluster else "1")
     env.pop("MLFLOW_TRACKING_URI", None)
     bin_dir = Path(sys.executable).parent
-    cmds = {
-        "pinpoint": [str(bin_dir / "pinpoint"), "trace", "--gpus", "2", "--no-tracking", "--out",
-                     str(work / "pinpoint"), str(program)],
-        "placement": [sys.executable, str(ORACLE), "placement", str(program), str(work / "oracle.json")],
-        "shapes": [sys.executable, str(ORACLE), "shapes", str(program), str(work / "shapes.json")],
-    }
+    oracle = [sys.executable, str(ORACLE)]
+    shapes = [*oracle, "shapes", str(program), str(work / "shapes.json")]
+    cmds = {"pinpoint": [str(bin_dir / "pinpoint"), "trace", "--gpus", "2", "--no-tracking", "--out",
+                         str(work / "pinpoint"), str(program)]}
+    if cluster:  # a second in-process cluster in one process would reconnect its context
+        cmds |= {"placement": [*oracle, "placement", str(program), str(work / "oracle.json")], "shapes": shapes}
+    else:  # one TensorFlow start-up for the oracle's two runs (tests/oracle.py, both)
+        cmds["oracle"] = [*oracle, "both", str(program), str(work / "oracle.json"), str(work / "shapes.json")]
     t0 = time.monotonic()
     # Every run is waited for (or killed) before any failure is raised: none outlives the test.
     codes = _run_processes(cmds, work, env)
     late = [k for k, c in codes.items() if c is None]
     if late:
-        raise RuntimeError(f"{name}: the {', '.join(late)} run(s) took more than {TIMEOUT}s; see {work}")
+        took = ", ".join(f"the {k} run more than {_timeout(cmds[k])}s" for k in late)
+        raise RuntimeError(f"{name}: {took}; see {work}")
+    last = "oracle" if "oracle" in codes else "shapes"  # the run that writes shapes.json
     for _ in range(SHAPES_RETRIES):
-        if codes["shapes"] is None or codes["shapes"] >= 0:
+        if codes[last] is None or codes[last] >= 0:
             break
         # tfdbg under TensorFlow 2.21 now and then crashes a distributed program (a segfault in
         # its writer threads, more often on a loaded machine): the shapes run is made again. A
         # crash after the program ran is the reading's (tests/oracle.py, read_shapes): a fresh
-        # process reads the finished dump.
+        # process reads the finished dump. The placement run's file is whole or absent: absent,
+        # both runs are made again.
         dump = work / ("shapes.json" + ORACLE_DUMP)
-        again = cmds["shapes"]
+        again, mode = (shapes, "a") if (work / "oracle.json").exists() else (cmds[last], "w")
         if dump.exists():
-            again = [sys.executable, str(ORACLE), "read", dump.read_text(), str(work / "shapes.json")]
+            again = [*oracle, "read", dump.read_text(), str(work / "shapes.json")]
             dump.unlink()
-        codes.update(_run_processes({"shapes": again}, work, env, mode="a"))
-        if codes["shapes"] is None:
-            raise RuntimeError(f"{name}: the shapes run took more than {TIMEOUT}s; see {work}")
+        # Appended to the log after a whole placement run; a new one replaces a crashed one's.
+        codes.update(_run_processes({last: again}, work, env, mode=mode))
+        if codes[last] is None:
+            raise RuntimeError(f"{name}: the shapes run took more than {_timeout(again)}s; see {work}")
     for k, code in codes.items():
         if code != 0:
             log = (work / f"{k}.log").read_text()
@@ -584,13 +598,18 @@ def run_program(name: str, work: Path, *, path: Path | None = None, training: st
     return result
 
 
+def _placement_log(work: Path) -> Path:
+    """The placement run's stderr: its own process's, or the one it shares with the shapes run."""
+    return work / "placement.log" if (work / "placement.log").exists() else work / "oracle.log"
+
+
 def compare_saved(name: str, work: Path, training: str | None) -> Result:
     """The comparison of one program's runs from what they wrote into `work` (no run)."""
     from pinpoint.placement.files import read_placement
 
     pp = pinpoint_view(read_placement(work / "pinpoint"))
     tf = oracle_view(json.loads((work / "oracle.json").read_text()), json.loads((work / "shapes.json").read_text()),
-                     (work / "placement.log").read_text())
+                     _placement_log(work).read_text())
     result = compare(name, pp, tf, training)
     result.training = training
     result.notes = list(tf.notes)

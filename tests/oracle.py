@@ -4,6 +4,7 @@ code it checks).
 
     python tests/oracle.py placement PROGRAM.py OUT.json   # devices, functions, variables, eager ops
     python tests/oracle.py shapes PROGRAM.py OUT.json      # the shape every graph op produced
+    python tests/oracle.py both PROGRAM.py OUT.json SHAPES.json  # placement, then shapes, in one process
     python tests/oracle.py read DUMP_DIR OUT.json          # the same, from a finished shapes run's dump
 
 Devices: the process gets 3 logical CPUs (/CPU:0 the host, /CPU:1 for /GPU:0, /CPU:2 for /GPU:1).
@@ -29,9 +30,14 @@ What is read, each from TensorFlow:
   scope holds what it recorded, so a variable the program dropped is still read; a dropped
   distributed variable's components (no wrapper left) are joined under its name by the strategy's
   '<name>/replica_<i>' naming.
-- shapes (a separate run, since tfdbg instruments the graphs): tfdbg v2 in SHAPE mode
+- shapes (a second run, since tfdbg instruments the graphs): tfdbg v2 in SHAPE mode
   (`tf.debugging.experimental.enable_dump_debug_info`) records the shape of every tensor each
   op inside a tf.function produced at run time; they size the transfers whose shape is dynamic.
+
+`both` runs the program twice in one process (one TensorFlow start-up, not two): the placement
+run, then the shapes run. Between them Keras' session is cleared, so that the second run names its
+layers (and so its graphs' ops) as a fresh process would. A program that connects to a cluster
+runs each in a process of its own: a second in-process cluster would reconnect the context.
 """
 
 from __future__ import annotations
@@ -72,19 +78,30 @@ def short(device: str) -> str:
     return f"/job:{job}/task:{task or 0}{local}"
 
 
+# Whether Keras' `jit_compile="auto"` decides as on a GPU machine: the placement run's, not the
+# shapes run's (tfdbg has no kernel inside an XLA cluster). Read at each decision, so that `both`'s
+# two runs each have their own.
+_JIT = [True]
+_CONFIGURED: list = []
+
+
 def _configure(tf, jit: bool = True) -> None:
+    _JIT[0] = jit
+    if _CONFIGURED:  # the second run of `both`: the devices exist, Keras' choices are patched
+        return
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(3)])
-    _keras_decides_as_on_gpus(tf, jit)
+    _keras_decides_as_on_gpus(tf)
+    _CONFIGURED.append(True)
 
 
-def _keras_decides_as_on_gpus(tf, jit: bool) -> None:
+def _keras_decides_as_on_gpus(tf) -> None:
     """Keras 3 makes two choices by looking for a GPU: `compile(jit_compile="auto")` compiles a
     strategy-free `fit` with XLA when one exists, and LSTM/GRU take cuDNN (turning XLA off for the
     model). The oracle stands in for the GPU machine, so both are decided by Keras' own code with a
     GPU in view; cuDNN's kernels cannot run on CPUs, so its path answers as Keras' own does when
     cuDNN cannot run (NotImplementedError: the generic kernels, the layer's XLA choice kept).
-    Without `jit` (the shapes run: tfdbg has no kernel inside an XLA cluster) every function runs
+    Without `_JIT` (the shapes run: tfdbg has no kernel inside an XLA cluster) every function runs
     op by op; its tensors are the same."""
     import importlib
 
@@ -106,6 +123,8 @@ def _keras_decides_as_on_gpus(tf, jit: bool) -> None:
         return devices
 
     def resolve_on_gpus(self):
+        if not _JIT[0]:
+            return resolve(self)
         tf.config.list_physical_devices = with_a_gpu
         try:
             return resolve(self)
@@ -115,8 +134,7 @@ def _keras_decides_as_on_gpus(tf, jit: bool) -> None:
     def no_cudnn(*args, **kwargs):
         raise NotImplementedError
 
-    if jit:
-        trainer.Trainer._resolve_auto_jit_compile = resolve_on_gpus
+    trainer.Trainer._resolve_auto_jit_compile = resolve_on_gpus
     rnn._is_gpu_available = lambda: True
     for name in ("lstm", "gru"):
         if hasattr(keras_backend, name):
@@ -341,8 +359,22 @@ def placement(program: str, out: str) -> None:
         "eager_callback": [[t, d, n] for (t, d), n in sorted(obs.eager.items())],
     }
     del scope
-    with open(out, "w") as f:
+    # Whole or absent: `both`'s shapes run may crash the process after this (tests/differential.py
+    # then runs the shapes alone).
+    with open(out + ".part", "w") as f:
         json.dump(result, f)
+    os.replace(out + ".part", out)
+
+
+def both(program: str, out: str, shapes_out: str) -> None:
+    """`placement` into `out`, then `shapes` into `shapes_out`, in this one process."""
+    import keras
+
+    placement(program, out)
+    # The first run's layer names are taken: cleared, the second run's are a fresh process's.
+    keras.backend.clear_session()
+    gc.collect()
+    shapes(program, shapes_out)
 
 
 # ---- shapes ----------------------------------------------------------------------------------
@@ -445,8 +477,8 @@ def read_shapes(root: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    mode, program_path, out_path = sys.argv[1:4]  # read: the dump's folder instead of a program
-    {"placement": placement, "shapes": shapes, "read": read_shapes}[mode](program_path, out_path)
+    mode, *args = sys.argv[1:]  # read: the dump's folder instead of a program
+    {"placement": placement, "shapes": shapes, "both": both, "read": read_shapes}[mode](*args)
     # Everything is written: TensorFlow 2.21 can crash tearing down a distributed program that
     # ran under tfdbg (a segfault at interpreter exit, after the results are out).
     sys.stdout.flush()

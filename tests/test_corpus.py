@@ -75,7 +75,7 @@ SAMPLE = [_param(cid) for cid in corpus.SAMPLE]
 ALL = [_param(cid) for cid in corpus.COMBINATIONS]
 DISTRIBUTED = [pytest.param(cid, id=cid, marks=_uncomparable(cid)) for cid, c in corpus.COMBINATIONS.items()
                if c.distributed]
-TIMEOUT = pytest.mark.timeout(3 * differential.TIMEOUT * len(corpus.COMBINATIONS))
+TIMEOUT = pytest.mark.timeout(differential.PROGRAM_TIMEOUT * len(corpus.COMBINATIONS))
 
 
 @pytest.mark.integration

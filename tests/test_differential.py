@@ -11,8 +11,8 @@ from packaging.version import Version
 from pinpoint.versions import installed
 from tests import differential
 
-# Three processes per program, each limited to differential.TIMEOUT (the shapes run may be made three times).
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(3 * differential.TIMEOUT)]
+# A program's processes at once, each limited to its time (tests/differential.py, PROGRAM_TIMEOUT).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(differential.PROGRAM_TIMEOUT)]
 
 # Differences Pinpoint still makes, each named exactly (the error they fail with, the reason);
 # strict: the test fails once Pinpoint is fixed, and the entry must go.
