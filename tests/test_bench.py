@@ -837,18 +837,25 @@ def test_the_overheads_section_states_each_calls_paths_and_decides_by_the_pairs(
         rec.update({f"{name}_plain_us": 10.0, f"{name}_pinpoint_us": 10.5, f"{name}_calls": 100,
                     f"{name}_added_blocks": [0.4, 0.5, 0.6, 0.5], f"{name}_pinpoint_blocks": [4.0, 4.2, 4.1, 4.1],
                     f"{name}_added_us": 0.5, "eager_recording_added_us": 20.0})
-    # Whole processes, three rounds: trace - python per round is 1.5, 1.0, 1.2 µs a call and
-    # 0.3, 0.3, 0.2 µs an eager op.
-    proc = lambda fn, add: {"fn_us": fn, "add_us": add, "calls": 20000, "blocks": 3, "warmup": 2000}  # noqa: E731
-    user = {"python": [proc(140.0, 9.8), proc(145.0, 10.0), proc(150.0, 10.2)],
-            "trace": [proc(141.5, 10.1), proc(146.0, 10.3), proc(151.2, 10.4)]}
+    # Whole processes, three rounds on one CPU (CPU 1): trace - python per round is 1.5, 1.0,
+    # 1.2 µs a call and 0.2, 0.1, 0.1 µs an eager op; on any CPU, 4, 5, 6 and 0.3, 0.3, 0.2.
+    proc = lambda fn, add, cpu=None: {"fn_us": fn, "add_us": add, "calls": 20000, "blocks": 3,  # noqa: E731
+                                      "warmup": 2000, "cpu": cpu}
+    user = {"python-1cpu": [proc(90.0, 9.8, 1), proc(95.0, 10.0, 1), proc(100.0, 10.2, 1)],
+            "trace-1cpu": [proc(91.5, 10.0, 1), proc(96.0, 10.1, 1), proc(101.2, 10.3, 1)],
+            "python": [proc(140.0, 9.8), proc(145.0, 10.0), proc(150.0, 10.2)],
+            "trace": [proc(144.0, 10.1), proc(150.0, 10.3), proc(156.0, 10.4)]}
     text = render([users, comp], {"overheads": {ARM: [rec, rec]}, "user-calls": user})
-    fn_row = next(ln for ln in text.splitlines() if ln.startswith("| tf.function call (assign_add"))
-    add_row = next(ln for ln in text.splitlines() if ln.startswith("| eager tf.add"))
-    assert fn_row == "| tf.function call (assign_add + reduce_sum) | 145 (140–150) | 146 (142–151) | " \
-                     "1.2 [1, 1.5] (1–1.5) | met (target <= 2) | 3 |"
-    assert add_row.endswith("| 0.3 [0.2, 0.3] (0.2–0.3) | met (target <= 0.5) | 3 |")
+    rows = {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith(("| tf.function", "| eager tf"))}
+    fn = "tf.function call (assign_add + reduce_sum)"
+    assert rows[f"{fn}, one CPU"] == f"| {fn}, one CPU | 95 (90–100) | 96 (91.5–101) | 1.2 [1, 1.5] (1–1.5) " \
+                                     "| met (target <= 2) | 3 |"
+    assert rows["eager tf.add, one CPU"].endswith("| 0.1 [0.1, 0.2] (0.1–0.2) | met (target <= 0.5) | 3 |")
+    # On any CPU: recorded, no target.
+    assert rows[f"{fn}, any CPU"].endswith("| 5 [4, 6] (4–6) | recorded | 3 |")
+    assert rows["eager tf.add, any CPU"].endswith("| 0.3 [0.2, 0.3] (0.2–0.3) | recorded | 3 |")
     assert "then 3 blocks of 20,000 calls of each" in text and "2,000 calls of each as a warm-up" in text
+    assert "pinned to CPU 1;" in text
     rows = [ln for ln in text.splitlines() if ln.startswith("| `tf.function` call, after capture")]
     paired, blocks = ([c.strip() for c in row.strip("|").split("|")] for row in rows)
     # In one process, what each part adds: recorded (the targets are on whole processes).
@@ -859,7 +866,7 @@ def test_the_overheads_section_states_each_calls_paths_and_decides_by_the_pairs(
     assert "Pinpoint's median block 4.1" in text and "met (target <= 5)" in text
     assert "after 1, 2, 4 ... 16 s" in text and "at most every 16 s" in text
     assert [rt.target for rt in comp.ratios if rt.target] == ["<= 5"]
-    assert [rt.target for rt in users.ratios] == ["<= 2", "<= 0.5"]
+    assert [rt.target for rt in users.ratios] == ["<= 2", "<= 0.5", None, None]
 
 
 # ---- the plan section's step-time comparison (benchmarks/plan_step.py) -----------------------------
