@@ -82,17 +82,15 @@ def short(device: str) -> str:
 # shapes run's (tfdbg has no kernel inside an XLA cluster). Read at each decision, so that `both`'s
 # two runs each have their own.
 _JIT = [True]
-_CONFIGURED: list = []
 
 
 def _configure(tf, jit: bool = True) -> None:
     _JIT[0] = jit
-    if _CONFIGURED:  # the second run of `both`: the devices exist, Keras' choices are patched
-        return
     cpus = tf.config.list_physical_devices("CPU")
+    if tf.config.get_logical_device_configuration(cpus[0]):  # `both`'s second run: configured by its first
+        return
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(3)])
     _keras_decides_as_on_gpus(tf)
-    _CONFIGURED.append(True)
 
 
 def _keras_decides_as_on_gpus(tf) -> None:
