@@ -621,7 +621,7 @@ def run_matrix(ids, work: Path, workers: int = 2, echo=print):
         try:
             r = run(cid, work / cid)
         except RuntimeError as e:
-            failed[cid] = str(e).splitlines()[0].split(": ", 1)[1]
+            failed[cid] = str(e).split(": ", 1)[1]  # with the run's log tail: CI shows it on failure
             echo(f"{cid}: FAILED TO RUN: {e}")
             return
         results[cid] = r
@@ -679,6 +679,7 @@ def docs_table(results: dict, failed: dict[str, str], seconds: float, workers: i
 
 def _short_error(why: str) -> str:
     """A run's failure in a table cell: the exception's class and the start of its message."""
+    why = why.splitlines()[0]
     why = re.sub(r"\b(?:[a-z_]+\.)+(?=[A-Z]\w*(?:Error|Exception))", "", why)  # tensorflow...errors_impl.
     why = why.replace("|", "/")
     return why if len(why) <= 110 else why[:107].rstrip() + "..."

@@ -550,7 +550,8 @@ def run_program(name: str, work: Path, *, path: Path | None = None, training: st
     else:
         program = Path(path)
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", PYTHONHASHSEED="0",
+    # PYTHONFAULTHANDLER: a crashed run's log shows every thread's Python stack (tfdbg, below).
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", PYTHONHASHSEED="0", PYTHONFAULTHANDLER="1",
                ORACLE_DEFAULT_DEVICE="0" if cluster else "1")
     env.pop("MLFLOW_TRACKING_URI", None)
     bin_dir = Path(sys.executable).parent
@@ -570,8 +571,10 @@ def run_program(name: str, work: Path, *, path: Path | None = None, training: st
         took = ", ".join(f"the {k} run more than {_timeout(cmds[k])}s" for k in late)
         raise RuntimeError(f"{name}: {took}; see {work}")
     last = "oracle" if "oracle" in codes else "shapes"  # the run that writes shapes.json
+    attempts = [f"{cmds[last][2]} {codes[last]}"]  # each run of `last`: its mode and exit status
+    reading = False  # whether the last attempt read a finished dump (any failure of it: try again)
     for _ in range(SHAPES_RETRIES):
-        if codes[last] is None or codes[last] >= 0:
+        if codes[last] is None or codes[last] == 0 or (codes[last] > 0 and not reading):
             break
         # tfdbg under TensorFlow 2.21 now and then crashes a distributed program (a segfault in
         # its writer threads, more often on a loaded machine): the shapes run is made again. A
@@ -580,11 +583,13 @@ def run_program(name: str, work: Path, *, path: Path | None = None, training: st
         # both runs are made again.
         dump = work / ("shapes.json" + ORACLE_DUMP)
         again, mode = (shapes, "a") if (work / "oracle.json").exists() else (cmds[last], "w")
-        if dump.exists():
+        reading = dump.exists()  # written whole by a run that finished the program (tests/oracle.py)
+        if reading:
             again = [*oracle, "read", dump.read_text(), str(work / "shapes.json")]
             dump.unlink()
         # Appended to the log after a whole placement run; a new one replaces a crashed one's.
         codes.update(_run_processes({last: again}, work, env, mode=mode))
+        attempts.append(f"{again[2]} {codes[last]}")
         if codes[last] is None:
             raise RuntimeError(f"{name}: the shapes run took more than {_timeout(again)}s; see {work}")
     for k, code in codes.items():
@@ -592,7 +597,8 @@ def run_program(name: str, work: Path, *, path: Path | None = None, training: st
             log = (work / f"{k}.log").read_text()
             errors = [line for line in log.splitlines() if re.match(r"^[\w.]+(Error|Exception): ", line)]
             first = errors[-1] if errors else f"exit status {code}"
-            raise RuntimeError(f"{name}: the {k} run failed with {first}\n{log[-3000:]}")
+            runs = f" (its runs, mode and exit status: {', '.join(attempts)})" if k == last else ""
+            raise RuntimeError(f"{name}: the {k} run failed with {first}{runs}\n{log[-3000:]}")
     result = compare_saved(name, work, training)
     result.seconds = time.monotonic() - t0
     return result

@@ -426,9 +426,12 @@ def shapes(program: str, out: str) -> None:
 
     _run_program(program, wrap, os.path.dirname(os.path.abspath(out)))
     # The dump is complete (the program ran, tfdbg's writer closed): a crash from here on is the
-    # reading's, and `read` in a fresh process reads the same dump (tests/differential.py).
-    with open(out + DUMP, "w") as f:
+    # reading's, and `read` in a fresh process reads the same dump (tests/differential.py). The
+    # path is written whole or not at all: a crash while writing it (CI, TensorFlow 2.16) left it
+    # empty once, and the fresh process was sent to read ''.
+    with open(out + DUMP + ".part", "w") as f:
         f.write(root)
+    os.replace(out + DUMP + ".part", out + DUMP)
     read_shapes(root, out)
 
 
