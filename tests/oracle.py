@@ -425,10 +425,10 @@ def shapes(program: str, out: str) -> None:
         tf.debugging.experimental.disable_dump_debug_info()
 
     _run_program(program, wrap, os.path.dirname(os.path.abspath(out)))
-    # The dump is complete (the program ran, tfdbg's writer closed): a crash from here on is the
-    # reading's, and `read` in a fresh process reads the same dump (tests/differential.py). The
-    # path is written whole or not at all: a crash while writing it (CI, TensorFlow 2.16) left it
-    # empty once, and the fresh process was sent to read ''.
+    # The dump is complete (the program ran, tfdbg's writer closed): once its path is written, a
+    # crash is the reading's, and `read` in a fresh process reads the same dump
+    # (tests/differential.py). The path is written whole or not at all: crashes while writing it
+    # (CI, TensorFlow 2.16, two programs in one run) left it empty, and `read` was given ''.
     with open(out + DUMP + ".part", "w") as f:
         f.write(root)
     os.replace(out + DUMP + ".part", out + DUMP)
