@@ -357,11 +357,17 @@ def placement(program: str, out: str) -> None:
         "eager_callback": [[t, d, n] for (t, d), n in sorted(obs.eager.items())],
     }
     del scope
-    # Whole or absent: `both`'s shapes run may crash the process after this (tests/differential.py
-    # then runs the shapes alone).
-    with open(out + ".part", "w") as f:
-        json.dump(result, f)
-    os.replace(out + ".part", out)
+    # `both`'s shapes run may crash the process after this (tests/differential.py then runs the
+    # shapes alone).
+    _write_whole(out, json.dumps(result))
+
+
+def _write_whole(path: str, text: str) -> None:
+    """`text` into `path`, whole or not at all: this process may crash (tfdbg) at any point, and
+    tests/differential.py decides its next run by which files exist."""
+    with open(path + ".part", "w") as f:
+        f.write(text)
+    os.replace(path + ".part", path)
 
 
 def both(program: str, out: str, shapes_out: str) -> None:
@@ -427,11 +433,9 @@ def shapes(program: str, out: str) -> None:
     _run_program(program, wrap, os.path.dirname(os.path.abspath(out)))
     # The dump is complete (the program ran, tfdbg's writer closed): once its path is written, a
     # crash is the reading's, and `read` in a fresh process reads the same dump
-    # (tests/differential.py). The path is written whole or not at all: crashes while writing it
-    # (CI, TensorFlow 2.16, two programs in one run) left it empty, and `read` was given ''.
-    with open(out + DUMP + ".part", "w") as f:
-        f.write(root)
-    os.replace(out + DUMP + ".part", out + DUMP)
+    # (tests/differential.py). Crashes while writing a plain file here (CI, TensorFlow 2.16, two
+    # programs in one run) left it empty, and `read` was given ''.
+    _write_whole(out + DUMP, root)
     read_shapes(root, out)
 
 
