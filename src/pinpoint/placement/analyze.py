@@ -35,6 +35,7 @@ from pinpoint.placement.conformance import (
 from pinpoint.placement.inputs import PlacementInputs
 from pinpoint.placement.memory_fit import with_fit
 from pinpoint.placement.memory_model import Memory
+from pinpoint.placement.memory_tasks import with_task_variables
 from pinpoint.placement.model import Placement
 from pinpoint.placement.opgraph import LayerMatcher, add_graph_fields, resource_variables
 from pinpoint.placement.records import (
@@ -120,8 +121,9 @@ def build(inputs: PlacementInputs) -> Placement:
         training_function=trace.training_function if trace else None,
         eager=Eager.from_json(trace.eager) if trace else None,
         program=trace.program if trace else None,
-        memory=Memory.from_json(with_fit(inputs.memory if inputs.memory is not None else _memory(captures[0], namer)
-                                         if captures else None, var_info["variables"])),
+        memory=Memory.from_json(with_task_variables(
+            with_fit(inputs.memory if inputs.memory is not None else _memory(captures[0], namer) if captures else None,
+                     var_info["variables"]), var_info["variables"])),
     )
 
 

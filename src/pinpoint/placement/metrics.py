@@ -45,7 +45,7 @@ def headline_metrics(placement: Placement | Mapping[str, Any]) -> dict[str, floa
 
 # A cluster's task without a per-device split: its allocator's own totals (docs/memory.md).
 TASK_MEMORY_METRICS = {"task_peak": "memory.task_peak_bytes", "held": "memory.held_bytes",
-                       "peak": "memory.peak_since_start_bytes"}
+                       "peak": "memory.peak_since_start_bytes", "variables_bytes": "memory.variables_bytes"}
 
 
 def _task_memory_metrics(tasks: Mapping[str, Any] | None) -> dict[str, float]:

@@ -253,6 +253,9 @@ def _task_totals(memory) -> list[dict]:
         if t.get("held") is not None:
             out += [{"task": task, "what": "held when training ended", "bytes": human_bytes(t["held"])},
                     {"task": task, "what": "peak since the task started", "bytes": human_bytes(t["peak"])}]
+        if t.get("variables") is not None:
+            out.append({"task": task, "what": f"its {t['variables']} variables, as its allocator sizes them",
+                        "bytes": human_bytes(t["variables_bytes"])})
     return out
 
 

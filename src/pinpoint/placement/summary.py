@@ -160,9 +160,16 @@ def _unsplit_memory_line(memory: Memory) -> str:
                 f"{', '.join(f'{t} {human_bytes(b)}' for t, b in peaks.items())}; {why}")
     if serving:
         return ("memory     : per task (all its devices together, the allocator's own): " + ", ".join(
-            f"{t} holds {human_bytes(v['held'])} (peak {human_bytes(v['peak'])} since it started)"
+            f"{t} holds {human_bytes(v['held'])}{_of_variables(v)} (peak {human_bytes(v['peak'])} since it started)"
             for t, v in serving.items()) + f"; {why}")
     return f"memory     : not measured: {why}"
+
+
+def _of_variables(task: dict) -> str:
+    if task.get("variables") is None:
+        return ""
+    n = task["variables"]
+    return f", {human_bytes(task['variables_bytes'])} of it {n} variable{'s' if n != 1 else ''}"
 
 
 def fit_lines(memory) -> list[str]:
