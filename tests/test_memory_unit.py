@@ -287,8 +287,8 @@ def test_a_parameter_server_coordinator_reads_each_serving_tasks_figures_and_nam
 def test_a_serving_tasks_variables_are_counted_as_its_allocator_sizes_them():
     """A ps task's variables, each its value in whole 256 B units plus one 256 B chunk (measured on a
     ps: a 1 KiB variable adds 1,280 B): a [64, 128] float32 kernel (32,768 B), a [128] bias (512 B) and
-    an int64 scalar on ps:0 take 33,024 + 768 + 512 = 34,304 B. ps:1 holds a variable of unknown shape:
-    no split. A worker holds none."""
+    an int64 scalar on ps:0 take 33,024 + 768 + 512 = 34,304 B. ps:1 holds a variable of unknown shape
+    and ps:2 a shard (its row's bytes are the whole variable's): no split. A worker holds none."""
     from pinpoint.placement.memory_model import Memory
     from pinpoint.placement.memory_tasks import with_task_variables
     from pinpoint.placement.metrics import _task_memory_metrics
@@ -296,14 +296,19 @@ def test_a_serving_tasks_variables_are_counted_as_its_allocator_sizes_them():
 
     memory = {"why_not": "not measured per device: the steps run in the workers",
               "tasks": {"ps:0": {"held": 40_960, "peak": 81_920}, "ps:1": {"held": 1_024, "peak": 1_024},
-                        "worker:0": {"held": 2_048, "peak": 4_096}}}
+                        "ps:2": {"held": 1_024, "peak": 1_024}, "worker:0": {"held": 2_048, "peak": 4_096}}}
     variables = [{"bytes": 32_768, "devices": ["/job:ps/task:0/CPU:0"]},
                  {"bytes": 512, "devices": ["/job:ps/task:0/CPU:0"]},
                  {"bytes": 8, "devices": ["/job:ps/task:0/CPU:0"]},
-                 {"bytes": None, "devices": ["/job:ps/task:1/CPU:0"]}]
+                 {"bytes": None, "devices": ["/job:ps/task:1/CPU:0"]},
+                 {"bytes": 512, "kind": "sharded", "devices": ["/job:ps/task:0/CPU:0", "/job:ps/task:2/CPU:0"]}]
     tasks = with_task_variables(memory, variables)["tasks"]
+    assert tasks == {"ps:0": {"held": 40_960, "peak": 81_920}, "ps:1": {"held": 1_024, "peak": 1_024},
+                     "ps:2": {"held": 1_024, "peak": 1_024}, "worker:0": {"held": 2_048, "peak": 4_096}}
+    tasks = with_task_variables(memory, variables[:-1])["tasks"]
     assert tasks == {"ps:0": {"held": 40_960, "peak": 81_920, "variables": 3, "variables_bytes": 34_304},
-                     "ps:1": {"held": 1_024, "peak": 1_024}, "worker:0": {"held": 2_048, "peak": 4_096}}
+                     "ps:1": {"held": 1_024, "peak": 1_024}, "ps:2": {"held": 1_024, "peak": 1_024},
+                     "worker:0": {"held": 2_048, "peak": 4_096}}
     assert memory_line(Memory(tasks=tasks, why_not=memory["why_not"])).startswith(
         "memory     : per task (all its devices together, the allocator's own): ps:0 holds 40.0 KiB, 33.5 KiB of it "
         "3 variables (peak 80.0 KiB since it started), ps:1 holds 1.0 KiB (peak")

@@ -103,14 +103,16 @@ def with_task_variables(memory: dict | None, variables) -> dict | None:
         return memory
     count: dict[str, int] = {}
     total: dict[str, int] = {}
-    unsized: set[str] = set()  # a task holding a variable whose shape is not known in full: no split
+    # A task holding a variable of unknown bytes, or a shard (a row's bytes are the whole variable's,
+    # not its shard's): no split.
+    unsized: set[str] = set()
     for v in variables or ():
         for device in v.get("devices") or ():
             job, index, _, _ = parse_name(device)
             task = f"{job}:{index}"
             if "held" not in tasks.get(task, {}):
                 continue  # not a serving task's allocator figures
-            if v.get("bytes") is None:
+            if v.get("bytes") is None or v.get("kind") == "sharded":
                 unsized.add(task)
             count[task] = count.get(task, 0) + 1
             total[task] = total.get(task, 0) + variable_bytes(v.get("bytes") or 0)
