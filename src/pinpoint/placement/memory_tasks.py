@@ -114,10 +114,11 @@ def with_task_variables(memory: dict | None, variables) -> dict | None:
                 continue  # not a serving task's allocator figures
             if v.get("bytes") is None or v.get("kind") == "sharded":
                 unsized.add(task)
+                continue
             count[task] = count.get(task, 0) + 1
-            total[task] = total.get(task, 0) + variable_bytes(v.get("bytes") or 0)
-    split = {t for t in count if t not in unsized}
-    return memory | {"tasks": {t: dict(m) | ({"variables": count[t], "variables_bytes": total[t]} if t in split else {})
+            total[task] = total.get(task, 0) + variable_bytes(v["bytes"])
+    return memory | {"tasks": {t: dict(m) | ({"variables": count[t], "variables_bytes": total[t]}
+                                             if t in count and t not in unsized else {})
                                for t, m in tasks.items()}}
 
 

@@ -251,11 +251,11 @@ def _task_totals(memory) -> list[dict]:
         if t.get("task_peak") is not None:
             out.append({"task": task, "what": "peak over the sampled steps", "bytes": human_bytes(t["task_peak"])})
         if t.get("held") is not None:
-            out += [{"task": task, "what": "held when training ended", "bytes": human_bytes(t["held"])},
-                    {"task": task, "what": "peak since the task started", "bytes": human_bytes(t["peak"])}]
-        if t.get("variables") is not None:
-            out.append({"task": task, "what": f"its {t['variables']} variables, as its allocator sizes them",
-                        "bytes": human_bytes(t["variables_bytes"])})
+            out.append({"task": task, "what": "held when training ended", "bytes": human_bytes(t["held"])})
+            if t.get("variables") is not None:
+                out.append({"task": task, "what": f"of it, its {t['variables']} variables (as its allocator sizes them)",
+                            "bytes": human_bytes(t["variables_bytes"])})
+            out.append({"task": task, "what": "peak since the task started", "bytes": human_bytes(t["peak"])})
     return out
 
 
