@@ -69,6 +69,11 @@ def test_real_training_survives_server_restart_and_resumes_from_run(live_mlflow,
         assert proc.poll() is None, f"training ended before the outage:\n{err_log.read_text()[-3000:]}"
         live_mlflow.stop(hard=True)  # a crash: the port stops answering at once
         at_stop = len(log_steps(out))
+        # Down until training has met the outage: on a busy machine (CI runs two test streams at
+        # once) a quick restart fell between its calls, and training never saw the server gone.
+        deadline = time.monotonic() + 300
+        while "unreachable" not in err_log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
         live_mlflow.start()
         proc.wait(timeout=900)
     finally:
