@@ -28,16 +28,29 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120
                                  "'chromium'; the project's setup installs it)")]
 
 
-def _browse(url: str, png: Path, profile: Path, budget_ms: int = 30000) -> str:
-    """The rendered DOM of `url`, and its screenshot, after `budget_ms` of the page's virtual time."""
-    base = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+def _chromium(profile: Path, budget_ms: int) -> list[str]:
+    return [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1800,1100",
             f"--virtual-time-budget={budget_ms}"]
+
+
+def _timeout(budget_ms: int) -> int:
+    return 180 + budget_ms // 1000  # virtual time can pass as slowly as real time
+
+
+def _screenshot(url: str, png: Path, profile: Path, budget_ms: int = 30000) -> None:
+    """A screenshot of `url` after `budget_ms` of the page's virtual time."""
     png.parent.mkdir(parents=True, exist_ok=True)
-    timeout = 180 + budget_ms // 1000  # virtual time can pass as slowly as real time
-    subprocess.run([*base, f"--screenshot={png}", url], check=True, capture_output=True, timeout=timeout)
-    return subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=timeout).stdout
+    subprocess.run([*_chromium(profile, budget_ms), f"--screenshot={png}", url], check=True, capture_output=True,
+                   timeout=_timeout(budget_ms))
+
+
+def _browse(url: str, png: Path, profile: Path, budget_ms: int = 30000) -> str:
+    """The rendered DOM of `url`, and its screenshot."""
+    _screenshot(url, png, profile, budget_ms)
+    return subprocess.run([*_chromium(profile, budget_ms), "--dump-dom", url], capture_output=True, text=True,
+                          timeout=_timeout(budget_ms)).stdout
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +125,8 @@ def test_the_report_is_on_the_train_and_parent_runs_and_renders_in_the_artifact_
     # virtual time, and drawn after 120 s (2026-11-29, beside the corpus): the page is opened again
     # with a longer budget, at most three times in all.
     for budget_ms in (30000, 120000, 300000):
-        _browse(f"{ui}/#/experiments/{r['experiment']}/runs/{train}/artifacts/report.html", png, OUT / ".profile-art",
-                budget_ms)
+        _screenshot(f"{ui}/#/experiments/{r['experiment']}/runs/{train}/artifacts/report.html", png,
+                    OUT / ".profile-art", budget_ms)
         if shows(png, BOX_FILL):
             break
     assert shows(png, BOX_FILL)  # the run diagram's GPU boxes, drawn inside MLflow's artifact view
