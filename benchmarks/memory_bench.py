@@ -4,10 +4,12 @@ measurement, on small models under `pinpoint trace --memory --gpus 2`.
 Each run traces PROGRAM (below) for one model and one strategy: `mirrored` (Keras fit under
 MirroredStrategy over 2 emulated GPUs) or `split` (a GradientTape step with the model's first
 half under tf.device("/GPU:0") and the rest under "/GPU:1"; a functional model, whose layers do not
-run one after another, runs whole on /GPU:1 with the loss and the optimizer on /GPU:0). The record
-is each device's predicted and measured peak (placement.json memory.predicted), the replay
-self-check's mismatched events, and the process wall time. parameter_server is not measured: its
-steps run in the workers' runtimes, out of the chief's profiler (memory.why_not says so).
+run one after another, runs whole on /GPU:1 with the loss and the optimizer on /GPU:0) or
+`parameter_server` (the "Parameter server training" guide's in-process cluster with one worker and
+one ps: a ClusterCoordinator schedules a GradientTape step on the worker; the worker's runtime runs
+it, the ps holds the variables). The record is each device's predicted and measured peak
+(placement.json memory.predicted), the replay self-check's mismatched events, and the process wall
+time.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 MODELS = ("mlp", "cnn", "lstm", "transformer", "mobilenetv2", "resnet50")
-STRATEGIES = ("mirrored", "split")
+STRATEGIES = ("mirrored", "split", "parameter_server")
 
 PROGRAM = '''
+import socket
 import sys
 
 import keras
@@ -66,11 +69,49 @@ def build():
 x = np.random.default_rng(0).normal(size=(4 * BATCH, *SHAPES[MODEL])).astype("float32")
 y = np.zeros(4 * BATCH, "int32")
 loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def parameter_server():
+    spec = tf.train.ClusterSpec({"worker": [f"localhost:{free_port()}"], "ps": [f"localhost:{free_port()}"]})
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2)  # the guide's: workers + 1
+    tf.distribute.Server(spec, job_name="worker", task_index=0, config=config, protocol="grpc")
+    tf.distribute.Server(spec, job_name="ps", task_index=0, protocol="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc"))
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model, opt = build(), keras.optimizers.Adam()
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+    iterator = iter(coordinator.create_per_worker_dataset(
+        lambda: tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH)))
+
+    @tf.function
+    def step(iterator):
+        def replica(batch):
+            xb, yb = batch
+            with tf.GradientTape() as tape:
+                value = per_example(yb, model(xb, training=True)) / BATCH
+            opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables))
+            return value
+
+        return strategy.run(replica, args=(next(iterator),))
+
+    for _ in range(3):
+        coordinator.schedule(step, args=(iterator,))
+    coordinator.join()
+
+
 if STRATEGY == "mirrored":
     with tf.distribute.MirroredStrategy(["/GPU:0", "/GPU:1"]).scope():
         model = build()
         model.compile(optimizer="adam", loss=loss)
     model.fit(x, y, batch_size=BATCH, epochs=1, steps_per_epoch=3, verbose=0)
+elif STRATEGY == "parameter_server":
+    parameter_server()
 else:
     model, opt = build(), keras.optimizers.Adam()
     layers = model.layers if isinstance(model, keras.Sequential) else None

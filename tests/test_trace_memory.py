@@ -4,6 +4,7 @@ arithmetic of a tensor placed by tf.device."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,73 @@ def test_an_lstms_predicted_peak_is_within_5_percent_of_the_measured_one(strateg
     assert sorted(rows) == ["/GPU:0", "/GPU:1"]
     off = {d: r for d, r in rows.items() if abs(r["predicted"] - r["measured"]) > 0.05 * r["measured"]}
     assert off == {}
+
+
+PARAMETER_SERVER = f"""
+import socket
+import sys
+
+import tensorflow as tf
+
+WORKERS = int(sys.argv[1])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+# The "Parameter server training" guide's in-process cluster (its threads: enough for every worker).
+spec = tf.train.ClusterSpec({{"worker": [f"localhost:{{free_port()}}" for _ in range(WORKERS)],
+                             "ps": [f"localhost:{{free_port()}}"]}})
+config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=WORKERS + 1)
+for i in range(WORKERS):
+    tf.distribute.Server(spec, job_name="worker", task_index=i, config=config, protocol="grpc")
+tf.distribute.Server(spec, job_name="ps", task_index=0, protocol="grpc")
+strategy = tf.distribute.experimental.ParameterServerStrategy(
+    tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc"))
+coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+with strategy.scope():
+    w = tf.Variable(tf.ones([{INNER}, {COLS}]))
+
+
+@tf.function
+def step():
+    return tf.reduce_sum(tf.matmul(tf.ones([{ROWS}, {INNER}]), w))
+
+
+for _ in range(3 * WORKERS):
+    coordinator.schedule(step)
+coordinator.join()
+"""
+
+
+def _parameter_server(folder: Path, workers: int) -> dict:
+    proc = trace(["--memory", str(write(folder, "ps.py", PARAMETER_SERVER)), str(workers)], cwd=folder,
+                 out=folder / "out")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return placement(folder / "out")["memory"]
+
+
+def test_a_parameter_server_closure_is_measured_on_its_worker_with_the_variable_it_received(tmp_path):
+    """One worker: w lives on the ps; the worker's runtime receives it over the RPC layer (a copy of
+    its own, 2 MiB) and makes the product (1 MiB) while it is held. The allocator's totals replay
+    exactly; the prediction from the graphs TensorFlow wrote gives the same bytes."""
+    memory = _parameter_server(tmp_path, 1)
+    worker = memory["devices"]["/job:worker/task:0/CPU:0"]
+    received, product = INNER * COLS * F32, ROWS * COLS * F32
+    check = memory["self_check"]
+    assert ((check["mismatched"], check["replayed_peak"]), worker["peak_requested"],
+            sorted(x["requested"] for x in worker["at_peak"]),
+            memory["predicted"]["devices"]["/job:worker/task:0/CPU:0"]["predicted"]) == (
+        (0, check["allocator_peak"]), received + product, [product, received], received + product)
+
+
+def test_two_workers_share_their_graphs_node_names_so_memory_says_why_it_has_no_split(tmp_path):
+    """(Six closures on two idle workers: each worker runs some, so each instantiates the step.)"""
+    memory = _parameter_server(tmp_path, 2)
+    assert (list(memory), re.fullmatch(
+        r"not measured per device: 2 worker tasks instantiated __inference_step_\d+; their graphs share every "
+        r"node name, so what each allocated cannot be told apart: measure with one worker", memory["why_not"])
+            is not None) == (["why_not"], True)

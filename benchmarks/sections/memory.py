@@ -23,7 +23,8 @@ def memory(s: p.Settings, out: Path) -> list[p.Comparison]:
     comps = [p.Comparison(
         key="memory-accuracy", title="predicted vs measured peak per device (`pinpoint trace --memory --gpus 2`)",
         arms=arms, repeats=1, run_s=RUN_S,
-        note="parameter_server: not measured (its steps run in the workers' runtimes, out of the chief's profiler)"),
+        note="parameter_server: the guide's in-process cluster (one worker, one ps); the chief's row is the "
+             "coordinator's share of the step (what the step's graph placed there)"),
         cost_comparison(s)]
     return comps
 

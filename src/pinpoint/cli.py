@@ -117,8 +117,23 @@ def cmd_trace(args):
 
         # Read once, when TensorFlow creates its host allocator: before the program imports it.
         os.environ[ALLOCATOR_ENV] = "true"
+        _dump_partitions()
     return trace_steps(program, out=args.out, gpus=args.gpus, tracking=not args.no_tracking,
                        log_every=args.log_every, experiment=args.experiment, metrics_every_s=args.metrics_every_s)
+
+
+def _dump_partitions() -> None:
+    """TensorFlow writes the partition graphs of what other runtimes of the process run (a
+    parameter_server closure's) into a folder removed at exit; read once, at its first function."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from pinpoint.placement.graph_dumps import dump_env
+
+    folder = tempfile.mkdtemp(prefix="pinpoint-graphs-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ.update(dump_env(Path(folder)))
 
 
 def cmd_plan(args) -> int:

@@ -102,6 +102,7 @@ def memory_events(xspace) -> list[MemEvent]:
                 if meta is not None and meta.display_name and meta.name.endswith(":" + meta.display_name):
                     kernels.append((e.offset_ps, e.offset_ps + e.duration_ps, meta.name[: -len(meta.display_name) - 1]))
             kernels.sort()
+            received = _received(line, plane, names)
             for e in line.events:
                 meta = plane.event_metadata.get(e.metadata_id)
                 if meta is None or meta.name not in ("MemoryAllocation", "MemoryDeallocation"):
@@ -112,9 +113,30 @@ def memory_events(xspace) -> list[MemEvent]:
                                     allocated=int(s.get("allocation_bytes") or 0),
                                     total_after=int(s.get("bytes_allocated") or 0), op=str(s.get("tf_op") or ""),
                                     region=str(s.get("region_type") or ""), shape=str(s.get("shape") or ""),
-                                    kernel=_enclosing(kernels, e.offset_ps),
+                                    kernel=_enclosing(kernels, e.offset_ps) or received.get(e.offset_ps, ""),
                                     allocator=str(s.get("allocator_name") or "")))
     return sorted(out, key=lambda e: e.time_ps)
+
+
+def _received(line, plane, names: dict) -> dict[int, str]:
+    """offset -> the _Recv node of each allocation a remote receive made on this thread (an RPC
+    thread: the tensor's bytes arrived from another task; the allocation has no op, and the
+    receive's `ExecutorState::ProcessAsync::Done` follows it in the same threadpool region)."""
+    out: dict[int, str] = {}
+    pending: list[int] = []
+    for e in sorted(line.events, key=lambda e: e.offset_ps):
+        meta = plane.event_metadata.get(e.metadata_id)
+        name = meta.name if meta is not None else ""
+        if name == "MemoryAllocation":
+            pending.append(e.offset_ps)
+        elif name == "ExecutorState::ProcessAsync::Done":
+            s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
+            if str(s.get("kernel_type")) in ("_Recv", "_HostRecv"):
+                out.update(dict.fromkeys(pending, str(s.get("name") or "")))
+            pending = []
+        elif name.startswith("ThreadpoolListener::StartRegion") or name.startswith("ThreadpoolListener::StopRegion"):
+            pending = []
+    return out
 
 
 def _enclosing(kernels: list[tuple[int, int, str]], t: int) -> str:

@@ -100,6 +100,23 @@ class Node:
         return cls(n.name, n.op, tuple(_tensor(i) for i in n.input if not i.startswith("^")), key)
 
 
+def _this_host(device: str) -> bool:
+    """This process's own CPU: where the allocator's events put tf.data's buffers (no op names them).
+    An iterator on a GPU, or on another task's CPU (an in-process cluster's worker), hands out an
+    element tf.data made there."""
+    from pinpoint.device_names import parse_name
+
+    return is_host(device) and parse_name(device)[0] is None
+
+
+def _other_task(a: str, b: str) -> bool:
+    """Whether devices a and b belong to different tasks: a tensor between them crosses the RPC
+    layer, which deserializes it into a new buffer on the receiving side (even in one process)."""
+    from pinpoint.device_names import parse_name
+
+    return parse_name(a)[:2] != parse_name(b)[:2]
+
+
 def _data_inputs(n: Node) -> tuple[tuple[str, int], ...]:
     return n.inputs
 
@@ -127,6 +144,10 @@ class _Sim:
     copies_made: dict = field(default_factory=dict)  # variable -> the copy an update wrote (copy-on-write)
     carried: dict = field(default_factory=dict)  # variable -> the copy a previous iteration wrote
     frames: Mapping = field(default_factory=dict)  # a loop's Exit -> the Enter of its variable's initial value
+    remote: frozenset = frozenset()  # the tensors sent to another task (never written in place)
+    remote_names: frozenset = frozenset()  # the tensor_name of each of those transfers
+    let_go: frozenset = frozenset()  # the nodes whose sent output the RPC layer let go of at a known time
+    waiting: dict = field(default_factory=dict)  # such a node -> its buffer, until then
 
     def new(self, key, device: str, size: int, refs: int) -> _Buffer:
         buf = self.buffers[key] = _Buffer(device, size, refs)
@@ -183,7 +204,7 @@ class _Sim:
                 if size:
                     self.new((n.name, k), device, size, 1 << 30)
             return
-        if op in _NOTHING or op in _SENDS or (op in _PREFETCHED and not is_host(device)):
+        if op in _NOTHING or op in _SENDS or (op in _PREFETCHED and not _this_host(device)):
             return
         if self.copies and op not in _RECVS:
             self.fetch(n, device)
@@ -197,7 +218,8 @@ class _Sim:
             self.update(n, inputs, device)
             return
         if op in _RECVS:
-            self.receive(n, device)
+            if n.tensor_name not in self.remote_names:  # (another task's: made when its bytes arrive, end)
+                self.receive(n, device)
             return
         if op in _MERGES:
             live = [t for t in inputs if self.get(t, device) is not None]
@@ -222,10 +244,11 @@ class _Sim:
         if not src or src not in self.buffers:
             return
         buf = self.buffers[src]
-        if self.copies and buf.device != device:
-            size = buf.bytes or (self.size_of(src[0]) or [0])[src[1]]
-            buf.refs -= 1  # the send's read: done once the copy is made
-            self.free_if_done(buf)
+        if (self.copies or _other_task(buf.device, device)) and buf.device != device:
+            size = buf.bytes or (self.size_of(src[0]) or [0])[src[1]] or (self.size_of(n.name) or [0])[0]
+            if n.tensor_name not in self.remote_names:  # (the RPC layer let go of the sent one already: end)
+                buf.refs -= 1  # the send's read: done once the copy is made
+                self.free_if_done(buf)
             if size:
                 self.new((n.name, 0), device, size, self.readers[(n.name, 0)])
             return
@@ -241,7 +264,9 @@ class _Sim:
         for k, size in enumerate(self.size_of(n.name)):
             if not size:
                 continue
-            if k == 0 and (op in _CWISE or _COLLECTIVE.match(op)):  # a collective reduces in place too
+            # (a collective reduces in place too; a tensor sent to another task is allocated for the
+            # RPC layer, NIC-compatible, unlike its inputs: the executor's InferAllocAttr)
+            if k == 0 and (op in _CWISE or _COLLECTIVE.match(op)) and (n.name, 0) not in self.remote:
                 donor = next((b for b in (self.get(t, device) for t in inputs) if b is not None and b.bytes == size
                               and b.refs == 1 and not b.shared
                               and (b.device == device or not self.copies)), None)
@@ -304,7 +329,16 @@ class _Sim:
     def held(self) -> frozenset:
         return frozenset(self.frames.values())
 
+    def let_go_of(self, name: str) -> None:
+        """The RPC layer let go of node `name`'s output it sent to another task."""
+        sent = self.waiting.pop(name, None)
+        if sent is not None:
+            sent.refs -= 1
+            self.free_if_done(sent)
+
     def end(self, n: Node, device: str) -> None:
+        if _MKL.sub("", n.op) in _RECVS and n.tensor_name in self.remote_names:
+            self.receive(n, device)
         if n.name in self.frames:  # the loop is done with its variable's initial value
             buf = self.buffers.get((self.frames[n.name], 0))
             if buf is not None:
@@ -315,7 +349,17 @@ class _Sim:
             if chunk is not None:
                 chunk.refs = 0
                 self.free_if_done(chunk)
-        if _MKL.sub("", n.op) not in _SENDS:  # a send's read passes to its receiver
+        if _MKL.sub("", n.op) in _SENDS and n.tensor_name in self.remote_names:
+            # A send to another task: the RPC layer answers the receiver's request with the tensor and
+            # lets go of it (a large one once gRPC has sent it): when the trace shows, else at the send.
+            for t in _data_inputs(n)[:1]:
+                buf = self.get(t, device)
+                if buf is not None and t[0] in self.let_go:
+                    self.waiting[t[0]] = buf
+                elif buf is not None:
+                    buf.refs -= 1
+                    self.free_if_done(buf)
+        elif _MKL.sub("", n.op) not in _SENDS:  # a send's read passes to its receiver
             for t in _data_inputs(n):
                 buf = self.get(t, device)
                 if buf is not None:
@@ -333,9 +377,11 @@ def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple
     times = {name: (s, e) for name, s, e in ran}
     sent = {n.tensor_name: n.inputs[0][0] for n in nodes.values() if n.op in _SENDS and n.inputs}
     posted: dict[str, list[int]] = defaultdict(list)  # a receive -> each time it was posted
-    for name, s, _ in ran:
+    arrived: dict[str, int] = {}  # a receive -> when its tensor last arrived (the end of its run)
+    for name, s, e in ran:
         if nodes[name].op in _RECVS:
             posted[name].append(s)
+            arrived[name] = e
             times.pop(name, None)
     begin = min((s for s, _ in times.values()), default=0)
     for n in nodes.values():  # what exists when the call starts: its arguments, handles and constants
@@ -355,6 +401,9 @@ def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple
                 changed = True
     for name, at in posted.items():  # a receive from outside the call's graphs: when it was last posted
         times.setdefault(name, (at[-1], at[-1]))
+    for name, e in arrived.items():  # a receive ends when its tensor arrived (another task's: later)
+        s = times[name][0]
+        times[name] = (s, max(s, e))
     # An op is done before any reader of its outputs starts: an event that lasts longer holds its
     # readers' work (an asynchronous kernel's done callback runs them inline), not its own.
     first_read: dict[str, int] = {}
@@ -560,28 +609,37 @@ class Schedule:
         return of
 
     def peaks(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str], group_size: int = 1,
-              first_call: bool = False, copies: bool = False, temps: Mapping[str, int] | None = None) -> dict[str, int]:
+              first_call: bool = False, copies: bool = False, temps: Mapping[str, int] | None = None,
+              released: Mapping[str, int] | None = None) -> dict[str, int]:
         """Each device's peak (bytes requested) with node -> device_of(node); `copies`: a tensor read
         on another device than its maker's is a copy there (a GPU machine's); `temps`: each kernel's
-        scratch while it runs."""
+        scratch while it runs; `released`: when the RPC layer let go of a node's output it sent to
+        another task (the trace's time)."""
         out: dict[str, int] = {}
         previous = None
         lists = self.held_in_lists(size_of, device_of)
         others = self.other_iterations(size_of, device_of)
+        across = [n.tensor_name for n in self.nodes.values() if n.op in _RECVS and n.tensor_name in self.sent
+                  and _other_task(device_of(self.sent[n.tensor_name][0]), device_of(n.name))]
+        remote, remote_names = frozenset(self.sent[t] for t in across), frozenset(across)
+        let_go = sorted((t, None, name) for name, t in (released or {}).items() if name in self.nodes)
         size_of = self._with_list_elements(size_of)
         for k, run in enumerate(self.runs):
             other = others(k) if others is not None else None
             counts = defaultdict(int, {t: len(r) for t, r in self.readers.items()})
             sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies,
-                       temps=temps or {}, frames=self.frames)
+                       temps=temps or {}, frames=self.frames, remote=remote, remote_names=remote_names,
+                       let_go=frozenset(name for _, _, name in let_go))
             if previous is not None:
                 sim.carry(previous)
             if copies:
                 for t, names in self.readers.items():
                     for name in names:
                         sim.on[(t, device_of(name))] = sim.on.get((t, device_of(name)), 0) + 1
-            for t, starts, name in run:
-                if starts:
+            for t, starts, name in (sorted(run + tuple(let_go), key=lambda x: x[0]) if let_go else run):
+                if starts is None:
+                    sim.let_go_of(name)
+                elif starts:
                     sim.start(self.nodes[name], device_of(name))
                 else:
                     sim.end(self.nodes[name], device_of(name))
@@ -679,6 +737,9 @@ class Replay:
     # node -> the most scratch its kernel asked for at once (the allocator's `temp` region, as measured):
     # oneDNN's convolution and pooling workspaces; kept at any batch and placement.
     temps: Mapping[str, int] = field(default_factory=dict)
+    # node -> when the RPC layer let go of its output sent to another task (as `order`'s times): the
+    # allocator's own event, for no kernel does it (its time depends on gRPC, not on the graph).
+    released: Mapping[str, int] = field(default_factory=dict)
 
     @cached_property
     def schedule(self) -> Schedule:
@@ -690,13 +751,14 @@ class Replay:
     def peaks(self, device_of: Callable[[str], str] | None = None, copies: bool = False) -> dict[str, int]:
         """Each device's peak over the call, every node on device_of(node) (default: where it ran)."""
         return self.schedule.peaks(self.size_of, device_of or (lambda name: self.devices.get(name, "")),
-                                   self.replicas or 1, self.first_call, copies, self.temps)
+                                   self.replicas or 1, self.first_call, copies, self.temps, self.released)
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": [[n.name, n.op, [list(t) for t in n.inputs], n.tensor_name] for n in self.nodes],
                 "order": [list(x) for x in self.order], "sizes": {k: list(v) for k, v in self.sizes.items()},
                 "devices": dict(self.devices), "replicas": self.replicas, "first_call": self.first_call,
-                "batch": self.batch, "scaled": {k: list(v) for k, v in self.scaled.items()}, "temps": dict(self.temps)}
+                "batch": self.batch, "scaled": {k: list(v) for k, v in self.scaled.items()}, "temps": dict(self.temps),
+                "released": dict(self.released)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Replay:
@@ -704,7 +766,7 @@ class Replay:
         return cls(nodes, tuple((a, int(b), int(c)) for a, b, c in d["order"]),
                    {k: tuple(v) for k, v in d["sizes"].items()}, dict(d["devices"]), int(d.get("replicas") or 0),
                    bool(d.get("first_call")), d.get("batch"), {k: tuple(v) for k, v in (d.get("scaled") or {}).items()},
-                   dict(d.get("temps") or {}))
+                   dict(d.get("temps") or {}), dict(d.get("released") or {}))
 
 
 def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
@@ -713,7 +775,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     An output whose shape inference left unknown (a batch dimension that depends on the step) is
     sized by what its op really asked the allocator for (`events`, the call's allocator events)."""
     from pinpoint.placement.memory_batch import batch_of, scaled_outputs
-    from pinpoint.placement.timing import op_events
+    from pinpoint.placement.timing import op_events, receive_arrivals
 
     asked: dict[str, int] = {}
     asked_shape: dict[str, str] = {}
@@ -722,6 +784,8 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
         if e.alloc and e.op and e.region == "output":
             asked.setdefault(e.op, e.requested)
             asked_shape.setdefault(e.op, e.shape)
+        elif e.alloc and not e.op and e.kernel:  # a remote receive's buffer (memory.memory_events)
+            asked.setdefault(e.kernel, e.requested)
         elif e.alloc and e.op and e.region == "temp":
             temps[e.op] = max(temps.get(e.op, 0), e.requested)
     counts = {"shapes": 0, "allocator": 0}
@@ -738,16 +802,40 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
             sizes[n.name] = tuple(out)
     op_order, _ = op_events(xspace)
     begin = min((e.start_ps for e in op_order), default=0)
-    order = tuple((e.name, e.start_ps - begin, e.start_ps - begin + e.dur_ps) for e in op_order)
+    arrived = receive_arrivals(xspace)
+    order = tuple((e.name, e.start_ps - begin, max(e.start_ps + e.dur_ps, _arrival(arrived.get(e.name), e.start_ps)) - begin)
+                  for e in op_order)
     replicas = len({devices[n.name] for n in nodes if _COLLECTIVE.match(_MKL.sub("", n.op)) and n.name in devices})
+    released = {name: t - begin for name, t in _sent_away(nodes, devices, events).items()}
     used = {n.name: devices[n.name] for n in nodes if n.name in devices}
     batch = batch_of(nodes, shapes, sizes)
     return Replay(nodes, order, sizes, used, replicas, first_call, batch,
                   scaled_outputs(nodes, shapes, sizes, batch, asked_shape),
                   # (an update's copy-on-write copy is the update rule's, not a scratch)
                   {n.name: temps[n.name] for n in nodes if temps.get(n.name) and not _UPDATE.match(_MKL.sub("", n.op))
-                   and n.op not in _LIST_MAKERS}
+                   and n.op not in _LIST_MAKERS}, released
                   ), counts
+
+
+def _sent_away(nodes: Iterable[Node], devices: Mapping[str, str], events: Iterable) -> dict[str, int]:
+    """node -> when its output, sent to another task, was freed (ps): the allocator's event."""
+    recv_device = {n.tensor_name: devices.get(n.name, "") for n in nodes if n.op in _RECVS}
+    sources = {n.inputs[0][0] for n in nodes if n.op in _SENDS and n.inputs and n.tensor_name in recv_device
+               and _other_task(devices.get(n.inputs[0][0], ""), recv_device[n.tensor_name])}
+    made: dict[int, str] = {}
+    out: dict[str, int] = {}
+    for e in events:
+        if e.alloc and e.op in sources and e.region == "output":
+            made[e.addr] = e.op
+        elif not e.alloc and e.addr in made:
+            out.setdefault(made.pop(e.addr), e.time_ps)
+    return out
+
+
+def _arrival(times: list[int] | None, posted: int) -> int:
+    """A receive's end: when its tensor arrived after it was posted (else when it was posted)."""
+    i = bisect.bisect_left(times or [], posted)
+    return times[i] if times and i < len(times) else posted
 
 
 def predict_call(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
@@ -771,10 +859,11 @@ def predict_from_trace(partitions: list, xspace, events: Iterable, devices: Mapp
     """predict_call for a call whose shapes are not known yet: TensorFlow's shape inference over its
     partition graphs (placement.runshapes), the kernels that ran read off the trace."""
     from pinpoint.placement.runshapes import infer_shapes
-    from pinpoint.placement.timing import kernel_nodes
+    from pinpoint.placement.timing import iterator_element_bytes, kernel_nodes
 
     try:
-        shapes, _ = infer_shapes(partitions, None, kernel_nodes(xspace), loops=True)
+        # (the elements the iterators handed out give the input's batch: a dataset's is unknown to the graph)
+        shapes, _ = infer_shapes(partitions, iterator_element_bytes(xspace) or None, kernel_nodes(xspace), loops=True)
     except Exception as err:  # noqa: BLE001 - a sizing error: said, not raised after training
         return {"error": f"shape inference failed ({type(err).__name__}: {str(err).splitlines()[0][:160]})"}
     return predict_call(partitions, shapes, xspace, events, devices, measured)

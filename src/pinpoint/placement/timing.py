@@ -196,6 +196,28 @@ def op_events(xspace) -> tuple[list[OpEvent], list[str]]:
     return events, notes
 
 
+_ASYNC_DONE = "ExecutorState::ProcessAsync::Done"
+
+
+def receive_arrivals(xspace) -> dict[str, list[int]]:
+    """receive node -> the times (ps) its tensor arrived (its `ProcessAsync::Done`): for a receive
+    from another task, when the RPC layer handed over the bytes, later than the send."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for plane in xspace.planes:
+        if plane.name != "/host:CPU":
+            continue
+        stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+        for line in plane.lines:
+            for e in line.events:
+                meta = plane.event_metadata.get(e.metadata_id)
+                if meta is None or meta.name != _ASYNC_DONE:
+                    continue
+                stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
+                if stats.get("kernel_type") in RECVS and stats.get("name"):
+                    out[stats["name"]].append(line.timestamp_ns * 1000 + e.offset_ps)
+    return {k: sorted(v) for k, v in out.items()}
+
+
 # The iterator kernels' own events, with the bytes of the element each handed out.
 _GET_NEXT_EVENTS = {"IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute"}
 

@@ -44,6 +44,15 @@ def current_device() -> str:
     return context.context().device_name
 
 
+def wait_for_executor() -> None:
+    """Wait until every op the calling thread's eager executor was given has run: a
+    ClusterCoordinator's closure calls its function on an asynchronous executor of its own, so the
+    call returns before the worker has run it."""
+    from tensorflow.python.eager import context
+
+    context.context().executor.wait()
+
+
 def executing_eagerly(fn) -> bool:
     """True when tf.function `fn` (an AtomicFunction) is called eagerly, not while tracing."""
     return fn._bound_context.executing_eagerly()

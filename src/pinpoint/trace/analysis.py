@@ -245,9 +245,29 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
         eager=eager_section(recorder.eager, namer, recorder.default_device),
         eager_updates=eager_updates(recorder, namer), weight_rows=tuple(weight_rows), created=creation_rows(created, recorder.eager.updates),
         notes=tuple(notes) + tuple(_trace_notes(rows, records, train, cap, recorder.eager)))
+    remote = by_name[train["concrete"]] if train and cap is None and by_name[train["concrete"]].remote else None
     return PlacementInputs(captures=(cap,) if cap else (), variables=tuple(variables), plan=None,
                            strategy=strategy_of(variables), device_map=view, task=task,
-                           device_map_json=dm.to_json(), trace=trace, layer_units=tuple(layer_units))
+                           device_map_json=dm.to_json(), trace=trace, layer_units=tuple(layer_units),
+                           memory=remote_memory(remote, namer) if remote else None)
+
+
+def remote_memory(record, namer: DeviceMap) -> dict:
+    """placement.json's `memory` section of a training function a worker's runtime of this process
+    ran (an in-process parameter_server cluster's closure): its second call's allocator events, its
+    graphs from TensorFlow's dumps (placement.graph_dumps)."""
+    from pinpoint.placement.graph_dumps import dump_dir, remote_partitions
+    from pinpoint.placement.memory_section import memory_section
+
+    taken = record.remote
+    if taken.memory_events is None:
+        return {"why_not": taken.memory_why or "the closure's call was not profiled"}
+    graphs, why = remote_partitions(dump_dir(), record.name, record.remote_device)
+    if why:
+        return {"why_not": f"not measured per device: {why}"}
+    out = memory_section(graphs, taken.memory_trace, taken.memory_events, namer, peak=taken.memory_peak,
+                         read_ps=taken.memory_read_ps, gpus=taken.memory_gpu_peaks, call="second")
+    return out | ({"why_not": taken.memory_why} if taken.memory_why else {})
 
 
 def _trace_notes(rows: list[dict], records: list, train: dict | None, cap, eager) -> list[str]:
@@ -274,10 +294,13 @@ def _trace_notes(rows: list[dict], records: list, train: dict | None, cap, eager
             f"the training function {train['name']} raised in its first call ({train['error']}): its calls are "
             "counted, its graphs were not recorded; variables and eager ops are")
     elif train and cap is None:
+        remote = next((r.remote for r in records if r.name == train["concrete"]), None)
         notes.append(
             f"the training function {train['name']} ran in another thread or process (e.g. parameter_server's "
             "closures, which the workers' runtimes instantiate): its calls are counted, its graphs are not "
-            "visible here; variables and eager ops are")
+            "visible here; variables and eager ops are"
+            + ("; its memory was measured on its second call, with the graphs TensorFlow wrote for it "
+               "(docs/memory.md#parameter-servers)" if remote is not None else ""))
     return notes
 
 

@@ -4,6 +4,9 @@ The first eager call of each function (each concrete function, so a retrace is a
 with graph collection on, which the runtime does when it instantiates the function anyway: its
 partition graphs and traced shapes are recorded once; later calls are counted by
 trace.calls' wrapper. With memory measured (--memory), the second call runs under the profiler.
+A function another thread calls (a ClusterCoordinator's closure, run by a worker's runtime) is not
+captured; with memory measured, its second call is profiled there too, and its graphs are read
+from TensorFlow's dumps (placement.graph_dumps) when the placement is built.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from pinpoint.placement.capture import (
     size_from_inference,
     size_iterator_outputs,
 )
+from pinpoint.placement.graph_dumps import dump_dir
 from pinpoint.placement.memory import enabled as memory_enabled
-from pinpoint.tfcompat.api import executing_eagerly
+from pinpoint.tfcompat.api import current_device, executing_eagerly, wait_for_executor
 from pinpoint.tfcompat.graphs import called_graphs, collect_graphs
 from pinpoint.trace.eager import is_resource
 from pinpoint.trace.shapes import function_shapes
@@ -97,6 +101,10 @@ class FunctionRecord:
     role: str | None = None
     # The exception its first call raised (type and first line), else None.
     error: str | None = None
+    # Memory measured on a call another thread made (a closure): its allocator's events, and the
+    # device that call was made on (the worker's), else None.
+    remote: CapturedGraphs | None = None
+    remote_device: str = ""
 
 
 class FunctionCalls:
@@ -169,7 +177,22 @@ class FunctionCalls:
         """A later call on the slow path: with memory measured, the second call is the one measured."""
         if r.calls == 2 and r.capture is not None and memory_enabled():
             return self._measure_memory(call, r.capture)
+        if r.calls == 2 and r.capture is None and r.error is None and memory_enabled() and dump_dir() is not None \
+                and threading.current_thread() is not threading.main_thread():
+            return self._measure_remote(call, r)
         return call()
+
+    def _measure_remote(self, call, r: FunctionRecord):
+        """A closure's second call under the profiler, waited for: its function runs in a worker's
+        runtime of this process, on the executor of the closure's thread."""
+        def waited():
+            out = call()
+            wait_for_executor()
+            return out
+
+        r.remote, r.remote_device = CapturedGraphs(step=0), current_device()
+        out, *_ = run_profiled(waited, r.remote, real_gpus=self.real_gpus)
+        return out
 
     def _measure_memory(self, call, cap: CapturedGraphs):
         """A function's second call under the profiler: its memory without what only a first call

@@ -1,0 +1,128 @@
+"""Issue 49, parameter servers: a tensor one task sends another, as the allocator records it and as
+the prediction replays it; and the partition graphs TensorFlow writes for a closure's function.
+The figures are arithmetic on the constructed events and graphs."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+US = 1_000_000  # picoseconds per microsecond
+WORKER = "/job:worker/task:0/CPU:0"
+PS = "/job:ps/task:0/CPU:0"
+
+
+def _rpc_thread_xspace():
+    """An RPC thread of the host plane: in one threadpool region, an allocation with no op (the
+    receive's bytes arriving) and then the receive's asynchronous Done; in a later region, an
+    allocation with no receive after it (not a receive's)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    xs = xplane_pb2.XSpace()
+    plane = xs.planes.add(name="/host:CPU")
+    for i, name in enumerate(("kernel_type", "name", "requested_bytes", "allocation_bytes", "addr",
+                              "bytes_allocated"), start=1):
+        plane.stat_metadata[i].name = name
+    for i, name in enumerate(("ThreadpoolListener::StartRegion", "MemoryAllocation",
+                              "ExecutorState::ProcessAsync::Done", "ThreadpoolListener::StopRegion"), start=1):
+        plane.event_metadata[i].id, plane.event_metadata[i].name = i, name
+    line = plane.lines.add(id=1, name="tf_GrpcWorkerEnvQueues/1", timestamp_ns=0)
+
+    def event(meta, at_us, **stats):
+        e = line.events.add(metadata_id=meta, offset_ps=at_us * US, duration_ps=US)
+        for key, value in stats.items():
+            sid = {"kernel_type": 1, "name": 2, "requested_bytes": 3, "allocation_bytes": 4, "addr": 5,
+                   "bytes_allocated": 6}[key]
+            if isinstance(value, str):
+                e.stats.add(metadata_id=sid, str_value=value)
+            else:
+                e.stats.add(metadata_id=sid, int64_value=value)
+
+    event(1, 10)
+    event(2, 11, requested_bytes=4096, allocation_bytes=4096, addr=1, bytes_allocated=4096)
+    event(3, 12, kernel_type="_Recv", name="grad/_7")
+    event(4, 13)
+    event(1, 20)
+    event(2, 21, requested_bytes=64, allocation_bytes=256, addr=2, bytes_allocated=4352)
+    event(4, 22)
+    return xs
+
+
+def test_an_rpc_threads_allocation_belongs_to_the_receive_done_after_it():
+    from pinpoint.placement.memory import memory_events
+    from pinpoint.placement.timing import receive_arrivals
+
+    xs = _rpc_thread_xspace()
+    assert ([(e.requested, e.op, e.kernel) for e in memory_events(xs)], receive_arrivals(xs)) == (
+        [(4096, "", "grad/_7"), (64, "", "")], {"grad/_7": [12 * US]})
+
+
+def _graph(*nodes):
+    from tensorflow.core.framework import graph_pb2
+
+    g = graph_pb2.GraphDef()
+    for name, op, inputs, device, tensor in nodes:
+        n = g.node.add(name=name, op=op, device=device)
+        n.input.extend(inputs)
+        if tensor:
+            n.attr["tensor_name"].s = tensor.encode()
+    return g
+
+
+def test_a_tensor_sent_to_another_task_is_a_new_buffer_there_and_held_here_until_the_rpc_layer_lets_go():
+    """The worker's x (100 B); relu of x is sent to the ps, so it gets a buffer of its own (the RPC
+    layer's, never x's written in place): 200 B while relu runs. q (150 B) runs after the send. The
+    ps's receive is a copy made when its bytes arrive (t=6), which z writes into. The RPC layer let go
+    of relu at t=9 (the allocator's event): q and relu live together, 250 B. Without that time, relu
+    is let go of at the send, and the worker's peak is x and relu's 200 B."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    worker = _graph(("x", "MatMul", [], WORKER, ""), ("relu", "Relu", ["x"], WORKER, ""),
+                    ("send", "_Send", ["relu"], WORKER, "edge_relu"), ("q", "MatMul", [], WORKER, ""))
+    ps = _graph(("recv", "_Recv", [], PS, "edge_relu"), ("z", "Mul", ["recv"], PS, ""))
+    nodes = [Node.of(n) for g in (worker, ps) for n in g.node]
+    devices = {n.name: n.device for g in (worker, ps) for n in g.node}
+    sizes = {"x": [100], "relu": [100], "recv": [100], "z": [100], "q": [150]}
+    # The receive is posted at 1 and its bytes arrive at 6 (its trace event ends then).
+    order = [("x", 0, 1), ("relu", 2, 3), ("send", 4, 4), ("recv", 1, 6), ("q", 5, 8), ("z", 7, 8)]
+    schedule = Schedule.of(nodes, order)
+    held = schedule.peaks(lambda n: sizes.get(n, []), devices.get, released={"relu": 9})
+    at_send = schedule.peaks(lambda n: sizes.get(n, []), devices.get)
+    assert (held, at_send) == ({WORKER: 250, PS: 100}, {WORKER: 200, PS: 100})
+
+
+def _dump(folder, name: str, devices: list[str]) -> None:
+    """TensorFlow's file for one dumped graph: one node per device given."""
+    nodes = "".join(f'node {{\n  name: "n{i}"\n  op: "NoOp"\n  device: "{d}"\n}}\n' for i, d in enumerate(devices))
+    (folder / f"{name}.main.after_partition_passes.pbtxt").write_text(nodes)
+
+
+W0 = "/job:worker/replica:0/task:0/device:CPU:0"
+W1 = "/job:worker/replica:0/task:1/device:CPU:0"
+P0 = "/job:ps/replica:0/task:0/device:CPU:0"
+
+
+def test_a_closures_graphs_are_its_workers_part_and_each_component_it_ran_on_another_task(tmp_path):
+    """The caller's own part of step_9 (its worker's), not the part the ps ran as a component of its
+    own; each component's latest final graph; another function's files are not read."""
+    from pinpoint.placement.graph_dumps import remote_partitions
+
+    _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:0_device:CPU:0.0003", [W0])
+    _dump(tmp_path, "__inference_step_9_partition__job:ps_replica:0_task:0_device:CPU:0.0003", [P0, P0, P0])
+    _dump(tmp_path, "__inference_step_9_partitioned_41_1_partition__job:ps_replica:0_task:0_device:CPU:0.0000", [P0])
+    _dump(tmp_path, "__inference_step_9_partitioned_41_1_partition__job:ps_replica:0_task:0_device:CPU:0.0001",
+          [P0, P0])
+    _dump(tmp_path, "__inference_step_91_partition__job:worker_replica:0_task:0_device:CPU:0.0003", [W0] * 5)
+    graphs, why = remote_partitions(tmp_path, "__inference_step_9", W0)
+    assert ([len(g.node) for g in graphs], why) == ([1, 2], None)
+
+
+def test_two_workers_graphs_share_node_names_so_none_is_read(tmp_path):
+    from pinpoint.placement.graph_dumps import remote_partitions
+
+    _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:0_device:CPU:0.0003", [W0])
+    _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:1_device:CPU:0.0003", [W1])
+    graphs, why = remote_partitions(tmp_path, "__inference_step_9", W0)
+    assert (graphs, why) == ([], "2 worker tasks instantiated __inference_step_9; their graphs share every node name, "
+                                 "so what each allocated cannot be told apart: measure with one worker")
