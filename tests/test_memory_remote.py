@@ -126,3 +126,21 @@ def test_two_workers_graphs_share_node_names_so_none_is_read(tmp_path):
     graphs, why = remote_partitions(tmp_path, "__inference_step_9", W0)
     assert (graphs, why) == ([], "2 worker tasks instantiated __inference_step_9; their graphs share every node name, "
                                  "so what each allocated cannot be told apart: measure with one worker")
+
+
+def test_a_received_buffer_the_rpc_layer_still_holds_outlives_its_reader():
+    """The ps receives 100 B (bytes arrive at t=6); z sums it (4 B) and is its only reader; w (200 B)
+    runs after. The RPC layer let go of the received bytes at t=11 (the allocator's event), so they
+    and w live together: 300 B. Without that time they go with their reader: 200 B at w."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    worker = _graph(("x", "MatMul", [], WORKER, ""), ("send", "_Send", ["x"], WORKER, "edge_x"))
+    ps = _graph(("recv", "_Recv", [], PS, "edge_x"), ("z", "Sum", ["recv"], PS, ""), ("w", "MatMul", [], PS, ""))
+    nodes = [Node.of(n) for g in (worker, ps) for n in g.node]
+    devices = {n.name: n.device for g in (worker, ps) for n in g.node}
+    sizes = {"x": [100], "recv": [100], "z": [4], "w": [200]}
+    order = [("x", 0, 1), ("send", 2, 2), ("recv", 1, 6), ("z", 7, 8), ("w", 9, 10)]
+    schedule = Schedule.of(nodes, order)
+    held = schedule.peaks(lambda n: sizes.get(n, []), devices.get, released={"recv": 11})
+    freed = schedule.peaks(lambda n: sizes.get(n, []), devices.get)
+    assert (held[PS], freed[PS]) == (300, 200)

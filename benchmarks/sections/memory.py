@@ -1,8 +1,8 @@
-"""Issue 49: memory per device. Each model x strategy is traced once with `--memory` on 2 emulated
-GPUs (benchmarks/memory_bench.py); the table holds each device's predicted peak to the allocator's
-measured one, and the replay's self-check. One run each: the figures are recorded (a verdict needs
-an interval over 3 rounds, which would take this section past 20 minutes); the cost of memory on
-is decided over 3 rounds."""
+"""Issue 49: memory per device. Each model x strategy is traced once with `--memory`, on 2 emulated
+GPUs or on the guide's in-process parameter_server cluster (benchmarks/memory_bench.py); the table
+holds each device's predicted peak to the allocator's measured one, and the replay's self-check.
+One run each: the figures are recorded (a verdict needs an interval over 3 rounds, which would take
+this section past 20 minutes); the cost of memory on is decided over 3 rounds."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def memory(s: p.Settings, out: Path) -> list[p.Comparison]:
     return comps
 
 
-# Seconds of one run, the mean over the 13, +5% (2026-11-28, benchmarks/runs/2026-11-28-0956-memory.md:
-# the section took 3.5 min, its 6 on/off runs ~31 s of it; MobileNetV2 and ResNet50 most of the rest).
-RUN_S = 14.5
+# Seconds of one run, the mean over the 19, +5% (2026-11-29, benchmarks/runs/2026-11-29-0528-memory.md:
+# the section took 5.9 min, its 6 on/off runs ~33 s of it; MobileNetV2 and ResNet50 most of the rest).
+RUN_S = 17.5
 
 
 COST_STEPS = 500

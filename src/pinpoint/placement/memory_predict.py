@@ -6,6 +6,10 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
   Merge, a loop's Enter and Exit, ReadVariableOp: the variable's own buffer);
 - a received tensor is the sent buffer itself (logical CPU devices share it; a GPU would copy it),
   written in place by its last reader once the send is done;
+- a tensor from another task crosses the RPC layer, even in one process: the receiver's copy is made
+  when its bytes arrive; the sender's buffer, and the receiver's, are held until the RPC layer lets
+  go of them, at the times the allocator recorded (no kernel does it); an op whose output goes to
+  another task never writes into an input (the executor allocates it for the RPC layer);
 - an element-wise op (and a collective all-reduce) writes into an input buffer of its size when it is
   that buffer's last reader;
 - a buffer is freed when the last op reading it (through any alias) has finished;
@@ -76,6 +80,7 @@ class _Buffer:
     refs: int = 0
     shared: bool = False  # a variable's own buffer, which a read only borrows (never written in place)
     holds: _Buffer | None = None  # a read's: the variable's old buffer it keeps alive after a copy-on-write
+    pinned: bool = False  # a received buffer the RPC layer still holds: kept after its last reader
 
 
 def _tensor(inp: str) -> tuple[str, int]:
@@ -146,8 +151,10 @@ class _Sim:
     frames: Mapping = field(default_factory=dict)  # a loop's Exit -> the Enter of its variable's initial value
     remote: frozenset = frozenset()  # the tensors sent to another task (never written in place)
     remote_names: frozenset = frozenset()  # the tensor_name of each of those transfers
-    let_go: frozenset = frozenset()  # the nodes whose sent output the RPC layer let go of at a known time
+    # The nodes whose output (sent away, or received) the RPC layer let go of at a known time.
+    let_go: frozenset = frozenset()
     waiting: dict = field(default_factory=dict)  # such a node -> its buffer, until then
+    gone: set = field(default_factory=set)  # such nodes the RPC layer let go of before they were held
 
     def new(self, key, device: str, size: int, refs: int) -> _Buffer:
         buf = self.buffers[key] = _Buffer(device, size, refs)
@@ -172,7 +179,7 @@ class _Sim:
             held, buf.holds = buf.holds, None
             held.refs -= 1
             self.free_if_done(held)
-        if buf.refs <= 0 and buf.bytes:
+        if buf.refs <= 0 and buf.bytes and not buf.pinned:
             self.live[buf.device] -= buf.bytes
             buf.bytes = 0  # freed once, whichever alias saw it last
 
@@ -250,7 +257,12 @@ class _Sim:
                 buf.refs -= 1  # the send's read: done once the copy is made
                 self.free_if_done(buf)
             if size:
-                self.new((n.name, 0), device, size, self.readers[(n.name, 0)])
+                copy = self.new((n.name, 0), device, size, self.readers[(n.name, 0)])
+                if n.name in self.let_go and n.name not in self.gone:
+                    # The RPC layer may keep the bytes after its readers are done (not a read: a
+                    # reader may still write into them).
+                    copy.pinned = True
+                    self.waiting[n.name] = copy
             return
         self.alias((n.name, 0), src, self.readers[(n.name, 0)] - 1)
 
@@ -330,11 +342,23 @@ class _Sim:
         return frozenset(self.frames.values())
 
     def let_go_of(self, name: str) -> None:
-        """The RPC layer let go of node `name`'s output it sent to another task."""
-        sent = self.waiting.pop(name, None)
-        if sent is not None:
-            sent.refs -= 1
-            self.free_if_done(sent)
+        """The RPC layer let go of node `name`'s output (sent to another task, or received from one)."""
+        buf = self.waiting.pop(name, None)
+        if buf is None:
+            self.gone.add(name)
+        elif buf.pinned:
+            buf.pinned = False
+            self.free_if_done(buf)
+        else:
+            buf.refs -= 1
+            self.free_if_done(buf)
+
+    def rpc_holds(self, name: str, buf: _Buffer) -> None:
+        """The RPC layer holds `buf` (node `name`'s) until it lets go: now, if it did already."""
+        buf.refs += 1
+        self.waiting[name] = buf
+        if name in self.gone:
+            self.let_go_of(name)
 
     def end(self, n: Node, device: str) -> None:
         if _MKL.sub("", n.op) in _RECVS and n.tensor_name in self.remote_names:
@@ -354,9 +378,9 @@ class _Sim:
             # lets go of it (a large one once gRPC has sent it): when the trace shows, else at the send.
             for t in _data_inputs(n)[:1]:
                 buf = self.get(t, device)
-                if buf is not None and t[0] in self.let_go:
-                    self.waiting[t[0]] = buf
-                elif buf is not None:
+                if buf is not None:
+                    if t[0] in self.let_go:  # the send's read passes to the RPC layer
+                        self.rpc_holds(t[0], buf)
                     buf.refs -= 1
                     self.free_if_done(buf)
         elif _MKL.sub("", n.op) not in _SENDS:  # a send's read passes to its receiver
@@ -818,15 +842,21 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
 
 
 def _sent_away(nodes: Iterable[Node], devices: Mapping[str, str], events: Iterable) -> dict[str, int]:
-    """node -> when its output, sent to another task, was freed (ps): the allocator's event."""
+    """node -> when its output sent to another task, or a receive's buffer from one, was freed (ps):
+    the allocator's event."""
+    nodes = list(nodes)
     recv_device = {n.tensor_name: devices.get(n.name, "") for n in nodes if n.op in _RECVS}
-    sources = {n.inputs[0][0] for n in nodes if n.op in _SENDS and n.inputs and n.tensor_name in recv_device
-               and _other_task(devices.get(n.inputs[0][0], ""), recv_device[n.tensor_name])}
+    away = [n for n in nodes if n.op in _SENDS and n.inputs and n.tensor_name in recv_device
+            and _other_task(devices.get(n.inputs[0][0], ""), recv_device[n.tensor_name])]
+    sources = {n.inputs[0][0] for n in away}
+    receives = {n.name for n in nodes if n.op in _RECVS and n.tensor_name in {s.tensor_name for s in away}}
     made: dict[int, str] = {}
     out: dict[str, int] = {}
     for e in events:
         if e.alloc and e.op in sources and e.region == "output":
             made[e.addr] = e.op
+        elif e.alloc and not e.op and e.kernel in receives:
+            made[e.addr] = e.kernel
         elif not e.alloc and e.addr in made:
             out.setdefault(made.pop(e.addr), e.time_ps)
     return out
