@@ -203,18 +203,12 @@ def receive_arrivals(xspace) -> dict[str, list[int]]:
     """receive node -> the times (ps) its tensor arrived (its `ProcessAsync::Done`): for a receive
     from another task, when the RPC layer handed over the bytes, later than the send."""
     out: dict[str, list[int]] = defaultdict(list)
-    for plane in xspace.planes:
-        if plane.name != "/host:CPU":
+    for e, meta, stat_names, line_ps in _host_events(xspace):
+        if meta.name != _ASYNC_DONE:
             continue
-        stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
-        for line in plane.lines:
-            for e in line.events:
-                meta = plane.event_metadata.get(e.metadata_id)
-                if meta is None or meta.name != _ASYNC_DONE:
-                    continue
-                stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
-                if stats.get("kernel_type") in RECVS and stats.get("name"):
-                    out[stats["name"]].append(line.timestamp_ns * 1000 + e.offset_ps)
+        stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
+        if stats.get("kernel_type") in RECVS and stats.get("name"):
+            out[stats["name"]].append(line_ps + e.offset_ps)
     return {k: sorted(v) for k, v in out.items()}
 
 
@@ -223,7 +217,8 @@ _GET_NEXT_EVENTS = {"IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp
 
 
 def _host_events(xspace):
-    """(event, its metadata, the plane's stat names) of every event on the host plane."""
+    """(event, its metadata, the plane's stat names, its line's start in ps) of every event on the
+    host plane."""
     for plane in xspace.planes:
         if plane.name != "/host:CPU":
             continue
@@ -232,14 +227,14 @@ def _host_events(xspace):
             for e in line.events:
                 meta = plane.event_metadata.get(e.metadata_id)
                 if meta is not None:
-                    yield e, meta, stat_names
+                    yield e, meta, stat_names, line.timestamp_ns * 1000
 
 
 def iterator_element_bytes(xspace) -> list[int]:
     """The bytes of every element the tf.data iterators handed out in the trace (one event per
     IteratorGetNext: the runtime's own count of what the step took from its input pipeline)."""
     out = []
-    for e, meta, stat_names in _host_events(xspace):
+    for e, meta, stat_names, _ in _host_events(xspace):
         if meta.name not in _GET_NEXT_EVENTS:
             continue
         for s in e.stats:
@@ -252,7 +247,7 @@ def kernel_nodes(xspace) -> set[str]:
     """The nodes whose kernels ran in the trace (a transfer's kernel runs for a tensor that was
     never produced too, so transfers are left out)."""
     out = set()
-    for e, meta, stat_names in _host_events(xspace):
+    for e, meta, stat_names, _ in _host_events(xspace):
         kind = meta.display_name
         if kind and meta.name.endswith(":" + kind):
             if kind not in TRANSFER_TYPES:
