@@ -423,7 +423,7 @@ def test_allreduce_table_puts_each_choice_next_to_the_ring_minimum():
 
 
 # ---- one run, one report: sections, the plan's time, full and partial runs -------------------------
-def test_the_full_plan_fits_in_40_minutes_here():
+def test_the_full_plan_fits_in_its_limit_here():
     """Every comparison states what one of its runs costs on the bench machine; the default
     plan's estimate (`python -m benchmarks.run --plan`) stays under the limit."""
     from benchmarks.plan import Settings, build_plan, plan_seconds
