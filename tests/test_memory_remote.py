@@ -118,6 +118,16 @@ def test_a_closures_graphs_are_its_workers_part_and_each_component_it_ran_on_ano
     assert ([len(g.node) for g in graphs], why) == ([1, 2], None)
 
 
+def test_tensorflow_2_16s_component_names_are_read_too(tmp_path):
+    """TensorFlow 2.16 names a component `<fn>_<id>_<k>`, without `partitioned_`."""
+    from pinpoint.placement.graph_dumps import remote_partitions
+
+    _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:0_device:CPU:0.0003", [W0])
+    _dump(tmp_path, "__inference_step_9_41_1_partition__job:ps_replica:0_task:0_device:CPU:0.0001", [P0, P0])
+    graphs, why = remote_partitions(tmp_path, "__inference_step_9", W0)
+    assert ([len(g.node) for g in graphs], why) == ([1, 2], None)
+
+
 def test_two_workers_graphs_share_node_names_so_none_is_read(tmp_path):
     from pinpoint.placement.graph_dumps import remote_partitions
 

@@ -6,7 +6,8 @@ instantiates a function, so `pinpoint trace --memory` sets it before the program
 TensorFlow's dumper writes a graph at each stage of a function's instantiation, as
 `<name>.<order>.<group>.<stage>.pbtxt`. A multi-device function's graph is partitioned per device
 (`<fn>_partition__<device>`); each part on another task becomes a component function
-(`<fn>_partitioned_<id>_<k>`), instantiated and partitioned there in turn. What ran is each part's
+(`<fn>_partitioned_<id>_<k>`; TensorFlow 2.16 names it `<fn>_<id>_<k>`), instantiated and
+partitioned there in turn. What ran is each part's
 graph after its partition passes: the caller's own part of `<fn>`, and each component's.
 """
 
@@ -69,13 +70,14 @@ def remote_partitions(directory: Path, function: str, caller: str) -> tuple[list
         return [], (f"{len(workers)} {parse_name(caller)[0]} tasks instantiated {function}; their graphs share "
                     "every node name, so what each allocated cannot be told apart: measure with one worker")
     graphs = [g for g in own if parse_name(_device(g))[:2] == parse_name(caller)[:2]]
-    components = sorted({m.group(1) for p in directory.glob(f"{function}_partitioned_*{FINAL}")
-                         if (m := re.match(re.escape(function) + r"_partitioned_(\d+)_\d+_partition__", p.name))})
+    # A component is `<fn>_partitioned_<id>_<k>` (TensorFlow 2.16: `<fn>_<id>_<k>`).
+    component = re.compile(re.escape(function) + r"_(?:partitioned_)?(\d+)_\d+_partition__")
+    parts = [(m.group(1), p) for p in sorted(directory.glob(f"{function}_*{FINAL}")) if (m := component.match(p.name))]
+    components = sorted({key for key, _ in parts})
     if len(components) > 1:
         return [], f"{function} was instantiated {len(components)} times; which one ran the measured call is not known"
-    for key in components:
-        latest = {p.name.rsplit(".", 4)[0]: p for p in sorted(directory.glob(f"{function}_partitioned_{key}_*{FINAL}"))}
-        graphs.extend(_read(p) for p in latest.values())
+    latest = {p.name.rsplit(".", 4)[0]: p for _, p in parts}
+    graphs.extend(_read(p) for p in latest.values())
     if not graphs:
         return [], f"TensorFlow wrote no partition graph of {function} into {directory}"
     return graphs, None
