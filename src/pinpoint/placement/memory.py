@@ -21,6 +21,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pinpoint.placement.timing import ASYNC_DONE, RECVS
+
 ALLOCATOR_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 COLLECTIVE_CHUNK = "CollectiveAdapterImpl::TempChunk"
 UNATTRIBUTED = "(outside the step's graphs)"
@@ -129,9 +131,9 @@ def _received(line, plane, names: dict) -> dict[int, str]:
         name = meta.name if meta is not None else ""
         if name == "MemoryAllocation":
             pending.append(e.offset_ps)
-        elif name == "ExecutorState::ProcessAsync::Done":
+        elif name == ASYNC_DONE:
             s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
-            if str(s.get("kernel_type")) in ("_Recv", "_HostRecv"):
+            if str(s.get("kernel_type")) in RECVS:
                 out.update(dict.fromkeys(pending, str(s.get("name") or "")))
             pending = []
         elif name.startswith("ThreadpoolListener::StartRegion") or name.startswith("ThreadpoolListener::StopRegion"):

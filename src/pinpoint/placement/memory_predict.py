@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from pinpoint.device_names import is_host
+from pinpoint.device_names import is_host, parse_name
 
 _ALIAS_FIRST = {"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "PreventGradient", "Enter",
                 "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration", "EnsureShape", "Switch",
@@ -109,16 +109,12 @@ def _this_host(device: str) -> bool:
     """This process's own CPU: where the allocator's events put tf.data's buffers (no op names them).
     An iterator on a GPU, or on another task's CPU (an in-process cluster's worker), hands out an
     element tf.data made there."""
-    from pinpoint.device_names import parse_name
-
     return is_host(device) and parse_name(device)[0] is None
 
 
 def _other_task(a: str, b: str) -> bool:
     """Whether devices a and b belong to different tasks: a tensor between them crosses the RPC
     layer, which deserializes it into a new buffer on the receiving side (even in one process)."""
-    from pinpoint.device_names import parse_name
-
     return parse_name(a)[:2] != parse_name(b)[:2]
 
 
@@ -251,9 +247,10 @@ class _Sim:
         if not src or src not in self.buffers:
             return
         buf = self.buffers[src]
-        if (self.copies or _other_task(buf.device, device)) and buf.device != device:
+        remote = n.tensor_name in self.remote_names
+        if (self.copies or remote) and buf.device != device:
             size = buf.bytes or (self.size_of(src[0]) or [0])[src[1]] or (self.size_of(n.name) or [0])[0]
-            if n.tensor_name not in self.remote_names:  # (the RPC layer let go of the sent one already: end)
+            if not remote:  # (another task's: the send's read went to the RPC layer at the send's end)
                 buf.refs -= 1  # the send's read: done once the copy is made
                 self.free_if_done(buf)
             if size:
@@ -830,7 +827,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     order = tuple((e.name, e.start_ps - begin, max(e.start_ps + e.dur_ps, _arrival(arrived.get(e.name), e.start_ps)) - begin)
                   for e in op_order)
     replicas = len({devices[n.name] for n in nodes if _COLLECTIVE.match(_MKL.sub("", n.op)) and n.name in devices})
-    released = {name: t - begin for name, t in _sent_away(nodes, devices, events).items()}
+    released = {name: t - begin for name, t in _rpc_released(nodes, devices, events).items()}
     used = {n.name: devices[n.name] for n in nodes if n.name in devices}
     batch = batch_of(nodes, shapes, sizes)
     return Replay(nodes, order, sizes, used, replicas, first_call, batch,
@@ -841,7 +838,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
                   ), counts
 
 
-def _sent_away(nodes: Iterable[Node], devices: Mapping[str, str], events: Iterable) -> dict[str, int]:
+def _rpc_released(nodes: Iterable[Node], devices: Mapping[str, str], events: Iterable) -> dict[str, int]:
     """node -> when its output sent to another task, or a receive's buffer from one, was freed (ps):
     the allocator's event."""
     nodes = list(nodes)

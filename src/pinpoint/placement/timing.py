@@ -196,7 +196,7 @@ def op_events(xspace) -> tuple[list[OpEvent], list[str]]:
     return events, notes
 
 
-_ASYNC_DONE = "ExecutorState::ProcessAsync::Done"
+ASYNC_DONE = "ExecutorState::ProcessAsync::Done"
 
 
 def receive_arrivals(xspace) -> dict[str, list[int]]:
@@ -204,7 +204,7 @@ def receive_arrivals(xspace) -> dict[str, list[int]]:
     from another task, when the RPC layer handed over the bytes, later than the send."""
     out: dict[str, list[int]] = defaultdict(list)
     for e, meta, stat_names, line_ps in _host_events(xspace):
-        if meta.name != _ASYNC_DONE:
+        if meta.name != ASYNC_DONE:
             continue
         stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
         if stats.get("kernel_type") in RECVS and stats.get("name"):

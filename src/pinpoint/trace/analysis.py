@@ -238,14 +238,15 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
                      spec_replica_devices=tuple(namer.canonical_spec(d) for d in replicas),
                      host=dm.host, emulated=dm.emulated, local_devices=dm.local_devices, missing=dm.missing)
     cap = by_name[train["concrete"]].capture if train else None
+    # A training function another thread ran (a parameter_server closure), its memory measured there.
+    remote = by_name[train["concrete"]] if train and cap is None and by_name[train["concrete"]].remote else None
     rows = [dict(r, training=r is train) for r in rows]
     rows.sort(key=lambda r: (not r["training"], -r["calls"], r["name"]))
     trace = TraceInputs(
         program=program, functions=tuple(rows), training_function=train["name"] if train else None,
         eager=eager_section(recorder.eager, namer, recorder.default_device),
         eager_updates=eager_updates(recorder, namer), weight_rows=tuple(weight_rows), created=creation_rows(created, recorder.eager.updates),
-        notes=tuple(notes) + tuple(_trace_notes(rows, records, train, cap, recorder.eager)))
-    remote = by_name[train["concrete"]] if train and cap is None and by_name[train["concrete"]].remote else None
+        notes=tuple(notes) + tuple(_trace_notes(rows, records, train, cap, recorder.eager, remote is not None)))
     return PlacementInputs(captures=(cap,) if cap else (), variables=tuple(variables), plan=None,
                            strategy=strategy_of(variables), device_map=view, task=task,
                            device_map_json=dm.to_json(), trace=trace, layer_units=tuple(layer_units),
@@ -270,7 +271,7 @@ def remote_memory(record, namer: DeviceMap) -> dict:
     return out | ({"why_not": taken.memory_why} if taken.memory_why else {})
 
 
-def _trace_notes(rows: list[dict], records: list, train: dict | None, cap, eager) -> list[str]:
+def _trace_notes(rows: list[dict], records: list, train: dict | None, cap, eager, remote: bool = False) -> list[str]:
     """What the functions' capture could not show, and why."""
     notes = []
     runtime = sum(o["count"] for r in rows for o in r["runtime_ops"])
@@ -294,13 +295,12 @@ def _trace_notes(rows: list[dict], records: list, train: dict | None, cap, eager
             f"the training function {train['name']} raised in its first call ({train['error']}): its calls are "
             "counted, its graphs were not recorded; variables and eager ops are")
     elif train and cap is None:
-        remote = next((r.remote for r in records if r.name == train["concrete"]), None)
         notes.append(
             f"the training function {train['name']} ran in another thread or process (e.g. parameter_server's "
             "closures, which the workers' runtimes instantiate): its calls are counted, its graphs are not "
             "visible here; variables and eager ops are"
             + ("; its memory was measured on its second call, with the graphs TensorFlow wrote for it "
-               "(docs/memory.md#parameter-servers)" if remote is not None else ""))
+               "(docs/memory.md#parameter-servers)" if remote else ""))
     return notes
 
 
