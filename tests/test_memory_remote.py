@@ -154,3 +154,18 @@ def test_a_received_buffer_the_rpc_layer_still_holds_outlives_its_reader():
     held = schedule.peaks(lambda n: sizes.get(n, []), devices.get, released={"recv": 11})
     freed = schedule.peaks(lambda n: sizes.get(n, []), devices.get)
     assert (held[PS], freed[PS]) == (300, 200)
+
+
+def test_a_received_allocation_holds_what_its_sender_made():
+    """A worker receives a ps's variable value (the receive `<sender>/_<n>` of a ReadVariableOp) and
+    a gradient the ps computed: each is the kind its sender's tensor is, not an activation."""
+    from pinpoint.placement.memory import MemEvent, per_device
+
+    rows = [("dense/ReadVariableOp/_4", 4096), ("gradient_tape/dense/MatMul/_6", 1024)]
+    events = [MemEvent(time_ps=i, alloc=True, addr=i + 1, requested=size, allocated=size, total_after=0, kernel=recv)
+              for i, (recv, size) in enumerate(rows)]
+    devices = {recv: WORKER for recv, _ in rows} | {"dense/ReadVariableOp": PS, "gradient_tape/dense/MatMul": PS}
+    types = {"dense/ReadVariableOp/_4": "_Recv", "gradient_tape/dense/MatMul/_6": "_Recv",
+             "dense/ReadVariableOp": "ReadVariableOp", "gradient_tape/dense/MatMul": "MatMul"}
+    worker = per_device(events, devices, types)[WORKER]
+    assert [(x.requested, x.kind) for x in worker.at_peak] == [(4096, "variable"), (1024, "gradient")]

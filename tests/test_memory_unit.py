@@ -117,6 +117,16 @@ def test_findings_name_the_packed_gradients_the_backward_pass_apart_and_the_acti
     assert findings({"/GPU:0": _dev(100, ("a", "activation", 60)), "/GPU:1": _dev(100, ("b", "activation", 60))}) == []
 
 
+def test_a_parameter_servers_update_and_a_workers_whole_model_are_the_strategys_design_not_findings():
+    """The same bytes as the split above, on a ps and a worker: the ps holds the update beside its
+    variables and the worker runs the whole model, as parameter_server places them."""
+    from pinpoint.placement.memory import findings
+
+    assert findings({"/job:ps/task:0/CPU:0": _dev(1000, ("adam/Mul", "optimizer", 800), ("adam/Sqrt", "optimizer", 200)),
+                     "/job:worker/task:0/CPU:0": _dev(900, ("d1/MatMul", "activation", 800)),
+                     "/job:chief/task:0/CPU:0": _dev(300, ("adam/ReadVariableOp", "optimizer", 200))}) == []
+
+
 def _graph(*nodes):
     """A GraphDef of (name, op, inputs, device) rows."""
     from tensorflow.core.framework import graph_pb2

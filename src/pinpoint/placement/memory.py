@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pinpoint.device_names import parse_name
 from pinpoint.placement.timing import ASYNC_DONE, RECVS
 
 ALLOCATOR_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
@@ -35,6 +36,7 @@ _GRADIENT = re.compile(r"(^|/)(gradient_tape|gradients)(/|$)")
 _COLLECTIVE = re.compile(r"^(Collective\w+|Nccl\w+|_Nccl\w+)$")
 _OPTIMIZER = re.compile(r"(^|/)(adam|adamw|sgd|rmsprop|adagrad|adadelta|adamax|nadam|ftrl|lion|lamb|"
                         r"loss_scale_optimizer|optimizer)(_\d+)?/", re.I)
+_RECV_SUFFIX = re.compile(r"/_\d+$")
 _PACK = re.compile(r"/(concat|split)(_\d+)?$")
 _UPDATE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
 
@@ -257,6 +259,14 @@ def kind_of(op: str, op_type: str, region: str) -> str:
     return "activation"
 
 
+def _holder(op: str, types: Mapping[str, str]) -> tuple[str, str]:
+    """(op, type) whose tensor an allocation of `op` holds: a receive's is its sender's (the
+    partitioner names a receive `<sender>/_<n>`), e.g. a variable's value received from a ps."""
+    if types.get(op) in RECVS and (sender := _RECV_SUFFIX.sub("", op)) in types:
+        return sender, types[sender]
+    return op, types.get(op, "")
+
+
 def per_device(events: list[MemEvent], devices: Mapping[str, str], types: Mapping[str, str],
                host: str = "/CPU:0", check: dict | None = None) -> dict[str, DeviceMemory]:
     """Each device's live bytes over the events: an allocation goes to its op's device (a node of the
@@ -279,7 +289,7 @@ def per_device(events: list[MemEvent], devices: Mapping[str, str], types: Mappin
         if e.alloc:
             dev = _device_of(e, devices, host)
             kind = ("input" if not e.op and dev == host else "outside the step" if dev == UNATTRIBUTED
-                    else kind_of(e.op or e.kernel, types.get(e.op or e.kernel, ""), e.region))
+                    else kind_of(*_holder(e.op or e.kernel, types), e.region))
             item = Live(op=e.op or (f"(in {e.kernel})" if e.kernel else "(tf.data, no op)"), requested=e.requested,
                         allocated=e.allocated, shape=e.shape, region=e.region, kind=kind)
             by_addr[e.addr] = (dev, item)
@@ -385,6 +395,10 @@ def findings(devices: Mapping[str, dict]) -> list[dict]:
             break  # one replica says it for all
     if out:
         return out  # data parallel: every replica holds the same, so no device is out of line
+    if any(parse_name(d)[0] == "ps" for d in devs):
+        # Parameter servers: the update runs beside its variables on the ps and each worker runs the
+        # whole model, by the strategy's design: neither is a split gone wrong.
+        return out
     backward = {d: _held(m, ("gradient", "optimizer", "optimizer update")) for d, m in devs.items()}
     forward = {d: _held(m, ("activation",)) for d, m in devs.items()}
     if len(devs) > 1 and sum(forward.values()):
