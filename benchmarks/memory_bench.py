@@ -7,7 +7,8 @@ half under tf.device("/GPU:0") and the rest under "/GPU:1"; a functional model, 
 run one after another, runs whole on /GPU:1 with the loss and the optimizer on /GPU:0) or
 `parameter_server` (the "Parameter server training" guide's in-process cluster with one worker and
 one ps: a ClusterCoordinator schedules a GradientTape step on the worker; the worker's runtime runs
-it, the ps holds the variables). The record is each device's predicted and measured peak
+it, the ps holds the variables). The models: six small ones, and `digits_cnn`, the worked example's own
+model (examples/digits_cnn) on a random batch of its input. The record is each device's predicted and measured peak
 (placement.json memory.predicted), the replay self-check's mismatched events, and the process wall
 time.
 """
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODELS = ("mlp", "cnn", "lstm", "transformer", "mobilenetv2", "resnet50")
+MODELS = ("mlp", "cnn", "lstm", "transformer", "mobilenetv2", "resnet50", "digits_cnn")
 STRATEGIES = ("mirrored", "split", "parameter_server")
 
 PROGRAM = '''
@@ -36,7 +37,7 @@ import tensorflow as tf
 MODEL, STRATEGY = sys.argv[1], sys.argv[2]
 BATCH = 32
 SHAPES = {"mlp": (64,), "cnn": (16, 16, 3), "lstm": (16, 8), "transformer": (16, 32), "mobilenetv2": (32, 32, 3),
-          "resnet50": (32, 32, 3)}
+          "resnet50": (32, 32, 3), "digits_cnn": (8, 8, 1)}
 
 
 def transformer(shape):
@@ -61,6 +62,9 @@ def build():
         return keras.Sequential([keras.Input(shape), keras.layers.LSTM(32), keras.layers.Dense(10)])
     if MODEL == "transformer":
         return transformer(shape)
+    if MODEL == "digits_cnn":  # the worked example's own model (examples/digits_cnn, on PYTHONPATH)
+        from digits_cnn.model import build_model
+        return build_model(SHAPES[MODEL], 10, seed=0, filters=16)
     if MODEL == "mobilenetv2":
         return keras.applications.MobileNetV2(input_shape=shape, alpha=0.35, weights=None, classes=10)
     return keras.applications.ResNet50(input_shape=shape, weights=None, classes=10)
@@ -184,8 +188,9 @@ def measure(spec: dict) -> dict[str, Any]:
     argv = [sys.executable, "-m", "pinpoint.cli", "trace", "--memory", "--gpus", "2", "--no-tracking",
             "--out", str(out / "trace"), str(prog), spec["model"], spec["strategy"]]
     t0 = time.perf_counter()
+    path = os.pathsep.join(filter(None, [str(EXAMPLE), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(argv, cwd=out, capture_output=True, text=True, check=False,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": path})
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"pinpoint trace {spec['model']} {spec['strategy']} exited {proc.returncode}: "

@@ -13,16 +13,17 @@ WORKER = "/job:worker/task:0/CPU:0"
 PS = "/job:ps/task:0/CPU:0"
 
 
-def _rpc_thread_xspace():
+def _rpc_thread_xspace(**no_op):
     """An RPC thread of the host plane: in one threadpool region, an allocation with no op (the
     receive's bytes arriving) and then the receive's asynchronous Done; in a later region, an
-    allocation with no receive after it (not a receive's)."""
+    allocation with no receive after it (not a receive's). `no_op`: the allocations' own `tf_op`
+    stat, as a TensorFlow version writes it when no op made them (2.21 writes none)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     xs = xplane_pb2.XSpace()
     plane = xs.planes.add(name="/host:CPU")
     for i, name in enumerate(("kernel_type", "name", "requested_bytes", "allocation_bytes", "addr",
-                              "bytes_allocated"), start=1):
+                              "bytes_allocated", "tf_op"), start=1):
         plane.stat_metadata[i].name = name
     for i, name in enumerate(("ThreadpoolListener::StartRegion", "MemoryAllocation",
                               "ExecutorState::ProcessAsync::Done", "ThreadpoolListener::StopRegion"), start=1):
@@ -33,29 +34,41 @@ def _rpc_thread_xspace():
         e = line.events.add(metadata_id=meta, offset_ps=at_us * US, duration_ps=US)
         for key, value in stats.items():
             sid = {"kernel_type": 1, "name": 2, "requested_bytes": 3, "allocation_bytes": 4, "addr": 5,
-                   "bytes_allocated": 6}[key]
+                   "bytes_allocated": 6, "tf_op": 7}[key]
             if isinstance(value, str):
                 e.stats.add(metadata_id=sid, str_value=value)
             else:
                 e.stats.add(metadata_id=sid, int64_value=value)
 
     event(1, 10)
-    event(2, 11, requested_bytes=4096, allocation_bytes=4096, addr=1, bytes_allocated=4096)
+    event(2, 11, requested_bytes=4096, allocation_bytes=4096, addr=1, bytes_allocated=4096, **no_op)
     event(3, 12, kernel_type="_Recv", name="grad/_7")
     event(4, 13)
     event(1, 20)
-    event(2, 21, requested_bytes=64, allocation_bytes=256, addr=2, bytes_allocated=4352)
+    event(2, 21, requested_bytes=64, allocation_bytes=256, addr=2, bytes_allocated=4352, **no_op)
     event(4, 22)
     return xs
 
 
-def test_an_rpc_threads_allocation_belongs_to_the_receive_done_after_it():
+@pytest.mark.parametrize("no_op", [{}, {"tf_op": "(null)"}], ids=["2.21", "2.16"])
+def test_an_rpc_threads_allocation_belongs_to_the_receive_done_after_it(no_op):
     from pinpoint.placement.memory import memory_events
     from pinpoint.placement.timing import receive_arrivals
 
-    xs = _rpc_thread_xspace()
+    xs = _rpc_thread_xspace(**no_op)
     assert ([(e.requested, e.op, e.kernel) for e in memory_events(xs)], receive_arrivals(xs)) == (
         [(4096, "", "grad/_7"), (64, "", "")], {"grad/_7": [12 * US]})
+
+
+def test_a_received_buffer_is_made_when_the_allocator_gave_it_not_at_the_receives_done():
+    """The receive's bytes got their buffer at 11 us and its Done came at 12 us: the replay makes the
+    buffer at 11 (a 256 KiB tensor's allocation came 20 us before its Done, and a buffer let go of
+    in between was still live beside it)."""
+    from pinpoint.placement.memory import memory_events
+    from pinpoint.placement.memory_predict import receive_times
+
+    xs = _rpc_thread_xspace()
+    assert receive_times(xs, memory_events(xs)) == {"grad/_7": [11 * US]}
 
 
 def _graph(*nodes):
@@ -90,6 +103,22 @@ def test_a_tensor_sent_to_another_task_is_a_new_buffer_there_and_held_here_until
     held = schedule.peaks(lambda n: sizes.get(n, []), devices.get, released={"relu": 9})
     at_send = schedule.peaks(lambda n: sizes.get(n, []), devices.get)
     assert (held, at_send) == ({WORKER: 250, PS: 100}, {WORKER: 200, PS: 100})
+
+
+def test_a_tensor_from_another_task_is_a_new_buffer_even_when_its_sender_is_unsized():
+    """The worker sends g, an IdentityN of a loop's sum whose shape inference left it unsized (the
+    LSTM's gate-weight gradient under parameter_server). The ps's receive is still a new buffer of
+    what the allocator gave it (100 B), which its MatMul reads: 100 + 80 B on the ps."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    worker = _graph(("s", "AddN", [], WORKER, ""), ("g", "IdentityN", ["s"], WORKER, ""),
+                    ("send", "_Send", ["g"], WORKER, "edge_g"))
+    ps = _graph(("recv", "_Recv", [], PS, "edge_g"), ("z", "MatMul", ["recv"], PS, ""))
+    nodes = [Node.of(n) for g in (worker, ps) for n in g.node]
+    devices = {n.name: n.device for g in (worker, ps) for n in g.node}
+    sizes = {"recv": [100], "z": [80]}  # (the receive's bytes as the allocator gave them; s and g unknown)
+    order = [("s", 0, 1), ("g", 1, 1), ("send", 2, 2), ("recv", 1, 4), ("z", 5, 6)]
+    assert Schedule.of(nodes, order).peaks(lambda n: sizes.get(n, []), devices.get)[PS] == 100 + 80
 
 
 def _dump(folder, name: str, devices: list[str]) -> None:

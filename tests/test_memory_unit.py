@@ -374,3 +374,47 @@ def test_a_loops_iterations_that_run_ahead_hold_their_tensors_together():
     order = [("g", 0, 1), ("g", 2, 3), ("A", 10, 11), ("A", 12, 13)]
     sizes = {"g": [100], "A": [100]}
     assert Schedule.of(nodes, order).peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0") == {"/GPU:0": 2 * 100}
+
+
+def _loop(body: list, pushes: list) -> list:
+    """A loop's frame around `body`: its variable h enters as h0 (Fill) through Enter, Merge (with
+    NextIteration of m) and Switch, and leaves through its Exit X; each push takes a list through an Enter of its own (both lists
+    are made by one EmptyTensorList node: TensorFlow merges identical ones) and its Switch."""
+    from pinpoint.placement.memory_predict import Node
+
+    frame = [Node("h0", "Fill"), Node("E", "Enter", (("h0", 0),)), Node("M", "Merge", (("E", 0), ("NI", 0))),
+             Node("p", "Const"), Node("S", "Switch", (("M", 0), ("p", 0))), Node("NI", "NextIteration", (("m", 0),)),
+             Node("X", "Exit", (("S", 0),)), Node("acc", "EmptyTensorList")]
+    for k, (name, item) in enumerate(pushes):
+        frame += [Node(f"LE{k}", "Enter", (("acc", 0),)), Node(f"LM{k}", "Merge", ((f"LE{k}", 0), (f"LN{k}", 0))),
+                  Node(f"LS{k}", "Switch", ((f"LM{k}", 0), ("p", 0))), Node(f"LN{k}", "NextIteration", ((name, 0),)),
+                  Node(name, "TensorListPushBack", ((f"LS{k}", 1), item)), Node(f"LX{k}", "Exit", ((f"LS{k}", 0),))]
+    return frame + body
+
+
+def test_a_loop_variables_push_holds_nothing_new_when_its_next_value_is_pushed_too():
+    """Each of 3 iterations makes m (MatMul of h, 100 B) and pushes it (P2); it also pushes h itself
+    (P1), which from the second iteration on is the previous m: the same buffer. The lists hold
+    m's three copies, not six more pushes' worth: 3 x 100 B + h0 (100 B, held until the loop exits)."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    nodes = _loop([Node("m", "MatMul", (("S", 1),))], [("P1", ("S", 1)), ("P2", ("m", 0))])
+    order = [("h0", 0, 1), *((n, 10 * k + 2 + 2 * j, 10 * k + 3 + 2 * j) for k in range(3)
+                             for j, n in enumerate(("P1", "m", "P2"))), ("X", 40, 41)]
+    schedule = Schedule.of(nodes, order)
+    assert (schedule.pushed_twice, schedule.peaks(lambda n: {"h0": [100], "m": [100]}.get(n, []),
+                                                  lambda n: "/GPU:0")) == ({"P1"}, {"/GPU:0": 100 + 3 * 100})
+
+
+def test_a_list_nothing_pops_is_dropped_when_its_loop_exits():
+    """3 iterations push x (100 B each); the gradient never pops that list (under parameter_server the
+    LSTM pushes the input kernel it receives). It is dropped at its Exit (t=40), so Z (500 B) runs
+    after it with h0 alone: 500 + 100 B, not 500 + 100 + 300."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    nodes = _loop([Node("m", "Identity", (("S", 1),)), Node("x", "MatMul"), Node("Z", "MatMul")],
+                  [("P", ("x", 0))])
+    order = [("h0", 0, 1), *((n, 10 * k + 2 + 2 * j, 10 * k + 3 + 2 * j) for k in range(3)
+                             for j, n in enumerate(("x", "P"))), ("LX0", 40, 41), ("Z", 50, 60), ("X", 70, 71)]
+    sizes = {"h0": [100], "x": [100], "Z": [500]}
+    assert Schedule.of(nodes, order).peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0") == {"/GPU:0": 600}

@@ -58,3 +58,25 @@ def test_no_batch_follows_from_the_bytes_of_an_element_holding_strings():
     assert row_bytes([(STRING, [None, 3]), (FLOAT, [None, 1])]) is None
     assert batch_size([(STRING, [None, 3]), (FLOAT, [None, 1])], [2136]) is None
     assert row_bytes([(INT64, [None, 3]), (FLOAT, [None, 1])]) == 3 * 8 + 4
+
+
+def test_a_loops_body_has_the_shape_its_variable_entered_with():
+    """A v1 while loop over x [32, 8]: TensorFlow's shape function of an Enter that is not a loop
+    constant gives an unknown shape, so the body's Relu has none on import. Sized as its first
+    iteration (loops=True), the body is x's shape: [32, 8], 1,024 B."""
+    tf = pytest.importorskip("tensorflow")
+    from pinpoint.placement.runshapes import infer_shapes
+
+    tf.compat.v1.disable_control_flow_v2()
+    try:
+        with tf.Graph().as_default() as g:
+            x = tf.compat.v1.placeholder(tf.float32, [32, 8], name="x")
+            tf.compat.v1.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.nn.relu(h, name="body_relu")),
+                                    [tf.constant(0), x])
+    finally:
+        tf.compat.v1.enable_control_flow_v2()
+    graph = g.as_graph_def()
+    relu = next(n.name for n in graph.node if n.name.endswith("body_relu"))
+    assert _shapes(tf, graph)[relu] is None  # TensorFlow's import alone
+    shapes, _ = infer_shapes([graph], None, set(), loops=True)
+    assert shapes[relu] == [(FLOAT, [32, 8])]

@@ -223,3 +223,75 @@ def test_variables_made_under_several_strategies_in_turn_are_all_reported_live_o
                         "sgd/learning_rate"]
     # temp on /GPU:0, once and the dropped model's six on /GPU:1, scratch on both.
     assert "+9 created and freed before the end: /GPU:0: 2, /GPU:1: 8" in proc.stdout
+
+
+PS_SLOTS = """
+    import json
+    import socket
+    import sys
+
+    import keras
+    import tensorflow as tf
+
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            return s.getsockname()[1]
+
+
+    # The "Parameter server training" guide's in-process cluster, one worker and one ps.
+    spec = tf.train.ClusterSpec({"worker": [f"localhost:{free_port()}"], "ps": [f"localhost:{free_port()}"]})
+    tf.distribute.Server(spec, job_name="worker", task_index=0, protocol="grpc",
+                         config=tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2))
+    tf.distribute.Server(spec, job_name="ps", task_index=0, protocol="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc"))
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        opt = keras.optimizers.Adam()
+        if sys.argv[1] == "build":
+            opt.build(model.trainable_variables)
+
+
+    @tf.function
+    def step():
+        def replica():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model(tf.ones([2, 4])))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+        strategy.run(replica)
+
+
+    for _ in range(2):
+        coordinator.schedule(step)
+    coordinator.join()
+    print("TRUTH", json.dumps({v.path: v.value.device for v in opt.variables
+                               if v.path.endswith(("_momentum", "_velocity"))}))
+"""
+
+
+@pytest.mark.parametrize("build", ["lazy", "build"])
+def test_keras_slots_made_inside_a_parameter_server_step_stay_on_the_coordinator_until_built_in_scope(build, tmp_path):
+    """Keras 3 makes Adam's slots at the first apply_gradients, inside the step; under the guide's
+    ParameterServerStrategy they land where TensorFlow says (the program prints each slot's device):
+    the coordinator's. The report says so and how to fix it: `optimizer.build` in the strategy's
+    scope, after which TensorFlow puts every slot on the ps and nothing is left to change."""
+    from pinpoint.placement.conformance import LAZY_SLOT_FIX
+    from pinpoint.placement.findings import findings
+    from pinpoint.placement.model import Placement
+    from pinpoint.trace.created import OPTIMIZER_APPLY
+
+    proc = trace([str(write(tmp_path, "ps.py", textwrap.dedent(PS_SLOTS))), build], cwd=tmp_path,
+                 out=tmp_path / "out")
+    slots = truth(proc)
+    p = placement(tmp_path / "out")
+    task = {dev: re.sub(r"/replica:0|device:", "", dev) for dev in slots.values()}  # the report's spelling
+    ours = {v["name"]: (v["devices"], (v.get("created") or {}).get("by")) for v in p["variables"] if v["name"] in slots}
+    fixes = [f.fix for f in findings(Placement.from_json(p)) if f.kind == "plan not obeyed"]
+    assert ({dev.split("/")[1] for dev in slots.values()}, len(slots), ours, fixes) == (
+        {"job:chief" if build == "lazy" else "job:ps"}, 4,
+        {name: ([task[dev]], OPTIMIZER_APPLY if build == "lazy" else None) for name, dev in slots.items()},
+        [LAZY_SLOT_FIX] if build == "lazy" else [])

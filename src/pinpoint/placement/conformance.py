@@ -199,6 +199,13 @@ def _ps_layer_rule(ops_rule: dict, layer: str, variables, pins: LayerPins | None
     return rule
 
 
+# Keras 3 builds an optimizer's slots at its first apply_gradients, inside the step: under
+# ParameterServerStrategy the coordinator creates them there, and each step sends them to the ps and back.
+LAZY_SLOT = "an optimizer slot Keras made at the first apply_gradients, inside the step: the coordinator holds it"
+LAZY_SLOT_FIX = ("build the optimizer inside strategy.scope() before the first step: "
+                 "optimizer.build(model.trainable_variables)")
+
+
 def _strategy_rules(compute, variables, strategy, device_map, namer, is_input) -> list[dict]:
     """What the strategy promises: where its variables live, and (mirrored) each replica's compute."""
     replicas = [namer.canonical_spec(d) for d in (getattr(device_map, "replica_devices", None) or [])]
@@ -211,7 +218,12 @@ def _strategy_rules(compute, variables, strategy, device_map, namer, is_input) -
     if strategy == "one_device" and replicas:
         return [_rule("strategy.variables_on_device", replicas[0], every)]
     if strategy == "parameter_server":
-        return [_rule("strategy.variables_on_ps", "/job:ps", every)]
+        rule = _rule("strategy.variables_on_ps", "/job:ps", every)
+        lazy = {v["name"] for v in variables if (v.get("created") or {}).get("by")}
+        for viol in rule["violations"]:
+            if viol["op"] in lazy:
+                viol["why"] = LAZY_SLOT
+        return [rule]
     return []
 
 

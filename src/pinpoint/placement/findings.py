@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pinpoint.placement.conformance import LAZY_SLOT, LAZY_SLOT_FIX
 from pinpoint.placement.model import Placement
 from pinpoint.placement.summary import human_bytes
 
@@ -68,6 +69,7 @@ def _conformance(p: Placement) -> list[Finding]:
         off = rule.violations_total or len(rule.violations)
         out.append(Finding("plan not obeyed", f"rule {rule.rule}: {off} of {rule.relevant} ran off {rule.planned}"
                            + (f" ({v.why})" if v.why else ""), v.op, v.placed,
+                           LAZY_SLOT_FIX if v.why == LAZY_SLOT else
                            f"pin {v.op} to {rule.planned}, or change the rule to where it runs", "conformance"))
     return out
 

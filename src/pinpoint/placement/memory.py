@@ -112,6 +112,8 @@ def memory_events(xspace) -> list[MemEvent]:
                 if meta is None or meta.name not in ("MemoryAllocation", "MemoryDeallocation"):
                     continue
                 s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
+                if s.get("tf_op") == NO_OP:
+                    s["tf_op"] = ""
                 out.append(MemEvent(time_ps=base + e.offset_ps, alloc=meta.name == "MemoryAllocation",
                                     addr=int(s.get("addr") or 0), requested=int(s.get("requested_bytes") or 0),
                                     allocated=int(s.get("allocation_bytes") or 0),
@@ -120,6 +122,10 @@ def memory_events(xspace) -> list[MemEvent]:
                                     kernel=_enclosing(kernels, e.offset_ps) or received.get(e.offset_ps, ""),
                                     allocator=str(s.get("allocator_name") or "")))
     return sorted(out, key=lambda e: e.time_ps)
+
+
+# TensorFlow 2.16's `tf_op` of an allocation no op made (2.21 leaves it empty): an RPC thread's.
+NO_OP = "(null)"
 
 
 def _received(line, plane, names: dict) -> dict[int, str]:

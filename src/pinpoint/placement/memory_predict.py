@@ -7,7 +7,7 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
 - a received tensor is the sent buffer itself (logical CPU devices share it; a GPU would copy it),
   written in place by its last reader once the send is done;
 - a tensor from another task crosses the RPC layer, even in one process: the receiver's copy is made
-  when its bytes arrive; the sender's buffer, and the receiver's, are held until the RPC layer lets
+  when its bytes start to arrive (the allocator's event), sized by them; the sender's buffer, and the receiver's, are held until the RPC layer lets
   go of them, at the times the allocator recorded (no kernel does it); an op whose output goes to
   another task never writes into an input (the executor allocates it for the RPC layer);
 - an element-wise op (and a collective all-reduce) writes into an input buffer of its size when it is
@@ -22,6 +22,8 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
   are copies its maker allocated (TensorListFromTensor), read without an allocation
   (TensorListGetItem), held until popped when pushed for the gradient; iterations run in parallel,
   so each run of a body kernel holds its output until its readers' runs of the same iteration end;
+  a list is known by the Enter that took it into its loop; a loop variable's push holds nothing new
+  when another push keeps its next value; a list nothing pops is dropped at its loop's Exit of it;
 
 - a kernel's scratch (the allocator's `temp` region: oneDNN's convolution and pooling workspaces)
   is held while it runs, as much as it asked for in the measured call.
@@ -244,12 +246,16 @@ class _Sim:
         """The sent buffer itself: its send's read passes to the receiver's readers (copies: a copy
         here, once the send is done, unless the sender is on this device)."""
         src = self.sent.get(n.tensor_name)
-        if not src or src not in self.buffers:
-            return
-        buf = self.buffers[src]
         remote = n.tensor_name in self.remote_names
-        if (self.copies or remote) and buf.device != device:
-            size = buf.bytes or (self.size_of(src[0]) or [0])[src[1]] or (self.size_of(n.name) or [0])[0]
+        # (another task's tensor is a new buffer whether or not the replay made its sender's: a
+        # gradient a loop summed may be unsized on its sender, but the receive's allocation is known)
+        if not src or (src not in self.buffers and not remote):
+            return
+        buf = self.buffers.get(src)
+        if remote or (self.copies and buf.device != device):
+            sizes = self.size_of(src[0])
+            size = ((buf.bytes if buf is not None else 0) or (sizes[src[1]] if src[1] < len(sizes) else 0)
+                    or (self.size_of(n.name) or [0])[0])
             if not remote:  # (another task's: the send's read went to the RPC layer at the send's end)
                 buf.refs -= 1  # the send's read: done once the copy is made
                 self.free_if_done(buf)
@@ -529,6 +535,78 @@ class Schedule:
                 return n.name
         return ""
 
+    def _list_key(self, t: tuple[str, int]) -> str:
+        """A loop's list, as its pushes and pops name it: the Enter that took it into the forward loop
+        (TensorFlow merges a function's identical empty lists into one node, so that node names many
+        lists), else the node that made it."""
+        enter = ""
+        for _ in range(64):
+            n = self.nodes.get(t[0])
+            if n is None:
+                return enter
+            if n.op in ("Enter", "RefEnter"):
+                enter = n.name
+            if n.op in _RECVS and n.tensor_name in self.sent:
+                t = self.sent[n.tensor_name]
+            elif (n.op in _ALIAS_FIRST or n.op in _MERGES) and n.inputs:
+                t = n.inputs[0]
+            else:
+                return enter or n.name
+        return enter
+
+    @cached_property
+    def _ends(self) -> Mapping[str, int]:
+        """Each node's last end over the replayed iterations."""
+        out: dict[str, int] = {}
+        for run in self.runs:
+            for t, starts, name in run:
+                if not starts:
+                    out[name] = max(out.get(name, t), t)
+        return out
+
+    def _dropped_at(self, key: str) -> int | None:
+        """When a list nothing pops is dropped: its loop's Exit of it, once what reads that Exit is done
+        (Keras' LSTM under parameter_server pushes the input kernel it receives each step; the gradient
+        never pops it, and the allocator freed all 16 when that Exit ran). None: no Exit found."""
+        merges = {n.name for n in self.nodes.values() if n.op in _MERGES and n.inputs and n.inputs[0][0] == key}
+        switches = {n.name for n in self.nodes.values() if n.op in ("Switch", "RefSwitch") and n.inputs
+                    and n.inputs[0][0] in merges}
+        exits = [n.name for n in self.nodes.values() if n.op in ("Exit", "RefExit") and n.inputs
+                 and n.inputs[0][0] in switches]
+        times = [self._ends[r] for x in exits for r in (*self.readers.get((x, 0), ()), x) if r in self._ends]
+        # (an Exit the replay did not place: the loop's last LoopCond, which sends the list to it)
+        times = times or [self._ends[p[0]] for x in switches for p in self.nodes[x].inputs[1:2] if p[0] in self._ends]
+        return max(times) if times else None
+
+    def _next_value(self, t: tuple[str, int]) -> str:
+        """For a loop variable's value (its Switch of the loop's Merge): the node that makes its value
+        for the next iteration (the Merge's NextIteration input), else ''."""
+        for _ in range(32):
+            n = self.nodes.get(t[0])
+            if n is None:
+                return ""
+            if n.op in _MERGES:
+                back = [self.nodes[i[0]] for i in n.inputs if i[0] in self.nodes
+                        and self.nodes[i[0]].op in ("NextIteration", "RefNextIteration")]
+                return self._list_source(back[0].inputs[0]) if back and back[0].inputs else ""
+            if n.op in _RECVS and n.tensor_name in self.sent:
+                t = self.sent[n.tensor_name]
+            elif n.op in _ALIAS_FIRST and n.inputs:
+                t = n.inputs[0]
+            else:
+                return ""
+        return ""
+
+    @cached_property
+    def pushed_twice(self) -> frozenset:
+        """The pushes of a loop variable whose next value another push of the loop keeps already: from
+        the second iteration on they push that same buffer (Keras' LSTM under parameter_server pushes
+        both h and the previous step's h), so they hold nothing new."""
+        pushes = [self.nodes[name] for name in self.lists if self.nodes[name].op == "TensorListPushBack"
+                  and len(self.nodes[name].inputs) > 1]
+        made = {self._list_source(p.inputs[1]) for p in pushes}
+        return frozenset(p.name for p in pushes if self._next_value(p.inputs[1]) in made - {""})
+
     @cached_property
     def popped_lists(self) -> Mapping[str, str]:
         """The TensorListFromTensor lists whose elements a loop pushes for its gradient (the forward
@@ -540,7 +618,7 @@ class Schedule:
             if n.op == "TensorListPushBack" and len(n.inputs) > 1:
                 item = self.nodes.get(self._list_source(n.inputs[1]))
                 if item is not None and item.op == "TensorListGetItem" and item.inputs:
-                    out[self._list_source(item.inputs[0])] = self._list_source(n.inputs[0])
+                    out[self._list_source(item.inputs[0])] = self._list_key(n.inputs[0])
         return out
 
     def _with_list_elements(self, size_of: Callable[[str], list[int]]) -> Callable[[str], list[int]]:
@@ -573,18 +651,23 @@ class Schedule:
                 changes += [(t, d, size) for t in ends[:1] if size]
                 pushed[(d, self.popped_lists.get(name, ""))] += size
                 continue
-            key = (d, self._list_source(n.inputs[0]) if n.inputs else "")
+            key = (d, self._list_key(n.inputs[0]) if n.inputs else "")
             if n.op != "TensorListPushBack":
                 pops[key] += ends
                 continue
-            size = self._element_bytes(n.inputs[1], size_of) if len(n.inputs) > 1 else 0
+            size = self._element_bytes(n.inputs[1], size_of) if len(n.inputs) > 1 and name not in self.pushed_twice \
+                else 0
             changes += [(t, d, size) for t in ends if size]
             pushed[key] += size * len(ends)
         # A pop's element is unsized: each pop frees its share of what was pushed into its list (the pops
         # of a list traced to no push: their share of what the device's lists no pop traced to hold).
         unmatched, spare = defaultdict(int), defaultdict(list)
         for (d, lst), size in pushed.items():
-            unmatched[d] += 0 if (d, lst) in pops else size
+            dropped = None if (d, lst) in pops else self._dropped_at(lst)
+            if dropped is not None:
+                changes.append((dropped, d, -size))
+            else:
+                unmatched[d] += 0 if (d, lst) in pops else size
         for (d, lst), ends in pops.items():
             if pushed.get((d, lst)):
                 changes += [(t, d, -(pushed[(d, lst)] // len(ends))) for t in ends]
@@ -796,7 +879,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     An output whose shape inference left unknown (a batch dimension that depends on the step) is
     sized by what its op really asked the allocator for (`events`, the call's allocator events)."""
     from pinpoint.placement.memory_batch import batch_of, scaled_outputs
-    from pinpoint.placement.timing import op_events, receive_arrivals
+    from pinpoint.placement.timing import op_events
 
     asked: dict[str, int] = {}
     asked_shape: dict[str, str] = {}
@@ -823,7 +906,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
             sizes[n.name] = tuple(out)
     op_order, _ = op_events(xspace)
     begin = min((e.start_ps for e in op_order), default=0)
-    arrived = receive_arrivals(xspace)
+    arrived = receive_times(xspace, events)
     order = tuple((e.name, e.start_ps - begin, max(e.start_ps + e.dur_ps, _arrival(arrived.get(e.name), e.start_ps)) - begin)
                   for e in op_order)
     replicas = len({devices[n.name] for n in nodes if _COLLECTIVE.match(_MKL.sub("", n.op)) and n.name in devices})
@@ -836,6 +919,19 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
                   {n.name: temps[n.name] for n in nodes if temps.get(n.name) and not _UPDATE.match(_MKL.sub("", n.op))
                    and n.op not in _LIST_MAKERS}, released
                   ), counts
+
+
+def receive_times(xspace, events: Iterable) -> dict[str, list[int]]:
+    """A receive from another task -> when each of its buffers was made (ps): the allocator's event, as
+    for the RPC layer's letting go (its bytes start to arrive then: a 256 KiB tensor's 20 us before its
+    ProcessAsync::Done), else that Done."""
+    from pinpoint.placement.timing import receive_arrivals
+
+    made: dict[str, list[int]] = defaultdict(list)
+    for e in events:
+        if e.alloc and not e.op and e.kernel:  # (memory.memory_events: the receive the RPC thread served)
+            made[e.kernel].append(e.time_ps)
+    return {**receive_arrivals(xspace), **{k: sorted(v) for k, v in made.items()}}
 
 
 def _rpc_released(nodes: Iterable[Node], devices: Mapping[str, str], events: Iterable) -> dict[str, int]:

@@ -270,6 +270,11 @@ def first_iteration(graph) -> int:
             n.input.extend([entry[0], *control])
             n.attr["N"].i = 1
             cut += 1
+    for n in graph.node:
+        # TensorFlow's shape function of an Enter knows its input's shape only for a loop constant;
+        # with the back edges cut, every Enter's output is its input (the first iteration's).
+        if n.op in ("Enter", "RefEnter"):
+            n.attr["is_constant"].b = True
     return cut
 
 

@@ -305,7 +305,7 @@ def _creations(created: Sequence[Mapping], rows: list[dict], handle_to_var: dict
     freed: list[dict] = []
     for rec in created:
         info = {"strategy": rec.get("strategy"), "requested": namer.canonical_spec(rec.get("requested") or ""),
-                "layer": rec.get("layer"), "source": rec.get("source")}
+                "layer": rec.get("layer"), "source": rec.get("source"), **({"by": rec["by"]} if rec.get("by") else {})}
         live = next((handle_to_var[h] for h in rec.get("handle_ids") or () if h in handle_to_var), None)
         if live is not None:
             rows[live].setdefault("created", info)

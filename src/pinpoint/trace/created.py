@@ -43,6 +43,7 @@ class Created:
     requested: str = ""
     layer: str | None = None
     source: str | None = None
+    by: str | None = None  # OPTIMIZER_APPLY: an optimizer's slot made at its first apply, inside a step
 
     @property
     def alive(self) -> bool:
@@ -110,7 +111,28 @@ def describe(var, requested: str, strategy: str | None) -> Created:
         bytes=int(size * int(np.prod(shape))) if shape is not None and None not in shape else None,
         components=[str(getattr(c, "device", "") or "") for c in comps],
         handles=[_weak(getattr(c, "handle", None)) for c in comps],
-        requested=requested, layer=layer or None, source=None if layer else _program_line())
+        requested=requested, layer=layer or None, source=None if layer else _program_line(),
+        by=OPTIMIZER_APPLY if _in_optimizer_apply() else None)
+
+
+OPTIMIZER_APPLY = "the optimizer's first apply"
+
+
+def _in_optimizer_apply() -> bool:
+    """Made inside a Keras optimizer's `apply` (its public method behind apply_gradients): Keras 3
+    builds the slots there, inside the training step, unless `optimizer.build` ran first."""
+    try:
+        import keras
+
+        base = keras.optimizers.Optimizer
+    except Exception:  # noqa: BLE001 - no Keras 3
+        return False
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_name == "apply" and isinstance(f.f_locals.get("self"), base):
+            return True
+        f = f.f_back
+    return False
 
 
 def _weak(obj):
@@ -158,7 +180,7 @@ def creation_rows(records: list[Created], eager_updates: dict | None = None) -> 
         rows.append({
             "name": r.name, "kind": r.kind, "class": r.cls, "strategy": r.strategy, "shape": r.shape,
             "dtype": r.dtype, "bytes": r.bytes, "components": list(r.components), "requested": r.requested,
-            "layer": r.layer, "source": r.source, "alive": r.alive,
+            "layer": r.layer, "source": r.source, "alive": r.alive, **({"by": r.by} if r.by else {}),
             "handle_ids": [id(h) for h in handles], "eager_update_devices": eager,
         })
     return tuple(rows)
