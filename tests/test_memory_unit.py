@@ -272,10 +272,11 @@ def test_a_kernels_scratch_is_held_while_it_runs():
     assert peaks == [{"/GPU:0": 500}, {"/GPU:0": 564}]
 
 
-def test_a_kernels_scratch_is_the_most_it_held_at_once():
-    """MaxPoolGrad's kernel asks for 128 KiB and then 64 KiB of scratch while the first is still held
-    (the bench's digits_cnn, in some runs): 192 KiB at once. A later run asks for them one after the
-    other (128 KiB at most): the most at once over its runs stays 192 KiB. Conv's 32 B, alone."""
+def test_a_kernels_scratch_is_the_most_it_held_at_once_and_freed_before_it_ended():
+    """MaxPoolGrad's kernel (0-10) asks for 128 KiB and then 64 KiB of scratch while the first is still
+    held (the bench's digits_cnn, in some runs): 192 KiB at once. Its later run (20-30) asks for them
+    one after the other. Einsum's kernel (40-50) makes a 64 KiB temp it hands on as its output (freed
+    at 60, after the kernel) beside 32 KiB of scratch: only the 32 KiB is scratch."""
     from pinpoint.placement.memory import MemEvent
     from pinpoint.placement.memory_predict import scratch_peaks
 
@@ -283,10 +284,12 @@ def test_a_kernels_scratch_is_the_most_it_held_at_once():
         return MemEvent(time_ps=t, alloc=alloc, addr=addr, requested=size, allocated=size, total_after=0, op=op,
                         region="temp")
 
-    events = [temp(0, True, 1, 131072), temp(1, True, 2, 65536), temp(2, False, 2, 65536), temp(3, False, 1, 131072),
-              temp(4, True, 1, 131072), temp(5, False, 1, 131072), temp(6, True, 3, 65536), temp(7, False, 3, 65536),
-              temp(8, True, 4, 32, op="conv"), temp(9, False, 4, 32, op="conv")]
-    assert scratch_peaks(events) == {"pool_grad": 131072 + 65536, "conv": 32}
+    events = [temp(1, True, 1, 131072), temp(2, True, 2, 65536), temp(3, False, 2, 65536), temp(4, False, 1, 131072),
+              temp(21, True, 1, 131072), temp(22, False, 1, 131072), temp(23, True, 3, 65536), temp(24, False, 3, 65536),
+              temp(41, True, 4, 65536, "einsum"), temp(42, True, 5, 32768, "einsum"), temp(43, False, 5, 32768, "einsum"),
+              temp(60, False, 4, 65536, "einsum")]
+    runs = {"pool_grad": [(0, 10), (20, 30)], "einsum": [(40, 50)]}
+    assert scratch_peaks(events, runs) == {"pool_grad": 131072 + 65536, "einsum": 32768}
 
 
 def test_a_parameter_server_coordinator_reads_each_serving_tasks_figures_and_names_the_missing(tmp_path):

@@ -26,7 +26,8 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
   when another push keeps its next value; a list nothing pops is dropped at its loop's Exit of it;
 
 - a kernel's scratch (the allocator's `temp` region: oneDNN's convolution and pooling workspaces)
-  is held while it runs: the most it held at once in the measured call.
+  is held while it runs: the most it held at once in the measured call, of the temps it freed
+  before it ended.
 
 What the rules leave out is said where the prediction is compared with the measurement: tf.data's
 host buffers.
@@ -889,7 +890,6 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
             asked_shape.setdefault(e.op, e.shape)
         elif e.alloc and not e.op and e.kernel:  # a remote receive's buffer (memory.memory_events)
             asked.setdefault(e.kernel, e.requested)
-    temps = scratch_peaks(events)
     counts = {"shapes": 0, "allocator": 0}
     nodes = tuple(Node.of(n) for g in partitions for n in g.node)
     sizes: dict[str, tuple[int, ...]] = {}
@@ -903,6 +903,10 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
         if any(out):
             sizes[n.name] = tuple(out)
     op_order, _ = op_events(xspace)
+    runs: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for e in op_order:
+        runs[e.name].append((e.start_ps, e.start_ps + e.dur_ps))
+    temps = scratch_peaks(events, runs)
     begin = min((e.start_ps for e in op_order), default=0)
     arrived = receive_times(xspace, events)
     order = tuple((e.name, e.start_ps - begin, max(e.start_ps + e.dur_ps, _arrival(arrived.get(e.name), e.start_ps)) - begin)
@@ -919,20 +923,32 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
                   ), counts
 
 
-def scratch_peaks(events: Iterable) -> dict[str, int]:
+def scratch_peaks(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -> dict[str, int]:
     """op -> the most scratch (the allocator's `temp` region) its kernels held at once, as measured:
-    MaxPoolGrad's oneDNN kernel holds two buffers together in some runs, and then their sum."""
-    scratch: dict[int, tuple[str, int]] = {}  # a live scratch buffer's address -> (op, bytes)
-    held: dict[str, int] = defaultdict(int)
-    out: dict[str, int] = {}
+    MaxPoolGrad's oneDNN kernel holds two buffers together in some runs, and then their sum. A temp
+    still live when its kernel ended (`runs`: op -> its kernels' (start, end), as the events' times)
+    is not scratch: Einsum hands one on as its output, which the replay counts as the output."""
+    allocs: dict[int, tuple[str, int, int]] = {}  # address -> (op, bytes, when)
+    spans: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # op -> (allocated, freed, bytes)
     for e in events:
         if e.alloc and e.op and e.region == "temp":
-            scratch[e.addr] = (e.op, e.requested)
-            held[e.op] += e.requested
-            out[e.op] = max(out.get(e.op, 0), held[e.op])
-        elif not e.alloc and e.addr in scratch:
-            op, size = scratch.pop(e.addr)
-            held[op] -= size
+            allocs[e.addr] = (e.op, e.requested, e.time_ps)
+        elif not e.alloc and e.addr in allocs:
+            op, size, t = allocs.pop(e.addr)
+            spans[op].append((t, e.time_ps, size))
+    out: dict[str, int] = {}
+    for op, lives in spans.items():
+        kernels = sorted(runs.get(op, ()))
+        starts = [s for s, _ in kernels]
+        changes = []
+        for t, freed, size in lives:
+            i = bisect.bisect_right(starts, t) - 1
+            if not kernels or (i >= 0 and freed <= kernels[i][1]):  # (no kernel event: as it was freed)
+                changes += [(t, size), (freed, -size)]
+        now = 0
+        for _, size in sorted(changes):  # (a free before an allocation at the same instant)
+            now += size
+            out[op] = max(out.get(op, 0), now)
     return out
 
 
