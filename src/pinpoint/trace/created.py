@@ -121,11 +121,10 @@ OPTIMIZER_APPLY = "the optimizer's first apply"
 def _in_optimizer_apply() -> bool:
     """Made inside a Keras optimizer's `apply` (its public method behind apply_gradients): Keras 3
     builds the slots there, inside the training step, unless `optimizer.build` ran first."""
+    keras = sys.modules.get("keras")  # (a program that never imported Keras made no Keras slot)
     try:
-        import keras
-
         base = keras.optimizers.Optimizer
-    except Exception:  # noqa: BLE001 - no Keras 3
+    except Exception:  # noqa: BLE001 - no Keras, or no Keras 3
         return False
     f = sys._getframe(2)
     while f is not None:
