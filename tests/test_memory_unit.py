@@ -422,8 +422,8 @@ def test_a_loop_variables_push_holds_nothing_new_when_its_next_value_is_pushed_t
     order = [("h0", 0, 1), *((n, 10 * k + 2 + 2 * j, 10 * k + 3 + 2 * j) for k in range(3)
                              for j, n in enumerate(("P1", "m", "P2"))), ("X", 40, 41)]
     schedule = Schedule.of(nodes, order)
-    assert (schedule.pushed_twice, schedule.peaks(lambda n: {"h0": [100], "m": [100]}.get(n, []),
-                                                  lambda n: "/GPU:0")) == ({"P1"}, {"/GPU:0": 100 + 3 * 100})
+    assert (dict(schedule.pushed_twice), schedule.peaks(lambda n: {"h0": [100], "m": [100]}.get(n, []),
+                                                  lambda n: "/GPU:0")) == ({"P1": "P2"}, {"/GPU:0": 100 + 3 * 100})
 
 
 def test_a_list_nothing_pops_is_dropped_when_its_loop_exits():
@@ -438,3 +438,36 @@ def test_a_list_nothing_pops_is_dropped_when_its_loop_exits():
                              for j, n in enumerate(("x", "P"))), ("LX0", 40, 41), ("Z", 50, 60), ("X", 70, 71)]
     sizes = {"h0": [100], "x": [100], "Z": [500]}
     assert Schedule.of(nodes, order).peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0") == {"/GPU:0": 600}
+
+
+def test_a_list_nothing_pops_is_held_until_its_last_push_when_that_runs_after_the_loops_end():
+    """The loop's last LoopCond (p, t=30) ran before its third push (t=51: iterations run in parallel,
+    and a push whose list the gradient never reads can lag). The list's Exit waits for that push, so
+    the list (two pushes, 200 B) and the third x (100 B, until its push) are still held while Z
+    (500 B) runs at 40-50, beside h0 (100 B): 900 B (dropped at the LoopCond, 600)."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    nodes = _loop([Node("m", "Identity", (("S", 1),)), Node("x", "MatMul"), Node("Z", "MatMul")],
+                  [("P", ("x", 0))])
+    order = [("h0", 0, 1), ("x", 2, 3), ("P", 4, 5), ("x", 12, 13), ("P", 14, 15), ("x", 22, 23), ("p", 30, 31),
+             ("Z", 40, 50), ("P", 51, 52), ("X", 70, 71)]
+    sizes = {"h0": [100], "x": [100], "Z": [500]}
+    assert Schedule.of(nodes, order).peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0") == {"/GPU:0": 900}
+
+
+def test_a_buffer_two_lists_hold_is_freed_by_the_later_of_its_pops():
+    """As in the loop-variable test, h's list (P1) and m's (P2) hold the same three m buffers. The
+    gradient pops all of m's list at once (Q2, t=50-52: a zeros_like of each, which runs ahead) and
+    h's one iteration at a time (Q1, t=60, 70, 80). Z (500 B) runs at 55-58: m's first popped buffer
+    is gone, the other two are still held by h's list (h0 left at the loop's Exit): 500 + 200 B."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    nodes = _loop([Node("m", "MatMul", (("S", 1),)), Node("Z", "MatMul"),
+                   Node("Q1", "TensorListPopBack", (("LX0", 0),)), Node("Q2", "TensorListPopBack", (("LX1", 0),))],
+                  [("P1", ("S", 1)), ("P2", ("m", 0))])
+    order = [("h0", 0, 1), *((n, 10 * k + 2 + 2 * j, 10 * k + 3 + 2 * j) for k in range(3)
+                             for j, n in enumerate(("P1", "m", "P2"))), ("X", 40, 41),
+             ("Q2", 50, 50), ("Q2", 51, 51), ("Q2", 52, 52), ("Z", 55, 58), ("Q1", 60, 60), ("Q1", 70, 70),
+             ("Q1", 80, 80)]
+    sizes = {"h0": [100], "m": [100], "Z": [500]}
+    assert Schedule.of(nodes, order).peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0") == {"/GPU:0": 500 + 200}

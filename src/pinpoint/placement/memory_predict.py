@@ -599,14 +599,25 @@ class Schedule:
         return ""
 
     @cached_property
-    def pushed_twice(self) -> frozenset:
-        """The pushes of a loop variable whose next value another push of the loop keeps already: from
-        the second iteration on they push that same buffer (Keras' LSTM under parameter_server pushes
-        both h and the previous step's h), so they hold nothing new."""
+    def pushed_twice(self) -> Mapping[str, str]:
+        """The pushes of a loop variable whose next value another push of the loop keeps already -> that
+        push: from the second iteration on they push that same buffer (Keras' LSTM under
+        parameter_server pushes both h and the previous step's h), so they hold nothing new."""
         pushes = [self.nodes[name] for name in self.lists if self.nodes[name].op == "TensorListPushBack"
                   and len(self.nodes[name].inputs) > 1]
-        made = {self._list_source(p.inputs[1]) for p in pushes}
-        return frozenset(p.name for p in pushes if self._next_value(p.inputs[1]) in made - {""})
+        made = {self._list_source(p.inputs[1]): p.name for p in pushes}
+        return {p.name: made[v] for p in pushes if (v := self._next_value(p.inputs[1])) and v in made}
+
+    def _shared_pops(self, pops: dict, device_of: Callable[[str], str]) -> None:
+        """A buffer two lists hold (see `pushed_twice`) is freed by the later of its two pops: the
+        keeping list's j-th pop (last in, first out) pops what the loop variable's list pops at its
+        (j-1)-th. The gradient's zeros_like of h pops all of h's list at once as the loop starts;
+        the MatMul that pops the same buffers from h's own list runs one iteration at a time."""
+        for twice, keeper in self.pushed_twice.items():
+            mine, its = ((device_of(n), self._list_key(self.nodes[n].inputs[0])) for n in (twice, keeper))
+            if pops.get(mine) and pops.get(its):
+                q, p = sorted(pops[its]), sorted(pops[mine])
+                pops[its] = [q[0], *(max(t, p[j]) if j < len(p) else t for j, t in enumerate(q[1:]))]
 
     @cached_property
     def popped_lists(self) -> Mapping[str, str]:
@@ -645,6 +656,7 @@ class Schedule:
         changes: list[tuple[int, str, int]] = []
         pushed: dict[tuple[str, str], int] = defaultdict(int)  # (device, list) -> bytes pushed over the call
         pops: dict[tuple[str, str], list[int]] = defaultdict(list)  # (device, list) -> when each pop ended
+        last_push: dict[tuple[str, str], int] = {}  # (device, list) -> when its last push ended
         for name, ends in self.lists.items():
             n, d = self.nodes[name], device_of(name)
             if n.op == "TensorListFromTensor":  # its elements, from when it made them until popped
@@ -660,13 +672,15 @@ class Schedule:
                 else 0
             changes += [(t, d, size) for t in ends if size]
             pushed[key] += size * len(ends)
+            last_push[key] = max(last_push.get(key, 0), *ends) if ends else last_push.get(key, 0)
+        self._shared_pops(pops, device_of)
         # A pop's element is unsized: each pop frees its share of what was pushed into its list (the pops
         # of a list traced to no push: their share of what the device's lists no pop traced to hold).
         unmatched, spare = defaultdict(int), defaultdict(list)
         for (d, lst), size in pushed.items():
             dropped = None if (d, lst) in pops else self._dropped_at(lst)
-            if dropped is not None:
-                changes.append((dropped, d, -size))
+            if dropped is not None:  # (its Exit waits for the last push: a late one runs past the loop's end)
+                changes.append((max(dropped, last_push.get((d, lst), 0)), d, -size))
             else:
                 unmatched[d] += 0 if (d, lst) in pops else size
         for (d, lst), ends in pops.items():
