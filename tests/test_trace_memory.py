@@ -160,15 +160,19 @@ def _parameter_server(folder: Path, workers: int) -> dict:
 def test_a_parameter_server_closure_is_measured_on_its_worker_with_the_variable_it_received(tmp_path):
     """One worker: w lives on the ps; the worker's runtime receives it over the RPC layer (a copy of
     its own, 2 MiB) and makes the product (1 MiB) while it is held. The allocator's totals replay
-    exactly; the prediction from the graphs TensorFlow wrote gives the same bytes."""
+    exactly; the prediction from the graphs TensorFlow wrote gives the same bytes. (The sum's scalar
+    joins them when gRPC lets go of w after the Sum began, as it did once in a loaded CI run: the peak
+    is then 4 B more, and the prediction may or may not see it.)"""
     memory = _parameter_server(tmp_path, 1)
     worker = memory["devices"]["/job:worker/task:0/CPU:0"]
     received, product = INNER * COLS * F32, ROWS * COLS * F32
     check = memory["self_check"]
-    assert ((check["mismatched"], check["replayed_peak"]), worker["peak_requested"],
-            sorted(x["requested"] for x in worker["at_peak"]),
-            memory["predicted"]["devices"]["/job:worker/task:0/CPU:0"]["predicted"]) == (
-        (0, check["allocator_peak"]), received + product, [product, received], received + product)
+    scalar = sum(x["requested"] for x in worker["at_peak"] if x["requested"] == F32)
+    predicted = memory["predicted"]["devices"]["/job:worker/task:0/CPU:0"]["predicted"]
+    assert ((check["mismatched"], check["replayed_peak"]), worker["peak_requested"] - scalar,
+            sorted(x["requested"] for x in worker["at_peak"] if x["requested"] != F32),
+            predicted in (received + product, received + product + scalar)) == (
+        (0, check["allocator_peak"]), received + product, [product, received], True)
 
 
 def test_two_workers_share_their_graphs_node_names_so_memory_says_why_it_has_no_split(tmp_path):
