@@ -503,57 +503,48 @@ class Schedule:
                    _frames(by_name), {name: tuple(r) for name, r in runs_of.items() if len(r) > 1
                                       and by_name[name].op not in _RECVS})
 
-    def _element_bytes(self, t: tuple[str, int], size_of: Callable[[str], list[int]]) -> int:
-        """The bytes of a pushed tensor, through the ops that pass a tensor on (a loop variable's
-        Switch, Merge, Enter, a receive); 0 for a variable's read (the list holds the variable's own
-        buffer, nothing new)."""
-        for _ in range(32):
+    def _passed(self, t: tuple[str, int]):
+        """(tensor, node) along the ops tensor t is passed on through (a receive's send, a loop
+        variable's Switch, Merge, Enter, an Identity...), ending with the node that made it, or with
+        None where the graphs lack the node (or the chain is longer than any loop's)."""
+        for _ in range(64):
             n = self.nodes.get(t[0])
-            if n is None or _MKL.sub("", n.op) in ("ReadVariableOp", "TensorListGetItem"):
-                return 0  # a variable's or a list's own buffer: the pushing list holds nothing new
-            sizes = size_of(t[0])
-            if t[1] < len(sizes) and sizes[t[1]]:
-                return sizes[t[1]]
+            yield t, n
+            if n is None:
+                return
             if n.op in _RECVS and n.tensor_name in self.sent:
                 t = self.sent[n.tensor_name]
             elif (n.op in _ALIAS_FIRST or n.op in _MERGES) and n.inputs:
                 t = n.inputs[0]
             else:
-                return 0
+                return
+        yield t, None
+
+    def _element_bytes(self, t: tuple[str, int], size_of: Callable[[str], list[int]]) -> int:
+        """The bytes of a pushed tensor, through the ops that pass a tensor on; 0 for a variable's read
+        (the list holds the variable's own buffer, nothing new)."""
+        for u, n in self._passed(t):
+            if n is None or _MKL.sub("", n.op) in ("ReadVariableOp", "TensorListGetItem"):
+                return 0  # a variable's or a list's own buffer: the pushing list holds nothing new
+            sizes = size_of(u[0])
+            if u[1] < len(sizes) and sizes[u[1]]:
+                return sizes[u[1]]
         return 0
 
     def _list_source(self, t: tuple[str, int]) -> str:
         """The node that made tensor t, through the ops that pass a tensor (or a list) on."""
-        for _ in range(32):
-            n = self.nodes.get(t[0])
-            if n is None:
-                return ""
-            if n.op in _RECVS and n.tensor_name in self.sent:
-                t = self.sent[n.tensor_name]
-            elif (n.op in _ALIAS_FIRST or n.op in _MERGES) and n.inputs:
-                t = n.inputs[0]
-            else:
-                return n.name
-        return ""
+        *_, (_, n) = self._passed(t)
+        return n.name if n is not None else ""
 
     def _list_key(self, t: tuple[str, int]) -> str:
         """A loop's list, as its pushes and pops name it: the Enter that took it into the forward loop
         (TensorFlow merges a function's identical empty lists into one node, so that node names many
         lists), else the node that made it."""
-        enter = ""
-        for _ in range(64):
-            n = self.nodes.get(t[0])
-            if n is None:
-                return enter
-            if n.op in ("Enter", "RefEnter"):
+        enter, n = "", None
+        for _, n in self._passed(t):
+            if n is not None and n.op in ("Enter", "RefEnter"):
                 enter = n.name
-            if n.op in _RECVS and n.tensor_name in self.sent:
-                t = self.sent[n.tensor_name]
-            elif (n.op in _ALIAS_FIRST or n.op in _MERGES) and n.inputs:
-                t = n.inputs[0]
-            else:
-                return enter or n.name
-        return enter
+        return enter or (n.name if n is not None else "")
 
     @cached_property
     def _ends(self) -> Mapping[str, int]:
@@ -565,15 +556,23 @@ class Schedule:
                     out[name] = max(out.get(name, t), t)
         return out
 
+    @cached_property
+    def _frame_ops(self) -> Mapping[str, Mapping[str, list[str]]]:
+        """"Merge", "Switch", "Exit" -> the node each takes its data from -> those nodes."""
+        out: dict[str, dict[str, list[str]]] = {k: defaultdict(list) for k in ("Merge", "Switch", "Exit")}
+        for n in self.nodes.values():
+            kind = n.op.removeprefix("Ref")
+            if kind in out and n.inputs:
+                out[kind][n.inputs[0][0]].append(n.name)
+        return out
+
     def _dropped_at(self, key: str) -> int | None:
         """When a list nothing pops is dropped: its loop's Exit of it, once what reads that Exit is done
         (Keras' LSTM under parameter_server pushes the input kernel it receives each step; the gradient
         never pops it, and the allocator freed all 16 when that Exit ran). None: no Exit found."""
-        merges = {n.name for n in self.nodes.values() if n.op in _MERGES and n.inputs and n.inputs[0][0] == key}
-        switches = {n.name for n in self.nodes.values() if n.op in ("Switch", "RefSwitch") and n.inputs
-                    and n.inputs[0][0] in merges}
-        exits = [n.name for n in self.nodes.values() if n.op in ("Exit", "RefExit") and n.inputs
-                 and n.inputs[0][0] in switches]
+        by = self._frame_ops
+        switches = {x for m in by["Merge"].get(key, ()) for x in by["Switch"].get(m, ())}
+        exits = [x for sw in switches for x in by["Exit"].get(sw, ())]
         times = [self._ends[r] for x in exits for r in (*self.readers.get((x, 0), ()), x) if r in self._ends]
         # (an Exit the replay did not place: the loop's last LoopCond, which sends the list to it)
         times = times or [self._ends[p[0]] for x in switches for p in self.nodes[x].inputs[1:2] if p[0] in self._ends]
@@ -582,20 +581,13 @@ class Schedule:
     def _next_value(self, t: tuple[str, int]) -> str:
         """For a loop variable's value (its Switch of the loop's Merge): the node that makes its value
         for the next iteration (the Merge's NextIteration input), else ''."""
-        for _ in range(32):
-            n = self.nodes.get(t[0])
-            if n is None:
+        for _, n in self._passed(t):
+            if n is None or n.op not in _MERGES and n.op not in _ALIAS_FIRST and n.op not in _RECVS:
                 return ""
             if n.op in _MERGES:
                 back = [self.nodes[i[0]] for i in n.inputs if i[0] in self.nodes
                         and self.nodes[i[0]].op in ("NextIteration", "RefNextIteration")]
                 return self._list_source(back[0].inputs[0]) if back and back[0].inputs else ""
-            if n.op in _RECVS and n.tensor_name in self.sent:
-                t = self.sent[n.tensor_name]
-            elif n.op in _ALIAS_FIRST and n.inputs:
-                t = n.inputs[0]
-            else:
-                return ""
         return ""
 
     @cached_property
