@@ -53,6 +53,7 @@ _UPDATE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+)$")
 _MERGES = {"Merge", "RefMerge"}
 _RECVS = {"_Recv", "_HostRecv"}
 _SENDS = {"_Send", "_HostSend"}
+_SCRATCH = "scratch"  # a Schedule step: a kernel's scratch made after its start (`Replay.temp_after`)
 _NOTHING = {"Const", "HostConst", "_Arg", "_DeviceArg", "VarHandleOp", "NoOp", "ControlTrigger"}
 _CWISE = {"Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Softplus", "Exp", "Log", "Log1p", "Neg",
           "Square", "Sqrt", "Rsqrt", "Abs", "Sign", "Reciprocal", "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div",
@@ -153,6 +154,8 @@ class _Sim:
     # The nodes whose output (sent away, or received) the RPC layer let go of at a known time.
     let_go: frozenset = frozenset()
     waiting: dict = field(default_factory=dict)  # such a node -> its buffer, until then
+    temp_after: frozenset = frozenset()  # the nodes whose scratch is made after their kernel's start
+    running: set = field(default_factory=set)  # the kernels started and not ended
     gone: set = field(default_factory=set)  # such nodes the RPC layer let go of before they were held
 
     def new(self, key, device: str, size: int, refs: int) -> _Buffer:
@@ -202,8 +205,9 @@ class _Sim:
 
     def start(self, n: Node, device: str) -> None:
         op, inputs, reads = _MKL.sub("", n.op), _data_inputs(n), self.readers
-        if self.temps.get(n.name):  # its kernel's scratch, returned when it ends
-            self.new((n.name, -3), device, self.temps[n.name], 1)
+        self.running.add(n.name)
+        if n.name not in self.temp_after:
+            self.scratch(n, device)
         if op in ("Const", "HostConst") and self.first_call:
             # A constant's tensor is made when its kernel is, at the function's first call, and kept.
             for k, size in enumerate(self.size_of(n.name)):
@@ -242,6 +246,11 @@ class _Sim:
                 self.buffers[(n.name, 0)].refs += 1  # a loop variable's initial value: held until its Exit
             return
         self.compute(n, op, inputs, device)
+
+    def scratch(self, n: Node, device: str) -> None:
+        """Its kernel's scratch while it runs (returned when it ends)."""
+        if self.temps.get(n.name) and n.name in self.running and (n.name, -3) not in self.buffers:
+            self.new((n.name, -3), device, self.temps[n.name], 1)
 
     def receive(self, n: Node, device: str) -> None:
         """The sent buffer itself: its send's read passes to the receiver's readers (copies: a copy
@@ -365,6 +374,7 @@ class _Sim:
             self.let_go_of(name)
 
     def end(self, n: Node, device: str) -> None:
+        self.running.discard(n.name)
         if _MKL.sub("", n.op) in _RECVS and n.tensor_name in self.remote_names:
             self.receive(n, device)
         if n.name in self.frames:  # the loop is done with its variable's initial value
@@ -721,10 +731,11 @@ class Schedule:
 
     def peaks(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str], group_size: int = 1,
               first_call: bool = False, copies: bool = False, temps: Mapping[str, int] | None = None,
-              released: Mapping[str, int] | None = None) -> dict[str, int]:
+              released: Mapping[str, int] | None = None, temp_after: Mapping[str, int] | None = None
+              ) -> dict[str, int]:
         """Each device's peak (bytes requested) with node -> device_of(node); `copies`: a tensor read
         on another device than its maker's is a copy there (a GPU machine's); `temps`: each kernel's
-        scratch while it runs; `released`: when the RPC layer let go of a node's output it sent to
+        scratch while it runs (from `temp_after` its start, else from it); `released`: when the RPC layer let go of a node's output it sent to
         another task (the trace's time)."""
         out: dict[str, int] = {}
         previous = None
@@ -740,16 +751,20 @@ class Schedule:
             counts = defaultdict(int, {t: len(r) for t, r in self.readers.items()})
             sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies,
                        temps=temps or {}, frames=self.frames, remote=remote, remote_names=remote_names,
-                       let_go=frozenset(name for _, _, name in let_go))
+                       let_go=frozenset(name for _, _, name in let_go), temp_after=frozenset(temp_after or ()))
             if previous is not None:
                 sim.carry(previous)
             if copies:
                 for t, names in self.readers.items():
                     for name in names:
                         sim.on[(t, device_of(name))] = sim.on.get((t, device_of(name)), 0) + 1
-            for t, starts, name in (sorted(run + tuple(let_go), key=lambda x: x[0]) if let_go else run):
+            later = tuple((t + temp_after[name], _SCRATCH, name) for t, starts, name in run
+                          if starts is True and name in sim.temp_after)
+            for t, starts, name in (sorted(run + tuple(let_go) + later, key=lambda x: x[0]) if let_go or later else run):
                 if starts is None:
                     sim.let_go_of(name)
+                elif starts is _SCRATCH:
+                    sim.scratch(self.nodes[name], device_of(name))
                 elif starts:
                     sim.start(self.nodes[name], device_of(name))
                 else:
@@ -851,6 +866,9 @@ class Replay:
     # node -> when the RPC layer let go of its output sent to another task (as `order`'s times): the
     # allocator's own event, for no kernel does it (its time depends on gRPC, not on the graph).
     released: Mapping[str, int] = field(default_factory=dict)
+    # node -> how long after its kernel's start it held that scratch (ps, as measured): two kernels that
+    # ran at once each held their most at another time (a transformer's two Einsum gradients).
+    temp_after: Mapping[str, int] = field(default_factory=dict)
 
     @cached_property
     def schedule(self) -> Schedule:
@@ -862,14 +880,15 @@ class Replay:
     def peaks(self, device_of: Callable[[str], str] | None = None, copies: bool = False) -> dict[str, int]:
         """Each device's peak over the call, every node on device_of(node) (default: where it ran)."""
         return self.schedule.peaks(self.size_of, device_of or (lambda name: self.devices.get(name, "")),
-                                   self.replicas or 1, self.first_call, copies, self.temps, self.released)
+                                   self.replicas or 1, self.first_call, copies, self.temps, self.released,
+                                   self.temp_after)
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": [[n.name, n.op, [list(t) for t in n.inputs], n.tensor_name] for n in self.nodes],
                 "order": [list(x) for x in self.order], "sizes": {k: list(v) for k, v in self.sizes.items()},
                 "devices": dict(self.devices), "replicas": self.replicas, "first_call": self.first_call,
                 "batch": self.batch, "scaled": {k: list(v) for k, v in self.scaled.items()}, "temps": dict(self.temps),
-                "released": dict(self.released)}
+                "released": dict(self.released), "temp_after": dict(self.temp_after)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Replay:
@@ -877,7 +896,7 @@ class Replay:
         return cls(nodes, tuple((a, int(b), int(c)) for a, b, c in d["order"]),
                    {k: tuple(v) for k, v in d["sizes"].items()}, dict(d["devices"]), int(d.get("replicas") or 0),
                    bool(d.get("first_call")), d.get("batch"), {k: tuple(v) for k, v in (d.get("scaled") or {}).items()},
-                   dict(d.get("temps") or {}), dict(d.get("released") or {}))
+                   dict(d.get("temps") or {}), dict(d.get("released") or {}), dict(d.get("temp_after") or {}))
 
 
 def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
@@ -912,7 +931,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     runs: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for e in op_order:
         runs[e.name].append((e.start_ps, e.start_ps + e.dur_ps))
-    temps = scratch_peaks(events, runs)
+    temps, temp_after = scratch_peaks(events, runs), scratch_delays(events, runs)
     begin = min((e.start_ps for e in op_order), default=0)
     arrived = receive_times(xspace, events)
     made = output_times(events)
@@ -926,7 +945,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
                   scaled_outputs(nodes, shapes, sizes, batch, asked_shape),
                   # (an update's copy-on-write copy is the update rule's, not a scratch)
                   {n.name: temps[n.name] for n in nodes if temps.get(n.name) and not _UPDATE.match(_MKL.sub("", n.op))
-                   and n.op not in _LIST_MAKERS}, released
+                   and n.op not in _LIST_MAKERS}, released, temp_after
                   ), counts
 
 
@@ -935,6 +954,16 @@ def scratch_peaks(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -
     MaxPoolGrad's oneDNN kernel holds two buffers together in some runs, and then their sum. A temp
     still live when its kernel ended (`runs`: op -> its kernels' (start, end), as the events' times)
     is not scratch: Einsum hands one on as its output, which the replay counts as the output."""
+    return {op: size for op, (size, _) in _scratch(events, runs).items()}
+
+
+def scratch_delays(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -> dict[str, int]:
+    """op -> how long after its kernel's start it first held that most scratch (ps; see `scratch_peaks`)."""
+    return {op: after for op, (_, after) in _scratch(events, runs).items() if after}
+
+
+def _scratch(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -> dict[str, tuple[int, int]]:
+    """op -> (the most scratch its kernels held at once, ps from its kernel's start until it did)."""
     allocs: dict[int, tuple[str, int, int]] = {}  # address -> (op, bytes, when)
     spans: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # op -> (allocated, freed, bytes)
     for e in events:
@@ -943,7 +972,7 @@ def scratch_peaks(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -
         elif not e.alloc and e.addr in allocs:
             op, size, t = allocs.pop(e.addr)
             spans[op].append((t, e.time_ps, size))
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, int]] = {}
     for op, lives in spans.items():
         kernels = sorted(runs.get(op, ()))
         starts = [s for s, _ in kernels]
@@ -953,9 +982,11 @@ def scratch_peaks(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -
             if not kernels or (i >= 0 and freed <= kernels[i][1]):  # (no kernel event: as it was freed)
                 changes += [(t, size), (freed, -size)]
         now = 0
-        for _, size in sorted(changes):  # (a free before an allocation at the same instant)
+        for t, size in sorted(changes):  # (a free before an allocation at the same instant)
             now += size
-            out[op] = max(out.get(op, 0), now)
+            if now > out.get(op, (0, 0))[0]:
+                i = bisect.bisect_right(starts, t) - 1
+                out[op] = (now, t - kernels[i][0] if i >= 0 else 0)
     return out
 
 
