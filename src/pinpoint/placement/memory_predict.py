@@ -735,8 +735,8 @@ class Schedule:
               ) -> dict[str, int]:
         """Each device's peak (bytes requested) with node -> device_of(node); `copies`: a tensor read
         on another device than its maker's is a copy there (a GPU machine's); `temps`: each kernel's
-        scratch while it runs (from `temp_after` its start, else from it); `released`: when the RPC layer let go of a node's output it sent to
-        another task (the trace's time)."""
+        scratch while it runs (made `temp_after` its start, else at it); `released`: when the RPC
+        layer let go of a node's output it sent to another task (the trace's time)."""
         out: dict[str, int] = {}
         previous = None
         lists = self.held_in_lists(size_of, device_of)
@@ -934,7 +934,8 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     temps, temp_after = scratch_peaks(events, runs), scratch_delays(events, runs)
     begin = min((e.start_ps for e in op_order), default=0)
     arrived = receive_times(xspace, events)
-    made = output_times(events)
+    # (a kernel with scratch keeps its start: its scratch's time is counted from it, `temp_after`)
+    made = {op: times for op, times in output_times(events).items() if op not in temps}
     order = tuple((e.name, _made(made.get(e.name), e.start_ps, e.start_ps + e.dur_ps) - begin,
                    max(e.start_ps + e.dur_ps, _arrival(arrived.get(e.name), e.start_ps)) - begin) for e in op_order)
     replicas = len({devices[n.name] for n in nodes if _COLLECTIVE.match(_MKL.sub("", n.op)) and n.name in devices})
