@@ -484,3 +484,12 @@ def test_a_buffer_two_lists_hold_is_freed_by_the_later_of_its_pops():
              ("Q1", 80, 80)]
     sizes = {"h0": [100], "m": [100], "Z": [500]}
     assert Schedule.of(nodes, order).peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0") == {"/GPU:0": 500 + 200}
+
+
+def test_a_kernel_starts_in_the_replay_when_it_got_its_first_output_buffer_inside_its_run():
+    """A kernel traced from 100 to 200 whose output the allocator gave at 160 (an earlier one, at 50,
+    was another run's) starts at 160; one whose only allocation came at 250, after its run, or that
+    allocated nothing, keeps its traced start."""
+    from pinpoint.placement.memory_predict import kernel_start
+
+    assert [kernel_start(made, 100, 200) for made in ([50, 160, 170], [250], None)] == [160, 100, 100]

@@ -674,7 +674,7 @@ class Schedule:
                 else 0
             changes += [(t, d, size) for t in ends if size]
             pushed[key] += size * len(ends)
-            last_push[key] = max(last_push.get(key, 0), *ends) if ends else last_push.get(key, 0)
+            last_push[key] = max([last_push.get(key, 0), *ends])
         self._shared_pops(pops, device_of)
         # A pop's element is unsized: each pop frees its share of what was pushed into its list (the pops
         # of a list traced to no push: their share of what the device's lists no pop traced to hold).
@@ -909,10 +909,12 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
 
     asked: dict[str, int] = {}
     asked_shape: dict[str, str] = {}
+    made: dict[str, list[int]] = defaultdict(list)  # op -> when the allocator gave each of its outputs
     for e in events:
         if e.alloc and e.op and e.region == "output":
             asked.setdefault(e.op, e.requested)
             asked_shape.setdefault(e.op, e.shape)
+            made[e.op].append(e.time_ps)
         elif e.alloc and not e.op and e.kernel:  # a remote receive's buffer (memory.memory_events)
             asked.setdefault(e.kernel, e.requested)
     counts = {"shapes": 0, "allocator": 0}
@@ -931,12 +933,14 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     runs: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for e in op_order:
         runs[e.name].append((e.start_ps, e.start_ps + e.dur_ps))
-    temps, temp_after = scratch_peaks(events, runs), scratch_delays(events, runs)
+    scratch = _scratch(events, runs)
+    temps = {op: size for op, (size, _) in scratch.items()}
+    temp_after = {op: after for op, (_, after) in scratch.items() if after}
     begin = min((e.start_ps for e in op_order), default=0)
     arrived = receive_times(xspace, events)
     # (a kernel with scratch keeps its start: its scratch's time is counted from it, `temp_after`)
-    made = {op: times for op, times in output_times(events).items() if op not in temps}
-    order = tuple((e.name, _made(made.get(e.name), e.start_ps, e.start_ps + e.dur_ps) - begin,
+    order = tuple((e.name, (e.start_ps if e.name in temps else kernel_start(made.get(e.name), e.start_ps,
+                                                                            e.start_ps + e.dur_ps)) - begin,
                    max(e.start_ps + e.dur_ps, _arrival(arrived.get(e.name), e.start_ps)) - begin) for e in op_order)
     replicas = len({devices[n.name] for n in nodes if _COLLECTIVE.match(_MKL.sub("", n.op)) and n.name in devices})
     released = {name: t - begin for name, t in _rpc_released(nodes, devices, events).items()}
@@ -991,22 +995,13 @@ def _scratch(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -> dic
     return out
 
 
-def output_times(events: Iterable) -> dict[str, list[int]]:
-    """op -> when the allocator gave each of its outputs' buffers (ps, in order)."""
-    out: dict[str, list[int]] = defaultdict(list)
-    for e in events:
-        if e.alloc and e.op and e.region == "output":
-            out[e.op].append(e.time_ps)
-    return out
-
-
-def _made(times: list[int] | None, start: int, end: int) -> int:
-    """A kernel's start as the replay makes its outputs: when it got its first output buffer, if
-    that was inside its run. On a loaded machine a kernel can wait long between its start and its
-    allocation: a parameter server's Square began 60 us before its output existed, while three
-    buffers it outlived were let go (+21% with them held together)."""
-    i = bisect.bisect_left(times or [], start)
-    return times[i] if times and i < len(times) and times[i] <= end else start
+def kernel_start(made: list[int] | None, start: int, end: int) -> int:
+    """A kernel's start as the replay makes its outputs: when it got its first output buffer (`made`:
+    the allocator's times, in order), if that was inside its run. On a loaded machine a kernel can
+    wait long between its start and its allocation: a parameter server's Square began 60 us before
+    its output existed, while three buffers it outlived were let go (+21% with them held together)."""
+    first = _arrival(made, start)
+    return first if first <= end else start
 
 
 def receive_times(xspace, events: Iterable) -> dict[str, list[int]]:
