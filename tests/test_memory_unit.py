@@ -493,3 +493,34 @@ def test_a_kernel_starts_in_the_replay_when_it_got_its_first_output_buffer_insid
     from pinpoint.placement.memory_predict import kernel_start
 
     assert [kernel_start(made, 100, 200) for made in ([50, 160, 170], [250], None)] == [160, 100, 100]
+
+
+def _late_reader():
+    """b reads a (300 B) from 2 to 10; c (200 B) is made at 12; d reads b and c from 14 to 15."""
+    from pinpoint.placement.memory_predict import Node, Replay
+
+    nodes = (Node("a", "MatMul"), Node("b", "MatMul", (("a", 0),)), Node("c", "MatMul"),
+             Node("d", "ConcatV2", (("b", 0), ("c", 0))))
+    order = (("a", 0, 1), ("b", 2, 10), ("c", 12, 13), ("d", 14, 15))
+    return Replay(nodes, order, {"a": (300,), "b": (100,), "c": (200,), "d": (50,)}, dict.fromkeys("abcd", "/GPU:0"))
+
+
+def test_a_kernels_inputs_are_let_go_of_when_the_allocator_freed_them_after_its_end():
+    """The allocator freed a at 15, 5 after b ended (a loaded machine's executor: a CNN's gradient buffer
+    179 us after its reader in a bench run), so a, b, c and d were live together: 650 B. Let go of at
+    b's end, the replay's peak would be a and b's 400 B. d's inputs were freed at 16."""
+    from dataclasses import replace
+
+    from pinpoint.placement.memory_predict import input_lags
+
+    replay = _late_reader()
+    lags = input_lags(replay, {"a": [15], "b": [16], "c": [16]})
+    assert (lags, replay.peaks(), replace(replay, inputs_after=lags).peaks()) == (
+        {"b": 5, "d": 1}, {"/GPU:0": 400}, {"/GPU:0": 650})
+
+
+def test_a_free_long_after_a_kernels_end_or_before_it_is_not_its_inputs_being_let_go_of():
+    """a freed 2 ms after b's end was let go of by something else; a free before b's end is no lag."""
+    from pinpoint.placement.memory_predict import input_lags
+
+    assert [input_lags(_late_reader(), {"a": [t]}) for t in (10 + 2_000_000_000, 9)] == [{}, {}]

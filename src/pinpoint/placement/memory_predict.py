@@ -12,7 +12,8 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
   another task never writes into an input (the executor allocates it for the RPC layer);
 - an element-wise op (and a collective all-reduce) writes into an input buffer of its size when it is
   that buffer's last reader;
-- a buffer is freed when the last op reading it (through any alias) has finished;
+- a buffer is freed when the last op reading it (through any alias) has finished: when the executor
+  let go of that op's inputs, the allocator's time (on a loaded machine well after the op's end);
 - a collective all-reduce holds a chunk of its input (input / group size) while it runs;
 - an update of a variable that a read still holds copies the variable first (copy-on-write), and
   the copy is the variable from then on;
@@ -39,7 +40,7 @@ import bisect
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -54,6 +55,10 @@ _MERGES = {"Merge", "RefMerge"}
 _RECVS = {"_Recv", "_HostRecv"}
 _SENDS = {"_Send", "_HostSend"}
 _SCRATCH = "scratch"  # a Schedule step: a kernel's scratch made after its start (`Replay.temp_after`)
+_INPUTS = "inputs"  # a Schedule step: a kernel's inputs let go of after its end (`Replay.inputs_after`)
+# The longest an executor's letting go of a kernel's inputs is taken to lag its end (ps): a longer gap
+# is another reader's, not this kernel's (a loaded machine's seen: 179 us).
+_LATE_INPUTS = 1_000_000_000
 _NOTHING = {"Const", "HostConst", "_Arg", "_DeviceArg", "VarHandleOp", "NoOp", "ControlTrigger"}
 _CWISE = {"Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Softplus", "Exp", "Log", "Log1p", "Neg",
           "Square", "Sqrt", "Rsqrt", "Abs", "Sign", "Reciprocal", "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div",
@@ -85,6 +90,7 @@ class _Buffer:
     shared: bool = False  # a variable's own buffer, which a read only borrows (never written in place)
     holds: _Buffer | None = None  # a read's: the variable's old buffer it keeps alive after a copy-on-write
     pinned: bool = False  # a received buffer the RPC layer still holds: kept after its last reader
+    maker: str = ""  # the node that allocated it (its aliases share it)
 
 
 def _tensor(inp: str) -> tuple[str, int]:
@@ -156,10 +162,12 @@ class _Sim:
     waiting: dict = field(default_factory=dict)  # such a node -> its buffer, until then
     temp_after: frozenset = frozenset()  # the nodes whose scratch is made after their kernel's start
     running: set = field(default_factory=set)  # the kernels started and not ended
+    late: frozenset = frozenset()  # the kernels whose inputs are let go of after their end (inputs_after)
+    freed: dict | None = None  # kernel -> the makers of the buffers its reads' end freed (recorded)
     gone: set = field(default_factory=set)  # such nodes the RPC layer let go of before they were held
 
     def new(self, key, device: str, size: int, refs: int) -> _Buffer:
-        buf = self.buffers[key] = _Buffer(device, size, refs)
+        buf = self.buffers[key] = _Buffer(device, size, refs, maker=key[0])
         self.made[key[0]].append(buf)
         self.live[device] += size
         self.peak[device] = max(self.peak[device], self.live[device])
@@ -397,14 +405,21 @@ class _Sim:
                         self.rpc_holds(t[0], buf)
                     buf.refs -= 1
                     self.free_if_done(buf)
-        elif _MKL.sub("", n.op) not in _SENDS:  # a send's read passes to its receiver
-            for t in _data_inputs(n):
-                buf = self.get(t, device)
-                if buf is not None:
-                    buf.refs -= 1
-                    self.free_if_done(buf)
+        elif _MKL.sub("", n.op) not in _SENDS and n.name not in self.late:  # (a send's read: its receiver's)
+            self.let_inputs_go(n, device)
         for buf in self.made.get(n.name, ()):  # outputs that nothing that ran reads
             self.free_if_done(buf)
+
+    def let_inputs_go(self, n: Node, device: str) -> None:
+        """Its reads are done: each input has one reader less (`freed`: what that freed, by maker)."""
+        for t in _data_inputs(n):
+            buf = self.get(t, device)
+            if buf is not None:
+                held = buf.bytes
+                buf.refs -= 1
+                self.free_if_done(buf)
+                if self.freed is not None and held and not buf.bytes and buf.maker:
+                    self.freed[n.name].add(buf.maker)
 
 def _with_inline_ops(nodes: dict, ran: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
     """The kernels the trace shows, and the cheap ones it does not (the executor runs a Reshape or an
@@ -731,12 +746,14 @@ class Schedule:
 
     def peaks(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str], group_size: int = 1,
               first_call: bool = False, copies: bool = False, temps: Mapping[str, int] | None = None,
-              released: Mapping[str, int] | None = None, temp_after: Mapping[str, int] | None = None
-              ) -> dict[str, int]:
+              released: Mapping[str, int] | None = None, temp_after: Mapping[str, int] | None = None,
+              inputs_after: Mapping[str, int] | None = None, record: dict | None = None) -> dict[str, int]:
         """Each device's peak (bytes requested) with node -> device_of(node); `copies`: a tensor read
         on another device than its maker's is a copy there (a GPU machine's); `temps`: each kernel's
         scratch while it runs (made `temp_after` its start, else at it); `released`: when the RPC
-        layer let go of a node's output it sent to another task (the trace's time)."""
+        layer let go of a node's output it sent to another task (the trace's time); `inputs_after`:
+        how long after its end a kernel's inputs were let go of; `record`: kernel -> the makers of
+        the buffers its end freed (filled)."""
         out: dict[str, int] = {}
         previous = None
         lists = self.held_in_lists(size_of, device_of)
@@ -751,7 +768,8 @@ class Schedule:
             counts = defaultdict(int, {t: len(r) for t, r in self.readers.items()})
             sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies,
                        temps=temps or {}, frames=self.frames, remote=remote, remote_names=remote_names,
-                       let_go=frozenset(name for _, _, name in let_go), temp_after=frozenset(temp_after or ()))
+                       let_go=frozenset(name for _, _, name in let_go), temp_after=frozenset(temp_after or ()),
+                       late=frozenset(inputs_after or ()), freed=record)
             if previous is not None:
                 sim.carry(previous)
             if copies:
@@ -759,12 +777,15 @@ class Schedule:
                     for name in names:
                         sim.on[(t, device_of(name))] = sim.on.get((t, device_of(name)), 0) + 1
             later = tuple((t + temp_after[name], _SCRATCH, name) for t, starts, name in run
-                          if starts is True and name in sim.temp_after)
+                          if starts is True and name in sim.temp_after) + tuple(
+                (t + inputs_after[name], _INPUTS, name) for t, starts, name in run if starts is False and name in sim.late)
             for t, starts, name in (sorted(run + tuple(let_go) + later, key=lambda x: x[0]) if let_go or later else run):
                 if starts is None:
                     sim.let_go_of(name)
                 elif starts is _SCRATCH:
                     sim.scratch(self.nodes[name], device_of(name))
+                elif starts is _INPUTS:
+                    sim.let_inputs_go(self.nodes[name], device_of(name))
                 elif starts:
                     sim.start(self.nodes[name], device_of(name))
                 else:
@@ -869,6 +890,9 @@ class Replay:
     # node -> how long after its kernel's start it held that scratch (ps, as measured): two kernels that
     # ran at once each held their most at another time (a transformer's two Einsum gradients).
     temp_after: Mapping[str, int] = field(default_factory=dict)
+    # node -> how long after its kernel's end the executor let go of its inputs (ps, as measured): on a
+    # loaded machine a CNN's gradient buffer was freed 179 us after its last reader ended.
+    inputs_after: Mapping[str, int] = field(default_factory=dict)
 
     @cached_property
     def schedule(self) -> Schedule:
@@ -877,18 +901,20 @@ class Replay:
     def size_of(self, name: str) -> list[int]:
         return list(self.sizes.get(name, ()))
 
-    def peaks(self, device_of: Callable[[str], str] | None = None, copies: bool = False) -> dict[str, int]:
+    def peaks(self, device_of: Callable[[str], str] | None = None, copies: bool = False,
+              record: dict | None = None) -> dict[str, int]:
         """Each device's peak over the call, every node on device_of(node) (default: where it ran)."""
         return self.schedule.peaks(self.size_of, device_of or (lambda name: self.devices.get(name, "")),
                                    self.replicas or 1, self.first_call, copies, self.temps, self.released,
-                                   self.temp_after)
+                                   self.temp_after, self.inputs_after, record)
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": [[n.name, n.op, [list(t) for t in n.inputs], n.tensor_name] for n in self.nodes],
                 "order": [list(x) for x in self.order], "sizes": {k: list(v) for k, v in self.sizes.items()},
                 "devices": dict(self.devices), "replicas": self.replicas, "first_call": self.first_call,
                 "batch": self.batch, "scaled": {k: list(v) for k, v in self.scaled.items()}, "temps": dict(self.temps),
-                "released": dict(self.released), "temp_after": dict(self.temp_after)}
+                "released": dict(self.released), "temp_after": dict(self.temp_after),
+                "inputs_after": dict(self.inputs_after)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Replay:
@@ -896,7 +922,8 @@ class Replay:
         return cls(nodes, tuple((a, int(b), int(c)) for a, b, c in d["order"]),
                    {k: tuple(v) for k, v in d["sizes"].items()}, dict(d["devices"]), int(d.get("replicas") or 0),
                    bool(d.get("first_call")), d.get("batch"), {k: tuple(v) for k, v in (d.get("scaled") or {}).items()},
-                   dict(d.get("temps") or {}), dict(d.get("released") or {}), dict(d.get("temp_after") or {}))
+                   dict(d.get("temps") or {}), dict(d.get("released") or {}), dict(d.get("temp_after") or {}),
+                   dict(d.get("inputs_after") or {}))
 
 
 def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
@@ -910,11 +937,16 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     asked: dict[str, int] = {}
     asked_shape: dict[str, str] = {}
     made: dict[str, list[int]] = defaultdict(list)  # op -> when the allocator gave each of its outputs
+    freed: dict[str, list[int]] = defaultdict(list)  # op -> when the allocator took each of them back
+    output_at: dict[int, str] = {}  # address -> the op whose output it holds
     for e in events:
         if e.alloc and e.op and e.region == "output":
             asked.setdefault(e.op, e.requested)
             asked_shape.setdefault(e.op, e.shape)
             made[e.op].append(e.time_ps)
+            output_at[e.addr] = e.op
+        elif not e.alloc and e.addr in output_at:
+            freed[output_at.pop(e.addr)].append(e.time_ps)
         elif e.alloc and not e.op and e.kernel:  # a remote receive's buffer (memory.memory_events)
             asked.setdefault(e.kernel, e.requested)
     counts = {"shapes": 0, "allocator": 0}
@@ -946,12 +978,34 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     released = {name: t - begin for name, t in _rpc_released(nodes, devices, events).items()}
     used = {n.name: devices[n.name] for n in nodes if n.name in devices}
     batch = batch_of(nodes, shapes, sizes)
-    return Replay(nodes, order, sizes, used, replicas, first_call, batch,
-                  scaled_outputs(nodes, shapes, sizes, batch, asked_shape),
-                  # (an update's copy-on-write copy is the update rule's, not a scratch)
-                  {n.name: temps[n.name] for n in nodes if temps.get(n.name) and not _UPDATE.match(_MKL.sub("", n.op))
-                   and n.op not in _LIST_MAKERS}, released, temp_after
-                  ), counts
+    replay = Replay(nodes, order, sizes, used, replicas, first_call, batch,
+                    scaled_outputs(nodes, shapes, sizes, batch, asked_shape),
+                    # (an update's copy-on-write copy is the update rule's, not a scratch)
+                    {n.name: temps[n.name] for n in nodes if temps.get(n.name)
+                     and not _UPDATE.match(_MKL.sub("", n.op)) and n.op not in _LIST_MAKERS}, released, temp_after)
+    lags = input_lags(replay, {op: sorted(t - begin for t in times) for op, times in freed.items()})
+    return replace(replay, inputs_after=lags), counts
+
+
+def input_lags(replay: Replay, freed_at: Mapping[str, list[int]]) -> dict[str, int]:
+    """Kernel -> how long after its end the executor let go of its inputs (ps), for a kernel that ran
+    once: the allocator's first free after that end of a buffer the replay frees there (`freed_at`:
+    maker -> its outputs' frees, as `order`'s times), the earliest of them (the executor lets go of a
+    kernel's inputs together). A free later than `_LATE_INPUTS` is another reader's."""
+    frees: dict[str, set] = defaultdict(set)
+    replay.peaks(record=frees)
+    ends: dict[str, list[int]] = defaultdict(list)
+    for name, _, end in replay.order:
+        ends[name].append(end)
+    out = {}
+    for name, makers in frees.items():
+        if len(ends.get(name, ())) == 1:
+            end = ends[name][0]
+            lag = min((times[i] - end for m in makers if (times := freed_at.get(m))
+                       and (i := bisect.bisect_left(times, end)) < len(times)), default=0)
+            if 0 < lag <= _LATE_INPUTS:
+                out[name] = lag
+    return out
 
 
 def scratch_peaks(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -> dict[str, int]:
