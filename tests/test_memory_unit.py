@@ -276,9 +276,10 @@ def test_a_kernels_scratch_is_the_most_it_held_at_once_and_freed_before_it_ended
     """MaxPoolGrad's kernel (0-10) asks for 128 KiB and then 64 KiB of scratch while the first is still
     held (the bench's digits_cnn, in some runs): 192 KiB at once. Its later run (20-30) asks for them
     one after the other. Einsum's kernel (40-50) makes a 64 KiB temp it hands on as its output (freed
-    at 60, after the kernel) beside 32 KiB of scratch: only the 32 KiB is scratch."""
+    at 60, after the kernel) beside 32 KiB of scratch: only the 32 KiB is scratch, and the 64 KiB is
+    its output, made at 41."""
     from pinpoint.placement.memory import MemEvent
-    from pinpoint.placement.memory_predict import scratch_delays, scratch_peaks
+    from pinpoint.placement.memory_predict import handed_on, scratch_delays, scratch_peaks
 
     def temp(t, alloc, addr, size, op="pool_grad"):
         return MemEvent(time_ps=t, alloc=alloc, addr=addr, requested=size, allocated=size, total_after=0, op=op,
@@ -289,8 +290,8 @@ def test_a_kernels_scratch_is_the_most_it_held_at_once_and_freed_before_it_ended
               temp(41, True, 4, 65536, "einsum"), temp(42, True, 5, 32768, "einsum"), temp(43, False, 5, 32768, "einsum"),
               temp(60, False, 4, 65536, "einsum")]
     runs = {"pool_grad": [(0, 10), (20, 30)], "einsum": [(40, 50)]}
-    assert (scratch_peaks(events, runs), scratch_delays(events, runs)) == (
-        {"pool_grad": 131072 + 65536, "einsum": 32768}, {"pool_grad": 2 - 0, "einsum": 42 - 40})
+    assert (scratch_peaks(events, runs), scratch_delays(events, runs), handed_on(events, runs)) == (
+        {"pool_grad": 131072 + 65536, "einsum": 32768}, {"pool_grad": 2 - 0, "einsum": 42 - 40}, {"einsum": [41]})
 
 
 def test_two_kernels_that_run_at_once_hold_their_scratch_when_each_held_its_most():
@@ -524,3 +525,19 @@ def test_a_free_long_after_a_kernels_end_or_before_it_is_not_its_inputs_being_le
     from pinpoint.placement.memory_predict import input_lags
 
     assert [input_lags(_late_reader(), {"a": [t]}) for t in (10 + 2_000_000_000, 9)] == [{}, {}]
+
+
+def test_a_kernel_with_scratch_makes_its_outputs_when_the_allocator_gave_them():
+    """a (2-100) holds 50 B of scratch from its start and made its 40 B output at 82 (a transformer's
+    Einsum made the temp it hands on 873 us into its 1000 us kernel: +8.7% on a split made at the start).
+    b (5-60) reads x (300 B) and makes 20 B. Made at a's start, a's output would be live beside x and
+    b's: 410 B. Made at 82, after x was freed: x, the scratch and b's output, 370 B."""
+    from pinpoint.placement.memory_predict import Node, Schedule
+
+    nodes = [Node("x", "MatMul"), Node("a", "Einsum"), Node("b", "MatMul", (("x", 0),)),
+             Node("c", "AddV2", (("a", 0), ("b", 0)))]
+    sizes = {"x": [300], "a": [40], "b": [20], "c": [20]}
+    schedule = Schedule.of(nodes, [("x", 0, 1), ("a", 2, 100), ("b", 5, 60), ("c", 110, 120)])
+    peaks = [schedule.peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0", temps={"a": 50}, outputs_after=after)
+             for after in ({}, {"a": 80})]
+    assert peaks == [{"/GPU:0": 410}, {"/GPU:0": 370}]

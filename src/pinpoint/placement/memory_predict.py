@@ -12,8 +12,7 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
   another task never writes into an input (the executor allocates it for the RPC layer);
 - an element-wise op (and a collective all-reduce) writes into an input buffer of its size when it is
   that buffer's last reader;
-- a buffer is freed when the last op reading it (through any alias) has finished: when the executor
-  let go of that op's inputs, the allocator's time (on a loaded machine well after the op's end);
+- a buffer is freed when the last op reading it (through any alias) has finished;
 - a collective all-reduce holds a chunk of its input (input / group size) while it runs;
 - an update of a variable that a read still holds copies the variable first (copy-on-write), and
   the copy is the variable from then on;
@@ -28,7 +27,10 @@ The rules (checked against the allocator's events on emulated devices, docs/memo
 
 - a kernel's scratch (the allocator's `temp` region: oneDNN's convolution and pooling workspaces)
   is held while it runs: the most it held at once in the measured call, of the temps it freed
-  before it ended.
+  before it ended; a temp it outlived is an output (Einsum's);
+- a kernel's times are the allocator's: its outputs are made when it gave the first, its scratch
+  when the kernel first held that most, and its inputs are let go of when the executor freed them
+  (on a loaded machine, up to a ms after the trace's start or end).
 
 What the rules leave out is said where the prediction is compared with the measurement: tf.data's
 host buffers.
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -56,6 +58,7 @@ _RECVS = {"_Recv", "_HostRecv"}
 _SENDS = {"_Send", "_HostSend"}
 _SCRATCH = "scratch"  # a Schedule step: a kernel's scratch made after its start (`Replay.temp_after`)
 _INPUTS = "inputs"  # a Schedule step: a kernel's inputs let go of after its end (`Replay.inputs_after`)
+_OUTPUTS = "outputs"  # a Schedule step: a kernel's outputs made after its start (`Replay.outputs_after`)
 # The longest an executor's letting go of a kernel's inputs is taken to lag its end (ps): a longer gap
 # is another reader's, not this kernel's (a loaded machine's seen: 179 us).
 _LATE_INPUTS = 1_000_000_000
@@ -163,6 +166,7 @@ class _Sim:
     temp_after: frozenset = frozenset()  # the nodes whose scratch is made after their kernel's start
     running: set = field(default_factory=set)  # the kernels started and not ended
     late: frozenset = frozenset()  # the kernels whose inputs are let go of after their end (inputs_after)
+    late_outputs: frozenset = frozenset()  # the kernels whose outputs are made after their start
     freed: dict | None = None  # kernel -> the makers of the buffers its reads' end freed (recorded)
     gone: set = field(default_factory=set)  # such nodes the RPC layer let go of before they were held
 
@@ -212,10 +216,15 @@ class _Sim:
             self.peak[device] = max(self.peak[device], self.live[device])
 
     def start(self, n: Node, device: str) -> None:
-        op, inputs, reads = _MKL.sub("", n.op), _data_inputs(n), self.readers
         self.running.add(n.name)
         if n.name not in self.temp_after:
             self.scratch(n, device)
+        if n.name not in self.late_outputs:
+            self.outputs(n, device)
+
+    def outputs(self, n: Node, device: str) -> None:
+        """Its outputs: a new buffer, an input's, or nothing, by TensorFlow's rules."""
+        op, inputs, reads = _MKL.sub("", n.op), _data_inputs(n), self.readers
         if op in ("Const", "HostConst") and self.first_call:
             # A constant's tensor is made when its kernel is, at the function's first call, and kept.
             for k, size in enumerate(self.size_of(n.name)):
@@ -747,13 +756,14 @@ class Schedule:
     def peaks(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str], group_size: int = 1,
               first_call: bool = False, copies: bool = False, temps: Mapping[str, int] | None = None,
               released: Mapping[str, int] | None = None, temp_after: Mapping[str, int] | None = None,
-              inputs_after: Mapping[str, int] | None = None, record: dict | None = None) -> dict[str, int]:
+              inputs_after: Mapping[str, int] | None = None, outputs_after: Mapping[str, int] | None = None,
+              record: dict | None = None) -> dict[str, int]:
         """Each device's peak (bytes requested) with node -> device_of(node); `copies`: a tensor read
         on another device than its maker's is a copy there (a GPU machine's); `temps`: each kernel's
         scratch while it runs (made `temp_after` its start, else at it); `released`: when the RPC
         layer let go of a node's output it sent to another task (the trace's time); `inputs_after`:
-        how long after its end a kernel's inputs were let go of; `record`: kernel -> the makers of
-        the buffers its end freed (filled)."""
+        how long after its end a kernel's inputs were let go of, `outputs_after` after its start its
+        outputs were made; `record`: kernel -> the makers of the buffers its end freed (filled)."""
         out: dict[str, int] = {}
         previous = None
         lists = self.held_in_lists(size_of, device_of)
@@ -769,15 +779,18 @@ class Schedule:
             sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies,
                        temps=temps or {}, frames=self.frames, remote=remote, remote_names=remote_names,
                        let_go=frozenset(name for _, _, name in let_go), temp_after=frozenset(temp_after or ()),
-                       late=frozenset(inputs_after or ()), freed=record)
+                       late=frozenset(inputs_after or ()), late_outputs=frozenset(outputs_after or ()),
+                       freed=record)
             if previous is not None:
                 sim.carry(previous)
             if copies:
                 for t, names in self.readers.items():
                     for name in names:
                         sim.on[(t, device_of(name))] = sim.on.get((t, device_of(name)), 0) + 1
-            later = tuple((t + temp_after[name], _SCRATCH, name) for t, starts, name in run
-                          if starts is True and name in sim.temp_after) + tuple(
+            later = tuple((t + after[name], step, name) for t, starts, name in run
+                          for step, after, names in ((_SCRATCH, temp_after, sim.temp_after),
+                                                     (_OUTPUTS, outputs_after, sim.late_outputs))
+                          if starts is True and name in names) + tuple(
                 (t + inputs_after[name], _INPUTS, name) for t, starts, name in run if starts is False and name in sim.late)
             for t, starts, name in (sorted(run + tuple(let_go) + later, key=lambda x: x[0]) if let_go or later else run):
                 if starts is None:
@@ -786,6 +799,8 @@ class Schedule:
                     sim.scratch(self.nodes[name], device_of(name))
                 elif starts is _INPUTS:
                     sim.let_inputs_go(self.nodes[name], device_of(name))
+                elif starts is _OUTPUTS:
+                    sim.outputs(self.nodes[name], device_of(name))
                 elif starts:
                     sim.start(self.nodes[name], device_of(name))
                 else:
@@ -893,6 +908,10 @@ class Replay:
     # node -> how long after its kernel's end the executor let go of its inputs (ps, as measured): on a
     # loaded machine a CNN's gradient buffer was freed 179 us after its last reader ended.
     inputs_after: Mapping[str, int] = field(default_factory=dict)
+    # node -> how long after its kernel's start it got its first output (ps, as measured), for a kernel
+    # with scratch (the others start then): a transformer's Einsum made the temp it hands on as its
+    # output 873 us into its 1000 us kernel.
+    outputs_after: Mapping[str, int] = field(default_factory=dict)
 
     @cached_property
     def schedule(self) -> Schedule:
@@ -906,7 +925,7 @@ class Replay:
         """Each device's peak over the call, every node on device_of(node) (default: where it ran)."""
         return self.schedule.peaks(self.size_of, device_of or (lambda name: self.devices.get(name, "")),
                                    self.replicas or 1, self.first_call, copies, self.temps, self.released,
-                                   self.temp_after, self.inputs_after, record)
+                                   self.temp_after, self.inputs_after, self.outputs_after, record)
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": [[n.name, n.op, [list(t) for t in n.inputs], n.tensor_name] for n in self.nodes],
@@ -914,7 +933,7 @@ class Replay:
                 "devices": dict(self.devices), "replicas": self.replicas, "first_call": self.first_call,
                 "batch": self.batch, "scaled": {k: list(v) for k, v in self.scaled.items()}, "temps": dict(self.temps),
                 "released": dict(self.released), "temp_after": dict(self.temp_after),
-                "inputs_after": dict(self.inputs_after)}
+                "inputs_after": dict(self.inputs_after), "outputs_after": dict(self.outputs_after)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Replay:
@@ -923,7 +942,7 @@ class Replay:
                    {k: tuple(v) for k, v in d["sizes"].items()}, dict(d["devices"]), int(d.get("replicas") or 0),
                    bool(d.get("first_call")), d.get("batch"), {k: tuple(v) for k, v in (d.get("scaled") or {}).items()},
                    dict(d.get("temps") or {}), dict(d.get("released") or {}), dict(d.get("temp_after") or {}),
-                   dict(d.get("inputs_after") or {}))
+                   dict(d.get("inputs_after") or {}), dict(d.get("outputs_after") or {}))
 
 
 def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
@@ -965,15 +984,23 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     runs: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for e in op_order:
         runs[e.name].append((e.start_ps, e.start_ps + e.dur_ps))
-    scratch = _scratch(events, runs)
+    spans = _temps(events)
+    scratch = _scratch(spans, runs)
     temps = {op: size for op, (size, _) in scratch.items()}
     temp_after = {op: after for op, (_, after) in scratch.items() if after}
+    for op, times in _handed_on(spans, runs).items():  # a temp handed on is an output, made then
+        made[op] = sorted(made[op] + times)
     begin = min((e.start_ps for e in op_order), default=0)
     arrived = receive_times(xspace, events)
-    # (a kernel with scratch keeps its start: its scratch's time is counted from it, `temp_after`)
-    order = tuple((e.name, (e.start_ps if e.name in temps else kernel_start(made.get(e.name), e.start_ps,
-                                                                            e.start_ps + e.dur_ps)) - begin,
-                   max(e.start_ps + e.dur_ps, _arrival(arrived.get(e.name), e.start_ps)) - begin) for e in op_order)
+    # (a kernel with scratch keeps its start: its scratch's time is counted from it, `temp_after`, as
+    # its outputs' are for a kernel that ran once, `outputs_after`)
+    started = [kernel_start(made.get(e.name), e.start_ps, e.start_ps + e.dur_ps) for e in op_order]
+    order = tuple((e.name, (e.start_ps if e.name in temps else first) - begin,
+                   max(e.start_ps + e.dur_ps, _arrival(arrived.get(e.name), e.start_ps)) - begin)
+                  for e, first in zip(op_order, started, strict=True))
+    once = Counter(e.name for e in op_order)
+    outputs_after = {e.name: first - e.start_ps for e, first in zip(op_order, started, strict=True)
+                     if e.name in temps and once[e.name] == 1 and first > e.start_ps}
     replicas = len({devices[n.name] for n in nodes if _COLLECTIVE.match(_MKL.sub("", n.op)) and n.name in devices})
     released = {name: t - begin for name, t in _rpc_released(nodes, devices, events).items()}
     used = {n.name: devices[n.name] for n in nodes if n.name in devices}
@@ -982,7 +1009,8 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
                     scaled_outputs(nodes, shapes, sizes, batch, asked_shape),
                     # (an update's copy-on-write copy is the update rule's, not a scratch)
                     {n.name: temps[n.name] for n in nodes if temps.get(n.name)
-                     and not _UPDATE.match(_MKL.sub("", n.op)) and n.op not in _LIST_MAKERS}, released, temp_after)
+                     and not _UPDATE.match(_MKL.sub("", n.op)) and n.op not in _LIST_MAKERS}, released, temp_after,
+                    outputs_after=outputs_after)
     lags = input_lags(replay, {op: sorted(t - begin for t in times) for op, times in freed.items()})
     return replace(replay, inputs_after=lags), counts
 
@@ -1013,32 +1041,62 @@ def scratch_peaks(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -
     MaxPoolGrad's oneDNN kernel holds two buffers together in some runs, and then their sum. A temp
     still live when its kernel ended (`runs`: op -> its kernels' (start, end), as the events' times)
     is not scratch: Einsum hands one on as its output, which the replay counts as the output."""
-    return {op: size for op, (size, _) in _scratch(events, runs).items()}
+    return {op: size for op, (size, _) in _scratch(_temps(events), runs).items()}
 
 
 def scratch_delays(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -> dict[str, int]:
     """op -> how long after its kernel's start it first held that most scratch (ps; see `scratch_peaks`)."""
-    return {op: after for op, (_, after) in _scratch(events, runs).items() if after}
+    return {op: after for op, (_, after) in _scratch(_temps(events), runs).items() if after}
 
 
-def _scratch(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -> dict[str, tuple[int, int]]:
-    """op -> (the most scratch its kernels held at once, ps from its kernel's start until it did)."""
+def _temps(events: Iterable) -> dict[str, list[tuple[int, int, int]]]:
+    """op -> each temp (the allocator's `temp` region) its kernels asked for: (allocated, freed, bytes)."""
     allocs: dict[int, tuple[str, int, int]] = {}  # address -> (op, bytes, when)
-    spans: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # op -> (allocated, freed, bytes)
+    spans: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
     for e in events:
         if e.alloc and e.op and e.region == "temp":
             allocs[e.addr] = (e.op, e.requested, e.time_ps)
         elif not e.alloc and e.addr in allocs:
             op, size, t = allocs.pop(e.addr)
             spans[op].append((t, e.time_ps, size))
+    return spans
+
+
+def _outlived(t: int, freed: int, kernels: list[tuple[int, int]], starts: list[int]) -> bool:
+    """Whether a temp made at t and freed then outlived the kernel that made it (`kernels` sorted)."""
+    i = bisect.bisect_right(starts, t) - 1
+    return bool(kernels) and (i < 0 or freed > kernels[i][1])  # (no kernel event: as it was freed)
+
+
+def handed_on(events: Iterable, runs: Mapping[str, list[tuple[int, int]]]) -> dict[str, list[int]]:
+    """op -> when its kernels (`runs`, as in `scratch_peaks`) made each temp they handed on as an output."""
+    return _handed_on(_temps(events), runs)
+
+
+def _handed_on(temps: Mapping[str, list[tuple[int, int, int]]], runs: Mapping[str, list[tuple[int, int]]]
+               ) -> dict[str, list[int]]:
+    """op -> when its kernels made each temp (`_temps`) they handed on as an output (one that outlived
+    its kernel: Einsum's, a reduction's), in order."""
+    out: dict[str, list[int]] = {}
+    for op, lives in temps.items():
+        kernels = sorted(runs.get(op, ()))
+        starts = [s for s, _ in kernels]
+        made = sorted(t for t, freed, _ in lives if kernels and _outlived(t, freed, kernels, starts))
+        if made:
+            out[op] = made
+    return out
+
+
+def _scratch(temps: Mapping[str, list[tuple[int, int, int]]], runs: Mapping[str, list[tuple[int, int]]]
+             ) -> dict[str, tuple[int, int]]:
+    """op -> (the most scratch its kernels held at once (`_temps`), ps from its kernel's start until it did)."""
     out: dict[str, tuple[int, int]] = {}
-    for op, lives in spans.items():
+    for op, lives in temps.items():
         kernels = sorted(runs.get(op, ()))
         starts = [s for s, _ in kernels]
         changes = []
         for t, freed, size in lives:
-            i = bisect.bisect_right(starts, t) - 1
-            if not kernels or (i >= 0 and freed <= kernels[i][1]):  # (no kernel event: as it was freed)
+            if not _outlived(t, freed, kernels, starts):
                 changes += [(t, size), (freed, -size)]
         now = 0
         for t, size in sorted(changes):  # (a free before an allocation at the same instant)
