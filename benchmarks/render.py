@@ -602,19 +602,38 @@ def distinct_labels(labels: list[str], keys: list[str]) -> list[str]:
     return [f"{lab} ({k})" if labels.count(lab) > 1 else lab for lab, k in zip(labels, keys)]
 
 
-def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
-    """A 2x2 PNG: ratios with min/max whiskers, scaling, bytes vs ring minimum, MFU."""
+def write_chart(plan: list[Comparison], results: Results, path: Path) -> list[str]:
+    """A PNG of the panels this run has figures for (a partial run draws only its own): ratios with
+    min/max whiskers, scaling, bytes vs ring minimum, MFU, memory predicted against measured. The
+    titles of the panels drawn (none: no PNG written)."""
     import matplotlib
-    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    drew = False
+    panels = [draw for draw in (_ratios_panel(plan, results), _scaling_panel(plan, results),
+                                _bytes_panel(plan, results), _mfu_panel(plan, results),
+                                _memory_panel(plan, results)) if draw]
+    if not panels:
+        return []
+    cols = 1 if len(panels) == 1 else 2
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.5 * rows), squeeze=False)
+    for ax, draw in zip(axes.flat, panels):
+        draw(ax)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [ax.get_title() for ax in list(axes.flat)[:len(panels)]]
 
-    # 1. same-round ratios: points with min-max whiskers on a log axis (x2 and /2 look alike)
-    ax = axes[0][0]
+
+def _ratios_panel(plan: list[Comparison], results: Results):
+    """Same-round ratios: points with min-max whiskers on a log axis (x2 and /2 look alike)."""
+    import matplotlib.ticker
+
     labels, keys, meds, lo, hi, targets = [], [], [], [], [], []
     for c in plan:
         for rt in c.ratios:
@@ -628,45 +647,55 @@ def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
             lo.append(r.median - r.min)
             hi.append(r.max - r.median)
             targets.append(rt.target)
-    if meds:
-        labels = distinct_labels(labels, keys)
+    if not meds:
+        return None
+
+    def draw(ax):
         y = list(range(len(meds)))
         ax.errorbar(meds, y, xerr=[lo, hi], fmt="o", color="#4c72b0", capsize=4, ms=7)
         ax.axvline(1.0, color="black", lw=1)
         ax.set_xscale("log")
-        lo_x = min(min(m - l for m, l in zip(meds, lo)), 1.0)
+        lo_x = min(min(m - low for m, low in zip(meds, lo)), 1.0)
         hi_x = max(max(m + h for m, h in zip(meds, hi)), 1.0)
         ax.set_xlim(lo_x / 1.6, hi_x * 5)  # room for the labels right of the points
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xticks([t for t in (0.25, 0.5, 1, 2, 4, 8, 16, 32) if lo_x / 1.6 <= t <= hi_x * 5])
-        ax.set_yticks(y, labels, fontsize=8)
+        ax.set_yticks(y, distinct_labels(labels, keys), fontsize=8)
         ax.set_ylim(len(meds) - 0.5, -0.5)
         for yi, m, h, t in zip(y, meds, hi, targets):
             ax.text((m + h) * 1.05, yi, f"{m:.3f}" + (f"  (target {t})" if t else ""), va="center", fontsize=8)
         ax.set_xlabel("ratio, log scale (median; whiskers: min–max)")
-        drew = True
-    ax.set_title("Same-round ratios")
+        ax.set_title("Same-round ratios")
 
-    # 2. scaling
+    return draw
+
+
+def _scaling_panel(plan: list[Comparison], results: Results):
     pts = [p for p in scaling_points(plan, results) if p["eps"]]
-    ax = axes[0][1]
-    if pts:
+    if not pts:
+        return None
+
+    def draw(ax):
         xs = [p["devices"] for p in pts]
         m = [p["eps"].median for p in pts]
         ax.errorbar(xs, m, yerr=[[a - p["eps"].min for a, p in zip(m, pts)], [p["eps"].max - a for a, p in zip(m, pts)]],
                     marker="o", capsize=4)
         ax.set_xticks(xs)
         ax.set_ylim(bottom=0)
-        drew = True
-    ax.set_xlabel("replica devices (mirrored)")
-    ax.set_ylabel("examples/sec")
-    ax.set_title("Scaling (fixed batch per replica)")
+        ax.set_xlabel("replica devices (mirrored)")
+        ax.set_ylabel("examples/sec")
+        ax.set_title("Scaling (fixed batch per replica)")
 
-    # 3. bytes vs ring minimum
-    ax = axes[1][0]
+    return draw
+
+
+def _bytes_panel(plan: list[Comparison], results: Results):
     pts = [p for p in scaling_points(plan, results) if p["bytes"] and p["param_bytes"]]
-    if pts:
+    if not pts:
+        return None
+
+    def draw(ax):
         xs = list(range(len(pts)))
         meas = [(p["bytes"].median / p["devices"] + (p.get("collective_wire_per_device") or 0)) / 1024 for p in pts]
         ring = [p["ring_min_per_device"] / 1024 for p in pts]
@@ -675,13 +704,14 @@ def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
         ax.set_xticks(xs, [str(p["devices"]) for p in pts])
         ax.set_ylim(0, max(meas + ring) * 1.35)  # room for the legend above the bars
         ax.legend(fontsize=8, loc="upper left")
-        drew = True
-    ax.set_xlabel("replica devices")
-    ax.set_ylabel("KiB per device per step")
-    ax.set_title("Bytes crossing devices per step")
+        ax.set_xlabel("replica devices")
+        ax.set_ylabel("KiB per device per step")
+        ax.set_title("Bytes crossing devices per step")
 
-    # 4. MFU
-    ax = axes[1][1]
+    return draw
+
+
+def _mfu_panel(plan: list[Comparison], results: Results):
     labels, meds, lo, hi = [], [], [], []
     for c in plan:
         for a in c.arms:
@@ -692,21 +722,63 @@ def write_chart(plan: list[Comparison], results: Results, path: Path) -> bool:
             meds.append(s.median)
             lo.append(s.median - s.min)
             hi.append(s.max - s.median)
-    if meds:
+    if not meds:
+        return None
+
+    def draw(ax):
         y = list(range(len(meds)))
         ax.barh(y, meds, xerr=[lo, hi], color="#55a868", capsize=4)
         ax.set_yticks(y, labels, fontsize=8)
         ax.invert_yaxis()
-        drew = True
-    ax.set_xlabel("MFU % of the measured matmul peak")
-    ax.set_title("Model FLOPs utilization")
+        ax.set_xlabel("MFU % of the measured matmul peak")
+        ax.set_title("Model FLOPs utilization")
 
-    fig.tight_layout()
-    if drew:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return drew
+    return draw
+
+
+_STRATEGY_COLORS = {"mirrored": "#4c72b0", "split": "#dd8452", "parameter_server": "#55a868"}
+
+
+def _memory_panel(plan: list[Comparison], results: Results):
+    """Each device's predicted peak against the measured one: the error over the measured bytes, the
+    target's band shaded, a miss named."""
+    from benchmarks.targets import bound
+
+    points = []  # (measured B, error, strategy, "model, strategy", device)
+    for c in plan:
+        if c.key != "memory-accuracy":
+            continue
+        for a in c.arms:
+            for r in (results.get(c.key) or {}).get(a.name, []):
+                for d, x in (r.get("devices") or {}).items():
+                    if x.get("error") is not None and x.get("measured"):
+                        strategy = next((k for k in _STRATEGY_COLORS if a.label.endswith(f", {k}")), "Pinpoint's loop")
+                        points.append((x["measured"], x["error"], strategy, a.label, d))
+    if not points:
+        return None
+    band = bound("memory.prediction")
+
+    def draw(ax):
+        ax.axhspan(-band * 100, band * 100, color="#dddddd", label=f"target: within {band:.0%}")
+        for strategy in sorted({p[2] for p in points}):
+            mine = [p for p in points if p[2] == strategy]
+            ax.scatter([p[0] for p in mine], [p[1] * 100 for p in mine], s=22,
+                       color=_STRATEGY_COLORS.get(strategy, "#8172b3"), label=strategy)
+        misses: dict[str, list] = {}  # a run's devices that missed, named once beside the first
+        for measured, err, _, label, device in points:
+            if abs(err) > band:
+                misses.setdefault(label, [measured, err, []])[2].append(device)
+        for label, (measured, err, devices) in misses.items():
+            ax.annotate(f"{label} {', '.join(devices)}", (measured, err * 100), fontsize=7, xytext=(4, 4),
+                        textcoords="offset points")
+        ax.axhline(0, color="black", lw=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("measured peak per device, bytes (log scale)")
+        ax.set_ylabel("predicted - measured, % of measured")
+        ax.legend(fontsize=8, loc="lower left")
+        ax.set_title("Memory per device: predicted against measured")
+
+    return draw
 
 
 def write_outputs(plan: list[Comparison], results: Results, raw: dict, md_path: Path, chart_path: Path,

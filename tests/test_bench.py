@@ -181,6 +181,18 @@ def test_chart_is_written(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
+def test_a_partial_runs_chart_draws_only_the_panels_it_has_figures_for(tmp_path):
+    """The memory section alone: its panel, no empty axes for the sections it did not run."""
+    from benchmarks.render import write_chart
+    from benchmarks.run import build_plan, parse_args, select, settings_from
+
+    plan = select(build_plan(settings_from(parse_args(["--only", "memory"]), 0), tmp_path), ["memory"])
+    arm = next(c for c in plan if c.key == "memory-accuracy").arms[0]
+    results = {"memory-accuracy": {arm.name: [{"devices": {"/GPU:0": {"predicted": 108, "measured": 100, "error": 0.08}},
+                                               "mismatched": 0, "events": 10}]}}
+    assert write_chart(plan, results, tmp_path / "c.png") == ["Memory per device: predicted against measured"]
+
+
 def test_chart_rows_that_share_a_label_name_their_comparison():
     from benchmarks.render import distinct_labels
 

@@ -1081,7 +1081,7 @@ def _handed_on(temps: Mapping[str, list[tuple[int, int, int]]], runs: Mapping[st
     for op, lives in temps.items():
         kernels = sorted(runs.get(op, ()))
         starts = [s for s, _ in kernels]
-        made = sorted(t for t, freed, _ in lives if kernels and _outlived(t, freed, kernels, starts))
+        made = sorted(t for t, freed, _ in lives if _outlived(t, freed, kernels, starts))
         if made:
             out[op] = made
     return out
