@@ -65,7 +65,7 @@ def test_a_received_buffer_is_made_when_the_allocator_gave_it_not_at_the_receive
     buffer at 11 (a 256 KiB tensor's allocation came 20 us before its Done, and a buffer let go of
     in between was still live beside it)."""
     from pinpoint.placement.memory import memory_events
-    from pinpoint.placement.memory_predict import receive_times
+    from pinpoint.placement.memory_trace import receive_times
 
     xs = _rpc_thread_xspace()
     assert receive_times(xs, memory_events(xs)) == {"grad/_7": [11 * US]}

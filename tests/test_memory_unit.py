@@ -279,7 +279,7 @@ def test_a_kernels_scratch_is_the_most_it_held_at_once_and_freed_before_it_ended
     at 60, after the kernel) beside 32 KiB of scratch: only the 32 KiB is scratch, and the 64 KiB is
     its output, made at 41."""
     from pinpoint.placement.memory import MemEvent
-    from pinpoint.placement.memory_predict import handed_on, scratch_delays, scratch_peaks
+    from pinpoint.placement.memory_trace import handed_on, scratch_delays, scratch_peaks
 
     def temp(t, alloc, addr, size, op="pool_grad"):
         return MemEvent(time_ps=t, alloc=alloc, addr=addr, requested=size, allocated=size, total_after=0, op=op,
@@ -491,7 +491,7 @@ def test_a_kernel_starts_in_the_replay_when_it_got_its_first_output_buffer_insid
     """A kernel traced from 100 to 200 whose output the allocator gave at 160 (an earlier one, at 50,
     was another run's) starts at 160; one whose only allocation came at 250, after its run, or that
     allocated nothing, keeps its traced start."""
-    from pinpoint.placement.memory_predict import kernel_start
+    from pinpoint.placement.memory_trace import kernel_start
 
     assert [kernel_start(made, 100, 200) for made in ([50, 160, 170], [250], None)] == [160, 100, 100]
 
@@ -512,7 +512,7 @@ def test_a_kernels_inputs_are_let_go_of_when_the_allocator_freed_them_after_its_
     b's end, the replay's peak would be a and b's 400 B. d's inputs were freed at 16."""
     from dataclasses import replace
 
-    from pinpoint.placement.memory_predict import input_lags
+    from pinpoint.placement.memory_trace import input_lags
 
     replay = _late_reader()
     lags = input_lags(replay, {"a": [15], "b": [16], "c": [16]})
@@ -522,7 +522,7 @@ def test_a_kernels_inputs_are_let_go_of_when_the_allocator_freed_them_after_its_
 
 def test_a_free_long_after_a_kernels_end_or_before_it_is_not_its_inputs_being_let_go_of():
     """a freed 2 ms after b's end was let go of by something else; a free before b's end is no lag."""
-    from pinpoint.placement.memory_predict import input_lags
+    from pinpoint.placement.memory_trace import input_lags
 
     assert [input_lags(_late_reader(), {"a": [t]}) for t in (10 + 2_000_000_000, 9)] == [{}, {}]
 

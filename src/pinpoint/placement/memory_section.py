@@ -1,5 +1,5 @@
 """placement.json's `memory` section from one profiled call: measured (placement.memory), predicted
-(placement.memory_predict). The one assembly for a traced program and for Pinpoint's own loop; the
+(placement.memory_trace reads the call's Replay, placement.memory_predict replays it). The one assembly for a traced program and for Pinpoint's own loop; the
 fits verdict (placement.memory_fit) is added where the placement is built, beside its variables."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def memory_section(partitions: list, xspace, events: list, namer: DeviceMap, *, 
     `partitions`; `shapes`: their output shapes when known (else TensorFlow's shape inference); `call`:
     which call it was ('first' makes its constants and copies variables still sharing their initial value)."""
     from pinpoint.placement.memory import summarize
-    from pinpoint.placement.memory_predict import predict_call, predict_from_trace
+    from pinpoint.placement.memory_trace import predict_call, predict_from_trace
     from pinpoint.placement.timing import node_devices
 
     types = {n.name: n.op for g in partitions for n in g.node}
