@@ -775,7 +775,7 @@ def _memory_panel(plan: list[Comparison], results: Results):
         ax.set_xscale("log")
         ax.set_xlabel("measured peak per device, bytes (log scale)")
         ax.set_ylabel("predicted - measured, % of measured")
-        ax.legend(fontsize=8, loc="lower left")
+        ax.legend(fontsize=8, loc="best")
         ax.set_title("Memory per device: predicted against measured")
 
     return draw

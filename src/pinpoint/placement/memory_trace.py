@@ -2,9 +2,9 @@
 allocator's events (placement.memory_predict replays it).
 
 The times are the allocator's where the trace's differ: a kernel's outputs are made when it gave the
-first (a temp it outlived is one), its scratch when it first held its most, its inputs let go of
-when the executor freed them, a buffer another task sent when its bytes arrived and the RPC layer let
-go of it (docs/memory.md, "Predicted from the executed graphs").
+first (a temp it outlived is one), its scratch when it first held its most, and its inputs are let
+go of when the executor freed them; a tensor from another task is made when its bytes arrived and
+freed when the RPC layer let go of it (docs/memory.md, "Predicted from the executed graphs").
 """
 
 from __future__ import annotations
