@@ -13,11 +13,12 @@ WORKER = "/job:worker/task:0/CPU:0"
 PS = "/job:ps/task:0/CPU:0"
 
 
-def _rpc_thread_xspace(**no_op):
+def _rpc_thread_xspace(another_thread: bool = False, **no_op):
     """An RPC thread of the host plane: in one threadpool region, an allocation with no op (the
     receive's bytes arriving) and then the receive's asynchronous Done; in a later region, an
     allocation with no receive after it (not a receive's). `no_op`: the allocations' own `tf_op`
-    stat, as a TensorFlow version writes it when no op made them (2.21 writes none)."""
+    stat, as a TensorFlow version writes it when no op made them (2.21 writes none).
+    `another_thread`: the Done runs on a second RPC thread."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     xs = xplane_pb2.XSpace()
@@ -29,9 +30,10 @@ def _rpc_thread_xspace(**no_op):
                               "ExecutorState::ProcessAsync::Done", "ThreadpoolListener::StopRegion"), start=1):
         plane.event_metadata[i].id, plane.event_metadata[i].name = i, name
     line = plane.lines.add(id=1, name="tf_GrpcWorkerEnvQueues/1", timestamp_ns=0)
+    other = plane.lines.add(id=2, name="tf_GrpcWorkerEnvQueues/2", timestamp_ns=0) if another_thread else line
 
     def event(meta, at_us, **stats):
-        e = line.events.add(metadata_id=meta, offset_ps=at_us * US, duration_ps=US)
+        e = (other if meta == 3 else line).events.add(metadata_id=meta, offset_ps=at_us * US, duration_ps=US)
         for key, value in stats.items():
             sid = {"kernel_type": 1, "name": 2, "requested_bytes": 3, "allocation_bytes": 4, "addr": 5,
                    "bytes_allocated": 6, "tf_op": 7}[key]
@@ -58,6 +60,16 @@ def test_an_rpc_threads_allocation_belongs_to_the_receive_done_after_it(no_op):
     xs = _rpc_thread_xspace(**no_op)
     assert ([(e.requested, e.op, e.kernel) for e in memory_events(xs)], receive_arrivals(xs)) == (
         [(4096, "", "grad/_7"), (64, "", "")], {"grad/_7": [12 * US]})
+
+
+def test_a_receives_buffer_is_its_own_when_its_done_runs_on_another_rpc_thread():
+    """Under load a receive's bytes can arrive on one RPC thread and its Done run on another: the
+    allocation is still the receive's (the latest unclaimed one on an RPC thread before that Done);
+    the later one with no receive after it stays nobody's."""
+    from pinpoint.placement.memory import memory_events
+
+    xs = _rpc_thread_xspace(another_thread=True)
+    assert [(e.requested, e.kernel) for e in memory_events(xs)] == [(4096, "grad/_7"), (64, "")]
 
 
 def test_a_received_buffer_is_made_when_the_allocator_gave_it_not_at_the_receives_done():

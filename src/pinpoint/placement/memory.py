@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pinpoint.device_names import parse_name
 from pinpoint.placement.timing import ASYNC_DONE, RECVS
@@ -56,6 +56,7 @@ class MemEvent:
     shape: str = ""
     kernel: str = ""  # the node whose kernel was running on the allocating thread (a collective's chunk)
     allocator: str = ""  # one per GPU on a GPU machine; every logical CPU shares one
+    rpc: bool = False  # made on a thread of the RPC layer
 
 
 @dataclass
@@ -94,6 +95,7 @@ class DeviceMemory:
 def memory_events(xspace) -> list[MemEvent]:
     """The allocator's events of a profiler trace, in time order."""
     out = []
+    dones: list[tuple[int, str]] = []  # (time, _Recv) of a receive's Done with no allocation on its thread
     for plane in xspace.planes:
         if plane.name != "/host:CPU":
             continue
@@ -106,7 +108,9 @@ def memory_events(xspace) -> list[MemEvent]:
                 if meta is not None and meta.display_name and meta.name.endswith(":" + meta.display_name):
                     kernels.append((e.offset_ps, e.offset_ps + e.duration_ps, meta.name[: -len(meta.display_name) - 1]))
             kernels.sort()
-            received = _received(line, plane, names)
+            received, lone = _received(line, plane, names)
+            rpc = line.name.startswith(RPC_THREAD)
+            dones += [(base + t, name) for t, name in lone] if rpc else []
             for e in line.events:
                 meta = plane.event_metadata.get(e.metadata_id)
                 if meta is None or meta.name not in ("MemoryAllocation", "MemoryDeallocation"):
@@ -120,19 +124,36 @@ def memory_events(xspace) -> list[MemEvent]:
                                     total_after=int(s.get("bytes_allocated") or 0), op=str(s.get("tf_op") or ""),
                                     region=str(s.get("region_type") or ""), shape=str(s.get("shape") or ""),
                                     kernel=_enclosing(kernels, e.offset_ps) or received.get(e.offset_ps, ""),
-                                    allocator=str(s.get("allocator_name") or "")))
-    return sorted(out, key=lambda e: e.time_ps)
+                                    allocator=str(s.get("allocator_name") or ""), rpc=rpc))
+    return _across_threads(sorted(out, key=lambda e: e.time_ps), sorted(dones))
+
+
+# The threads the RPC layer serves another task's requests and responses on.
+RPC_THREAD = "tf_GrpcWorkerEnvQueues"
+
+
+def _across_threads(events: list[MemEvent], dones: list[tuple[int, str]]) -> list[MemEvent]:
+    """A receive's buffer whose Done ran on another RPC thread than its allocation (neither matched on
+    its own thread, `_received`): the latest such allocation before each such Done is that receive's."""
+    for t, name in dones:
+        i = next((k for k in range(len(events) - 1, -1, -1) if events[k].time_ps <= t and events[k].rpc
+                  and events[k].alloc and not events[k].op and not events[k].kernel), None)
+        if i is not None:
+            events[i] = replace(events[i], kernel=name)
+    return events
 
 
 # TensorFlow 2.16's `tf_op` of an allocation no op made (2.21 leaves it empty): an RPC thread's.
 NO_OP = "(null)"
 
 
-def _received(line, plane, names: dict) -> dict[int, str]:
-    """offset -> the _Recv node of each allocation a remote receive made on this thread (an RPC
+def _received(line, plane, names: dict) -> tuple[dict[int, str], list[tuple[int, str]]]:
+    """(offset -> the _Recv node of each allocation a remote receive made on this thread (an RPC
     thread: the tensor's bytes arrived from another task; the allocation has no op, and the
-    receive's `ExecutorState::ProcessAsync::Done` follows it in the same threadpool region)."""
+    receive's `ExecutorState::ProcessAsync::Done` follows it in the same threadpool region), and the
+    (offset, _Recv) of each receive's Done that followed no allocation here)."""
     out: dict[int, str] = {}
+    lone: list[tuple[int, str]] = []
     pending: list[int] = []
     for e in sorted(line.events, key=lambda e: e.offset_ps):
         meta = plane.event_metadata.get(e.metadata_id)
@@ -143,10 +164,11 @@ def _received(line, plane, names: dict) -> dict[int, str]:
             s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
             if str(s.get("kernel_type")) in RECVS:
                 out.update(dict.fromkeys(pending, str(s.get("name") or "")))
+                lone += [] if pending else [(e.offset_ps, str(s.get("name") or ""))]
             pending = []
         elif name.startswith("ThreadpoolListener::StartRegion") or name.startswith("ThreadpoolListener::StopRegion"):
             pending = []
-    return out
+    return out, lone
 
 
 def _enclosing(kernels: list[tuple[int, int, str]], t: int) -> str:
