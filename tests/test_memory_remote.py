@@ -169,14 +169,27 @@ def test_tensorflow_2_16s_component_names_are_read_too(tmp_path):
     assert ([len(g.node) for g in graphs], why) == ([1, 2], None)
 
 
-def test_two_workers_graphs_share_node_names_so_none_is_read(tmp_path):
+def test_with_two_workers_the_callers_part_is_read_and_their_identical_components_once(tmp_path):
+    """Each worker instantiates step_9: its own part, and a component on the ps under an id of its own."""
+    from pinpoint.placement.graph_dumps import remote_partitions, tasks_of
+
+    _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:0_device:CPU:0.0003", [W0])
+    _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:1_device:CPU:0.0003", [W1, W1])
+    _dump(tmp_path, "__inference_step_9_partitioned_41_1_partition__job:ps_replica:0_task:0_device:CPU:0.0001", [P0])
+    _dump(tmp_path, "__inference_step_9_partitioned_57_1_partition__job:ps_replica:0_task:0_device:CPU:0.0002", [P0])
+    graphs, why = remote_partitions(tmp_path, "__inference_step_9", W1)
+    assert ([len(g.node) for g in graphs], why, tasks_of(tmp_path, "__inference_step_9", W1)) == ([2, 1], None, 2)
+
+
+def test_components_that_differ_are_not_guessed_between(tmp_path):
     from pinpoint.placement.graph_dumps import remote_partitions
 
     _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:0_device:CPU:0.0003", [W0])
-    _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:1_device:CPU:0.0003", [W1])
-    graphs, why = remote_partitions(tmp_path, "__inference_step_9", W0)
-    assert (graphs, why) == ([], "2 worker tasks instantiated __inference_step_9; their graphs share every node name, "
-                                 "so what each allocated cannot be told apart: measure with one worker")
+    _dump(tmp_path, "__inference_step_9_partitioned_41_1_partition__job:ps_replica:0_task:0_device:CPU:0.0001", [P0])
+    _dump(tmp_path, "__inference_step_9_partitioned_57_1_partition__job:ps_replica:0_task:0_device:CPU:0.0002",
+          [P0, P0])
+    assert remote_partitions(tmp_path, "__inference_step_9", W0) == (
+        [], "__inference_step_9 was instantiated 2 times; which one ran the measured call is not known")
 
 
 def test_a_received_buffer_the_rpc_layer_still_holds_outlives_its_reader():

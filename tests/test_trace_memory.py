@@ -4,7 +4,6 @@ arithmetic of a tensor placed by tf.device."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -175,10 +174,24 @@ def test_a_parameter_server_closure_is_measured_on_its_worker_with_the_variable_
         (0, check["allocator_peak"]), received + product, [product, received], True)
 
 
-def test_two_workers_share_their_graphs_node_names_so_memory_says_why_it_has_no_split(tmp_path):
-    """(Six closures on two idle workers: each worker runs some, so each instantiates the step.)"""
+def test_two_workers_calls_are_each_measured_on_their_own_device_and_the_measured_one_predicted(tmp_path):
+    """Six closures on two idle workers: both run the step's graphs at once, with the same node names.
+    The measured call's worker holds what one call holds (the 2 MiB copy of w it received and the 1 MiB
+    product; a worker's first run of the step also makes its 512 KiB `ones` and an 8 B constant), and
+    the prediction is held to that call's own allocations. The other worker's call, or one begun before
+    the trace whose worker the trace does not show (held apart), holds part of one call at most: what it
+    allocated inside the trace. (The sum's scalar may join them, as in the one-worker test.)"""
+    from collections import Counter
+
+    from pinpoint.placement.memory_calls import OTHER_CALL
+
     memory = _parameter_server(tmp_path, 2)
-    assert (list(memory), re.fullmatch(
-        r"not measured per device: 2 worker tasks instantiated __inference_step_\d+; their graphs share every "
-        r"node name, so what each allocated cannot be told apart: measure with one worker", memory["why_not"])
-            is not None) == (["why_not"], True)
+    received, product, ones = INNER * COLS * F32, ROWS * COLS * F32, ROWS * INNER * F32
+    calls = {d: sorted(x["requested"] for x in m["at_peak"] if x["requested"] != F32)
+             for d, m in memory["devices"].items() if d.startswith("/job:worker") or d == OTHER_CALL}
+    ((caller, row),) = memory["predicted"]["devices"].items()
+    one_call = Counter([8, ones, product, received])
+    check = memory["self_check"]
+    assert ((check["mismatched"], check["unpartitioned"]), calls.get(caller) in ([product, received], sorted(one_call)),
+            {d: not Counter(c) - one_call for d, c in calls.items()}, row["predicted"] - row["measured"] in (0, -F32, F32)
+            ) == ((0, 0), True, dict.fromkeys(calls, True), True)

@@ -62,25 +62,34 @@ def _device(g) -> str:
 
 def remote_partitions(directory: Path, function: str, caller: str) -> tuple[list, str | None]:
     """(the graphs that ran for one call of `function` made on device `caller`, or [] and why not).
-    One worker's call only: with several workers each instantiates the function, and their parts
-    share every node name, so an allocation could not be told apart."""
+    With several workers each instantiates the function: the caller's own part is its task's, and
+    each instantiation makes its own components, the same graphs under another id."""
     own = list(map(_read, _final(directory, function).values()))
-    workers = {parse_name(_device(g))[:2] for g in own if parse_name(_device(g))[0] == parse_name(caller)[0]}
-    if len(workers) > 1:
-        return [], (f"{len(workers)} {parse_name(caller)[0]} tasks instantiated {function}; their graphs share "
-                    "every node name, so what each allocated cannot be told apart: measure with one worker")
     graphs = [g for g in own if parse_name(_device(g))[:2] == parse_name(caller)[:2]]
     # A component is `<fn>_partitioned_<id>_<k>` (TensorFlow 2.16: `<fn>_<id>_<k>`).
     component = re.compile(re.escape(function) + r"_(?:partitioned_)?(\d+)_\d+_partition__")
     parts = [(m.group(1), p) for p in sorted(directory.glob(f"{function}_*{FINAL}")) if (m := component.match(p.name))]
-    components = sorted({key for key, _ in parts})
-    if len(components) > 1:
-        return [], f"{function} was instantiated {len(components)} times; which one ran the measured call is not known"
-    latest = {p.name.rsplit(".", 4)[0]: p for _, p in parts}
-    graphs.extend(_read(p) for p in latest.values())
+    by_id: dict[str, dict[str, Path]] = {}
+    for key, p in parts:  # (sorted: a later stage's file replaces an earlier one's)
+        by_id.setdefault(key, {})[p.name.rsplit(".", 4)[0].replace(key, "", 1)] = p
+    read = {key: [_read(p) for _, p in sorted(files.items())] for key, files in by_id.items()}
+    if len({_signature(gs) for gs in read.values()}) > 1:
+        return [], f"{function} was instantiated {len(read)} times; which one ran the measured call is not known"
+    graphs.extend(next(iter(read.values()), []))
     if not graphs:
         return [], f"TensorFlow wrote no partition graph of {function} into {directory}"
     return graphs, None
 
 
-__all__ = ["FILTER", "PREFIX_ENV", "dump_dir", "dump_env", "remote_partitions"]
+def tasks_of(directory: Path, function: str, caller: str) -> int:
+    """How many tasks of `caller`'s job instantiated `function` (each wrote its own part)."""
+    own = map(_read, _final(directory, function).values())
+    return len({parse_name(_device(g))[:2] for g in own if parse_name(_device(g))[0] == parse_name(caller)[0]})
+
+
+def _signature(graphs: list) -> tuple:
+    """What tells two instantiations of a component apart: their nodes (name, op, device)."""
+    return tuple(sorted((n.name, n.op, n.device) for g in graphs for n in g.node))
+
+
+__all__ = ["FILTER", "PREFIX_ENV", "dump_dir", "dump_env", "remote_partitions", "tasks_of"]

@@ -57,6 +57,9 @@ class MemEvent:
     kernel: str = ""  # the node whose kernel was running on the allocating thread (a collective's chunk)
     allocator: str = ""  # one per GPU on a GPU machine; every logical CPU shares one
     rpc: bool = False  # made on a thread of the RPC layer
+    step: int = 0  # the executor's step id (one call's, on every task it ran on); 0: none recorded
+    device: str = ""  # set where the op's name alone does not tell (memory_calls: another worker's call)
+    thread: int = 0  # the trace's line (thread) it was recorded on
 
 
 @dataclass
@@ -110,7 +113,7 @@ def memory_events(xspace) -> list[MemEvent]:
             kernels.sort()
             received, lone = _received(line, plane, names)
             rpc = line.name.startswith(RPC_THREAD)
-            dones += [(base + t, name) for t, name in lone] if rpc else []
+            dones += [(base + t, *done) for t, done in lone] if rpc else []
             for e in line.events:
                 meta = plane.event_metadata.get(e.metadata_id)
                 if meta is None or meta.name not in ("MemoryAllocation", "MemoryDeallocation"):
@@ -118,13 +121,15 @@ def memory_events(xspace) -> list[MemEvent]:
                 s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
                 if s.get("tf_op") == NO_OP:
                     s["tf_op"] = ""
+                recv, recv_step = received.get(e.offset_ps, ("", 0))
                 out.append(MemEvent(time_ps=base + e.offset_ps, alloc=meta.name == "MemoryAllocation",
                                     addr=int(s.get("addr") or 0), requested=int(s.get("requested_bytes") or 0),
                                     allocated=int(s.get("allocation_bytes") or 0),
                                     total_after=int(s.get("bytes_allocated") or 0), op=str(s.get("tf_op") or ""),
                                     region=str(s.get("region_type") or ""), shape=str(s.get("shape") or ""),
-                                    kernel=_enclosing(kernels, e.offset_ps) or received.get(e.offset_ps, ""),
-                                    allocator=str(s.get("allocator_name") or ""), rpc=rpc))
+                                    kernel=_enclosing(kernels, e.offset_ps) or recv,
+                                    allocator=str(s.get("allocator_name") or ""), rpc=rpc,
+                                    step=int(s.get("id") or 0) or recv_step, thread=line.id))
     return _across_threads(sorted(out, key=lambda e: e.time_ps), sorted(dones))
 
 
@@ -132,14 +137,14 @@ def memory_events(xspace) -> list[MemEvent]:
 RPC_THREAD = "tf_GrpcWorkerEnvQueues"
 
 
-def _across_threads(events: list[MemEvent], dones: list[tuple[int, str]]) -> list[MemEvent]:
+def _across_threads(events: list[MemEvent], dones: list[tuple[int, str, int]]) -> list[MemEvent]:
     """A receive's buffer whose Done ran on another RPC thread than its allocation (neither matched on
     its own thread, `_received`): the latest such allocation before each such Done is that receive's."""
-    for t, name in dones:
+    for t, name, step in dones:
         i = next((k for k in range(len(events) - 1, -1, -1) if events[k].time_ps <= t and events[k].rpc
                   and events[k].alloc and not events[k].op and not events[k].kernel), None)
         if i is not None:
-            events[i] = replace(events[i], kernel=name)
+            events[i] = replace(events[i], kernel=name, step=step)
     return events
 
 
@@ -147,13 +152,13 @@ def _across_threads(events: list[MemEvent], dones: list[tuple[int, str]]) -> lis
 NO_OP = "(null)"
 
 
-def _received(line, plane, names: dict) -> tuple[dict[int, str], list[tuple[int, str]]]:
-    """(offset -> the _Recv node of each allocation a remote receive made on this thread (an RPC
-    thread: the tensor's bytes arrived from another task; the allocation has no op, and the
+def _received(line, plane, names: dict) -> tuple[dict[int, tuple[str, int]], list[tuple[int, tuple[str, int]]]]:
+    """(offset -> (the _Recv node, its step) of each allocation a remote receive made on this thread
+    (an RPC thread: the tensor's bytes arrived from another task; the allocation has no op, and the
     receive's `ExecutorState::ProcessAsync::Done` follows it in the same threadpool region), and the
-    (offset, _Recv) of each receive's Done that followed no allocation here)."""
-    out: dict[int, str] = {}
-    lone: list[tuple[int, str]] = []
+    (offset, (_Recv, step)) of each receive's Done that followed no allocation here)."""
+    out: dict[int, tuple[str, int]] = {}
+    lone: list[tuple[int, tuple[str, int]]] = []
     pending: list[int] = []
     for e in sorted(line.events, key=lambda e: e.offset_ps):
         meta = plane.event_metadata.get(e.metadata_id)
@@ -163,8 +168,9 @@ def _received(line, plane, names: dict) -> tuple[dict[int, str], list[tuple[int,
         elif name == ASYNC_DONE:
             s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
             if str(s.get("kernel_type")) in RECVS:
-                out.update(dict.fromkeys(pending, str(s.get("name") or "")))
-                lone += [] if pending else [(e.offset_ps, str(s.get("name") or ""))]
+                done = (str(s.get("name") or ""), int(s.get("step_id") or 0))
+                out.update(dict.fromkeys(pending, done))
+                lone += [] if pending else [(e.offset_ps, done)]
             pending = []
         elif name.startswith("ThreadpoolListener::StartRegion") or name.startswith("ThreadpoolListener::StopRegion"):
             pending = []
@@ -352,6 +358,8 @@ def per_device(events: list[MemEvent], devices: Mapping[str, str], types: Mappin
 def _device_of(e: MemEvent, devices: Mapping[str, str], host: str) -> str:
     """An allocation's device: its op's, else the device of the kernel that made it (a collective's
     chunk); one with neither is tf.data's (its threads run no kernel of the step): the host."""
+    if e.device:
+        return e.device
     if e.op in devices:
         return devices[e.op]
     if e.kernel in devices:

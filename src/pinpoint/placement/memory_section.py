@@ -13,20 +13,37 @@ HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 def memory_section(partitions: list, xspace, events: list, namer: DeviceMap, *, peak: int | None,
                    read_ps: int | None, gpus: Mapping[str, int] | None, shapes: Mapping[str, list] | None = None,
-                   call: str = "sampled steps") -> dict:
+                   call: str = "sampled steps", among: str | None = None) -> dict:
     """The section for `events` (the allocator's, in `xspace`) over the call whose executed graphs are
     `partitions`; `shapes`: their output shapes when known (else TensorFlow's shape inference); `call`:
-    which call it was ('first' makes its constants and copies variables still sharing their initial value)."""
-    from pinpoint.placement.memory import summarize
+    which call it was ('first' makes its constants and copies variables still sharing their initial value).
+    `among`: the measured call's worker device when other workers ran the same graphs (an in-process
+    parameter_server cluster, placement.memory_calls): theirs are measured on their devices, and the
+    prediction is held to the call's own allocations."""
+    from pinpoint.placement.memory import per_device, summarize
+    from pinpoint.placement.memory_calls import on_own_devices, one_call, worker_calls
     from pinpoint.placement.memory_trace import predict_call, predict_from_trace
     from pinpoint.placement.timing import node_devices
 
     types = {n.name: n.op for g in partitions for n in g.node}
     devices = node_devices(partitions, namer)
-    out = summarize(events, devices, types, peak, host=namer.canonical_spec(HOST) or "/CPU:0", read_ps=read_ps,
-                    gpus=gpus)
-    out["predicted"] = (predict_call(partitions, shapes, xspace, events, devices, out["devices"],
-                                     first_call=call == "first")
-                        if shapes is not None else predict_from_trace(partitions, xspace, events, devices, out["devices"]))
+    host = namer.canonical_spec(HOST) or "/CPU:0"
+    calls = worker_calls(xspace, devices, namer.canonical_spec(among)) if among else None
+    step, why = calls.step_of() if calls else (None, None)
+    if why:
+        return {"why_not": f"not measured per device: {why}"}
+    if calls:
+        events = on_own_devices(events, calls, devices, namer.canonical_spec)
+    out = summarize(events, devices, types, peak, host=host, read_ps=read_ps, gpus=gpus)
+    measured = out["devices"]
+    first = call == "first"
+    if calls:
+        xspace, events = one_call(xspace, events, calls, step)
+        measured = {d: m.to_json() for d, m in per_device(events, devices, types, host).items()}
+        # (a worker's first run of its instantiation makes the graphs' constants, as a first call does)
+        first = any(e.alloc and types.get(e.op) == "Const" for e in events)
+    out["predicted"] = (predict_call(partitions, shapes, xspace, events, devices, measured, first_call=first)
+                        if shapes is not None else predict_from_trace(partitions, xspace, events, devices, measured,
+                                                                      first_call=first))
     out["call"] = call
     return out

@@ -261,7 +261,7 @@ def predict_call(partitions: list, shapes: Mapping[str, list], xspace, events: I
 
 
 def predict_from_trace(partitions: list, xspace, events: Iterable, devices: Mapping[str, str],
-                       measured: Mapping[str, dict]) -> dict:
+                       measured: Mapping[str, dict], first_call: bool = False) -> dict:
     """predict_call for a call whose shapes are not known yet: TensorFlow's shape inference over its
     partition graphs (placement.runshapes), the kernels that ran read off the trace."""
     from pinpoint.placement.runshapes import infer_shapes
@@ -272,4 +272,4 @@ def predict_from_trace(partitions: list, xspace, events: Iterable, devices: Mapp
         shapes, _ = infer_shapes(partitions, iterator_element_bytes(xspace) or None, kernel_nodes(xspace), loops=True)
     except Exception as err:  # noqa: BLE001 - a sizing error: said, not raised after training
         return {"error": f"shape inference failed ({type(err).__name__}: {str(err).splitlines()[0][:160]})"}
-    return predict_call(partitions, shapes, xspace, events, devices, measured)
+    return predict_call(partitions, shapes, xspace, events, devices, measured, first_call)

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from pinpoint.device_names import is_host
-from pinpoint.placement.memory import UNATTRIBUTED as MEMORY_UNATTRIBUTED
 from pinpoint.placement.memory_model import Memory
 from pinpoint.placement.model import Placement, as_placement
 from pinpoint.placement.records import ReplicaConsistency
@@ -127,7 +126,9 @@ def memory_line(memory) -> str | None:
         return None
     if not memory.devices:
         return _unsplit_memory_line(memory)
-    devs = {d: m for d, m in memory.devices.items() if d != MEMORY_UNATTRIBUTED}
+    # (devices only: not the buckets of what no device of the step's graphs held, memory.UNATTRIBUTED and
+    # memory_calls.OTHER_CALL)
+    devs = {d: m for d, m in memory.devices.items() if d.startswith("/")}
     parts = [f"{d} {human_bytes(m['peak_requested'])} ({human_bytes(m['peak_allocated'])} allocated)"
              for d, m in devs.items()]
     busiest = max(devs, key=lambda d: devs[d]["peak_requested"], default=None)

@@ -257,7 +257,7 @@ def remote_memory(record, namer: DeviceMap) -> dict:
     """placement.json's `memory` section of a training function a worker's runtime of this process
     ran (an in-process parameter_server cluster's closure): its second call's allocator events, its
     graphs from TensorFlow's dumps (placement.graph_dumps)."""
-    from pinpoint.placement.graph_dumps import dump_dir, remote_partitions
+    from pinpoint.placement.graph_dumps import dump_dir, remote_partitions, tasks_of
     from pinpoint.placement.memory_section import memory_section
 
     taken = record.remote
@@ -266,8 +266,10 @@ def remote_memory(record, namer: DeviceMap) -> dict:
     graphs, why = remote_partitions(dump_dir(), record.name, record.remote_device)
     if why:
         return {"why_not": f"not measured per device: {why}"}
+    # Several workers ran the same graphs: each call is told apart by its step (placement.memory_calls).
+    among = record.remote_device if tasks_of(dump_dir(), record.name, record.remote_device) > 1 else None
     out = memory_section(graphs, taken.memory_trace, taken.memory_events, namer, peak=taken.memory_peak,
-                         read_ps=taken.memory_read_ps, gpus=taken.memory_gpu_peaks, call="second")
+                         read_ps=taken.memory_read_ps, gpus=taken.memory_gpu_peaks, call="second", among=among)
     return out | ({"why_not": taken.memory_why} if taken.memory_why else {})
 
 
