@@ -38,7 +38,7 @@ TOP_OPS = 5
 RECVS = {"_Recv", "_HostRecv"}
 TRANSFER_TYPES = RECVS | {"_Send", "_HostSend"}
 _COLLECTIVE_RE = re.compile(r"^(Collective\w+|Nccl\w+|_Nccl\w+)$")
-_ASYNC_START = "ExecutorState::ProcessAsync::Start"
+ASYNC_START = "ExecutorState::ProcessAsync::Start"
 _EXECUTOR = ("ExecutorState::", "ExecutorDoneCallback")
 
 
@@ -188,7 +188,7 @@ def op_events(xspace) -> tuple[list[OpEvent], list[str]]:
                     foreign.append((start, start + e.duration_ps))
                 elif meta.name.startswith(_EXECUTOR):
                     foreign.append((start, start + e.duration_ps))
-                    if meta.name == _ASYNC_START:  # an asynchronous kernel: only receives lack a kernel event
+                    if meta.name == ASYNC_START:  # an asynchronous kernel: only receives lack a kernel event
                         stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
                         if stats.get("kernel_type") in RECVS and stats.get("name"):
                             ops.append(OpEvent(stats["name"], stats["kernel_type"], start, e.duration_ps))
@@ -252,7 +252,7 @@ def kernel_nodes(xspace) -> set[str]:
         if kind and meta.name.endswith(":" + kind):
             if kind not in TRANSFER_TYPES:
                 out.add(meta.name[: -len(kind) - 1])
-        elif meta.name == _ASYNC_START:
+        elif meta.name == ASYNC_START:
             stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
             if stats.get("name") and stats.get("kernel_type") not in TRANSFER_TYPES:
                 out.add(stats["name"])
