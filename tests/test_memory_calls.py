@@ -15,7 +15,8 @@ S0, S1, BEFORE, UNKNOWN = 101, 202, 303, 404  # steps: worker 0's, worker 1's, a
 MIB = 1 << 20
 # The caller (worker 1)'s graphs: every node of the step on its task.
 DEVICES = {"MatMul": W1, "ones": W1, "ReadVariableOp": PS}
-STATS = ("id", "tf_op", "requested_bytes", "allocation_bytes", "addr", "bytes_allocated", "debug_str")
+STATS = ("id", "tf_op", "requested_bytes", "allocation_bytes", "addr", "bytes_allocated", "debug_str", "_ct", "_c",
+         "_pt", "_p")
 
 
 def _request(task: int) -> str:
@@ -36,7 +37,8 @@ def _xspace():
     for i, name in enumerate(STATS, start=1):
         plane.stat_metadata[i].name = name
     names = ["EagerService:Enqueue", "FunctionRun", "ExecutorState::Process", "MemoryAllocation",
-             "MemoryDeallocation", "MatMul:MatMul", "ReadVariableOp:ReadVariableOp"]
+             "MemoryDeallocation", "MatMul:MatMul", "ReadVariableOp:ReadVariableOp", "ThreadpoolListener::StartRegion",
+             "ThreadpoolListener::StopRegion", "ThreadpoolListener::Record"]
     for i, name in enumerate(names, start=1):
         plane.event_metadata[i].id, plane.event_metadata[i].name = i, name
         plane.event_metadata[i].display_name = name.split(":")[1] if name.count(":") == 1 else ""
@@ -65,9 +67,17 @@ def _xspace():
             event(line, "MatMul:MatMul", 21 + 10 * k, 3)
             event(line, "MemoryAllocation", 22 + 10 * k, tf_op="MatMul", id=step, requested_bytes=MIB)
     ps = thread(5)
+    event(ps, "ThreadpoolListener::StartRegion", 14, 0, _ct=15, _c=98)
     for k, step in enumerate((S0, S1)):
         event(ps, "ExecutorState::Process", 15 + 2 * k, 1, id=step)
         event(ps, "ReadVariableOp:ReadVariableOp", 15 + 2 * k)
+        if step == S0:  # worker 0's call queues more work on the ps (a threadpool flow, 15)
+            event(ps, "ThreadpoolListener::Record", 15, 0, _pt=15, _p=99)
+            event(ps, "ThreadpoolListener::StopRegion", 16, 0)
+    # ... which runs in a region that names no step.
+    event(ps, "ThreadpoolListener::StartRegion", 50, 0, _ct=15, _c=99)
+    event(ps, "ReadVariableOp:ReadVariableOp", 51)
+    event(ps, "ThreadpoolListener::StopRegion", 53, 0)
     unknown = thread(6)
     event(unknown, "ExecutorState::Process", 40, 5, id=UNKNOWN)
     event(unknown, "MemoryAllocation", 41, tf_op="MatMul", id=UNKNOWN, requested_bytes=MIB)
@@ -92,7 +102,8 @@ def test_each_workers_call_is_told_apart_by_its_step_and_the_threads_that_ran_it
 
 
 def test_the_callers_own_call_keeps_only_its_kernels_and_allocations():
-    """(An EagerService:Enqueue reads as a kernel named EagerService, as in TensorFlow's traces: the
+    """The ps's read at 51 us ran in a region no step names, queued by worker 0's call: left out with
+    it. (An EagerService:Enqueue reads as a kernel named EagerService, as in TensorFlow's traces: the
     caller's is kept, worker 0's left out with its thread.)"""
     from pinpoint.placement.memory import memory_events
     from pinpoint.placement.memory_calls import on_own_devices, one_call, worker_calls

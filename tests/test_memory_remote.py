@@ -131,7 +131,7 @@ def test_a_tensor_sent_to_another_task_is_a_new_buffer_there_and_held_here_until
     ps's receive is a copy made when its bytes arrive (t=6), which z writes into. The RPC layer let go
     of relu at t=9 (the allocator's event): q and relu live together, 250 B. Without that time, relu
     is let go of at the send, and the worker's peak is x and relu's 200 B."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory_predict import Measured, Node, Schedule
 
     worker = _graph(("x", "MatMul", [], WORKER, ""), ("relu", "Relu", ["x"], WORKER, ""),
                     ("send", "_Send", ["relu"], WORKER, "edge_relu"), ("q", "MatMul", [], WORKER, ""))
@@ -142,7 +142,7 @@ def test_a_tensor_sent_to_another_task_is_a_new_buffer_there_and_held_here_until
     # The receive is posted at 1 and its bytes arrive at 6 (its trace event ends then).
     order = [("x", 0, 1), ("relu", 2, 3), ("send", 4, 4), ("recv", 1, 6), ("q", 5, 8), ("z", 7, 8)]
     schedule = Schedule.of(nodes, order)
-    held = schedule.peaks(lambda n: sizes.get(n, []), devices.get, released={"relu": 9})
+    held = schedule.peaks(lambda n: sizes.get(n, []), devices.get, measured=Measured(released={"relu": 9}))
     at_send = schedule.peaks(lambda n: sizes.get(n, []), devices.get)
     assert (held, at_send) == ({WORKER: 250, PS: 100}, {WORKER: 200, PS: 100})
 
@@ -226,7 +226,7 @@ def test_a_received_buffer_the_rpc_layer_still_holds_outlives_its_reader():
     """The ps receives 100 B (bytes arrive at t=6); z sums it (4 B) and is its only reader; w (200 B)
     runs after. The RPC layer let go of the received bytes at t=11 (the allocator's event), so they
     and w live together: 300 B. Without that time they go with their reader: 200 B at w."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory_predict import Measured, Node, Schedule
 
     worker = _graph(("x", "MatMul", [], WORKER, ""), ("send", "_Send", ["x"], WORKER, "edge_x"))
     ps = _graph(("recv", "_Recv", [], PS, "edge_x"), ("z", "Sum", ["recv"], PS, ""), ("w", "MatMul", [], PS, ""))
@@ -235,7 +235,7 @@ def test_a_received_buffer_the_rpc_layer_still_holds_outlives_its_reader():
     sizes = {"x": [100], "recv": [100], "z": [4], "w": [200]}
     order = [("x", 0, 1), ("send", 2, 2), ("recv", 1, 6), ("z", 7, 8), ("w", 9, 10)]
     schedule = Schedule.of(nodes, order)
-    held = schedule.peaks(lambda n: sizes.get(n, []), devices.get, released={"recv": 11})
+    held = schedule.peaks(lambda n: sizes.get(n, []), devices.get, measured=Measured(released={"recv": 11}))
     freed = schedule.peaks(lambda n: sizes.get(n, []), devices.get)
     assert (held[PS], freed[PS]) == (300, 200)
 

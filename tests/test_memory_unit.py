@@ -263,12 +263,12 @@ def test_a_loops_tensor_list_holds_each_pushed_element_until_the_gradient_readin
 
 def test_a_kernels_scratch_is_held_while_it_runs():
     """a (300 B) then b reading it (200 B) with 64 B of scratch: 300 + 200 + 64 while b runs."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory_predict import Measured, Node, Schedule
 
     nodes = [Node("a", "Conv2D"), Node("b", "Conv2D", (("a", 0),))]
     sizes = {"a": [300], "b": [200]}
     schedule = Schedule.of(nodes, [("a", 0, 1), ("b", 2, 3)])
-    peaks = [schedule.peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0", temps=t) for t in ({}, {"b": 64})]
+    peaks = [schedule.peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0", measured=Measured(temps=t)) for t in ({}, {"b": 64})]
     assert peaks == [{"/GPU:0": 500}, {"/GPU:0": 564}]
 
 
@@ -298,10 +298,10 @@ def test_two_kernels_that_run_at_once_hold_their_scratch_when_each_held_its_most
     """a (0-100) holds 100 B of scratch from 60 on, b (10-50) from its start: never together. Made at
     each kernel's start they would be (a transformer's two Einsum gradients: +11% in a bench run).
     Their outputs (10 B each) and b's scratch: 120 B, not 220."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory_predict import Measured, Node, Schedule
 
     schedule = Schedule.of([Node("a", "Einsum"), Node("b", "Einsum")], [("a", 0, 100), ("b", 10, 50)])
-    peaks = [schedule.peaks(lambda n: [10], lambda n: "/GPU:0", temps={"a": 100, "b": 100}, temp_after=after)
+    peaks = [schedule.peaks(lambda n: [10], lambda n: "/GPU:0", measured=Measured(temps={"a": 100, "b": 100}, temp_after=after))
              for after in ({}, {"a": 60})]
     assert peaks == [{"/GPU:0": 220}, {"/GPU:0": 120}]
 
@@ -532,12 +532,29 @@ def test_a_kernel_with_scratch_makes_its_outputs_when_the_allocator_gave_them():
     Einsum made the temp it hands on 873 us into its 1000 us kernel: +8.7% on a split made at the start).
     b (5-60) reads x (300 B) and makes 20 B. Made at a's start, a's output would be live beside x and
     b's: 410 B. Made at 82, after x was freed: x, the scratch and b's output, 370 B."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory_predict import Measured, Node, Schedule
 
     nodes = [Node("x", "MatMul"), Node("a", "Einsum"), Node("b", "MatMul", (("x", 0),)),
              Node("c", "AddV2", (("a", 0), ("b", 0)))]
     sizes = {"x": [300], "a": [40], "b": [20], "c": [20]}
     schedule = Schedule.of(nodes, [("x", 0, 1), ("a", 2, 100), ("b", 5, 60), ("c", 110, 120)])
-    peaks = [schedule.peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0", temps={"a": 50}, outputs_after=after)
+    peaks = [schedule.peaks(lambda n: sizes.get(n, []), lambda n: "/GPU:0", measured=Measured(temps={"a": 50}, outputs_after=after))
              for after in ({}, {"a": 80})]
     assert peaks == [{"/GPU:0": 410}, {"/GPU:0": 370}]
+
+
+def test_a_constant_or_an_update_the_allocator_saw_made_is_made_in_a_later_call():
+    """A parameter_server worker's first run of its own copy of the function makes its constants (c,
+    64 B) though it is not the function's first call; an update another worker's read held (u on v,
+    with a 100 B value) writes a copy of the variable. Without that evidence neither is made."""
+    from pinpoint.placement.memory_predict import Measured, Node, Schedule
+
+    nodes = [Node("v", "VarHandleOp"), Node("c", "Const"), Node("d", "Mul", (("c", 0),)),
+             Node("g", "MatMul"), Node("u", "AssignAddVariableOp", (("v", 0), ("g", 0)))]
+    sizes = {"c": [64], "d": [64], "g": [100]}
+    schedule = Schedule.of(nodes, [("c", 0, 1), ("d", 2, 3), ("g", 4, 5), ("u", 6, 7)])
+    peaks = [schedule.peaks(lambda n: sizes.get(n, []), lambda n: "/job:ps/task:0/CPU:0", measured=m)[
+        "/job:ps/task:0/CPU:0"] for m in (Measured(), Measured(constants=frozenset({"c"}), copied=frozenset({"u"})))]
+    # Without: d's 64 B (c made before the call), then g's 100 B with d let go of. With: c stays,
+    # and u's copy of v (100 B) joins g's.
+    assert peaks == [100, 64 + 100 + 100]

@@ -8,6 +8,8 @@ kernel runs in (`id`). A worker's call of a remote function is the `FunctionRun`
 `EagerService:Enqueue` whose operation names that worker's device, on the same thread. A call
 enqueued before the trace began has no such request in it: its worker is the one whose threads ran
 it (each worker's runtime has a thread pool of its own; a ps's threads serve every worker's calls).
+A kernel is a call's by the threadpool region it ran in: the step the region's work names, else
+that of the region that queued it (`ThreadpoolListener` flows).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ ENQUEUE = "EagerService:Enqueue"
 FUNCTION_RUN = "FunctionRun"
 PROCESS = "ExecutorState::Process"
 _MEMORY = ("MemoryAllocation", "MemoryDeallocation")
+START_REGION, STOP_REGION = "ThreadpoolListener::StartRegion", "ThreadpoolListener::StopRegion"
+RECORD = "ThreadpoolListener::Record"
+# The events that name the step they are for (`id`, a receive's `step_id`), and the flow's Record.
+_STEP_EVENTS = {PROCESS, FUNCTION_RUN, "MemoryAllocation", "ExecutorDoneCallback", RECORD,
+                "ExecutorState::ProcessAsync::Start", "ExecutorState::ProcessAsync::Done"}
 # The enqueued operation's own device (an input's remote handle names its device deeper in).
 _OP_DEVICE = re.compile(r'\n  operation \{\n(?:    .*\n)*?    device: "([^"]+)"')
 
@@ -46,13 +53,13 @@ class Calls:
 
     def worker(self, step: int, thread: int) -> str:
         """The worker device (or OTHER_CALL) whose call an allocation of `step` on `thread` was; ''
-        when it was no call's (tf.data's), or the caller's own."""
+        when no call's is known (tf.data's; a ps's thread's)."""
         if step in self.steps or (not step and thread in self.threads):
             return self.steps.get(step) or self.threads[thread]
         return OTHER_CALL if step or thread in self.unknown else ""
 
     def others(self, step: int, thread: int) -> bool:
-        """Whether an allocation was another call's than the caller's (`step`: the caller's call)."""
+        """Whether an allocation of `step` on `thread` was another call's than the caller's."""
         worker = self.worker(step, thread)
         return worker == OTHER_CALL or (bool(worker) and _task(worker) != _task(self.caller))
 
@@ -121,9 +128,11 @@ def one_call(xspace, events: Iterable, calls: Calls, step: int):
     """(the trace, the events) of the caller's call (`step`): other calls' kernels, receives and
     allocations (and the frees of those allocations) left out, and every event of another call's
     threads; allocations of no call (tf.data's, no step) kept. `events`: on_own_devices'."""
+    regions, made_in = region_steps(xspace)
     kept, dropped_at, dropped = [], set(), set()
     for e in events:
-        other = e.alloc and (e.device or e.step not in (0, step) or calls.others(0, e.thread))
+        region = regions.get(made_in.get((e.thread, e.time_ps)), step)  # (a constant's: no step of its own)
+        other = e.alloc and (e.device or e.step not in (0, step) or region != step or calls.others(0, e.thread))
         if other or (not e.alloc and e.addr in dropped):
             (dropped.add if e.alloc else dropped.discard)(e.addr)
             dropped_at.add(e.time_ps)
@@ -132,26 +141,81 @@ def one_call(xspace, events: Iterable, calls: Calls, step: int):
     out = type(xspace)()
     out.CopyFrom(xspace)
     for line, plane, names in _host_lines(out):
-        others = None if calls.others(0, line.id) else []  # None: another call's thread
-        for e in line.events if others is not None else ():
-            meta = plane.event_metadata.get(e.metadata_id)
-            if meta is not None and meta.name == PROCESS and int(_stats(e, names).get("id") or 0) not in (0, step):
-                others.append((e.offset_ps, e.offset_ps + e.duration_ps))
-        here = [e for e in line.events if _ours(e, plane, names, line.timestamp_ns * 1000, step, dropped_at, others)]
+        if calls.others(0, line.id):  # another call's thread: none of it
+            here = [e for e in line.events if _memory(plane, e) and line.timestamp_ns * 1000 + e.offset_ps
+                    not in dropped_at]
+        else:
+            here = list(_ours(line, plane, names, step, dropped_at, regions))
         del line.events[:]
         line.events.extend(here)
     return out, kept
 
 
-def _ours(e, plane, names: dict, base: int, step: int, dropped_at: set[int], others: list | None) -> bool:
-    """Whether an event of the trace is the call's (`others`: the spans of other calls on its thread;
-    None: the thread is another worker's)."""
+def _ours(line, plane, names: dict, step: int, dropped_at: set[int], regions: Mapping[tuple[int, int], int]):
+    """The events of a thread that are the call's: its allocator events not dropped; the others by
+    the step of the threadpool region they ran in (region_steps), else by the executor run around
+    them or their own `step_id`."""
+    base, region = line.timestamp_ns * 1000, None
+    others = [(e.offset_ps, e.offset_ps + e.duration_ps) for e in line.events if _name(plane, e) == PROCESS
+              and int(_stats(e, names).get("id") or 0) not in (0, step)]
+    for e in sorted(line.events, key=lambda e: e.offset_ps):
+        name = _name(plane, e)
+        region = (line.id, e.offset_ps) if name == START_REGION else None if name == STOP_REGION else region
+        if name in _MEMORY:
+            if base + e.offset_ps not in dropped_at:
+                yield e
+        elif region in regions:
+            if regions[region] == step:
+                yield e
+        elif not any(start <= e.offset_ps <= end for start, end in others) and int(
+                _stats(e, names).get("step_id") or step) == step:
+            yield e
+
+
+def region_steps(xspace) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], tuple[int, int]]]:
+    """((line, offset of a threadpool region's start) -> the step its work was for, (line, time) of
+    each allocation -> its region). A region's step is the one step its executor runs, receives or
+    allocations name, else the step of the region that queued it (TensorFlow's flow: the region's `_c`
+    is the `_p` of the `ThreadpoolListener::Record` that queued it). A ps's update kernels can run in a
+    region that names no step: they forward their inputs."""
+    own: dict[tuple[int, int], tuple[tuple, set[int]]] = {}  # region -> (its flow id, the steps in it)
+    queued_in: dict[tuple, tuple[int, int]] = {}  # flow id -> the region that queued it
+    made_in: dict[tuple[int, int], tuple[int, int]] = {}
+    for line, plane, names in _host_lines(xspace):
+        region = None
+        for e in sorted(line.events, key=lambda e: e.offset_ps):
+            name = _name(plane, e)
+            if name == START_REGION:
+                region = (line.id, e.offset_ps)
+                stats = _stats(e, names)
+                own[region] = ((stats.get("_ct"), stats.get("_c")), set())
+            elif name == STOP_REGION:
+                region = None
+            elif region is not None and name in _STEP_EVENTS:
+                stats = _stats(e, names)
+                if s := int(stats.get("id") or stats.get("step_id") or 0):
+                    own[region][1].add(s)
+                if name == RECORD:
+                    queued_in[(stats.get("_pt"), stats.get("_p"))] = region
+                if name == "MemoryAllocation":
+                    made_in[(line.id, line.timestamp_ns * 1000 + e.offset_ps)] = region
+    out = {}
+    for region in own:
+        at, hops = region, 0
+        while at is not None and not own[at][1] and hops < 32:  # (a flow's chain of regions, bounded)
+            at, hops = queued_in.get(own[at][0]), hops + 1
+        if at is not None and len(own[at][1]) == 1:
+            out[region] = next(iter(own[at][1]))
+    return out, made_in
+
+
+def _name(plane, e) -> str:
     meta = plane.event_metadata.get(e.metadata_id)
-    if meta is not None and meta.name in _MEMORY:
-        return base + e.offset_ps not in dropped_at
-    if others is None or any(start <= e.offset_ps <= end for start, end in others):
-        return False
-    return int(_stats(e, names).get("step_id") or step) == step
+    return meta.name if meta is not None else ""
+
+
+def _memory(plane, e) -> bool:
+    return _name(plane, e) in _MEMORY
 
 
 def _task(device: str) -> tuple:

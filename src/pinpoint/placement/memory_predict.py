@@ -132,6 +132,20 @@ def _data_inputs(n: Node) -> tuple[tuple[str, int], ...]:
     return n.inputs
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What a call's allocator events told the replay beyond its graphs and its kernels' order (each
+    rule's evidence is in the module's docstring). Times in the order's unit (ps, as traced)."""
+
+    temps: Mapping[str, int] = field(default_factory=dict)  # kernel -> its scratch while it runs (bytes)
+    released: Mapping[str, int] = field(default_factory=dict)  # node -> when the RPC layer let go of it
+    temp_after: Mapping[str, int] = field(default_factory=dict)  # kernel -> its scratch's delay after its start
+    inputs_after: Mapping[str, int] = field(default_factory=dict)  # kernel -> its inputs let go of after its end
+    outputs_after: Mapping[str, int] = field(default_factory=dict)  # kernel -> its outputs made after its start
+    constants: frozenset = frozenset()  # the constants the call made (its copy of the function's first run)
+    copied: frozenset = frozenset()  # the updates that wrote a copy (a read of another call held the variable)
+
+
 @dataclass
 class _Sim:
     """One call replayed: each tensor's buffer, each buffer's pending readers, each device's live bytes."""
@@ -143,6 +157,8 @@ class _Sim:
     group_size: int
     first_call: bool = False
     copies: bool = False  # a GPU machine's: a tensor read on another device is a copy in that device's memory
+    constants: frozenset = frozenset()  # constants made in this call though it is not the first (Measured)
+    copied: frozenset = frozenset()  # updates that copied though no read of this call held the variable (Measured)
     on: dict = field(default_factory=dict)  # (tensor, device) -> its readers there (copies)
     buffers: dict = field(default_factory=dict)  # (node, output) -> _Buffer
     local: dict = field(default_factory=dict)  # (tensor, device) -> its copy there (copies)
@@ -222,7 +238,7 @@ class _Sim:
     def outputs(self, n: Node, device: str) -> None:
         """Its outputs: a new buffer, an input's, or nothing, by TensorFlow's rules."""
         op, inputs, reads = _MKL.sub("", n.op), _data_inputs(n), self.readers
-        if op in ("Const", "HostConst") and self.first_call:
+        if op in ("Const", "HostConst") and (self.first_call or n.name in self.constants):
             # A constant's tensor is made when its kernel is, at the function's first call, and kept.
             for k, size in enumerate(self.size_of(n.name)):
                 if size:
@@ -341,7 +357,7 @@ class _Sim:
         function's first call every variable's first update copies: its buffer is still shared with
         the value it was initialized from."""
         var = self.variable(inputs[0])
-        first = self.first_call and var not in self.updated
+        first = (self.first_call and var not in self.updated) or n.name in self.copied
         self.updated.add(var)
         if not first and not any(v.refs > 0 for v in self.views.get(var, ())):
             return
@@ -751,16 +767,15 @@ class Schedule:
         return of
 
     def peaks(self, size_of: Callable[[str], list[int]], device_of: Callable[[str], str], group_size: int = 1,
-              first_call: bool = False, copies: bool = False, temps: Mapping[str, int] | None = None,
-              released: Mapping[str, int] | None = None, temp_after: Mapping[str, int] | None = None,
-              inputs_after: Mapping[str, int] | None = None, outputs_after: Mapping[str, int] | None = None,
+              first_call: bool = False, copies: bool = False, measured: Measured = Measured(),
               record: dict | None = None) -> dict[str, int]:
         """Each device's peak (bytes requested) with node -> device_of(node); `copies`: a tensor read
-        on another device than its maker's is a copy there (a GPU machine's); `temps`: each kernel's
-        scratch while it runs (made `temp_after` its start, else at it); `released`: when the RPC
-        layer let go of a node's output it sent to another task (the trace's time); `inputs_after`:
-        how long after its end a kernel's inputs were let go of, `outputs_after` after its start its
-        outputs were made; `record`: kernel -> the makers of the buffers its end freed (filled)."""
+        on another device than its maker's is a copy there (a GPU machine's); `measured`: what the
+        allocator's events told (each kernel's scratch, made `temp_after` its start, else at it; when
+        the RPC layer let go of a node's output it sent to another task; how long after its end a
+        kernel's inputs were let go of, after its start its outputs were made); `record`: kernel ->
+        the makers of the buffers its end freed (filled)."""
+        m = measured
         out: dict[str, int] = {}
         previous = None
         lists = self.held_in_lists(size_of, device_of)
@@ -768,16 +783,15 @@ class Schedule:
         across = [n.tensor_name for n in self.nodes.values() if n.op in _RECVS and n.tensor_name in self.sent
                   and _other_task(device_of(self.sent[n.tensor_name][0]), device_of(n.name))]
         remote, remote_names = frozenset(self.sent[t] for t in across), frozenset(across)
-        let_go = sorted((t, None, name) for name, t in (released or {}).items() if name in self.nodes)
+        let_go = sorted((t, None, name) for name, t in m.released.items() if name in self.nodes)
         size_of = self._with_list_elements(size_of)
         for k, run in enumerate(self.runs):
             other = others(k) if others is not None else None
             counts = defaultdict(int, {t: len(r) for t, r in self.readers.items()})
             sim = _Sim(dict(self.nodes), dict(self.sent), counts, size_of, group_size, first_call, copies,
-                       temps=temps or {}, frames=self.frames, remote=remote, remote_names=remote_names,
-                       let_go=frozenset(name for _, _, name in let_go), temp_after=frozenset(temp_after or ()),
-                       late=frozenset(inputs_after or ()), late_outputs=frozenset(outputs_after or ()),
-                       freed=record)
+                       m.constants, m.copied, temps=m.temps, frames=self.frames, remote=remote, remote_names=remote_names,
+                       let_go=frozenset(name for _, _, name in let_go), temp_after=frozenset(m.temp_after),
+                       late=frozenset(m.inputs_after), late_outputs=frozenset(m.outputs_after), freed=record)
             if previous is not None:
                 sim.carry(previous)
             if copies:
@@ -785,10 +799,10 @@ class Schedule:
                     for name in names:
                         sim.on[(t, device_of(name))] = sim.on.get((t, device_of(name)), 0) + 1
             later = tuple((t + after[name], step, name) for t, starts, name in run
-                          for step, after, names in ((_SCRATCH, temp_after, sim.temp_after),
-                                                     (_OUTPUTS, outputs_after, sim.late_outputs))
+                          for step, after, names in ((_SCRATCH, m.temp_after, sim.temp_after),
+                                                     (_OUTPUTS, m.outputs_after, sim.late_outputs))
                           if starts is True and name in names) + tuple(
-                (t + inputs_after[name], _INPUTS, name) for t, starts, name in run if starts is False and name in sim.late)
+                (t + m.inputs_after[name], _INPUTS, name) for t, starts, name in run if starts is False and name in sim.late)
             for t, starts, name in (sorted(run + tuple(let_go) + later, key=lambda x: x[0]) if let_go or later else run):
                 if starts is None:
                     sim.let_go_of(name)
@@ -909,6 +923,12 @@ class Replay:
     # with scratch (the others start then): a transformer's Einsum made the temp it hands on as its
     # output 873 us into its 1000 us kernel.
     outputs_after: Mapping[str, int] = field(default_factory=dict)
+    # the constants the call made though it was not the function's first call (the allocator's events:
+    # a parameter_server worker's first run of its own copy of the function)
+    constants: frozenset = frozenset()
+    # the updates that wrote a copy of their variable though no read of this call held it (the
+    # allocator's events: another worker's call read the parameter_server's variable meanwhile)
+    copied: frozenset = frozenset()
 
     @cached_property
     def schedule(self) -> Schedule:
@@ -920,9 +940,10 @@ class Replay:
     def peaks(self, device_of: Callable[[str], str] | None = None, copies: bool = False,
               record: dict | None = None) -> dict[str, int]:
         """Each device's peak over the call, every node on device_of(node) (default: where it ran)."""
+        measured = Measured(self.temps, self.released, self.temp_after, self.inputs_after, self.outputs_after,
+                            self.constants, self.copied)
         return self.schedule.peaks(self.size_of, device_of or (lambda name: self.devices.get(name, "")),
-                                   self.replicas or 1, self.first_call, copies, self.temps, self.released,
-                                   self.temp_after, self.inputs_after, self.outputs_after, record)
+                                   self.replicas or 1, self.first_call, copies, measured, record)
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": [[n.name, n.op, [list(t) for t in n.inputs], n.tensor_name] for n in self.nodes],
@@ -930,7 +951,8 @@ class Replay:
                 "devices": dict(self.devices), "replicas": self.replicas, "first_call": self.first_call,
                 "batch": self.batch, "scaled": {k: list(v) for k, v in self.scaled.items()}, "temps": dict(self.temps),
                 "released": dict(self.released), "temp_after": dict(self.temp_after),
-                "inputs_after": dict(self.inputs_after), "outputs_after": dict(self.outputs_after)}
+                "inputs_after": dict(self.inputs_after), "outputs_after": dict(self.outputs_after),
+                "constants": sorted(self.constants), "copied": sorted(self.copied)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Replay:
@@ -939,4 +961,5 @@ class Replay:
                    {k: tuple(v) for k, v in d["sizes"].items()}, dict(d["devices"]), int(d.get("replicas") or 0),
                    bool(d.get("first_call")), d.get("batch"), {k: tuple(v) for k, v in (d.get("scaled") or {}).items()},
                    dict(d.get("temps") or {}), dict(d.get("released") or {}), dict(d.get("temp_after") or {}),
-                   dict(d.get("inputs_after") or {}), dict(d.get("outputs_after") or {}))
+                   dict(d.get("inputs_after") or {}), dict(d.get("outputs_after") or {}),
+                   frozenset(d.get("constants") or ()), frozenset(d.get("copied") or ()))

@@ -36,14 +36,11 @@ def memory_section(partitions: list, xspace, events: list, namer: DeviceMap, *, 
         events = on_own_devices(events, calls, devices, namer.canonical_spec)
     out = summarize(events, devices, types, peak, host=host, read_ps=read_ps, gpus=gpus)
     measured = out["devices"]
-    first = call == "first"
     if calls:
         xspace, events = one_call(xspace, events, calls, step)
         measured = {d: m.to_json() for d, m in per_device(events, devices, types, host).items()}
-        # (a worker's first run of its instantiation makes the graphs' constants, as a first call does)
-        first = any(e.alloc and types.get(e.op) == "Const" for e in events)
-    out["predicted"] = (predict_call(partitions, shapes, xspace, events, devices, measured, first_call=first)
-                        if shapes is not None else predict_from_trace(partitions, xspace, events, devices, measured,
-                                                                      first_call=first))
+    out["predicted"] = (predict_call(partitions, shapes, xspace, events, devices, measured, first_call=call == "first")
+                        if shapes is not None
+                        else predict_from_trace(partitions, xspace, events, devices, measured, shared=calls is not None))
     out["call"] = call
     return out

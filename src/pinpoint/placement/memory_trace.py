@@ -34,10 +34,12 @@ _LATE_INPUTS = 1_000_000_000
 
 
 def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
-              first_call: bool = False) -> tuple[Replay, dict[str, int]]:
+              first_call: bool = False, shared: bool = False) -> tuple[Replay, dict[str, int]]:
     """(the call's Replay, how many nodes were sized by their shapes and how many by the allocator).
     An output whose shape inference left unknown (a batch dimension that depends on the step) is
-    sized by what its op really asked the allocator for (`events`, the call's allocator events)."""
+    sized by what its op really asked the allocator for (`events`, the call's allocator events).
+    `shared`: other calls ran at once on the call's variables (other workers'), so an update whose
+    events show a copy made one."""
     from pinpoint.placement.memory_batch import batch_of, scaled_outputs
     from pinpoint.placement.timing import op_events
 
@@ -98,9 +100,25 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
                     # (an update's copy-on-write copy is the update rule's, not a scratch)
                     {n.name: temps[n.name] for n in nodes if temps.get(n.name)
                      and not _UPDATE.match(_MKL.sub("", n.op)) and n.op not in _LIST_MAKERS}, released, temp_after,
-                    outputs_after=outputs_after)
+                    outputs_after=outputs_after, constants=_constants_made(nodes, events),
+                    copied=_copied(nodes, events, once) if shared else frozenset())
     lags = input_lags(replay, {op: sorted(t - begin for t in times) for op, times in freed.items()})
     return replace(replay, inputs_after=lags), counts
+
+
+def _constants_made(nodes: Iterable[Node], events: Iterable) -> frozenset[str]:
+    """The constants the call's allocator events show it made: a constant's kernel makes its tensor
+    when it is built, at the first run of the executor's copy of the function (a parameter_server
+    worker's first run of its own, though not the function's first call)."""
+    constants = {n.name for n in nodes if _MKL.sub("", n.op) in ("Const", "HostConst")}
+    return frozenset(e.op for e in events if e.alloc and e.op in constants)
+
+
+def _copied(nodes: Iterable[Node], events: Iterable, once: Mapping[str, int]) -> frozenset[str]:
+    """The updates (kernels that ran once) whose allocator events show they wrote a copy of their
+    variable: a read still held it. On a parameter server that read can be another worker's call."""
+    updates = {n.name for n in nodes if _UPDATE.match(_MKL.sub("", n.op)) and once.get(n.name) == 1}
+    return frozenset(e.op for e in events if e.alloc and e.op in updates)
 
 
 def input_lags(replay: Replay, freed_at: Mapping[str, list[int]]) -> dict[str, int]:
@@ -245,13 +263,13 @@ def _arrival(times: list[int] | None, posted: int) -> int:
 
 
 def predict_call(partitions: list, shapes: Mapping[str, list], xspace, events: Iterable, devices: Mapping[str, str],
-                 measured: Mapping[str, dict], first_call: bool = False) -> dict:
+                 measured: Mapping[str, dict], first_call: bool = False, shared: bool = False) -> dict:
     """The prediction for the profiled call as it ran (its kernels' order from the trace), per device
     beside the measured peak, and on a GPU machine (every tensor read on another device a copy
-    there). `replay`: what `pinpoint plan` replays under another placement."""
+    there). `replay`: what `pinpoint plan` replays under another placement. `shared`: replay_of's."""
     from pinpoint.placement.memory_batch import batch_section
 
-    replay, counts = replay_of(partitions, shapes, xspace, events, devices, first_call)
+    replay, counts = replay_of(partitions, shapes, xspace, events, devices, first_call, shared)
     rows = compare(replay.peaks(), measured)
     gpu = replay.peaks(copies=True)
     for d, row in rows.items():
@@ -261,7 +279,7 @@ def predict_call(partitions: list, shapes: Mapping[str, list], xspace, events: I
 
 
 def predict_from_trace(partitions: list, xspace, events: Iterable, devices: Mapping[str, str],
-                       measured: Mapping[str, dict], first_call: bool = False) -> dict:
+                       measured: Mapping[str, dict], shared: bool = False) -> dict:
     """predict_call for a call whose shapes are not known yet: TensorFlow's shape inference over its
     partition graphs (placement.runshapes), the kernels that ran read off the trace."""
     from pinpoint.placement.runshapes import infer_shapes
@@ -272,4 +290,4 @@ def predict_from_trace(partitions: list, xspace, events: Iterable, devices: Mapp
         shapes, _ = infer_shapes(partitions, iterator_element_bytes(xspace) or None, kernel_nodes(xspace), loops=True)
     except Exception as err:  # noqa: BLE001 - a sizing error: said, not raised after training
         return {"error": f"shape inference failed ({type(err).__name__}: {str(err).splitlines()[0][:160]})"}
-    return predict_call(partitions, shapes, xspace, events, devices, measured, first_call)
+    return predict_call(partitions, shapes, xspace, events, devices, measured, shared=shared)
