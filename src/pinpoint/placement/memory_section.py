@@ -39,8 +39,9 @@ def memory_section(partitions: list, xspace, events: list, namer: DeviceMap, *, 
     if calls:
         xspace, events = one_call(xspace, events, calls, step)
         measured = {d: m.to_json() for d, m in per_device(events, devices, types, host).items()}
-    out["predicted"] = (predict_call(partitions, shapes, xspace, events, devices, measured, first_call=call == "first")
-                        if shapes is not None
-                        else predict_from_trace(partitions, xspace, events, devices, measured, shared=calls is not None))
+    shared = calls is not None  # (other workers' calls ran at once on the same variables)
+    out["predicted"] = (predict_call(partitions, shapes, xspace, events, devices, measured, first_call=call == "first",
+                                     shared=shared)
+                        if shapes is not None else predict_from_trace(partitions, xspace, events, devices, measured, shared))
     out["call"] = call
     return out
