@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from pinpoint.device_names import parse_name
-from pinpoint.placement.timing import ASYNC_DONE, ASYNC_START, RECVS
+from pinpoint.placement.timing import ASYNC_DONE, ASYNC_START, RECVS, host_events
 
 ALLOCATOR_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 COLLECTIVE_CHUNK = "CollectiveAdapterImpl::TempChunk"
@@ -153,22 +153,16 @@ def _undone(xspace) -> list[tuple[int, str, int]]:
     lost one in one of eight two-worker runs: its bytes arrived, its reader ran, no Done was recorded)."""
     starts: dict[tuple[str, int], list[int]] = defaultdict(list)
     done: dict[tuple[str, int], int] = defaultdict(int)
-    for plane in xspace.planes:
-        if plane.name != "/host:CPU":
+    for e, meta, names, line_ps in host_events(xspace):
+        if meta.name not in (ASYNC_START, ASYNC_DONE):
             continue
-        names = {k: v.name for k, v in plane.stat_metadata.items()}
-        for line in plane.lines:
-            for e in line.events:
-                meta = plane.event_metadata.get(e.metadata_id)
-                if meta is None or meta.name not in (ASYNC_START, ASYNC_DONE):
-                    continue
-                s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
-                if str(s.get("kernel_type")) in RECVS:
-                    key = (str(s.get("name") or ""), int(s.get("step_id") or 0))
-                    if meta.name == ASYNC_DONE:
-                        done[key] += 1
-                    else:
-                        starts[key].append(line.timestamp_ns * 1000 + e.offset_ps)
+        s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
+        if str(s.get("kernel_type")) in RECVS:
+            key = (str(s.get("name") or ""), int(s.get("step_id") or 0))
+            if meta.name == ASYNC_DONE:
+                done[key] += 1
+            else:
+                starts[key].append(line_ps + e.offset_ps)
     return sorted((t, *key) for key, times in starts.items() for t in sorted(times)[done[key]:])
 
 

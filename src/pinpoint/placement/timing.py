@@ -203,7 +203,7 @@ def receive_arrivals(xspace) -> dict[str, list[int]]:
     """receive node -> the times (ps) its tensor arrived (its `ProcessAsync::Done`): for a receive
     from another task, when the RPC layer handed over the bytes, later than the send."""
     out: dict[str, list[int]] = defaultdict(list)
-    for e, meta, stat_names, line_ps in _host_events(xspace):
+    for e, meta, stat_names, line_ps in host_events(xspace):
         if meta.name != ASYNC_DONE:
             continue
         stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
@@ -216,7 +216,7 @@ def receive_arrivals(xspace) -> dict[str, list[int]]:
 _GET_NEXT_EVENTS = {"IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute"}
 
 
-def _host_events(xspace):
+def host_events(xspace):
     """(event, its metadata, the plane's stat names, its line's start in ps) of every event on the
     host plane."""
     for plane in xspace.planes:
@@ -234,7 +234,7 @@ def iterator_element_bytes(xspace) -> list[int]:
     """The bytes of every element the tf.data iterators handed out in the trace (one event per
     IteratorGetNext: the runtime's own count of what the step took from its input pipeline)."""
     out = []
-    for e, meta, stat_names, _ in _host_events(xspace):
+    for e, meta, stat_names, _ in host_events(xspace):
         if meta.name not in _GET_NEXT_EVENTS:
             continue
         for s in e.stats:
@@ -247,7 +247,7 @@ def kernel_nodes(xspace) -> set[str]:
     """The nodes whose kernels ran in the trace (a transfer's kernel runs for a tensor that was
     never produced too, so transfers are left out)."""
     out = set()
-    for e, meta, stat_names, _ in _host_events(xspace):
+    for e, meta, stat_names, _ in host_events(xspace):
         kind = meta.display_name
         if kind and meta.name.endswith(":" + kind):
             if kind not in TRANSFER_TYPES:
