@@ -50,23 +50,45 @@ def makefile_ui_args(port: int) -> list[str]:
 @contextlib.contextmanager
 def mlflow_ui(repo: Path, port: int):
     """`mlflow ui` as `make mlflow-ui` starts it, in `repo`, on `port`; yields its base URL once it
-    answers /health, and stops its process group after."""
+    answers /health from a socket of its own, and stops its process group after. Another process
+    can take a free port before mlflow binds it (CI runs two streams of servers): this ui then exits,
+    and it starts again on another port (a CI run got another server's 404 for its run before)."""
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", *makefile_ui_args(port)], cwd=repo,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
-        yield base
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(20)
+    for attempt in range(3):
+        port = port if attempt == 0 else free_port()
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", *makefile_ui_args(port)],
+                                cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            if _answers_itself(proc, port):
+                yield f"http://127.0.0.1:{port}"
+                return
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(20)
+    raise RuntimeError(f"mlflow ui did not start in {repo} on three free ports")
+
+
+def _answers_itself(proc: subprocess.Popen, port: int, timeout: float = 300) -> bool:
+    """Whether `proc` (or a process it started) listens on `port` and answers /health there."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            # (/health can answer before the tracking API serves the store: a run read then was a 404)
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=1",
+                                   timeout=10)
+            group = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            if any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                   for p in group for c in p.net_connections("tcp")):
+                return True
+        except (OSError, psutil.Error):
+            pass
+        time.sleep(0.5)
+    return False
 
 
 class MlflowServer:
