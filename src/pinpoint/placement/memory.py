@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from pinpoint.device_names import parse_name
-from pinpoint.placement.timing import ASYNC_DONE, ASYNC_START, RECVS, host_events
+from pinpoint.placement.timing import ASYNC_DONE, ASYNC_START, RECVS, host_events, stat_value
 
 ALLOCATOR_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 COLLECTIVE_CHUNK = "CollectiveAdapterImpl::TempChunk"
@@ -118,7 +118,7 @@ def memory_events(xspace) -> list[MemEvent]:
                 meta = plane.event_metadata.get(e.metadata_id)
                 if meta is None or meta.name not in ("MemoryAllocation", "MemoryDeallocation"):
                     continue
-                s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
+                s = {names.get(x.metadata_id): stat_value(x, names) for x in e.stats}
                 if s.get("tf_op") == NO_OP:
                     s["tf_op"] = ""
                 recv, recv_step = received.get(e.offset_ps, ("", 0))
@@ -156,7 +156,7 @@ def _undone(xspace) -> list[tuple[int, str, int]]:
     for e, meta, names, line_ps in host_events(xspace):
         if meta.name not in (ASYNC_START, ASYNC_DONE):
             continue
-        s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
+        s = {names.get(x.metadata_id): stat_value(x, names) for x in e.stats}
         if str(s.get("kernel_type")) in RECVS:
             key = (str(s.get("name") or ""), int(s.get("step_id") or 0))
             if meta.name == ASYNC_DONE:
@@ -196,7 +196,7 @@ def _received(line, plane, names: dict) -> tuple[dict[int, tuple[str, int]], lis
         if name == "MemoryAllocation":
             pending.append(e.offset_ps)
         elif name == ASYNC_DONE:
-            s = {names.get(x.metadata_id): _value(x, names) for x in e.stats}
+            s = {names.get(x.metadata_id): stat_value(x, names) for x in e.stats}
             if str(s.get("kernel_type")) in RECVS:
                 done = (str(s.get("name") or ""), int(s.get("step_id") or 0))
                 out.update(dict.fromkeys(pending, done))
@@ -282,12 +282,6 @@ def memory_traced(events: list[MemEvent], peak: int | None) -> str | None:
         why = why or (f"the profiler recorded no allocation event: start the process with {ALLOCATOR_ENV}=true "
                       "(pinpoint trace --memory and placement.memory: true do)")
     return why
-
-
-def _value(s, names: dict):
-    kind = s.WhichOneof("value")
-    value = getattr(s, kind) if kind else None
-    return names.get(value) if kind == "ref_value" else value
 
 
 def self_check(events: list[MemEvent]) -> tuple[int, int]:

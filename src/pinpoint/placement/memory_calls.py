@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from pinpoint.device_names import parse_name
+from pinpoint.placement.timing import stat_value
 
 ENQUEUE = "EagerService:Enqueue"
 FUNCTION_RUN = "FunctionRun"
@@ -231,12 +232,7 @@ def _host_lines(xspace):
 
 
 def _stats(e, names: dict) -> dict:
-    out = {}
-    for s in e.stats:
-        kind = s.WhichOneof("value")
-        value = getattr(s, kind) if kind else None
-        out[names.get(s.metadata_id)] = names.get(value) if kind == "ref_value" else value
-    return out
+    return {names.get(s.metadata_id): stat_value(s, names) for s in e.stats}
 
 
 __all__ = ["OTHER_CALL", "Calls", "on_own_devices", "one_call", "worker_calls"]

@@ -189,7 +189,7 @@ def op_events(xspace) -> tuple[list[OpEvent], list[str]]:
                 elif meta.name.startswith(_EXECUTOR):
                     foreign.append((start, start + e.duration_ps))
                     if meta.name == ASYNC_START:  # an asynchronous kernel: only receives lack a kernel event
-                        stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
+                        stats = {stat_names.get(s.metadata_id): stat_value(s, stat_names) for s in e.stats}
                         if stats.get("kernel_type") in RECVS and stats.get("name"):
                             ops.append(OpEvent(stats["name"], stats["kernel_type"], start, e.duration_ps))
             events.extend(_exclusive(ops, foreign))
@@ -206,7 +206,7 @@ def receive_arrivals(xspace) -> dict[str, list[int]]:
     for e, meta, stat_names, line_ps in host_events(xspace):
         if meta.name != ASYNC_DONE:
             continue
-        stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
+        stats = {stat_names.get(s.metadata_id): stat_value(s, stat_names) for s in e.stats}
         if stats.get("kernel_type") in RECVS and stats.get("name"):
             out[stats["name"]].append(line_ps + e.offset_ps)
     return {k: sorted(v) for k, v in out.items()}
@@ -239,7 +239,7 @@ def iterator_element_bytes(xspace) -> list[int]:
             continue
         for s in e.stats:
             if stat_names.get(s.metadata_id) == "element_size":
-                out.append(int(_stat(s, stat_names)))
+                out.append(int(stat_value(s, stat_names)))
     return out
 
 
@@ -253,7 +253,7 @@ def kernel_nodes(xspace) -> set[str]:
             if kind not in TRANSFER_TYPES:
                 out.add(meta.name[: -len(kind) - 1])
         elif meta.name == ASYNC_START:
-            stats = {stat_names.get(s.metadata_id): _stat(s, stat_names) for s in e.stats}
+            stats = {stat_names.get(s.metadata_id): stat_value(s, stat_names) for s in e.stats}
             if stats.get("name") and stats.get("kernel_type") not in TRANSFER_TYPES:
                 out.add(stats["name"])
     return out
@@ -297,7 +297,7 @@ def _exclusive(ops: list[OpEvent], foreign: list[tuple[int, int]]) -> list[OpEve
     return out
 
 
-def _stat(s, names: dict) -> Any:
+def stat_value(s, names: dict) -> Any:
     kind = s.WhichOneof("value")
     value = getattr(s, kind) if kind else None
     return names.get(value) if kind == "ref_value" else value
