@@ -29,6 +29,7 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/pip install -q "uv==$(UV_VERSION)"
 	$(BIN)/uv pip install -q --compile-bytecode --python $(PY) -r requirements.lock
 	$(BIN)/uv pip install -q --compile-bytecode --python $(PY) --no-deps -e .
+	bash scripts/tf-starts-hook.sh $(PY)
 	touch $(STAMP)
 
 setup: $(STAMP) ## create .venv from requirements.lock (the other targets do it for you)
@@ -71,9 +72,16 @@ mlflow-ui: $(STAMP) ## serve the local MLflow store on http://127.0.0.1:5000 (lo
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts \
 	  --host 127.0.0.1 --port $(MLFLOW_PORT)
 
-# pytest exits 5 when a tier selects no test; an empty tier is not a failure. The gpu tests need real
-# GPUs: every tier deselects them by marker (make test-gpu runs them).
-TIER = run_tier() { m="$$1"; shift; $(PYTEST) -m "($$m) and not gpu" tests $(PYTEST_ARGS) "$$@" || [ $$? -eq 5 ]; }; run_tier
+# A tier: `timed NAME PYTEST ARGS...` runs pytest and leaves in CI_OUT its JUnit XML (NAME.xml), the
+# TensorFlow start-ups of its tests (NAME.tfstarts, tests/tf_starts.py) and its wall time
+# (NAME.seconds); scripts/ci_times.py reads them. pytest exits 5 when a tier selects no test: an empty
+# tier is not a failure.
+CI_OUT := test-output/ci
+TIMED = timed() { name="$$1" pytest="$$2"; shift 2; mkdir -p $(CI_OUT); rm -f $(CI_OUT)/$$name.*; t0=$$(date +%s); rc=0; \
+	PINPOINT_TF_STARTS="$(CURDIR)/$(CI_OUT)/$$name.tfstarts" $$pytest --junitxml=$(CI_OUT)/$$name.xml "$$@" || rc=$$?; \
+	echo $$(( $$(date +%s) - t0 )) > $(CI_OUT)/$$name.seconds; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]; }; timed
+# The gpu tests need real GPUs: every tier deselects them by marker (make test-gpu runs them).
+TIER = run_tier() { name="$$1" m="$$2"; shift 2; $(TIMED) "$$name" "$(PYTEST)" -m "($$m) and not gpu" tests $(PYTEST_ARGS) "$$@"; }; run_tier
 # The fault suite's rows for the reliability table (make bench reads them from there).
 RELIABILITY := --reliability-out runs/reliability.json
 
@@ -81,9 +89,9 @@ system-deps: ## install the Debian packages the test tiers need (chromium, podma
 	bash scripts/system-deps.sh
 
 test: $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
-	@$(TIER) "unit"
-	@$(TIER) "integration and not slow"
-	@$(TIER) "slow" $(RELIABILITY)
+	@$(TIER) unit "unit"
+	@$(TIER) integration "integration and not slow"
+	@$(TIER) slow "slow" $(RELIABILITY)
 
 # The oldest end of the supported TensorFlow range (src/pinpoint/versions.py) in a second venv from
 # requirements-compat.txt, rebuilt when that file or pyproject.toml changes. It runs the tests whose
@@ -101,27 +109,28 @@ $(COMPAT_STAMP): requirements-compat.txt pyproject.toml | $(STAMP)
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(BIN)/uv pip install -q --compile-bytecode --python $(COMPAT_VENV)/bin/python -r requirements-compat.txt
 	$(BIN)/uv pip install -q --compile-bytecode --python $(COMPAT_VENV)/bin/python --no-deps -e .
+	bash scripts/tf-starts-hook.sh $(COMPAT_VENV)/bin/python
 	touch $(COMPAT_STAMP)
 
 test-compat: $(COMPAT_STAMP) ## the trace and placement tests and the corpus on the oldest supported TensorFlow (.venv-compat)
 	$(COMPAT_VENV)/bin/python -c "import tensorflow as tf, keras; print('test-compat: tensorflow', tf.__version__, 'keras', keras.__version__)"
-	$(COMPAT_VENV)/bin/pytest -p no:cacheprovider --durations=25 -m "not gpu" $(COMPAT_TESTS) $(PYTEST_ARGS)
+	@$(TIMED) compat "$(COMPAT_VENV)/bin/pytest -p no:cacheprovider --durations=25" -m "not gpu" $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 test-fast: test-unit ## quick iteration: unit tests only
 
 test-unit: $(STAMP) ## unit tier
-	@$(TIER) "unit"
+	@$(TIER) unit "unit"
 
 test-integration: $(STAMP) system-deps ## integration tier (real TF, real mlflow server, real kfp.local)
-	@$(TIER) "integration and not slow"
+	@$(TIER) integration "integration and not slow"
 
 test-slow: $(STAMP) system-deps ## slow tier (multi-process clusters, images, faults)
-	@$(TIER) "slow" $(RELIABILITY)
+	@$(TIER) slow "slow" $(RELIABILITY)
 
 # The differential corpus (tests/corpus.py): every generated combination against plain TensorFlow,
 # two at a time (CORPUS_WORKERS); `make test` runs its sample of one per family.
 test-corpus: $(STAMP) ## the differential corpus: model families x program shapes x strategies against TensorFlow
-	@$(TIER) "corpus"
+	@$(TIER) corpus "corpus"
 
 test-faults: $(STAMP) system-deps ## the fault-injection suite
 	$(PYTEST) -m "not gpu" tests/test_faults.py $(RELIABILITY)

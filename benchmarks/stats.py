@@ -3,6 +3,7 @@ bootstrap interval of a median, and a target's verdict from that interval (issue
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -49,9 +50,15 @@ def bootstrap_interval(values: Sequence[float], *, level: float = LEVEL, resampl
     pair of blocks' difference): resample the values with replacement, take each resample's
     median, keep the middle `level` of them. (None, None) under two values: one has no spread.
     Seeded: the same values give the same interval in every report."""
-    vals = [float(v) for v in values]
+    vals = tuple(float(v) for v in values)
     if len(vals) < 2:
         return None, None
+    return _bootstrap(vals, level, resamples, seed)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bootstrap(vals: tuple[float, ...], level: float, resamples: int, seed: int) -> tuple[float, float]:
+    # Cached: a report renders every summary again at each comparison's end (4,000 resamples each).
     rng = random.Random(seed)
     meds = sorted(statistics.median(rng.choices(vals, k=len(vals))) for _ in range(resamples))
     tail = (1 - level) / 2

@@ -28,6 +28,34 @@ def pytest_addoption(parser):
     parser.addoption("--reliability-out", default=None, help="where test_faults.py writes reliability.json")
 
 
+TIERS = ("unit", "integration", "slow", "corpus")
+
+
+def pytest_collection_modifyitems(config, items):
+    # A test belongs to one tier: a unit test that is also marked integration ran in both tiers.
+    both = [i.nodeid for i in items if i.get_closest_marker("unit") and any(
+        i.get_closest_marker(t) for t in TIERS[1:])]
+    if both:
+        raise pytest.UsageError(f"unit and another tier's marker on {both}: a test that trains, serves or starts "
+                                "TensorFlow is not a unit test; mark it integration (or slow) only")
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_tensorflow(request):
+    """The unit tier is what a developer runs between edits: a unit test that starts a TensorFlow
+    process fails (counted by tests/tf_starts.py when the tier runs through make)."""
+    log = os.environ.get("PINPOINT_TF_STARTS")
+    if not log or request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    yield
+    nodeid = request.node.nodeid
+    started = [line.split("\t")[2] for line in (Path(log).read_text().splitlines() if Path(log).exists() else [])
+               if line.split("\t")[:1] == [nodeid] and line.split("\t")[1] != str(os.getpid())]
+    assert not started, (f"{nodeid} started {len(started)} TensorFlow process(es) ({', '.join(started)}): "
+                         "mark it integration")
+
+
 @pytest.fixture(scope="session")
 def reliability_file(request, tmp_path_factory) -> Path:
     given = request.config.getoption("--reliability-out")

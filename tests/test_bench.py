@@ -295,34 +295,6 @@ def test_overhead_capture_arms_get_more_rounds_and_a_capped_arm_only_its_own(mon
     assert len(runs["capped"]) == 2 and "r2-capped" not in calls
 
 
-def test_tracking_arms_get_the_comparisons_own_mlflow_server(monkeypatch, tmp_path):
-    """The server arms' tracking.uri placeholder becomes the address of a real `mlflow server`
-    started for the comparison (and stopped after it); the local-store arms keep their sqlite URI."""
-    import urllib.request
-
-    import benchmarks.run as run
-    from benchmarks.plan import SERVER_URI, Settings, build_plan
-
-    comp = next(c for c in build_plan(Settings(repeats=1), tmp_path) if c.key == "tracking")
-    seen = {}
-
-    def worker(spec, out):
-        uri = spec["config"]["tracking"]["uri"]
-        if uri and uri.startswith("http"):
-            with urllib.request.urlopen(f"{uri}/health", timeout=5) as r:
-                seen[out.name] = (uri, r.status)
-        else:
-            seen[out.name] = (uri, None)
-        return {"train_s": 1.0, "process_wall_s": 9.0}
-
-    monkeypatch.setattr(run, "run_worker", worker)
-    run.run_comparison(comp, 1, tmp_path, {}, log=lambda m: None)
-    assert seen["r0-server"][1] == 200 and seen["r0-server"][0] != SERVER_URI
-    assert seen["r0-local"][0].startswith("sqlite:///") and seen["r0-off"][0] is None
-    with pytest.raises(OSError):
-        urllib.request.urlopen(f"{seen['r0-server'][0]}/health", timeout=2)  # stopped with the comparison
-
-
 def test_user_model_pair_runs_the_worked_example_without_layer_pinning(tmp_path):
     """Issue 13: the worked example (examples/digits_cnn) against Keras fit, both arms on one
     config derived from its config.yaml; the TFRecords are written under the bench's --out."""

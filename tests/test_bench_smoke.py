@@ -1,4 +1,5 @@
-"""Integration smoke test of the benchmark harness: one quick Pinpoint-vs-Keras round, for real."""
+"""Integration smoke tests of the benchmark harness: one quick Pinpoint-vs-Keras round, for real, and
+the tracking comparison's own MLflow server."""
 
 from __future__ import annotations
 
@@ -58,3 +59,31 @@ def test_quick_bench_runs_the_worked_example_against_keras(tmp_path):
         assert rec["model_layers"] == [[512, 64], [64, 10]]  # the user's CNN: dense 8x8 -> pool -> 4*4*32
     assert pp["replica_devices"] == keras["replica_devices"] and pp["num_params"] == 38282
     assert "| worked example: the user's CNN on TFRecord files" in results.read_text()
+
+
+def test_tracking_arms_get_the_comparisons_own_mlflow_server(monkeypatch, tmp_path):
+    """The server arms' tracking.uri placeholder becomes the address of a real `mlflow server` started
+    for the comparison (and stopped after it); the local-store arms keep their sqlite URI."""
+    import urllib.request
+
+    import benchmarks.run as run
+    from benchmarks.plan import SERVER_URI, Settings, build_plan
+
+    comp = next(c for c in build_plan(Settings(repeats=1), tmp_path) if c.key == "tracking")
+    seen = {}
+
+    def worker(spec, out):
+        uri = spec["config"]["tracking"]["uri"]
+        if uri and uri.startswith("http"):
+            with urllib.request.urlopen(f"{uri}/health", timeout=5) as r:
+                seen[out.name] = (uri, r.status)
+        else:
+            seen[out.name] = (uri, None)
+        return {"train_s": 1.0, "process_wall_s": 9.0}
+
+    monkeypatch.setattr(run, "run_worker", worker)
+    run.run_comparison(comp, 1, tmp_path, {}, log=lambda m: None)
+    assert seen["r0-server"][1] == 200 and seen["r0-server"][0] != SERVER_URI
+    assert seen["r0-local"][0].startswith("sqlite:///") and seen["r0-off"][0] is None
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{seen['r0-server'][0]}/health", timeout=2)  # stopped with the comparison

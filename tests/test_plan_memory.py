@@ -17,8 +17,6 @@ from pinpoint.plan.memory import DeviceMemory, MemoryModel, compare_memory, devi
 from pinpoint.plan.predict import predict
 from pinpoint.plan.search import search
 
-pytestmark = pytest.mark.unit
-
 GPUS = ("/GPU:0", "/GPU:1")
 X, Y = 1000, 600  # the bytes of x (made by group a) and y = f(x) (made by group b)
 A_VAR, B_VAR = 40, 24  # each layer's variable
@@ -39,6 +37,7 @@ def _graph(caps: dict[str, int] | None = None) -> PlanGraph:
                      memory_cap_bytes=caps or {})
 
 
+@pytest.mark.unit
 def test_each_device_needs_its_variables_slots_and_the_calls_peak_with_received_tensors_copied():
     model = _model(ratio=1.5)
     apart = device_memory(model, {"a": "/GPU:0", "b": "/GPU:1"})
@@ -51,6 +50,7 @@ def test_each_device_needs_its_variables_slots_and_the_calls_peak_with_received_
     assert together == {"/GPU:1": DeviceMemory(X + Y, X + Y, A_VAR + 2 * B_VAR, A_VAR + 2 * B_VAR + round((X + Y) * 1.5))}
 
 
+@pytest.mark.unit
 def test_the_best_placement_is_ruled_out_when_a_device_is_smaller_than_its_predicted_peak():
     free = search(_graph(), SIMPLE, "balance", GPUS)
     assert (free.placement, free.ruled_out) == ({"a": "/GPU:0", "b": "/GPU:1"}, ())
@@ -64,6 +64,7 @@ def test_the_best_placement_is_ruled_out_when_a_device_is_smaller_than_its_predi
     assert predict(capped, plan.placement, SIMPLE, GPUS).memory["/GPU:1"].needs == X + A_VAR
 
 
+@pytest.mark.unit
 def test_no_placement_under_the_caps_is_one_line_naming_the_closest():
     # Both devices capped at 999 B: x alone (1000 B) fits nowhere.
     with pytest.raises(PlacementError) as err:
@@ -74,6 +75,7 @@ def test_no_placement_under_the_caps_is_one_line_naming_the_closest():
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.unit
 def test_the_table_shows_each_devices_need_for_every_placement():
     g = _graph()
     predictions = {"plan": predict(g, {"a": "/GPU:1", "b": "/GPU:0"}, SIMPLE, GPUS),
@@ -85,6 +87,7 @@ def test_the_table_shows_each_devices_need_for_every_placement():
     assert lines[2].endswith(f"/GPU:0 {(X + Y + A_VAR + 2 * B_VAR) / kib:.1f} KiB")
 
 
+@pytest.mark.unit
 def test_verify_holds_each_predicted_peak_to_the_measured_one():
     measured = {"memory": {"devices": {"/GPU:0": {"peak_requested": 1600}, "/GPU:1": {"peak_requested": 1250},
                                        "(outside the step's graphs)": {"peak_requested": 8}},
@@ -99,6 +102,7 @@ def test_verify_holds_each_predicted_peak_to_the_measured_one():
         {"why_not": "no allocator events"}
 
 
+@pytest.mark.unit
 def test_a_run_without_its_memory_replay_or_of_several_replicas_has_no_model():
     def model(d: dict):
         return memory_model(Placement.from_json(d), {})
@@ -113,6 +117,7 @@ def test_a_run_without_its_memory_replay_or_of_several_replicas_has_no_model():
 SIMPLE = LinkModel.from_dict({"pcie": {"latency_us": 1, "gb_per_s": 1}})
 
 
+@pytest.mark.unit
 def test_a_gpu_size_for_a_run_without_its_memory_replay_is_one_line(tmp_path, capsys):
     from pinpoint.cli import main
     from tests.test_plan_search import _run_folder

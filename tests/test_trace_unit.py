@@ -1,10 +1,7 @@
 """`pinpoint trace`'s pure parts: the command line (everything after the program is the program's),
-function names, which function is the training one, `pinpoint.log` without a run, and the
-example configs provisioning like any other (no TensorFlow in this process)."""
+function names, which function is the training one and `pinpoint.log` without a run."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +10,6 @@ from pinpoint.trace.analysis import pick_training
 from pinpoint.trace.recorder import python_name
 
 pytestmark = pytest.mark.unit
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("argv, front, rest", [
@@ -89,27 +85,6 @@ def test_pinpoint_log_does_nothing_without_a_run_and_sends_with_one():
     finally:
         userlog.set_sink(None)
     assert got == [(7, {"loss": 0.25, "accuracy": 1.0})]
-
-
-@pytest.mark.parametrize("example", ["keras_fit", "custom_loop"])
-def test_the_example_configs_provision_like_any_other(tmp_path, example):
-    from pinpoint.cli import main
-
-    out = tmp_path / "run"
-    assert main(["provision", str(ROOT / "examples" / example / "config.yaml"), "--out", str(out)]) == 0
-    import yaml
-
-    from pinpoint.config import load_config
-
-    cfg = load_config(out / "config.yaml")
-    assert cfg.train.entrypoint == f"{'fit_example' if example == 'keras_fit' else 'loop_example'}.train:entrypoint"
-    assert cfg.train.code_dir == str((ROOT / "examples" / example).resolve())
-    # The pods run the same `pinpoint train` on the same config (the user image sets PINPOINT_CODE_DIR).
-    configmap = yaml.safe_load((out / "manifests" / "configmap.yaml").read_text())
-    assert f"entrypoint: {cfg.train.entrypoint}" in configmap["data"]["config.yaml"]
-    tfjob = yaml.safe_load((out / "manifests" / "tfjob.yaml").read_text())
-    (container,) = tfjob["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"]
-    assert container["command"][:3] == ["pinpoint", "train", "/config/config.yaml"]
 
 
 def test_a_graph_execution_error_is_told_by_its_cause_not_the_node_trailer():

@@ -308,7 +308,7 @@ def test_spool_of_a_dead_process_is_adopted_by_the_next_step(live_mlflow, tmp_pa
     assert steps_of(c, run.info.run_id, "loss") == list(range(5))
 
 
-@pytest.mark.unit
+@pytest.mark.integration  # a real sender process
 def test_credentials_in_the_uri_never_reach_the_run_folder(tmp_path, monkeypatch):
     """The spool in the run folder keeps a redacted URI; the sender still gets the real one."""
     from pinpoint.errors import ConfigError
@@ -367,7 +367,7 @@ def test_5000_steps_send_a_bounded_number_of_requests_and_every_value(live_mlflo
     assert steps_of(c, run_id, "step_time") == list(range(1, 5001))
 
 
-@pytest.mark.unit
+@pytest.mark.integration  # a real sender process
 def test_a_sender_whose_parent_left_before_it_was_ready_exits_quietly(tmp_path):
     """A step that refuses its input exits while its sender process still starts: the sender's
     'ready' meets a closed pipe and must end without a traceback in the step's log."""
