@@ -94,11 +94,11 @@ test: $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
 	@$(TIER) slow "slow" $(RELIABILITY)
 
 # The oldest end of the supported TensorFlow range (src/pinpoint/versions.py) in a second venv from
-# requirements-compat.txt, rebuilt when that file or pyproject.toml changes. It runs the tests whose
-# answers depend on TensorFlow's behaviour: trace, placement, the private names of tfcompat, the
-# differential suite and the whole corpus against plain TensorFlow there (issue 48: the corpus on the
-# oldest version too; its sample is part of it, run once). The kfp side is not installed there (kfp
-# 2.17 needs protobuf 6).
+# requirements-compat.txt, rebuilt when that file or pyproject.toml changes. It runs what can differ
+# between versions: the private names of tfcompat, the trace and placement tests (patches, graph
+# shapes, Keras' behaviour), the differential programs and the corpus sample chosen for it; the
+# whole corpus and the `newest` tests run on the newest TensorFlow only (docs/development.md). The
+# kfp side is not installed there (kfp 2.17 needs protobuf 6).
 COMPAT_VENV := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_TESTS = $(sort $(wildcard tests/test_trace*.py tests/test_placement*.py)) tests/test_tfcompat.py \
@@ -112,9 +112,10 @@ $(COMPAT_STAMP): requirements-compat.txt pyproject.toml | $(STAMP)
 	bash scripts/tf-starts-hook.sh $(COMPAT_VENV)/bin/python
 	touch $(COMPAT_STAMP)
 
-test-compat: $(COMPAT_STAMP) ## the trace and placement tests and the corpus on the oldest supported TensorFlow (.venv-compat)
+test-compat: $(COMPAT_STAMP) ## the trace, placement and tfcompat tests and the corpus sample on the oldest supported TensorFlow (.venv-compat)
 	$(COMPAT_VENV)/bin/python -c "import tensorflow as tf, keras; print('test-compat: tensorflow', tf.__version__, 'keras', keras.__version__)"
-	@$(TIMED) compat "$(COMPAT_VENV)/bin/pytest -p no:cacheprovider --durations=25" -m "not gpu" $(COMPAT_TESTS) $(PYTEST_ARGS)
+	@$(TIMED) compat "$(COMPAT_VENV)/bin/pytest -p no:cacheprovider --durations=25" -m "not gpu and not corpus and not newest" \
+	  $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 test-fast: test-unit ## quick iteration: unit tests only
 

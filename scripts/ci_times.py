@@ -32,6 +32,7 @@ class Case:
     nodeid: str
     seconds: float
     outcome: str  # passed, failed, skipped (xfail counts as skipped, as pytest's JUnit writes it)
+    cpu: float  # CPU seconds of the test and the processes it waited for (tests/conftest.py: cpu_s)
 
     @property
     def file(self) -> str:
@@ -57,7 +58,9 @@ def read_cases(folder: Path, tier: str) -> list[Case]:
             outcome = "failed"
         elif tc.find("skipped") is not None:
             outcome = "skipped"
-        cases.append(Case(tier, nodeid(tc.get("classname", ""), tc.get("name", "")), float(tc.get("time", 0)), outcome))
+        cpu = next((float(p.get("value")) for p in tc.iter("property") if p.get("name") == "cpu_s"), 0.0)
+        cases.append(Case(tier, nodeid(tc.get("classname", ""), tc.get("name", "")), float(tc.get("time", 0)),
+                          outcome, cpu))
     return cases
 
 
@@ -94,12 +97,12 @@ def tier_rows(folder: Path) -> list[tuple]:
         if not cases and tier not in walls:
             continue
         count = Counter(c.outcome for c in cases)
-        rows.append((tier, _minutes(walls[tier]) if tier in walls else "-", len(cases), count["passed"],
-                     count["failed"], count["skipped"], sum(starts.values())))
+        rows.append((tier, _minutes(walls[tier]) if tier in walls else "-", _minutes(sum(c.cpu for c in cases)),
+                     len(cases), count["passed"], count["failed"], count["skipped"], sum(starts.values())))
     return rows
 
 
-TIER_HEAD = ("tier", "wall min", "tests", "passed", "failed", "skipped", "TF starts")
+TIER_HEAD = ("tier", "wall min", "CPU min", "tests", "passed", "failed", "skipped", "TF starts")
 
 
 def report(folder: Path, slowest: int = 20) -> list[str]:
@@ -114,16 +117,18 @@ def report(folder: Path, slowest: int = 20) -> list[str]:
     for tier, counter in starts.items():
         for test, n in counter.items():
             file_starts[(tier, test.split("::", 1)[0])] += n
-    rows = sorted(((tier, f, len(cs), f"{sum(c.seconds for c in cs):.0f}", file_starts[(tier, f)])
-                   for (tier, f), cs in by_file.items()), key=lambda r: -float(r[3]))
-    rows += [(tier, "(collecting the tests)", 0, "-", counter[""]) for tier, counter in starts.items() if counter[""]]
+    rows = sorted(((tier, f, len(cs), f"{sum(c.seconds for c in cs):.0f}", f"{sum(c.cpu for c in cs):.0f}",
+                    file_starts[(tier, f)]) for (tier, f), cs in by_file.items()), key=lambda r: -float(r[3]))
+    rows += [(tier, "(collecting the tests)", 0, "-", "-", counter[""]) for tier, counter in starts.items()
+             if counter[""]]
     out += ["## Per test file (seconds in tests, set-up and tear-down included)", "",
-            *_table(("tier", "file", "tests", "seconds", "TF starts"), rows), ""]
+            *_table(("tier", "file", "tests", "seconds", "CPU s", "TF starts"), rows), ""]
 
     top = sorted(cases, key=lambda c: -c.seconds)[:slowest]
     out += [f"## The {slowest} slowest tests", "",
-            *_table(("tier", "test", "seconds", "TF starts"),
-                    [(c.tier, c.nodeid, f"{c.seconds:.1f}", starts[c.tier][c.nodeid]) for c in top]), ""]
+            *_table(("tier", "test", "seconds", "CPU s", "TF starts"),
+                    [(c.tier, c.nodeid, f"{c.seconds:.1f}", f"{c.cpu:.1f}", starts[c.tier][c.nodeid]) for c in top]),
+            ""]
     return out
 
 

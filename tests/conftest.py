@@ -40,6 +40,30 @@ def pytest_collection_modifyitems(config, items):
                                 "TensorFlow is not a unit test; mark it integration (or slow) only")
 
 
+def _cpu_seconds() -> float:
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+_CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT_SETUP] = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # The CPU seconds of the test, its fixtures and the processes it waited for, into the JUnit XML
+    # (scripts/ci_times.py): wall time under CI's two streams says little of what a test costs.
+    outcome = yield
+    if call.when == "teardown" and _CPU_AT_SETUP in item.stash:
+        outcome.get_result().user_properties.append(("cpu_s", f"{_cpu_seconds() - item.stash[_CPU_AT_SETUP]:.1f}"))
+
+
 @pytest.fixture(autouse=True)
 def _unit_tests_start_no_tensorflow(request):
     """The unit tier is what a developer runs between edits: a unit test that starts a TensorFlow

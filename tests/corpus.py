@@ -523,9 +523,13 @@ if _older_tensorflow():
                                   "eager ops a ClusterCoordinator's threads sent to the workers or the worker_fn calls "
                                   "the workers' runtimes logged")
 
-# The fast sample `make test` runs: one per family, the shapes spread over them.
+# The sample `make test` runs and the compat tier runs on the oldest TensorFlow: one per family, the
+# shapes spread over them (every shape but ps, which the oracle cannot compare on 2.16), and
+# mixed_float16 both ways a guide writes it (Keras' own loss scaling in fit, a custom loop's
+# LossScaleOptimizer).
 SAMPLE = ("mlp-dfn-mirrored-f32", "cnn-fit_data-mirrored-f32", "mobilenet-fit_numpy-one_device-f32",
-          "rnn-split-none-f32", "transformer-fit_val-mirrored-f32", "embedding-reduce-one_device-f32")
+          "rnn-split-none-f32", "transformer-fit_val-mirrored-f32", "embedding-reduce-one_device-f32",
+          "cnn-fit_data-mirrored-mixed", "mlp-ctl-mirrored-mixed")
 assert set(SAMPLE) <= set(COMBINATIONS) and set(KNOWN) <= set(COMBINATIONS), set(KNOWN) - set(COMBINATIONS)
 
 

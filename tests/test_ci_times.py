@@ -16,9 +16,11 @@ import ci_times  # noqa: E402
 pytestmark = pytest.mark.unit
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="4">
-<testcase classname="tests.test_a" name="test_one" time="12.5" />
+<testcase classname="tests.test_a" name="test_one" time="12.5">
+<properties><property name="cpu_s" value="20.0" /></properties></testcase>
 <testcase classname="tests.test_a" name="test_two[x]" time="2.5"><failure message="boom" /></testcase>
-<testcase classname="tests.test_b.TestGroup" name="test_three" time="30.0" />
+<testcase classname="tests.test_b.TestGroup" name="test_three" time="30.0">
+<properties><property name="cpu_s" value="40.0" /></properties></testcase>
 <testcase classname="tests.test_b" name="test_four" time="0.1"><skipped message="no" /></testcase>
 </testsuite></testsuites>"""
 
@@ -44,16 +46,16 @@ def test_a_junit_testcase_is_named_by_its_pytest_node_id():
 
 def test_the_tables_give_each_tier_file_and_test_its_seconds_and_tensorflow_starts(tmp_path):
     lines = ci_times.report(_ci_folder(tmp_path), slowest=2)
-    # unit: a wall time and no JUnit file; integration: 4 tests, 1 failed, 1 skipped, 4 starts.
-    assert "| unit | 1.5 | 0 | 0 | 0 | 0 | 0 |" in lines
-    assert "| integration | 2.5 | 4 | 2 | 1 | 1 | 4 |" in lines
+    # unit: a wall time and no JUnit file; integration: 4 tests, 1 failed, 1 skipped, 60 CPU s, 4 starts.
+    assert "| unit | 1.5 | 0.0 | 0 | 0 | 0 | 0 | 0 |" in lines
+    assert "| integration | 2.5 | 1.0 | 4 | 2 | 1 | 1 | 4 |" in lines
     # per file: test_b.py 30.0 + 0.1 s, 2 starts; test_a.py 12.5 + 2.5 s, 1 start; the collection's start.
-    assert "| integration | tests/test_b.py | 2 | 30 | 2 |" in lines
-    assert "| integration | tests/test_a.py | 2 | 15 | 1 |" in lines
-    assert "| integration | (collecting the tests) | 0 | - | 1 |" in lines
+    assert "| integration | tests/test_b.py | 2 | 30 | 40 | 2 |" in lines
+    assert "| integration | tests/test_a.py | 2 | 15 | 20 | 1 |" in lines
+    assert "| integration | (collecting the tests) | 0 | - | - | 1 |" in lines
     slowest = lines[lines.index("## The 2 slowest tests") + 4:][:2]
-    assert slowest == ["| integration | tests/test_b.py::TestGroup::test_three | 30.0 | 2 |",
-                       "| integration | tests/test_a.py::test_one | 12.5 | 1 |"]
+    assert slowest == ["| integration | tests/test_b.py::TestGroup::test_three | 30.0 | 40.0 | 2 |",
+                       "| integration | tests/test_a.py::test_one | 12.5 | 20.0 | 1 |"]
 
 
 def test_the_output_ends_with_each_tiers_wall_time_and_the_totals(tmp_path):
@@ -69,10 +71,10 @@ def test_the_docs_table_is_written_between_its_markers(tmp_path):
     doc.write_text(f"before\n{ci_times.BEGIN}\nold\n{ci_times.END}\nafter\n")
     ci_times.write_docs(_ci_folder(tmp_path), doc, "A fresh clone of abc1234.")
     assert doc.read_text() == (f"before\n{ci_times.BEGIN}\nA fresh clone of abc1234.\n\n"
-                               "| tier | wall min | tests | passed | failed | skipped | TF starts |\n"
-                               "| --- | --- | --- | --- | --- | --- | --- |\n"
-                               "| unit | 1.5 | 0 | 0 | 0 | 0 | 0 |\n"
-                               "| integration | 2.5 | 4 | 2 | 1 | 1 | 4 |\n"
+                               "| tier | wall min | CPU min | tests | passed | failed | skipped | TF starts |\n"
+                               "| --- | --- | --- | --- | --- | --- | --- | --- |\n"
+                               "| unit | 1.5 | 0.0 | 0 | 0 | 0 | 0 | 0 |\n"
+                               "| integration | 2.5 | 1.0 | 4 | 2 | 1 | 1 | 4 |\n"
                                f"{ci_times.END}\nafter\n")
 
 

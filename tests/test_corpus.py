@@ -2,8 +2,8 @@
 dtypes, each program generated, run under `pinpoint trace --gpus 2` and as plain TensorFlow, and
 compared op by op, variable by variable and transfer by transfer (tests/differential.py).
 
-The whole matrix is the `corpus` tier (`make test-corpus`); a sample of one combination per
-family runs with the integration tier. The selected combinations run once, two at a time
+The whole matrix is the `corpus` tier (`make test-corpus`); its sample (corpus.SAMPLE) runs with the
+integration tier and, on the oldest TensorFlow, in the compat tier. The selected combinations run once, two at a time
 (CORPUS_WORKERS), before the first test; each test then reads its combination's result."""
 
 from __future__ import annotations
@@ -83,6 +83,9 @@ TIMEOUT = pytest.mark.timeout(differential.PROGRAM_TIMEOUT * len(corpus.COMBINAT
 @pytest.mark.parametrize("cid", SAMPLE)
 def test_corpus_sample(cid, matrix):
     _check(cid, matrix)
+    # TensorFlow's own view reads the input on every replica (the whole corpus: the test below).
+    missing = corpus.missing_inputs(corpus.COMBINATIONS[cid], matrix[0][cid])
+    assert not missing, f"{cid}: no input op on {missing} in TensorFlow's view: {dict(matrix[0][cid].input_ops)}"
 
 
 @pytest.mark.corpus
