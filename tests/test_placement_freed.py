@@ -45,3 +45,22 @@ def test_a_freed_variable_round_trips_and_is_counted_apart():
     line = next(ln for ln in format_summary(p, {}).splitlines() if ln.startswith("variables"))
     assert line == ("variables  : 1 (/GPU:0: 1, /GPU:1: 1; +1 created and freed before the end: /GPU:0: 1, "
                     "/GPU:1: 1); updates attributed for 1/1 variables")
+
+
+def test_a_freed_variable_recorded_by_each_replica_thread_is_one_variable():
+    """A tf.random.Generator made inside strategy.run: each replica thread records it with the same
+    handles, and it is freed before the end. Two records, one variable (its second record's row
+    number used to index the live rows: IndexError after the program ended)."""
+    from pinpoint.device_names import DeviceMap
+    from pinpoint.placement.variables import analyze_variables
+
+    namer = DeviceMap(aliases={"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}, replica_devices=("/CPU:1", "/CPU:2"),
+                      spec_replica_devices=("/GPU:0", "/GPU:1"), emulated=True)
+    rec = {"name": "StateVar", "kind": "variable", "class": "non-trainable", "shape": [3], "dtype": "int64",
+           "bytes": 24, "strategy": "MirroredStrategy", "handle_ids": [101, 102], "alive": False,
+           "components": ["/job:localhost/replica:0/task:0/device:CPU:1"], "eager_update_devices": []}
+    again = dict(rec, components=["/job:localhost/replica:0/task:0/device:CPU:1",
+                                  "/job:localhost/replica:0/task:0/device:CPU:2"])
+    result = analyze_variables([], [], namer, created=[rec, again])
+    assert result["variables"] == []
+    assert [(v["name"], v["devices"], v["freed"]) for v in result["freed"]] == [("StateVar", ["/GPU:0", "/GPU:1"], True)]

@@ -307,6 +307,11 @@ def _creations(created: Sequence[Mapping], rows: list[dict], handle_to_var: dict
         info = {"strategy": rec.get("strategy"), "requested": namer.canonical_spec(rec.get("requested") or ""),
                 "layer": rec.get("layer"), "source": rec.get("source"), **({"by": rec["by"]} if rec.get("by") else {})}
         live = next((handle_to_var[h] for h in rec.get("handle_ids") or () if h in handle_to_var), None)
+        if live is not None and live >= len(rows):
+            # A freed variable recorded again with its handles (each replica thread of strategy.run
+            # records the variable it made there): one variable, its copies' devices joined.
+            _join_copies(freed[live - len(rows)], rec, namer)
+            continue
         if live is not None:
             rows[live].setdefault("created", info)
             continue
@@ -323,6 +328,19 @@ def _creations(created: Sequence[Mapping], rows: list[dict], handle_to_var: dict
             **_eager_devices(rec, namer),
         })
     return freed
+
+
+def _join_copies(row: dict, rec: Mapping, namer: DeviceMap) -> None:
+    """`rec`'s components and eager update devices added to the freed `row` of the same variable."""
+    comps = row["components"]
+    for d in rec.get("components") or ():
+        comp = {"device": namer.canonical_spec(d), "physical": normalize(d)}
+        if comp not in comps:
+            comps.append(comp)
+    row["devices"] = sorted({c["device"] for c in comps if c["device"]}, key=sort_key)
+    eager = set(row.get("eager_update_devices", ())) | set(_eager_devices(rec, namer).get("eager_update_devices", ()))
+    if eager:
+        row["eager_update_devices"] = sorted(eager, key=sort_key)
 
 
 def _eager_devices(rec: Mapping, namer: DeviceMap) -> dict:
