@@ -18,7 +18,7 @@ PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=25
 export PYTHONUNBUFFERED := 1
 
 .PHONY: help setup run provision train report example-data compile submit images docs config-docs lint mlflow-ui \
-        system-deps test test-compat test-corpus test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
+        system-deps test test-compat test-corpus test-differential test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
 
 help: ## list the targets
 	@echo "Pinpoint: make TARGET [CONFIG=configs/demo.yaml]"
@@ -132,6 +132,11 @@ test-slow: $(STAMP) system-deps ## slow tier (multi-process clusters, images, fa
 # two at a time (CORPUS_WORKERS); `make test` runs its sample of one per family.
 test-corpus: $(STAMP) ## the differential corpus: model families x program shapes x strategies against TensorFlow
 	@$(TIER) corpus "corpus"
+
+# The differential programs (tests/programs/) are part of `make test`'s integration tier; CI runs them
+# here instead, in the stream of the corpus (.ci/run), which has the time.
+test-differential: $(STAMP) ## the differential programs (tests/programs/) against plain TensorFlow
+	@$(TIMED) differential "$(PYTEST)" -m "not gpu" tests/test_differential.py $(PYTEST_ARGS)
 
 test-faults: $(STAMP) system-deps ## the fault-injection suite
 	$(PYTEST) -m "not gpu" tests/test_faults.py $(RELIABILITY)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The tiers in the order CI runs them (.ci/run: the `test` stream, then the `corpus` stream).
-TIERS = ("unit", "integration", "slow", "corpus", "compat")
+TIERS = ("unit", "integration", "slow", "corpus", "differential", "compat")
 BEGIN = "<!-- ci times: written by `python scripts/ci_times.py DIR --docs docs/development.md`; do not edit -->"
 END = "<!-- end of ci times -->"
 
