@@ -37,8 +37,11 @@ for _ in range(3):
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory) -> tuple[dict, str, Path]:
+    """One traced run for this module's tests: --memory and a GPU size, which only adds the fits
+    verdict to the same measurement (one TensorFlow start, not two)."""
     folder = tmp_path_factory.mktemp("memory")
-    proc = trace(["--memory", "--gpus", "2", str(write(folder, "split.py", SPLIT))], cwd=folder, out=folder / "out")
+    proc = trace(["--memory", "--gpu-memory", "16GiB", "--gpus", "2", str(write(folder, "split.py", SPLIT))],
+                 cwd=folder, out=folder / "out")
     return placement(folder / "out")["memory"], proc.stdout, folder / "out"
 
 
@@ -80,10 +83,9 @@ def test_a_gpu_size_gives_a_verdict_per_device_and_a_bad_one_writes_nothing(spli
     assert (bad.stderr.strip().splitlines(), (tmp_path / "bad").exists()) == (
         ["pinpoint: --gpu-memory: got '16GBB'; pass a size with a unit, e.g. 16GiB or 80GB "
          "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"], False)
-    proc = trace(["--gpu-memory", "16GiB", "--gpus", "2", str(prog)], cwd=tmp_path, out=tmp_path / "out")
-    fit = placement(tmp_path / "out")["memory"]["fit"]
-    assert {d: v["verdict"] for d, v in fit["devices"].items()} == {"/GPU:0": "fits", "/GPU:1": "fits"}
-    assert "memory fit : on 16.0 GiB GPUs: /GPU:0 fits" in proc.stdout
+    memory, stdout, _ = split  # traced with --gpu-memory 16GiB
+    assert {d: v["verdict"] for d, v in memory["fit"]["devices"].items()} == {"/GPU:0": "fits", "/GPU:1": "fits"}
+    assert "memory fit : on 16.0 GiB GPUs: /GPU:0 fits" in stdout
 
 
 LSTM_DEVICES = {"mirrored": ["/GPU:0", "/GPU:1"], "split": ["/GPU:0", "/GPU:1"],
