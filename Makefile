@@ -18,7 +18,7 @@ PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=25
 export PYTHONUNBUFFERED := 1
 
 .PHONY: help setup run provision train report example-data compile submit images docs config-docs lint mlflow-ui \
-        system-deps test test-compat test-corpus test-differential test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
+        system-deps test test-compat test-corpus test-differential test-images print-image-tests test-fast test-unit test-integration test-slow test-faults test-gpu bench clean
 
 help: ## list the targets
 	@echo "Pinpoint: make TARGET [CONFIG=configs/demo.yaml]"
@@ -137,6 +137,15 @@ test-corpus: $(STAMP) ## the differential corpus: model families x program shape
 # here instead, in the stream of the corpus (.ci/run), which has the time.
 test-differential: $(STAMP) ## the differential programs (tests/programs/) against plain TensorFlow
 	@$(TIMED) differential "$(PYTEST)" -m "not gpu" tests/test_differential.py $(PYTEST_ARGS)
+
+# The tests that build and run the images with podman (part of `make test`, the slow tier mostly). CI
+# runs them in the corpus stream too: their downloads and image builds overlap the other stream's work.
+IMAGE_TESTS := tests/test_images.py tests/test_images_usercode.py tests/test_k8s_containers.py
+test-images: $(STAMP) system-deps ## the image tests: the CPU and user images built with podman, pods run as containers
+	@$(TIMED) images "$(PYTEST)" -m "not gpu" $(IMAGE_TESTS) $(PYTEST_ARGS)
+
+print-image-tests:  # .ci/run: the files test-images runs
+	@echo $(IMAGE_TESTS)
 
 test-faults: $(STAMP) system-deps ## the fault-injection suite
 	$(PYTEST) -m "not gpu" tests/test_faults.py $(RELIABILITY)

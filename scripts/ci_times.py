@@ -20,8 +20,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-# The tiers in the order CI runs them (.ci/run: the `test` stream, then the `corpus` stream).
-TIERS = ("unit", "integration", "slow", "corpus", "differential", "compat")
+# The tiers and the parts CI runs apart (.ci/run: the `test` stream's, then the `corpus` stream's).
+TIERS = ("unit", "integration", "slow", "images", "corpus", "differential", "compat")
 BEGIN = "<!-- ci times: written by `python scripts/ci_times.py DIR --docs docs/development.md`; do not edit -->"
 END = "<!-- end of ci times -->"
 
