@@ -139,7 +139,7 @@ test-differential: $(STAMP) ## the differential programs (tests/programs/) again
 	@$(TIMED) differential "$(PYTEST)" -m "not gpu" tests/test_differential.py $(PYTEST_ARGS)
 
 # The tests that build and run the images with podman (part of `make test`, the slow tier mostly). CI
-# runs them in the corpus stream too: their downloads and image builds overlap the other stream's work.
+# runs them in the corpus stream instead, first: their downloads and builds overlap the test stream.
 IMAGE_TESTS := tests/test_images.py tests/test_images_usercode.py tests/test_k8s_containers.py
 test-images: $(STAMP) system-deps ## the image tests: the CPU and user images built with podman, pods run as containers
 	@$(TIMED) images "$(PYTEST)" -m "not gpu" $(IMAGE_TESTS) $(PYTEST_ARGS)

@@ -99,6 +99,11 @@ def tier_rows(folder: Path) -> list[tuple]:
         count = Counter(c.outcome for c in cases)
         rows.append((tier, _minutes(walls[tier]) if tier in walls else "-", _minutes(sum(c.cpu for c in cases)),
                      len(cases), count["passed"], count["failed"], count["skipped"], sum(starts.values())))
+    whole = folder / "run.seconds"  # .ci/run's own wall time, both streams and the set-up
+    if whole.exists() and rows:
+        cpu = sum(c.cpu for tier in TIERS for c in read_cases(folder, tier))
+        rows.append(("the whole run", _minutes(float(whole.read_text())), _minutes(cpu),
+                     *(sum(r[i] for r in rows) for i in range(3, 8))))
     return rows
 
 

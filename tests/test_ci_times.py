@@ -92,3 +92,11 @@ def test_a_process_that_imports_tensorflow_is_charged_to_the_running_test(tmp_pa
     # -S: no site-packages, so the venv's own .pth (make's) does not install the hook a second time.
     proc = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, check=True)
     assert log.read_text() == f"tests/test_x.py::test_y\t{proc.stdout.strip()}\t-c\n"
+
+
+def test_the_whole_runs_wall_time_closes_the_tier_table(tmp_path):
+    folder = _ci_folder(tmp_path)
+    (folder / "run.seconds").write_text("300\n")
+    rows = ci_times.tier_rows(folder)
+    # 5.0 min wall; CPU 0.0 + 1.0 min; 4 tests, 2 passed, 1 failed, 1 skipped, 4 starts over both tiers.
+    assert rows[-1] == ("the whole run", "5.0", "1.0", 4, 2, 1, 1, 4)
