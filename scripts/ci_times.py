@@ -91,17 +91,18 @@ def _table(head: tuple, rows: list[tuple]) -> list[str]:
 
 def tier_rows(folder: Path) -> list[tuple]:
     walls = read_walls(folder)
-    rows = []
+    rows, cpu = [], 0.0
     for tier in TIERS:
         cases, starts = read_cases(folder, tier), read_starts(folder, tier)
         if not cases and tier not in walls:
             continue
         count = Counter(c.outcome for c in cases)
-        rows.append((tier, _minutes(walls[tier]) if tier in walls else "-", _minutes(sum(c.cpu for c in cases)),
+        tier_cpu = sum(c.cpu for c in cases)
+        cpu += tier_cpu
+        rows.append((tier, _minutes(walls[tier]) if tier in walls else "-", _minutes(tier_cpu),
                      len(cases), count["passed"], count["failed"], count["skipped"], sum(starts.values())))
     whole = folder / "run.seconds"  # .ci/run's own wall time, both streams and the set-up
     if whole.exists() and rows:
-        cpu = sum(c.cpu for tier in TIERS for c in read_cases(folder, tier))
         rows.append(("the whole run", _minutes(float(whole.read_text())), _minutes(cpu),
                      *(sum(r[i] for r in rows) for i in range(3, 8))))
     return rows

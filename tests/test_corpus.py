@@ -3,8 +3,9 @@ dtypes, each program generated, run under `pinpoint trace --gpus 2` and as plain
 compared op by op, variable by variable and transfer by transfer (tests/differential.py).
 
 The whole matrix is the `corpus` tier (`make test-corpus`); its sample (corpus.SAMPLE) runs with the
-integration tier and, on the oldest TensorFlow, in the compat tier. The selected combinations run once, two at a time
-(CORPUS_WORKERS), before the first test; each test then reads its combination's result."""
+integration tier and, on the oldest TensorFlow, in the compat tier. The selected combinations run
+once, two at a time (CORPUS_WORKERS), before the first test; each test then reads its
+combination's result."""
 
 from __future__ import annotations
 

@@ -26,8 +26,8 @@ if Version(installed("tensorflow")) < Version("2.17"):
         "worker_fn the workers' runtimes logged; Pinpoint's side is what it is on 2.21"))
 
 
-# The programs the compat tier runs on the oldest TensorFlow (docs/development.md, "What each tier
-# checks"): each exercises what differs between versions beyond the corpus' sample there: string
+# The programs the compat tier runs on the oldest TensorFlow (docs/development.md, "What the compat
+# tier covers"): each exercises what differs between versions beyond the corpus' sample there: string
 # kernels under soft placement, an assignment across devices, eager ops one by one, Keras' lazy
 # build, evaluate and predict, tf.data pinned to the host, strategies made in turn. The others are
 # close twins of the corpus sample's programs, or (parameter_server) not comparable on 2.16; they
