@@ -32,7 +32,19 @@ $(STAMP): requirements.lock pyproject.toml
 	bash scripts/tf-starts-hook.sh $(PY)
 	touch $(STAMP)
 
-setup: $(STAMP) ## create .venv from requirements.lock (the other targets do it for you)
+# The MLflow tracking server (the tests', the bench's, make mlflow-ui) runs from a venv of its own: the
+# full `mlflow` package brings scikit-learn and SciPy, which Keras imports at every
+# `import tensorflow` when it finds them (~1.7 CPU s of each start-up); .venv has the client only.
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
+
+$(MLFLOW_STAMP): requirements-mlflow.lock | $(STAMP)
+	rm -rf $(MLFLOW_VENV)
+	$(PYTHON) -m venv $(MLFLOW_VENV)
+	$(BIN)/uv pip install -q --compile-bytecode --python $(MLFLOW_VENV)/bin/python -r requirements-mlflow.lock
+	touch $(MLFLOW_STAMP)
+
+setup: $(STAMP) $(MLFLOW_STAMP) ## create .venv from requirements.lock and the MLflow server's .venv-mlflow (the other targets do it for you)
 
 run: $(STAMP) ## the default pipeline locally through kfp.local: provision -> train -> report
 	$(BIN)/pinpoint run $(CONFIG)
@@ -68,8 +80,8 @@ config-docs: $(STAMP) ## regenerate docs/config.md, the reference of every confi
 lint: $(STAMP) ## hadolint on the Dockerfiles, ruff on the code
 	bash docker/lint.sh
 
-mlflow-ui: $(STAMP) ## serve the local MLflow store on http://127.0.0.1:5000 (localhost only)
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts \
+mlflow-ui: $(STAMP) $(MLFLOW_STAMP) ## serve the local MLflow store on http://127.0.0.1:5000 (localhost only)
+	$(MLFLOW_VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts \
 	  --host 127.0.0.1 --port $(MLFLOW_PORT)
 
 # A tier: `timed NAME PYTEST ARGS...` runs pytest and leaves in CI_OUT its JUnit XML (NAME.xml), the
@@ -81,17 +93,22 @@ TIMED = timed() { name="$$1" pytest="$$2"; shift 2; mkdir -p $(CI_OUT); rm -f $(
 	PINPOINT_TF_STARTS="$(CURDIR)/$(CI_OUT)/$$name.tfstarts" $$pytest --junitxml=$(CI_OUT)/$$name.xml "$$@" || rc=$$?; \
 	echo $$(( $$(date +%s) - t0 )) > $(CI_OUT)/$$name.seconds; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]; }; timed
 # The gpu tests need real GPUs: every tier deselects them by marker (make test-gpu runs them).
-TIER = run_tier() { name="$$1" m="$$2"; shift 2; $(TIMED) "$$name" "$(PYTEST)" -m "($$m) and not gpu" tests $(PYTEST_ARGS) "$$@"; }; run_tier
+TIER = run_tier() { name="$$1" m="$$2" paths="$$3"; shift 3; $(TIMED) "$$name" "$(PYTEST)" -m "($$m) and not gpu" $$paths $(PYTEST_ARGS) "$$@"; }; run_tier
+# The integration tier's name, paths and own arguments: CI runs it in two parts at once (.ci/run),
+# each a tier of its own name.
+INTEGRATION ?= integration
+INTEGRATION_TESTS ?= tests
+INTEGRATION_ARGS ?=
 # The fault suite's rows for the reliability table (make bench reads them from there).
 RELIABILITY := --reliability-out runs/reliability.json
 
 system-deps: ## install the Debian packages the test tiers need (chromium, podman, ...)
 	bash scripts/system-deps.sh
 
-test: $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
-	@$(TIER) unit "unit"
-	@$(TIER) integration "integration and not slow"
-	@$(TIER) slow "slow" $(RELIABILITY)
+test: $(MLFLOW_STAMP) $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
+	@$(TIER) unit "unit" tests
+	@$(TIER) $(INTEGRATION) "integration and not slow" "$(INTEGRATION_TESTS)" $(INTEGRATION_ARGS)
+	@$(TIER) slow "slow" tests $(RELIABILITY)
 
 # The oldest end of the supported TensorFlow range (src/pinpoint/versions.py) in a second venv from
 # requirements-compat.txt, rebuilt when that file or pyproject.toml changes. It runs what can differ
@@ -112,48 +129,48 @@ $(COMPAT_STAMP): requirements-compat.txt pyproject.toml | $(STAMP)
 	bash scripts/tf-starts-hook.sh $(COMPAT_VENV)/bin/python
 	touch $(COMPAT_STAMP)
 
-test-compat: $(COMPAT_STAMP) ## the trace, placement and tfcompat tests and the corpus sample on the oldest supported TensorFlow (.venv-compat)
+test-compat: $(MLFLOW_STAMP) $(COMPAT_STAMP) ## the trace, placement and tfcompat tests and the corpus sample on the oldest supported TensorFlow (.venv-compat)
 	$(COMPAT_VENV)/bin/python -c "import tensorflow as tf, keras; print('test-compat: tensorflow', tf.__version__, 'keras', keras.__version__)"
 	@$(TIMED) compat "$(COMPAT_VENV)/bin/pytest -p no:cacheprovider --durations=25" -m "not gpu and not corpus and not newest" \
 	  $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 test-fast: test-unit ## quick iteration: unit tests only
 
-test-unit: $(STAMP) ## unit tier
-	@$(TIER) unit "unit"
+test-unit: $(MLFLOW_STAMP) $(STAMP) ## unit tier
+	@$(TIER) unit "unit" tests
 
-test-integration: $(STAMP) system-deps ## integration tier (real TF, real mlflow server, real kfp.local)
-	@$(TIER) integration "integration and not slow"
+test-integration: $(MLFLOW_STAMP) $(STAMP) system-deps ## integration tier (real TF, real mlflow server, real kfp.local)
+	@$(TIER) $(INTEGRATION) "integration and not slow" "$(INTEGRATION_TESTS)" $(INTEGRATION_ARGS)
 
-test-slow: $(STAMP) system-deps ## slow tier (multi-process clusters, images, faults)
-	@$(TIER) slow "slow" $(RELIABILITY)
+test-slow: $(MLFLOW_STAMP) $(STAMP) system-deps ## slow tier (multi-process clusters, images, faults)
+	@$(TIER) slow "slow" tests $(RELIABILITY)
 
 # The differential corpus (tests/corpus.py): every generated combination against plain TensorFlow,
 # two at a time (CORPUS_WORKERS); `make test` runs its sample of one per family.
-test-corpus: $(STAMP) ## the differential corpus: model families x program shapes x strategies against TensorFlow
-	@$(TIER) corpus "corpus"
+test-corpus: $(MLFLOW_STAMP) $(STAMP) ## the differential corpus: model families x program shapes x strategies against TensorFlow
+	@$(TIER) corpus "corpus" tests
 
 # The differential programs (tests/programs/) are part of `make test`'s integration tier; CI runs them
 # here instead, in the stream of the corpus (.ci/run), which has the time.
-test-differential: $(STAMP) ## the differential programs (tests/programs/) against plain TensorFlow
+test-differential: $(MLFLOW_STAMP) $(STAMP) ## the differential programs (tests/programs/) against plain TensorFlow
 	@$(TIMED) differential "$(PYTEST)" -m "not gpu" tests/test_differential.py $(PYTEST_ARGS)
 
 # The tests that build and run the images with podman (part of `make test`, the slow tier mostly). CI
 # runs them in the corpus stream instead, first: their downloads and builds overlap the test stream.
 IMAGE_TESTS := tests/test_images.py tests/test_images_usercode.py tests/test_k8s_containers.py
-test-images: $(STAMP) system-deps ## the image tests: the CPU and user images built with podman, pods run as containers
+test-images: $(MLFLOW_STAMP) $(STAMP) system-deps ## the image tests: the CPU and user images built with podman, pods run as containers
 	@$(TIMED) images "$(PYTEST)" -m "not gpu" $(IMAGE_TESTS) $(PYTEST_ARGS)
 
 print-image-tests:  # .ci/run: the files test-images runs
 	@echo $(IMAGE_TESTS)
 
-test-faults: $(STAMP) system-deps ## the fault-injection suite
+test-faults: $(MLFLOW_STAMP) $(STAMP) system-deps ## the fault-injection suite
 	$(PYTEST) -m "not gpu" tests/test_faults.py $(RELIABILITY)
 
 test-gpu: $(STAMP) ## the gpu tier: emulated placement against real GPUs (needs a machine with 2 GPUs)
 	$(PYTEST) -m gpu tests
 
-bench: $(STAMP) ## every benchmark section from one run -> benchmarks/RESULTS.md; BENCH_ARGS="--only overhead" or "--quick": a partial run -> benchmarks/runs/; "--plan": the plan and its time
+bench: $(MLFLOW_STAMP) $(STAMP) ## every benchmark section from one run -> benchmarks/RESULTS.md; BENCH_ARGS="--only overhead" or "--quick": a partial run -> benchmarks/runs/; "--plan": the plan and its time
 	@# Bytecode for pinpoint as an installed package has it (pip compiles at install; an editable
 	@# install under PYTHONDONTWRITEBYTECODE=1 would recompile every module in every run).
 	$(PY) -m compileall -q src benchmarks

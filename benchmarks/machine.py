@@ -7,14 +7,12 @@ import os
 import platform
 import shutil
 import subprocess
-from importlib import metadata
 
 
 def _version(pkg: str) -> str:
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return "not installed"
+    from pinpoint.versions import installed  # MLflow's client is mlflow-skinny
+
+    return installed(pkg) or "not installed"
 
 
 def cpu_model() -> str:

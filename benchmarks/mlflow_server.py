@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -26,7 +25,8 @@ def mlflow_server(root: Path, timeout: float = 180.0) -> Iterator[str]:
     root.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     uri = f"http://127.0.0.1:{port}"
-    cmd = [str(Path(sys.executable).parent / "mlflow"), "server",
+    # The full `mlflow` package's server, from its own venv (the Makefile's .venv-mlflow).
+    cmd = [str(Path(__file__).resolve().parents[1] / ".venv-mlflow" / "bin" / "mlflow"), "server",
            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # no genai job runners

@@ -20,7 +20,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-# The tiers and the parts CI runs apart (.ci/run: the `test` stream's, then the `corpus` stream's).
+# The tiers and the parts CI runs apart (.ci/run: the `test` stream's, then the `corpus` stream's),
+# in this order; a part of a tier (`integration-b`) follows its tier.
 TIERS = ("unit", "integration", "slow", "images", "corpus", "differential", "compat")
 BEGIN = "<!-- ci times: written by `python scripts/ci_times.py DIR --docs docs/development.md`; do not edit -->"
 END = "<!-- end of ci times -->"
@@ -74,9 +75,21 @@ def read_starts(folder: Path, tier: str) -> Counter:
     return starts
 
 
+def tiers(folder: Path) -> list[str]:
+    """The tiers that left a file in `folder`, TIERS' order first, a tier's parts after it."""
+    names = {p.name.split(".", 1)[0] for p in folder.iterdir() if p.suffix in (".xml", ".seconds", ".tfstarts")}
+    names.discard("run")  # .ci/run's own wall time
+
+    def order(name: str) -> tuple:
+        base = name.split("-", 1)[0]
+        return (TIERS.index(base) if base in TIERS else len(TIERS), name)
+
+    return sorted(names, key=order)
+
+
 def read_walls(folder: Path) -> dict[str, float]:
     """Each tier's wall time in seconds, from its `<tier>.seconds`."""
-    return {tier: float((folder / f"{tier}.seconds").read_text()) for tier in TIERS
+    return {tier: float((folder / f"{tier}.seconds").read_text()) for tier in tiers(folder)
             if (folder / f"{tier}.seconds").exists()}
 
 
@@ -92,7 +105,7 @@ def _table(head: tuple, rows: list[tuple]) -> list[str]:
 def tier_rows(folder: Path) -> list[tuple]:
     walls = read_walls(folder)
     rows, cpu = [], 0.0
-    for tier in TIERS:
+    for tier in tiers(folder):
         cases, starts = read_cases(folder, tier), read_starts(folder, tier)
         if not cases and tier not in walls:
             continue
@@ -112,8 +125,8 @@ TIER_HEAD = ("tier", "wall min", "CPU min", "tests", "passed", "failed", "skippe
 
 
 def report(folder: Path, slowest: int = 20) -> list[str]:
-    cases = [c for tier in TIERS for c in read_cases(folder, tier)]
-    starts = {tier: read_starts(folder, tier) for tier in TIERS}
+    cases = [c for tier in tiers(folder) for c in read_cases(folder, tier)]
+    starts = {tier: read_starts(folder, tier) for tier in tiers(folder)}
     out = ["## Per tier", "", *_table(TIER_HEAD, tier_rows(folder)), ""]
 
     by_file: dict[tuple[str, str], list[Case]] = defaultdict(list)
@@ -141,8 +154,8 @@ def report(folder: Path, slowest: int = 20) -> list[str]:
 def closing(folder: Path) -> list[str]:
     """Each tier's wall time, then the totals in the one line any CI reader understands."""
     walls = read_walls(folder)
-    lines = [f"ci: tier {tier} took {_minutes(walls[tier])} min" for tier in TIERS if tier in walls]
-    count = Counter(c.outcome for tier in TIERS for c in read_cases(folder, tier))
+    lines = [f"ci: tier {tier} took {_minutes(walls[tier])} min" for tier in tiers(folder) if tier in walls]
+    count = Counter(c.outcome for tier in tiers(folder) for c in read_cases(folder, tier))
     lines.append(f"ci: {count['passed']} passed, {count['failed']} failed, {count['skipped']} skipped")
     return lines
 

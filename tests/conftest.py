@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,15 @@ import yaml
 from pinpoint.config import DEFAULT_IMAGE, config_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
+# The MLflow server's command, from its own venv (the Makefile's .venv-mlflow: the full `mlflow`
+# package, kept out of the venv that runs TensorFlow).
+MLFLOW_CLI = REPO / ".venv-mlflow" / "bin" / "mlflow"
+
+
+def mlflow_cli() -> str:
+    if not MLFLOW_CLI.exists():
+        raise RuntimeError(f"no MLflow server at {MLFLOW_CLI}; run `make setup` (it builds .venv-mlflow)")
+    return str(MLFLOW_CLI)
 
 
 def pytest_addoption(parser):
@@ -108,7 +116,7 @@ def mlflow_ui(repo: Path, port: int):
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     for attempt in range(3):
         port = port if attempt == 0 else free_port()
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", *makefile_ui_args(port)],
+        proc = subprocess.Popen([mlflow_cli(), "ui", *makefile_ui_args(port)],
                                 cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
         try:
@@ -156,9 +164,8 @@ class MlflowServer:
         self.startup_seconds: list[float] = []
 
     def start(self, timeout: float = 180.0) -> None:
-        mlflow = Path(sys.executable).parent / "mlflow"
         cmd = [
-            str(mlflow), "server",
+            mlflow_cli(), "server",
             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
             "--artifacts-destination", str(self.root / "artifacts"),
             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",

@@ -66,6 +66,15 @@ def test_the_output_ends_with_each_tiers_wall_time_and_the_totals(tmp_path):
                         "ci: 2 passed, 1 failed, 1 skipped"]
 
 
+def test_a_tiers_part_is_a_tier_of_its_own_after_its_tier(tmp_path):
+    folder = _ci_folder(tmp_path)
+    (folder / "integration-b.seconds").write_text("60\n")
+    (folder / "slow.seconds").write_text("30\n")
+    assert ci_times.closing(folder)[:-1] == [
+        "ci: tier unit took 1.5 min", "ci: tier integration took 2.5 min", "ci: tier integration-b took 1.0 min",
+        "ci: tier slow took 0.5 min"]
+
+
 def test_the_docs_table_is_written_between_its_markers(tmp_path):
     doc = tmp_path / "page.md"
     doc.write_text(f"before\n{ci_times.BEGIN}\nold\n{ci_times.END}\nafter\n")

@@ -73,7 +73,7 @@ def _tier_expressions() -> list[str]:
     """The marker expressions `make test` runs, as the TIER function composes them."""
     make = (REPO / "Makefile").read_text()
     (template,) = re.findall(r'^TIER = .*-m "([^"]*)"', make, re.M)
-    tiers = re.findall(r'^\t@\$\(TIER\) [a-z]+ "([^"]+)"', make, re.M)
+    tiers = re.findall(r'^\t@\$\(TIER\) (?:[a-z]+|\$\(\w+\)) "([^"]+)"', make, re.M)
     assert {"unit", "integration and not slow", "slow"} <= set(tiers)
     return [template.replace("$$m", t) for t in set(tiers)]
 

@@ -22,12 +22,12 @@ BATCH = 64
 PREDICT = """
 import json, sys
 import mlflow, numpy as np
-from sklearn.datasets import load_digits
+from pinpoint.training.input.digits import load_digits
 mlflow.set_tracking_uri(sys.argv[1])
 model = mlflow.pyfunc.load_model(f"runs:/{sys.argv[2]}/model")
-d = load_digits()
-logits = np.asarray(model.predict((d.images[:256] / 16.0).astype(np.float32)[..., None]))
-print(json.dumps([list(logits.shape), float(np.mean(np.argmax(logits, -1) == d.target[:256]))]))
+x, y = load_digits()
+logits = np.asarray(model.predict((x[:256].reshape(-1, 8, 8) / 16.0).astype(np.float32)[..., None]))
+print(json.dumps([list(logits.shape), float(np.mean(np.argmax(logits, -1) == y[:256]))]))
 """
 
 

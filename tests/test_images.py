@@ -244,7 +244,7 @@ def test_user_code_image_trains_the_users_model_as_non_root(cpu_image, tmp_path)
         out = tmp_path / "out"
         out.mkdir()
         out.chmod(0o777)  # the container's uid 1000 writes the run folder
-        # No network: the image holds everything the run needs (digits ship with scikit-learn).
+        # No network: the image holds everything the run needs (the digits ship with Pinpoint).
         proc = subprocess.run(
             ["podman", "run", "--rm", "--network", "none", "--volume", f"{out}:/tmp/run", user_image,
              "pinpoint", "train", "/opt/pinpoint/code/config.yaml", "--out", "/tmp/run"],

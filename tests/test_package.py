@@ -26,7 +26,7 @@ from packaging.version import Version
 
 import pinpoint
 from pinpoint.placement.files import read_placement
-from pinpoint.versions import CHECKED, SUPPORTED, VersionError, check_version, installed
+from pinpoint.versions import CHECKED, SUPPORTED, VersionError, check_version, distribution, installed
 from tests.conftest import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -66,7 +66,7 @@ def _lock_version(lock: Path, name: str) -> Version:
 @pytest.mark.unit
 def test_pyproject_declares_the_ranges_versions_py_supports():
     declared = {r.name: r.specifier for r in map(Requirement, PYPROJECT["project"]["dependencies"])}
-    assert {name: declared[name] for name in SUPPORTED} == {n: SpecifierSet(s) for n, s in SUPPORTED.items()}
+    assert {name: declared[distribution(name)] for name in SUPPORTED} == {n: SpecifierSet(s) for n, s in SUPPORTED.items()}
     # Ranges, not pins: no declared dependency (nor an extra's) names one exact version.
     extras = [r for reqs in PYPROJECT["project"]["optional-dependencies"].values() for r in map(Requirement, reqs)]
     assert [r.name for r in [*map(Requirement, PYPROJECT["project"]["dependencies"]), *extras]
@@ -76,7 +76,7 @@ def test_pyproject_declares_the_ranges_versions_py_supports():
 @pytest.mark.unit
 @pytest.mark.parametrize("lock", ["requirements.lock", "requirements-compat.txt"])
 def test_each_lock_installs_versions_inside_the_range(lock):
-    assert {name: SpecifierSet(spec).contains(_lock_version(REPO / lock, name))
+    assert {name: SpecifierSet(spec).contains(_lock_version(REPO / lock, distribution(name)))
             for name, spec in SUPPORTED.items()} == dict.fromkeys(SUPPORTED, True)
 
 
@@ -96,7 +96,7 @@ def test_the_install_page_states_the_range_and_the_versions_of_both_ends():
     readme = " ".join((REPO / "docs" / "install.md").read_text().split())
     assert "TensorFlow `{tensorflow}`, Keras `{keras}`, MLflow `{mlflow}`".format(**SUPPORTED) in readme
     for lock in ("requirements.lock", "requirements-compat.txt"):
-        tf, keras, mlflow = (_lock_version(REPO / lock, n) for n in ("tensorflow", "keras", "mlflow"))
+        tf, keras, mlflow = (_lock_version(REPO / lock, n) for n in ("tensorflow", "keras", "mlflow-skinny"))
         assert f"TensorFlow {tf} with Keras {keras}" in readme and f"MLflow {mlflow}" in readme
 
 
@@ -174,7 +174,7 @@ def test_version_prints_pinpoints_tensorflows_keras_and_mlflows_versions(tmp_pat
         f"pinpoint {pinpoint.__version__}",
         f"tensorflow 2.15.1 (supported: {SUPPORTED['tensorflow']})",
         f"keras {metadata.version('keras')} (supported: {SUPPORTED['keras']})",
-        f"mlflow {metadata.version('mlflow')} (supported: {SUPPORTED['mlflow']})",
+        f"mlflow {metadata.version('mlflow-skinny')} (supported: {SUPPORTED['mlflow']})",
     ]
 
 
@@ -242,7 +242,7 @@ def test_the_wheel_declares_every_entry_point_and_the_ranges(built):
     assert sorted(m for m in modules if f"{m.replace('.', '/')}.py" not in names) == []
     requires = {r.name: r.specifier for r in map(Requirement, re.findall(r"^Requires-Dist: (.*)$", meta, flags=re.M))
                 if r.marker is None}
-    assert {name: requires[name] for name in SUPPORTED} == {n: SpecifierSet(s) for n, s in SUPPORTED.items()}
+    assert {name: requires[distribution(name)] for name in SUPPORTED} == {n: SpecifierSet(s) for n, s in SUPPORTED.items()}
     assert re.search(r"^Version: (.*)$", meta, flags=re.M).group(1) == pinpoint.__version__
 
 

@@ -58,13 +58,13 @@ USER_PACKAGE = {
         import tensorflow as tf
 
         def digits(images=False):
-            from sklearn.datasets import load_digits
+            from pinpoint.training.input.digits import load_digits
 
-            d = load_digits()
-            x = (d.data / 16.0).astype("float32")
+            x, y = load_digits()
+            x = (x / 16.0).astype("float32")
             if images:
                 x = x.reshape(-1, 8, 8, 1)
-            return tf.data.Dataset.from_tensor_slices((x, d.target.astype("int64")))
+            return tf.data.Dataset.from_tensor_slices((x, y.astype("int64")))
 
         def sharded_digits(input_context):
             ds = digits()
@@ -110,12 +110,13 @@ def make_cfg(code_dir, pinning=None, **train):
 
 def write_digits_tfrecords(folder: Path, shards: int) -> None:
     import tensorflow as tf
-    from sklearn.datasets import load_digits
 
-    d = load_digits()
+    from pinpoint.training.input.digits import load_digits
+
+    images, labels = load_digits()
     folder.mkdir(parents=True, exist_ok=True)
     writers = [tf.io.TFRecordWriter(str(folder / f"digits-{i}.tfrecord")) for i in range(shards)]
-    for i, (x, y) in enumerate(zip(d.data / 16.0, d.target)):
+    for i, (x, y) in enumerate(zip(images / 16.0, labels)):
         ex = tf.train.Example(features=tf.train.Features(feature={
             "image": tf.train.Feature(float_list=tf.train.FloatList(value=x.astype(np.float32))),
             "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)])),
@@ -219,10 +220,11 @@ def test_parquet_classification_with_a_user_loss(code_dir, tmp_path):
 
 def test_image_folder_trains_a_builtin_model(code_dir, tmp_path):
     import tensorflow as tf
-    from sklearn.datasets import load_digits
 
-    d = load_digits()
-    for i, (img, label) in enumerate(zip(d.images[:300], d.target[:300])):
+    from pinpoint.training.input.digits import load_digits
+
+    images, labels = load_digits()
+    for i, (img, label) in enumerate(zip(images[:300].reshape(-1, 8, 8), labels[:300])):
         folder = tmp_path / "imgs" / f"class_{label}"
         folder.mkdir(parents=True, exist_ok=True)
         png = tf.io.encode_png(tf.constant((img * 15).astype(np.uint8)[..., None]))

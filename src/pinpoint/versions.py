@@ -23,8 +23,16 @@ SUPPORTED = {
 # Refused at start when outside the range: what placement capture depends on. MLflow's API is
 # stable enough that pip's resolution of the declared range is the guard.
 CHECKED = ("tensorflow", "keras")
-# The distribution names TensorFlow ships under; the first one installed is the one imported.
-_ALIASES = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos")}
+# The distribution names a library ships under; the first one installed is the one imported. The
+# first is the one pyproject.toml declares: MLflow's client, mlflow-skinny (the full `mlflow`, the
+# server and its UI, depends on the same version of it).
+_ALIASES = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos"),
+            "mlflow": ("mlflow-skinny", "mlflow")}
+
+
+def distribution(name: str) -> str:
+    """The distribution pyproject.toml and the locks name for library `name`."""
+    return _ALIASES.get(name, (name,))[0]
 
 
 class VersionError(PinpointError):

@@ -2,7 +2,7 @@
 under `tf.device('/GPU:0')`, one `tf.function` per training step.
 
 Plain TensorFlow: `pinpoint.log` is the only Pinpoint call, and it does nothing when the program
-runs without Pinpoint. Run it as a script, under `pinpoint trace --gpus 2`, or as the pipeline's
+runs without Pinpoint; the digits are Pinpoint's copy (scikit-learn's without Pinpoint). Run it as a script, under `pinpoint trace --gpus 2`, or as the pipeline's
 train step through `entrypoint(ctx)` (config.yaml).
 """
 
@@ -14,19 +14,24 @@ import time
 
 import keras
 import tensorflow as tf
-from sklearn.datasets import load_digits
 
 try:
     from pinpoint import log
+    from pinpoint.training.input.digits import load_digits
 except ImportError:  # running without Pinpoint installed
+    from sklearn.datasets import load_digits as _load_digits
+
     def log(step, **metrics):
         pass
 
+    def load_digits():
+        return _load_digits(return_X_y=True)
+
 
 def dataset(batch_size: int) -> tf.data.Dataset:
-    digits = load_digits()
-    x = (digits.data / 16.0).astype("float32")
-    y = digits.target.astype("int32")
+    x, y = load_digits()
+    x = (x / 16.0).astype("float32")
+    y = y.astype("int32")
     return (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2048, seed=0).repeat()
             .batch(batch_size, drop_remainder=True).prefetch(2))
 

@@ -1,4 +1,4 @@
-"""The data: scikit-learn's digits as TFRecord files, and a tf.data reader for them.
+"""The data: the digits that ship with Pinpoint as TFRecord files, and a tf.data reader for them.
 
     python -m digits_cnn.data OUT_DIR [--shards 4]
 
@@ -31,7 +31,7 @@ def write_tfrecords(out_dir, shards=4):
     Each file is written under a temporary name and renamed, so an interrupted run never leaves
     a half-written shard that a later run would take as done.
     """
-    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
+    from pinpoint.training.input.digits import load_digits  # ships with Pinpoint: no download
 
     paths = shard_paths(out_dir, shards)
     # Shards of another count would be read too by the glob `digits-*.tfrecord`: drop them.
@@ -40,14 +40,14 @@ def write_tfrecords(out_dir, shards=4):
     if all(p.exists() for p in paths):
         return paths
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    digits = load_digits()
-    images = digits.data.astype("float32") / 16.0  # pixels are 0..16
+    pixels, labels = load_digits()
+    images = pixels.astype("float32") / 16.0  # pixels are 0..16
     for i, path in enumerate(paths):
         if path.exists():
             continue
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # hidden: the glob does not match it
         with tf.io.TFRecordWriter(str(tmp)) as writer:
-            for image, label in zip(images[i::shards], digits.target[i::shards]):
+            for image, label in zip(images[i::shards], labels[i::shards]):
                 example = tf.train.Example(
                     features=tf.train.Features(
                         feature={

@@ -1,6 +1,7 @@
 """Digits classifier trained with `model.fit` under `tf.distribute.MirroredStrategy()`.
 
-Plain TensorFlow: nothing here imports Pinpoint. Run it as a script, under `pinpoint trace`,
+Plain TensorFlow: nothing here imports Pinpoint but its copy of the digits (scikit-learn's, when
+Pinpoint is not installed). Run it as a script, under `pinpoint trace`,
 or as the pipeline's train step through `entrypoint(ctx)` (config.yaml).
 """
 
@@ -12,14 +13,21 @@ import time
 
 import keras
 import tensorflow as tf
-from sklearn.datasets import load_digits
+
+try:
+    from pinpoint.training.input.digits import load_digits
+except ImportError:  # running without Pinpoint installed
+    from sklearn.datasets import load_digits as _load_digits
+
+    def load_digits():
+        return _load_digits(return_X_y=True)
 
 
 def dataset(batch_size: int, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
-    """scikit-learn's digits as a repeated, shuffled, batched tf.data pipeline."""
-    digits = load_digits()
-    x = (digits.data / 16.0).astype("float32")
-    y = digits.target.astype("int32")
+    """The digits as a repeated, shuffled, batched tf.data pipeline."""
+    x, y = load_digits()
+    x = (x / 16.0).astype("float32")
+    y = y.astype("int32")
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     if input_context is not None and input_context.num_input_pipelines > 1:
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)

@@ -30,15 +30,14 @@ def param_value(value: Any) -> str:
 
 
 def library_versions() -> dict[str, str]:
-    import importlib.metadata as md
+    import pinpoint
+    from pinpoint.versions import installed
 
     out = {}
-    for dist in ("tensorflow", "keras", "mlflow", "numpy"):
-        try:
-            out[f"version.{dist}"] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
-    import pinpoint
+    for name in ("tensorflow", "keras", "mlflow", "numpy"):
+        version = installed(name)
+        if version is not None:
+            out[f"version.{name}"] = version
 
     out["version.pinpoint"] = pinpoint.__version__
     return out

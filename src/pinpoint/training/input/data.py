@@ -93,10 +93,10 @@ def load_arrays(cfg: Config) -> Arrays:
     """Load the configured data set as float32 features (scaled to ~[0, 1]) and int labels."""
     src = cfg.train.data
     if src == "digits":
-        from sklearn.datasets import load_digits
+        from pinpoint.training.input.digits import load_digits
 
-        d = load_digits()
-        return Arrays(d.data.astype(np.float32) / 16.0, d.target.astype(np.int32), 10, "digits")
+        x, y = load_digits()
+        return Arrays(x.astype(np.float32) / 16.0, y.astype(np.int32), 10, "digits")
     if src == "synthetic":
         return synthetic(cfg.train.synthetic_examples, seed=1234)
     path = Path(src)
