@@ -111,13 +111,10 @@ class Recorder:
         """Switch the op callback on for a sampling window if one is due (the program's thread)."""
         self.sampler.sample_if_due()
 
-    def resolve_pending(self) -> None:
-        """Match the eager-updated handles still unmatched (call while the program's objects live)."""
-        self.finder.resolve_pending()
-
-    def adopt(self, created: list) -> None:
-        """Keep the variables the program created and still holds (trace.created's records)."""
-        self.finder.adopt(created)
+    def settle(self, created: list) -> None:
+        """At the program's end, while its objects live: the eager-updated handles still unmatched
+        and the variables the program created and still holds (trace.created's records)."""
+        self.finder.settle(created)
 
     def variables(self) -> list:
         """The variables the captured functions used, and those the eager ops updated (not a

@@ -85,8 +85,7 @@ class Capture:
 
     def on_end(self) -> None:
         """The program ended and its objects are still alive: read what needs them."""
-        self.recorder.resolve_pending()
-        self.recorder.adopt(self.created.records)
+        self.recorder.settle(self.created.records)
         self.weight_rows = self.requests.rows()
         self.layer_units = self.requests.units()
 

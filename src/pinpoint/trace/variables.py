@@ -130,20 +130,16 @@ class VariableFinder:
                 if h is not None:
                     self._index[id(h)] = ref
 
-    def resolve_pending(self) -> None:
-        """Match the eager-updated handles still unmatched (call while the program's objects live)."""
-        if self._pending:
-            self._reindex()
-            for h in list(self._pending):
-                self._keep(h)
-
-    def adopt(self, created: list) -> None:
-        """Keep the variables the program created and still holds, as their outermost wrapper
-        (trace.created's records; call while the program's objects live)."""
+    def settle(self, created: list) -> None:
+        """At the program's end, while its objects live: match the eager-updated handles still
+        unmatched, and keep the variables the program created and still holds, as their outermost
+        wrapper (trace.created's records). One scan serves both: nothing runs in between."""
         alive = [v for v in (r.ref() for r in created) if v is not None]
-        if not alive:
+        if not self._pending and not alive:
             return
         self._reindex()
+        for h in list(self._pending):
+            self._keep(h)
         for v in alive:
             handle = getattr(components(v)[0], "handle", None)
             outer = self._lookup(id(handle)) if handle is not None else None
@@ -154,6 +150,9 @@ class VariableFinder:
         return [v for v in self._variables.values() if getattr(v, "name", "") not in _PLATFORM_VARIABLES]
 
 
+_OTHER, _KERAS, _TF = 0, 1, 2
+
+
 def live_variables() -> list:
     """Every live variable, outermost wrapper only (a Keras variable hides its tf.Variable, a
     distributed variable its components)."""
@@ -161,10 +160,19 @@ def live_variables() -> list:
 
     KerasVariable = keras_variable_class()
     keras_vars, tf_vars = [], []
+    # Classified by type, once per type: a process holds some 10^5-10^6 objects of a few thousand
+    # types, and this scan runs at the program's end and at eager updates (0.44 -> 0.19 s a scan
+    # with MobileNetV2 built).
+    kinds: dict[type, int] = {}
     for obj in gc.get_objects():
-        if KerasVariable and isinstance(obj, KerasVariable):
+        t = type(obj)
+        kind = kinds.get(t)
+        if kind is None:
+            kind = kinds[t] = (_KERAS if KerasVariable and issubclass(t, KerasVariable)
+                               else _TF if issubclass(t, tf.Variable) else _OTHER)
+        if kind == _KERAS:
             keras_vars.append(obj)
-        elif isinstance(obj, tf.Variable):
+        elif kind == _TF:
             tf_vars.append(obj)
     inner = set()
     for kv in keras_vars:
