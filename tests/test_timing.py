@@ -38,9 +38,12 @@ def test_the_device_with_more_work_is_busier_and_the_trace_is_in_the_run_folder(
     assert heavy["busy_ms"] > light["busy_ms"] > 0, t
     assert heavy["compute_ms"] > light["compute_ms"], t
     # The heaviest ops on the conv device are the convolutions (forward or backward), named as
-    # one step's ops (the loop's own prefix removed).
-    assert "Conv" in heavy["top_ops"][0]["type"] and "conv_" in heavy["top_ops"][0]["op"], heavy["top_ops"]
-    assert not heavy["top_ops"][0]["op"].startswith("while/")
+    # one step's ops (the loop's own prefix removed). Among the first three: an op's measured time
+    # includes any preemption of its thread, and CI's other streams preempt (a ReluGrad of 4.2 ms
+    # once came first, the backward convolution second).
+    top = heavy["top_ops"][:3]
+    assert any("Conv" in o["type"] and "conv_" in o["op"] for o in top), heavy["top_ops"]
+    assert not any(o["op"].startswith("while/") for o in heavy["top_ops"]), heavy["top_ops"]
     for d in (heavy, light):
         assert 0 <= d["idle_share"] < 1 and d["busy_ms"] == pytest.approx(d["compute_ms"] + d["transfer_ms"], abs=2e-3)
     # The boundary activation crosses between the two: transfer time on both.
