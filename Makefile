@@ -161,11 +161,12 @@ test-differential: $(MLFLOW_STAMP) $(STAMP) ## the differential programs (tests/
 
 # The tests that build and run the images with podman (part of `make test`, the slow tier mostly). CI
 # runs them in the corpus stream instead, first: their downloads and builds overlap the test stream.
-IMAGE_TESTS := tests/test_images.py tests/test_images_usercode.py tests/test_k8s_containers.py
-test-images: $(MLFLOW_STAMP) $(STAMP) system-deps ## the image tests: the CPU and user images built with podman, pods run as containers
+IMAGE_TESTS := tests/test_images.py tests/test_images_usercode.py tests/test_k8s_containers.py \
+               tests/test_package.py::test_a_fresh_venv_with_only_the_wheel_runs_trace_an_entrypoint_config_and_run
+test-images: $(MLFLOW_STAMP) $(STAMP) system-deps ## the shipping tests: the wheel in a fresh venv, the CPU and user images built with podman, pods run as containers
 	@$(TIMED) images "$(PYTEST)" -m "not gpu" $(IMAGE_TESTS) $(PYTEST_ARGS)
 
-print-image-tests:  # .ci/run: the files test-images runs
+print-image-tests:  # .ci/run: the files (and tests) test-images runs
 	@echo $(IMAGE_TESTS)
 
 test-faults: $(MLFLOW_STAMP) $(STAMP) system-deps ## the fault-injection suite
