@@ -159,8 +159,9 @@ test-corpus: $(MLFLOW_STAMP) $(STAMP) ## the differential corpus: model families
 test-differential: $(MLFLOW_STAMP) $(STAMP) ## the differential programs (tests/programs/) against plain TensorFlow
 	@$(TIMED) differential "$(PYTEST)" -m "not gpu" tests/test_differential.py $(PYTEST_ARGS)
 
-# The tests that build and run the images with podman (part of `make test`, the slow tier mostly). CI
-# runs them in the corpus stream instead, first: their downloads and builds overlap the test stream.
+# The shipping tests: the wheel in a fresh venv and the images built and run with podman (part of
+# `make test`, the slow tier mostly). CI runs them in the corpus stream instead, first: their
+# downloads and builds overlap the other streams.
 IMAGE_TESTS := tests/test_images.py tests/test_images_usercode.py tests/test_k8s_containers.py \
                tests/test_package.py::test_a_fresh_venv_with_only_the_wheel_runs_trace_an_entrypoint_config_and_run
 test-images: $(MLFLOW_STAMP) $(STAMP) system-deps ## the shipping tests: the wheel in a fresh venv, the CPU and user images built with podman, pods run as containers
@@ -172,7 +173,7 @@ print-image-tests:  # .ci/run: the files (and tests) test-images runs
 test-faults: $(MLFLOW_STAMP) $(STAMP) system-deps ## the fault-injection suite
 	$(PYTEST) -m "not gpu" tests/test_faults.py $(RELIABILITY)
 
-test-gpu: $(STAMP) ## the gpu tier: emulated placement against real GPUs (needs a machine with 2 GPUs)
+test-gpu: $(MLFLOW_STAMP) $(STAMP) ## the gpu tier: emulated placement against real GPUs (needs a machine with 2 GPUs)
 	$(PYTEST) -m gpu tests
 
 bench: $(MLFLOW_STAMP) $(STAMP) ## every benchmark section from one run -> benchmarks/RESULTS.md; BENCH_ARGS="--only overhead" or "--quick": a partial run -> benchmarks/runs/; "--plan": the plan and its time

@@ -2,8 +2,9 @@
 under `tf.device('/GPU:0')`, one `tf.function` per training step.
 
 Plain TensorFlow: `pinpoint.log` is the only Pinpoint call, and it does nothing when the program
-runs without Pinpoint; the digits are Pinpoint's copy (scikit-learn's without Pinpoint). Run it as a script, under `pinpoint trace --gpus 2`, or as the pipeline's
-train step through `entrypoint(ctx)` (config.yaml).
+runs without Pinpoint; the digits are Pinpoint's copy (scikit-learn's without Pinpoint). Run it
+as a script, under `pinpoint trace --gpus 2`, or as the pipeline's train step through
+`entrypoint(ctx)` (config.yaml).
 """
 
 from __future__ import annotations
