@@ -125,8 +125,9 @@ TIER_HEAD = ("tier", "wall min", "CPU min", "tests", "passed", "failed", "skippe
 
 
 def report(folder: Path, slowest: int = 20) -> list[str]:
-    cases = [c for tier in tiers(folder) for c in read_cases(folder, tier)]
-    starts = {tier: read_starts(folder, tier) for tier in tiers(folder)}
+    names = tiers(folder)
+    cases = [c for tier in names for c in read_cases(folder, tier)]
+    starts = {tier: read_starts(folder, tier) for tier in names}
     out = ["## Per tier", "", *_table(TIER_HEAD, tier_rows(folder)), ""]
 
     by_file: dict[tuple[str, str], list[Case]] = defaultdict(list)
@@ -153,8 +154,8 @@ def report(folder: Path, slowest: int = 20) -> list[str]:
 
 def closing(folder: Path) -> list[str]:
     """Each tier's wall time, then the totals in the one line any CI reader understands."""
-    walls = read_walls(folder)
-    lines = [f"ci: tier {tier} took {_minutes(walls[tier])} min" for tier in tiers(folder) if tier in walls]
+    walls = read_walls(folder)  # in tiers' order
+    lines = [f"ci: tier {tier} took {_minutes(seconds)} min" for tier, seconds in walls.items()]
     count = Counter(c.outcome for tier in tiers(folder) for c in read_cases(folder, tier))
     lines.append(f"ci: {count['passed']} passed, {count['failed']} failed, {count['skipped']} skipped")
     return lines

@@ -3,7 +3,7 @@
 UCI "Optical Recognition of Handwritten Digits" data set (E. Alpaydin, C. Kaynak, 1998; CC BY 4.0),
 in the file scikit-learn ships it as (digits.csv.gz, BSD-3-Clause). Pinpoint carries its own copy
 so that scikit-learn is not in the environment: Keras imports it, and SciPy with it, at every
-`import tensorflow` when it is installed (about a second of each start-up)."""
+`import tensorflow` when it is installed (about 1.7 CPU s of each start-up)."""
 
 from __future__ import annotations
 
