@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from tensorflow.core.framework import graph_pb2
 
 from pinpoint.placement.resources import DT_RESOURCE, ResourceTracer, Source
 
@@ -14,8 +13,16 @@ pytestmark = pytest.mark.unit
 FLOAT = 1
 
 
-def graph(*nodes) -> graph_pb2.GraphDef:
-    g = graph_pb2.GraphDef()
+def GraphDef():
+    # Imported here, not at the top: the import starts TensorFlow, and every pytest session (every
+    # tier, every xdist worker) collects this file.
+    from tensorflow.core.framework import graph_pb2
+
+    return graph_pb2.GraphDef()
+
+
+def graph(*nodes):
+    g = GraphDef()
     for name, op, inputs, attrs in nodes:
         n = g.node.add(name=name, op=op)
         n.input.extend(inputs)
@@ -48,19 +55,19 @@ def test_a_lowered_cond_and_loop_lead_back_to_the_argument():
               res("sw2", "Switch", ["merge", "p"]), res("body", "Identity", ["sw2:1"]),
               res("next", "NextIteration", ["body"]),
               ("upd2", "AssignAddVariableOp", ["body", "x"], {}))
-    t = ResourceTracer([("f", graph_pb2.GraphDef(), [g])], {"h": object()})
+    t = ResourceTracer([("f", GraphDef(), [g])], {"h": object()})
     assert t.source("id", 0) == Source(arg="h")
     assert t.source("body", 0) == Source(arg="h")
 
 
 def test_a_float_switch_is_not_followed():
     g = graph(arg("h"), ("sw", "Switch", ["h", "p"], {"T": FLOAT}))
-    assert ResourceTracer([("f", graph_pb2.GraphDef(), [g])], {"h": 1}).source("sw:1", 0) is None
+    assert ResourceTracer([("f", GraphDef(), [g])], {"h": 1}).source("sw:1", 0) is None
 
 
 def test_identity_n_follows_the_input_of_its_output():
     g = graph(arg("a"), arg("b", 1), ("idn", "IdentityN", ["a", "b"], {}))
-    t = ResourceTracer([("f", graph_pb2.GraphDef(), [g])], {"a": 1, "b": 2})
+    t = ResourceTracer([("f", GraphDef(), [g])], {"a": 1, "b": 2})
     assert (t.source("idn:0", 0), t.source("idn:1", 0)) == (Source(arg="a"), Source(arg="b"))
 
 
@@ -68,7 +75,7 @@ def test_a_recv_leads_to_its_send_on_the_other_device():
     edge = {"tensor_name": "edge_7_h", "send_device": "/CPU:1", "recv_device": "/CPU:2"}
     sender = graph(arg("h"), ("send", "_Send", ["h"], dict(edge, T=DT_RESOURCE)))
     receiver = graph(("recv", "_Recv", [], dict(edge, tensor_type=DT_RESOURCE)))
-    t = ResourceTracer([("f", graph_pb2.GraphDef(), [sender, receiver])], {"h": 1})
+    t = ResourceTracer([("f", GraphDef(), [sender, receiver])], {"h": 1})
     assert t.source("recv", 1) == Source(arg="h")
 
 
@@ -79,8 +86,8 @@ def test_a_branch_functions_argument_is_the_if_ops_input():
     branch = graph(arg("branch_h"), ("upd", "AssignVariableOp", ["branch_h", "x"], {}))
     var = graph(("v", "VarHandleOp", [], {"shared_name": "shared_v"}), ("call", "PartitionedCall", ["v"], {"f": "g"}))
     callee = graph(arg("g_h"))
-    t = ResourceTracer([("top", graph_pb2.GraphDef(), [caller, var]), ("then_fn", graph_pb2.GraphDef(), [branch]),
-                        ("g", graph_pb2.GraphDef(), [callee])], {"h": 1})
+    t = ResourceTracer([("top", GraphDef(), [caller, var]), ("then_fn", GraphDef(), [branch]),
+                        ("g", GraphDef(), [callee])], {"h": 1})
     assert t.source("branch_h", 2) == Source(arg="h")
     assert t.source("g_h", 3) == Source(shared_name="shared_v")
 
@@ -89,7 +96,7 @@ def test_an_update_inside_a_callee_whose_graphs_were_not_recorded_is_read_off_it
     """A `_noinline` call: grappler renames the callee it specializes; its FunctionDef (in the
     pre-optimization graph's library) says which argument it updates, through an identity and a
     nested call."""
-    pre = graph_pb2.GraphDef()
+    pre = GraphDef()
     inner = pre.library.function.add()
     inner.signature.name = "inner"
     inner.signature.input_arg.add(name="r")
