@@ -86,7 +86,7 @@ def pinpoint_train(spec: dict) -> dict[str, Any]:
     import tensorflow  # noqa: F401
 
     from benchmarks.worker import _mfu_fields
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.model.files import read_placement
     from pinpoint.runfolder import METRICS, PLACEMENT, TRAIN_LOG
     from pinpoint.training.command import train_command
 

@@ -6,7 +6,7 @@ process's peak RSS and how much the analysis raised it. With `open_report`: the 
 `pinpoint report` took to write report.html, its size, and the time Chromium (headless) takes
 to load it (`open_report_ms`, the median of 3: a page outside the report, with a script, loads it
 in an iframe and notes the iframe's load event; the report itself has no script). The analysis is timed by wrapping
-`pinpoint.placement.analyze.build_placement` and `pinpoint.placement.files.write_placement` in
+`pinpoint.placement.analysis.build.build_placement` and `pinpoint.placement.model.files.write_placement` in
 this process (the trainer imports them when it needs them)."""
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def _planning(run: Path, devices: int) -> dict[str, Any]:
 
 def measure(spec: dict) -> dict[str, Any]:
     from benchmarks.pinpoint_run import pinpoint_train
-    from pinpoint.placement import analyze, files
+    from pinpoint.placement.analysis import build as analyze
+    from pinpoint.placement.model import files
 
     timed: dict[str, float] = {"analysis_s": 0.0, "write_s": 0.0, "rss_before_analysis_mb": 0.0,
                                "rss_after_analysis_mb": 0.0}
@@ -113,7 +114,7 @@ def measure(spec: dict) -> dict[str, Any]:
     if spec.get("plan_devices"):
         rec.update(_planning(out, int(spec["plan_devices"])))
     if spec.get("open_report"):
-        from pinpoint.placement.report import write_report
+        from pinpoint.placement.report.html import write_report
 
         t0 = time.perf_counter()
         html, _, _ = write_report(out)

@@ -144,7 +144,7 @@ def _pinpoint(*argv: str) -> str:
 def measure(spec: dict) -> dict[str, Any]:
     """Worker kind "plan_mp": one case (spec: model, devices): the user's split trained, planned
     for balance and the plan trained (`pinpoint plan --verify`); the measured figures of both."""
-    from pinpoint.placement.files import load_placement
+    from pinpoint.placement.model.files import load_placement
     from pinpoint.plan.build import plan_graph
     from pinpoint.plan.links import LinkModel
     from pinpoint.plan.predict import predict

@@ -93,7 +93,7 @@ def largest_over_mean(per_server: dict[str, int]) -> float:
 def measure(spec: dict) -> dict[str, Any]:
     """Worker kind "plan_ps": the round-robin training, then `pinpoint plan --verify` (the plan
     and its training); the planning time is taken on its own, in this process."""
-    from pinpoint.placement.files import load_placement
+    from pinpoint.placement.model.files import load_placement
     from pinpoint.plan.build import plan_graph
     from pinpoint.plan.command import plan_run
     from pinpoint.plan.links import LinkModel

@@ -244,7 +244,7 @@ def host_tensors(graph, mapping: dict[str, str]) -> int:
 
 def matrix_count(run: Path) -> float:
     """Tensors crossing devices per step, as the run's transfers matrix counted them."""
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.model.files import read_placement
 
     matrix = (read_placement(run).get("transfers") or {}).get("matrix") or {}
     return sum(cell.get("count") or 0 for row in matrix.values() for cell in row.values())

@@ -1,4 +1,4 @@
-"""kfp component: report.html and charts from a trained run folder (pinpoint.placement.report)."""
+"""kfp component: report.html and charts from a trained run folder (pinpoint.placement.report.html)."""
 
 from kfp.dsl import HTML, Artifact, Input, Output
 

@@ -497,7 +497,7 @@ assert all(_valid(c) for c in COMBINATIONS.values()), [k for k, c in COMBINATION
 # strict xfail (tests/test_corpus.py); the entry must go once Pinpoint is fixed.
 _STRING_LOOKUP = ("Pinpoint leaves StringLookup's two transfers unsized (its lookup's output and the Identity after "
                   "it, /CPU:0<->/GPU:0) where TensorFlow's runtime shapes give 192 B each: the lookup is shaped as "
-                  "its keys (placement/runshapes.py, lookups_as_fill), but the keys come from an input element of "
+                  "its keys (placement/graphs/shapes.py, lookups_as_fill), but the keys come from an input element of "
                   "strings, and the runtime's element bytes count each string's contents, so no batch follows "
                   "from them")
 KNOWN: dict[str, str] = {

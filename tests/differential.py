@@ -611,7 +611,7 @@ def _placement_log(work: Path) -> Path:
 
 def compare_saved(name: str, work: Path, training: str | None) -> Result:
     """The comparison of one program's runs from what they wrote into `work` (no run)."""
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.model.files import read_placement
 
     pp = pinpoint_view(read_placement(work / "pinpoint"))
     tf = oracle_view(json.loads((work / "oracle.json").read_text()), json.loads((work / "shapes.json").read_text()),

@@ -226,6 +226,110 @@ def test_the_circle_check_sees_a_circle(tmp_path, monkeypatch):
     assert _circles(*_file_graph(ACYCLIC)) == [["pinpoint.training.input.data", "pinpoint.training.input.streams"]]
 
 
+# The rooms of placement/, top first (docs/architecture.md): capture runs TensorFlow and report
+# renders; both read the analyses, which read memory, which reads the typed model, the profile and
+# the graphs.
+PLACEMENT_ROOMS = [{"capture", "report"}, {"analysis"}, {"memory"}, {"model", "profile"}, {"graphs"}]
+
+
+def _room_arrows_up(modules, edges) -> list[tuple[str, str]]:
+    rank = {room: i for i, rooms in enumerate(PLACEMENT_ROOMS) for room in rooms}
+    room = {m: m.split(".")[2] for m in modules if m.count(".") >= 3}
+    assert sorted(set(room.values()) - set(rank)) == [], "add the new room to PLACEMENT_ROOMS and the docs"
+    return sorted((a, b) for a, bs in edges.items() for b in bs
+                  if a in room and b in room and rank[room[b]] < rank[room[a]])
+
+
+def test_placement_rooms_import_only_rooms_below_them():
+    assert _room_arrows_up(*_file_graph(("placement",))) == []
+
+
+def test_the_placement_room_check_sees_an_arrow_up(tmp_path, monkeypatch):
+    """Negative control: the graphs room reaching up to the capture that fills it is reported."""
+    fake = tmp_path / "pinpoint" / "placement"
+    (fake / "graphs").mkdir(parents=True)
+    (fake / "capture").mkdir()
+    (fake / "graphs" / "steps.py").write_text("def f():\n    from pinpoint.placement.capture.graphs import collecting\n")
+    (fake / "capture" / "graphs.py").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path / "pinpoint")
+    assert _room_arrows_up(*_file_graph(("placement",))) == [("pinpoint.placement.graphs.steps",
+                                                              "pinpoint.placement.capture.graphs")]
+
+
+def test_no_placement_room_holds_more_than_a_third_of_its_lines():
+    lines = {}
+    for path in (SRC / "placement").rglob("*.py"):
+        room = path.relative_to(SRC / "placement").parts
+        if len(room) > 1:
+            lines[room[0]] = lines.get(room[0], 0) + len(path.read_text().splitlines())
+    total = sum(lines.values())
+    assert {r: n for r, n in lines.items() if 3 * n > total} == {}
+
+
+def _placement_imports_from_outside(root: Path) -> list[str]:
+    """Imports of a placement room's module by a module outside placement/ (the face is the way in)."""
+    return sorted(f"{src} (line {line}) imports {dst}" for src, dst, line in _imports_under(root)
+                  if dst.startswith("pinpoint.placement.") and not src.startswith("pinpoint.placement"))
+
+
+def _imports_under(root: Path) -> list[tuple[str, str, int]]:
+    monkey = sys.modules[__name__]
+    saved, monkey.SRC = monkey.SRC, root
+    try:
+        return _imports()
+    finally:
+        monkey.SRC = saved
+
+
+def test_the_rest_of_pinpoint_enters_placement_through_its_face():
+    assert _placement_imports_from_outside(SRC) == []
+
+
+def test_the_face_check_sees_a_room_imported_from_outside(tmp_path):
+    fake = tmp_path / "pinpoint"
+    (fake / "plan").mkdir(parents=True)
+    (fake / "plan" / "build.py").write_text("from pinpoint.placement.model.files import load_placement\n")
+    assert _placement_imports_from_outside(fake) == [
+        "pinpoint.plan.build (line 1) imports pinpoint.placement.model.files"]
+
+
+def test_every_name_of_the_face_is_defined_where_it_says():
+    """The face's lazy table, read without importing a room: each name is a top-level definition
+    of the module it names (a moved name fails here, not on a user's first call)."""
+    face = ast.parse((SRC / "placement" / "__init__.py").read_text())
+    table = next(n.value for n in face.body if isinstance(n, ast.Assign) and n.targets[0].id == "_WHERE")
+    where = {k.value: v.value for k, v in zip(table.keys, table.values, strict=True)}
+    missing = []
+    for name, module in where.items():
+        tree = ast.parse((SRC / "placement" / (module.replace(".", "/") + ".py")).read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        defined |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+        if name not in defined:
+            missing.append(f"{name} in {module}")
+    assert missing == []
+
+
+def _private_imports(root: Path) -> list[str]:
+    """`from pinpoint.x import _name`: a private name crossing a module boundary."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pinpoint"):
+                found += [f"{path.relative_to(root)}:{node.lineno} {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_private_name_crosses_a_module_in_src():
+    assert _private_imports(SRC) == []
+
+
+def test_the_private_name_check_sees_one(tmp_path):
+    (tmp_path / "a.py").write_text("def f():\n    from pinpoint.placement.memory.replay import _other_task\n")
+    assert _private_imports(tmp_path) == ["a.py:2 _other_task"]
+
+
 def test_the_library_never_imports_the_repositorys_kfp_side():
     others = sorted({(src, t) for path in SRC.rglob("*.py")
                      for src in ["pinpoint." + ".".join(path.relative_to(SRC).with_suffix("").parts)]
@@ -266,3 +370,12 @@ def test_docs_architecture_names_every_layer_unit_and_training_room():
              for p in (SRC / "training").iterdir() if p.name not in ("__init__.py", "__pycache__")}
     # A top-level file may share a line with another: named by its file name.
     assert sorted(r for r in rooms if r not in docs and r.removeprefix("training/") not in docs) == []
+
+
+def test_docs_architecture_names_every_placement_room():
+    docs = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    section = docs.split("## The rooms of `placement/`", 1)[1].split("\n## ", 1)[0]
+    rooms = {r for rs in PLACEMENT_ROOMS for r in rs}
+    on_disk = {p.name for p in (SRC / "placement").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert on_disk == rooms
+    assert sorted(r for r in rooms if not re.search(rf"^  .*\b{r}\b", section, re.M)) == []

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pinpoint.placement import charts
-from pinpoint.placement.model import Placement
+from pinpoint.placement.model.placement import Placement
+from pinpoint.placement.report import charts
 
 pytestmark = pytest.mark.unit
 MiB = 2**20

@@ -90,8 +90,8 @@ def test_unrequested_ops_go_to_the_emulated_gpu0_unless_they_have_no_gpu_kernel(
 
 
 def test_a_pinned_op_without_a_gpu_kernel_is_a_predicted_fallback_and_a_violation(code_dir, tmp_path):
-    from pinpoint.placement.metrics import headline_metrics
-    from pinpoint.placement.summary import format_summary
+    from pinpoint.placement.report.metrics import headline_metrics
+    from pinpoint.placement.report.summary import format_summary
 
     placement = train(make_cfg({"layers": {"shuffle": "/GPU:1"}}, code_dir=code_dir), tmp_path)
     predicted = {f["op_type"]: f for f in placement["fallbacks"] if f.get("predicted")}

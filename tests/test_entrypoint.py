@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

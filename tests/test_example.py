@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 from tests import fidelity
 from tests.conftest import MLP_DIGITS, NO_TRACKING, make_config, mlp_param_bytes
 

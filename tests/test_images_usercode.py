@@ -7,7 +7,7 @@ capabilities, env, command, ConfigMap at /config, run folder and /tmp mounts):
 - `pinpoint trace --gpus 2 --no-tracking` on the example's script;
 - `pinpoint train` on the example's `train.entrypoint` config, the command the manifests give.
 
-Each reads placement.json back on the host with pinpoint.placement.files.read_placement. Both
+Each reads placement.json back on the host with pinpoint.placement.model.files.read_placement. Both
 commands import `pinpoint.trace` from the installed wheel, which a package list in pyproject.toml
 that misses it breaks in every pod while an editable install still works."""
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from pinpoint.placement.memory_batch import _leading, at_batch, batch_of, largest_batch, scaled_outputs
-from pinpoint.placement.memory_predict import Node, Replay
+from pinpoint.placement.memory.batch import _leading, at_batch, batch_of, largest_batch, scaled_outputs
+from pinpoint.placement.memory.replay import Node, Replay
 
 B = 10  # the measured batch
 X_ROW, G = 100, 600  # x: 100 B a row (B rows); g: a weight gradient, 600 B at any batch
@@ -100,8 +100,8 @@ def test_the_peak_predicted_at_four_times_the_batch_is_the_one_measured_there(tm
     assert abs(predicted - measured) <= 0.05 * measured + order
     # The largest batch that fits 1 GiB: the last whose need (the verdict's terms: variables, the GPU
     # machine's peak at that batch x the allocator's ratio) is within the fits threshold.
-    from pinpoint.placement.files import read_placement
-    from pinpoint.placement.memory_fit import BAND, CONTEXT
+    from pinpoint.placement.memory.fit import BAND, CONTEXT
+    from pinpoint.placement.model.files import read_placement
 
     fit = small["fit"]["devices"]["/GPU:0"]
     replay = Replay.from_json(read_placement(tmp_path / "b1")["memory"]["predicted"]["replay"])

@@ -88,8 +88,8 @@ def test_each_workers_call_is_told_apart_by_its_step_and_the_threads_that_ran_it
     """Worker 0's call and the one begun before the trace on its thread go to worker 0's device, and so
     do the constants its request thread made; worker 1's (the caller's) stay; a call no thread ties to a
     worker goes to OTHER_CALL, not to the caller."""
-    from pinpoint.placement.memory import memory_events
-    from pinpoint.placement.memory_calls import OTHER_CALL, on_own_devices, worker_calls
+    from pinpoint.placement.memory.calls import OTHER_CALL, on_own_devices, worker_calls
+    from pinpoint.placement.profile.allocator import memory_events
 
     xs = _xspace()
     calls = worker_calls(xs, DEVICES, W1)
@@ -105,9 +105,9 @@ def test_the_callers_own_call_keeps_only_its_kernels_and_allocations():
     """The ps's read at 51 us ran in a region no step names, queued by worker 0's call: left out with
     it. (An EagerService:Enqueue reads as a kernel named EagerService, as in TensorFlow's traces: the
     caller's is kept, worker 0's left out with its thread.)"""
-    from pinpoint.placement.memory import memory_events
-    from pinpoint.placement.memory_calls import on_own_devices, one_call, worker_calls
-    from pinpoint.placement.timing import op_events
+    from pinpoint.placement.memory.calls import on_own_devices, one_call, worker_calls
+    from pinpoint.placement.profile.allocator import memory_events
+    from pinpoint.placement.profile.xspace import op_events
 
     xs = _xspace()
     calls = worker_calls(xs, DEVICES, W1)
@@ -118,7 +118,7 @@ def test_the_callers_own_call_keeps_only_its_kernels_and_allocations():
 
 
 def test_a_trace_with_no_call_requested_on_the_callers_task_says_which_call_is_not_known():
-    from pinpoint.placement.memory_calls import worker_calls
+    from pinpoint.placement.memory.calls import worker_calls
 
     calls = worker_calls(_xspace(), DEVICES, W0.replace("task:0", "task:2"))
     assert calls.step_of() == (None, "the trace holds 0 calls requested on /job:worker/task:2/CPU:0's task, "

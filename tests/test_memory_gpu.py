@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 from tests.conftest import NO_TRACKING, make_config
 from tests.test_fidelity import two_gpus  # noqa: F401 - the fixture
 

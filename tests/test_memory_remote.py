@@ -54,8 +54,8 @@ def _rpc_thread_xspace(another_thread: bool = False, **no_op):
 
 @pytest.mark.parametrize("no_op", [{}, {"tf_op": "(null)"}], ids=["2.21", "2.16"])
 def test_an_rpc_threads_allocation_belongs_to_the_receive_done_after_it(no_op):
-    from pinpoint.placement.memory import memory_events
-    from pinpoint.placement.timing import receive_arrivals
+    from pinpoint.placement.profile.allocator import memory_events
+    from pinpoint.placement.profile.xspace import receive_arrivals
 
     xs = _rpc_thread_xspace(**no_op)
     assert ([(e.requested, e.op, e.kernel) for e in memory_events(xs)], receive_arrivals(xs)) == (
@@ -66,7 +66,7 @@ def test_a_receives_buffer_is_its_own_when_its_done_runs_on_another_rpc_thread()
     """Under load a receive's bytes can arrive on one RPC thread and its Done run on another: the
     allocation is still the receive's (the latest unclaimed one on an RPC thread before that Done);
     the later one with no receive after it stays nobody's."""
-    from pinpoint.placement.memory import memory_events
+    from pinpoint.placement.profile.allocator import memory_events
 
     xs = _rpc_thread_xspace(another_thread=True)
     assert [(e.requested, e.kernel) for e in memory_events(xs)] == [(4096, "grad/_7"), (64, "")]
@@ -78,7 +78,7 @@ def test_a_receives_buffer_is_its_own_when_the_trace_lost_its_done():
     receive's (and its step's), not the host's; a receive whose Done is there (step 8) claims nothing."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    from pinpoint.placement.memory import memory_events
+    from pinpoint.placement.profile.allocator import memory_events
 
     xs = xplane_pb2.XSpace()
     plane = xs.planes.add(name="/host:CPU")
@@ -106,8 +106,8 @@ def test_a_received_buffer_is_made_when_the_allocator_gave_it_not_at_the_receive
     """The receive's bytes got their buffer at 11 us and its Done came at 12 us: the replay makes the
     buffer at 11 (a 256 KiB tensor's allocation came 20 us before its Done, and a buffer let go of
     in between was still live beside it)."""
-    from pinpoint.placement.memory import memory_events
-    from pinpoint.placement.memory_trace import receive_times
+    from pinpoint.placement.memory.from_trace import receive_times
+    from pinpoint.placement.profile.allocator import memory_events
 
     xs = _rpc_thread_xspace()
     assert receive_times(xs, memory_events(xs)) == {"grad/_7": [11 * US]}
@@ -131,7 +131,7 @@ def test_a_tensor_sent_to_another_task_is_a_new_buffer_there_and_held_here_until
     ps's receive is a copy made when its bytes arrive (t=6), which z writes into. The RPC layer let go
     of relu at t=9 (the allocator's event): q and relu live together, 250 B. Without that time, relu
     is let go of at the send, and the worker's peak is x and relu's 200 B."""
-    from pinpoint.placement.memory_predict import Measured, Node, Schedule
+    from pinpoint.placement.memory.replay import Measured, Node, Schedule
 
     worker = _graph(("x", "MatMul", [], WORKER, ""), ("relu", "Relu", ["x"], WORKER, ""),
                     ("send", "_Send", ["relu"], WORKER, "edge_relu"), ("q", "MatMul", [], WORKER, ""))
@@ -151,7 +151,7 @@ def test_a_tensor_from_another_task_is_a_new_buffer_even_when_its_sender_is_unsi
     """The worker sends g, an IdentityN of a loop's sum whose shape inference left it unsized (the
     LSTM's gate-weight gradient under parameter_server). The ps's receive is still a new buffer of
     what the allocator gave it (100 B), which its MatMul reads: 100 + 80 B on the ps."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory.replay import Node, Schedule
 
     worker = _graph(("s", "AddN", [], WORKER, ""), ("g", "IdentityN", ["s"], WORKER, ""),
                     ("send", "_Send", ["g"], WORKER, "edge_g"))
@@ -177,7 +177,7 @@ P0 = "/job:ps/replica:0/task:0/device:CPU:0"
 def test_a_closures_graphs_are_its_workers_part_and_each_component_it_ran_on_another_task(tmp_path):
     """The caller's own part of step_9 (its worker's), not the part the ps ran as a component of its
     own; each component's latest final graph; another function's files are not read."""
-    from pinpoint.placement.graph_dumps import remote_partitions
+    from pinpoint.placement.graphs.dumps import remote_partitions
 
     _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:0_device:CPU:0.0003", [W0])
     _dump(tmp_path, "__inference_step_9_partition__job:ps_replica:0_task:0_device:CPU:0.0003", [P0, P0, P0])
@@ -191,7 +191,7 @@ def test_a_closures_graphs_are_its_workers_part_and_each_component_it_ran_on_ano
 
 def test_tensorflow_2_16s_component_names_are_read_too(tmp_path):
     """TensorFlow 2.16 names a component `<fn>_<id>_<k>`, without `partitioned_`."""
-    from pinpoint.placement.graph_dumps import remote_partitions
+    from pinpoint.placement.graphs.dumps import remote_partitions
 
     _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:0_device:CPU:0.0003", [W0])
     _dump(tmp_path, "__inference_step_9_41_1_partition__job:ps_replica:0_task:0_device:CPU:0.0001", [P0, P0])
@@ -201,7 +201,7 @@ def test_tensorflow_2_16s_component_names_are_read_too(tmp_path):
 
 def test_with_two_workers_the_callers_part_is_read_and_their_identical_components_once(tmp_path):
     """Each worker instantiates step_9: its own part, and a component on the ps under an id of its own."""
-    from pinpoint.placement.graph_dumps import remote_partitions, tasks_of
+    from pinpoint.placement.graphs.dumps import remote_partitions, tasks_of
 
     _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:0_device:CPU:0.0003", [W0])
     _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:1_device:CPU:0.0003", [W1, W1])
@@ -212,7 +212,7 @@ def test_with_two_workers_the_callers_part_is_read_and_their_identical_component
 
 
 def test_components_that_differ_are_not_guessed_between(tmp_path):
-    from pinpoint.placement.graph_dumps import remote_partitions
+    from pinpoint.placement.graphs.dumps import remote_partitions
 
     _dump(tmp_path, "__inference_step_9_partition__job:worker_replica:0_task:0_device:CPU:0.0003", [W0])
     _dump(tmp_path, "__inference_step_9_partitioned_41_1_partition__job:ps_replica:0_task:0_device:CPU:0.0001", [P0])
@@ -226,7 +226,7 @@ def test_a_received_buffer_the_rpc_layer_still_holds_outlives_its_reader():
     """The ps receives 100 B (bytes arrive at t=6); z sums it (4 B) and is its only reader; w (200 B)
     runs after. The RPC layer let go of the received bytes at t=11 (the allocator's event), so they
     and w live together: 300 B. Without that time they go with their reader: 200 B at w."""
-    from pinpoint.placement.memory_predict import Measured, Node, Schedule
+    from pinpoint.placement.memory.replay import Measured, Node, Schedule
 
     worker = _graph(("x", "MatMul", [], WORKER, ""), ("send", "_Send", ["x"], WORKER, "edge_x"))
     ps = _graph(("recv", "_Recv", [], PS, "edge_x"), ("z", "Sum", ["recv"], PS, ""), ("w", "MatMul", [], PS, ""))
@@ -243,7 +243,8 @@ def test_a_received_buffer_the_rpc_layer_still_holds_outlives_its_reader():
 def test_a_received_allocation_holds_what_its_sender_made():
     """A worker receives a ps's variable value (the receive `<sender>/_<n>` of a ReadVariableOp) and
     a gradient the ps computed: each is the kind its sender's tensor is, not an activation."""
-    from pinpoint.placement.memory import MemEvent, per_device
+    from pinpoint.placement.memory.measured import per_device
+    from pinpoint.placement.profile.allocator import MemEvent
 
     rows = [("dense/ReadVariableOp/_4", 4096), ("gradient_tape/dense/MatMul/_6", 1024)]
     events = [MemEvent(time_ps=i, alloc=True, addr=i + 1, requested=size, allocated=size, total_after=0, kernel=recv)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pinpoint.placement.memory import UNATTRIBUTED, MemEvent, kind_of, per_device, self_check, summarize, thin
+from pinpoint.placement.memory.measured import UNATTRIBUTED, kind_of, per_device, summarize, thin
+from pinpoint.placement.profile.allocator import MemEvent, self_check
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -87,7 +88,7 @@ def test_thinning_keeps_every_windows_peak():
 
 
 def test_mlflow_gets_each_devices_peak_and_input_bytes():
-    from pinpoint.placement.metrics import headline_metrics
+    from pinpoint.placement.report.metrics import headline_metrics
 
     memory = summarize(_events(), DEVICES, TYPES)
     out = headline_metrics({"memory": memory, "transfers": {"input": {"per_step": {"/GPU:0": 64.0}}}})
@@ -103,7 +104,7 @@ def _dev(peak: int, *live: tuple[str, str, int]) -> dict:
 
 
 def test_findings_name_the_packed_gradients_the_backward_pass_apart_and_the_activation_heavy_device():
-    from pinpoint.placement.memory import findings
+    from pinpoint.placement.memory.measured import findings
 
     packed = findings({"/GPU:0": _dev(1000, ("adam/concat", "gradient", 400), ("dense/MatMul", "activation", 300)),
                        "/GPU:1": _dev(1000, ("adam/concat_1", "gradient", 400), ("dense/MatMul", "activation", 300))})
@@ -120,7 +121,7 @@ def test_findings_name_the_packed_gradients_the_backward_pass_apart_and_the_acti
 def test_a_parameter_servers_update_and_a_workers_whole_model_are_the_strategys_design_not_findings():
     """The same bytes as the split above, on a ps and a worker: the ps holds the update beside its
     variables and the worker runs the whole model, as parameter_server places them."""
-    from pinpoint.placement.memory import findings
+    from pinpoint.placement.memory.measured import findings
 
     assert findings({"/job:ps/task:0/CPU:0": _dev(1000, ("adam/Mul", "optimizer", 800), ("adam/Sqrt", "optimizer", 200)),
                      "/job:worker/task:0/CPU:0": _dev(900, ("d1/MatMul", "activation", 800)),
@@ -142,7 +143,7 @@ def test_the_prediction_frees_after_the_last_reader_writes_in_place_and_shares_a
     """x (400 B) on /GPU:0; relu writes into x (its last reader); y = matmul (100 B) is sent to /GPU:1,
     where z = y * 2 writes into the received buffer once the send is done: logical CPUs share it, so
     /GPU:1 allocates nothing. On a GPU machine the received y is a 100 B copy in /GPU:1's memory."""
-    from pinpoint.placement.memory_predict import predict_peaks
+    from pinpoint.placement.memory.replay import predict_peaks
 
     g0 = _graph(("x", "MatMul", [], "/GPU:0"), ("relu", "Relu", ["x"], "/GPU:0"),
                 ("y", "MatMul", ["relu"], "/GPU:0"), ("send", "_Send", ["y"], "/GPU:0"))
@@ -160,7 +161,7 @@ def test_the_prediction_frees_after_the_last_reader_writes_in_place_and_shares_a
 
 def test_a_kernel_the_trace_does_not_show_runs_when_its_inputs_are_made():
     """A Reshape the executor runs inline (no event) keeps its input alive for its own readers."""
-    from pinpoint.placement.memory_predict import predict_peaks
+    from pinpoint.placement.memory.replay import predict_peaks
 
     g = _graph(("a", "MatMul", [], "/GPU:0"), ("r", "Reshape", ["a"], "/GPU:0"),
                ("b", "MatMul", [], "/GPU:0"), ("c", "ConcatV2", ["r", "b"], "/GPU:0"))
@@ -191,7 +192,7 @@ def test_a_bad_gpu_size_is_one_line_naming_the_field(text, hint):
 
 
 def test_the_verdict_adds_each_stated_term_and_keeps_a_band_either_side():
-    from pinpoint.placement.memory_fit import CONTEXT, NCCL, verdicts
+    from pinpoint.placement.memory.fit import CONTEXT, NCCL, verdicts
 
     gib = 2**30
     memory = {"devices": {"/GPU:0": {"peak_requested": 100, "peak_allocated": 125, "at_peak": []}},
@@ -205,9 +206,9 @@ def test_the_verdict_adds_each_stated_term_and_keeps_a_band_either_side():
 
 
 def test_a_cluster_merge_keeps_each_tasks_devices_checks_and_reasons():
-    from pinpoint.placement.merge import merge_placements
-    from pinpoint.placement.model import Placement
-    from pinpoint.placement.summary import memory_line
+    from pinpoint.placement.analysis.merge import merge_placements
+    from pinpoint.placement.model.placement import Placement
+    from pinpoint.placement.report.summary import memory_line
 
     chief = summarize(_events(), DEVICES, TYPES)
     worker = {"why_not": "not measured: not run in a task of a multi-process TensorFlow cluster"}
@@ -224,9 +225,9 @@ def test_a_cluster_merge_keeps_each_tasks_devices_checks_and_reasons():
 def test_cluster_tasks_measured_without_the_profiler_show_each_tasks_peak_and_the_reason_once():
     """Tasks of a multi-process cluster run no profiler: each keeps its allocator's peak (task_peak),
     the merge says the shared reason once, naming the tasks, and the summary is one line."""
-    from pinpoint.placement.merge import merge_placements
-    from pinpoint.placement.model import Placement
-    from pinpoint.placement.summary import memory_line
+    from pinpoint.placement.analysis.merge import merge_placements
+    from pinpoint.placement.model.placement import Placement
+    from pinpoint.placement.report.summary import memory_line
 
     why = "not measured per device: not run in a task of a multi-process TensorFlow cluster"
     base = {"devices": [], "transfers": {}, "variables": [], "conformance": {}}
@@ -239,7 +240,7 @@ def test_cluster_tasks_measured_without_the_profiler_show_each_tasks_peak_and_th
     assert memory_line(memory) == (
         "memory     : step peak per task (all its devices together, the allocator's own): chief:0 3.0 MiB, "
         f"worker:0 1.5 KiB; [chief:0, worker:0] {why}")
-    from pinpoint.placement.metrics import headline_metrics
+    from pinpoint.placement.report.metrics import headline_metrics
 
     assert {k: v for k, v in headline_metrics(merged).items() if k.startswith("memory.")} == {
         "memory.task_peak_bytes.chief_0": 3.0 * 2**20, "memory.task_peak_bytes.worker_0": 1536.0}
@@ -249,7 +250,7 @@ def test_a_loops_tensor_list_holds_each_pushed_element_until_the_gradient_readin
     """A forward loop of 3 iterations pushes x (100 B each) into a list; the backward loop pops all 3
     at once (iterations in parallel) and R reads each popped element later (making 50 B). Before the
     first R ends the list still holds all 3: 300 B, with R's own 50 B."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory.replay import Node, Schedule
 
     nodes = [Node("x", "MatMul"), Node("P", "TensorListPushBack", (("list", 0), ("x", 0))),
              Node("list", "EmptyTensorList"), Node("Q", "TensorListPopBack", (("P", 0),)),
@@ -263,7 +264,7 @@ def test_a_loops_tensor_list_holds_each_pushed_element_until_the_gradient_readin
 
 def test_a_kernels_scratch_is_held_while_it_runs():
     """a (300 B) then b reading it (200 B) with 64 B of scratch: 300 + 200 + 64 while b runs."""
-    from pinpoint.placement.memory_predict import Measured, Node, Schedule
+    from pinpoint.placement.memory.replay import Measured, Node, Schedule
 
     nodes = [Node("a", "Conv2D"), Node("b", "Conv2D", (("a", 0),))]
     sizes = {"a": [300], "b": [200]}
@@ -278,8 +279,8 @@ def test_a_kernels_scratch_is_the_most_it_held_at_once_and_freed_before_it_ended
     one after the other. Einsum's kernel (40-50) makes a 64 KiB temp it hands on as its output (freed
     at 60, after the kernel) beside 32 KiB of scratch: only the 32 KiB is scratch, and the 64 KiB is
     its output, made at 41."""
-    from pinpoint.placement.memory import MemEvent
-    from pinpoint.placement.memory_trace import handed_on, scratch_delays, scratch_peaks
+    from pinpoint.placement.memory.from_trace import handed_on, scratch_delays, scratch_peaks
+    from pinpoint.placement.profile.allocator import MemEvent
 
     def temp(t, alloc, addr, size, op="pool_grad"):
         return MemEvent(time_ps=t, alloc=alloc, addr=addr, requested=size, allocated=size, total_after=0, op=op,
@@ -298,7 +299,7 @@ def test_two_kernels_that_run_at_once_hold_their_scratch_when_each_held_its_most
     """a (0-100) holds 100 B of scratch from 60 on, b (10-50) from its start: never together. Made at
     each kernel's start they would be (a transformer's two Einsum gradients: +11% in a bench run).
     Their outputs (10 B each) and b's scratch: 120 B, not 220."""
-    from pinpoint.placement.memory_predict import Measured, Node, Schedule
+    from pinpoint.placement.memory.replay import Measured, Node, Schedule
 
     schedule = Schedule.of([Node("a", "Einsum"), Node("b", "Einsum")], [("a", 0, 100), ("b", 10, 50)])
     peaks = [schedule.peaks(lambda n: [10], lambda n: "/GPU:0", measured=Measured(temps={"a": 100, "b": 100}, temp_after=after))
@@ -311,9 +312,9 @@ def test_a_parameter_server_coordinator_reads_each_serving_tasks_figures_and_nam
     file named in the one reason, and the summary's one line."""
     import json
 
-    from pinpoint.placement.memory_model import Memory
-    from pinpoint.placement.memory_tasks import TASK_MEMORY, serving_tasks_memory
-    from pinpoint.placement.summary import memory_line
+    from pinpoint.placement.memory.tasks import TASK_MEMORY, serving_tasks_memory
+    from pinpoint.placement.model.memory import Memory
+    from pinpoint.placement.report.summary import memory_line
 
     (tmp_path / TASK_MEMORY).mkdir()
     (tmp_path / TASK_MEMORY / "ps-0.json").write_text(json.dumps({"task": "ps:0", "held": 69_120, "peak": 2**17,
@@ -333,10 +334,10 @@ def test_a_serving_tasks_variables_are_counted_as_its_allocator_sizes_them():
     ps: a 1 KiB variable adds 1,280 B): a [64, 128] float32 kernel (32,768 B), a [128] bias (512 B) and
     an int64 scalar on ps:0 take 33,024 + 768 + 512 = 34,304 B. ps:1 holds a variable of unknown shape
     and ps:2 a shard (its row's bytes are the whole variable's): no split. A worker holds none."""
-    from pinpoint.placement.memory_model import Memory
-    from pinpoint.placement.memory_tasks import with_task_variables
-    from pinpoint.placement.metrics import _task_memory_metrics
-    from pinpoint.placement.summary import memory_line
+    from pinpoint.placement.memory.tasks import with_task_variables
+    from pinpoint.placement.model.memory import Memory
+    from pinpoint.placement.report.metrics import _task_memory_metrics
+    from pinpoint.placement.report.summary import memory_line
 
     memory = {"why_not": "not measured per device: the steps run in the workers",
               "tasks": {"ps:0": {"held": 40_960, "peak": 81_920}, "ps:1": {"held": 1_024, "peak": 1_024},
@@ -363,7 +364,7 @@ def test_a_loop_holds_its_variables_initial_value_until_its_exit():
     """A loop variable enters as z (Fill, 100 B): Enter -> Merge -> Switch; the body's AddN sums it
     with g (100 B) and h reads the sum (50 B); the Exit comes after two iterations. The loop holds z
     until its Exit, so AddN cannot write into z: it writes into g. While h runs: z + the sum + h."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory.replay import Node, Schedule
 
     nodes = [Node("z", "Fill"), Node("E", "Enter", (("z", 0),)), Node("M", "Merge", (("E", 0), ("NI", 0))),
              Node("p", "Const"), Node("S", "Switch", (("M", 0), ("p", 0))), Node("g", "MatMul"),
@@ -383,7 +384,7 @@ def test_a_tensor_lists_elements_are_copies_held_until_popped_and_reading_one_al
     gradient; Z (500 B) runs before the first read. The 300 B of elements are live from the unstacking
     on, pushed or not (pushed: until popped; not: as the list's own buffer until its last read), and
     no read adds to them: 300 + 500 while Z runs."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory.replay import Node, Schedule
 
     forward = [Node("x", "Transpose"), Node("L", "TensorListFromTensor", (("x", 0),)), Node("Z", "MatMul"),
                Node("GI", "TensorListGetItem", (("L", 0),)), Node("y", "Tanh", (("GI", 0),))]
@@ -402,7 +403,7 @@ def test_a_loops_iterations_that_run_ahead_hold_their_tensors_together():
     """Two iterations of a body: g (100 B) made in both before the AddN summing each (its reader) runs:
     iteration 1's g is made while iteration 0's still waits for its AddN, so 100 + 100 at once (each
     iteration replayed alone would hold 100)."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory.replay import Node, Schedule
 
     nodes = [Node("g", "MatMul"), Node("acc", "Const"), Node("A", "AddN", (("acc", 0), ("g", 0)))]
     order = [("g", 0, 1), ("g", 2, 3), ("A", 10, 11), ("A", 12, 13)]
@@ -414,7 +415,7 @@ def _loop(body: list, pushes: list) -> list:
     """A loop's frame around `body`: its variable h enters as h0 (Fill) through Enter, Merge (with
     NextIteration of m) and Switch, and leaves through its Exit X; each push takes a list through an Enter of its own (both lists
     are made by one EmptyTensorList node: TensorFlow merges identical ones) and its Switch."""
-    from pinpoint.placement.memory_predict import Node
+    from pinpoint.placement.memory.replay import Node
 
     frame = [Node("h0", "Fill"), Node("E", "Enter", (("h0", 0),)), Node("M", "Merge", (("E", 0), ("NI", 0))),
              Node("p", "Const"), Node("S", "Switch", (("M", 0), ("p", 0))), Node("NI", "NextIteration", (("m", 0),)),
@@ -430,7 +431,7 @@ def test_a_loop_variables_push_holds_nothing_new_when_its_next_value_is_pushed_t
     """Each of 3 iterations makes m (MatMul of h, 100 B) and pushes it (P2); it also pushes h itself
     (P1), which from the second iteration on is the previous m: the same buffer. The lists hold
     m's three copies, not six more pushes' worth: 3 x 100 B + h0 (100 B, held until the loop exits)."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory.replay import Node, Schedule
 
     nodes = _loop([Node("m", "MatMul", (("S", 1),))], [("P1", ("S", 1)), ("P2", ("m", 0))])
     order = [("h0", 0, 1), *((n, 10 * k + 2 + 2 * j, 10 * k + 3 + 2 * j) for k in range(3)
@@ -444,7 +445,7 @@ def test_a_list_nothing_pops_is_dropped_when_its_loop_exits():
     """3 iterations push x (100 B each); the gradient never pops that list (under parameter_server the
     LSTM pushes the input kernel it receives). It is dropped at its Exit (t=40), so Z (500 B) runs
     after it with h0 alone: 500 + 100 B, not 500 + 100 + 300."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory.replay import Node, Schedule
 
     nodes = _loop([Node("m", "Identity", (("S", 1),)), Node("x", "MatMul"), Node("Z", "MatMul")],
                   [("P", ("x", 0))])
@@ -459,7 +460,7 @@ def test_a_list_nothing_pops_is_held_until_its_last_push_when_that_runs_after_th
     and a push whose list the gradient never reads can lag). The list's Exit waits for that push, so
     the list (two pushes, 200 B) and the third x (100 B, until its push) are still held while Z
     (500 B) runs at 40-50, beside h0 (100 B): 900 B (dropped at the LoopCond, 600)."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory.replay import Node, Schedule
 
     nodes = _loop([Node("m", "Identity", (("S", 1),)), Node("x", "MatMul"), Node("Z", "MatMul")],
                   [("P", ("x", 0))])
@@ -474,7 +475,7 @@ def test_a_buffer_two_lists_hold_is_freed_by_the_later_of_its_pops():
     gradient pops all of m's list at once (Q2, t=50-52: a zeros_like of each, which runs ahead) and
     h's one iteration at a time (Q1, t=60, 70, 80). Z (500 B) runs at 55-58: m's first popped buffer
     is gone, the other two are still held by h's list (h0 left at the loop's Exit): 500 + 200 B."""
-    from pinpoint.placement.memory_predict import Node, Schedule
+    from pinpoint.placement.memory.replay import Node, Schedule
 
     nodes = _loop([Node("m", "MatMul", (("S", 1),)), Node("Z", "MatMul"),
                    Node("Q1", "TensorListPopBack", (("LX0", 0),)), Node("Q2", "TensorListPopBack", (("LX1", 0),))],
@@ -491,14 +492,14 @@ def test_a_kernel_starts_in_the_replay_when_it_got_its_first_output_buffer_insid
     """A kernel traced from 100 to 200 whose output the allocator gave at 160 (an earlier one, at 50,
     was another run's) starts at 160; one whose only allocation came at 250, after its run, or that
     allocated nothing, keeps its traced start."""
-    from pinpoint.placement.memory_trace import kernel_start
+    from pinpoint.placement.memory.from_trace import kernel_start
 
     assert [kernel_start(made, 100, 200) for made in ([50, 160, 170], [250], None)] == [160, 100, 100]
 
 
 def _late_reader():
     """b reads a (300 B) from 2 to 10; c (200 B) is made at 12; d reads b and c from 14 to 15."""
-    from pinpoint.placement.memory_predict import Node, Replay
+    from pinpoint.placement.memory.replay import Node, Replay
 
     nodes = (Node("a", "MatMul"), Node("b", "MatMul", (("a", 0),)), Node("c", "MatMul"),
              Node("d", "ConcatV2", (("b", 0), ("c", 0))))
@@ -512,7 +513,7 @@ def test_a_kernels_inputs_are_let_go_of_when_the_allocator_freed_them_after_its_
     b's end, the replay's peak would be a and b's 400 B. d's inputs were freed at 16."""
     from dataclasses import replace
 
-    from pinpoint.placement.memory_trace import input_lags
+    from pinpoint.placement.memory.from_trace import input_lags
 
     replay = _late_reader()
     lags = input_lags(replay, {"a": [15], "b": [16], "c": [16]})
@@ -522,7 +523,7 @@ def test_a_kernels_inputs_are_let_go_of_when_the_allocator_freed_them_after_its_
 
 def test_a_free_long_after_a_kernels_end_or_before_it_is_not_its_inputs_being_let_go_of():
     """a freed 2 ms after b's end was let go of by something else; a free before b's end is no lag."""
-    from pinpoint.placement.memory_trace import input_lags
+    from pinpoint.placement.memory.from_trace import input_lags
 
     assert [input_lags(_late_reader(), {"a": [t]}) for t in (10 + 2_000_000_000, 9)] == [{}, {}]
 
@@ -532,7 +533,7 @@ def test_a_kernel_with_scratch_makes_its_outputs_when_the_allocator_gave_them():
     Einsum made the temp it hands on 873 us into its 1000 us kernel: +8.7% on a split made at the start).
     b (5-60) reads x (300 B) and makes 20 B. Made at a's start, a's output would be live beside x and
     b's: 410 B. Made at 82, after x was freed: x, the scratch and b's output, 370 B."""
-    from pinpoint.placement.memory_predict import Measured, Node, Schedule
+    from pinpoint.placement.memory.replay import Measured, Node, Schedule
 
     nodes = [Node("x", "MatMul"), Node("a", "Einsum"), Node("b", "MatMul", (("x", 0),)),
              Node("c", "AddV2", (("a", 0), ("b", 0)))]
@@ -547,7 +548,7 @@ def test_a_constant_or_an_update_the_allocator_saw_made_is_made_in_a_later_call(
     """A parameter_server worker's first run of its own copy of the function makes its constants (c,
     64 B) though it is not the function's first call; an update another worker's read held (u on v,
     with a 100 B value) writes a copy of the variable. Without that evidence neither is made."""
-    from pinpoint.placement.memory_predict import Measured, Node, Schedule
+    from pinpoint.placement.memory.replay import Measured, Node, Schedule
 
     nodes = [Node("v", "VarHandleOp"), Node("c", "Const"), Node("d", "Mul", (("c", 0),)),
              Node("g", "MatMul"), Node("u", "AssignAddVariableOp", (("v", 0), ("g", 0)))]

@@ -137,7 +137,7 @@ def test_the_demo_report_opens_on_nothing_to_change_and_the_run(demo):
     placement.json's matrix), the replicas all-reduce every gradient, nothing to change."""
     repo, _ = demo
     run_dir = repo / "runs" / "demo"
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.model.files import read_placement
 
     p = read_placement(run_dir)
     screen = read_first_screen(run_dir / "report.html", "demo")

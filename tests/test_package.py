@@ -25,7 +25,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 import pinpoint
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 from pinpoint.versions import CHECKED, SUPPORTED, VersionError, check_version, distribution, installed
 from tests.conftest import REPO
 

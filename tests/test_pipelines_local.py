@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 from tests.conftest import REPO
 
 

@@ -21,13 +21,13 @@ def _dm(replicas=("/CPU:1", "/CPU:2"), aliases=ALIASES):
 
 
 def _capture(fn, *args, step=5):
-    from pinpoint.placement.capture import capture_call
+    from pinpoint.placement.capture.graphs import capture_call
 
     return capture_call(fn, *args, step=step)
 
 
 def _build(caps, variables, plan=None, strategy="none", dm=None, **kw):
-    from pinpoint.placement.analyze import build_placement
+    from pinpoint.placement.analysis.build import build_placement
 
     return build_placement(
         caps, variables=variables, plan=plan or PinningConfig(), strategy=strategy, device_map=dm or _dm(), **kw
@@ -82,7 +82,7 @@ def test_pinned_variables_and_gradients(tf):
     assert p["conformance"]["score"] == 1.0
     assert p["fallbacks"] == []
     # headline metrics are MLflow-safe keys
-    from pinpoint.placement.metrics import headline_metrics
+    from pinpoint.placement.report.metrics import headline_metrics
 
     hm = headline_metrics(p)
     assert hm["placement.transfer_bytes_per_step"] == per["bytes"]
@@ -199,7 +199,7 @@ def test_layer_pins_resolved_when_the_model_is_built_reach_the_placement(tf):
 
 def test_placement_json_reads_back_into_the_same_model(tf):
     """What the build writes, Placement.from_json reads without loss: every section, typed."""
-    from pinpoint.placement.model import Placement
+    from pinpoint.placement.model.placement import Placement
     from pinpoint.training.loop.models import build_model, layer_pins
 
     model = build_model("mlp", (8,), 3, {"dense_*": "/CPU:1", "head": "/CPU:2"})
@@ -217,7 +217,7 @@ def test_placement_json_reads_back_into_the_same_model(tf):
 def test_mirrored_components_and_no_drift(tf):
     """MirroredStrategy: one component per replica device, updates on each, no drift after
     synchronous steps; a deliberately perturbed component shows up as drift."""
-    from pinpoint.placement.variables import replica_consistency
+    from pinpoint.placement.analysis.variables import replica_consistency
 
     strategy = tf.distribute.MirroredStrategy(["/CPU:1", "/CPU:2"])
     with strategy.scope():
@@ -317,8 +317,8 @@ import json, socket, sys
 import tensorflow as tf, keras
 from types import SimpleNamespace
 from pinpoint.config import PinningConfig
-from pinpoint.placement.analyze import build_placement
-from pinpoint.placement.capture import capture_on_device
+from pinpoint.placement.analysis.build import build_placement
+from pinpoint.placement.capture.graphs import capture_on_device
 
 def port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
@@ -422,7 +422,7 @@ def _loop_case(tf, jit=False, compute="/CPU:2"):
 def test_loop_capture_matches_a_single_step_capture(tf):
     """The per-step view of a captured n-step loop reports what a separately traced single step
     reports: the same transfers, bytes, update devices and gradient placement."""
-    from pinpoint.placement.steps import per_step_view
+    from pinpoint.placement.graphs.steps import per_step_view
 
     w, b, one_step, n_steps, x = _loop_case(tf)
     _, single = _capture(tf.function(one_step), x, step=5)
@@ -458,7 +458,7 @@ def test_loop_capture_matches_a_single_step_capture(tf):
 def test_xla_call_is_expanded_onto_its_device(tf):
     """A jit-compiled forward+backward runs as one XLA program on its device (XLA needs the
     variables there too): its ops, gradients included, are reported on that device."""
-    from pinpoint.placement.steps import per_step_view
+    from pinpoint.placement.graphs.steps import per_step_view
 
     w, b, _one_step, n_steps, _x = _loop_case(tf, jit=True, compute="/CPU:1")
     _, looped = _capture(tf.function(n_steps), tf.constant(2), step=0)
@@ -479,7 +479,7 @@ def test_frames_follow_enter_and_exit():
     """Frame propagation on a hand-built lowered loop: Enter opens, Exit closes."""
     from tensorflow.core.framework import graph_pb2
 
-    from pinpoint.placement.steps import frames
+    from pinpoint.placement.graphs.steps import frames
 
     g = graph_pb2.GraphDef()
     for name, op, inputs in [("x", "Const", []), ("enter", "Enter", ["x"]), ("merge", "Merge", ["enter", "next"]),
@@ -497,7 +497,7 @@ def test_frames_follow_enter_and_exit():
 def test_fallbacks_inside_the_loop_and_beside_an_xla_call(tf):
     """Requested devices survive the per-step view: inside a lowered loop (names renamed) and in
     a single step that also holds an XLA call (whose ops are added to the graphs)."""
-    from pinpoint.placement.steps import per_step_view
+    from pinpoint.placement.graphs.steps import per_step_view
 
     x = tf.constant([1.0, 2.0])
     double = tf.function(lambda v: v * 2.0, jit_compile=True)
@@ -596,7 +596,7 @@ BATCH_ROWS, ROW_FLOATS = 4, 3
 
 
 def test_shape_inference_sizes_a_tensor_derived_from_the_batch_through_the_branch_that_ran():
-    from pinpoint.placement.runshapes import infer_shapes
+    from pinpoint.placement.graphs.shapes import infer_shapes
 
     element = BATCH_ROWS * ROW_FLOATS * 4
     shapes, dead = infer_shapes([_lowered_cond()], [element], {"get", "relu"})
@@ -604,7 +604,7 @@ def test_shape_inference_sizes_a_tensor_derived_from_the_batch_through_the_branc
 
 
 def test_shape_inference_leaves_a_merge_unresolved_when_no_branch_is_known_to_have_run():
-    from pinpoint.placement.runshapes import infer_shapes
+    from pinpoint.placement.graphs.shapes import infer_shapes
 
     shapes, dead = infer_shapes([_lowered_cond()], [BATCH_ROWS * ROW_FLOATS * 4], set())
     assert (shapes["out"][0][1], dead) == ([None, ROW_FLOATS], set())
@@ -615,7 +615,7 @@ def test_a_fused_filter_gradients_bias_output_is_one_value_per_filter_not_the_in
     gradient the input's channel count (5 here); the kernel returns one value per filter (16)."""
     import tensorflow as tf
 
-    from pinpoint.placement.runshapes import infer_shapes, merge_shapes
+    from pinpoint.placement.graphs.shapes import infer_shapes, merge_shapes
 
     f32, i32 = tf.float32.as_datatype_enum, tf.int32.as_datatype_enum
     g = tf.compat.v1.GraphDef()
@@ -672,7 +672,7 @@ def _fused_gradient_pack(split_sizes: list[int]):
 def test_a_fused_bias_gradient_packed_and_split_again_is_sized_through_the_pack():
     """Issue 48: the wrong bias shape inside the import poisoned the gradient pack (concat -> split)
     and the whole import failed; split back into its unfused ops, every shape after it is right."""
-    from pinpoint.placement.runshapes import infer_shapes
+    from pinpoint.placement.graphs.shapes import infer_shapes
 
     shapes, _ = infer_shapes([_fused_gradient_pack([16, 10])], None, {"adam/split"})
     # 16 bias values (one per filter) + 10 others, split into 16 and 10.
@@ -680,8 +680,9 @@ def test_a_fused_bias_gradient_packed_and_split_again_is_sized_through_the_pack(
 
 
 def test_a_failed_shape_inference_is_a_sizing_error_naming_the_function_and_the_op():
-    from pinpoint.placement.capture import CapturedGraphs, size_from_inference
-    from pinpoint.placement.transfers import merge_transfer_steps
+    from pinpoint.placement.analysis.transfers import merge_transfer_steps
+    from pinpoint.placement.capture.graphs import size_from_inference
+    from pinpoint.placement.graphs.captured import CapturedGraphs
 
     graph = _fused_gradient_pack([20, 10])  # 26 values cannot split into 20 and 10
     cap = CapturedGraphs(step=0, functions=[("train_step", graph, [graph])])

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pinpoint.placement.model import Placement
-from pinpoint.placement.summary import format_summary
-from pinpoint.placement.variables import coverage_text, user_variables
+from pinpoint.placement.analysis.variables import coverage_text, user_variables
+from pinpoint.placement.model.placement import Placement
+from pinpoint.placement.report.summary import format_summary
 
 pytestmark = pytest.mark.unit
 SAMPLE = Path(__file__).parent / "data" / "placement-sample.json"
@@ -52,7 +52,7 @@ def test_a_freed_variable_recorded_by_each_replica_thread_is_one_variable():
     handles, and it is freed before the end. Two records, one variable (its second record's row
     number used to index the live rows: IndexError after the program ended)."""
     from pinpoint.device_names import DeviceMap
-    from pinpoint.placement.variables import analyze_variables
+    from pinpoint.placement.analysis.variables import analyze_variables
 
     namer = DeviceMap(aliases={"/GPU:0": "/CPU:1", "/GPU:1": "/CPU:2"}, replica_devices=("/CPU:1", "/CPU:2"),
                       spec_replica_devices=("/GPU:0", "/GPU:1"), emulated=True)

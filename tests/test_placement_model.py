@@ -1,4 +1,4 @@
-"""One typed model, read everywhere: placement.json is read by placement.files (read_placement,
+"""One typed model, read everywhere: placement.json is read by placement.model.files (read_placement,
 load_placement) and everything else reads placement.model.Placement; the report of a placement and
 of a merged cluster stays what it was before the readers took the model (goldens)."""
 
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from pinpoint.placement.merge import merge_placements
-from pinpoint.placement.model import Placement
-from pinpoint.placement.report import render_html
+from pinpoint.placement.analysis.merge import merge_placements
+from pinpoint.placement.model.placement import Placement
+from pinpoint.placement.report.html import render_html
 
 pytestmark = pytest.mark.unit
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pinpoint"
 DATA = Path(__file__).parent / "data"
-READER = SRC / "placement" / "files.py"  # the one reader of placement.json
+READER = SRC / "placement" / "model" / "files.py"  # the one reader of placement.json
 DICT_READ = re.compile(r"\bplacement(\.get\(|\[)")
 # Regenerate after a deliberate change to the report: render_html(json.loads(sample), None, {}, "sample")
 # (and the merged one below) into these files, and say why in the commit.

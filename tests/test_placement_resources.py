@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from pinpoint.placement.resources import DT_RESOURCE, ResourceTracer, Source
+from pinpoint.placement.graphs.resources import DT_RESOURCE, ResourceTracer, Source
 
 pytestmark = pytest.mark.unit
 FLOAT = 1

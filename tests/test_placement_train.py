@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 from tests.conftest import NO_TRACKING, make_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_train_mirrored_writes_placement_and_report(tmp_path):
     assert p["transfers"]["per_step"]["count"] > 0 and p["transfers"]["per_step"]["unsized"] == 0
     assert len(p["transfers"]["steps"]) == 2
     assert p["fallbacks"] == []
-    from pinpoint.placement.metrics import headline_metrics
+    from pinpoint.placement.report.metrics import headline_metrics
 
     hm = headline_metrics(p)
     assert hm["placement.replica_drift"] == 0.0 and hm["placement.ops.GPU_1"] > 0
@@ -108,7 +108,7 @@ def test_multi_worker_placements_are_merged(tmp_path):
     # placement.memory: a cluster task runs no profiler (CLUSTER_TASK), so no per-device split; each
     # task read its own allocator's peak over the sampled step. The step all-reduces the MLP's
     # gradients packed into one buffer: (64*128+128 + 128*64+64 + 64*10+10) floats = 68,904 B live at once.
-    from pinpoint.placement.timing import CLUSTER_TASK
+    from pinpoint.placement.capture.profiler import CLUSTER_TASK
 
     memory = m["memory"]
     assert memory["devices"] == {} and memory["why_not"] == f"[chief:0, worker:0] not measured per device: {CLUSTER_TASK}"

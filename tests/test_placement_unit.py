@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from pinpoint.device_names import DeviceMap, matches, normalize
-from pinpoint.placement.merge import merge_placements
-from pinpoint.placement.metrics import headline_metrics, metrics_step
-from pinpoint.placement.model import Placement
-from pinpoint.placement.naming import metric_key
-from pinpoint.placement.summary import format_summary
+from pinpoint.placement.analysis.merge import merge_placements
+from pinpoint.placement.model.placement import Placement
+from pinpoint.placement.report.metrics import headline_metrics, metric_key, metrics_step
+from pinpoint.placement.report.summary import format_summary
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -138,7 +137,7 @@ def test_merge_placements_unites_tasks():
     one = Placement.from_json(a)
     assert merge_placements([one]) is one and merge_placements([]) is None
     # the merged placement renders
-    from pinpoint.placement.report import render_html
+    from pinpoint.placement.report.html import render_html
 
     html = render_html(m, None, {}, "cluster")
     assert "Tasks of the cluster" in html and "[worker:0] variables" in html
@@ -149,7 +148,7 @@ def test_variables_rule_violation_names_the_layer_rule():
     import re as _re
 
     from pinpoint.config import PinningConfig
-    from pinpoint.placement.conformance import check_conformance
+    from pinpoint.placement.analysis.conformance import check_conformance
 
     variables = [
         {"name": "dense_1/kernel", "devices": ["/GPU:0"], "components": [{"device": "/GPU:0"}]},
@@ -177,10 +176,10 @@ V1_LAYERS = [
 def test_a_schema_1_placement_reads_in_the_current_schema(tmp_path):
     """tests/data/placement-sample.json is schema 1; with the layers rows schema 1 wrote, it reads as
     schema 2 with `layer_pins` read off the rows, and the model names each row's fields."""
-    from pinpoint.placement.files import read_placement, write_placement
-    from pinpoint.placement.model import Placement
-    from pinpoint.placement.schema import SCHEMA_VERSION
-    from pinpoint.placement.sections import LayerRow
+    from pinpoint.placement.model.files import read_placement, write_placement
+    from pinpoint.placement.model.placement import Placement
+    from pinpoint.placement.model.schema import SCHEMA_VERSION
+    from pinpoint.placement.model.sections import LayerRow
 
     old = dict(_sample(), layers=V1_LAYERS)
     assert old["schema"] == 1
@@ -196,7 +195,7 @@ def test_a_schema_1_placement_reads_in_the_current_schema(tmp_path):
 
 def test_the_model_round_trips_placement_json():
     """Placement.from_json(...).to_json() gives back every section of the file, schema bumped."""
-    from pinpoint.placement.model import Placement
+    from pinpoint.placement.model.placement import Placement
 
     sample = dict(_sample(), layers=V1_LAYERS)
     out = Placement.from_json(sample).to_json()
@@ -210,7 +209,7 @@ def test_the_model_round_trips_placement_json():
 
 def test_a_newer_schema_is_refused_in_one_line(tmp_path):
     from pinpoint.errors import ConfigError
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.model.files import read_placement
 
     (tmp_path / "placement.json").write_text(json.dumps(dict(_sample(), schema=3)))
     with pytest.raises(ConfigError, match=r"^placement.json schema: got 3; this pinpoint reads versions 1 to 2; "):
@@ -220,7 +219,7 @@ def test_a_newer_schema_is_refused_in_one_line(tmp_path):
 def test_the_layers_table_names_its_columns():
     """layers.html.j2 reads named fields: the row of a layer whose backward op ran off its device is
     red and lists the layers its key matched."""
-    from pinpoint.placement.report import render_html
+    from pinpoint.placement.report.html import render_html
 
     html = render_html(dict(_sample(), layers=V1_LAYERS), None, {}, "t")
     section = html[html.index('<section id="layers">'):]

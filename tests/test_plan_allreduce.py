@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from pinpoint.cli import main
-from pinpoint.placement.files import load_placement
-from pinpoint.placement.model import Placement
+from pinpoint.placement.model.files import load_placement
+from pinpoint.placement.model.placement import Placement
 from pinpoint.plan.allreduce import AllReduceCase, all_reduce_us, refusal, section, send_pairs
 from pinpoint.plan.links import LinkModel
 from tests.conftest import NO_TRACKING, make_config

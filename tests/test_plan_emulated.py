@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pinpoint.placement.model import Placement
+from pinpoint.placement.model.placement import Placement
 from pinpoint.plan.build import build
 from pinpoint.plan.emit import step_models
 from pinpoint.plan.emulated import KIND, EmulatedHost, tensors_crossing

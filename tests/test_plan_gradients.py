@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from pinpoint.errors import PlacementError
-from pinpoint.placement.files import load_placement
-from pinpoint.placement.model import Placement
+from pinpoint.placement.model.files import load_placement
+from pinpoint.placement.model.placement import Placement
 from pinpoint.plan.graph import BACKWARD, Edge, Group, PlanGraph
 from tests.conftest import NO_TRACKING, make_config
 

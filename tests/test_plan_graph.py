@@ -1,5 +1,5 @@
 """The planner's input: a run folder's training step as a PlanGraph (pinpoint.plan.build), from the
-op rows the capture records as a graph (pinpoint.placement.opgraph).
+op rows the capture records as a graph (pinpoint.placement.analysis.opgraph).
 
 Unit: a hand-written placement.json and op file give exact groups, edges, order, allowed devices
 and colocation; the one-line errors. Integration: a real run of Pinpoint's trainer (an MLP whose
@@ -14,9 +14,9 @@ import json
 import pytest
 
 from pinpoint.errors import ConfigError
-from pinpoint.placement.files import ops_path, write_placement
-from pinpoint.placement.model import Placement
-from pinpoint.placement.opgraph import LayerMatcher, colocated_layers
+from pinpoint.placement.analysis.opgraph import LayerMatcher, colocated_layers
+from pinpoint.placement.model.files import ops_path, write_placement
+from pinpoint.placement.model.placement import Placement
 from pinpoint.plan.build import plan_graph
 from pinpoint.plan.graph import Edge
 
@@ -182,7 +182,7 @@ def mlp_run(tmp_path_factory, tf):
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_pinned_mlp_run_is_its_layers_with_exact_activation_edges(mlp_run):
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.model.files import read_placement
     from pinpoint.training.loop.models import build_model, layer_names
 
     g = plan_graph(mlp_run)
@@ -210,8 +210,8 @@ def test_a_pinned_mlp_run_is_its_layers_with_exact_activation_edges(mlp_run):
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_the_op_rows_name_real_producers_across_devices_and_the_report_does_not_change(mlp_run):
-    from pinpoint.placement.files import read_placement
-    from pinpoint.placement.report import render_html
+    from pinpoint.placement.model.files import read_placement
+    from pinpoint.placement.report.html import render_html
 
     placement = read_placement(mlp_run)
     rows = {r["op"]: r for r in placement["ops"]}
@@ -242,8 +242,8 @@ def test_a_plain_capture_records_the_real_producer_its_bytes_and_the_request(tf)
     from types import SimpleNamespace
 
     from pinpoint.config import PinningConfig
-    from pinpoint.placement.analyze import build_placement
-    from pinpoint.placement.capture import capture_call
+    from pinpoint.placement.analysis.build import build_placement
+    from pinpoint.placement.capture.graphs import capture_call
 
     batch, width = 10, 24
     with tf.device("/CPU:1"):
@@ -292,7 +292,7 @@ def test_a_traced_programs_pieces_are_its_models_layers_and_its_bare_layers(tf):
     are the block's."""
     import keras
 
-    from pinpoint.placement.units import program_units
+    from pinpoint.placement.analysis.units import program_units
     from pinpoint.tfcompat.api import child_layers
     from pinpoint.training.loop.models import build_model
 
@@ -395,7 +395,7 @@ def test_a_tensor_two_groups_read_on_one_device_crosses_once():
 def test_an_emulated_timed_run_gives_the_emulated_host_its_time_per_transfer(mlp_run):
     """The emulated host model's constant from the run's own placement.json: its profiled
     _Send/_Recv time per step over the tensors its transfers matrix counts per step."""
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.model.files import read_placement
 
     placement = read_placement(mlp_run)
     sent_ms = sum(d["transfer_ms"] for d in placement["timing"]["devices"].values())

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from benchmarks.plan_ps import HIDDEN, WIDTH, train, write_model
-from pinpoint.placement.files import read_placement
-from pinpoint.placement.model import Placement
+from pinpoint.placement.model.files import read_placement
+from pinpoint.placement.model.placement import Placement
 from pinpoint.plan.servers import measured_ps_bytes
 
 # A multi-process parameter-server cluster trained twice: the slow tier (pyproject markers).
@@ -137,7 +137,7 @@ def test_ps_plan_verified_balances_servers_and_predicts_their_bytes_exactly(tmp_
     again = yaml.safe_load((tmp_path / "again.yaml").read_text())
     assert again["algorithm"] == "as measured"
     # The verification folder's report: the plan section has the bytes of every server.
-    from pinpoint.placement.report import write_report
+    from pinpoint.placement.report.html import write_report
 
     html = write_report(vdir)[0].read_text()
     plan_section = html.split('<section id="plan">')[1].split("</section>")[0]

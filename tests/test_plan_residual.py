@@ -8,7 +8,7 @@ Three things a residual block meets change with the placement, and the plan grap
   (AddOpsRewrite): the Add reads that layer's operands instead of its output (plan.build._unabsorb);
 - on one device grappler reorders `(gamma's gradient * rsqrt) * learning rate` across the layer and
   the optimizer (MinimizeBroadcasts): the chain keeps the inputs the graph asked for
-  (placement.opgraph).
+  (placement.analysis.opgraph).
 The prediction from a run on one device, and from one split for another and back, equals what
 the other run measured, pair by pair; each model alone makes it fail."""
 
@@ -75,7 +75,7 @@ def _sent(run: Path) -> set[str]:
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_residual_model_placed_otherwise_than_its_source_run_gets_exact_bytes_per_pair(tmp_path, tf):
-    from pinpoint.placement.files import load_placement
+    from pinpoint.placement.model.files import load_placement
     from pinpoint.plan.build import plan_graph
     from pinpoint.plan.links import LinkModel
     from pinpoint.plan.predict import predict

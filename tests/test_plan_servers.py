@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pinpoint.placement.model import Placement
+from pinpoint.placement.model.placement import Placement
 from pinpoint.plan.build import _ps_variables
 from pinpoint.plan.graph import Group, PlanGraph
 from pinpoint.plan.servers import measured_placement, measured_ps_bytes, predicted_ps_bytes, variable_servers

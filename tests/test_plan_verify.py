@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pinpoint.cli import main
-from pinpoint.placement.model import Placement
+from pinpoint.placement.model.placement import Placement
 from tests.conftest import NO_TRACKING, make_config
 
 BATCH = 32
@@ -59,7 +59,7 @@ def expected_pairs(plan: dict[str, str], units: dict[str, int], var_bytes: dict[
 def test_a_verified_layer_split_has_exact_bytes_full_conformance_and_a_report(tmp_path, tf, capsys):
     from mlflow.tracking import MlflowClient
 
-    from pinpoint.placement.report import write_report
+    from pinpoint.placement.report.html import write_report
     from pinpoint.training.command import train_command
     from pinpoint.training.loop.models import build_model, layer_names
 
@@ -236,7 +236,7 @@ def test_bytes_compare_pair_by_pair_and_a_pair_on_one_side_only_counts_as_zero()
 def test_a_folder_with_only_a_plan_file_gets_the_prediction_table(run, capsys):
     """`pinpoint plan` without --verify: the report's plan section shows each placement's
     predicted figures (nothing measured, no timeline); a folder without a plan has no section."""
-    from pinpoint.placement.report import read_plan_check, render_html
+    from pinpoint.placement.report.html import read_plan_check, render_html
 
     assert read_plan_check(run) is None
     assert '<section id="plan">' not in render_html({}, None, {}, "t", plan=read_plan_check(run))

@@ -507,7 +507,7 @@ def test_docker_rbac_yaml_is_the_generators_output():
 def test_placement_memory_starts_every_task_with_the_allocator_that_traces(flavor):
     """placement.memory: the pods and the local tasks get TF_CPU_ALLOCATOR_USE_BFC=true (read once,
     when TensorFlow starts); off: neither has it."""
-    from pinpoint.placement.memory import ALLOCATOR_ENV
+    from pinpoint.placement.profile.allocator import ALLOCATOR_ENV
     from pinpoint.training.cluster.launcher import task_specs
 
     on = make_config("job", cluster=_cfg(flavor).cluster.model_dump(), train={"strategy": "multi_worker_mirrored"},

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 
 MODELS = '''
 import keras
@@ -85,7 +85,7 @@ def train_user_model(tmp_path: Path, model: str, synchronized: bool = False, str
 
 
 def _check(p: dict, synchronized: bool, state_names) -> None:
-    from pinpoint.placement.metrics import headline_metrics
+    from pinpoint.placement.report.metrics import headline_metrics
 
     rc = p["replica_consistency"]
     hm = headline_metrics(p)

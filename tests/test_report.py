@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pinpoint.errors import ConfigError
-from pinpoint.placement.report import render_html, write_report
+from pinpoint.placement.report.html import render_html, write_report
 from pinpoint.steps.report import report_command
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pinpoint.placement.findings import findings
-from pinpoint.placement.model import as_placement
-from pinpoint.placement.report import render_html
-from pinpoint.placement.rundiagram import arrows, boxes
+from pinpoint.placement.model.placement import as_placement
+from pinpoint.placement.report.findings import findings
+from pinpoint.placement.report.html import render_html
+from pinpoint.placement.report.rundiagram import arrows, boxes
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pinpoint.placement.metrics import headline_metrics
+from pinpoint.placement.report.metrics import headline_metrics
 from pinpoint.runfolder import read_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

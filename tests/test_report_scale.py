@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pinpoint.placement.files import ops_path, read_placement, write_placement
-from pinpoint.placement.report import LARGEST, SECTIONS, render_html, write_report
+from pinpoint.placement.model.files import ops_path, read_placement, write_placement
+from pinpoint.placement.report.html import LARGEST, SECTIONS, render_html, write_report
 
 SAMPLE = Path(__file__).parent / "data" / "placement-sample.json"
 
@@ -55,7 +55,7 @@ def test_a_schema_1_placement_reads_as_the_hand_written_schema_2(tmp_path):
 @pytest.mark.parametrize("schema", [3, "2"])
 def test_a_newer_or_unknown_schema_is_refused_in_one_line(tmp_path, schema):
     from pinpoint.errors import ConfigError
-    from pinpoint.placement.schema import SCHEMA_VERSION
+    from pinpoint.placement.model.schema import SCHEMA_VERSION
 
     assert SCHEMA_VERSION == 2  # the version this test's files are written for
     doc = json.loads((SAMPLE.parent / "placement-schema2-expected.json").read_text())
@@ -124,7 +124,7 @@ def test_the_sections_are_a_list_of_templates_in_page_order():
     present = [s.anchor for s in SECTIONS if s.anchor in anchors]
     assert anchors == present and anchors[:4] == ["change", "summary", "devices", "ops"]  # the first screen leads
     for s in SECTIONS:
-        assert (Path(__file__).parents[1] / "src" / "pinpoint" / "placement" / "templates" / s.template).is_file()
+        assert (Path(__file__).parents[1] / "src" / "pinpoint" / "placement" / "report" / "templates" / s.template).is_file()
     nav = re.search(r"<main><p>(.*?)</p>", html).group(1)
     assert re.findall(r'href="#([a-z]+)"', nav) == anchors
 

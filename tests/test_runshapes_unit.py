@@ -1,4 +1,4 @@
-"""Shape inference over executed graphs (placement/runshapes.py): the rewrites that give TensorFlow's
+"""Shape inference over executed graphs (placement/graphs/shapes.py): the rewrites that give TensorFlow's
 import a shape it cannot infer on its own, checked against the shape TensorFlow gives the same
 tensor where it can see it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pinpoint.placement.runshapes import batch_size, lookups_as_fill, row_bytes
+from pinpoint.placement.graphs.shapes import batch_size, lookups_as_fill, row_bytes
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -65,7 +65,7 @@ def test_a_loops_body_has_the_shape_its_variable_entered_with():
     constant gives an unknown shape, so the body's Relu has none on import. Sized as its first
     iteration (loops=True), the body is x's shape: [32, 8], 1,024 B."""
     tf = pytest.importorskip("tensorflow")
-    from pinpoint.placement.runshapes import infer_shapes
+    from pinpoint.placement.graphs.shapes import infer_shapes
 
     tf.compat.v1.disable_control_flow_v2()
     try:

@@ -55,10 +55,10 @@ def test_the_device_with_more_work_is_busier_and_the_trace_is_in_the_run_folder(
     assert len(traces) == 1 and traces[0].stat().st_size > 0
     # One step marker per profiled step, as Keras writes them: TensorBoard's profile overview and
     # step-time graph group the trace by them.
-    from pinpoint.placement.timing import read_xspace, step_markers
+    from pinpoint.placement.profile.xspace import read_xspace, step_markers
 
     assert step_markers(read_xspace(traces[0])) == [2, 3]
-    from pinpoint.placement.metrics import headline_metrics
+    from pinpoint.placement.report.metrics import headline_metrics
 
     hm = headline_metrics(placement)
     assert hm["placement.timing.GPU_1.busy_ms"] == heavy["busy_ms"]
@@ -104,7 +104,7 @@ def test_a_multi_worker_task_does_not_run_the_profiler_and_says_why(tmp_path):
     TensorFlow), so neither runs it and the timing section names the reason; training completes."""
     import yaml
 
-    from pinpoint.placement.timing import CLUSTER_TASK
+    from pinpoint.placement.capture.profiler import CLUSTER_TASK
     from tests.test_entrypoint import train as cli_train
 
     config = tmp_path / "c.yaml"

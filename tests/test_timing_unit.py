@@ -8,11 +8,12 @@ import re
 import pytest
 
 from pinpoint.device_names import DeviceMap
-from pinpoint.placement.merge import merge_placements
-from pinpoint.placement.metrics import headline_metrics
-from pinpoint.placement.model import Placement
-from pinpoint.placement.summary import format_summary, timing_lines
-from pinpoint.placement.timing import OpEvent, device_timing, timing_from_trace, union_ps
+from pinpoint.placement.analysis.merge import merge_placements
+from pinpoint.placement.analysis.timing import device_timing, timing_from_trace, union_ps
+from pinpoint.placement.model.placement import Placement
+from pinpoint.placement.profile.xspace import OpEvent
+from pinpoint.placement.report.metrics import headline_metrics
+from pinpoint.placement.report.summary import format_summary, timing_lines
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -121,7 +122,7 @@ def _placement_with_timing(task="chief:0", prefix=""):
 
 
 def test_timing_headline_metrics_summary_and_report():
-    from pinpoint.placement.report import render_html
+    from pinpoint.placement.report.html import render_html
 
     p = _placement_with_timing()
     hm = headline_metrics(p)
@@ -147,7 +148,7 @@ def test_multi_worker_merge_keeps_each_tasks_devices_and_walls():
 
 
 def test_an_ops_time_per_step_is_its_fastest_execution_so_waiting_for_threads_does_not_count():
-    from pinpoint.placement.timing import op_times
+    from pinpoint.placement.analysis.timing import op_times
 
     us = 1_000_000  # picoseconds per µs
     # conv ran once in each of 3 steps, two of them stretched 10x (its shards waited for the

@@ -38,7 +38,7 @@ def trace(args: list[str], *, cwd: Path, out: Path, tracking: bool = False, env:
 def placement(out: Path, *, sized: bool = True) -> dict:
     """placement.json of a traced program; with `sized`, every transfer it made has its bytes
     (issue 35: a test program whose transfer goes unsized fails wherever it is traced)."""
-    from pinpoint.placement.files import read_placement
+    from pinpoint.placement.model.files import read_placement
 
     p = read_placement(out)
     # Issue 48: TensorFlow's shape inference failing (or contradicting the traced graph) is an error
@@ -204,7 +204,7 @@ def test_fit_under_mirrored_strategy_mirrors_every_variable_and_logs_keras_loss(
 def _fit_first_screen(p: dict, out: Path, params: int) -> None:
     """The traced fit's report opens on its findings (each round trip of placement.json, both ways'
     bytes, the costliest first) and on the run: two replicas all-reducing every gradient."""
-    from pinpoint.placement.summary import human_bytes
+    from pinpoint.placement.report.summary import human_bytes
 
     screen = read_first_screen(out / "report.html", "traced-keras-fit")
     boxes, arrows, reduced = expected_from_placement(p)

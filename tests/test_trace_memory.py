@@ -64,8 +64,8 @@ def test_the_matmul_on_gpu_1_is_that_devices_peak(split):
 
 
 def test_the_measured_calls_trace_is_kept_for_tensorboards_memory_profile(split):
-    from pinpoint.placement.memory import memory_events
-    from pinpoint.placement.timing import read_xspace
+    from pinpoint.placement.profile.allocator import memory_events
+    from pinpoint.placement.profile.xspace import read_xspace
 
     memory, _, out = split
     (kept,) = (out / memory["trace"]).glob("plugins/profile/*/*.xplane.pb")
@@ -183,7 +183,7 @@ def test_two_workers_calls_are_each_measured_on_their_own_device_and_the_measure
     prediction is held to it. Every other buffer of the step's nodes is one of those, on the other
     worker's device or held apart as a call begun before the trace, never on the measured worker's.
     (The sum's scalar may join them, as in the one-worker test.)"""
-    from pinpoint.placement.memory_calls import OTHER_CALL
+    from pinpoint.placement.memory.calls import OTHER_CALL
 
     memory = _parameter_server(tmp_path, 2)
     received, product, ones = INNER * COLS * F32, ROWS * COLS * F32, ROWS * INNER * F32

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from pinpoint.placement.runshapes import DEAD_BRANCH
+from pinpoint.placement.graphs.shapes import DEAD_BRANCH
 from tests.test_trace import F32, placement, trace, write
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -209,7 +209,7 @@ def test_tensorflows_collective_tokens_are_internal_and_apart(mirrored):
     assert not [n for n in p["notes"] if "outside the strategy" in n]
     assert f"variables  : {USER_VARIABLES} (" in summary and "+2 internal" in summary
 
-    from pinpoint.placement.metrics import headline_metrics
+    from pinpoint.placement.report.metrics import headline_metrics
 
     assert headline_metrics(p)["placement.variables"] == USER_VARIABLES
 
@@ -224,7 +224,7 @@ def test_keras_evaluate_function_is_named_for_its_role(mirrored):
 
 
 def test_replica_drift_headline_leaves_out_on_read_metric_accumulators(mirrored):
-    from pinpoint.placement.metrics import headline_metrics
+    from pinpoint.placement.report.metrics import headline_metrics
 
     p, summary = mirrored
     rc = p["replica_consistency"]

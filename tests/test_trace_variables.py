@@ -279,9 +279,9 @@ def test_keras_slots_made_inside_a_parameter_server_step_stay_on_the_coordinator
     ParameterServerStrategy they land where TensorFlow says (the program prints each slot's device):
     the coordinator's. The report says so and how to fix it: `optimizer.build` in the strategy's
     scope, after which TensorFlow puts every slot on the ps and nothing is left to change."""
-    from pinpoint.placement.conformance import LAZY_SLOT_FIX
-    from pinpoint.placement.findings import findings
-    from pinpoint.placement.model import Placement
+    from pinpoint.placement.analysis.conformance import LAZY_SLOT_FIX
+    from pinpoint.placement.model.placement import Placement
+    from pinpoint.placement.report.findings import findings
     from pinpoint.trace.created import OPTIMIZER_APPLY
 
     proc = trace([str(write(tmp_path, "ps.py", textwrap.dedent(PS_SLOTS))), build], cwd=tmp_path,

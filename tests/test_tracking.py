@@ -13,7 +13,7 @@ import pytest
 
 from pinpoint.config import config_from_dict
 from pinpoint.errors import ConfigError
-from pinpoint.placement.model import Placement
+from pinpoint.placement.model.placement import Placement
 from pinpoint.tracking import (
     end_parent_run,
     open_step_run,
@@ -129,7 +129,7 @@ def test_disabled_or_not_chief_is_a_noop(tmp_path):
 
 @pytest.mark.unit
 def test_placement_metrics_are_the_headline_numbers():
-    from pinpoint.placement.metrics import headline_metrics
+    from pinpoint.placement.report.metrics import headline_metrics
 
     m = headline_metrics({"ops_by_device": {"/GPU:0": 12, "/GPU:1": 10},
                           "transfers": {"per_step": {"count": 3, "bytes": 96}}, "fallbacks": []})

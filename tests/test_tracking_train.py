@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 from pinpoint.tracking.spool import find_spools
 from tests.conftest import make_config
 

@@ -15,7 +15,7 @@ import pytest
 
 from pinpoint.config import config_from_dict
 from pinpoint.errors import ConfigError, PlacementError
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 from tests.conftest import NO_TRACKING, make_config, mlp_param_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

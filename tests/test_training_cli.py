@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

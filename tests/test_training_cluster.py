@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pinpoint.placement.files import read_placement
+from pinpoint.placement.model.files import read_placement
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

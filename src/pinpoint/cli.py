@@ -108,12 +108,12 @@ def cmd_trace(args):
     if not 0 <= args.metrics_every_s <= 3600:
         raise ConfigError(f"--metrics-every-s: got {args.metrics_every_s}; pass 0 (every logged step) to 3600 seconds")
     if args.gpu_memory is not None:
-        from pinpoint.placement.memory_fit import GPU_MEMORY_ENV
+        from pinpoint.placement import GPU_MEMORY_ENV
         from pinpoint.sizes import parse_size
 
         os.environ[GPU_MEMORY_ENV] = str(parse_size(args.gpu_memory, "--gpu-memory"))
     if args.memory or args.gpu_memory is not None:  # a fits verdict is made from the measured memory
-        from pinpoint.placement.memory import ALLOCATOR_ENV
+        from pinpoint.placement import ALLOCATOR_ENV
 
         # Read once, when TensorFlow creates its host allocator: before the program imports it.
         os.environ[ALLOCATOR_ENV] = "true"
@@ -129,7 +129,7 @@ def _dump_partitions() -> None:
     import shutil
     import tempfile
 
-    from pinpoint.placement.graph_dumps import dump_env
+    from pinpoint.placement import dump_env
 
     folder = tempfile.mkdtemp(prefix="pinpoint-graphs-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.errors import ConfigError
-from pinpoint.placement.files import load_placement
-from pinpoint.placement.model import Placement
+from pinpoint.placement import Placement, load_placement
 from pinpoint.runfolder import METRICS, PLACEMENT, atomic_write_json, ensure_dir, read_json
 
 COMPARISON_JSON = "comparison.json"

@@ -21,7 +21,7 @@ class Hook:
         """path: the checkpoint prefix just written (readable by tf.train.load_checkpoint)."""
 
     def on_placement(self, placement: Any) -> None:
-        """placement: what was written to placement.json, as pinpoint.placement.model.Placement."""
+        """placement: what was written to placement.json, as pinpoint.placement.model.placement.Placement."""
 
     def on_train_end(self, summary: Mapping[str, Any], model: Any = None) -> None:
         """summary: the dict written to metrics.json; model: the trained Keras model (chief)."""

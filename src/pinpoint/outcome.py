@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.hooks import Hook
-from pinpoint.placement.files import write_placement
-from pinpoint.placement.model import Placement, as_placement
+from pinpoint.placement import Placement, as_placement, write_placement
 from pinpoint.runfolder import METRICS, PLACEMENT, atomic_write_json
 
 
@@ -23,7 +22,7 @@ def write_outcome(out: Path, placement: dict | None, metrics: dict, hooks: Hook,
     atomic_write_json(Path(out) / METRICS, metrics)
     hooks.on_train_end(metrics, model)
     if summary is None:
-        from pinpoint.placement.summary import format_summary
+        from pinpoint.placement import format_summary
 
         summary = format_summary(placement, metrics)
     print(summary, flush=True)

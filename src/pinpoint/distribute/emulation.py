@@ -25,13 +25,9 @@ import re
 from pinpoint.device_names import DeviceMap, local_name, normalize
 from pinpoint.errors import PlacementError
 from pinpoint.kernels import missing_gpu_kernel
-from pinpoint.placement.conformance import gradient_re, layer_re
-from pinpoint.placement.naming import EMULATED_ATTR
+from pinpoint.placement import CALLS, EMULATED_ATTR, gradient_re, layer_re
 from pinpoint.tfcompat.api import set_op_attr
 
-# Function calls take variable handles as inputs but are not colocated with them: the call
-# goes to the default device like any op (an XLA-compiled call then runs there as one program).
-_CALLS = {"StatefulPartitionedCall", "PartitionedCall"}
 _GRAD_RE = gradient_re()
 
 
@@ -87,7 +83,7 @@ class GpuPlacement:
 
         if self.device is None or op.type == "Placeholder" or _colocated(op):
             return None
-        if op.type not in _CALLS and any(t.dtype == tf.resource for t in op.inputs):
+        if op.type not in CALLS and any(t.dtype == tf.resource for t in op.inputs):
             return None
         if missing_gpu_kernel(op.type, op.node_def.attr) is not None:
             return None  # the real placer runs it on the host

@@ -36,8 +36,7 @@ from typing import Any
 from pinpoint.config import ALL_REDUCE, Config, config_from_dict
 from pinpoint.device_names import parse_name, sort_key
 from pinpoint.errors import ConfigError
-from pinpoint.placement.model import Placement
-from pinpoint.placement.transfers import COLLECTIVE_RE
+from pinpoint.placement import COLLECTIVE_TRAFFIC_RE, NCCL_ALL_REDUCE, RING_COLLECTIVE_RE, Placement
 from pinpoint.plan.links import LinkModel
 
 CHOICES = tuple(a for a in ALL_REDUCE if a != "auto")  # auto is one of these, resolved per cluster
@@ -159,9 +158,9 @@ def run_choice(placement: Placement, replicas: tuple[str, ...], host: str, total
     transfer (a dynamic shape counts 0), and the directions read carry little else (a replica
     sends the host only the loss sums; the batch goes the other way)."""
     types = {t for d in replicas for t in placement.op_types_by_device.get(d, {})}
-    if "NcclAllReduce" in types:
+    if NCCL_ALL_REDUCE in types:
         return "nccl"
-    if any(t.startswith("Collective") for t in types):
+    if any(RING_COLLECTIVE_RE.match(t) for t in types):
         return "ring"
     matrix = {(a, b): c.bytes or 0 for a, row in placement.transfers.matrix.items() for b, c in row.items()}
     half = total / 2
@@ -205,7 +204,7 @@ def case_of(placement: Placement) -> AllReduceCase | None:
     timed = bool(rows) and all(r.us is not None for r in rows)
     # A collective op's time is the exchange itself (and, on shared cores, waiting for the other
     # replicas): the link model prices it, so it is not the replica's compute.
-    compute = {d: round(sum(r.us for r in rows if r.device == d and not COLLECTIVE_RE.match(r.type)), 3)
+    compute = {d: round(sum(r.us for r in rows if r.device == d and not COLLECTIVE_TRAFFIC_RE.match(r.type)), 3)
                for d in replicas} if timed else None
     # Assigned in replica context with an aggregation, such a variable is reduced at each update
     # by the same cross-device ops, one reduction per variable: not modeled (see `caveat`).

@@ -1,7 +1,7 @@
 """A run folder's training step as the planner's PlanGraph (pinpoint.plan.graph).
 
-Reads placement.json and its per-op file (placement.files.load_placement), whose op rows record
-the step as a graph (placement.opgraph: each op's data inputs with their bytes, layer, requested
+Reads placement.json and its per-op file (placement.model.files.load_placement), whose op rows record
+the step as a graph (placement.analysis.opgraph: each op's data inputs with their bytes, layer, requested
 device, colocation groups, kernel devices, own time), and the run's step times (train_log.jsonl,
 else metrics.json). Groups: one per layer key, "input" for the input pipeline's ops, "other" for
 the rest (loss, optimizer bookkeeping); `<layer> (backward)` for a backward pass the program
@@ -26,11 +26,7 @@ from pathlib import Path
 from pinpoint.device_names import parse_name, sort_key
 from pinpoint.errors import ConfigError
 from pinpoint.layer_keys import is_pattern, key_matches
-from pinpoint.placement.conformance import INPUT_RE, NOT_COMPUTE, gradient_re
-from pinpoint.placement.files import load_placement
-from pinpoint.placement.model import Placement
-from pinpoint.placement.records import OpRow
-from pinpoint.placement.sections import Variable
+from pinpoint.placement import INPUT_RE, NOT_COMPUTE, OpRow, Placement, Variable, gradient_re, load_placement
 from pinpoint.plan.allreduce import case_of
 from pinpoint.plan.graph import (
     BACKWARD,

@@ -1,7 +1,7 @@
 """The plan's memory: each device's predicted peak under a placement, and the cap it must fit.
 
-A run measured with `placement.memory: true` keeps its profiled call's replay (placement.
-memory_predict.Replay: the executed nodes, the kernels in the order they ran, each output's
+A run measured with `placement.memory: true` keeps its profiled call's replay (pinpoint.
+placement.memory.replay.Replay: the executed nodes, the kernels in the order they ran, each output's
 bytes). A placement moves each group's nodes to its device; the replay is run again with the same
 kernels in the same order, each node on its group's planned device:
 
@@ -34,9 +34,7 @@ from typing import Any
 
 from pinpoint.device_names import parse_name
 from pinpoint.errors import ConfigError, PlacementError
-from pinpoint.placement.memory_model import Memory
-from pinpoint.placement.memory_predict import Replay
-from pinpoint.placement.model import Placement
+from pinpoint.placement import RECVS, Memory, Placement, Replay
 
 ASSUMPTION = ("the kernels of the measured call replayed in the order they ran, each node on its group's planned "
               "device; held: variables and their optimizer slots; needs: held + the GPU machine's peak (a tensor read "
@@ -115,7 +113,7 @@ def _node_devices(model: MemoryModel, assign: Mapping[str, str]) -> dict[str, st
     out = {n: assign[g] for n, g in model.group_of.items() if g in assign}
     readers = model.replay.schedule.readers
     for n in model.replay.nodes:
-        if n.name not in out and n.op in ("_Recv", "_HostRecv"):
+        if n.name not in out and n.op in RECVS:
             first = next((r for r in readers.get((n.name, 0), ()) if r in out), None)
             if first is not None:
                 out[n.name] = out[first]

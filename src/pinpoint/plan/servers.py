@@ -14,7 +14,7 @@ traffic is not part of the figure (measured_ps_bytes leaves it out too).
 from __future__ import annotations
 
 from pinpoint.device_names import parse_name, sort_key
-from pinpoint.placement.model import Placement as PlacementModel
+from pinpoint.placement import Placement as PlacementModel
 from pinpoint.plan.check import Placement
 from pinpoint.plan.graph import OTHER, PlanGraph
 

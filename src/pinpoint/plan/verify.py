@@ -22,9 +22,7 @@ from pinpoint.config import MODEL_LAYERS, Config, config_from_dict
 from pinpoint.device_names import parse_name
 from pinpoint.errors import ConfigError
 from pinpoint.layer_keys import key_matches
-from pinpoint.placement.conformance import NOT_COMPUTE, gradient_re
-from pinpoint.placement.model import Placement
-from pinpoint.placement.sections import Rule, Violation
+from pinpoint.placement import NOT_COMPUTE, Placement, Rule, Violation, gradient_re
 from pinpoint.plan import allreduce as all_reduce
 from pinpoint.plan.emit import placement_of
 from pinpoint.plan.graph import PlanGraph

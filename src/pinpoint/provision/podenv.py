@@ -41,8 +41,7 @@ def allocator_env(cfg) -> dict[str, str]:
     """placement.memory: the tasks start with the host allocator that traces every allocation
     (read once, when TensorFlow starts) and the GPU size its verdict is made for
     (cluster.gpu_memory); nothing when it is off."""
-    from pinpoint.placement.memory import ALLOCATOR_ENV
-    from pinpoint.placement.memory_fit import GPU_MEMORY_ENV
+    from pinpoint.placement import ALLOCATOR_ENV, GPU_MEMORY_ENV
     from pinpoint.sizes import parse_size
 
     if not cfg.placement.memory:

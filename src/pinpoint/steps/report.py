@@ -5,14 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pinpoint.placement.files import ops_path
-from pinpoint.placement.report import CHARTS_DIR, write_report
+from pinpoint.placement import CHARTS_DIR, ops_path, write_report
 from pinpoint.runfolder import CONFIG_FILE, PLACEMENT
 
 
 def report_command(run_dir, *, parent_run_id: str | None = None) -> int:
     """CLI entry: write the report, log headline metrics and the files to MLflow (if configured)."""
-    from pinpoint.placement.metrics import headline_metrics, metrics_step
+    from pinpoint.placement import headline_metrics, metrics_step
 
     run_dir = Path(run_dir)
     cfg = None

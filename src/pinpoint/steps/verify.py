@@ -58,7 +58,7 @@ def verify_command(run_dir: Path, config_path: str | None, *, devices: int | Non
             raise ConfigError(f"--verify: got exit code {code} from training {config_path} with the plan in {vdir}; "
                               "see its output above, fix the cause and re-run")
         verified = plan_graph(vdir)
-        from pinpoint.placement.files import load_placement
+        from pinpoint.placement import load_placement
 
         check = plan_check(doc, source, verified, load_placement(vdir), links, verify_run=str(vdir))
         plan_copy = write_plan(vdir / PLAN_FILE, doc)
@@ -80,7 +80,7 @@ def verify_against(run_dir: Path, against: Path, *, plan_file: Path | None = Non
     no training: plan_check.json and a copy of the plan go to `against`."""
     import yaml
 
-    from pinpoint.placement.files import load_placement
+    from pinpoint.placement import load_placement
     from pinpoint.plan.build import plan_graph
     from pinpoint.plan.emit import read_plan
     from pinpoint.plan.links import LinkModel

@@ -10,12 +10,7 @@ from collections import Counter
 from typing import Any
 
 from pinpoint.device_names import DeviceMap, local_name, normalize, sort_key
-from pinpoint.placement.analyze import build
-from pinpoint.placement.conformance import BOOKKEEPING
-from pinpoint.placement.inputs import PlacementInputs, TraceInputs
-from pinpoint.placement.model import Placement
-from pinpoint.placement.schema import json_number
-from pinpoint.placement.transfers import step_transfers
+from pinpoint.placement import BOOKKEEPING, Placement, PlacementInputs, TraceInputs, build, json_number, step_transfers
 
 # What Keras (3) and common custom loops call their training function.
 TRAIN_NAMES = re.compile(r"(^|_)(train_function|one_step_on_iterator|multi_step_on_iterator|one_step_on_data|"
@@ -52,7 +47,7 @@ def role_of(name: str, keras_role: str | None, applies: int, modifies: int) -> s
 def _stats(record, namer: DeviceMap) -> dict:
     """One function's row: ops per call (per device), transfers and their bytes per call."""
     cap = record.capture
-    from pinpoint.placement.variables import UPDATE_RE
+    from pinpoint.placement import UPDATE_RE
 
     ops: Counter = Counter()
     updates = applies = modifies = 0
@@ -101,9 +96,9 @@ def pick_training(rows: list[dict]) -> dict | None:
 
 def strategy_of(variables: list) -> str:
     """The strategy the program trained with, read off its variables."""
-    from pinpoint.placement.variables import kind_of, unwrap
+    from pinpoint.placement import unwrap, variable_kind
 
-    kinds = Counter(kind_of(unwrap(v)) for v in variables)
+    kinds = Counter(variable_kind(unwrap(v)) for v in variables)
     devices = [str(getattr(unwrap(v), "device", "") or "") for v in variables]
     if kinds.get("mirrored") or kinds.get("sync_on_read"):
         comps = [c for v in variables for c in (getattr(unwrap(v), "values", None) or ())]
@@ -118,7 +113,7 @@ def strategy_of(variables: list) -> str:
 
 def replica_devices(variables: list, dm: DeviceMap) -> tuple[str, ...]:
     """The mirrored variables' component devices (the strategy's replicas), in order."""
-    from pinpoint.placement.variables import unwrap
+    from pinpoint.placement import unwrap
 
     for v in variables:
         vals = getattr(unwrap(v), "values", None)
@@ -199,7 +194,7 @@ def eager_updates(recorder, namer: DeviceMap) -> dict[int, tuple[str, ...]] | No
     """Variables updated by eager ops (a `v.assign(...)` outside any tf.function): id(variable) ->
     the devices the eager runtime ran the updates on (None: no eager update at all). By object, not
     name: two models' variables may share a name (each Keras model's 'loss/total')."""
-    from pinpoint.placement.variables import components, unwrap
+    from pinpoint.placement import components, unwrap
 
     by_handle = recorder.eager.updates
     if not by_handle:
@@ -220,7 +215,7 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
     and strategy, its functions, eager ops and weight requests, and its Keras layers (`layer_units`:
     what its ops are attributed to, and what `pinpoint plan` moves); `created`: trace.created's
     records of every variable the program made."""
-    from pinpoint.placement.steps import expand_xla
+    from pinpoint.placement import expand_xla
     from pinpoint.trace.created import creation_rows
 
     namer = DeviceMap.of(dm)
@@ -256,9 +251,8 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
 def remote_memory(record, namer: DeviceMap) -> dict:
     """placement.json's `memory` section of a training function a worker's runtime of this process
     ran (an in-process parameter_server cluster's closure): its second call's allocator events, its
-    graphs from TensorFlow's dumps (placement.graph_dumps)."""
-    from pinpoint.placement.graph_dumps import dump_dir, remote_partitions, tasks_of
-    from pinpoint.placement.memory_section import memory_section
+    graphs from TensorFlow's dumps (placement.graphs.dumps)."""
+    from pinpoint.placement import dump_dir, memory_section, remote_partitions, tasks_of
 
     taken = record.remote
     if taken.memory_events is None:
@@ -266,7 +260,7 @@ def remote_memory(record, namer: DeviceMap) -> dict:
     graphs, why = remote_partitions(dump_dir(), record.name, record.remote_device)
     if why:
         return {"why_not": f"not measured per device: {why}"}
-    # Several workers ran the same graphs: each call is told apart by its step (placement.memory_calls).
+    # Several workers ran the same graphs: each call is told apart by its step (placement.memory.calls).
     among = record.remote_device if tasks_of(dump_dir(), record.name, record.remote_device) > 1 else None
     out = memory_section(graphs, taken.memory_trace, taken.memory_events, namer, peak=taken.memory_peak,
                          read_ps=taken.memory_read_ps, gpus=taken.memory_gpu_peaks, call="second", among=among)

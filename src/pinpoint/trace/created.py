@@ -98,7 +98,7 @@ def describe(var, requested: str, strategy: str | None) -> Created:
     """What a freshly created variable is and where TensorFlow put each of its components."""
     import numpy as np
 
-    from pinpoint.placement.variables import classify, components, kind_of
+    from pinpoint.placement import classify, components, variable_kind
 
     comps = components(var)
     shape = [int(d) if d is not None else None for d in var.shape.as_list()] if var.shape.rank is not None else None
@@ -107,7 +107,7 @@ def describe(var, requested: str, strategy: str | None) -> Created:
     short = (getattr(var, "name", "") or "").removesuffix(":0").rpartition("/")[2]
     return Created(
         ref=weakref.ref(var), name=f"{layer}/{short}" if layer else (var.name or "").removesuffix(":0"),
-        kind=kind_of(var), cls=classify(var)[0], strategy=strategy, shape=shape, dtype=var.dtype.name,
+        kind=variable_kind(var), cls=classify(var)[0], strategy=strategy, shape=shape, dtype=var.dtype.name,
         bytes=int(size * int(np.prod(shape))) if shape is not None and None not in shape else None,
         components=[str(getattr(c, "device", "") or "") for c in comps],
         handles=[_weak(getattr(c, "handle", None)) for c in comps],

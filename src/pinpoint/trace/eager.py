@@ -7,18 +7,15 @@ destination), request not met, or updated variable."""
 
 from __future__ import annotations
 
-import re
 import threading
 import weakref
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from pinpoint.placement import PREFETCHED, UPDATE_RE
 from pinpoint.tfcompat.api import current_device
 
-_UPDATE_RE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
-# Eager ops that hand out an iterator's element (a `for x in dist_dataset` loop's next()).
-_INPUT_OPS = {"IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue", "MultiDeviceIteratorGetNextFromShard"}
 MAX_INPUT_ELEMENTS = 64  # the latest eager input tensors remembered (weakly) to recognise a step's arguments
 MAX_EAGER_KINDS = 5000  # distinct (op type, device) and copy keys kept: a bound on memory, not on counts
 
@@ -85,10 +82,10 @@ class EagerOps:
         if not device:
             return None
         new = self._count(op_type, attrs, device)
-        if op_type in _INPUT_OPS:
+        if op_type in PREFETCHED:
             self._remember_inputs(outputs)
         new = self._copies(op_type, inputs, device) or new
-        if _UPDATE_RE.match(op_type) and inputs and is_resource(inputs[0]):
+        if UPDATE_RE.match(op_type) and inputs and is_resource(inputs[0]):
             new = self._update(inputs[0], device) or new
         if new:
             self.sampler.new()

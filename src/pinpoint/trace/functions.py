@@ -6,7 +6,7 @@ partition graphs and traced shapes are recorded once; later calls are counted by
 trace.calls' wrapper. With memory measured (--memory), the second call runs under the profiler.
 A function another thread calls (a ClusterCoordinator's closure, run by a worker's runtime) is not
 captured; with memory measured, its second call is profiled there too, and its graphs are read
-from TensorFlow's dumps (placement.graph_dumps) when the placement is built.
+from TensorFlow's dumps (placement.graphs.dumps) when the placement is built.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from pinpoint.placement.capture import (
+from pinpoint.placement import (
     CapturedGraphs,
     add_branch_shapes,
     add_function_graphs,
+    dump_dir,
     map_arg_values,
     run_profiled,
     size_from_inference,
     size_iterator_outputs,
 )
-from pinpoint.placement.graph_dumps import dump_dir
-from pinpoint.placement.memory import enabled as memory_enabled
+from pinpoint.placement import enabled as memory_enabled
 from pinpoint.tfcompat.api import current_device, executing_eagerly, wait_for_executor
 from pinpoint.tfcompat.graphs import called_graphs, collect_graphs
 from pinpoint.trace.eager import is_resource

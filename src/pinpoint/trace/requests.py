@@ -112,7 +112,7 @@ class RequestLog:
     def units(self) -> tuple[str, ...]:
         """The layers a plan moves, of every Keras layer the program created and still holds
         (placement.units.program_units). Read while the program's objects live."""
-        from pinpoint.placement.units import program_units
+        from pinpoint.placement import program_units
 
         return program_units(x for x in (rec.ref() for rec in list(self.layers.values())) if x is not None)
 

@@ -131,7 +131,7 @@ class Capture:
                                layer_units=units, created=self.created.records)
 
     def metrics(self, placement: dict, exit_code: int) -> dict:
-        from pinpoint.placement.model import Placement
+        from pinpoint.placement import Placement
         from pinpoint.trace.analysis import trace_metrics
 
         keras = self.fit.summary()
@@ -246,7 +246,7 @@ def finish(cap: Capture, run, out: Path, label: str, exit_code: int) -> dict:
     then report.html."""
     from pinpoint.hooks import HookList
     from pinpoint.outcome import write_outcome
-    from pinpoint.placement.report import write_report
+    from pinpoint.placement import write_report
     from pinpoint.tracking.hook import TrackingHook
 
     placement = cap.placement(label)

@@ -5,7 +5,7 @@ machine first: this edits the user's graph, before the session sends it to the r
 
 from __future__ import annotations
 
-from pinpoint.placement.capture import CapturedGraphs
+from pinpoint.placement import CapturedGraphs
 from pinpoint.tfcompat.api import set_op_device
 from pinpoint.tfcompat.graphs import output_shapes
 from pinpoint.trace.functions import FunctionRecord

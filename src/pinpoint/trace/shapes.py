@@ -4,7 +4,7 @@ the step stats' real shapes where the graph's are unknown."""
 
 from __future__ import annotations
 
-from pinpoint.placement.capture import GET_NEXT, CapturedGraphs, has_dynamic_dims
+from pinpoint.placement import ITERATOR_GET_NEXT, CapturedGraphs, has_dynamic_dims
 from pinpoint.tfcompat.graphs import called_graphs, output_shapes
 
 
@@ -23,10 +23,10 @@ def function_shapes(fn, cap: CapturedGraphs) -> bool:
 
 def _dynamic_source(graph, seen: set) -> bool:
     """An op handing out input elements of a dynamic shape, in `graph` or the functions it calls."""
-    from pinpoint.placement.runshapes import SOURCES
+    from pinpoint.placement import INPUT_SOURCES
 
     for op in graph.get_operations():
-        if op.type in SOURCES and has_dynamic_dims(output_shapes(op)):
+        if op.type in INPUT_SOURCES and has_dynamic_dims(output_shapes(op)):
             return True
     for name, inner in called_graphs(graph).items():
         if name not in seen:
@@ -51,7 +51,7 @@ def graph_shapes(graph, prefix: str, cap: CapturedGraphs, depth: int, branch: bo
     store = cap.branch_shapes if branch else cap.shapes
     for op in graph.get_operations():
         outs = store.setdefault(prefix + op.name, output_shapes(op))
-        if not branch and op.type in GET_NEXT and has_dynamic_dims(outs):
+        if not branch and op.type in ITERATOR_GET_NEXT and has_dynamic_dims(outs):
             cap.dynamic_inputs.append(prefix + op.name)
         if depth >= 8:
             continue

@@ -200,7 +200,7 @@ def _weak_refs(variables: dict, handle_ids: set[int]) -> dict:
 
 
 def components(v) -> list:
-    from pinpoint.placement.variables import components as parts
-    from pinpoint.placement.variables import unwrap
+    from pinpoint.placement import components as parts
+    from pinpoint.placement import unwrap
 
     return parts(unwrap(v))

@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.hooks import Hook
-from pinpoint.placement.files import ops_path, split_placement
-from pinpoint.placement.metrics import headline_metrics, metrics_step
-from pinpoint.placement.model import Placement
+from pinpoint.placement import Placement, headline_metrics, metrics_step, ops_path, split_placement
 from pinpoint.runfolder import CLUSTER_SPEC, METRICS, PLACEMENT, TRAIN_LOG
 from pinpoint.tracking.checkpoints import artifact_dir, checkpoint_files
 
@@ -51,7 +49,7 @@ class TrackingHook(Hook):
     def on_placement(self, placement: Placement) -> None:
         # The placement metrics (the report logs the same ones) at the step they were captured at.
         self.run.log_metrics(headline_metrics(placement), step=metrics_step(placement))
-        # placement.json and its per-op file as the run folder has them (placement.files).
+        # placement.json and its per-op file as the run folder has them (placement.model.files).
         main, ops = self.run_dir / PLACEMENT, ops_path(self.run_dir / PLACEMENT)
         if main.is_file() and ops.is_file():
             self.run.log_artifact(main)

@@ -55,15 +55,14 @@ def task_placement_file(out: Path, role: str, index: int) -> Path:
 def write_task_placement(out: Path, ctx: TaskContext, placement: dict) -> None:
     """A multi_worker_mirrored task's own view (every task has one; the chief merges them)."""
     if ctx.multi_worker:
-        from pinpoint.placement.files import write_placement
+        from pinpoint.placement import write_placement
 
         write_placement(task_placement_file(out, ctx.role, ctx.index), placement)
 
 
 def cluster_placement(cfg: Config, out: Path) -> dict | None:
     """Wait for every training task's placement file and merge them (None: none arrived)."""
-    from pinpoint.placement.files import load_placement
-    from pinpoint.placement.merge import merge_placements
+    from pinpoint.placement import load_placement, merge_placements
 
     c = cfg.cluster
     tasks = [("chief", i) for i in range(c.chief)] + [("worker", i) for i in range(c.workers)]

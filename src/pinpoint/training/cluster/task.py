@@ -75,7 +75,7 @@ def run_task(
 
 def _serve(role: str, index: int, memory_out: Path | None = None) -> int:
     """A ps or worker task of parameter_server: serve variables / run closures until stopped
-    (`memory_out`: placement.memory, its allocator's figures written there: placement.memory_tasks)."""
+    (`memory_out`: placement.memory, its allocator's figures written there: placement.capture.tasks)."""
     import tensorflow as tf
 
     from pinpoint.training.setup import resolver
@@ -85,7 +85,7 @@ def _serve(role: str, index: int, memory_out: Path | None = None) -> int:
                                   protocol=r.rpc_layer or "grpc", start=True)
     print(f"pinpoint: {role}:{index} serving at {server.target}", flush=True)
     if memory_out is not None:
-        from pinpoint.placement.memory_tasks import start_reporting
+        from pinpoint.placement import start_reporting
 
         start_reporting(memory_out, role, index)
     server.join()  # returns only when the process is stopped

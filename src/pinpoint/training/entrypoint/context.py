@@ -17,7 +17,7 @@ from pinpoint.config import Config
 from pinpoint.errors import PinpointError
 from pinpoint.hooks import HookList
 from pinpoint.outcome import write_outcome
-from pinpoint.placement.model import as_placement
+from pinpoint.placement import as_placement
 from pinpoint.training.peers import peer_lost
 from pinpoint.training.setup import TaskContext
 from pinpoint.training.skeleton import (
@@ -131,7 +131,7 @@ def run_entrypoint(cfg: Config, out: Path, task: TaskContext, run, fn, *, resume
     placement = _placement(cfg, out, task, cap)
     if task.is_chief:
         # The merge unites the tasks' ops, transfers and variables; the program's own sections
-        # (its functions and eager ops) are the chief's (placement.merge keeps them).
+        # (its functions and eager ops) are the chief's (placement.analysis.merge keeps them).
         placement = chief_placement(cfg, out, task, placement, merge=failure is None)
         metrics = _metrics(cfg, task, ctx, cap, placement, failed=failure is not None)
         write_outcome(out, placement, metrics, hooks, model=ctx.model if failure is None else None)

@@ -90,7 +90,7 @@ class CapturePlan:
     def sampled(self, last_step: int) -> list:
         """The captures for the sampled steps that ran (the loop capture cut to them)."""
         if self.loop_captured is not None and last_step > self.capture_at:
-            from pinpoint.placement.steps import per_step_view
+            from pinpoint.placement import per_step_view
 
             self.loop_captured.steps = list(range(self.capture_at, min(self.capture_at + self.sample_steps, last_step)))
             return [per_step_view(self.loop_captured)]
@@ -115,7 +115,7 @@ def capture_first_call(trainer, n: int):
     (captured, metrics). The runtime records partition graphs when it instantiates a function,
     which this call does anyway: the capture costs no extra trace and no extra step, and the
     graphs are those of every step the function runs (fixed signature)."""
-    from pinpoint.placement.capture import add_trace_info, collecting
+    from pinpoint.placement import add_trace_info, collecting
 
     if trainer.coordinator is not None or trainer.calls:
         raise RuntimeError("capture_first_call must be the first call of a single-client trainer")
@@ -140,7 +140,7 @@ def capture_ps_step(trainer):
     variables and their updates on the ps tasks. Returns (captured, metrics)."""
     import tensorflow as tf
 
-    from pinpoint.placement.capture import capture_on_device
+    from pinpoint.placement import capture_on_device
 
     per_replica = trainer.pipeline.per_replica
     t0 = time.perf_counter()
@@ -157,8 +157,7 @@ def profiled_steps(trainer, n: int, out_dir: Path, ctx, memory: bool = False) ->
     one call per step, each under a step marker (as Keras marks its steps), so TensorBoard's
     profile overview, step-time graph and trace viewer show the steps (and, with `memory`, its
     memory profile: the allocator's events are in the trace)."""
-    from pinpoint.placement.memory import gpu_peaks, read_peak, reset_memory_peak
-    from pinpoint.placement.timing import profile_call, step_marker
+    from pinpoint.placement import gpu_peaks, profile_call, read_peak, reset_memory_peak, step_marker
 
     rel = PROFILE if not ctx.multi_worker else f"{PROFILE}/{ctx.role}-{ctx.index}"
     first = trainer.step
@@ -184,12 +183,16 @@ def profiled_steps(trainer, n: int, out_dir: Path, ctx, memory: bool = False) ->
 
 def memory_section(ctx, loop_captured, timed: dict | None, out_dir: Path, serving: tuple[str, ...] = ()) -> dict:
     """placement.json's `memory` section from the profiled call's allocator events (placement.memory);
-    parameter_server: the `serving` tasks' own figures (placement.memory_tasks)."""
+    parameter_server: the `serving` tasks' own figures (placement.memory.tasks)."""
     from pinpoint.device_names import DeviceMap
-    from pinpoint.placement.memory import memory_events, memory_traced, peak_read_ps
-    from pinpoint.placement.memory_section import memory_section
-    from pinpoint.placement.memory_tasks import serving_tasks_memory
-    from pinpoint.placement.timing import read_xspace
+    from pinpoint.placement import (
+        memory_events,
+        memory_section,
+        memory_traced,
+        peak_read_ps,
+        read_xspace,
+        serving_tasks_memory,
+    )
 
     if loop_captured is None:
         return serving_tasks_memory(
@@ -218,8 +221,7 @@ def memory_section(ctx, loop_captured, timed: dict | None, out_dir: Path, servin
 def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
     """placement.json's `timing` section from the profiled call's trace (see placement.timing)."""
     from pinpoint.device_names import DeviceMap
-    from pinpoint.placement.steps import display_names
-    from pinpoint.placement.timing import not_measured, timing_from_trace
+    from pinpoint.placement import display_names, not_measured, timing_from_trace
 
     if loop_captured is None:
         return not_measured("not measured under parameter_server: its steps run as closures in the "
@@ -242,8 +244,7 @@ def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
 def placement_report(cfg: Config, ctx, trainer, captures, *, timing: dict | None = None,
                      memory: dict | None = None) -> dict:
     """placement.json's content from the captured steps and the timing and memory of the profiled call."""
-    from pinpoint.placement.analyze import build
-    from pinpoint.placement.inputs import PlacementInputs
+    from pinpoint.placement import PlacementInputs, build
     from pinpoint.training.loop.models import layer_pins, layer_units
 
     describe = getattr(trainer.pipeline, "describe", None)

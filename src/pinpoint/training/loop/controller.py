@@ -207,7 +207,7 @@ class Controller:
 
 def summary(placement, metrics, *, trained: bool = True) -> str:
     """The line (or table) `pinpoint train` ends with."""
-    from pinpoint.placement.summary import format_summary
+    from pinpoint.placement import format_summary
 
     if not trained:  # resumed from a checkpoint already at train.steps
         return (f"nothing to train: the checkpoint is already at step {metrics['steps']} (train.steps); "

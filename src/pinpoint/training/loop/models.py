@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from pinpoint import layer_keys
 from pinpoint.errors import ConfigError
-from pinpoint.placement.units import model_units
+from pinpoint.placement import model_units
 from pinpoint.tfcompat.api import child_layers, keras_scope_path
 
 

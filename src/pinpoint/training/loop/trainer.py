@@ -65,7 +65,7 @@ class Trainer:
         self.start_step = start_step
         self.step = start_step
         # XLA for the fast path's forward+backward (one fused program per replica device). The
-        # placement capture reports the compiled call's ops on its device (placement.steps).
+        # placement capture reports the compiled call's ops on its device (placement.graphs.steps).
         self.jit_compile = jit_compile
         self._compute_jit = tf.function(self._loss_and_grads, jit_compile=True) if jit_compile else None
         # A fixed signature: one concrete function (one instantiation) serves every call, so the

@@ -1,0 +1,128 @@
+"""Memory per device at another batch size, and the largest batch that fits a GPU.
+
+The measured call's replay (memory_predict.Replay) knows each output's bytes. An output whose
+shape starts with the step's batch (the input elements' leading dimension; where shape inference
+left the shape unknown, the shape the allocator recorded for it) is taken to grow in proportion to
+the batch; every other output (weight gradients, optimizer updates, constants) keeps its size. The same kernels then run in the same order.
+
+Assumptions, written beside the figures: the batch is the leading dimension wherever it appears
+(an op that folds it into another dimension, [batch x time, features], is not scaled: said as
+the outputs scaled); the kernels run in the same order at any batch; variables and slots do not
+depend on the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from pinpoint.placement.graphs.ops import DT_RESOURCE, INPUT_SOURCES
+
+ASSUMPTION = ("every output whose shape starts with the step's batch (inferred, else as the allocator recorded it) "
+              "grows in proportion to the batch, the others keep their size; the same kernels run in the same order; "
+              "variables and slots do not depend on the batch")
+
+
+FACTORS = (2, 4)  # the other batches shown: these multiples of the measured one
+
+
+MAX_BATCH = 1 << 24
+
+
+def batch_of(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[int, ...]]) -> int | None:
+    """The step's batch: the leading dimension of the input elements (an iterator's, or the rows
+    Pinpoint's loop gathers under its input scope), from their shapes, or from their bytes over a
+    row's when shape inference left it unknown; else the most common leading dimension of the
+    step's tensor arguments (a traced step called with its batch); None when none is known."""
+    from pinpoint.placement.graphs.ops import dtype_size
+
+    dims = Counter()
+    for n in nodes:
+        gather = n.op in ("GatherV2", "ResourceGather") and "input/" in n.name and len(n.inputs) > 1
+        if gather:  # the rows it gathers: its indices' length
+            name, k = n.inputs[1]
+            d = (shapes.get(name) or [])[k][1] if k < len(shapes.get(name) or []) else None
+            if d and len(d) == 1 and d[0]:
+                dims[d[0]] += 1
+                continue
+        for k, (dtype, d) in enumerate((shapes.get(n.name) or ()) if gather or n.op in INPUT_SOURCES else ()):
+            if d and d[0]:
+                dims[d[0]] += 1
+            elif d and all(d[1:]) and k < len(sizes.get(n.name, ())):
+                row = (dtype_size(dtype) or 0) * math.prod(d[1:])
+                if row and sizes[n.name][k] % row == 0:
+                    dims[sizes[n.name][k] // row] += 1
+    if not dims:  # a traced step fed tensors as arguments: their most common leading dimension
+        for n in nodes:
+            for dtype, d in (shapes.get(n.name) or ()) if n.op in ("_Arg", "_DeviceArg") else ():
+                if dtype != DT_RESOURCE and d and d[0]:
+                    dims[d[0]] += 1
+    return dims.most_common(1)[0][0] if dims else None
+
+
+def scaled_outputs(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[int, ...]],
+                   batch: int | None, asked: Mapping[str, str]) -> dict[str, tuple[int, ...]]:
+    """Node -> its outputs that grow with the batch (see the module doc): those whose leading
+    dimension is the batch, by their inferred shape, else by the shape the allocator recorded for
+    the op's first output (`asked`: op -> "[32,128]")."""
+    if batch is None:
+        return {}
+    out = {}
+    for n in nodes:
+        outs = shapes.get(n.name) or ()
+        idx = []
+        for k, size in enumerate(sizes.get(n.name, ())):
+            dims = outs[k][1] if k < len(outs) else None
+            lead = dims[0] if dims else None
+            if lead is None and k == 0 and n.name in asked:
+                lead = _leading(asked[n.name])
+            if size and lead == batch:
+                idx.append(k)
+        if idx:
+            out[n.name] = tuple(idx)
+    return out
+
+
+def _leading(shape: str) -> int | None:
+    """The leading dimension of an allocator's shape string ("[32,128]" -> 32)."""
+    head = shape.strip("[] ").split(",")[0].strip()
+    return int(head) if head.isdigit() else None
+
+
+def at_batch(replay, batch: int):
+    """The replay with every scaled output sized for `batch` (a Replay)."""
+    sizes = dict(replay.sizes)
+    for name, idx in replay.scaled.items():
+        row = list(sizes[name])
+        for k in idx:
+            row[k] = row[k] * batch // replay.batch
+        sizes[name] = tuple(row)
+    return replace(replay, sizes=sizes, batch=batch)
+
+
+def batch_section(replay) -> dict:
+    """placement.json's memory.predicted.batch: the measured batch, the outputs scaled, and each
+    device's predicted peak at FACTORS x the batch."""
+    if replay.batch is None:
+        return {"why_not": "the step's batch is not known (no input element with a known leading dimension)"}
+    peaks = {str(f * replay.batch): at_batch(replay, f * replay.batch).peaks() for f in FACTORS}
+    return {"measured": replay.batch, "scaled_outputs": sum(len(v) for v in replay.scaled.values()),
+            "assumption": ASSUMPTION,
+            "devices": {d: {b: p.get(d, 0) for b, p in peaks.items()} for d in sorted(next(iter(peaks.values())))}}
+
+
+def largest_batch(need: Callable[[int], int], limit: int) -> int:
+    """The largest batch b with need(b) <= limit (need grows with b), 0 when not even 1 fits."""
+    if need(1) > limit:
+        return 0
+    lo, hi = 1, 2
+    while hi < MAX_BATCH and need(hi) <= limit:
+        lo, hi = hi, hi * 2
+    if hi >= MAX_BATCH and need(hi) <= limit:
+        return MAX_BATCH
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if need(mid) <= limit else (lo, mid)
+    return lo
