@@ -218,3 +218,19 @@ def test_every_readme_command_runs_in_ci_or_is_marked_as_needing_a_cluster():
         assert command in [c for c, _ in commands], f"RUN_IN_CI names '{command}', which the README no longer has"
         assert runs in (REPO / where).read_text(), (command, where)
     assert [c for c, cluster in commands if cluster] == ["make submit KFP_HOST=https://..."]
+
+
+def test_every_rule_docs_memory_names_is_a_function_of_the_replay():
+    """docs/memory.md's rule tables name each rule by the function or method that implements it
+    (a label with a hyphen names a rule inside one, said in its row)."""
+    import ast
+
+    doc = (REPO / "docs" / "memory.md").read_text()
+    names = set(re.findall(r"^\| `([\w.]+)`", doc, re.M))
+    defined = set()
+    for path in (REPO / "src" / "pinpoint" / "placement").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+    assert len(names) >= 20
+    assert sorted(n for n in names if n.split(".")[-1] not in defined) == []

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from pinpoint.placement.memory.batch import _leading, at_batch, batch_of, largest_batch, scaled_outputs
-from pinpoint.placement.memory.replay import Node, Replay
+from pinpoint.placement.memory.nodes import Node
+from pinpoint.placement.memory.replay import Replay
 
 B = 10  # the measured batch
 X_ROW, G = 100, 600  # x: 100 B a row (B rows); g: a weight gradient, 600 B at any batch

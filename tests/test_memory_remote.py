@@ -131,7 +131,8 @@ def test_a_tensor_sent_to_another_task_is_a_new_buffer_there_and_held_here_until
     ps's receive is a copy made when its bytes arrive (t=6), which z writes into. The RPC layer let go
     of relu at t=9 (the allocator's event): q and relu live together, 250 B. Without that time, relu
     is let go of at the send, and the worker's peak is x and relu's 200 B."""
-    from pinpoint.placement.memory.replay import Measured, Node, Schedule
+    from pinpoint.placement.memory.nodes import Measured, Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     worker = _graph(("x", "MatMul", [], WORKER, ""), ("relu", "Relu", ["x"], WORKER, ""),
                     ("send", "_Send", ["relu"], WORKER, "edge_relu"), ("q", "MatMul", [], WORKER, ""))
@@ -151,7 +152,8 @@ def test_a_tensor_from_another_task_is_a_new_buffer_even_when_its_sender_is_unsi
     """The worker sends g, an IdentityN of a loop's sum whose shape inference left it unsized (the
     LSTM's gate-weight gradient under parameter_server). The ps's receive is still a new buffer of
     what the allocator gave it (100 B), which its MatMul reads: 100 + 80 B on the ps."""
-    from pinpoint.placement.memory.replay import Node, Schedule
+    from pinpoint.placement.memory.nodes import Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     worker = _graph(("s", "AddN", [], WORKER, ""), ("g", "IdentityN", ["s"], WORKER, ""),
                     ("send", "_Send", ["g"], WORKER, "edge_g"))
@@ -226,7 +228,8 @@ def test_a_received_buffer_the_rpc_layer_still_holds_outlives_its_reader():
     """The ps receives 100 B (bytes arrive at t=6); z sums it (4 B) and is its only reader; w (200 B)
     runs after. The RPC layer let go of the received bytes at t=11 (the allocator's event), so they
     and w live together: 300 B. Without that time they go with their reader: 200 B at w."""
-    from pinpoint.placement.memory.replay import Measured, Node, Schedule
+    from pinpoint.placement.memory.nodes import Measured, Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     worker = _graph(("x", "MatMul", [], WORKER, ""), ("send", "_Send", ["x"], WORKER, "edge_x"))
     ps = _graph(("recv", "_Recv", [], PS, "edge_x"), ("z", "Sum", ["recv"], PS, ""), ("w", "MatMul", [], PS, ""))

@@ -143,7 +143,7 @@ def test_the_prediction_frees_after_the_last_reader_writes_in_place_and_shares_a
     """x (400 B) on /GPU:0; relu writes into x (its last reader); y = matmul (100 B) is sent to /GPU:1,
     where z = y * 2 writes into the received buffer once the send is done: logical CPUs share it, so
     /GPU:1 allocates nothing. On a GPU machine the received y is a 100 B copy in /GPU:1's memory."""
-    from pinpoint.placement.memory.replay import predict_peaks
+    from pinpoint.placement.memory.schedule import predict_peaks
 
     g0 = _graph(("x", "MatMul", [], "/GPU:0"), ("relu", "Relu", ["x"], "/GPU:0"),
                 ("y", "MatMul", ["relu"], "/GPU:0"), ("send", "_Send", ["y"], "/GPU:0"))
@@ -161,7 +161,7 @@ def test_the_prediction_frees_after_the_last_reader_writes_in_place_and_shares_a
 
 def test_a_kernel_the_trace_does_not_show_runs_when_its_inputs_are_made():
     """A Reshape the executor runs inline (no event) keeps its input alive for its own readers."""
-    from pinpoint.placement.memory.replay import predict_peaks
+    from pinpoint.placement.memory.schedule import predict_peaks
 
     g = _graph(("a", "MatMul", [], "/GPU:0"), ("r", "Reshape", ["a"], "/GPU:0"),
                ("b", "MatMul", [], "/GPU:0"), ("c", "ConcatV2", ["r", "b"], "/GPU:0"))
@@ -250,7 +250,8 @@ def test_a_loops_tensor_list_holds_each_pushed_element_until_the_gradient_readin
     """A forward loop of 3 iterations pushes x (100 B each) into a list; the backward loop pops all 3
     at once (iterations in parallel) and R reads each popped element later (making 50 B). Before the
     first R ends the list still holds all 3: 300 B, with R's own 50 B."""
-    from pinpoint.placement.memory.replay import Node, Schedule
+    from pinpoint.placement.memory.nodes import Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     nodes = [Node("x", "MatMul"), Node("P", "TensorListPushBack", (("list", 0), ("x", 0))),
              Node("list", "EmptyTensorList"), Node("Q", "TensorListPopBack", (("P", 0),)),
@@ -264,7 +265,8 @@ def test_a_loops_tensor_list_holds_each_pushed_element_until_the_gradient_readin
 
 def test_a_kernels_scratch_is_held_while_it_runs():
     """a (300 B) then b reading it (200 B) with 64 B of scratch: 300 + 200 + 64 while b runs."""
-    from pinpoint.placement.memory.replay import Measured, Node, Schedule
+    from pinpoint.placement.memory.nodes import Measured, Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     nodes = [Node("a", "Conv2D"), Node("b", "Conv2D", (("a", 0),))]
     sizes = {"a": [300], "b": [200]}
@@ -299,7 +301,8 @@ def test_two_kernels_that_run_at_once_hold_their_scratch_when_each_held_its_most
     """a (0-100) holds 100 B of scratch from 60 on, b (10-50) from its start: never together. Made at
     each kernel's start they would be (a transformer's two Einsum gradients: +11% in a bench run).
     Their outputs (10 B each) and b's scratch: 120 B, not 220."""
-    from pinpoint.placement.memory.replay import Measured, Node, Schedule
+    from pinpoint.placement.memory.nodes import Measured, Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     schedule = Schedule.of([Node("a", "Einsum"), Node("b", "Einsum")], [("a", 0, 100), ("b", 10, 50)])
     peaks = [schedule.peaks(lambda n: [10], lambda n: "/GPU:0", measured=Measured(temps={"a": 100, "b": 100}, temp_after=after))
@@ -364,7 +367,8 @@ def test_a_loop_holds_its_variables_initial_value_until_its_exit():
     """A loop variable enters as z (Fill, 100 B): Enter -> Merge -> Switch; the body's AddN sums it
     with g (100 B) and h reads the sum (50 B); the Exit comes after two iterations. The loop holds z
     until its Exit, so AddN cannot write into z: it writes into g. While h runs: z + the sum + h."""
-    from pinpoint.placement.memory.replay import Node, Schedule
+    from pinpoint.placement.memory.nodes import Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     nodes = [Node("z", "Fill"), Node("E", "Enter", (("z", 0),)), Node("M", "Merge", (("E", 0), ("NI", 0))),
              Node("p", "Const"), Node("S", "Switch", (("M", 0), ("p", 0))), Node("g", "MatMul"),
@@ -384,7 +388,8 @@ def test_a_tensor_lists_elements_are_copies_held_until_popped_and_reading_one_al
     gradient; Z (500 B) runs before the first read. The 300 B of elements are live from the unstacking
     on, pushed or not (pushed: until popped; not: as the list's own buffer until its last read), and
     no read adds to them: 300 + 500 while Z runs."""
-    from pinpoint.placement.memory.replay import Node, Schedule
+    from pinpoint.placement.memory.nodes import Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     forward = [Node("x", "Transpose"), Node("L", "TensorListFromTensor", (("x", 0),)), Node("Z", "MatMul"),
                Node("GI", "TensorListGetItem", (("L", 0),)), Node("y", "Tanh", (("GI", 0),))]
@@ -403,7 +408,8 @@ def test_a_loops_iterations_that_run_ahead_hold_their_tensors_together():
     """Two iterations of a body: g (100 B) made in both before the AddN summing each (its reader) runs:
     iteration 1's g is made while iteration 0's still waits for its AddN, so 100 + 100 at once (each
     iteration replayed alone would hold 100)."""
-    from pinpoint.placement.memory.replay import Node, Schedule
+    from pinpoint.placement.memory.nodes import Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     nodes = [Node("g", "MatMul"), Node("acc", "Const"), Node("A", "AddN", (("acc", 0), ("g", 0)))]
     order = [("g", 0, 1), ("g", 2, 3), ("A", 10, 11), ("A", 12, 13)]
@@ -415,7 +421,7 @@ def _loop(body: list, pushes: list) -> list:
     """A loop's frame around `body`: its variable h enters as h0 (Fill) through Enter, Merge (with
     NextIteration of m) and Switch, and leaves through its Exit X; each push takes a list through an Enter of its own (both lists
     are made by one EmptyTensorList node: TensorFlow merges identical ones) and its Switch."""
-    from pinpoint.placement.memory.replay import Node
+    from pinpoint.placement.memory.nodes import Node
 
     frame = [Node("h0", "Fill"), Node("E", "Enter", (("h0", 0),)), Node("M", "Merge", (("E", 0), ("NI", 0))),
              Node("p", "Const"), Node("S", "Switch", (("M", 0), ("p", 0))), Node("NI", "NextIteration", (("m", 0),)),
@@ -431,7 +437,8 @@ def test_a_loop_variables_push_holds_nothing_new_when_its_next_value_is_pushed_t
     """Each of 3 iterations makes m (MatMul of h, 100 B) and pushes it (P2); it also pushes h itself
     (P1), which from the second iteration on is the previous m: the same buffer. The lists hold
     m's three copies, not six more pushes' worth: 3 x 100 B + h0 (100 B, held until the loop exits)."""
-    from pinpoint.placement.memory.replay import Node, Schedule
+    from pinpoint.placement.memory.nodes import Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     nodes = _loop([Node("m", "MatMul", (("S", 1),))], [("P1", ("S", 1)), ("P2", ("m", 0))])
     order = [("h0", 0, 1), *((n, 10 * k + 2 + 2 * j, 10 * k + 3 + 2 * j) for k in range(3)
@@ -445,7 +452,8 @@ def test_a_list_nothing_pops_is_dropped_when_its_loop_exits():
     """3 iterations push x (100 B each); the gradient never pops that list (under parameter_server the
     LSTM pushes the input kernel it receives). It is dropped at its Exit (t=40), so Z (500 B) runs
     after it with h0 alone: 500 + 100 B, not 500 + 100 + 300."""
-    from pinpoint.placement.memory.replay import Node, Schedule
+    from pinpoint.placement.memory.nodes import Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     nodes = _loop([Node("m", "Identity", (("S", 1),)), Node("x", "MatMul"), Node("Z", "MatMul")],
                   [("P", ("x", 0))])
@@ -460,7 +468,8 @@ def test_a_list_nothing_pops_is_held_until_its_last_push_when_that_runs_after_th
     and a push whose list the gradient never reads can lag). The list's Exit waits for that push, so
     the list (two pushes, 200 B) and the third x (100 B, until its push) are still held while Z
     (500 B) runs at 40-50, beside h0 (100 B): 900 B (dropped at the LoopCond, 600)."""
-    from pinpoint.placement.memory.replay import Node, Schedule
+    from pinpoint.placement.memory.nodes import Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     nodes = _loop([Node("m", "Identity", (("S", 1),)), Node("x", "MatMul"), Node("Z", "MatMul")],
                   [("P", ("x", 0))])
@@ -475,7 +484,8 @@ def test_a_buffer_two_lists_hold_is_freed_by_the_later_of_its_pops():
     gradient pops all of m's list at once (Q2, t=50-52: a zeros_like of each, which runs ahead) and
     h's one iteration at a time (Q1, t=60, 70, 80). Z (500 B) runs at 55-58: m's first popped buffer
     is gone, the other two are still held by h's list (h0 left at the loop's Exit): 500 + 200 B."""
-    from pinpoint.placement.memory.replay import Node, Schedule
+    from pinpoint.placement.memory.nodes import Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     nodes = _loop([Node("m", "MatMul", (("S", 1),)), Node("Z", "MatMul"),
                    Node("Q1", "TensorListPopBack", (("LX0", 0),)), Node("Q2", "TensorListPopBack", (("LX1", 0),))],
@@ -499,7 +509,8 @@ def test_a_kernel_starts_in_the_replay_when_it_got_its_first_output_buffer_insid
 
 def _late_reader():
     """b reads a (300 B) from 2 to 10; c (200 B) is made at 12; d reads b and c from 14 to 15."""
-    from pinpoint.placement.memory.replay import Node, Replay
+    from pinpoint.placement.memory.nodes import Node
+    from pinpoint.placement.memory.replay import Replay
 
     nodes = (Node("a", "MatMul"), Node("b", "MatMul", (("a", 0),)), Node("c", "MatMul"),
              Node("d", "ConcatV2", (("b", 0), ("c", 0))))
@@ -533,7 +544,8 @@ def test_a_kernel_with_scratch_makes_its_outputs_when_the_allocator_gave_them():
     Einsum made the temp it hands on 873 us into its 1000 us kernel: +8.7% on a split made at the start).
     b (5-60) reads x (300 B) and makes 20 B. Made at a's start, a's output would be live beside x and
     b's: 410 B. Made at 82, after x was freed: x, the scratch and b's output, 370 B."""
-    from pinpoint.placement.memory.replay import Measured, Node, Schedule
+    from pinpoint.placement.memory.nodes import Measured, Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     nodes = [Node("x", "MatMul"), Node("a", "Einsum"), Node("b", "MatMul", (("x", 0),)),
              Node("c", "AddV2", (("a", 0), ("b", 0)))]
@@ -548,7 +560,8 @@ def test_a_constant_or_an_update_the_allocator_saw_made_is_made_in_a_later_call(
     """A parameter_server worker's first run of its own copy of the function makes its constants (c,
     64 B) though it is not the function's first call; an update another worker's read held (u on v,
     with a 100 B value) writes a copy of the variable. Without that evidence neither is made."""
-    from pinpoint.placement.memory.replay import Measured, Node, Schedule
+    from pinpoint.placement.memory.nodes import Measured, Node
+    from pinpoint.placement.memory.schedule import Schedule
 
     nodes = [Node("v", "VarHandleOp"), Node("c", "Const"), Node("d", "Mul", (("c", 0),)),
              Node("g", "MatMul"), Node("u", "AssignAddVariableOp", (("v", 0), ("g", 0)))]

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from pinpoint.errors import PlacementError
-from pinpoint.placement.memory.replay import Node, Replay
+from pinpoint.placement.memory.nodes import Node
+from pinpoint.placement.memory.replay import Replay
 from pinpoint.placement.model.placement import Placement
 from pinpoint.plan.command import table
 from pinpoint.plan.graph import Edge, Group, PlanGraph

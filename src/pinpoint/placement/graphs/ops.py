@@ -146,6 +146,10 @@ LIST_OPS = frozenset({"TensorListPushBack", "TensorListPopBack", "TensorListFrom
 LIST_MAKERS = frozenset({"TensorListFromTensor", "TensorListSplit", "TensorListScatter", "TensorListScatterV2",
                          "TensorListScatterIntoExistingList"})
 
+# Ops whose outputs are not a new buffer of their own (an input passed on, a variable's, a list's element).
+NOT_MADE = ALIASES_FIRST_INPUT | MERGES | NOTHING_MADE | SENDS | RECVS | PREFETCHED | LIST_OPS | {
+    "IdentityN", "ReadVariableOp", "TensorListGetItem"}
+
 # ---- oneDNN ----------------------------------------------------------------------------------
 
 # The prefix oneDNN's graph rewrite gives the ops it takes over on the CPU (_MklConv2D,

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from pinpoint.placement.graphs.ops import DENSE_UPDATE_RE, LIST_MAKERS, MKL_PREFIX, RECVS, REDUCING_COLLECTIVE_RE, SENDS
-from pinpoint.placement.memory.replay import Node, Replay, bytes_of, compare, other_task
+from pinpoint.placement.memory.nodes import Node, bytes_of, other_task
+from pinpoint.placement.memory.replay import Replay, compare
 
 # The longest an executor's letting go of a kernel's inputs is taken to lag its end (ps): a longer gap
 # is another reader's, not this kernel's (a loaded machine's seen: 179 us).
