@@ -14,7 +14,7 @@ timing, summed over its devices) over its transfers per step (the transfers matr
 Tensors crossing are counted as the runtime sends them: each tensor once per other device that
 reads it (PlanGraph.tensors).
 
-Measured on this machine (2 cores, 2026-11-25) to choose the model: the profiled compute of a
+Measured on a 2-core machine to choose the model: the profiled compute of a
 placement's ops does not change with the placement, the sum of the ops' own times is not the
 step (ops overlap on the inter-op threads, and per-call overhead outside the ops is 0.7 ms of
 a 1.1 ms step on a 13-layer MLP), and an extra device's partition adds ~4 us a call (a chain

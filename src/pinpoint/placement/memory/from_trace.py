@@ -206,16 +206,16 @@ def _scratch(temps: Mapping[str, list[tuple[int, int, int]]], runs: Mapping[str,
 def kernel_start(made: list[int] | None, start: int, end: int) -> int:
     """A kernel's start as the replay makes its outputs: when it got its first output buffer (`made`:
     the allocator's times, in order), if that was inside its run. On a loaded machine a kernel can
-    wait long between its start and its allocation: a parameter server's Square began 60 us before
-    its output existed, while three buffers it outlived were let go (+21% with them held together)."""
+    wait long between its start and its allocation, while buffers it outlives are let go: holding them
+    together would count a peak that never was."""
     first = _arrival(made, start)
     return first if first <= end else start
 
 
 def receive_times(xspace, events: Iterable) -> dict[str, list[int]]:
     """A receive from another task -> when each of its buffers was made (ps): the allocator's event, as
-    for the RPC layer's letting go (its bytes start to arrive then: a 256 KiB tensor's 20 us before its
-    ProcessAsync::Done), else that Done."""
+    for the RPC layer's letting go (its bytes start to arrive then, before its ProcessAsync::Done),
+    else that Done."""
     from pinpoint.placement.profile.xspace import receive_arrivals
 
     made: dict[str, list[int]] = defaultdict(list)

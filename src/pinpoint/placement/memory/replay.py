@@ -51,14 +51,14 @@ class Replay:
     # allocator's own event, for no kernel does it (its time depends on gRPC, not on the graph).
     released: Mapping[str, int] = field(default_factory=dict)
     # node -> how long after its kernel's start it held that scratch (ps, as measured): two kernels that
-    # ran at once each held their most at another time (a transformer's two Einsum gradients).
+    # run at once each hold their most at another time.
     temp_after: Mapping[str, int] = field(default_factory=dict)
     # node -> how long after its kernel's end the executor let go of its inputs (ps, as measured): on a
-    # loaded machine a CNN's gradient buffer was freed 179 us after its last reader ended.
+    # loaded machine that can be well after the end.
     inputs_after: Mapping[str, int] = field(default_factory=dict)
     # node -> how long after its kernel's start it got its first output (ps, as measured), for a kernel
-    # with scratch (the others start then): a transformer's Einsum made the temp it hands on as its
-    # output 873 us into its 1000 us kernel.
+    # with scratch (the others start then): a kernel may make the temp it hands on as its output late
+    # in its run (Einsum).
     outputs_after: Mapping[str, int] = field(default_factory=dict)
     # the constants the call made though it was not the function's first call (the allocator's events:
     # a parameter_server worker's first run of its own copy of the function)

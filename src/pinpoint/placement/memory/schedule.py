@@ -449,7 +449,7 @@ def timeline(changes: list[tuple[int, str, int]]):
 
 def loop_frames(nodes: Mapping[str, Node]) -> dict[str, str]:
     """Each loop variable's Exit -> the Enter of its initial value. Measured (the allocator's events of
-    Keras' LSTM, 2026-11-28): the value a loop variable enters with is freed when the loop exits, not
+    Keras' LSTM): the value a loop variable enters with is freed when the loop exits, not
     after its first iteration read it (nor is it written in place: an AddN in the body writes into its
     other input), so the loop's frame holds it from its Enter to its Exit."""
     out = {}
