@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from pinpoint.device_names import DeviceMap, local_name, normalize, sort_key
@@ -150,6 +151,12 @@ def eager_section(eager, namer: DeviceMap, default_device: str) -> dict:
     }
 
 
+# The eager section of a program none of whose eager ops could be read (trace_placement's last part).
+BARE_EAGER = {"ops": 0, "predicted_fallbacks": [], "ops_by_device": {}, "op_types_by_device": {}, "copies": [],
+              "copy_bytes": 0, "not_where_requested": [], "default_device": None, "counted_until": None,
+              "quiet_ops": None, "sampling_windows": None}
+
+
 def attr_values(op_type: str, attrs) -> dict:
     """An op callback's attrs (name, value, name, value, ...) as AttrValues (type attrs only: all a
     kernel lookup keys on)."""
@@ -210,7 +217,8 @@ def eager_updates(recorder, namer: DeviceMap) -> dict[int, tuple[str, ...]] | No
 
 
 def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = (), weight_rows=(),
-                 task: str = "chief:0", layer_units: tuple[str, ...] = (), created=()) -> PlacementInputs:
+                 task: str = "chief:0", layer_units: tuple[str, ...] = (), created=(),
+                 bare: bool = False) -> PlacementInputs:
     """The placement inputs of a traced program: its training function's capture, its variables
     and strategy, its functions, eager ops and weight requests, and its Keras layers (`layer_units`:
     what its ops are attributed to, and what `pinpoint plan` moves); `created`: trace.created's
@@ -227,20 +235,22 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
     rows = [_stats(r, namer) for r in records]
     train = pick_training(rows)
     by_name = {r.name: r for r in records}
-    variables = recorder.variables()
+    variables = [] if bare else recorder.variables()
     replicas = replica_devices(variables, dm)
     view = DeviceMap(aliases=dm.aliases, replica_devices=replicas,
                      spec_replica_devices=tuple(namer.canonical_spec(d) for d in replicas),
                      host=dm.host, emulated=dm.emulated, local_devices=dm.local_devices, missing=dm.missing)
-    cap = by_name[train["concrete"]].capture if train else None
+    cap = by_name[train["concrete"]].capture if train and not bare else None
     # A training function another thread ran (a parameter_server closure), its memory measured there.
-    remote = by_name[train["concrete"]] if train and cap is None and by_name[train["concrete"]].remote else None
+    remote = by_name[train["concrete"]] if train and cap is None and by_name[train["concrete"]].remote and not bare \
+        else None
     rows = [dict(r, training=r is train) for r in rows]
     rows.sort(key=lambda r: (not r["training"], -r["calls"], r["name"]))
     trace = TraceInputs(
         program=program, functions=tuple(rows), training_function=train["name"] if train else None,
         eager=eager_section(recorder.eager, namer, recorder.default_device),
-        eager_updates=eager_updates(recorder, namer), weight_rows=tuple(weight_rows), created=creation_rows(created, recorder.eager.updates),
+        eager_updates=None if bare else eager_updates(recorder, namer), weight_rows=tuple(weight_rows),
+        created=() if bare else creation_rows(created, recorder.eager.updates),
         notes=tuple(notes) + tuple(_trace_notes(rows, records, train, cap, recorder.eager, remote is not None)))
     return PlacementInputs(captures=(cap,) if cap else (), variables=tuple(variables), plan=None,
                            strategy=strategy_of(variables), device_map=view, task=task,
@@ -302,9 +312,42 @@ def _trace_notes(rows: list[dict], records: list, train: dict | None, cap, eager
 
 def trace_placement(recorder, dm: DeviceMap, *, program: str, notes: list[str] = (), weight_rows=(),
                     task: str = "chief:0", layer_units: tuple[str, ...] = (), created=()) -> dict:
-    """placement.json's content for a traced program."""
-    return build(trace_inputs(recorder, dm, program=program, notes=notes, weight_rows=weight_rows,
-                              task=task, layer_units=layer_units, created=created)).to_json()
+    """placement.json's content for a traced program.
+
+    The program has run when this reads it: whatever Pinpoint fails to read costs that part, named
+    in a note (the first, so the summary shows it), never the placement file nor the program's exit
+    code. The parts, richest first: everything; the functions and eager ops without their captures,
+    variables and memory; the program and its notes alone."""
+    unread: list[str] = []
+    try:
+        return build(trace_inputs(recorder, dm, program=program, notes=notes, weight_rows=weight_rows,
+                                  task=task, layer_units=layer_units, created=created)).to_json()
+    except Exception as err:  # noqa: BLE001 - see the docstring: a note, never a failed program
+        unread.append(unread_note("its captured calls, variables and memory", err))
+    try:
+        return build(trace_inputs(recorder, dm, program=program, notes=(*unread, *notes), task=task,
+                                  bare=True)).to_json()
+    except Exception as err:  # noqa: BLE001
+        unread.append(unread_note("its functions and eager ops", err))
+    return build(bare_inputs(dm, program=program, notes=(*unread, *notes), task=task)).to_json()
+
+
+def unread_note(what: str, err: BaseException) -> str:
+    """One line for what could not be read after the program ended, and where it failed."""
+    import traceback
+
+    frame = (traceback.extract_tb(err.__traceback__) or [None])[-1]
+    where = f", at {Path(frame.filename).name}:{frame.lineno}" if frame is not None else ""
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    return (f"Pinpoint could not read {what} after the program ended ({type(err).__name__}: {first}{where}): "
+            "left out of this file; the program's exit code is its own")
+
+
+def bare_inputs(dm: DeviceMap, *, program: str, notes: tuple[str, ...], task: str) -> PlacementInputs:
+    """The placement inputs of a program nothing of whose run could be read: its name and notes."""
+    trace = TraceInputs(program=program, functions=(), training_function=None, eager=BARE_EAGER, notes=notes)
+    return PlacementInputs(captures=(), variables=(), plan=None, strategy="default", device_map=DeviceMap.of(dm),
+                           task=task, device_map_json=dm.to_json(), trace=trace)
 
 
 def trace_metrics(recorder, placement: Placement, *, exit_code: int, seconds: float, keras: dict | None) -> dict:

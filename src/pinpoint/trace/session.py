@@ -247,18 +247,30 @@ def finish(cap: Capture, run, out: Path, label: str, exit_code: int) -> dict:
     from pinpoint.hooks import HookList
     from pinpoint.outcome import write_outcome
     from pinpoint.placement import write_report
+    from pinpoint.trace.analysis import unread_note
     from pinpoint.tracking.hook import TrackingHook
 
     placement = cap.placement(label)
-    keep_memory_profile(cap, placement, out)
-    metrics = cap.metrics(placement, exit_code)
+    try:
+        keep_memory_profile(cap, placement, out)
+    except Exception as err:  # noqa: BLE001 - the program ran: a note, never a failed program (trace_placement)
+        placement["notes"] = [unread_note("the memory profile", err), *(placement.get("notes") or ())]
+    try:
+        metrics = cap.metrics(placement, exit_code)
+    except Exception as err:  # noqa: BLE001
+        placement["notes"] = [unread_note("its metrics", err), *(placement.get("notes") or ())]
+        metrics = {"program": placement.get("program"), "exit_code": exit_code}
     hook = TrackingHook(run) if run.enabled else None
     if hook is not None:
         hook.run_dir = out
     write_outcome(out, placement, metrics, HookList([hook]))
-    html, charts, _ = write_report(out)
-    if hook is not None:
-        run.log_artifact(html)
+    try:
+        html, charts, _ = write_report(out)
+    except Exception as err:  # noqa: BLE001
+        print(f"pinpoint: report.html: {unread_note('the run folder for its report', err)}", file=sys.stderr)
+    else:
+        if hook is not None:
+            run.log_artifact(html)
     print(f"Run folder: {out}", flush=True)
     return placement
 
