@@ -250,20 +250,20 @@ def finish(cap: Capture, run, out: Path, label: str, exit_code: int) -> dict:
     from pinpoint.trace.analysis import unread_note
     from pinpoint.tracking.hook import TrackingHook
 
-    placement = cap.placement(label)
+    content = cap.placement(label)  # placement.json's, before its one writer writes it
     try:
-        keep_memory_profile(cap, placement, out)
+        keep_memory_profile(cap, content, out)
     except Exception as err:  # noqa: BLE001 - the program ran: a note, never a failed program (trace_placement)
-        placement["notes"] = [unread_note("the memory profile", err), *(placement.get("notes") or ())]
+        content["notes"] = [unread_note("the memory profile", err), *(content.get("notes") or ())]
     try:
-        metrics = cap.metrics(placement, exit_code)
+        metrics = cap.metrics(content, exit_code)
     except Exception as err:  # noqa: BLE001
-        placement["notes"] = [unread_note("its metrics", err), *(placement.get("notes") or ())]
-        metrics = {"program": placement.get("program"), "exit_code": exit_code}
+        content["notes"] = [unread_note("its metrics", err), *(content.get("notes") or ())]
+        metrics = {"program": label, "exit_code": exit_code}
     hook = TrackingHook(run) if run.enabled else None
     if hook is not None:
         hook.run_dir = out
-    write_outcome(out, placement, metrics, HookList([hook]))
+    write_outcome(out, content, metrics, HookList([hook]))
     try:
         html, charts, _ = write_report(out)
     except Exception as err:  # noqa: BLE001
@@ -272,7 +272,7 @@ def finish(cap: Capture, run, out: Path, label: str, exit_code: int) -> dict:
         if hook is not None:
             run.log_artifact(html)
     print(f"Run folder: {out}", flush=True)
-    return placement
+    return content
 
 
 def keep_memory_profile(cap: Capture, content: dict, out: Path) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-from tensorflow.core.framework import graph_pb2
+from typing import TYPE_CHECKING, Any
 
 from pinpoint.device_names import DeviceMap
-from pinpoint.placement.graphs.ops import BOUNDARY, EMULATED_ATTR
+from pinpoint.placement.graphs.ops import ARGS, BOUNDARY, EMULATED_ATTR, RETVALS
+
+if TYPE_CHECKING:  # reading a GraphDef needs no TensorFlow: its protobuf module starts it
+    from tensorflow.core.framework import graph_pb2
 
 
 @dataclass
@@ -118,15 +119,15 @@ def _peel_eager_ops(pre):
     peeled = []
     while True:
         i = len(nodes)
-        while i > 0 and nodes[i - 1].op in ("_Retval", "_DeviceRetval"):
+        while i > 0 and nodes[i - 1].op in RETVALS:
             i -= 1
         body = i - 1
         j = body
-        while j > 0 and nodes[j - 1].op in ("_Arg", "_DeviceArg"):
+        while j > 0 and nodes[j - 1].op in ARGS:
             j -= 1
         if body <= 0 or j == body or j == 0:
             break
-        block = graph_pb2.GraphDef()
+        block = _graph_def()
         block.node.extend(nodes[j:])
         if not eager_op_function(block):
             break
@@ -134,7 +135,7 @@ def _peel_eager_ops(pre):
         nodes = nodes[:j]
     if not peeled:
         return pre, []
-    out = graph_pb2.GraphDef()
+    out = _graph_def()
     out.CopyFrom(pre)
     del out.node[:]
     out.node.extend(nodes)
@@ -207,3 +208,9 @@ def node_devices(partition_graphs: Iterable, namer: DeviceMap) -> dict[str, str]
     for name in clash:
         out.pop(name, None)
     return out
+
+
+def _graph_def():
+    from tensorflow.core.framework import graph_pb2
+
+    return graph_pb2.GraphDef()
