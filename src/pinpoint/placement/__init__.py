@@ -8,7 +8,8 @@ never from a room (tests/test_architecture.py holds it). The rooms, lowest first
 - `model`: placement.json as types;
 - `memory`: memory per device, measured, replayed and predicted;
 - `analysis`: the sections of placement.json, built from the rooms below;
-- `capture`: the only room that runs TensorFlow (graph collection, profiler, allocator peak);
+- `capture`: the only room that drives TensorFlow's runtime around a call (graph collection, the
+  profiler, the allocator's peak); the others read what it left (graphs, traces, dtypes);
 - `report`: report.html, the summary, the charts and the metrics.
 
 A name is imported from its room on first use (a lazy face: `pinpoint report` does not import
