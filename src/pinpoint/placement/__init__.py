@@ -1,7 +1,7 @@
 """Placement: where every op, variable, transfer and byte of a run went, as TensorFlow ran it.
 
-This is the face of placement/: the rest of Pinpoint imports these names from `pinpoint.placement`,
-never from a room (tests/test_architecture.py holds it). The rooms, lowest first:
+This is the face of placement/: the rest of Pinpoint, and a user's code, import these names from
+`pinpoint.placement`, never from a room (tests/test_architecture.py holds it for Pinpoint). The rooms, lowest first:
 
 - `graphs`: TensorFlow's executed graphs as data, and `graphs.ops`, the one op vocabulary;
 - `profile`: the profiler's trace read back (kernel events, allocator events);
@@ -54,6 +54,7 @@ _WHERE = {
     "add_branch_shapes": "capture.graphs",
     "add_trace_info": "capture.graphs",
     "capture_on_device": "capture.graphs",
+    "capture_call": "capture.graphs",
     "collecting": "capture.graphs",
     "map_arg_values": "capture.graphs",
     "run_profiled": "capture.graphs",
@@ -102,6 +103,7 @@ _WHERE = {
     # model.files
     "load_placement": "model.files",
     "ops_path": "model.files",
+    "read_placement": "model.files",
     "split_placement": "model.files",
     "write_placement": "model.files",
     # model.memory
