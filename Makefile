@@ -105,9 +105,6 @@ INTEGRATION_TESTS ?= tests
 INTEGRATION_ARGS ?=
 # The fault suite's rows for the reliability table (make bench reads them from there).
 RELIABILITY := --reliability-out runs/reliability.json
-# The slow tier's tests in `make test`; empty: `make test` stops after integration (CI runs the slow
-# tier in a stream of its own, .ci/run).
-SLOW_TESTS ?= tests
 
 system-deps: ## install the Debian packages the test tiers need (chromium, podman, ...)
 	bash scripts/system-deps.sh
@@ -115,7 +112,7 @@ system-deps: ## install the Debian packages the test tiers need (chromium, podma
 test: $(MLFLOW_STAMP) $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
 	@$(TIER) unit "unit" tests
 	@$(TIER) $(INTEGRATION) "integration and not slow" "$(INTEGRATION_TESTS)" $(INTEGRATION_ARGS)
-	@$(if $(SLOW_TESTS),$(TIER) slow "slow" $(SLOW_TESTS) $(RELIABILITY))
+	@$(TIER) slow "slow" tests $(RELIABILITY)
 
 # The oldest end of the supported TensorFlow range (src/pinpoint/versions.py) in a second venv from
 # requirements-compat.txt, rebuilt when that file or pyproject.toml changes. It runs what can differ

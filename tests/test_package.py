@@ -38,7 +38,7 @@ _NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 
 
 def _source_files() -> set[str]:
-    """Every file of the packages as its path inside a wheel (pinpoint/placement/templates/x.j2)."""
+    """Every file of the packages as its path inside a wheel (pinpoint/placement/report/templates/x.j2)."""
     files = set()
     for top, root in PACKAGE_ROOTS.items():
         for path in root.rglob("*"):
@@ -220,7 +220,7 @@ def test_the_wheel_holds_every_module_template_and_package(built):
     # Every package under src/pinpoint by name (pinpoint.trace was once missing from a hand list).
     packages = {str(p.parent.relative_to(REPO / "src")) for p in (REPO / "src" / "pinpoint").rglob("__init__.py")}
     assert sorted(p for p in packages if f"{p}/__init__.py" not in names) == []
-    assert {"pinpoint/trace/__init__.py", "pinpoint/placement/templates/report.html.j2"} <= names
+    assert {"pinpoint/trace/__init__.py", "pinpoint/placement/report/templates/report.html.j2"} <= names
     # Nothing else: no tests, benchmarks or examples in the package.
     assert sorted(n for n in names - expected if not n.startswith("pinpoint-")) == []
 
