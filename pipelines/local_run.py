@@ -204,7 +204,7 @@ def _end_parent(cfg, run_id: str, status: str) -> None:
 
 
 def _summary(run_dir: Path) -> str:
-    from pinpoint.placement.report.summary import format_summary
+    from pinpoint.placement import format_summary
     from pinpoint.runfolder import METRICS, PLACEMENT, read_json
 
     placement = read_json(run_dir / PLACEMENT, field="run folder")
