@@ -35,3 +35,8 @@ class PeerLost(PinpointError):
     """A collective or a remote call failed because another task of the cluster went away."""
 
     exit_code = RETRY_EXIT_CODE
+
+
+def first_line(text) -> str:
+    """The first line of an error's (or any) text, at most 200 characters: what a one-line message quotes."""
+    return (str(text or "").strip().splitlines() or [""])[0][:200]

@@ -8,9 +8,9 @@ other status the caller did not ask to handle becomes one line naming the call.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Callable
 
-from pinpoint.errors import TrainingFailed
+from pinpoint.errors import TrainingFailed, first_line
 from pinpoint.provision.flavours import FLAVOURS
 
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)
@@ -33,8 +33,6 @@ def forbidden_line(verb: str, resource: str, namespace: str) -> str:
             f"or grant its service account '{verb}' on '{resource}' there")
 
 
-def first_line(text: Any) -> str:
-    return (str(text or "").strip().splitlines() or [""])[0][:200]
 
 
 def api_message(err) -> str:

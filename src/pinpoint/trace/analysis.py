@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.device_names import DeviceMap, local_name, normalize, sort_key
+from pinpoint.errors import first_line
 from pinpoint.placement import BOOKKEEPING, Placement, PlacementInputs, TraceInputs, build, json_number, step_transfers
 
 # What Keras (3) and common custom loops call their training function.
@@ -338,7 +339,7 @@ def unread_note(what: str, err: BaseException) -> str:
 
     frame = (traceback.extract_tb(err.__traceback__) or [None])[-1]
     where = f", at {Path(frame.filename).name}:{frame.lineno}" if frame is not None else ""
-    first = (str(err).strip().splitlines() or [""])[0][:200]
+    first = first_line(err)
     return (f"Pinpoint could not read {what} after the program ended ({type(err).__name__}: {first}{where}): "
             "left out of this file; the program's exit code is its own")
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from pinpoint.errors import first_line
 from pinpoint.tracking.process import SenderProcess
 from pinpoint.tracking.process import take as take_sender
 from pinpoint.tracking.sender import LOCAL_ID_TAG, PARENT_TAG, PIPELINE_TAG, new_local_id, now_ms
@@ -345,8 +346,7 @@ class StepRun:
                     path = save_keras_model(model, Path(tmp) / artifact_path)
                     self.log_artifacts(path, artifact_path)
             except Exception as err:  # noqa: BLE001 - a model that cannot be saved must not fail training
-                first = (str(err).strip().splitlines() or [""])[0][:200]
-                warn(f"could not save the final model for MLflow: {type(err).__name__}: {first}")
+                warn(f"could not save the final model for MLflow: {type(err).__name__}: {first_line(err)}")
 
         thread = threading.Thread(target=export, name="pinpoint-mlflow-model", daemon=True)
         self._exports.append(thread)

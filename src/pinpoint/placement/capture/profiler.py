@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pinpoint.errors import first_line
 from pinpoint.placement.profile.xspace import STEP_MARKER
 
 # Why the profiler is not run in a task of a multi-process cluster (see profile_call).
@@ -72,4 +73,4 @@ def step_marker(step: int):
 
 
 def _first_line(err: BaseException) -> str:
-    return ((str(err).strip().splitlines() or [""])[0])[:200] or type(err).__name__
+    return first_line(err) or type(err).__name__

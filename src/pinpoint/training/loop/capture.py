@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pinpoint.config import Config
+from pinpoint.errors import first_line
 from pinpoint.runfolder import PROFILE
 
 # train_log.jsonl (and the step metrics) hold this step, then every train.log_every steps: a run
@@ -234,8 +235,7 @@ def timing_section(ctx, loop_captured, timed: dict | None) -> dict:
         timing = timing_from_trace(timed["xplane"], loop_captured.partition_graphs, DeviceMap.of(ctx.device_map),
                                    display=display_names(loop_captured), steps=timed["steps"])
     except Exception as err:  # noqa: BLE001 - an unreadable trace must not fail a finished run
-        first = (str(err).strip().splitlines() or [""])[0][:200]
-        return dict(not_measured(f"not measured: the trace could not be read ({type(err).__name__}: {first})"),
+        return dict(not_measured(f"not measured: the trace could not be read ({type(err).__name__}: {first_line(err)})"),
                     steps=timed["steps"], trace=timed["trace"])
     timing["trace"] = timed["trace"]
     return timing
