@@ -103,6 +103,10 @@ TIER = run_tier() { name="$$1" m="$$2" paths="$$3"; shift 3; $(TIMED) "$$name" "
 INTEGRATION ?= integration
 INTEGRATION_TESTS ?= tests
 INTEGRATION_ARGS ?=
+# The same for the slow tier.
+SLOW ?= slow
+SLOW_TESTS ?= tests
+SLOW_ARGS ?=
 # The fault suite's rows for the reliability table (make bench reads them from there).
 RELIABILITY := --reliability-out runs/reliability.json
 
@@ -112,7 +116,7 @@ system-deps: ## install the Debian packages the test tiers need (chromium, podma
 test: $(MLFLOW_STAMP) $(STAMP) system-deps ## all tiers: unit, integration, slow (what CI runs)
 	@$(TIER) unit "unit" tests
 	@$(TIER) $(INTEGRATION) "integration and not slow" "$(INTEGRATION_TESTS)" $(INTEGRATION_ARGS)
-	@$(TIER) slow "slow" tests $(RELIABILITY)
+	@$(TIER) $(SLOW) "slow" "$(SLOW_TESTS)" $(RELIABILITY) $(SLOW_ARGS)
 
 # The oldest end of the supported TensorFlow range (src/pinpoint/versions.py) in a second venv from
 # requirements-compat.txt, rebuilt when that file or pyproject.toml changes. It runs what can differ
@@ -147,7 +151,7 @@ test-integration: $(MLFLOW_STAMP) $(STAMP) system-deps ## integration tier (real
 	@$(TIER) $(INTEGRATION) "integration and not slow" "$(INTEGRATION_TESTS)" $(INTEGRATION_ARGS)
 
 test-slow: $(MLFLOW_STAMP) $(STAMP) system-deps ## slow tier (multi-process clusters, images, faults)
-	@$(TIER) slow "slow" tests $(RELIABILITY)
+	@$(TIER) $(SLOW) "slow" "$(SLOW_TESTS)" $(RELIABILITY) $(SLOW_ARGS)
 
 # The differential corpus (tests/corpus.py): every generated combination against plain TensorFlow,
 # two at a time (CORPUS_WORKERS); `make test` runs its sample of one per family.

@@ -516,8 +516,7 @@ def _run_processes(cmds: dict[str, list[str]], work: Path, env: dict, mode: str 
 
     def one(k: str) -> None:
         with _SLOTS:
-            with open(work / f"{k}.log", mode) as log:
-                p = subprocess.Popen(cmds[k], stdout=subprocess.DEVNULL, stderr=log, cwd=work, env=env)
+            p = _start(cmds[k], work, env, work / f"{k}.log", mode)
             try:
                 codes[k] = p.wait(timeout=_timeout(cmds[k]))
             except subprocess.TimeoutExpired:
@@ -531,6 +530,26 @@ def _run_processes(cmds: dict[str, list[str]], work: Path, env: dict, mode: str 
     for t in threads:
         t.join()
     return codes
+
+
+def _start(cmd: list[str], work: Path, env: dict, log: Path, mode: str):
+    """A run of `cmd`, its stderr into `log`. The oracle's runs and `pinpoint trace`'s are forked
+    from a process that has imported TensorFlow (tests/zygote.py): the process each would be, but
+    for its start-up. A program that connects to a cluster runs in processes of their own
+    (ORACLE_DEFAULT_DEVICE=0: its context connects and reconnects), and so does every run with
+    TEST_ZYGOTE=0."""
+    from tests import zygote
+
+    if env.get("ORACLE_DEFAULT_DEVICE") == "1" and zygote.enabled():
+        from tests.zygote import Zygote
+
+        if cmd[1:2] == [str(ORACLE)]:
+            return Zygote.get(cmd[0], env, zygote.TENSORFLOW).spawn(cmd, work, env, log, mode)
+        if Path(cmd[0]).name == "pinpoint":  # its console script, run as `python SCRIPT ARGS...`
+            return Zygote.get(sys.executable, env, zygote.PINPOINT).spawn([sys.executable, *cmd], work, env,
+                                                                             log, mode)
+    with open(log, mode) as f:
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, cwd=work, env=env)
 
 
 def _timeout(cmd: list[str]) -> int:

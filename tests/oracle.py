@@ -31,17 +31,22 @@ What is read, each from TensorFlow:
   distributed variable's components (no wrapper left) are joined under its name by the strategy's
   '<name>/replica_<i>' naming.
 - shapes (a second run, since tfdbg instruments the graphs): tfdbg v2 in SHAPE mode
-  (`tf.debugging.experimental.enable_dump_debug_info`) records the shape of every tensor each
-  op inside a tf.function produced at run time; they size the transfers whose shape is dynamic.
+  (`tf.debugging.experimental.enable_dump_debug_info`) records the shape of the tensors ops inside
+  a tf.function produced at run time; they size the transfers. Under `both`, only the ops whose
+  outputs the placement run's transfers carried are instrumented (sent_tensors), and a program
+  whose placement run moved nothing between devices has no second run.
 
 `both` runs the program twice in one process (one TensorFlow start-up, not two): the placement
 run, then the shapes run. Between them Keras' session is cleared, so that the second run names its
 layers (and so its graphs' ops) as a fresh process would. A program that connects to a cluster
 runs each in a process of its own: a second in-process cluster would reconnect the context.
+tests/differential.py forks the others from a process that has imported TensorFlow
+(tests/zygote.py), which is this file run as a fresh process would be, but for the import.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -371,14 +376,52 @@ def _write_whole(path: str, text: str) -> None:
 
 
 def both(program: str, out: str, shapes_out: str) -> None:
-    """`placement` into `out`, then `shapes` into `shapes_out`, in this one process."""
+    """`placement` into `out`, then `shapes` into `shapes_out`, in this one process: the shapes of
+    the tensors the placement run's transfers carried."""
     import keras
 
     placement(program, out)
     # The first run's layer names are taken: cleared, the second run's are a fresh process's.
     keras.backend.clear_session()
     gc.collect()
-    shapes(program, shapes_out)
+    with open(out) as f:
+        sent = sent_tensors(json.load(f))
+    if not sent:  # no transfer between devices: no shape sizes anything, and no second run is made
+        _write_whole(shapes_out, json.dumps({SCOPES: []}))
+        return
+    shapes(program, shapes_out, sent)
+
+
+SENDS = {"_Send", "_HostSend"}
+# What hands a tensor on unchanged: a transfer's size is its input's (tests/differential.py).
+_PASS_ON = {"Identity", "Switch", "RefSwitch", "Merge"}
+_RECEIVES = {"_Recv", "_HostRecv"}
+
+
+def sent_tensors(result: dict) -> set[str]:
+    """The ops whose outputs the placement run's cross-device transfers carried, followed back
+    through the ops that hand a tensor on (Identity, a cond's Switch and Merge, a receive's sender):
+    every op tests/differential.py may size a transfer from."""
+    found: set[str] = set()
+    for f in result["functions"]:
+        for parts in f["partitions"]:
+            nodes = {n["name"]: n for graph in parts for n in graph}
+            senders = {n["tensor_name"]: n for graph in parts for n in graph if n["op"] in SENDS}
+            todo = [n["inputs"][0] for graph in parts for n in graph
+                    if n["op"] in SENDS and n["send_device"] != n["recv_device"] and n["inputs"]]
+            while todo:
+                name = todo.pop().lstrip("^").split(":")[0]
+                if name in found:
+                    continue
+                found.add(name)
+                src = nodes.get(name)
+                if src is None:
+                    continue
+                if src["op"] in _PASS_ON:
+                    todo += [i for i in src["inputs"] if not i.startswith("^")]
+                elif src["op"] in _RECEIVES and src.get("tensor_name") in senders:
+                    todo += senders[src["tensor_name"]]["inputs"][:1]
+    return found
 
 
 # ---- shapes ----------------------------------------------------------------------------------
@@ -415,7 +458,10 @@ def _graph_name(reader, graph_id) -> str:
         return ""
 
 
-def shapes(program: str, out: str) -> None:
+def shapes(program: str, out: str, sent: set[str] | None = None) -> None:
+    """The shape every op inside a tf.function produced at run time, into `out`; with `sent`
+    (sent_tensors: `both`), only the ops those names end like, and one op of each cond branch that
+    ran (which branches ran is what sizes a branch's inputs)."""
     import contextlib
 
     import tensorflow as tf
@@ -430,6 +476,14 @@ def shapes(program: str, out: str) -> None:
             yield
         tf.debugging.experimental.disable_dump_debug_info()
 
+    if sent is not None:
+        plain = wrap
+
+        @contextlib.contextmanager
+        def wrap():
+            with _instrumenting_only(sent), plain():
+                yield
+
     _run_program(program, wrap, os.path.dirname(os.path.abspath(out)))
     # The dump is complete (the program ran, tfdbg's writer closed): once its path is written, a
     # crash is the reading's, and `read` in a fresh process reads the same dump
@@ -437,6 +491,45 @@ def shapes(program: str, out: str) -> None:
     # programs in one run) left it empty, and `read` was given ''.
     _write_whole(out + DUMP, root)
     read_shapes(root, out)
+
+
+@contextlib.contextmanager
+def _instrumenting_only(sent: set[str]):
+    """tfdbg instruments only the ops named as a name in `sent` ends ('<call op>/<op>' is how the
+    runtime names an inlined callee's op: tests/differential.py looks a transfer's source up by
+    each such ending), and the first op of each cond branch function with an output SHAPE mode
+    records; and it records no op's Python stack. A tensor's shape is the same whether the ops
+    beside it are instrumented or not; instrumenting every op costs most of the run (MobileNetV2:
+    45 CPU s of 57)."""
+    from tensorflow.core.protobuf import debug_event_pb2
+    from tensorflow.python.debug.lib import dumping_callback as dc
+
+    endings = {"/".join(parts[i:]) for name in sent for parts in [name.split("/")] for i in range(len(parts))}
+    marked: set = set()  # the branch functions with an instrumented op
+    cls = dc._DumpingCallback
+    instrument, stack = cls._instrument_symbolic_tensors, cls._process_stack_frames
+
+    def recorded(t) -> bool:  # what SHAPE mode instruments (dumping_callback.py)
+        return t.dtype.is_floating or t.dtype.is_integer or t.dtype.is_bool
+
+    def only_sent(self, tensors, op_type, op_name, context_id, tensor_ids):
+        name = op_name.decode() if isinstance(op_name, bytes) else op_name
+        branch = _BRANCH_GRAPH.match(getattr(tensors[0].graph, "name", "") or "") if tensors else None
+        first = bool(branch) and context_id not in marked and any(recorded(t) for t in tensors)
+        if first:
+            marked.add(context_id)
+        if name in endings or first:
+            return instrument(self, tensors, op_type, op_name, context_id, tensor_ids)
+        return None
+
+    def no_stack(self):
+        return debug_event_pb2.CodeLocation(host_name=self._hostname)
+
+    cls._instrument_symbolic_tensors, cls._process_stack_frames = only_sent, no_stack
+    try:
+        yield
+    finally:
+        cls._instrument_symbolic_tensors, cls._process_stack_frames = instrument, stack
 
 
 # Where `shapes` leaves the path of its finished tfdbg dump: next to its output.

@@ -35,3 +35,27 @@ def test_a_cond_is_read_from_its_own_branch_functions(cond, role, ran):
 def test_a_branch_op_is_sized_from_its_own_cond_only():
     assert differential._branch_shapes("cond", "then", "OptionalGetValue:0", SHAPES) == [(1, [4, 8])]
     assert differential._branch_shapes("StatefulPartitionedCall/cond", "then", "OptionalGetValue:0", SHAPES) == []
+
+
+def _node(name, op, inputs=(), **attrs):
+    return {"name": name, "op": op, "device": "/CPU:1", "inputs": list(inputs), **attrs}
+
+
+def _send(name, tensor, frm, to, tensor_name):
+    return _node(name, "_Send", [tensor], send_device=frm, recv_device=to, tensor_name=tensor_name)
+
+
+def test_the_shapes_run_instruments_the_sources_of_transfers_through_what_hands_them_on():
+    from tests.oracle import sent_tensors
+
+    gpu0 = [_node("dense/MatMul", "MatMul", ["x", "w"]), _node("dense/Identity", "Identity", ["dense/MatMul"]),
+            _send("send_a", "dense/Identity:0", "/CPU:1", "/CPU:2", "edge_a"),
+            _node("local", "Relu", ["dense/MatMul"]), _send("send_local", "local", "/CPU:1", "/CPU:1", "edge_l"),
+            _node("cond/output/_1", "Merge", ["cond/then/_0/add", "cond/else/_1/zeros", "^ctrl"]),
+            _send("send_c", "cond/output/_1", "/CPU:1", "/CPU:0", "edge_c")]
+    gpu1 = [_node("recv_a", "_Recv", send_device="/CPU:1", recv_device="/CPU:2", tensor_name="edge_a"),
+            _send("send_b", "recv_a", "/CPU:2", "/CPU:0", "edge_b")]
+    found = sent_tensors({"functions": [{"partitions": [[gpu0, gpu1]]}]})
+    # A same-device send carries nothing; the receive is followed to its sender's input.
+    assert found == {"dense/Identity", "dense/MatMul", "recv_a", "cond/output/_1", "cond/then/_0/add",
+                     "cond/else/_1/zeros"}

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import zygote
 from tests.first_screen import ARROW, BOX_FILL, chromium, expected_from_placement, read_first_screen, shows
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -30,7 +31,10 @@ def trace(args: list[str], *, cwd: Path, out: Path, tracking: bool = False, env:
     if not tracking:
         argv.append("--no-tracking")
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
-    proc = subprocess.run([*argv, *args], cwd=cwd, capture_output=True, text=True, env=full_env, timeout=540)
+    if zygote.enabled():  # forked from a process with TensorFlow and Pinpoint imported: no start-up
+        proc = zygote.run([*argv, *args], cwd=cwd, env=full_env, timeout=540, preload=zygote.PINPOINT)
+    else:
+        proc = subprocess.run([*argv, *args], cwd=cwd, capture_output=True, text=True, env=full_env, timeout=540)
     assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
