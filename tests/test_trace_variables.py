@@ -295,3 +295,48 @@ def test_keras_slots_made_inside_a_parameter_server_step_stay_on_the_coordinator
         {"job:chief" if build == "lazy" else "job:ps"}, 4,
         {name: ([task[dev]], OPTIMIZER_APPLY if build == "lazy" else None) for name, dev in slots.items()},
         [LAZY_SLOT_FIX] if build == "lazy" else [])
+
+
+# ---- every read counted, however the variable reaches the op (issue 67, point 2) ---------------
+READS = """
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+    with tf.device("/CPU:1"):
+        v = tf.Variable([1.0, 5.0, 2.0])
+    w = tf.Variable([[1.0], [2.0], [3.0]])
+    i = tf.Variable(3)
+    # Passed straight to ops: TensorFlow's C fast path reads them, unseen by an op callback.
+    print(tf.math.argmax(v).numpy(), (v == v).numpy(), tf.math.reduce_sum(v).numpy())
+    print(tf.concat([v, v], 0).numpy(), tf.add_n([v, v]).numpy(), tf.matmul(tf.reshape(v, [1, 3]), w).numpy())
+    print(tf.math.maximum(v, 0.0).numpy(), tf.cast(v, tf.int32).numpy(), tf.range(i).numpy(), tf.one_hot(i, 4).numpy())
+    with tf.device("/CPU:0"):  # a read runs on its variable's device, whatever the scope asks
+        print(tf.math.square(v).numpy(), (v * 2.0).numpy(), tf.convert_to_tensor(v).numpy())
+    v.assign_add([1.0, 1.0, 1.0])
+    print(v.numpy(), w.numpy())
+"""
+
+
+def _logged_reads(script, cwd) -> dict:
+    """ReadVariableOps per device as TensorFlow's placement log gives them, the program run by python."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"import tensorflow as tf; tf.debugging.set_log_device_placement(True); exec(open({str(script)!r}).read())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found: dict = {}
+    for device in re.findall(r"Executing op ReadVariableOp in device \S+device:(\S+)", proc.stderr):
+        found[f"/{device}"] = found.get(f"/{device}", 0) + 1
+    return found
+
+
+def test_every_read_is_counted_however_the_variable_reaches_the_op(tmp_path):
+    script = write(tmp_path, "reads.py", READS)
+    trace([str(script)], cwd=tmp_path, out=tmp_path / "out")
+    by_device = placement(tmp_path / "out")["eager"]["op_types_by_device"]
+    ours = {d: types["ReadVariableOp"] for d, types in by_device.items() if "ReadVariableOp" in types}
+    assert ours == _logged_reads(script, tmp_path)

@@ -16,6 +16,7 @@ from typing import Any
 from pinpoint.tfcompat.targets import TARGETS
 
 LOCAL_DEVICES = "CollectiveAllReduceExtended._initialize_local_devices"
+FAST_PATH = "pywrap_tfe.TFE_Py_FastPathExecute"
 
 
 class Patches(contextlib.ExitStack):
@@ -49,10 +50,15 @@ class Patches(contextlib.ExitStack):
         owner, name = TARGETS[key].owner()
         return getattr(owner, name)
 
-    def op_callback(self, callback) -> OpCallback:
+    def op_callback(self, callback, reads=None) -> OpCallback:
         """TensorFlow's op callback `callback` on this thread until close, as a switch (see
-        `OpCallback`); close removes it for good."""
-        switch = OpCallback(callback)
+        `OpCallback`); close removes it for good. With `reads`, also called (with the variables)
+        for the reads of variables passed straight to an op on this thread, which the C fast path
+        makes without calling the op callback (`tf.math.argmax(v)`, `v == v`)."""
+        fast = None
+        if reads is not None:
+            fast = self.switch(FAST_PATH, _reading(self.current(FAST_PATH), reads, threading.get_ident()))
+        switch = OpCallback(callback, fast)
         self.callback(switch.close)
         return switch
 
@@ -67,9 +73,13 @@ class OpCallback:
     `execute_with_callbacks` and back to `quick_execute`. Either may be called from any thread:
     a new tf.function's first call on another thread re-arms the program's thread this way."""
 
-    def __init__(self, callback) -> None:
+    def __init__(self, callback, fast=None) -> None:
         from tensorflow.python.framework import op_callbacks
 
+        # The fast path's read counting (Patches.op_callback), switched with the callback: off, no
+        # eager op pays for it.
+        self._fast_on, self._fast_off = fast or (_nothing, _nothing)
+        self._fast_on()
         op_callbacks.add_op_callback(callback)
         # The adding thread's list object itself: another thread appends to it to re-arm.
         self._list = _context()._thread_local_data.op_callbacks
@@ -87,6 +97,7 @@ class OpCallback:
                 self._list.remove(self._callback)
                 if not self._list:
                     _execute().execute = _execute().quick_execute
+                self._fast_off()
 
     def on(self) -> None:
         with self._lock:
@@ -94,6 +105,7 @@ class OpCallback:
                 self.armed = True
                 # The slow path first: an op that sees the list non-empty must find the callbacks.
                 _execute().execute = _execute().execute_with_callbacks
+                self._fast_on()
                 self._list.append(self._callback)
 
     def close(self) -> None:
@@ -110,6 +122,38 @@ class OpCallback:
                 self._list.append(self._callback)
             self.armed = False
         op_callbacks.remove_op_callback(self._callback)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _reading(fast_path, reads, thread: int):
+    """`fast_path` (pywrap_tfe.TFE_Py_FastPathExecute: ctx, op type, name, then the op's inputs and
+    attributes) that calls `reads` with the resource variables among the inputs once the op ran
+    on `thread`. The fast path reads each such input on the variable's device and runs the op
+    callback for the op alone. When it cannot run the op it raises before reading, and the slow
+    path it falls back to converts the variables itself, through ops the callback sees."""
+    from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
+
+    def fast_path_reading(*args):
+        if get_ident() != thread:
+            return fast_path(*args)
+        found = None
+        for a in args[3:]:
+            if isinstance(a, BaseResourceVariable):
+                found = [*(found or ()), a]
+            elif type(a) is list or type(a) is tuple:  # a list input (tf.concat's values)
+                for x in a:
+                    if isinstance(x, BaseResourceVariable):
+                        found = [*(found or ()), x]
+        out = fast_path(*args)
+        if found:
+            reads(found)
+        return out
+
+    get_ident = threading.get_ident
+    return fast_path_reading
 
 
 def _execute():

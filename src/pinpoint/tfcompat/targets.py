@@ -197,6 +197,13 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
     Target("op_callbacks.remove_op_callback", "tensorflow.python.framework.op_callbacks", "(op_callback)",
            path="remove_op_callback", used_for="see every eager op of a traced program"),
     Target("AtomicFunction._bound_context", _AF, member=True, used_for="skip calls made while tracing"),
+    Target("pywrap_tfe.TFE_Py_FastPathExecute", "tensorflow.python.pywrap_tfe", patched=True,
+           path="TFE_Py_FastPathExecute",
+           used_for="count the reads of variables passed straight to an op (the C fast path makes them "
+                    "without the op callback)"),
+    Target("BaseResourceVariable", "tensorflow.python.ops.resource_variable_ops",
+           used_for="count the reads of variables passed straight to an op (the C fast path makes them "
+                    "without the op callback)"),
     Target("Context._thread_local_data", _CTX, member=True,
            used_for="switch the eager op callback off and on again (a thread's callback list)"),
     Target("execute.execute", _EXE, path="execute",

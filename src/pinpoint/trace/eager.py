@@ -93,8 +93,25 @@ class EagerOps:
             self.sampler.nothing_new()
         return None
 
-    def _count(self, op_type: str, attrs, device: str) -> bool:
-        """Count the op on its device, and a request it did not meet; True if either is new."""
+    def on_fast_reads(self, variables) -> None:
+        """The reads of `variables` the C fast path made for an op they were passed to straight
+        (`tf.math.argmax(v)`, `v == v`): no op callback sees them. Each is a ReadVariableOp on the
+        variable's device, where TensorFlow runs it whatever the scope requests."""
+        if not self.active or getattr(self._quiet, "on", False):
+            return
+        new = False
+        for v in variables:
+            device = getattr(v, "device", "")
+            if device:
+                self.record.total += 1
+                new = self._count("ReadVariableOp", ("dtype", v.dtype.as_datatype_enum), device,
+                                  requested=False) or new
+        if new:
+            self.sampler.new()
+
+    def _count(self, op_type: str, attrs, device: str, requested: bool = True) -> bool:
+        """Count the op on its device, and a request it did not meet (unless not `requested`: an
+        op TensorFlow places by its input); True if either is new."""
         e, new = self.record, False
         e.ops[device] += 1
         kinds = e.op_types[device]
@@ -103,7 +120,7 @@ class EagerOps:
                 e.attrs[(device, op_type)] = attrs  # for the kernel lookup (predicted fallbacks)
                 new = True
             kinds[op_type] += 1
-        requested = current_device()
+        requested = current_device() if requested else ""
         if requested and requested != self.default_device and _short(requested) != _short(device):
             k = (op_type, requested, device)
             new = new or k not in e.moved

@@ -81,7 +81,7 @@ class Recorder:
             return sessions.run(run, sess, fetches, feed_dict)
 
         self._patches.replace("BaseSession.run", recorded_run)
-        self.sampler.watch(self._patches.op_callback(self.eager_ops.on_op))
+        self.sampler.watch(self._patches.op_callback(self.eager_ops.on_op, reads=self.eager_ops.on_fast_reads))
         self._set_active(True)
         return self
 
