@@ -73,3 +73,19 @@ def test_the_servers_death_ends_its_runs_as_killed_and_names_its_log(tmp_path):
     assert p.wait(timeout=60) == -signal.SIGKILL
     assert "the server that forked this run ended with exit status -9" in (tmp_path / "run.log").read_text()
     os.kill(p.pid, signal.SIGKILL)  # the orphan the server left
+
+
+def test_beyond_the_kept_servers_the_least_recently_used_idle_one_is_stopped(monkeypatch, tmp_path):
+    monkeypatch.setattr(zygote.Zygote, "_servers", {})  # this test's servers only
+    script = _script(tmp_path, "pass\n")
+
+    def server(name: str):
+        env = {**os.environ, "ZYGOTE_ENV": name}
+        z = zygote.Zygote.get(sys.executable, env, ())
+        assert z.spawn([sys.executable, str(script)], tmp_path, env, tmp_path / "run.log").wait(timeout=60) == 0
+        return z
+
+    servers = [server(str(i)) for i in range(zygote.Zygote.KEPT)]
+    server("0")  # used again: the most recent
+    server("new")
+    assert [s._proc.wait(timeout=60) if i == 1 else s._proc.poll() for i, s in enumerate(servers)] == [None, 0, None]

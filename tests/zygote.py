@@ -82,17 +82,26 @@ class Process:
 class Zygote:
     """A server process with TensorFlow imported, for one Python and one environment."""
 
-    _servers: dict[tuple, Zygote] = {}
+    _servers: dict[tuple, Zygote] = {}  # the most recently used last
     _lock = threading.Lock()
+    # Servers kept at once: each holds an imported TensorFlow (some 400 MB). A test that gives its
+    # runs an environment of its own (an MLflow server's address) starts one.
+    KEPT = 3
 
     @classmethod
     def get(cls, python: str, env: dict, preload: tuple[str, ...]) -> Zygote:
-        """The server of `python` and `env` with the modules `preload` imported (one is started)."""
+        """The server of `python` and `env` with the modules `preload` imported (one is started;
+        beyond KEPT, the least recently used idle one is stopped)."""
         key = (python, preload, tuple(sorted((k, v) for k, v in env.items() if k not in _NOT_KEYED)))
         with cls._lock:
-            z = cls._servers.get(key)
+            z = cls._servers.pop(key, None)
             if z is None or not z.alive:
-                z = cls._servers[key] = cls(python, env, preload)
+                z = cls(python, env, preload)
+            cls._servers[key] = z
+            z._reserved += 1  # until the caller's spawn: not idle
+            idle = [k for k, s in cls._servers.items() if not (s._reserved or s._asked or s._running)]
+            for k in idle[:max(0, len(cls._servers) - cls.KEPT)]:
+                cls._servers.pop(k)._stop()
             return z
 
     def __init__(self, python: str, env: dict, preload: tuple[str, ...]):
@@ -109,6 +118,7 @@ class Zygote:
         self._asked: dict[int, Process] = {}  # request id -> its process, until its pid is known
         self._running: dict[int, Process] = {}  # pid -> process, until it ends
         self.alive = True
+        self._reserved = 0  # callers of `get` yet to spawn (Zygote._lock)
         threading.Thread(target=self._read, daemon=True).start()
         atexit.register(self._stop)
 
@@ -119,6 +129,8 @@ class Zygote:
         with self._lock:
             self._next += 1
             self._asked[self._next] = p
+            with Zygote._lock:
+                self._reserved = max(0, self._reserved - 1)
             line = json.dumps({"id": self._next, "argv": list(argv), "cwd": str(cwd), "env": env,
                                "log": str(log), "mode": mode, "stdout": stdout and str(stdout)})
             try:
