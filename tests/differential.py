@@ -541,13 +541,11 @@ def _start(cmd: list[str], work: Path, env: dict, log: Path, mode: str):
     from tests import zygote
 
     if env.get("ORACLE_DEFAULT_DEVICE") == "1" and zygote.enabled():
-        from tests.zygote import Zygote
-
         if cmd[1:2] == [str(ORACLE)]:
-            return Zygote.get(cmd[0], env, zygote.TENSORFLOW).spawn(cmd, work, env, log, mode)
+            return zygote.Zygote.get(cmd[0], env, zygote.TENSORFLOW).spawn(cmd, work, env, log, mode)
         if Path(cmd[0]).name == "pinpoint":  # its console script, run as `python SCRIPT ARGS...`
-            return Zygote.get(sys.executable, env, zygote.PINPOINT).spawn([sys.executable, *cmd], work, env,
-                                                                             log, mode)
+            return zygote.Zygote.get(sys.executable, env, zygote.PINPOINT).spawn([sys.executable, *cmd], work,
+                                                                                    env, log, mode)
     with open(log, mode) as f:
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, cwd=work, env=env)
 
