@@ -20,6 +20,7 @@ tests/conftest.py charges to the running test, as it does a waited-for subproces
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -170,8 +171,9 @@ class Zygote:
             self._proc.stdin.close()
         except OSError:
             pass
-        if self.alive:
-            os.unlink(self._log)
+        if self.alive:  # a server that died keeps its log: its runs' logs name it
+            with contextlib.suppress(FileNotFoundError):  # stopped once already (Zygote.get, then atexit)
+                os.unlink(self._log)
 
 
 def run(argv: list[str], *, cwd, env: dict, timeout: float, preload: tuple[str, ...]) -> subprocess.CompletedProcess:
