@@ -25,6 +25,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.oracle import RECEIVES, SENDS
+
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "programs"
 ORACLE = REPO / "tests" / "oracle.py"
@@ -70,8 +72,7 @@ REMOTE_TRAINING = {"parameter_server"}
 # (a multi-device iterator's per-device shard), and the RemoteCall a distributed iterator makes
 # on a replica's device to run the host's pipeline.
 INPUT_OPS = re.compile(r"^(?:RemoteCall|\w*IteratorGetNext\w*)$")
-BOOKKEEPING = {"_Send", "_HostSend", "_Recv", "_HostRecv", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval"}
-SENDS = {"_Send", "_HostSend"}
+BOOKKEEPING = SENDS | RECEIVES | {"_Arg", "_Retval", "_DeviceArg", "_DeviceRetval"}
 # Dtype enums that have no byte size (string, resource, variant): not sizable on either side.
 _UNSIZED = {7, 20, 21}
 _MKL = re.compile(r"^_Mkl(?:Native)?(?=[A-Z])")
@@ -242,7 +243,7 @@ def _oracle_size(send: dict, tensor: str, nodes: dict, args: dict, shapes: dict,
         # A lowered cond's Switch forwards its data input to the branch taken (an input of a
         # branch inlined as 'Func/<cond>/then/input/...': a LossScaleOptimizer's step counter).
         return _oracle_size(send, src["inputs"][0], nodes, args, shapes, depth + 1)
-    if src is not None and src["op"] in ("_Recv", "_HostRecv"):
+    if src is not None and src["op"] in RECEIVES:
         # A tensor received from another partition: what its sender sent.
         sender = nodes["__senders__"].get(src.get("tensor_name"))
         if sender is not None:

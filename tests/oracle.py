@@ -57,6 +57,9 @@ import threading
 from collections import Counter, defaultdict
 
 HOST = "/CPU:0"
+# The ops of a transfer between two partitions (tests/differential.py reads them too).
+SENDS = frozenset({"_Send", "_HostSend"})
+RECEIVES = frozenset({"_Recv", "_HostRecv"})
 # Off for a program that connects to a cluster (a parameter-server coordinator): an eager device
 # scope names its job, and TensorFlow rejects the old job's device once the context reconnects.
 DEFAULT_DEVICE = os.environ.get("ORACLE_DEFAULT_DEVICE", "1") == "1"
@@ -237,7 +240,7 @@ def _nodes(graph, ctx) -> list[dict]:
         row = {"name": n.name, "op": n.op, "device": short(n.device), "inputs": list(n.input)}
         if "_XlaMustCompile" in n.attr and n.attr["_XlaMustCompile"].b and "f" in n.attr:
             row["xla_ops"] = [nd.name for nd in ctx.get_function_def(n.attr["f"].func.name).node_def]
-        if n.op in ("_Send", "_HostSend", "_Recv", "_HostRecv"):
+        if n.op in SENDS or n.op in RECEIVES:
             row["send_device"] = short(n.attr["send_device"].s.decode())
             row["recv_device"] = short(n.attr["recv_device"].s.decode())
             row["tensor_name"] = n.attr["tensor_name"].s.decode()
@@ -392,10 +395,8 @@ def both(program: str, out: str, shapes_out: str) -> None:
     shapes(program, shapes_out, sent)
 
 
-SENDS = {"_Send", "_HostSend"}
 # What hands a tensor on unchanged: a transfer's size is its input's (tests/differential.py).
 _PASS_ON = {"Identity", "Switch", "RefSwitch", "Merge"}
-_RECEIVES = {"_Recv", "_HostRecv"}
 
 
 def sent_tensors(result: dict) -> set[str]:
@@ -419,7 +420,7 @@ def sent_tensors(result: dict) -> set[str]:
                     continue
                 if src["op"] in _PASS_ON:
                     todo += [i for i in src["inputs"] if not i.startswith("^")]
-                elif src["op"] in _RECEIVES and src.get("tensor_name") in senders:
+                elif src["op"] in RECEIVES and src.get("tensor_name") in senders:
                     todo += senders[src["tensor_name"]]["inputs"][:1]
     return found
 
@@ -462,8 +463,6 @@ def shapes(program: str, out: str, sent: set[str] | None = None) -> None:
     """The shape every op inside a tf.function produced at run time, into `out`; with `sent`
     (sent_tensors: `both`), only the ops those names end like, and one op of each cond branch that
     ran (which branches ran is what sizes a branch's inputs)."""
-    import contextlib
-
     import tensorflow as tf
 
     _configure(tf, jit=False)
@@ -499,8 +498,8 @@ def _instrumenting_only(sent: set[str]):
     runtime names an inlined callee's op: tests/differential.py looks a transfer's source up by
     each such ending), and the first op of each cond branch function with an output SHAPE mode
     records; and it records no op's Python stack. A tensor's shape is the same whether the ops
-    beside it are instrumented or not; instrumenting every op costs most of the run (MobileNetV2:
-    45 CPU s of 57)."""
+    beside it are instrumented or not, and instrumenting every op costs most of the run (two debug
+    ops a tensor, built with their stacks, then run at every step)."""
     from tensorflow.core.protobuf import debug_event_pb2
     from tensorflow.python.debug.lib import dumping_callback as dc
 

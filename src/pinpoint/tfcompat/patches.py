@@ -139,14 +139,12 @@ def _reading(fast_path, reads, thread: int):
     def fast_path_reading(*args):
         if get_ident() != thread:
             return fast_path(*args)
-        found = None
+        found = []
         for a in args[3:]:
             if isinstance(a, BaseResourceVariable):
-                found = [*(found or ()), a]
+                found.append(a)
             elif type(a) is list or type(a) is tuple:  # a list input (tf.concat's values)
-                for x in a:
-                    if isinstance(x, BaseResourceVariable):
-                        found = [*(found or ()), x]
+                found += [x for x in a if isinstance(x, BaseResourceVariable)]
         out = fast_path(*args)
         if found:
             reads(found)
