@@ -1,6 +1,6 @@
 """One TensorFlow import for many oracle runs: a server process imports TensorFlow and Keras once,
 then forks a child for each run it is asked for. A child is the process `python SCRIPT ARGS...`
-would be, minus the import (about 4.5 CPU s of a run's 6 on the 2-core machine), so the oracle's
+would be, minus the import (most of a short program's run), so the oracle's
 runs of the corpus and the differential programs (tests/differential.py) pay TensorFlow's start-up
 once per session instead of once per program.
 
