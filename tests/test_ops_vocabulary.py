@@ -53,17 +53,22 @@ def test_the_narrower_sets_sit_inside_the_wider_ones():
     assert ops.CONTROL_FLOW == ops.LOOP_FRAME | ops.MERGES | ops.SWITCHES
 
 
-# Each op: (matched by UPDATE_RE, by DENSE_UPDATE_RE). The replay models copy-on-write for dense
-# updates only (ops.py says why): a sparse apply or a scatter is an update, never a dense one.
-UPDATES = {"AssignVariableOp": (True, True), "AssignAddVariableOp": (True, True), "ResourceApplyAdam": (True, True),
-           "ResourceSparseApplyAdagrad": (True, False), "ResourceScatterAdd": (True, False),
-           "ReadVariableOp": (False, False), "VarHandleOp": (False, False)}
+# Each op: (matched by UPDATE_RE, DENSE_UPDATE_RE, SPARSE_UPDATE_RE, SPARSE_ACCESS_RE). An update is
+# dense or sparse; a gather is no update but, like a sparse one, puts its variable in copy-on-read
+# mode (training_op_helpers.h's EnsureSparseVariableAccess); a plain read does not.
+UPDATES = {"AssignVariableOp": (True, True, False, False), "AssignAddVariableOp": (True, True, False, False),
+           "ResourceApplyAdam": (True, True, False, False),
+           "ResourceSparseApplyAdagrad": (True, False, True, True), "ResourceScatterAdd": (True, False, True, True),
+           "ResourceScatterNdUpdate": (True, False, True, True),
+           "ResourceGather": (False, False, False, True), "ResourceGatherNd": (False, False, False, True),
+           "ReadVariableOp": (False, False, False, False), "VarHandleOp": (False, False, False, False)}
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("op", sorted(UPDATES))
-def test_an_update_is_dense_or_sparse(op):
-    assert (bool(ops.UPDATE_RE.match(op)), bool(ops.DENSE_UPDATE_RE.match(op))) == UPDATES[op]
+def test_an_update_is_dense_or_sparse_and_a_sparse_access_is_named(op):
+    patterns = (ops.UPDATE_RE, ops.DENSE_UPDATE_RE, ops.SPARSE_UPDATE_RE, ops.SPARSE_ACCESS_RE)
+    assert tuple(bool(p.match(op)) for p in patterns) == UPDATES[op]
 
 
 # Each op: (COLLECTIVE_RE: time and memory; COLLECTIVE_TRAFFIC_RE: bytes, once per exchange;

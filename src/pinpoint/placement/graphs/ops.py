@@ -84,10 +84,17 @@ INPUT_RE = re.compile(r"(IteratorGetNext\w*|MultiDeviceIterator\w*|OptionalGetVa
 # Every op that writes into a resource variable: dense and sparse optimizer applies, scatters and
 # assignments.
 UPDATE_RE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|ResourceSparseApply\w+|ResourceScatter\w+)$")
-# The dense updates. The memory replay models copy-on-write for these only: it sizes the copy from the
-# update's other inputs (the slots and the gradient, each the variable's size); a sparse update's
-# other inputs are rows, so its copy is not modelled (docs/memory.md, Limits).
+# The dense updates: each writes a copy of its variable when a read still holds the buffer, or
+# always once the variable is in copy-on-read mode (training_op_helpers.h, PrepareToUpdateVariable).
 DENSE_UPDATE_RE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+)$")
+# The sparse updates: scatters and sparse optimizer applies, written in place once the variable is in
+# copy-on-read mode.
+SPARSE_UPDATE_RE = re.compile(r"^(ResourceSparseApply\w+|ResourceScatter\w+)$")
+# The ops that put a variable in copy-on-read mode (EnsureSparseVariableAccess): the sparse updates and
+# the gathers. The first one copies the variable if a read still holds it; from then on every
+# ReadVariableOp of it copies the whole variable (resource_variable_ops.cc, CopyVariable), which is
+# what an embedding table read by `tf.gather` and updated by a scatter costs.
+SPARSE_ACCESS_RE = re.compile(r"^(ResourceGather(Nd)?|ResourceSparseApply\w+|ResourceScatter\w+)$")
 
 # ---- control flow and ops that pass an input on ----------------------------------------------
 

@@ -14,7 +14,16 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from pinpoint.placement.graphs.ops import DENSE_UPDATE_RE, LIST_MAKERS, MKL_PREFIX, RECVS, REDUCING_COLLECTIVE_RE, SENDS
+from pinpoint.placement.graphs.ops import (
+    DENSE_UPDATE_RE,
+    LIST_MAKERS,
+    MKL_PREFIX,
+    RECVS,
+    REDUCING_COLLECTIVE_RE,
+    SENDS,
+    SPARSE_ACCESS_RE,
+    UPDATE_RE,
+)
 from pinpoint.placement.memory.nodes import Node, bytes_of, other_task
 from pinpoint.placement.memory.replay import Replay, compare
 
@@ -87,9 +96,10 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     batch = batch_of(nodes, shapes, sizes)
     replay = Replay(nodes, order, sizes, used, replicas, first_call, batch,
                     scaled_outputs(nodes, shapes, sizes, batch, asked_shape),
-                    # (an update's copy-on-write copy is the update rule's, not a scratch)
-                    {n.name: temps[n.name] for n in nodes if temps.get(n.name)
-                     and not DENSE_UPDATE_RE.match(MKL_PREFIX.sub("", n.op)) and n.op not in LIST_MAKERS}, released, temp_after,
+                    # (an update's or a gather's copy of its variable is the update rules', not a scratch)
+                    {n.name: temps[n.name] for n in nodes if temps.get(n.name) and n.op not in LIST_MAKERS
+                     and not (UPDATE_RE.match(op := MKL_PREFIX.sub("", n.op)) or SPARSE_ACCESS_RE.match(op))},
+                    released, temp_after,
                     outputs_after=outputs_after, constants=_constants_made(nodes, events),
                     copied=_copied(nodes, events, once) if shared else frozenset())
     lags = input_lags(replay, {op: sorted(t - begin for t in times) for op, times in freed.items()})

@@ -1,7 +1,8 @@
 """One call replayed (`Simulation`): each tensor's buffer, each buffer's pending readers, each
 device's live bytes. Each method is one of TensorFlow's buffer rules, named in docs/memory.md's rule
 table: `outputs` (which op makes a buffer), `receive`, `fetch`, `compute` (written in place),
-`update` (copy-on-write), `carry`, `free_if_done`, `let_go_of` and `rpc_holds` (the RPC layer)."""
+`update` (copy-on-write), `sparse_access` and `read_copy` (copy-on-read mode), `carry`,
+`free_if_done`, `let_go_of` and `rpc_holds` (the RPC layer)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from pinpoint.placement.graphs.ops import (
     REDUCING_COLLECTIVE_RE,
     REPLAY_HANDLE_PASS,
     SENDS,
+    SPARSE_ACCESS_RE,
+    SPARSE_UPDATE_RE,
 )
 from pinpoint.placement.memory.nodes import Node, data_inputs, this_host
 
@@ -33,6 +36,7 @@ class Slot(enum.IntEnum):
     CHUNK = -1  # a collective's chunk of its input, while it runs
     COPY = -2  # the copy a copy-on-write update wrote: the variable's buffer from then on
     SCRATCH = -3  # a kernel's scratch, while it runs
+    SWAP = -4  # a copy-on-read variable's new buffer while its update runs (the old one is freed then)
 
 
 # A buffer's readers when it is held until the call ends (a constant, a variable's copy).
@@ -86,6 +90,28 @@ class Simulation:
     outputs_after: frozenset = frozenset()  # the kernels whose outputs are made after their start
     freed: dict | None = None  # kernel -> the makers of the buffers its reads' end freed (recorded)
     gone: set = field(default_factory=set)  # such nodes the RPC layer let go of before they were held
+    copy_on_read: set = field(default_factory=set)  # the variables in copy-on-read mode (`sparse_access`)
+
+    def __post_init__(self) -> None:
+        if not self.first_call:  # a previous call's gather or sparse update left them in that mode
+            self.copy_on_read |= self.sparse_accessed
+
+    @cached_property
+    def sparse_accessed(self) -> frozenset:
+        """The variables a gather or a sparse update of this call's graph reads (SPARSE_ACCESS_RE)."""
+        return frozenset(self.variable(data_inputs(n)[0]) for n in self.nodes.values()
+                         if SPARSE_ACCESS_RE.match(MKL_PREFIX.sub("", n.op)) and data_inputs(n))
+
+    @cached_property
+    def variable_bytes(self) -> dict:
+        """Variable -> its size, as its reads' outputs are sized (0 when no read is)."""
+        out: dict = defaultdict(int)
+        for n in self.nodes.values():
+            if n.op == "ReadVariableOp" and data_inputs(n):
+                sizes = self.size_of(n.name)
+                var = self.variable(data_inputs(n)[0])
+                out[var] = max(out[var], sizes[0] if sizes else 0)
+        return out
 
     def new(self, key, device: str, size: int, refs: int) -> Buffer:
         buf = self.buffers[key] = Buffer(device, size, refs, maker=key[0])
@@ -154,10 +180,17 @@ class Simulation:
             self.fetch(n, device)
         if op == "TensorListGetItem":  # the list's own element (list_kernels.h: set_output of it), no buffer
             return
+        if op == "ReadVariableOp" and inputs and self.variable(inputs[0]) in self.copy_on_read:
+            self.read_copy(n, op, inputs, device)
+            return
         if op == "ReadVariableOp" and inputs:  # the variable's own buffer: counted before the call
             view = self.buffers[(n.name, 0)] = Buffer(device, 0, reads[(n.name, 0)], shared=True)
             self.views[self.variable(inputs[0])].append(view)
             return
+        if SPARSE_ACCESS_RE.match(op) and inputs:
+            self.sparse_access(n, inputs, device)
+            if SPARSE_UPDATE_RE.match(op):
+                return
         if DENSE_UPDATE_RE.match(op) and inputs:
             self.update(n, inputs, device)
             return
@@ -261,11 +294,24 @@ class Simulation:
         function's first call every variable's first update copies: its buffer is still shared with
         the value it was initialized from."""
         var = self.variable(inputs[0])
+        if var in self.copy_on_read:
+            # PrepareToUpdateVariable copies a copy-on-read variable whatever holds it; no read holds
+            # its old buffer (each read copied it), so that one is freed when the update ends.
+            self.updated.add(var)
+            if self.variable_bytes[var]:
+                self.new((n.name, Slot.SWAP), device, self.variable_bytes[var], 1)
+            return
+        self.copy_on_write(n, var, inputs, device)
+
+    def copy_on_write(self, n: Node, var: str, inputs, device: str, size: int = 0) -> None:
+        """The copy an update writes when a read still holds its variable's buffer (or, at a first
+        call, the value it was initialized from); `size`: the variable's, else the update's largest
+        other input."""
         first = (self.first_call and var not in self.updated) or n.name in self.copied
         self.updated.add(var)
         if not first and not any(v.refs > 0 for v in self.views.get(var, ())):
             return
-        size = max((b.bytes for b in (self.get(t, device) for t in inputs[1:]) if b is not None), default=0)
+        size = size or max((b.bytes for b in (self.get(t, device) for t in inputs[1:]) if b is not None), default=0)
         size = size or max((self.size_of(t[0])[t[1]] for t in inputs[1:]
                             if t[1] < len(self.size_of(t[0]))), default=0)
         if size:
@@ -278,8 +324,22 @@ class Simulation:
                     v.holds = old
                 self.free_if_done(old)
 
+    def sparse_access(self, n: Node, inputs, device: str) -> None:
+        """A gather or a sparse update puts its variable in copy-on-read mode
+        (EnsureSparseVariableAccess): the first one copies the whole variable if a read still holds it."""
+        var = self.variable(inputs[0])
+        if var in self.copy_on_read:
+            return
+        self.copy_on_write(n, var, inputs, device, self.variable_bytes[var])
+        self.copy_on_read.add(var)
+
+    def read_copy(self, n: Node, op: str, inputs, device: str) -> None:
+        """A read of a variable in copy-on-read mode copies the whole variable (CopyVariable)."""
+        self.compute(n, op, inputs, device)
+
     def carry(self, previous: Simulation) -> None:
         """A loop's next iteration: the copies the previous one made are the variables' buffers now."""
+        self.copy_on_read |= previous.copy_on_read
         for var, buf in previous.copies_made.items():
             if buf.bytes:
                 self.carried[var] = self.new((f"carried:{var}", 0), buf.device, buf.bytes, HELD_ALL_CALL)
@@ -316,7 +376,7 @@ class Simulation:
             if buf is not None:
                 buf.refs -= 1
                 self.free_if_done(buf)
-        for scratch in (Slot.CHUNK, Slot.SCRATCH):
+        for scratch in (Slot.CHUNK, Slot.SCRATCH, Slot.SWAP):
             chunk = self.buffers.pop((n.name, scratch), None)
             if chunk is not None:
                 chunk.refs = 0
