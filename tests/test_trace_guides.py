@@ -188,3 +188,158 @@ def test_the_variables_guide_ends_as_under_python_and_counts_every_read_as_tenso
     eager = json.loads((tmp_path / "run" / "placement.json").read_text())["eager"]
     ours = {d: types["ReadVariableOp"] for d, types in eager["op_types_by_device"].items() if "ReadVariableOp" in types}
     assert ours == _oracle_reads(tmp_path / "variables.py", tmp_path)
+
+
+# site/en/tutorials/customization/basics.ipynb, its code cells in order: it asks whether a tensor is
+# on GPU #0 and asserts that tensors made under tf.device("GPU:0") are, by their device's name.
+EAGER_BASICS = '''
+import tempfile
+import time
+
+import numpy as np
+import tensorflow as tf
+
+print(tf.math.add(1, 2))
+print(tf.math.add([1, 2], [3, 4]))
+print(tf.math.square(5))
+print(tf.math.reduce_sum([1, 2, 3]))
+print(tf.math.square(2) + tf.math.square(3))
+x = tf.linalg.matmul([[1]], [[2, 3]])
+print(x)
+print(x.shape)
+print(x.dtype)
+ndarray = np.ones([3, 3])
+print("TensorFlow operations convert numpy arrays to Tensors automatically")
+tensor = tf.math.multiply(ndarray, 42)
+print(tensor)
+print("And NumPy operations convert Tensors to NumPy arrays automatically")
+print(np.add(tensor, 1))
+print("The .numpy() method explicitly converts a Tensor to a numpy array")
+print(tensor.numpy())
+x = tf.random.uniform([3, 3])
+print("Is there a GPU available: "),
+print(tf.config.list_physical_devices("GPU"))
+print("Is the Tensor on GPU #0:  "),
+print(x.device.endswith("GPU:0"))
+
+
+def time_matmul(x):
+    start = time.time()
+    for loop in range(10):
+        tf.linalg.matmul(x, x)
+    result = time.time() - start
+    print("10 loops: {:0.2f}ms".format(1000 * result))
+
+
+print("On CPU:")
+with tf.device("CPU:0"):
+    x = tf.random.uniform([1000, 1000])
+    assert x.device.endswith("CPU:0")
+    time_matmul(x)
+if tf.config.list_physical_devices("GPU"):
+    print("On GPU:")
+    with tf.device("GPU:0"):
+        x = tf.random.uniform([1000, 1000])
+        assert x.device.endswith("GPU:0")
+        time_matmul(x)
+ds_tensors = tf.data.Dataset.from_tensor_slices([1, 2, 3, 4, 5, 6])
+_, filename = tempfile.mkstemp()
+with open(filename, "w") as f:
+    f.write("Line 1\\nLine 2\\nLine 3\\n  ")
+ds_file = tf.data.TextLineDataset(filename)
+ds_tensors = ds_tensors.map(tf.math.square).shuffle(2).batch(2)
+ds_file = ds_file.batch(2)
+print("Elements of ds_tensors:")
+for x in ds_tensors:
+    print(x)
+print("\\nElements in ds_file:")
+for x in ds_file:
+    print(x)
+'''
+
+# What a machine with two GPUs prints from "Is there a GPU available" to the GPU's timing.
+EAGER_BASICS_ON_GPUS = [
+    "Is there a GPU available: ",
+    "[PhysicalDevice(name='/physical_device:GPU:0', device_type='GPU'), "
+    "PhysicalDevice(name='/physical_device:GPU:1', device_type='GPU')]",
+    "Is the Tensor on GPU #0:  ", "True", "On CPU:", "10 loops: ms", "On GPU:", "10 loops: ms"]
+
+
+def test_the_eager_basics_tutorial_finds_its_tensors_on_gpu_0_as_on_a_gpu_machine(tmp_path):
+    """Under `--gpus 2` the tutorial's tensors say `.../device:GPU:0`, so its question prints True
+    and its `assert x.device.endswith("GPU:0")` holds: exit 0, as on the GPU machine."""
+    import re
+
+    (tmp_path / "basics.py").write_text(EAGER_BASICS)
+    traced = _run([sys.executable, "-m", "pinpoint.cli", "trace", "--out", "run", "--no-tracking", "--gpus", "2",
+                   "basics.py"], tmp_path)
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    lines = [re.sub(r"[\d.]+ms$", "ms", line) for line in _printed(traced.stdout)]
+    start = lines.index("Is there a GPU available: ")
+    assert lines[start:start + len(EAGER_BASICS_ON_GPUS)] == EAGER_BASICS_ON_GPUS
+
+
+# site/en/guide/tf_numpy.ipynb, its device cells (with the guide's model, which they run): a
+# tensor's device and backing device, on the first GPU TensorFlow lists and copied to the host.
+NUMPY_DEVICES = '''
+import tensorflow as tf
+import tensorflow.experimental.numpy as tnp
+
+tnp.experimental_enable_numpy_behavior()
+
+
+class Model(object):
+    def __init__(self):
+        self.weights = None
+
+    def predict(self, inputs):
+        if not self.weights:
+            size = inputs.shape[1]
+            stddev = tnp.sqrt(size).astype(tnp.float32)
+            w1 = tnp.random.randn(size, 64).astype(tnp.float32) / stddev
+            bias = tnp.random.randn(64).astype(tnp.float32)
+            w2 = tnp.random.randn(64, 2).astype(tnp.float32) / 8
+            self.weights = (w1, bias, w2)
+        else:
+            w1, bias, w2 = self.weights
+        y = tnp.matmul(inputs, w1) + bias
+        y = tnp.maximum(y, 0)
+        return tnp.matmul(y, w2)
+
+
+model = Model()
+print(model.predict(tnp.ones([2, 32], dtype=tnp.float32)).shape)
+print("All logical devices:", tf.config.list_logical_devices())
+print("All physical devices:", tf.config.list_physical_devices())
+try:
+    device = tf.config.list_logical_devices(device_type="GPU")[0]
+except IndexError:
+    device = "/device:CPU:0"
+print("Using device: %s" % str(device))
+with tf.device(device):
+    prediction = model.predict(tnp.ones([2, 32], dtype=tnp.float32))
+print(prediction.device)
+print(prediction.backing_device)
+with tf.device("/device:CPU:0"):
+    prediction_cpu = tnp.copy(prediction)
+print(prediction.backing_device)
+print(prediction_cpu.backing_device)
+'''
+
+_LOCAL = "/job:localhost/replica:0/task:0/device:"
+NUMPY_DEVICES_ON_GPUS = [
+    "(2, 2)",
+    "All logical devices: [LogicalDevice(name='/device:CPU:0', device_type='CPU'), "
+    "LogicalDevice(name='/device:GPU:0', device_type='GPU'), LogicalDevice(name='/device:GPU:1', device_type='GPU')]",
+    "All physical devices: [PhysicalDevice(name='/physical_device:CPU:0', device_type='CPU'), "
+    "PhysicalDevice(name='/physical_device:GPU:0', device_type='GPU'), "
+    "PhysicalDevice(name='/physical_device:GPU:1', device_type='GPU')]",
+    "Using device: LogicalDevice(name='/device:GPU:0', device_type='GPU')",
+    _LOCAL + "GPU:0", _LOCAL + "GPU:0", _LOCAL + "GPU:0", _LOCAL + "CPU:0"]
+
+
+def test_the_numpy_guides_device_cells_print_what_a_gpu_machine_prints(tmp_path):
+    (tmp_path / "tf_numpy.py").write_text(NUMPY_DEVICES)
+    traced = _run([sys.executable, "-m", "pinpoint.cli", "trace", "--out", "run", "--no-tracking", "--gpus", "2",
+                   "tf_numpy.py"], tmp_path)
+    assert (traced.returncode, _printed(traced.stdout)) == (0, NUMPY_DEVICES_ON_GPUS), traced.stderr[-3000:]

@@ -26,7 +26,7 @@ from pinpoint.device_names import DeviceMap, local_name, normalize
 from pinpoint.errors import PlacementError
 from pinpoint.kernels import missing_gpu_kernel
 from pinpoint.placement import CALLS, EMULATED_ATTR, gradient_re, layer_re
-from pinpoint.tfcompat.api import set_op_attr
+from pinpoint.tfcompat.api import device_of, set_op_attr
 
 _GRAD_RE = gradient_re()
 
@@ -67,10 +67,11 @@ class GpuPlacement:
         emulated = {normalize(p) for p in self.dm.aliases.values()}
 
         def place(op) -> str:
-            if op.device:
-                if not self.soft_placement and local_name(op.device) in emulated:
+            device = device_of(op)
+            if device:
+                if not self.soft_placement and local_name(device) in emulated:
                     self._refuse(op)
-                return op.device
+                return device
             return self.unrequested(op) or ""
 
         return tf.compat.v1.device(place)
@@ -94,8 +95,8 @@ class GpuPlacement:
         reason = missing_gpu_kernel(op.type, op.node_def.attr)
         if reason is None:
             return
-        spec = self.dm.spec(local_name(op.device))
-        field = rule_for(op.name, op.device, self.plan, self.dm)
+        spec = self.dm.spec(local_name(device_of(op)))
+        field = rule_for(op.name, device_of(op), self.plan, self.dm)
         name = re.sub(r"^while(_\d+)?/", "", op.name)  # the trainer's step loop, not the user's scope
         self.refusal = PlacementError(
             f"{field}: op '{name}' is pinned to {spec} but a GPU machine has {reason} and "

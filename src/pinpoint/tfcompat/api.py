@@ -7,7 +7,38 @@ keeps it so). TensorFlow is imported inside the functions: importing this module
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+# ---- device names ----------------------------------------------------------------------------
+
+# Class -> its device getter as the runtime names devices, while `patches.show_device_names` shows
+# the program other names (empty otherwise).
+RUNTIME_DEVICE: dict[type, Callable[[Any], str]] = {}
+
+
+def device_of(x) -> str:
+    """`x.device` as the runtime names it (a tensor, an op, a resource variable through its handle),
+    whatever name the program is shown: under `--gpus` emulation a program reads /GPU:i where
+    Pinpoint reads the logical CPU that emulates it."""
+    if not RUNTIME_DEVICE:
+        return getattr(x, "device", "") or ""
+    get = _runtime_getter(type(x))
+    if get is None:
+        handle = getattr(x, "_handle", None)  # a resource variable's: what its `device` reads
+        if handle is not None and (get := _runtime_getter(type(handle))) is not None:
+            x = handle
+    return (get(x) if get is not None else getattr(x, "device", "")) or ""
+
+
+def _runtime_getter(cls: type):
+    get = RUNTIME_DEVICE.get(cls)
+    if get is None and RUNTIME_DEVICE:
+        get = next((RUNTIME_DEVICE[c] for c in cls.__mro__[1:] if c in RUNTIME_DEVICE), None)
+        if get is not None:
+            RUNTIME_DEVICE[cls] = get
+    return get
+
 
 # ---- the eager context -----------------------------------------------------------------------
 

@@ -178,6 +178,25 @@ def patch_local_devices(patches: Patches, indices: Sequence[int]) -> None:
     patches.replace(LOCAL_DEVICES, initialize_local_devices)
 
 
+# What a program reads back as a device's name.
+DEVICE_NAMES = ("EagerTensor.device", "EagerTensor.backing_device", "Operation.device", "PyTensor.device")
+
+
+def show_device_names(patches: Patches, shown: Callable[[str], str]) -> None:
+    """Every device name a program reads back (a tensor's, its memory's, an op's request, a
+    variable's through its handle) passes through `shown` until close. Pinpoint's own reads keep
+    the runtime's names (`api.device_of`)."""
+    from pinpoint.tfcompat import api
+
+    patches.callback(api.RUNTIME_DEVICE.clear)
+    for key in DEVICE_NAMES:
+        owner, name = TARGETS[key].owner()
+        get = owner.__dict__[name].__get__  # a property's or a C type's getter, unbound
+        patches.replace(key, property(lambda obj, get=get: shown(get(obj))))
+        if name == "device":
+            api.RUNTIME_DEVICE[owner] = get
+
+
 def originals() -> dict[str, Any]:
     """Every patched target's current __dict__ entry, by key (a test compares them by identity)."""
     out = {}

@@ -13,6 +13,7 @@ from typing import Any
 from pinpoint.device_names import DeviceMap, local_name, normalize, sort_key
 from pinpoint.errors import first_line
 from pinpoint.placement import BOOKKEEPING, Placement, PlacementInputs, TraceInputs, build, json_number, step_transfers
+from pinpoint.tfcompat.api import device_of
 
 # What Keras (3) and common custom loops call their training function.
 TRAIN_NAMES = re.compile(r"(^|_)(train_function|one_step_on_iterator|multi_step_on_iterator|one_step_on_data|"
@@ -101,10 +102,10 @@ def strategy_of(variables: list) -> str:
     from pinpoint.placement import unwrap, variable_kind
 
     kinds = Counter(variable_kind(unwrap(v)) for v in variables)
-    devices = [str(getattr(unwrap(v), "device", "") or "") for v in variables]
+    devices = [device_of(unwrap(v)) for v in variables]
     if kinds.get("mirrored") or kinds.get("sync_on_read"):
         comps = [c for v in variables for c in (getattr(unwrap(v), "values", None) or ())]
-        jobs = {normalize(getattr(c, "device", "")).split("/task")[0] for c in comps}
+        jobs = {normalize(device_of(c)).split("/task")[0] for c in comps}
         return "multi_worker_mirrored" if any("/job:worker" in j or "/job:chief" in j for j in jobs) else "mirrored"
     if kinds.get("central_storage"):
         return "central_storage"
@@ -120,7 +121,7 @@ def replica_devices(variables: list, dm: DeviceMap) -> tuple[str, ...]:
     for v in variables:
         vals = getattr(unwrap(v), "values", None)
         if isinstance(vals, (tuple, list)) and len(vals) > 1:
-            return tuple(normalize(c.device) for c in vals)
+            return tuple(normalize(device_of(c)) for c in vals)
     return dm.replica_devices
 
 

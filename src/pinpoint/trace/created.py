@@ -18,7 +18,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from pinpoint.tfcompat.api import keras_scope_path, requested_device
+from pinpoint.tfcompat.api import device_of, keras_scope_path, requested_device
 from pinpoint.tfcompat.patches import Patches
 
 VARIABLE_CALL = "Variable._variable_call"
@@ -109,7 +109,7 @@ def describe(var, requested: str, strategy: str | None) -> Created:
         ref=weakref.ref(var), name=f"{layer}/{short}" if layer else (var.name or "").removesuffix(":0"),
         kind=variable_kind(var), cls=classify(var)[0], strategy=strategy, shape=shape, dtype=var.dtype.name,
         bytes=int(size * int(np.prod(shape))) if shape is not None and None not in shape else None,
-        components=[str(getattr(c, "device", "") or "") for c in comps],
+        components=[device_of(c) for c in comps],
         handles=[_weak(getattr(c, "handle", None)) for c in comps],
         requested=requested, layer=layer or None, source=None if layer else _program_line(),
         by=OPTIMIZER_APPLY if _in_optimizer_apply() else None)

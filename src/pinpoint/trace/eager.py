@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pinpoint.placement import PREFETCHED, UPDATE_RE
-from pinpoint.tfcompat.api import current_device
+from pinpoint.tfcompat.api import current_device, device_of
 
 MAX_INPUT_ELEMENTS = 64  # the latest eager input tensors remembered (weakly) to recognise a step's arguments
 MAX_EAGER_KINDS = 5000  # distinct (op type, device) and copy keys kept: a bound on memory, not on counts
@@ -101,7 +101,7 @@ class EagerOps:
             return
         new = False
         for v in variables:
-            device = getattr(v, "device", "")
+            device = device_of(v)
             if device:
                 self.record.total += 1
                 new = self._count("ReadVariableOp", ("dtype", v.dtype.as_datatype_enum), device,
@@ -131,7 +131,7 @@ class EagerOps:
         """Count the inputs copied to `device`; True if a copy (or its op) is new."""
         e, new = self.record, False
         for t in inputs:
-            src = getattr(t, "device", "")
+            src = device_of(t)
             if not src or src == device or is_resource(t):
                 continue
             k = (src, device)
@@ -184,15 +184,15 @@ def ran_on(inputs, outputs) -> str:
     """Where an eager op ran: its outputs' device; an op without outputs that takes a resource
     runs on the resource's device (TensorFlow's eager rule); else its first input's."""
     for t in outputs or ():
-        dev = getattr(t, "device", "")
+        dev = device_of(t)
         if dev:
             return dev
     for t in inputs or ():
-        if is_resource(t) and getattr(t, "device", ""):
-            return t.device
+        if is_resource(t) and device_of(t):
+            return device_of(t)
     for t in inputs or ():
-        if getattr(t, "device", ""):
-            return t.device
+        if device_of(t):
+            return device_of(t)
     return ""
 
 

@@ -32,13 +32,14 @@ makes every spelling follow:
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 from pinpoint.device_names import DeviceMap, emulation_aliases, normalize, parse_name
 from pinpoint.errors import PlacementError
 from pinpoint.tfcompat.api import forget_parsed_devices, logical_device, physical_device, soft_placement
 from pinpoint.tfcompat.devices import MachineConfig, gpu_attributes, gpu_details
-from pinpoint.tfcompat.patches import Patches, patch_local_devices
+from pinpoint.tfcompat.patches import Patches, patch_local_devices, show_device_names
 
 GPU = "GPU"
 # Logical CPUs kept for a program that splits the host CPU itself (/CPU:1../CPU:OWN_CPUS; it may
@@ -108,6 +109,7 @@ class GpuNames:
         if not self.dm.emulated:
             return self
         self._install_names()
+        self._install_reads()
         self._install_listings()
         self._install_settings()
         self._install_strategies()
@@ -135,6 +137,19 @@ class GpuNames:
 
         self._patch("DeviceSpecV2._string_to_components", staticmethod(string_to_components))
         forget_parsed_devices()
+
+    def _install_reads(self) -> None:
+        """Device names read back: a tensor, a variable or an op on the logical CPU that emulates
+        /GPU:i says `.../device:GPU:i`, as on the GPU machine (Pinpoint reads the runtime's name,
+        `device_of`)."""
+        table = {f"CPU:{parse_name(cpu)[3]}": gpu.lstrip("/") for gpu, cpu in self.dm.aliases.items()}
+
+        @functools.lru_cache(maxsize=1024)
+        def shown(name: str) -> str:
+            head, sep, tail = name.rpartition("device:") if name else ("", "", "")
+            return head + sep + table[tail] if sep and tail in table else name
+
+        show_device_names(self._patches, shown)
 
     def _gpu_index(self, index: int | None) -> int:
         """The logical GPU a request for /GPU:index names. A missing index (the program asks for

@@ -14,7 +14,7 @@ import functools
 import weakref
 from dataclasses import dataclass, field
 
-from pinpoint.tfcompat.api import keras_deferred, requested_device
+from pinpoint.tfcompat.api import device_of, keras_deferred, requested_device
 from pinpoint.tfcompat.patches import Patches
 
 
@@ -190,4 +190,4 @@ def _device_of(var) -> str:
         return ""
     if isinstance(getattr(value, "values", None), (tuple, list)):
         return ""
-    return str(getattr(value, "device", "") or "")
+    return device_of(value)

@@ -6,7 +6,7 @@ machine first: this edits the user's graph, before the session sends it to the r
 from __future__ import annotations
 
 from pinpoint.placement import CapturedGraphs
-from pinpoint.tfcompat.api import set_op_device
+from pinpoint.tfcompat.api import device_of, set_op_device
 from pinpoint.tfcompat.graphs import output_shapes
 from pinpoint.trace.functions import FunctionRecord
 from pinpoint.trace.shapes import run_shapes
@@ -55,7 +55,7 @@ class SessionRuns:
             return
         self._placed_graphs.add(id(graph))
         for op in graph.get_operations():
-            if not op.device:
+            if not device_of(op):
                 device = self.graph_placement.unrequested(op)
                 if device:
                     set_op_device(op, device)

@@ -353,7 +353,7 @@ def _variable_rows(variables: list, namer: DeviceMap, cache: dict | None, optimi
     """(one row per variable, {id(component handle): row index}, {resource shared name: row index})."""
     import numpy as np
 
-    from pinpoint.tfcompat.api import resource_shared_name
+    from pinpoint.tfcompat.api import device_of, resource_shared_name
 
     optimizer_ids = {id(unwrap(v)) for v in optimizer_variables or []}
     internal_ids = internal_variable_ids()
@@ -368,8 +368,8 @@ def _variable_rows(variables: list, namer: DeviceMap, cache: dict | None, optimi
         nbytes = int(dsize * int(np.prod(shape))) if shape is not None and None not in shape else None
         comp_info = []
         for c in comps:
-            dev = namer.canonical_spec(getattr(c, "device", "") or "")
-            comp_info.append({"device": dev, "physical": normalize(getattr(c, "device", "") or "")})
+            dev = namer.canonical_spec(device_of(c))
+            comp_info.append({"device": dev, "physical": normalize(device_of(c))})
             handle = getattr(c, "handle", None)
             if handle is not None:
                 handle_to_var[id(handle)] = i
