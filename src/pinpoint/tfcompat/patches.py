@@ -17,6 +17,7 @@ from pinpoint.tfcompat.targets import TARGETS
 
 LOCAL_DEVICES = "CollectiveAllReduceExtended._initialize_local_devices"
 FAST_PATH = "pywrap_tfe.TFE_Py_FastPathExecute"
+SET_DEVICE = "Operation._set_device"
 
 
 class Patches(contextlib.ExitStack):
@@ -182,10 +183,11 @@ def patch_local_devices(patches: Patches, indices: Sequence[int]) -> None:
 DEVICE_NAMES = ("EagerTensor.device", "EagerTensor.backing_device", "Operation.device", "PyTensor.device")
 
 
-def show_device_names(patches: Patches, shown: Callable[[str], str]) -> None:
+def show_device_names(patches: Patches, shown: Callable[[str], str], runtime: Callable[[str], str]) -> None:
     """Every device name a program reads back (a tensor's, its memory's, an op's request, a
-    variable's through its handle) passes through `shown` until close. Pinpoint's own reads keep
-    the runtime's names (`api.device_of`)."""
+    variable's through its handle) passes through `shown` until close, and a name set on an op
+    unparsed (TensorFlow colocates a gradient with its op by setting the op's `device` on it)
+    through `runtime`, its inverse. Pinpoint's own reads keep the runtime's names (`api.device_of`)."""
     from pinpoint.tfcompat import api
 
     patches.callback(api.RUNTIME_DEVICE.clear)
@@ -195,6 +197,12 @@ def show_device_names(patches: Patches, shown: Callable[[str], str]) -> None:
         patches.replace(key, property(lambda obj, get=get: shown(get(obj))))
         if name == "device":
             api.RUNTIME_DEVICE[owner] = get
+    set_device = Patches.current(SET_DEVICE)
+
+    def set_runtime_device(op, device) -> None:
+        set_device(op, runtime(device) if isinstance(device, str) else device)
+
+    patches.replace(SET_DEVICE, set_runtime_device)
 
 
 def originals() -> dict[str, Any]:

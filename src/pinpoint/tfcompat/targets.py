@@ -231,7 +231,9 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
            used_for="merge the tf.device scopes as TensorFlow does for a new op"),
     Target("Operation._set_attr", _OPS, "(self, attr_name, attr_value)",
            used_for="mark ops placed on the emulated /GPU:0"),
-    Target("Operation._set_device", _OPS, "(self, device)", used_for="place a tf.compat.v1 graph as a GPU machine does"),
+    Target("Operation._set_device", _OPS, "(self, device)", patched=True,
+           used_for="place a tf.compat.v1 graph as a GPU machine does; a device name shown as /GPU:i set back "
+                    "as the logical CPU that emulates it (a gradient colocated with its op)"),
     Target("_pywrap_kernel_registry.TryFindKernelClass", "tensorflow.python.util._pywrap_kernel_registry",
            path="TryFindKernelClass", used_for="which ops have a GPU kernel (predicted fallbacks)"),
     Target("op_def_registry.get", "tensorflow.python.framework.op_def_registry", "(name)", path="get",

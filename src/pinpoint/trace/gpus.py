@@ -142,14 +142,18 @@ class GpuNames:
         """Device names read back: a tensor, a variable or an op on the logical CPU that emulates
         /GPU:i says `.../device:GPU:i`, as on the GPU machine (Pinpoint reads the runtime's name,
         `device_of`)."""
-        table = {f"CPU:{parse_name(cpu)[3]}": gpu.lstrip("/") for gpu, cpu in self.dm.aliases.items()}
+        gpus = {f"CPU:{parse_name(cpu)[3]}": gpu.lstrip("/") for gpu, cpu in self.dm.aliases.items()}
+        cpus = {gpu: cpu for cpu, gpu in gpus.items()}
 
-        @functools.lru_cache(maxsize=1024)
-        def shown(name: str) -> str:
-            head, sep, tail = name.rpartition("device:") if name else ("", "", "")
-            return head + sep + table[tail] if sep and tail in table else name
+        def renaming(table):
+            @functools.lru_cache(maxsize=1024)
+            def rename(name: str) -> str:
+                head, sep, tail = name.rpartition("device:") if name else ("", "", "")
+                return head + sep + table[tail] if sep and tail in table else name
 
-        show_device_names(self._patches, shown)
+            return rename
+
+        show_device_names(self._patches, renaming(gpus), renaming(cpus))
 
     def _gpu_index(self, index: int | None) -> int:
         """The logical GPU a request for /GPU:index names. A missing index (the program asks for
