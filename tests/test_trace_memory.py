@@ -217,11 +217,34 @@ def test_an_embedding_updated_by_a_scatter_is_predicted_with_the_table_each_read
     """Issue 65.2's program where the sparse updates matter: Keras 3's SGD updates an Embedding by
     `scatter_sub` (its gradient is an IndexedSlices), which puts the table in copy-on-read mode, and
     from then on each step's ReadVariableOp of it copies the whole table (5.12 MB here, most of the
-    step's peak). Each replica's predicted peak is within 5% of the allocator's; with reads taken as
-    views of the variable it was 99% low."""
+    step's peak). Each replica's predicted peak is within 5% of the allocator's; a replay that took
+    those reads as views of the variable would miss the table."""
     trace(["--memory", "--gpus", "2", str(write(tmp_path, "embedding.py", EMBEDDING))], cwd=tmp_path,
           out=tmp_path / "out")
     # (unsized transfers allowed: the step sends from a cond branch that did not run, no bytes moved)
     rows = placement(tmp_path / "out", sized=False)["memory"]["predicted"]["devices"]
     off = {d: r for d, r in rows.items() if abs(r["predicted"] - r["measured"]) > 0.05 * r["measured"]}
     assert (sorted(rows), off) == (["/GPU:0", "/GPU:1"], {})
+
+
+FIT_ON_ONE_GPU = """
+import numpy as np
+import keras
+
+x = np.linspace(0, 1, 64 * 8, dtype="float32").reshape(64, 8)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse")  # jit_compile="auto": XLA, as on a GPU machine
+model.fit(x, x.sum(axis=1, keepdims=True), batch_size=16, epochs=2, verbose=0)
+"""
+
+
+def test_a_call_compiled_by_xla_on_emulated_gpus_says_why_it_is_not_measured(tmp_path):
+    """Keras compiles a strategy-free fit with XLA when it sees a GPU; on emulated GPUs XLA's CPU
+    runtime holds the cluster's buffers where the allocator's events name neither an op nor an
+    emulated GPU, so the emulated /GPU:0 would show next to nothing. The section says why instead
+    of a per-device peak."""
+    from pinpoint.placement.analysis.build import XLA_ON_EMULATED_GPUS
+
+    trace(["--memory", "--gpus", "1", str(write(tmp_path, "fit.py", FIT_ON_ONE_GPU))], cwd=tmp_path,
+          out=tmp_path / "out")
+    assert placement(tmp_path / "out")["memory"] == {"why_not": XLA_ON_EMULATED_GPUS.format(n=1)}

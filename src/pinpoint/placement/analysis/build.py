@@ -127,6 +127,14 @@ def build(inputs: PlacementInputs) -> Placement:
     )
 
 
+# Why a call with an XLA cluster is not measured under emulation (on a GPU machine XLA's buffers
+# come from the GPU's allocator; XLA's CPU runtime allocates them where the allocator's events
+# name no op and no emulated GPU).
+XLA_ON_EMULATED_GPUS = ("{n} call(s) compiled by XLA ran in the measured call, and on emulated GPUs "
+                        "XLA's CPU runtime holds their buffers outside the emulated GPUs' allocator, so no device's "
+                        "peak can be read; trace without --gpus, or compile with jit_compile=False, to measure it")
+
+
 def _memory(cap, namer: DeviceMap) -> dict | None:
     """The measured memory of the captured call (placement.memory), or why it was not measured."""
     from pinpoint.placement.memory.section import memory_section
@@ -134,6 +142,9 @@ def _memory(cap, namer: DeviceMap) -> dict | None:
 
     if cap.memory_events is None:
         return {"why_not": cap.memory_why or "the call was not profiled"} if enabled() else None
+    xla = getattr(cap, "xla_calls", ())
+    if xla and namer.emulated:
+        return {"why_not": XLA_ON_EMULATED_GPUS.format(n=len(xla))}
     out = memory_section(cap.partition_graphs, cap.memory_trace, cap.memory_events, namer, peak=cap.memory_peak,
                          read_ps=cap.memory_read_ps, gpus=cap.memory_gpu_peaks, shapes=cap.shapes,
                          call="first" if cap.memory_first_call else "second")
