@@ -118,16 +118,14 @@ def _weights(model: str) -> list[str]:
 
 
 def test_plain_tensorflow_puts_the_lazily_built_weights_on_the_default_device(lazy_run):
-    """The truth the judgment rests on, from the program's own print: the logical CPU FIRST_GPU is
-    the emulated /GPU:0 (the default device), FIRST_GPU+1 the emulated /GPU:1."""
-    from pinpoint.trace.gpus import FIRST_GPU
-
+    """The truth the judgment rests on, from the program's own print of each weight's device, named
+    as on the GPU machine: the default device /GPU:0, the scope's /GPU:1."""
     _, stdout, _ = lazy_run
     where = dict(line.split()[1:3] for line in stdout.splitlines() if line.startswith("WEIGHT "))
     local = {k: v.rsplit("/device:", 1)[1] for k, v in where.items()}
     lazy = _weights("lazy_init") + _weights("lazy_build") + _weights("declared")
-    assert {k: local[k] for k in lazy} == dict.fromkeys(lazy, f"CPU:{FIRST_GPU}")
-    assert {k: local[k] for k in _weights("built_inside")} == dict.fromkeys(_weights("built_inside"), f"CPU:{FIRST_GPU + 1}")
+    assert {k: local[k] for k in lazy} == dict.fromkeys(lazy, "GPU:0")
+    assert {k: local[k] for k in _weights("built_inside")} == dict.fromkeys(_weights("built_inside"), "GPU:1")
 
 
 def test_weights_not_on_their_requested_device_are_violations_named_by_layer_and_variable(lazy_run):

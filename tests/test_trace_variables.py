@@ -26,12 +26,9 @@ def truth(proc) -> dict:
 
 
 def short(device: str) -> str:
-    """TensorFlow's '/job:localhost/replica:0/task:0/device:CPU:9' as the report spells it (the
-    emulation's /CPU:FIRST_GPU+i stands in for /GPU:i)."""
-    from pinpoint.trace.gpus import FIRST_GPU
-
-    kind, index = device.rsplit("device:", 1)[-1].split(":")
-    return "/CPU:0" if index == "0" else f"/GPU:{int(index) - FIRST_GPU}"
+    """A device as the program reads it under `--gpus` ('/job:localhost/replica:0/task:0/device:GPU:1',
+    as a GPU machine names it) as the report spells it ('/GPU:1')."""
+    return "/" + device.rsplit("device:", 1)[-1]
 
 
 MIXED_CNN = """
