@@ -149,3 +149,17 @@ def test_the_demo_report_opens_on_nothing_to_change_and_the_run(demo):
     assert screen.reduced == reduced == 2 * params * 4  # two replicas, float32
     assert (screen.nothing, screen.findings) == (True, [])
     assert shows(screen.screenshot, BOX_FILL)
+
+
+def test_the_demo_report_shows_each_gpus_busy_time_and_memory(demo):
+    """What the README promises the report answers includes how busy each device was and how much
+    memory it holds: the demo config times and measures its devices, so the first report shows both."""
+    from pinpoint.placement.model.files import read_placement
+    from pinpoint.placement.model.placement import as_placement
+    from pinpoint.placement.report.rundiagram import boxes
+
+    repo, _ = demo
+    p = read_placement(repo / "runs" / "demo")
+    busy = {b.device: b.busy is not None for b in boxes(as_placement(p)) if b.device.startswith("/GPU")}
+    held = {d: r["measured"] > 0 for d, r in p["memory"]["predicted"]["devices"].items() if d.startswith("/GPU")}
+    assert (busy, held) == ({"/GPU:0": True, "/GPU:1": True}, {"/GPU:0": True, "/GPU:1": True})

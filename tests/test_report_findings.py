@@ -71,3 +71,22 @@ def test_nothing_to_change_when_nothing_is_found_and_an_empty_capture_renders():
     empty = copy.deepcopy(p)
     empty.update(devices=[], ops_by_device={}, transfers={})
     assert 'class="run-diagram"' not in render_html(empty, None, {}, "t")
+
+
+PACKED = {"device": "/GPU:0", "what": "every gradient packed into one buffer for the all-reduce is live at the peak",
+          "evidence": "sgd/concat 68,904 B (49% of the peak)", "fix": "nothing while the device has room",
+          "near_limit_only": True}
+
+
+@pytest.mark.parametrize("verdict, found", [(None, []), ("fits", []), ("borderline", ["/GPU:0"]),
+                                            ("does not fit", ["/GPU:0"])])
+def test_a_memory_finding_that_matters_near_the_limit_is_one_to_act_on_only_where_the_device_is_short(verdict, found):
+    """The gradients packed for the all-reduce are held twice by design: a change to make only when a
+    GPU size says the device lacks room (the demo, on no size, has nothing to change)."""
+    p = _sample()
+    for r in p["conformance"]["rules"]:
+        r["score"], r["violations"] = 1.0, []
+    p["memory"] = {"devices": {"/GPU:0": {"peak_requested": 139229, "at_peak": []}}, "findings": [PACKED]}
+    if verdict:
+        p["memory"]["fit"] = {"devices": {"/GPU:0": {"verdict": verdict}}}
+    assert [f.device for f in findings(as_placement(p)) if f.kind == "memory"] == found

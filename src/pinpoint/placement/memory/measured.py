@@ -228,7 +228,9 @@ def findings(devices: Mapping[str, dict]) -> list[dict]:
                         "evidence": f"{a['op']} {a['requested']:,} B ({100 * a['requested'] / m['peak_requested']:.0f}% "
                         "of the peak)",
                         "fix": "nothing while the device has room: it is one all-reduce per step, the size of the "
-                        "trainable weights, whatever the batch; near the limit, split the model or shard it"})
+                        "trainable weights, whatever the batch; near the limit, split the model or shard it",
+                        # a change to make only when the fits verdict (a GPU size) says the device is short
+                        "near_limit_only": True})
             break  # one replica says it for all
     if out:
         return out  # data parallel: every replica holds the same, so no device is out of line

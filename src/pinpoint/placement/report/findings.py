@@ -113,9 +113,13 @@ def _eager(p: Placement) -> list[Finding]:
 
 def _memory(p: Placement) -> list[Finding]:
     devices = (p.memory.devices if p.memory else None) or {}
+    short = {d for d, v in ((p.memory.fit or {}).get("devices") or {}).items() if v.get("verdict") != "fits"} \
+        if p.memory else set()
+    # (a finding that matters only near the limit is one to act on where a GPU size says the device is short)
     return [Finding("memory", m["what"], m["evidence"], m["device"], m["fix"], "memory",
                     memory=(devices.get(m["device"]) or {}).get("peak_requested"))
-            for m in (p.memory.findings if p.memory else None) or ()]
+            for m in (p.memory.findings if p.memory else None) or ()
+            if not m.get("near_limit_only") or m["device"] in short]
 
 
 def _drift(p: Placement) -> list[Finding]:
