@@ -84,9 +84,11 @@ def run(program: Program, on_end=None) -> Outcome:
     50.5: Pinpoint's frames under a shallow program cost it ~1.5 µs an op before)."""
     try:
         with _as_program(program) as (target, kind):
-            if kind == "script":  # runpy.run_path's work, the exec in this frame (runpy takes three frames)
-                code, module = _compiled(target)
-                with _as_main(module, target):
+            # runpy's work, the exec in this frame (runpy takes three or four frames more)
+            found = _compiled(target) if kind == "script" else _module_code(target) if kind == "module" else None
+            if found is not None:
+                code, module = found
+                with _as_main(module, module.__file__):
                     exec(code, module.__dict__)
                 namespace = module.__dict__.copy()
             else:
@@ -136,6 +138,24 @@ def _compiled(script: str) -> tuple[Any, types.ModuleType]:
     module = types.ModuleType("__main__")
     module.__dict__.update(__file__=script, __cached__=None, __doc__=None, __loader__=None, __package__="",
                            __spec__=None)
+    return code, module
+
+
+def _module_code(name: str) -> tuple[Any, types.ModuleType] | None:
+    """A module's code and the __main__ it runs in, as `python -m NAME` has them (a package: its
+    __main__); None when it cannot be found or read, for runpy to say why as Python does."""
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(f"{name}.__main__")
+        code = spec.loader.get_code(spec.name) if spec is not None and spec.loader is not None else None
+    except Exception:  # noqa: BLE001 - runpy raises it again, with Python's own message
+        return None
+    if code is None or not spec.origin:
+        return None
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=spec.origin, __cached__=spec.cached, __doc__=None, __loader__=spec.loader,
+                           __package__=spec.parent, __spec__=spec)
     return code, module
 
 
