@@ -343,3 +343,32 @@ def test_the_numpy_guides_device_cells_print_what_a_gpu_machine_prints(tmp_path)
     traced = _run([sys.executable, "-m", "pinpoint.cli", "trace", "--out", "run", "--no-tracking", "--gpus", "2",
                    "tf_numpy.py"], tmp_path)
     assert (traced.returncode, _printed(traced.stdout)) == (0, NUMPY_DEVICES_ON_GPUS), traced.stderr[-3000:]
+
+
+# site/en/guide/gpu.ipynb, "Using a single GPU on a multi-GPU system": a GPU index the machine lacks,
+# with soft placement on. The guide's log on its GPU machine: "Executing op MatMul in device
+# /job:localhost/replica:0/task:0/device:GPU:0".
+GPU_GUIDE_MISSING_GPU = '''
+import tensorflow as tf
+
+tf.config.set_soft_device_placement(True)
+tf.debugging.set_log_device_placement(True)
+
+with tf.device("/device:GPU:2"):
+    a = tf.constant([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    b = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    c = tf.matmul(a, b)
+
+print(c.device)
+'''
+
+
+def test_the_gpu_guides_request_for_a_missing_gpu_is_named_with_where_it_ran(tmp_path):
+    """On two GPUs the guide's /device:GPU:2 does not exist: soft placement runs its MatMul on the
+    first GPU. The report lists the request as the program wrote it and where it ran."""
+    (tmp_path / "gpu.py").write_text(GPU_GUIDE_MISSING_GPU)
+    traced = _run([sys.executable, "-m", "pinpoint.cli", "trace", "--out", "run", "--no-tracking", "--gpus", "2",
+                   "gpu.py"], tmp_path)
+    assert (traced.returncode, _printed(traced.stdout)) == (0, [_LOCAL + "GPU:0"]), traced.stderr[-3000:]
+    eager = json.loads((tmp_path / "run" / "placement.json").read_text())["eager"]
+    assert eager["not_where_requested"] == [{"op_type": "MatMul", "requested": "/GPU:2", "ran": "/GPU:0", "count": 1}]

@@ -114,6 +114,9 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
     Target("Operation.device", _OPS, patched=True, used_for="name an op's device request /GPU:i, as it was written"),
     Target("PyTensor.device", "tensorflow.python.client._pywrap_tf_session", patched=True,
            used_for="name a graph tensor's device request /GPU:i, as it was written"),
+    Target("Context.device", _CTX, "(self, name)", patched=True,
+           used_for="the device an eager tf.device scope asks for, as the program wrote it (a GPU the "
+                    "emulated machine lacks)"),
     Target("Context.list_logical_devices", _CTX, "(self, device_type=None)", patched=True,
            used_for=f"list the {_DEVICES} (with and without a type)"),
     Target("Context.list_physical_devices", _CTX, "(self, device_type=None)", patched=True,

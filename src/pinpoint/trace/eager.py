@@ -43,12 +43,15 @@ class EagerOps:
     """The op callback: records into `record`, finds updated variables with `finder`
     (trace.variables.VariableFinder) and tells `sampler` (trace.sampling.Sampler) what was new."""
 
-    def __init__(self, record: EagerRecord, finder, sampler, default_device: str = "") -> None:
+    def __init__(self, record: EagerRecord, finder, sampler, default_device: str = "", request_of=None) -> None:
         self.record = record
         self.finder = finder
         self.sampler = sampler
         # The emulated /GPU:0 scope the program runs in (its requests are not the program's).
         self.default_device = default_device
+        # Under emulation: the eager scope's device as the program asked for it (trace.gpus), where
+        # TensorFlow's own name of the scope is already the device soft placement chose.
+        self.request_of = request_of
         self.active = False
         self._quiet = threading.local()  # set while Pinpoint itself runs eager ops on this thread
         # id -> weak reference of the latest tensors an eager iterator op handed out: a step called with
@@ -121,6 +124,8 @@ class EagerOps:
                 new = True
             kinds[op_type] += 1
         requested = current_device() if requested else ""
+        if requested and self.request_of is not None:
+            requested = self.request_of(requested)
         if requested and requested != self.default_device and _short(requested) != _short(device):
             k = (op_type, requested, device)
             new = new or k not in e.moved

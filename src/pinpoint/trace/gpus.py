@@ -103,12 +103,14 @@ class GpuNames:
         self._armed = False
         self._patches = Patches()
         self._default: _DefaultScope | None = None
+        self._requests = threading.local()  # .stack: the eager scopes' requests (`_install_scopes`)
 
     # ---- patches ----------------------------------------------------------------------------
     def install(self) -> GpuNames:
         if not self.dm.emulated:
             return self
         self._install_names()
+        self._install_scopes()
         self._install_reads()
         self._install_listings()
         self._install_settings()
@@ -137,6 +139,39 @@ class GpuNames:
 
         self._patch("DeviceSpecV2._string_to_components", staticmethod(string_to_components))
         forget_parsed_devices()
+
+    def _install_scopes(self) -> None:
+        """Eager tf.device scopes, as the program wrote them: TensorFlow names an eager scope by the
+        device it parsed, and a GPU the machine lacks parses as /GPU:0 (soft placement), so the
+        request itself is kept here, per thread (`eager_request`)."""
+        device = Patches.current("Context.device")
+        requests = self._requests
+
+        def scoped(ctx, name):
+            return _Written(device(ctx, name), requests, self._missing_alias(name))
+
+        self._patch("Context.device", scoped)
+
+    def _missing_alias(self, name) -> str | None:
+        """The runtime name standing for a written GPU the machine lacks ('/GPU:2' -> '/CPU:10', as
+        `missing` records it), '' for a scope naming a device that exists, None for one naming no
+        device type (it keeps the enclosing scope's)."""
+        if not isinstance(name, str):
+            name = getattr(name, "name", None)  # a LogicalDevice
+            if not isinstance(name, str):
+                return None
+        _, _, dtype, index = parse_name(name)
+        if dtype is None:
+            return None
+        if dtype == GPU and index is not None and index >= self.n and soft_placement():
+            return self.missing.get(f"/GPU:{index}", f"/CPU:{index + self.first}")
+        return ""
+
+    def eager_request(self, requested: str) -> str:
+        """The device an eager op's scope asked for: `requested` (TensorFlow's name of the scope),
+        or the runtime name of the GPU the machine lacks that the innermost scope wrote."""
+        stack = getattr(self._requests, "stack", None)
+        return stack[-1] if stack and stack[-1] else requested
 
     def _install_reads(self) -> None:
         """Device names read back: a tensor, a variable or an op on the logical CPU that emulates
@@ -397,6 +432,26 @@ class GpuNames:
 
         self._default = _DefaultScope(tf.device("/device:" + self.dm.aliases["/GPU:0"].lstrip("/")))
         return self._default
+
+
+class _Written:
+    """An eager tf.device scope (`scope`, TensorFlow's) that also keeps what the program wrote on
+    its thread's stack while it is entered (`alias`: see GpuNames._missing_alias)."""
+
+    def __init__(self, scope, requests: threading.local, alias: str | None):
+        self.scope, self.requests, self.alias = scope, requests, alias
+
+    def __enter__(self):
+        out = self.scope.__enter__()
+        stack = self.requests.__dict__.setdefault("stack", [])
+        stack.append(self.alias if self.alias is not None else (stack[-1] if stack else ""))
+        return out
+
+    def __exit__(self, *exc):
+        stack = self.requests.__dict__.get("stack")
+        if stack:
+            stack.pop()
+        return self.scope.__exit__(*exc)
 
 
 class _DefaultScope:

@@ -37,7 +37,8 @@ def _nothing() -> None:
 class Recorder:
     """Install with `install()`, read the records, `uninstall()` when the program ended."""
 
-    def __init__(self, default_device: str = "", graph_placement=None, quiet_ops: int = EAGER_QUIET_OPS):
+    def __init__(self, default_device: str = "", graph_placement=None, quiet_ops: int = EAGER_QUIET_OPS,
+                 request_of=None):
         # The emulated /GPU:0 scope the program runs in (its requests are not the program's).
         self.default_device = default_device
         # distribute.emulation.GpuPlacement under emulation: a tf.compat.v1 graph's unrequested
@@ -47,7 +48,8 @@ class Recorder:
         self.eager = EagerRecord()
         self.finder = VariableFinder()
         self.sampler = Sampler(self.eager, quiet_ops)
-        self.eager_ops = EagerOps(self.eager, self.finder, self.sampler, default_device)
+        # request_of: trace.gpus.GpuNames.eager_request under emulation
+        self.eager_ops = EagerOps(self.eager, self.finder, self.sampler, default_device, request_of)
         self.calls = FunctionCalls(self.functions, self._on_new_function, self.eager_ops, self.finder,
                                    real_gpus=graph_placement is None)
         self.sessions = SessionRuns(self.functions, self.finder, graph_placement)

@@ -59,7 +59,8 @@ class Capture:
             default = current_device() if self.default_scope and self.dm.emulated else ""
             from pinpoint.distribute.emulation import GpuPlacement
 
-            self.recorder = Recorder(default, GpuPlacement(self.dm) if self.dm.emulated else None)
+            self.recorder = Recorder(default, GpuPlacement(self.dm) if self.dm.emulated else None,
+                                     request_of=self.names.eager_request if self.dm.emulated else None)
             stack.callback(self.recorder.uninstall)
             self.recorder.install()
             from pinpoint.trace.created import CreationLog
