@@ -337,3 +337,55 @@ def test_every_read_is_counted_however_the_variable_reaches_the_op(tmp_path):
     by_device = placement(tmp_path / "out")["eager"]["op_types_by_device"]
     ours = {d: types["ReadVariableOp"] for d, types in by_device.items() if "ReadVariableOp" in types}
     assert ours == _logged_reads(script, tmp_path)
+
+
+# TensorFlow's distributed save-and-load tutorial (site/en/tutorials/distribute/save_and_load.ipynb),
+# in its shape: a Keras model under MirroredStrategy saved and loaded the Keras way, then saved with
+# tf.saved_model.save and loaded for inference, also under another strategy; synthetic digits.
+SAVE_AND_LOAD = """
+    import numpy as np
+    import tensorflow as tf
+
+    mirrored_strategy = tf.distribute.MirroredStrategy()
+
+
+    def get_data():
+        rng = np.random.default_rng(0)
+        ds = tf.data.Dataset.from_tensor_slices((rng.random((128, 28, 28, 1)).astype("float32"),
+                                                 rng.integers(0, 10, 128).astype("int64")))
+        return ds.batch(64), ds.batch(64)
+
+
+    def get_model():
+        with mirrored_strategy.scope():
+            model = tf.keras.Sequential([
+                tf.keras.layers.Conv2D(8, 3, activation="relu", input_shape=(28, 28, 1)),
+                tf.keras.layers.MaxPooling2D(), tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])
+            model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          optimizer="adam", metrics=["accuracy"])
+            return model
+
+
+    model = get_model()
+    train_dataset, eval_dataset = get_data()
+    model.fit(train_dataset, epochs=1, verbose=0)
+    model.save("keras_save.keras")
+    tf.keras.models.load_model("keras_save.keras").fit(train_dataset, epochs=1, verbose=0)
+    model = get_model()
+    tf.saved_model.save(model, "tf_save")
+    loaded = tf.saved_model.load("tf_save")
+    for batch in eval_dataset.map(lambda image, label: image).take(1):
+        loaded.signatures["serving_default"](batch)
+    with tf.distribute.MirroredStrategy().scope():
+        loaded = tf.saved_model.load("tf_save")
+"""
+
+
+def test_the_save_and_load_tutorial_reports_no_variable_without_a_device(tmp_path):
+    """tf.saved_model.save copies the model's variables into the graph it exports; nothing runs that
+    graph, so those copies were never made on a device and are not reported (they were, as
+    `Variable`, `Variable_1` ... with no device). Every variable reported has a device."""
+    out = tmp_path / "out"
+    trace(["--gpus", "2", str(write(tmp_path, "save_load.py", SAVE_AND_LOAD))], cwd=tmp_path, out=out)
+    p = placement(out, sized=False)
+    assert [v["name"] for v in p["variables"] if not v["devices"]] == []

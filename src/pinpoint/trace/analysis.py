@@ -252,7 +252,8 @@ def trace_inputs(recorder, dm: DeviceMap, *, program: str, notes: list[str] = ()
         program=program, functions=tuple(rows), training_function=train["name"] if train else None,
         eager=eager_section(recorder.eager, namer, recorder.default_device),
         eager_updates=None if bare else eager_updates(recorder, namer), weight_rows=tuple(weight_rows),
-        created=() if bare else creation_rows(created, recorder.eager.updates),
+        created=() if bare else creation_rows(created, recorder.eager.updates,
+                                                     frozenset(recorder.sessions.run_graphs)),
         notes=tuple(notes) + tuple(_trace_notes(rows, records, train, cap, recorder.eager, remote is not None)))
     return PlacementInputs(captures=(cap,) if cap else (), variables=tuple(variables), plan=None,
                            strategy=strategy_of(variables), device_map=view, task=task,

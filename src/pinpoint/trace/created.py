@@ -44,6 +44,7 @@ class Created:
     layer: str | None = None
     source: str | None = None
     by: str | None = None  # OPTIMIZER_APPLY: an optimizer's slot made at its first apply, inside a step
+    graph: int | None = None  # id of the tf.Graph a symbolic variable was made in (None: a runtime one)
 
     @property
     def alive(self) -> bool:
@@ -112,7 +113,18 @@ def describe(var, requested: str, strategy: str | None) -> Created:
         components=[device_of(c) for c in comps],
         handles=[_weak(getattr(c, "handle", None)) for c in comps],
         requested=requested, layer=layer or None, source=None if layer else _program_line(),
-        by=OPTIMIZER_APPLY if _in_optimizer_apply() else None)
+        by=OPTIMIZER_APPLY if _in_optimizer_apply() else None, graph=_graph_of(comps))
+
+
+def _graph_of(comps) -> int | None:
+    """The graph a variable made while building one (not lifted out to the runtime) belongs to: it
+    exists only if a Session runs that graph (tf.saved_model.save builds such copies to export)."""
+    from pinpoint.tfcompat.api import eager_tensor_type
+
+    handles = [getattr(c, "handle", None) for c in comps]
+    if not handles or any(h is None or type(h) is eager_tensor_type() for h in handles):
+        return None
+    return id(handles[0].graph)
 
 
 OPTIMIZER_APPLY = "the optimizer's first apply"
@@ -168,12 +180,17 @@ def _program_line() -> str | None:
     return None
 
 
-def creation_rows(records: list[Created], eager_updates: dict | None = None) -> tuple[dict, ...]:
+def creation_rows(records: list[Created], eager_updates: dict | None = None,
+                  run_graphs: frozenset = frozenset()) -> tuple[dict, ...]:
     """The records as placement inputs (trace.analysis): `handle_ids` only of handles still held
     (an id of a freed object may be another's now), `alive` whether the variable still is, and
-    the devices eager ops updated it on (`eager_updates`: handle id -> devices, the recorder's)."""
+    the devices eager ops updated it on (`eager_updates`: handle id -> devices, the recorder's).
+    A variable of a graph no Session ran (`run_graphs`: their ids) was never made on a device:
+    no row."""
     rows = []
     for r in records:
+        if r.graph is not None and r.graph not in run_graphs:
+            continue
         handles = [h for h in (ref() for ref in r.handles if ref is not None) if h is not None]
         eager = sorted({d for h in handles for d in (eager_updates or {}).get(id(h), ())})
         rows.append({

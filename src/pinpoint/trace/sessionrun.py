@@ -22,11 +22,13 @@ class SessionRuns:
         self.finder = finder
         self.graph_placement = graph_placement
         self._placed_graphs: set[int] = set()
+        self.run_graphs: set[int] = set()  # ids of the graphs a Session ran
 
     def run(self, run, sess, fetches, feed_dict):
         """`run(sess, fetches, feed_dict, options, run_metadata)` is BaseSession.run itself."""
         import tensorflow as tf
 
+        self.run_graphs.add(id(sess.graph))
         key = f"Session.run({fetch_names(fetches)})"
         r = self.functions.get(key)
         if r is not None:
