@@ -116,3 +116,43 @@ def test_a_custom_loop_over_a_distributed_dataset_counts_each_replicas_element(t
     p = placement(tmp_path / "out")
     per_replica = 16 // REPLICAS * (8 + 1) * F32  # 8 rows of 8 features and 1 label
     assert p["transfers"]["input"]["per_step"] == {"/GPU:0": per_replica, "/GPU:1": per_replica}
+
+
+OWN_CPUS = """
+import numpy as np
+import tensorflow as tf
+
+# As the distributed-input guide does on a machine without GPUs: two logical CPUs, a replica each.
+cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(2)])
+strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+x = np.random.RandomState(0).normal(size=(128, 8)).astype("float32")
+dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).repeat().batch(16)
+iterator = iter(strategy.experimental_distribute_dataset(dataset))
+with strategy.scope():
+    w = tf.Variable(tf.zeros([8, 1]))
+
+
+@tf.function
+def train_step(inputs):
+    def step_fn(inputs):
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(tf.matmul(features, w) - labels)) / 16
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step_fn, args=(inputs,)), axis=None)
+
+
+for _ in range(10):
+    train_step(next(iterator))
+"""
+
+
+def test_a_replica_on_the_programs_own_second_cpu_gets_its_element_from_the_host(tmp_path):
+    """tf.data runs on the host's /CPU:0; the distributed iterator fetches the second replica's
+    element onto /CPU:1 (TensorFlow's placer log: a RemoteCall there every step), as onto a GPU."""
+    trace([str(write(tmp_path, "own_cpus.py", OWN_CPUS))], cwd=tmp_path, out=tmp_path / "out")
+    p = placement(tmp_path / "out")
+    assert p["transfers"]["input"]["per_step"] == {"/CPU:1": 16 // 2 * (8 + 1) * F32}

@@ -62,6 +62,13 @@ def is_host(device: str) -> bool:
     return parse_name(device)[2] == "CPU"
 
 
+def is_pipeline_host(device: str) -> bool:
+    """A task's first CPU, where its tf.data pipelines run ('/CPU:0', '/job:worker/task:1/CPU:0'):
+    an input element on any other device (a GPU, or a logical CPU the program made) was copied there."""
+    _, _, dtype, index = parse_name(device)
+    return dtype == "CPU" and not index
+
+
 @lru_cache(maxsize=4096)  # a capture repeats a handful of device strings thousands of times
 def parse_name(device: str) -> tuple[str | None, int | None, str | None, int | None]:
     """(job, task, TYPE, index) of any runtime string; missing parts are None; job 'localhost'

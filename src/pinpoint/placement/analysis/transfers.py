@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from pinpoint.device_names import DeviceMap, is_host, normalize, sort_key
+from pinpoint.device_names import DeviceMap, is_pipeline_host, normalize, sort_key
 from pinpoint.placement.analysis.roundtrips import round_trips
 from pinpoint.placement.graphs.ops import (
     BOOKKEEPING,
@@ -188,7 +188,7 @@ def input_copies(cap, namer: DeviceMap, nodes: dict) -> list[dict]:
             if n.op not in INPUT_SOURCES or n.name in dead:  # the iterator resource is where they run
                 continue
             dev = namer.canonical_spec(n.device)
-            if is_host(dev):
+            if is_pipeline_host(dev):
                 continue
             types = list(n.attr["output_types"].list.type) if "output_types" in n.attr else []
             sizes = [tensor_bytes(f"{n.name}:{i}", cap, nodes, t) for i, t in enumerate(types)]
@@ -206,7 +206,7 @@ def _input_args(cap, namer: DeviceMap) -> list[dict]:
     out = []
     for name, value in (cap.arg_values.items() if ids else ()):
         dev = namer.canonical_spec(value.device)
-        if id(value) not in ids or is_host(dev):
+        if id(value) not in ids or is_pipeline_host(dev):
             continue
         size = int(value.dtype.size) * int(value.shape.num_elements() or 0)
         out.append({"op": name, "to": dev, "bytes": size, "components": [size],
