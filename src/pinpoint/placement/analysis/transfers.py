@@ -202,10 +202,12 @@ def input_copies(cap, namer: DeviceMap, nodes: dict) -> list[dict]:
 
 def _input_args(cap, namer: DeviceMap) -> list[dict]:
     """The step's arguments that an eager iterator op handed out on a device (placement.capture)."""
+    from pinpoint.tfcompat.api import device_of
+
     ids = getattr(cap, "input_arg_ids", None) or set()
     out = []
     for name, value in (cap.arg_values.items() if ids else ()):
-        dev = namer.canonical_spec(value.device)
+        dev = namer.canonical_spec(device_of(value))
         if id(value) not in ids or is_pipeline_host(dev):
             continue
         size = int(value.dtype.size) * int(value.shape.num_elements() or 0)
