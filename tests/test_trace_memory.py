@@ -93,7 +93,7 @@ LSTM_DEVICES = {"mirrored": ["/GPU:0", "/GPU:1"], "split": ["/GPU:0", "/GPU:1"],
 
 
 @pytest.mark.parametrize("strategy", list(LSTM_DEVICES))
-def test_an_lstms_predicted_peak_is_within_5_percent_of_the_measured_one(strategy, tmp_path):
+def test_an_lstms_predicted_peak_is_at_most_5_percent_low_and_10_percent_high(strategy, tmp_path):
     """Issue 49's target on Keras' generic LSTM loop (the bench's: 32 units, 16 steps of 8, batch 32;
     about 7 s a strategy): each device's predicted peak never more than 5% below the allocator's and
     at most 10% above it (a prediction errs high, never low; which of the loop's iterations overlap
