@@ -102,6 +102,7 @@ def describe(var, requested: str, strategy: str | None) -> Created:
     from pinpoint.placement import classify, components, variable_kind
 
     comps = components(var)
+    handles = [getattr(c, "handle", None) for c in comps]
     shape = [int(d) if d is not None else None for d in var.shape.as_list()] if var.shape.rank is not None else None
     size = var.dtype.size if var.dtype.is_numpy_compatible else 0
     layer = _keras_path()
@@ -111,17 +112,17 @@ def describe(var, requested: str, strategy: str | None) -> Created:
         kind=variable_kind(var), cls=classify(var)[0], strategy=strategy, shape=shape, dtype=var.dtype.name,
         bytes=int(size * int(np.prod(shape))) if shape is not None and None not in shape else None,
         components=[device_of(c) for c in comps],
-        handles=[_weak(getattr(c, "handle", None)) for c in comps],
+        handles=[_weak(h) for h in handles],
         requested=requested, layer=layer or None, source=None if layer else _program_line(),
-        by=OPTIMIZER_APPLY if _in_optimizer_apply() else None, graph=_graph_of(comps))
+        by=OPTIMIZER_APPLY if _in_optimizer_apply() else None, graph=_graph_of(handles))
 
 
-def _graph_of(comps) -> int | None:
-    """The graph a variable made while building one (not lifted out to the runtime) belongs to: it
-    exists only if a Session runs that graph (tf.saved_model.save builds such copies to export)."""
+def _graph_of(handles: list) -> int | None:
+    """The graph a variable made while building one (not lifted out to the runtime) belongs to, by
+    its components' handles: it exists only if a Session runs that graph (tf.saved_model.save
+    builds such copies to export)."""
     from pinpoint.tfcompat.api import eager_tensor_type
 
-    handles = [getattr(c, "handle", None) for c in comps]
     if not handles or any(h is None or type(h) is eager_tensor_type() for h in handles):
         return None
     return id(handles[0].graph)

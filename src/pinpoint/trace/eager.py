@@ -192,13 +192,11 @@ def ran_on(inputs, outputs) -> str:
         dev = device_of(t)
         if dev:
             return dev
-    for t in inputs or ():
-        if is_resource(t) and device_of(t):
-            return device_of(t)
-    for t in inputs or ():
-        if device_of(t):
-            return device_of(t)
-    return ""
+    devices = [(device_of(t), t) for t in inputs or ()]
+    for dev, t in devices:
+        if dev and is_resource(t):
+            return dev
+    return next((dev for dev, _ in devices if dev), "")
 
 
 def _nbytes(t) -> int:

@@ -154,8 +154,8 @@ class GpuNames:
 
     def _missing_alias(self, name) -> str | None:
         """The runtime name standing for a written GPU the machine lacks ('/GPU:2' -> '/CPU:10', as
-        `missing` records it), '' for a scope naming a device that exists, None for one naming no
-        device type (it keeps the enclosing scope's)."""
+        `_gpu_index` records it in `missing`), '' for a scope naming a device that exists, None for
+        one naming no device type (it keeps the enclosing scope's)."""
         if not isinstance(name, str):
             name = getattr(name, "name", None)  # a LogicalDevice
             if not isinstance(name, str):
@@ -164,7 +164,7 @@ class GpuNames:
         if dtype is None:
             return None
         if dtype == GPU and index is not None and index >= self.n and soft_placement():
-            return self.missing.get(f"/GPU:{index}", f"/CPU:{index + self.first}")
+            return f"/CPU:{index + self.first}"
         return ""
 
     def eager_request(self, requested: str) -> str:

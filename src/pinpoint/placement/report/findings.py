@@ -113,8 +113,8 @@ def _eager(p: Placement) -> list[Finding]:
 
 def _memory(p: Placement) -> list[Finding]:
     devices = (p.memory.devices if p.memory else None) or {}
-    short = {d for d, v in ((p.memory.fit or {}).get("devices") or {}).items() if v.get("verdict") != "fits"} \
-        if p.memory else set()
+    verdicts = ((p.memory.fit if p.memory else None) or {}).get("devices") or {}
+    short = {d for d, v in verdicts.items() if v.get("verdict") != "fits"}
     # (a finding that matters only near the limit is one to act on where a GPU size says the device is short)
     return [Finding("memory", m["what"], m["evidence"], m["device"], m["fix"], "memory",
                     memory=(devices.get(m["device"]) or {}).get("peak_requested"))
