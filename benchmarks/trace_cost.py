@@ -6,7 +6,8 @@ Pinpoint's own loop on the same model.
   --gpus: the devices plain python sees), same round. Each program measures its own steady state
   (`--timing-out`: examples/s after its warm-up batches, as TF's official models' TimeHistory does);
   fixed cost = process wall - the time its batches take at that steady rate (start-up, tracing,
-  capture, the report).
+  capture, the report), from the two run back to back; the steady ratio from the two run together
+  on one CPU (`run_program_pair`).
 - entrypoint: the keras_fit example as `train.entrypoint` (fit under ctx.strategy, mirrored on 2
   emulated GPUs) against Pinpoint's own loop training the same model (`train.model:
   fit_example.train:build_model`), digits, sgd 0.1, global batch 64, the same number of steps.
@@ -32,6 +33,10 @@ EXAMPLES = ROOT / "examples"
 FIT_EPOCHS, FIT_STEPS_PER_EPOCH, FIT_BATCH = 4, 500, 64
 ENTRY_STEPS_PER_EPOCH = 150
 LOOP_STEPS, LOOP_BATCH = 6000, 32
+# Together (run_program_pair), each process has half a CPU: more batches, so both steady states
+# share several seconds, after a warm-up past the recorder's quiet window (trace.sampling: up to
+# 1,000 eager ops on the slow path, once, a start-up cost the fixed cost counts).
+TOGETHER_FIT_STEPS_PER_EPOCH, TOGETHER_LOOP_STEPS, TOGETHER_WARMUP = 750, 8000, 1000
 
 
 def _program(example: str, module: str, args: list[str]) -> dict:
@@ -39,38 +44,54 @@ def _program(example: str, module: str, args: list[str]) -> dict:
 
 
 # Rounds of these comparisons: each run is a whole process (TensorFlow's import included), and the
-# full bench stays under its 50 minutes (benchmarks.sections.PLAN_LIMIT_S). The two trace rows
-# have a target: more rounds while its interval is wider than ±3%, up to TRACE_CAP_S of runs.
+# full bench stays under its 50 minutes (benchmarks.sections.PLAN_LIMIT_S). The steady ratio is
+# decided on the pair run together (`run_program_pair`): back to back, a process' rate moves 10-20%
+# with the shared machine's spells, together on one CPU both see the same spells. More rounds while
+# its interval is wider than ±3%, up to TRACE_CAP_S of runs; the back-to-back runs give the fixed cost.
 ROUNDS = 3
-TRACE_ROUNDS, TRACE_CAP_S = 4, 120.0
+TRACE_ROUNDS, TRACE_CAP_S = 5, 300.0
 
 
-def program_comparison(key: str, title: str, program: dict, *, run_s: float, repeats: int | None = TRACE_ROUNDS,
-                       time_cap_s: float | None = TRACE_CAP_S) -> Comparison:
-    arms = (Arm("python", "python", {"kind": "program", "via": "python", **program}),
-            Arm("trace", "pinpoint trace", {"kind": "program", "via": "trace", **program}))
+def program_comparison(key: str, title: str, program: dict, together: dict, *, run_s: float) -> Comparison:
+    """`python` and `pinpoint trace` back to back (the fixed cost; their steady rates recorded) and
+    together on one CPU (`together`: the same program with more batches and a warm-up past the
+    recorder's quiet window, so both steady states share several seconds: the steady ratio)."""
+    arms = (Arm("python", "python", {"kind": "program", "via": "python", **program}, max_rounds=ROUNDS),
+            Arm("trace", "pinpoint trace", {"kind": "program", "via": "trace", **program}, max_rounds=ROUNDS),
+            Arm("together", "both at once, one CPU", {"kind": "program_pair", **together}))
     return Comparison(
-        key=key, title=title, arms=arms, repeats=repeats,
-        ratios=(Ratio("trace / python, steady examples/s", "trace", "python", "examples_per_sec",
+        key=key, title=title, arms=arms, repeats=TRACE_ROUNDS,
+        ratios=(Ratio("trace / python, steady examples/s, together on one CPU", "together", "", "steady_ratio",
                       target("trace.steady")),
+                Ratio("trace / python, steady examples/s, back to back", "trace", "python", "examples_per_sec"),
                 Ratio("trace - python, fixed cost", "trace", "python", "fixed_s", target("trace.fixed_s"),
                       difference=True)),
         note="the same program and arguments, the same devices; the program measures its own steady state "
-             "(--timing-out); fixed cost = process wall - batches x batch / steady examples/s",
-        run_s=run_s, time_cap_s=time_cap_s,
+             "(--timing-out); fixed cost = process wall - batches x batch / steady examples/s (back to back). "
+             f"Together: `{' '.join(together['args'])}`, both processes started at once, pinned to one CPU, each "
+             "in a session of its own (the scheduler halves the CPU between the processes, whatever their "
+             "threads); each program writes the clock every block of batches of its steady state, and the "
+             "rates are compared over the seconds both were in it",
+        run_s=run_s, time_cap_s=TRACE_CAP_S,
     )
 
 
 def trace_comparisons(s: Settings) -> list[Comparison]:
-    fit = _program("keras_fit", "fit_example.train",
-                   ["--epochs", str(FIT_EPOCHS), "--steps-per-epoch", str(FIT_STEPS_PER_EPOCH),
-                    "--batch-size", str(FIT_BATCH)])
-    loop = _program("custom_loop", "loop_example.train", ["--steps", str(LOOP_STEPS), "--batch-size", str(LOOP_BATCH)])
+    fit_args = ["--epochs", str(FIT_EPOCHS), "--batch-size", str(FIT_BATCH)]
+    fit = _program("keras_fit", "fit_example.train", [*fit_args, "--steps-per-epoch", str(FIT_STEPS_PER_EPOCH)])
+    fit_together = _program("keras_fit", "fit_example.train",
+                            [*fit_args, "--steps-per-epoch", str(TOGETHER_FIT_STEPS_PER_EPOCH),
+                             "--warmup-batches", str(TOGETHER_WARMUP)])
+    loop_args = ["--batch-size", str(LOOP_BATCH)]
+    loop = _program("custom_loop", "loop_example.train", [*loop_args, "--steps", str(LOOP_STEPS)])
+    loop_together = _program("custom_loop", "loop_example.train",
+                             [*loop_args, "--steps", str(TOGETHER_LOOP_STEPS), "--warmup-steps", str(TOGETHER_WARMUP)])
     return [
         program_comparison("trace-fit", f"`pinpoint trace` vs `python`: the keras_fit example (model.fit, "
-                                        f"{FIT_EPOCHS}x{FIT_STEPS_PER_EPOCH} batches of {FIT_BATCH})", fit, run_s=9.5),
+                                        f"{FIT_EPOCHS}x{FIT_STEPS_PER_EPOCH} batches of {FIT_BATCH})", fit,
+                           fit_together, run_s=18.0),
         program_comparison("trace-loop", f"`pinpoint trace` vs `python`: the custom_loop example (GradientTape, "
-                                         f"{LOOP_STEPS} steps of {LOOP_BATCH})", loop, run_s=8.5),
+                                         f"{LOOP_STEPS} steps of {LOOP_BATCH})", loop, loop_together, run_s=18.0),
         entrypoint_comparison(s),
     ]
 
@@ -130,6 +151,64 @@ def run_program(spec: dict) -> dict[str, Any]:
     if proc.returncode != 0 or not timing.is_file():
         raise RuntimeError(f"{' '.join(argv[:6])}... exited {proc.returncode}: {proc.stderr[-400:]}")
     return _timed(json.loads(timing.read_text()), wall)
+
+
+def run_program_pair(spec: dict) -> dict[str, Any]:
+    """`python -m MODULE ARGS` and `pinpoint trace -m MODULE ARGS` at once on one CPU, each process in
+    a session of its own, so the scheduler gives each process half the CPU (whatever its threads)
+    and a slow spell of the shared machine slows both alike. Each program writes the clock at every
+    block of its steady state; the rates are compared over the seconds both were in it."""
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    cpu = max(os.sched_getaffinity(0))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    procs, timing = {}, {}
+    t0 = time.perf_counter()
+    for via in ("python", "trace"):
+        timing[via] = out / f"timing-{via}.json"
+        args = [*spec["args"], "--timing-out", str(timing[via])]
+        argv = ([sys.executable, "-m", spec["module"], *args] if via == "python" else
+                [sys.executable, "-m", "pinpoint.cli", "trace", "--no-tracking", "--out", str(out / "trace"),
+                 "-m", spec["module"], *args])
+        procs[via] = subprocess.Popen(argv, cwd=spec["cwd"], env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                      preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    for via, proc in procs.items():
+        _, err = proc.communicate()
+        if proc.returncode != 0 or not timing[via].is_file():
+            raise RuntimeError(f"{via} {spec['module']} exited {proc.returncode}: {err[-400:]}")
+    runs = {via: json.loads(t.read_text()) for via, t in timing.items()}
+    return {**together(runs["python"], runs["trace"]), "cpu": cpu, "process_wall_s": time.perf_counter() - t0}
+
+
+MIN_TOGETHER_S = 3.0  # the least time both steady states must share for a round to count
+
+
+def together(python: dict, trace: dict) -> dict[str, Any]:
+    """Each program's examples/s over the seconds both were in their steady state (from their
+    `stamps`, the clock at each block of `block` batches), and trace / python."""
+    a, b = python["stamps"], trace["stamps"]
+    lo, hi = max(a[0], b[0]), min(a[-1], b[-1])
+    if hi - lo < MIN_TOGETHER_S:
+        raise RuntimeError(f"the two steady states shared {max(hi - lo, 0):.1f} s (need {MIN_TOGETHER_S} s): "
+                           "give the programs more batches")
+
+    def rate(run: dict) -> float:
+        done = [_batches_at(run, t) for t in (lo, hi)]
+        return (done[1] - done[0]) * run["batch_size"] / (hi - lo)
+
+    py, tr = rate(python), rate(trace)
+    return {"together_s": hi - lo, "python_examples_per_sec": py, "trace_examples_per_sec": tr,
+            "steady_ratio": tr / py}
+
+
+def _batches_at(run: dict, t: float) -> float:
+    """Batches a program had done (since its first stamp) at clock `t`: linear between its stamps."""
+    st, block = run["stamps"], run["block"]
+    for i in range(1, len(st)):
+        if t <= st[i]:
+            return block * (i - 1 + (t - st[i - 1]) / (st[i] - st[i - 1]))
+    return block * (len(st) - 1)
 
 
 def run_entrypoint(spec: dict) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 The logical device layout is fixed once per process, so each run (Pinpoint or Keras, any
 device count) gets a fresh process. SPEC keys:
-  kind          "pinpoint" | "keras" | "keras_mwm" | "keras_task" | "make_run" | "program" | "entrypoint"
+  kind          "pinpoint" | "keras" | "keras_mwm" | "keras_task" | "make_run" | "program" | "program_pair" | "entrypoint"
                 | "k8s_scale" | "placement_scale" | "overheads" | "user_calls" | "loop_anatomy" | "plan_ps" | "plan_mp"
                 | "plan_step" | "memory"
   config        a Pinpoint config as a dict (pinpoint, keras*)
@@ -57,6 +57,7 @@ def _mfu_fields(cfg, record: dict, *, peak: bool) -> dict:
 # imports the frameworks its kind needs: TensorFlow, MLflow, kfp).
 KINDS = {
     "program": "benchmarks.trace_cost:run_program",
+    "program_pair": "benchmarks.trace_cost:run_program_pair",
     "entrypoint": "benchmarks.trace_cost:run_entrypoint",
     "pinpoint": "benchmarks.pinpoint_run:pinpoint_train",
     "keras": "benchmarks.keras_peer:measure",

@@ -201,6 +201,27 @@ def test_chart_rows_that_share_a_label_name_their_comparison():
     assert got == ["trace / python (trace-fit)", "trace / python (trace-loop)", "memory on / off"]
 
 
+def test_two_programs_run_together_are_compared_over_the_seconds_both_were_steady():
+    from benchmarks.trace_cost import together
+
+    # python: 100 batches of 10 a second from t=0 to 6 (1,000 ex/s); trace: its steady state from
+    # t=1.5, 100 batches every 1.25 s (800 ex/s), to t=6.5. Both steady from 1.5 to 6: 4.5 s.
+    python = {"stamps": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "block": 100, "batch_size": 10}
+    trace = {"stamps": [1.5, 2.75, 4.0, 5.25, 6.5], "block": 100, "batch_size": 10}
+    got = together(python, trace)
+    assert (got["together_s"], got["python_examples_per_sec"], got["trace_examples_per_sec"]) == pytest.approx(
+        (4.5, 1000.0, 800.0))
+    assert got["steady_ratio"] == pytest.approx(0.8)
+
+
+def test_two_programs_whose_steady_states_barely_overlap_are_not_compared():
+    from benchmarks.trace_cost import together
+
+    with pytest.raises(RuntimeError, match=r"shared 2.0 s \(need 3.0 s\): give the programs more batches"):
+        together({"stamps": [0.0, 1.0, 2.0, 3.0], "block": 1, "batch_size": 1},
+                 {"stamps": [1.0, 2.0, 5.0], "block": 1, "batch_size": 1})
+
+
 def test_pinpoint_steady_state_window_from_train_log(tmp_path):
     from benchmarks.pinpoint_run import steady_state
 

@@ -392,6 +392,35 @@ def test_a_signature_that_first_appears_after_the_quiet_window_is_found_in_a_sam
     assert (eager["counted_until"], eager["sampling_windows"]) == (Q + 1, 1)
 
 
+def test_a_sampling_window_with_nothing_new_ends_after_its_time(tmp_path):
+    """A training loop runs an eager op or two a step: a window that waited for EAGER_QUIET_OPS
+    quiet callbacks would keep its steps on the slow path for a thousand steps. With nothing new
+    for EAGER_WINDOW_S, the next callback (its op counted) switches it off."""
+    from pinpoint.trace.recorder import EAGER_QUIET_OPS as Q
+    from pinpoint.trace.sampling import EAGER_WINDOW_S
+
+    script = write(tmp_path, "window.py", f"""
+        import time
+        import tensorflow as tf
+        x, y = tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])
+        for _ in range(2 * {Q}):
+            tf.add(x, y)
+        tf.function(lambda a: a * 2.0)(x)  # a new function: a sampling window
+        for _ in range(5):
+            tf.subtract(x, y)
+        time.sleep({3 * EAGER_WINDOW_S})
+        for _ in range(20):
+            tf.subtract(x, y)
+    """)
+    out = tmp_path / "out"
+    trace([str(script)], cwd=tmp_path, out=out)
+    eager = placement(out)["eager"]
+    (dev,) = eager["op_types_by_device"]
+    # 5 in the window, then the first after the sleep, whose callback finds the window's time up.
+    assert eager["op_types_by_device"][dev]["Sub"] == 6
+    assert (eager["counted_until"], eager["sampling_windows"]) == (Q + 1, 1)
+
+
 def test_eager_ops_under_the_quiet_window_are_all_counted(tmp_path):
     from pinpoint.trace.recorder import EAGER_QUIET_OPS as Q
 

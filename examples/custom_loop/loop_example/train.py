@@ -73,9 +73,11 @@ def make_train_step(model: SplitModel, optimizer):
 
 
 def train(steps: int, batch_size: int, learning_rate: float, *, ctx=None, log_every: int = 10,
-          save_every: int = 50, timing_out: str | None = None, warmup: int = 20) -> float:
+          save_every: int = 50, timing_out: str | None = None, warmup: int = 20, block: int = 200) -> float:
     """Train `steps` steps; with Pinpoint's `ctx` (train.entrypoint), resume from the latest
-    checkpoint and save one every `save_every` steps."""
+    checkpoint and save one every `save_every` steps. `timing_out` gets the steady examples/s after
+    `warmup` steps, and the clock (time.monotonic, one clock for every process) at that step and
+    every `block` steps after it, so two processes' rates can be compared over the same seconds."""
     model = SplitModel()
     optimizer = keras.optimizers.SGD(learning_rate)
     optimizer.build(model.variables)
@@ -86,9 +88,12 @@ def train(steps: int, batch_size: int, learning_rate: float, *, ctx=None, log_ev
     loss = float("nan")
     it = iter(dataset(batch_size))
     t0 = first = None
+    stamps = []
     for step in range(start + 1, steps + 1):
         if step == start + 1 + warmup:
             t0, first = time.perf_counter(), step
+        if first is not None and (step - first) % block == 0:
+            stamps.append(time.monotonic())
         x, y = next(it)
         loss = float(step_fn(x, y)) if step % log_every == 0 or step == steps else step_fn(x, y)
         if step % log_every == 0 or step == steps:
@@ -101,7 +106,7 @@ def train(steps: int, batch_size: int, learning_rate: float, *, ctx=None, log_ev
         timed = steps - first + 1 if first is not None else 0
         with open(timing_out, "w") as f:  # steady state: after `warmup` steps, the last loss read back
             json.dump({"examples_per_sec": timed * batch_size / secs if secs else None, "batches": steps - start,
-                       "batches_timed": timed, "batch_size": batch_size}, f)
+                       "batches_timed": timed, "batch_size": batch_size, "block": block, "stamps": stamps}, f)
     return float(loss)
 
 
@@ -111,8 +116,9 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--learning-rate", type=float, default=0.1)
     p.add_argument("--timing-out", help="write the steady-state examples/s to this JSON file")
+    p.add_argument("--warmup-steps", type=int, default=20, help="steps before the steady state (--timing-out)")
     args = p.parse_args(argv)
-    train(args.steps, args.batch_size, args.learning_rate, timing_out=args.timing_out)
+    train(args.steps, args.batch_size, args.learning_rate, timing_out=args.timing_out, warmup=args.warmup_steps)
 
 
 def entrypoint(ctx) -> None:
