@@ -49,9 +49,11 @@ def _program(example: str, module: str, args: list[str]) -> dict:
 # with the shared machine's spells, together on one CPU both see the same spells. More rounds while
 # its interval is wider than ±3%, up to TRACE_CAP_S of runs; the back-to-back runs give the fixed cost.
 ROUNDS = 3
-TRACE_ROUNDS, TRACE_CAP_S = 5, 300.0
+TRACE_ROUNDS, TRACE_CAP_S = 3, 150.0
 
 
+# run_s: the mean of a comparison's runs (measured: 11 s back to back; together 30-53 s for the fit
+# example, 30 s for the loop).
 def program_comparison(key: str, title: str, program: dict, together: dict, *, run_s: float) -> Comparison:
     """`python` and `pinpoint trace` back to back (the fixed cost; their steady rates recorded) and
     together on one CPU (`together`: the same program with more batches and a warm-up past the
@@ -89,9 +91,9 @@ def trace_comparisons(s: Settings) -> list[Comparison]:
     return [
         program_comparison("trace-fit", f"`pinpoint trace` vs `python`: the keras_fit example (model.fit, "
                                         f"{FIT_EPOCHS}x{FIT_STEPS_PER_EPOCH} batches of {FIT_BATCH})", fit,
-                           fit_together, run_s=18.0),
+                           fit_together, run_s=22.0),
         program_comparison("trace-loop", f"`pinpoint trace` vs `python`: the custom_loop example (GradientTape, "
-                                         f"{LOOP_STEPS} steps of {LOOP_BATCH})", loop, loop_together, run_s=18.0),
+                                         f"{LOOP_STEPS} steps of {LOOP_BATCH})", loop, loop_together, run_s=17.5),
         entrypoint_comparison(s),
     ]
 
