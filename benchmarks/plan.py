@@ -119,13 +119,14 @@ def demo_config() -> dict:
 def bench_config(name: str, *, strategy: str, devices: int, steps: int, batch: int,
                  workers: int = 0, placement: bool = True, tracking: bool = False,
                  checkpoint_every: int = 0) -> dict:
-    """The demo config (model, data, optimizer, learning rate), resized for one benchmark arm."""
+    """The demo config (model, data, optimizer, learning rate), resized for one benchmark arm. The
+    demo's placement.timing and placement.memory are off here: an arm measures what it turns on."""
     cfg = copy.deepcopy(demo_config())
     cfg["name"] = name
     cfg["cluster"].update(chief=1, workers=workers, ps=0, evaluator=0, devices_per_worker=devices)
     cfg["train"].update(strategy=strategy, steps=steps, batch_size=batch, checkpoint_every=checkpoint_every)
     cfg["tracking"] = dict(cfg.get("tracking") or {}, enabled=tracking, experiment="pinpoint-bench")
-    cfg["placement"] = dict(cfg.get("placement") or {}, enabled=placement)
+    cfg["placement"] = dict(cfg.get("placement") or {}, enabled=placement, timing=False, memory=False)
     return cfg
 
 

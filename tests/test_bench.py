@@ -439,6 +439,24 @@ def test_the_full_plan_fits_in_its_limit_here():
     assert sum(plan_seconds(plan, Settings()).values()) < PLAN_LIMIT_S
 
 
+def test_every_config_the_full_plan_runs_is_one_pinpoint_accepts():
+    """The arms' configs derive from the demo's and the worked example's: a field either takes
+    effect or is refused, so an arm whose config the demo's settings make invalid fails its runs."""
+    from benchmarks.plan import Settings, build_plan
+    from pinpoint.config import config_from_dict
+    from pinpoint.errors import ConfigError
+
+    refused = {}
+    for c in build_plan(Settings()):
+        for a in c.arms:
+            if "config" in a.spec:
+                try:
+                    config_from_dict(a.spec["config"])
+                except ConfigError as err:
+                    refused[f"{c.key}/{a.name}"] = str(err)
+    assert refused == {}
+
+
 def test_plan_seconds_count_only_the_runs_a_comparison_makes_itself():
     from benchmarks.plan import Arm, Comparison, Settings, plan_seconds
 
