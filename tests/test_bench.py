@@ -468,6 +468,8 @@ def test_plan_seconds_count_only_the_runs_a_comparison_makes_itself():
 
 def _fake_record(arm) -> dict:
     return {"examples_per_sec": 100.0, "train_s": 5.0, "process_wall_s": 9.0, "wall_s": 20.0, "fixed_s": 1.0,
+            # what a pair run together on one CPU measures (trace-fit, trace-loop)
+            "steady_ratio": 1.0,
             # what a k8s-scale arm measures
             "provision_s": 0.5, "manifest_bytes": 3000, "manifest_bytes_per_pod": 300, "cluster_spec_bytes": 6000,
             "cluster_spec_bytes_per_pod": 600, "requests_per_poll": 4,
