@@ -172,13 +172,15 @@ def run_program_pair(spec: dict) -> dict[str, Any]:
         argv = ([sys.executable, "-m", spec["module"], *args] if via == "python" else
                 [sys.executable, "-m", "pinpoint.cli", "trace", "--no-tracking", "--out", str(out / "trace"),
                  "-m", spec["module"], *args])
-        procs[via] = subprocess.Popen(argv, cwd=spec["cwd"], env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                      preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+        # Output to files, not pipes: a pipe this worker is not reading yet would stall a program.
+        with open(out / f"{via}.log", "w") as log:
+            procs[via] = subprocess.Popen(argv, cwd=spec["cwd"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
     for via, proc in procs.items():
-        _, err = proc.communicate()
+        proc.wait()
         if proc.returncode != 0 or not timing[via].is_file():
-            raise RuntimeError(f"{via} {spec['module']} exited {proc.returncode}: {err[-400:]}")
+            tail = (out / f"{via}.log").read_text(errors="replace")[-400:]
+            raise RuntimeError(f"{via} {spec['module']} exited {proc.returncode}: {tail}")
     runs = {via: json.loads(t.read_text()) for via, t in timing.items()}
     return {**together(runs["python"], runs["trace"]), "cpu": cpu, "process_wall_s": time.perf_counter() - t0}
 
