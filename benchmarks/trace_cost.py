@@ -135,17 +135,22 @@ def entrypoint_comparison(s: Settings) -> Comparison:
 
 
 # ---- worker kinds -------------------------------------------------------------------------------
+def _program_argv(spec: dict, via: str, timing: Path, out: Path) -> list[str]:
+    """`python -m MODULE ARGS` or `pinpoint trace --no-tracking -m MODULE ARGS` (its run folder
+    `out`/trace), the program writing its steady state to `timing`."""
+    args = [*spec["args"], "--timing-out", str(timing)]
+    if via == "python":
+        return [sys.executable, "-m", spec["module"], *args]
+    return [sys.executable, "-m", "pinpoint.cli", "trace", "--no-tracking", "--out", str(out / "trace"),
+            "-m", spec["module"], *args]
+
+
 def run_program(spec: dict) -> dict[str, Any]:
     """`python -m MODULE ARGS` or `pinpoint trace -m MODULE ARGS`, timed from outside."""
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     timing = out / "timing.json"
-    args = [*spec["args"], "--timing-out", str(timing)]
-    if spec["via"] == "python":
-        argv = [sys.executable, "-m", spec["module"], *args]
-    else:
-        argv = [sys.executable, "-m", "pinpoint.cli", "trace", "--no-tracking", "--out", str(out / "trace"),
-                "-m", spec["module"], *args]
+    argv = _program_argv(spec, spec["via"], timing, out)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     t0 = time.perf_counter()
     proc = subprocess.run(argv, cwd=spec["cwd"], capture_output=True, text=True, env=env, check=False)
@@ -168,10 +173,7 @@ def run_program_pair(spec: dict) -> dict[str, Any]:
     t0 = time.perf_counter()
     for via in ("python", "trace"):
         timing[via] = out / f"timing-{via}.json"
-        args = [*spec["args"], "--timing-out", str(timing[via])]
-        argv = ([sys.executable, "-m", spec["module"], *args] if via == "python" else
-                [sys.executable, "-m", "pinpoint.cli", "trace", "--no-tracking", "--out", str(out / "trace"),
-                 "-m", spec["module"], *args])
+        argv = _program_argv(spec, via, timing[via], out)
         # Output to files, not pipes: a pipe this worker is not reading yet would stall a program.
         with open(out / f"{via}.log", "w") as log:
             procs[via] = subprocess.Popen(argv, cwd=spec["cwd"], env=env, stdout=log, stderr=subprocess.STDOUT,
