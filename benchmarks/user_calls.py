@@ -1,31 +1,29 @@
 """Issue 50.5: the per-call overheads as a user pays them. benchmarks/user_program.py (a small
 tf.function and an eager tf.add) runs as a whole process under `python` and under
-`pinpoint trace --no-tracking`, the two arms back to back, their order alternating between
-rounds; each process times CALLS-call blocks after a warm-up past the recorder's quiet window
-and keeps its best block. Added: the trace process's µs per call - the python process's, round
-by round; the verdict from the interval of those differences (>= 3 rounds).
+`pinpoint trace --no-tracking`.
 
-Two pairs of arms: on one CPU (the process and its threads pinned to the machine's last CPU,
-both arms alike) and on any CPU (as the program runs by default). A tf.function call hands its
-ops to TensorFlow's executor threads and waits for them; on any CPU of this 2-vCPU machine that
-wake-up crosses cores, and its luck moves a process's calls by several µs (measured 2026-11-28:
-python's best block 136-151 µs over 28 processes, the pairs' differences spread by 3.5 µs). On
-one CPU the same call takes ~89 µs with no wake-up across cores, and the pairs' differences
-spread by ~1.4 µs (24 pairs: 1.35 µs [0.99, 2.22], undecided); an eager op's by less than on any
-CPU too (0.33 µs [0.28, 0.39] against 0.37 [0.04, 0.47] over 10 pairs). What Pinpoint adds is
-work on the program's own thread, which one CPU does not hide: everything a process does
-shares that CPU. So both targets are decided on one CPU, over enough pairs for the
-tf.function's interval to come under its target if the median stays near 1.4; a few pairs on
-any CPU are recorded beside them.
+The targets are decided with both processes running at once (`run_together`, issue 67.4): both
+pinned to one CPU, each in a session of its own (the scheduler halves the CPU between the
+processes, whatever their threads), both past their warm-up and the recorder's quiet window
+before a common start on the machine's monotonic clock, then calling in the same phases (the
+tf.function, then the eager add, by turns). Per phase, each process's CPU µs per call (all its
+threads); a round's figure is the median over its phases of trace - python, so the few phases a
+sampling window of the recorder falls in (50 ms of op callbacks, at most every 16 s) do not
+decide it. What Pinpoint adds is work on the program's own threads, which sharing the CPU does
+not hide; the machine's slow spells, which move a lone process's rate by 10-20% from one run to
+the next, fall on both processes of a phase alike. Sharing the CPU makes each call dearer than
+alone (more cache refills after a switch), for both processes.
 
-Short blocks: a block of 20,000 calls (~3 s) that a slow spell of the machine hits is as slow as
-its spell, so the best of 3 moved by 4% from process to process; the best of 6 blocks of 4,000
-moves by about 1%. Many short processes rather than a few long ones: what is left moves with the
-process, not the block, so the interval narrows with pairs, not blocks. Two processes taking
-turns block by block were no better: paired over a pipe, the waiting one's threads moved the
-other's blocks by up to 35 µs; stopped (SIGSTOP) while the other ran, the differences spread as
-much as back to back (sd 3.4 µs over 10 pairs). Both arms run with the same fixed hash seed
-and, where `setarch` exists, without address-space randomisation."""
+Tried before and not enough to decide a difference of ~1 µs on a ~200 µs call: the two arms
+back to back (each process's best block of 4,000 calls: the pairs' differences spread by tens
+of µs on a slow day, as the machine's spells and each process's memory layout move it), taking
+turns over a pipe or by SIGSTOP (sd 3.4 µs over 10 pairs), taking turns in 20-100 ms slots of
+the shared clock (each slot starts cold: 8-10 µs added, more than at once), each on its own CPU
+at once (phases' differences spread by ±80 µs). Both processes run with the same fixed hash seed
+and, where `setarch` exists, without address-space randomisation: with random layouts two
+`python` processes at once differ by up to 10 µs a call round by round, with a fixed one by
+< 0.4 µs. Two pairs of back-to-back processes on any CPU (as a program runs by default) are
+recorded beside."""
 
 from __future__ import annotations
 
@@ -44,15 +42,19 @@ from benchmarks.targets import target
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "benchmarks" / "user_program.py"  # run as a script, as `python train.py` is
 CALLS, BLOCKS, WARMUP = 4000, 6, 2000
-ROUNDS = 36  # pairs of processes on one CPU: a verdict needs 3 (benchmarks/targets.py); ~1.4 µs, spread ~1.4
-ANY_CPU_ROUNDS = 4  # pairs on any CPU, recorded beside them
+# Together: 12 phases of 0.4 s of each call; a round's median moved by ~1 µs (tf.function) and
+# ~0.4 µs (eager add) from round to round, so 10 rounds bring the interval within about ±0.7 µs.
+PHASE_S, PHASES = 0.4, 12
+ROUNDS = 10  # pairs run together: a verdict needs 3 (benchmarks/targets.py)
+ANY_CPU_ROUNDS = 2  # pairs on any CPU, back to back, recorded beside them
 FIXED_LAYOUT = ["setarch", "-R"] if shutil.which("setarch") else []
 KEY = "user-calls"
 
 
 def comparison(s: Settings) -> Comparison:
-    full = s.steps >= 1000  # --quick (60 steps) checks the harness: fewer calls, one round
+    full = s.steps >= 1000  # --quick (60 steps) checks the harness: fewer calls and phases, one round
     spec = {"kind": "user_calls", "calls": CALLS if full else CALLS // 10, "blocks": BLOCKS, "warmup": WARMUP}
+    together = {"kind": "user_calls_together", "warmup": WARMUP, "phase_s": PHASE_S, "phases": PHASES if full else 2}
     any_cpu = ANY_CPU_ROUNDS if full else 1
     fn, add = "tf.function call (assign_add + reduce_sum)", "eager tf.add"
     return Comparison(
@@ -60,18 +62,18 @@ def comparison(s: Settings) -> Comparison:
         title="as a user pays it: the program under `pinpoint trace --no-tracking` against `python`, whole processes",
         arms=(Arm("python", "python", {**spec, "via": "python"}, max_rounds=any_cpu),
               Arm("trace", "pinpoint trace --no-tracking", {**spec, "via": "trace"}, max_rounds=any_cpu),
-              Arm("python-1cpu", "python, one CPU", {**spec, "via": "python", "one_cpu": True}),
-              Arm("trace-1cpu", "pinpoint trace --no-tracking, one CPU", {**spec, "via": "trace", "one_cpu": True})),
-        ratios=(Ratio(f"{fn}, one CPU: trace - python, µs", "trace-1cpu", "python-1cpu", "fn_us",
-                      target("calls.tf_function_us"), difference=True),
-                Ratio(f"{add}, one CPU: trace - python, µs", "trace-1cpu", "python-1cpu", "add_us",
-                      target("calls.eager_op_us"), difference=True),
-                Ratio(f"{fn}, any CPU: trace - python, µs", "trace", "python", "fn_us", difference=True),
-                Ratio(f"{add}, any CPU: trace - python, µs", "trace", "python", "add_us", difference=True)),
+              Arm("together", "both at once, one CPU", together)),
+        ratios=(Ratio(f"{fn}, together on one CPU: trace - python, µs", "together", "", "fn_added_us",
+                      target("calls.tf_function_us")),
+                Ratio(f"{add}, together on one CPU: trace - python, µs", "together", "", "add_added_us",
+                      target("calls.eager_op_us")),
+                Ratio(f"{fn}, any CPU, back to back: trace - python, µs", "trace", "python", "fn_us", difference=True),
+                Ratio(f"{add}, any CPU, back to back: trace - python, µs", "trace", "python", "add_us",
+                      difference=True)),
         repeats=ROUNDS if full else 1,
-        # A process: TensorFlow's import, 6 x 4,000 calls of each, the trace's report. Measured
-        # 2026-11-28: 8.2 s (python) and 8.7 s (trace) on any CPU, 6.4 s on one; their mean here.
-        run_s=6.8,
+        # A round together: both imports and warm-ups on one CPU (~12 s), 2 x 12 x 0.4 s of phases;
+        # a process back to back ~8 s. Their mean over the runs of a full bench.
+        run_s=20.0,
     )
 
 
@@ -82,31 +84,91 @@ def run(spec: dict) -> dict[str, Any]:
     timing = out / "timing.json"
     args = ["--calls", str(spec["calls"]), "--blocks", str(spec["blocks"]), "--warmup", str(spec["warmup"]),
             "--out", str(timing)]
-    if spec["via"] == "python":
-        argv = [sys.executable, str(PROGRAM), *args]
-    else:
-        # The `pinpoint` command as users run it (python -m pinpoint.cli puts runpy's frames under the
-        # program: see trace.program.run).
-        cli = Path(sys.executable).with_name("pinpoint")
-        argv = [*([str(cli)] if cli.is_file() else [sys.executable, "-m", "pinpoint.cli"]), "trace", "--no-tracking",
-                "--out", str(out / "trace"), str(PROGRAM), *args]
+    argv = _argv(spec["via"], out, args)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONHASHSEED": "0"}
-    cpu = None
-    if spec.get("one_cpu"):
-        # This worker only waits for the program: pinned, it hands its one CPU to the child.
-        cpu = max(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpu})
     t0 = time.perf_counter()
     proc = subprocess.run([*FIXED_LAYOUT, *argv], cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not timing.is_file():
         raise RuntimeError(f"{' '.join(argv[:6])}... exited {proc.returncode}: {proc.stderr[-400:]}")
-    return {**json.loads(timing.read_text()), "wall_s": wall, "fixed_layout": bool(FIXED_LAYOUT), "cpu": cpu}
+    return {**json.loads(timing.read_text()), "wall_s": wall, "fixed_layout": bool(FIXED_LAYOUT)}
+
+
+def _argv(via: str, out: Path, args: list[str]) -> list[str]:
+    """benchmarks/user_program.py ARGS under `python` or under `pinpoint trace --no-tracking` (its
+    run folder out/trace), as users run it."""
+    if via == "python":
+        return [sys.executable, str(PROGRAM), *args]
+    # The `pinpoint` command as users run it (python -m pinpoint.cli puts runpy's frames under the
+    # program: see trace.program.run).
+    cli = Path(sys.executable).with_name("pinpoint")
+    return [*([str(cli)] if cli.is_file() else [sys.executable, "-m", "pinpoint.cli"]), "trace", "--no-tracking",
+            "--out", str(out / "trace"), str(PROGRAM), *args]
+
+
+def run_together(spec: dict) -> dict[str, Any]:
+    """The worker kind `user_calls_together`: the program under python and under trace at once on
+    one CPU, each in a session of its own (the scheduler halves the CPU between the processes,
+    whatever their threads), calling in phases both start at the same time. Per phase, each
+    process's CPU µs per call; the round's figure is the median over the phases of trace - python."""
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    cpu = max(os.sched_getaffinity(0))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONHASHSEED": "0"}
+    procs, timing = {}, {}
+    for via in ("python", "trace"):
+        timing[via] = out / f"timing-{via}.json"
+        args = ["--warmup", str(spec["warmup"]), "--out", str(timing[via]), "--together", str(out), "--name", via,
+                "--phase-s", str(spec["phase_s"]), "--phases", str(spec["phases"])]
+        # Output to files, not pipes: a pipe this worker is not reading would stall a program.
+        with open(out / f"{via}.log", "w") as log:
+            procs[via] = subprocess.Popen([*FIXED_LAYOUT, *_argv(via, out, args)], cwd=ROOT, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    try:
+        # Both warmed up, then a common start a little ahead (user_program.wait_for_go).
+        while not all((out / f"ready-{via}").is_file() for via in procs):
+            dead = [via for via, p in procs.items() if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{dead[0]} exited {procs[dead[0]].returncode} before its phases: "
+                                   f"{(out / f'{dead[0]}.log').read_text(errors='replace')[-400:]}")
+            time.sleep(0.01)
+        tmp = out / "go.tmp"
+        tmp.write_text(repr(time.monotonic() + 0.2))
+        tmp.rename(out / "go")
+        for via, p in procs.items():
+            p.wait(timeout=300)
+            if p.returncode != 0 or not timing[via].is_file():
+                raise RuntimeError(f"{via} exited {p.returncode}: "
+                                   f"{(out / f'{via}.log').read_text(errors='replace')[-400:]}")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    runs = {via: json.loads(t.read_text()) for via, t in timing.items()}
+    return {**paired_phases(runs["python"]["phases"], runs["trace"]["phases"]), "cpu": cpu,
+            "warmup": spec["warmup"], "phase_s": spec["phase_s"], "phases": spec["phases"],
+            "fixed_layout": bool(FIXED_LAYOUT)}
+
+
+def paired_phases(python: list[dict], trace: list[dict]) -> dict[str, Any]:
+    """Per call kind: each process's median CPU µs per call over its phases, and the median over
+    the phases of trace - python (the same phase: the same seconds of the shared machine)."""
+    from statistics import median
+
+    got: dict[str, Any] = {}
+    for kind in dict.fromkeys(p["kind"] for p in python):
+        us = {via: [p["cpu_s"] / p["calls"] * 1e6 for p in ph if p["kind"] == kind]
+              for via, ph in (("python", python), ("trace", trace))}
+        added = [t - p for p, t in zip(us["python"], us["trace"], strict=True)]
+        got.update({f"{kind}_us": median(us["python"]), f"{kind}_trace_us": median(us["trace"]),
+                    f"{kind}_added_us": median(added), f"{kind}_added_phases": added})
+    return got
 
 
 def render(comps: list[Comparison], results: dict) -> str:
-    """The end-to-end table: per figure, each arm's best block (median of the rounds, min–max),
-    the difference round by round with its interval, and the verdict."""
+    """The end-to-end table: per figure, each process's µs per call (median of the rounds,
+    min–max), trace - python round by round with its interval, and the verdict."""
     from benchmarks.render import compare_summary, summ, target_met
     from benchmarks.stats import fmt_summary
     from benchmarks.table import markdown_table
@@ -118,20 +180,28 @@ def render(comps: list[Comparison], results: dict) -> str:
     rows = []
     for rt in comp.ratios:
         added = compare_summary(results, comp.key, rt)
-        rows.append([rt.label.split(":")[0], fmt_summary(summ(runs.get(rt.den, []), rt.metric)),
-                     fmt_summary(summ(runs.get(rt.num, []), rt.metric)), fmt_summary(added),
+        if rt.den:  # back to back: each process's best block
+            py, tr = summ(runs.get(rt.den, []), rt.metric), summ(runs.get(rt.num, []), rt.metric)
+        else:  # together: each process's median phase (kind_us, kind_trace_us)
+            kind = rt.metric.removesuffix("_added_us")
+            py, tr = (summ(runs.get(rt.num, []), f"{kind}{m}") for m in ("_us", "_trace_us"))
+        rows.append([rt.label.split(":")[0], fmt_summary(py), fmt_summary(tr), fmt_summary(added),
                      target_met(added, rt.target) or "recorded", str(added.n if added else 0)])
-    good = [r for recs in runs.values() for r in recs if "error" not in r]
-    spec = {**comp.arms[0].spec, **(good[0] if good else {})}  # what the processes ran (their records say)
-    cpus = sorted({r["cpu"] for r in good if r.get("cpu") is not None})
+    good = {arm: [r for r in recs if "error" not in r] for arm, recs in runs.items()}
+    alone = {**comp.arms[0].spec, **next(iter(good.get("python", [])), {})}  # what they ran (their records say)
+    both = {**comp.arms[2].spec, **next(iter(good.get("together", [])), {})}
+    cpus = sorted({r["cpu"] for r in good.get("together", []) if r.get("cpu") is not None})
+    layout = ("Every process with the same fixed hash seed and without address-space randomisation (one memory "
+              "layout per arm). " if both.get("fixed_layout") else "Every process with the same fixed hash seed. ")
     return (f"**As a user pays it**: {comp.title}\n\n" + markdown_table(
-        ["µs per call", "python (best block)", "pinpoint trace (best block)",
-         "added µs, trace - python, same round [95% interval] (min–max)", "target", "pairs"], rows)
-        + f"\nEach process: {spec['warmup']:,} calls of each as a warm-up (past the recorder's quiet window), then "
-          f"{spec['blocks']} blocks of {spec['calls']:,} calls of each (benchmarks/user_program.py), its best block; "
-          "the two processes of a round run back to back, the order alternating between rounds"
-          + (", both with a fixed hash seed and without address-space randomisation (one memory layout per arm)"
-             if spec.get("fixed_layout") else ", both with a fixed hash seed") + ". "
-        + (f"One CPU: the process and its threads pinned to CPU {', '.join(map(str, cpus))}; any CPU: as the "
-           "program runs by default (benchmarks/user_calls.py says why the targets are decided on one CPU).\n"
-           if cpus else "\n"))
+        ["µs per call", "python", "pinpoint trace", "added µs, trace - python, same round [95% interval] (min–max)",
+         "target", "rounds"], rows)
+        + f"\nTogether on one CPU (the targets): both processes at once, pinned to CPU "
+          f"{', '.join(map(str, cpus)) or '?'}, each in a session of its own; each makes {both['warmup']:,} calls of "
+          f"each as a warm-up (past the recorder's quiet window), then from a common start {both['phases']} phases of "
+          f"{both['phase_s']} s of each call by turns (benchmarks/user_program.py --together). Per phase its CPU µs "
+          "per call (all its threads); the process's figure is its median phase, a round's trace - python the "
+          "median over its phases of the same phase's difference. Sharing the CPU makes every call dearer than "
+          "alone, for both. Back to back on any CPU (recorded): each process's best of "
+          f"{alone['blocks']} blocks of {alone['calls']:,} calls of each after the same warm-up. {layout}"
+          "benchmarks/user_calls.py says why the targets are decided together.\n")

@@ -3,7 +3,7 @@
 The logical device layout is fixed once per process, so each run (Pinpoint or Keras, any
 device count) gets a fresh process. SPEC keys:
   kind          "pinpoint" | "keras" | "keras_mwm" | "keras_task" | "make_run" | "program" | "program_pair" | "entrypoint"
-                | "k8s_scale" | "placement_scale" | "overheads" | "user_calls" | "loop_anatomy" | "plan_ps" | "plan_mp"
+                | "k8s_scale" | "placement_scale" | "overheads" | "user_calls" | "user_calls_together" | "loop_anatomy" | "plan_ps" | "plan_mp"
                 | "plan_step" | "memory"
   config        a Pinpoint config as a dict (pinpoint, keras*)
   out           the run folder
@@ -68,6 +68,7 @@ KINDS = {
     "placement_scale": "benchmarks.placement_scale:measure",
     "overheads": "benchmarks.overheads:measure",
     "user_calls": "benchmarks.user_calls:run",
+    "user_calls_together": "benchmarks.user_calls:run_together",
     "loop_anatomy": "benchmarks.loop_anatomy:measure",
     "plan_ps": "benchmarks.plan_ps:measure",
     "plan_mp": "benchmarks.plan_mp:measure",

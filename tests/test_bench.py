@@ -222,6 +222,22 @@ def test_two_programs_whose_steady_states_barely_overlap_are_not_compared():
                  {"stamps": [1.0, 2.0, 5.0], "block": 1, "batch_size": 1})
 
 
+def test_the_user_calls_pair_is_decided_by_the_median_of_its_phases_differences():
+    from benchmarks.user_calls import paired_phases
+
+    # Three phases of each call. tf.function: python 200, 220, 180 µs a call (CPU s / calls), trace
+    # 202, 221, 190 (its last phase hit by a sampling window): differences 2, 1, 10 -> median 2.
+    # eager add: python 20, 20, 20; trace 20.5, 20.25, 20.5 -> 0.5, 0.25, 0.5 -> median 0.5.
+    def ph(*pairs):
+        return [p for fn, add in pairs for p in ({"kind": "fn", "calls": 1000, "cpu_s": fn / 1000},
+                                                 {"kind": "add", "calls": 4000, "cpu_s": add * 4 / 1000})]
+
+    got = paired_phases(ph((200, 20), (220, 20), (180, 20)), ph((202, 20.5), (221, 20.25), (190, 20.5)))
+    assert got["fn_added_phases"] == pytest.approx([2.0, 1.0, 10.0])
+    assert (got["fn_us"], got["fn_trace_us"], got["fn_added_us"]) == pytest.approx((200.0, 202.0, 2.0))
+    assert (got["add_us"], got["add_trace_us"], got["add_added_us"]) == pytest.approx((20.0, 20.5, 0.5))
+
+
 def test_pinpoint_steady_state_window_from_train_log(tmp_path):
     from benchmarks.pinpoint_run import steady_state
 
@@ -485,7 +501,10 @@ def _fake_record(arm) -> dict:
             **{f"{name}_{kind}_blocks": [0.5, 0.5, 0.5] for name in ("tf_function", "tf_function_wrapper", "eager_op",
                                                                       "log") for kind in ("added", "pinpoint")},
             # what a user_calls arm measures: its best block, µs per call, and what it ran
-            "fn_us": 150.0, "add_us": 10.0, "calls": 20000, "blocks": 3, "warmup": 2000}
+            "fn_us": 150.0, "add_us": 10.0, "calls": 20000, "blocks": 3, "warmup": 2000,
+            # what the user_calls pair run together measures: each process's median phase, the added µs
+            "fn_trace_us": 151.0, "add_trace_us": 10.1, "fn_added_us": 1.0, "add_added_us": 0.1, "phases": 12,
+            "phase_s": 0.4}
 
 
 def _fake_comparisons(monkeypatch):
@@ -862,25 +881,30 @@ def test_the_overheads_section_states_each_calls_paths_and_decides_by_the_pairs(
         rec.update({f"{name}_plain_us": 10.0, f"{name}_pinpoint_us": 10.5, f"{name}_calls": 100,
                     f"{name}_added_blocks": [0.4, 0.5, 0.6, 0.5], f"{name}_pinpoint_blocks": [4.0, 4.2, 4.1, 4.1],
                     f"{name}_added_us": 0.5, "eager_recording_added_us": 20.0})
-    # Whole processes, three rounds on one CPU (CPU 1): trace - python per round is 1.5, 1.0,
-    # 1.2 µs a call and 0.2, 0.1, 0.1 µs an eager op; on any CPU, 4, 5, 6 and 0.3, 0.3, 0.2.
-    proc = lambda fn, add, cpu=None: {"fn_us": fn, "add_us": add, "calls": 20000, "blocks": 3,  # noqa: E731
-                                      "warmup": 2000, "cpu": cpu}
-    user = {"python-1cpu": [proc(90.0, 9.8, 1), proc(95.0, 10.0, 1), proc(100.0, 10.2, 1)],
-            "trace-1cpu": [proc(91.5, 10.0, 1), proc(96.0, 10.1, 1), proc(101.2, 10.3, 1)],
-            "python": [proc(140.0, 9.8), proc(145.0, 10.0), proc(150.0, 10.2)],
-            "trace": [proc(144.0, 10.1), proc(150.0, 10.3), proc(156.0, 10.4)]}
+    # Whole processes. Together on one CPU (CPU 1), three rounds: trace - python is 1.5, 1.0, 1.2 µs
+    # a call and 0.2, 0.1, 0.1 µs an eager op; back to back on any CPU, 4, 5, 6 and 0.3, 0.3, 0.2.
+    alone = lambda fn, add: {"fn_us": fn, "add_us": add, "calls": 4000, "blocks": 6,  # noqa: E731
+                             "warmup": 2000, "fixed_layout": True}
+    both = lambda fn, fn_added, add, add_added: {  # noqa: E731
+        "fn_us": fn, "fn_trace_us": fn + fn_added + 0.5, "fn_added_us": fn_added, "add_us": add,
+        "add_trace_us": add + add_added, "add_added_us": add_added, "cpu": 1, "warmup": 2000, "phases": 12,
+        "phase_s": 0.4, "fixed_layout": True}
+    user = {"together": [both(200.0, 1.5, 20.0, 0.2), both(210.0, 1.0, 21.0, 0.1), both(190.0, 1.2, 22.0, 0.1)],
+            "python": [alone(140.0, 9.8), alone(145.0, 10.0), alone(150.0, 10.2)],
+            "trace": [alone(144.0, 10.1), alone(150.0, 10.3), alone(156.0, 10.4)]}
     text = render([users, comp], {"overheads": {ARM: [rec, rec]}, "user-calls": user})
     rows = {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith(("| tf.function", "| eager tf"))}
     fn = "tf.function call (assign_add + reduce_sum)"
-    assert rows[f"{fn}, one CPU"] == f"| {fn}, one CPU | 95 (90–100) | 96 (91.5–101) | 1.2 [1, 1.5] (1–1.5) " \
-                                     "| met (target <= 2) | 3 |"
-    assert rows["eager tf.add, one CPU"].endswith("| 0.1 [0.1, 0.2] (0.1–0.2) | met (target <= 0.5) | 3 |")
-    # On any CPU: recorded, no target.
-    assert rows[f"{fn}, any CPU"].endswith("| 5 [4, 6] (4–6) | recorded | 3 |")
-    assert rows["eager tf.add, any CPU"].endswith("| 0.3 [0.2, 0.3] (0.2–0.3) | recorded | 3 |")
-    assert "then 3 blocks of 20,000 calls of each" in text and "2,000 calls of each as a warm-up" in text
-    assert "pinned to CPU 1;" in text
+    # Each process's median phase beside the round's added µs (the median of its phases' differences).
+    assert rows[f"{fn}, together on one CPU"] == (f"| {fn}, together on one CPU | 200 (190–210) | 202 (192–212) "
+                                                  "| 1.2 [1, 1.5] (1–1.5) | met (target <= 2) | 3 |")
+    assert rows["eager tf.add, together on one CPU"].endswith("| 0.1 [0.1, 0.2] (0.1–0.2) | met (target <= 0.5) | 3 |")
+    # Back to back on any CPU: recorded, no target.
+    assert rows[f"{fn}, any CPU, back to back"].endswith("| 5 [4, 6] (4–6) | recorded | 3 |")
+    assert rows["eager tf.add, any CPU, back to back"].endswith("| 0.3 [0.2, 0.3] (0.2–0.3) | recorded | 3 |")
+    assert "then from a common start 12 phases of 0.4 s of each call" in text
+    assert "2,000 calls of each as a warm-up" in text and "best of 6 blocks of 4,000 calls" in text
+    assert "pinned to CPU 1," in text
     rows = [ln for ln in text.splitlines() if ln.startswith("| `tf.function` call, after capture")]
     paired, blocks = ([c.strip() for c in row.strip("|").split("|")] for row in rows)
     # In one process, what each part adds: recorded (the targets are on whole processes).
