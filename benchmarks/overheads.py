@@ -16,10 +16,11 @@ Pinpoint's path is the real one, installed as `pinpoint trace` installs it
 (`pinpoint.trace.session.Capture` on the devices plain python sees, its recorder, request log,
 fit patch and `pinpoint.log` sink), entered before and left after each Pinpoint block:
 
-- tf_function_wrapper (the target): inside the Capture, past that window, the recorder's wrapper
-  of `AtomicFunction.call_flat` (the only Pinpoint code left on a tf.function call's path) against
-  TensorFlow's own, switched call by call (`alternating_added_us`): pairs of calls a few hundred
-  µs apart meet the same machine, pairs of blocks do not;
+- tf_function_wrapper (the target): inside the Capture, past that window, the recorder's call
+  counter (its subclass of `InterpolateRuntimeError`, the only Pinpoint code left on a known
+  tf.function call's path: pinpoint.tfcompat.counting) against TensorFlow's own class, switched
+  call by call (`alternating_added_us`): pairs of calls a few hundred µs apart meet the same
+  machine, pairs of blocks do not;
 - tf_function: a small tf.function called after its first (captured) call, once every signature
   is recorded (the recorder's quiet window has passed: its op callback is switched off), in
   blocks with the Capture entered against not: the cross-check for the rest of its state;
@@ -151,24 +152,25 @@ def measure(spec: dict) -> dict[str, Any]:
         return warm
 
     def wrapper_pairs(call: Callable[[], Any], warm: Callable[[Capture], None]) -> None:
-        """tf_function_wrapper: inside the Capture, after its warm-up, the recorder's call_flat
-        wrapper against TensorFlow's own, switched call by call (`alternating_added_us`). The
-        rest of the Capture's state is what tf_function's blocks add on top."""
+        """tf_function_wrapper: inside the Capture, after its warm-up, the recorder's call counter
+        against TensorFlow's own InterpolateRuntimeError, switched call by call
+        (`alternating_added_us`). The rest of the Capture's state is what tf_function's blocks add
+        on top."""
         from pinpoint.tfcompat.patches import Patches
         from pinpoint.tfcompat.targets import TARGETS
 
-        owner, attr = TARGETS["AtomicFunction.call_flat"].owner()
+        owner, attr = TARGETS["InterpolateRuntimeError"].owner()
         tf_own = owner.__dict__[attr]
         calls, repeats = next((c, r) for n, c, r in BENCHES if n == "tf_function_wrapper")
         calls = max(1, int(calls * scale))
         added = []
         with Capture(dm) as cap:
             warm(cap)
-            assert owner.__dict__[attr] is not tf_own, "the Capture did not wrap AtomicFunction.call_flat"
-            # A class attribute: the next call looks it up. Closing puts the recorder's wrapper
-            # back before the Capture undoes its own patch.
+            assert owner.__dict__[attr] is not tf_own, "the Capture did not install its call counter"
+            # A module global: call_flat looks it up at each call. Closing puts the recorder's
+            # counter back before the Capture undoes its own patch.
             with Patches() as patches:
-                plain, ours = patches.switch("AtomicFunction.call_flat", tf_own)
+                plain, ours = patches.switch("InterpolateRuntimeError", tf_own)
                 for _ in range(repeats):
                     added.append(alternating_added_us(call, calls, plain, ours))
         record["tf_function_wrapper_added_blocks"] = added

@@ -42,10 +42,10 @@ from benchmarks.targets import target
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "benchmarks" / "user_program.py"  # run as a script, as `python train.py` is
 CALLS, BLOCKS, WARMUP = 4000, 6, 2000
-# Together: 12 phases of 0.4 s of each call; a round's median moved by ~1 µs (tf.function) and
-# ~0.4 µs (eager add) from round to round, so 10 rounds bring the interval within about ±0.7 µs.
+# Together: 12 phases of 0.4 s of each call; a round's median moves by ~0.7 µs (tf.function) and
+# ~0.1 µs (eager add) from round to round, so 20 rounds bring the interval within about ±0.35 µs.
 PHASE_S, PHASES = 0.4, 12
-ROUNDS = 10  # pairs run together: a verdict needs 3 (benchmarks/targets.py)
+ROUNDS = 20  # pairs run together: a verdict needs 3 (benchmarks/targets.py)
 ANY_CPU_ROUNDS = 2  # pairs on any CPU, back to back, recorded beside them
 FIXED_LAYOUT = ["setarch", "-R"] if shutil.which("setarch") else []
 KEY = "user-calls"

@@ -193,6 +193,20 @@ def test_a_partial_runs_chart_draws_only_the_panels_it_has_figures_for(tmp_path)
     assert write_chart(plan, results, tmp_path / "c.png") == ["Memory per device: predicted against measured"]
 
 
+def test_the_memory_table_shows_each_devices_least_and_most_peak_over_the_calls_measured(tmp_path):
+    from benchmarks.run import build_plan, parse_args, select, settings_from
+    from benchmarks.sections.memory import render_memory
+
+    plan = select(build_plan(settings_from(parse_args(["--only", "memory"]), 0), tmp_path), ["memory"])
+    arm = next(c for c in plan if c.key == "memory-accuracy").arms[0]
+    device = {"predicted": 108, "measured": 100, "error": 0.08, "least": 90, "most": 100}
+    results = {"memory-accuracy": {arm.name: [{"devices": {"/GPU:0": device}, "mismatched": 0, "events": 10,
+                                               "calls": [2, 3, 4], "call": "fourth"}]}}
+    row = next(ln for ln in render_memory(plan, results).splitlines() if ln.startswith(f"| {arm.label} |"))
+    assert [c.strip() for c in row.strip("|").split("|")][1:8] == [
+        "/GPU:0", "108", "100", "+8.0%", "90–100", "2, 3, 4", "0 of 10"]
+
+
 def test_chart_rows_that_share_a_label_name_their_comparison():
     from benchmarks.render import distinct_labels
 

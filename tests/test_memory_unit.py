@@ -572,3 +572,27 @@ def test_a_constant_or_an_update_the_allocator_saw_made_is_made_in_a_later_call(
     # Without: d's 64 B (c made before the call), then g's 100 B with d let go of. With: c stays,
     # and u's copy of v (100 B) joins g's.
     assert peaks == [100, 64 + 100 + 100]
+
+
+def test_of_several_measured_calls_the_one_whose_busiest_device_needs_most_is_kept_with_each_devices_spread():
+    from pinpoint.placement.memory.spread import highest
+
+    def call(gpu0: int, gpu1: int, host: int) -> dict:
+        peaks = {"/GPU:0": gpu0, "/GPU:1": gpu1, "/CPU:0": host}
+        return {"devices": {d: {"peak_requested": b} for d, b in peaks.items()} | {UNATTRIBUTED: {"peak_requested": 9}},
+                "predicted": {"devices": {d: {"gpu_machine": b + 10} for d, b in peaks.items()}}}
+
+    # Call 3's busiest GPU needs 810 (call 2: 710, call 4: 710 with more on the host, which is not a GPU's).
+    second, third, fourth = call(700, 500, 50), call(600, 800, 50), call(700, 400, 5000)
+    got = highest([(2, second), (3, third), (4, fourth)])
+    assert {k: v for k, v in got.items() if k != "calls"} == third
+    assert got["calls"] == {"measured": [2, 3, 4], "kept": 3,
+                            "devices": {"/GPU:0": {"least": 600, "most": 700}, "/GPU:1": {"least": 400, "most": 800},
+                                        "/CPU:0": {"least": 50, "most": 5000}}}
+
+
+def test_of_measured_calls_that_need_the_same_the_earliest_is_kept():
+    from pinpoint.placement.memory.spread import highest
+
+    same = {"devices": {"/GPU:0": {"peak_requested": 5}}, "predicted": {"devices": {"/GPU:0": {"gpu_machine": 8}}}}
+    assert highest([(2, same), (3, dict(same))])["calls"]["kept"] == 2

@@ -291,8 +291,8 @@ def test_step_metrics_reach_mlflow_as_logged_up_to_the_budget_then_at_most_once_
 
 # ---- issue 34: a tf.function call pays an identity test and a counter; the counts stay exact ----------
 def test_call_counts_are_exact_for_runs_of_calls_functions_in_turn_and_calls_traced_into_another(tmp_path):
-    """The wrapper holds the last function's calls in a counter and adds them to its record when
-    another function is called or the program ends: runs of calls, functions called in turn, a
+    """Each known function's calls are counted inside TensorFlow's call path (tfcompat.counting)
+    and added to its record when the program ends: runs of calls, functions called in turn, a
     zero-argument function, and a traced call (`inner` inside `outer`'s trace: not a call that ran)."""
     script = write(tmp_path, "counts.py", """
         import tensorflow as tf
@@ -315,7 +315,7 @@ def test_call_counts_are_exact_for_runs_of_calls_functions_in_turn_and_calls_tra
         def outer(t):
             return inner(t) + 1.0
 
-        for _ in range(130):  # a run of calls past the wrapper's check every 64
+        for _ in range(130):  # a run of calls past the counter's check every 64
             inner(x)
         for _ in range(7):  # in turn
             inner(x)

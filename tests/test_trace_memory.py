@@ -30,7 +30,7 @@ def step(x):
 
 
 x = tf.ones([{ROWS}, {INNER}])
-for _ in range(3):
+for _ in range(5):
     step(x)
 """
 
@@ -61,6 +61,19 @@ def test_the_matmul_on_gpu_1_is_that_devices_peak(split):
     assert "memory     : step peak per device:" in stdout
     # Predicted from the executed graphs: the product is the only tensor /GPU:1 makes.
     assert memory["predicted"]["devices"]["/GPU:1"]["predicted"] == product
+
+
+def test_calls_two_to_four_are_measured_and_each_devices_least_and_most_peak_reported(split):
+    """The step runs 5 times: calls 2, 3 and 4 are measured (the first makes the constants), all 5
+    counted. /GPU:1 holds the product in every call; the figures kept are one measured call's."""
+    memory, stdout, out = split
+    calls = memory["calls"]
+    product = ROWS * COLS * F32
+    assert (calls["measured"], calls["devices"]["/GPU:1"]) == ([2, 3, 4], {"least": product, "most": product})
+    assert calls["kept"] in (2, 3, 4)
+    assert all(v["least"] <= memory["devices"][d]["peak_requested"] <= v["most"] for d, v in calls["devices"].items())
+    assert [f["calls"] for f in placement(out)["functions"] if f["training"]] == [5]
+    assert "over calls 2, 3, 4: " in stdout and f"the figures are call {calls['kept']}'s" in stdout
 
 
 def test_the_measured_calls_trace_is_kept_for_tensorboards_memory_profile(split):

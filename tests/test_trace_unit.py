@@ -134,3 +134,33 @@ def test_a_later_fit_logs_only_what_changed_under_its_own_number():
     cap.log_fit_params({"fit.strategy": "MirroredStrategy", "fit.batch_size": 64, "fit.epochs": 2})
     assert sent == [{"fit.strategy": "OneDeviceStrategy", "fit.batch_size": 64},
                     {"fit3.strategy": "MirroredStrategy", "fit.epochs": 2}]
+
+
+def test_a_known_functions_calls_are_counted_by_the_class_its_call_makes_and_a_traced_call_is_taken_back():
+    """tfcompat.counting on stand-ins for TensorFlow's classes: the counter class's __init__ runs
+    once per call (as call_flat makes InterpolateRuntimeError(self)), make_call_op_in_graph once
+    per call added to a graph; a function not known yet is not counted there (its slow path counts
+    it); the sampling window is asked about every 64 calls of a function."""
+    from pinpoint.tfcompat.counting import counting_hooks, forget, know, take_count
+
+    class Interpolate:  # TensorFlow's: __init__ keeps the function, __exit__ reads it
+        def __init__(self, top_level_func):
+            self._func = top_level_func
+
+    class Function:
+        def call_flat(self, *args):
+            return ("own", self, args)
+
+    asked = []
+    counter_class, in_graph = counting_hooks(Interpolate, lambda atomic, *a: ("graph", atomic), lambda: asked.append(1))
+    known, unknown = Function(), Function()
+    know(known, Function.call_flat)
+    assert known.call_flat(1, 2) == ("own", known, (1, 2))  # TensorFlow's own, bound: no frame of Pinpoint's
+    for _ in range(130):
+        assert counter_class(known)._func is known
+    counter_class(unknown)
+    assert (in_graph(known, [], None), in_graph(unknown, [], None)) == (("graph", known), ("graph", unknown))
+    assert (take_count(known), take_count(unknown), len(asked)) == (129, 0, 2)  # 130 - 1; at 64 and 128
+    assert take_count(known) == 0  # taken
+    forget(known)
+    assert ("call_flat" in vars(known), take_count(known)) == (False, 0)

@@ -73,16 +73,21 @@ def render_memory(comps: list[p.Comparison], results: Results) -> str:
         for a in c.arms:
             for r in runs.get(a.name, []):
                 if r.get("error") or r.get("why_not") or "devices" not in r:
-                    rows.append([a.label, "-", "-", "-", "-", r.get("error") or r.get("why_not") or "no figures", "-"])
+                    rows.append([a.label, "-", "-", "-", "-", "-", "-", r.get("error") or r.get("why_not") or "no figures",
+                                 "-"])
                     continue
                 bad += r["mismatched"] or 0
+                calls = ", ".join(map(str, r.get("calls") or [])) or r.get("call") or "-"
                 for d, x in r["devices"].items():
                     err = x["error"]
                     within = err is not None and abs(err) <= bound("memory.prediction")
+                    spread = f"{x['least']:,}–{x['most']:,}" if "most" in x else "-"
                     rows.append([a.label, d, f"{x['predicted']:,}", f"{x['measured']:,}",
-                                 "-" if err is None else f"{err:+.1%}", f"{r['mismatched']} of {r['events']}",
+                                 "-" if err is None else f"{err:+.1%}", spread, calls,
+                                 f"{r['mismatched']} of {r['events']}",
                                  f"recorded ({'meets' if within else 'misses'}: {TARGET})"])
-    table = markdown_table(["model, strategy", "device", "predicted B", "measured B", "error", "mismatched events",
+    table = markdown_table(["model, strategy", "device", "predicted B", "measured B", "error",
+                            "measured over the calls, least–most B", "calls measured", "mismatched events",
                             "target"], rows)
     return (f"{table}\n\nReplay self-check: {bad} mismatched events over every run (target 0).\n"
             + "".join(f"\n{c.note}\n" for c in comps if c.note and c.key == "memory-accuracy")

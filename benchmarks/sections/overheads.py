@@ -14,7 +14,7 @@ from benchmarks.targets import target
 # (record name, label, target on the added µs, target on Pinpoint's own µs)
 ROWS = (
     ("tf_function_wrapper", "`tf.function` call, after capture and the recorder's quiet window: the recorder's "
-     "call_flat wrapper against TensorFlow's own, paired call by call", None, None),
+     "call counter against TensorFlow's own, paired call by call", None, None),
     ("tf_function", "`tf.function` call, after capture and the recorder's quiet window: the Capture entered "
      "against not, in blocks", None, None),
     ("tf_function_recording", "`tf.function` call, within the quiet window (op callback on)", None, None),
@@ -101,10 +101,10 @@ def render_in_process(comps: list[p.Comparison], results: dict) -> str:
         "\nIn one process, in pairs of blocks (plain, then Pinpoint's path: `pinpoint.trace.session.Capture` "
         "entered as `pinpoint trace` enters it), each call timed on its own and a block's figure the median of its "
         "calls (a call preempted on the shared machine is an outlier the median ignores; the log call and the "
-        "checkpoint save, which do work now and then, the mean). The call_flat wrapper row: the recorder's "
-        "wrapper of `AtomicFunction.call_flat`, the only Pinpoint code on a tf.function call's path once the quiet "
-        "window has passed (its op callback off, so TensorFlow's fast `execute`), switched inside the Capture "
-        "against TensorFlow's own call_flat call by call, the first of a pair alternating, a block's figure the "
+        "checkpoint save, which do work now and then, the mean). The call counter row: the recorder's "
+        "subclass of `InterpolateRuntimeError` (pinpoint.tfcompat.counting), the only Pinpoint code on a known "
+        "tf.function call's path once the quiet window has passed (its op callback off, so TensorFlow's fast "
+        "`execute`), switched inside the Capture against TensorFlow's own class call by call, the first of a pair alternating, a block's figure the "
         "median of its pairs' differences. The row below it (the Capture entered against not, in blocks) is the "
         "cross-check for the rest of its state. Best block: the lowest of a path's block medians; added: each "
         "pair's difference, pooled over the rounds, its median and bootstrap 95% interval. The log call's "

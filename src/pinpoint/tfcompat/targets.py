@@ -101,7 +101,12 @@ _DEVICES = "emulated GPUs"
 TARGETS: dict[str, Target] = {t.key: t for t in [
     # ---- patched while a program is traced (trace.recorder, trace.gpus, trace.keras_fit) ----
     Target("AtomicFunction.call_flat", _AF, "(self, *args)", patched=True,
-           used_for="count every tf.function call and capture its first one"),
+           used_for="capture each tf.function's first calls (a known function's own attribute is TensorFlow's)"),
+    Target("InterpolateRuntimeError", _AF, "(top_level_func)", patched=True,
+           used_for="count each call of a known tf.function (made once per call by call_flat; the subclass "
+                    "sets _func as its __init__ does)"),
+    Target("make_call_op_in_graph", _AF, "(atomic, tensor_inputs, context_call_attrs)", patched=True,
+           used_for="tell a call made while another function traces (a node in a graph) from one that runs"),
     Target("BaseSession.run", "tensorflow.python.client.session",
            "(self, fetches, feed_dict=None, options=None, run_metadata=None)", patched=True,
            used_for="capture a tf.compat.v1 Session.run's partition graphs"),

@@ -2,8 +2,9 @@
 
 The first eager call of each function (each concrete function, so a retrace is a new one) runs
 with graph collection on, which the runtime does when it instantiates the function anyway: its
-partition graphs and traced shapes are recorded once; later calls are counted by
-trace.calls' wrapper. With memory measured (--memory), the second call runs under the profiler.
+partition graphs and traced shapes are recorded once; later calls are counted inside
+TensorFlow's call path (tfcompat.counting). With memory measured (--memory), the second, third and fourth calls run
+under the profiler (MEMORY_CALLS): which temporaries overlap changes with the executor's order.
 A function another thread calls (a ClusterCoordinator's closure, run by a worker's runtime) is not
 captured; with memory measured, its second call is profiled there too, and its graphs are read
 from TensorFlow's dumps (placement.graphs.dumps) when the placement is built.
@@ -28,9 +29,15 @@ from pinpoint.placement import (
 )
 from pinpoint.placement import enabled as memory_enabled
 from pinpoint.tfcompat.api import current_device, executing_eagerly, wait_for_executor
+from pinpoint.tfcompat.counting import forget, know, take_count
 from pinpoint.tfcompat.graphs import called_graphs, collect_graphs
 from pinpoint.trace.eager import is_resource
 from pinpoint.trace.shapes import function_shapes
+
+# With memory measured, the calls after the first that run under the profiler (a function called
+# fewer times: those it had). The first call is measured only for a function called once: it
+# makes the function's constants.
+MEMORY_CALLS = (2, 3, 4)
 
 _SUFFIX_RE = re.compile(r"^__(inference|forward|backward)_(.*?)(_\d+)?$")
 def python_name(concrete: str) -> str:
@@ -94,7 +101,6 @@ class FunctionRecord:
     name: str  # the concrete function's name ('__inference_f_22') or 'Session.run(...)'
     python_name: str
     calls: int = 0
-    check_at: int = 0  # the call count at which the recorder next asks whether a window is due
     capture: CapturedGraphs | None = None
     kind: str = "tf.function"  # or "Session.run"
     # The Keras method its first call came from ("train", "evaluate", "predict"), else None.
@@ -108,9 +114,9 @@ class FunctionRecord:
 
 
 class FunctionCalls:
-    """Every call the counting wrapper does not count itself: a function's first call (captured),
-    a call on the slow path, a call while a function traces. `functions` holds the records by
-    concrete name (Session.run's too); `known` the functions whose calls the wrapper counts."""
+    """Every call of a function not known yet: its first call (captured), its measured calls, a
+    call while a function traces. `functions` holds the records by concrete name (Session.run's
+    too); `known` the functions whose calls tfcompat.counting counts inside TensorFlow's call path."""
 
     def __init__(self, functions: dict, on_new, eager_ops, finder, real_gpus: bool) -> None:
         self.functions = functions
@@ -122,8 +128,25 @@ class FunctionCalls:
         self.known: dict[int, FunctionRecord] = {}  # id(AtomicFunction) -> its record
         self._alive: list = []  # the functions in `known` (kept alive: an id is not reused)
 
+    def flush(self) -> None:
+        """Add the calls counted inside TensorFlow's call path to their records."""
+        for fn in self._alive:
+            self.known[id(fn)].calls += take_count(fn)
+
+    def forget_all(self) -> None:
+        """The trace ends: the calls counted so far to their records, the functions as they were."""
+        self.flush()
+        for fn in self._alive:
+            forget(fn)
+
+    def _know(self, fn, r: FunctionRecord, call_flat) -> None:
+        if id(fn) not in self.known:
+            know(fn, call_flat)  # its calls skip the slow path from now on, counted in TensorFlow's
+            self.known[id(fn)] = r
+            self._alive.append(fn)  # its id stays its own while it is in `known`
+
     def call(self, call_flat, fn, args):
-        """A call the wrapper did not count (slow(call_flat, fn, args) of trace.calls)."""
+        """A call of a function not known yet (TensorFlow's `call_flat`, the function, its arguments)."""
         if not self.active or not executing_eagerly(fn):
             return call_flat(fn, *args)
         name = fn.name.decode() if isinstance(fn.name, bytes) else str(fn.name)
@@ -132,10 +155,16 @@ class FunctionCalls:
         if not seen:
             r = self.functions[name] = FunctionRecord(name, user_name(fn, name), role=keras_role())
             self.on_new()
-        if seen or not memory_enabled():  # memory: the second call comes here too, to be measured
-            self.known[id(fn)] = r  # its calls take the fast path from now on
-            self._alive.append(fn)  # its id stays its own while it is in `known`
         r.calls += 1
+        try:
+            return self._record_call(call_flat, fn, args, r, seen)
+        finally:
+            # Memory: the calls up to the last of MEMORY_CALLS come here too, to be measured. Known
+            # after this call, which is counted here (not in TensorFlow's call path too).
+            if not memory_enabled() or (seen and r.calls >= MEMORY_CALLS[-1]):
+                self._know(fn, r, call_flat)
+
+    def _record_call(self, call_flat, fn, args, r: FunctionRecord, seen: bool):
         if seen:
             return self._seen_call(lambda: call_flat(fn, *args), r)
         if threading.current_thread() is not threading.main_thread():
@@ -174,9 +203,9 @@ class FunctionCalls:
         return out, cap
 
     def _seen_call(self, call, r: FunctionRecord):
-        """A later call on the slow path: with memory measured, the second call is the one measured."""
-        if r.calls == 2 and r.capture is not None and memory_enabled():
-            return self._measure_memory(call, r.capture)
+        """A later call on the slow path: with memory measured, the MEMORY_CALLS are measured."""
+        if r.calls in MEMORY_CALLS and r.capture is not None and memory_enabled():
+            return self._measure_memory(call, r.capture, r.calls)
         if r.calls == 2 and r.capture is None and r.error is None and memory_enabled() and dump_dir() is not None \
                 and threading.current_thread() is not threading.main_thread():
             return self._measure_remote(call, r)
@@ -194,12 +223,17 @@ class FunctionCalls:
         out, *_ = run_profiled(waited, r.remote, real_gpus=self.real_gpus)
         return out
 
-    def _measure_memory(self, call, cap: CapturedGraphs):
-        """A function's second call under the profiler: its memory without what only a first call
+    def _measure_memory(self, call, cap: CapturedGraphs, n: int):
+        """A function's call `n` under the profiler: its memory without what only a first call
         allocates (its constants, variables still sharing the buffer they were initialized from).
-        The first call's measurement stays when the program calls the function once."""
+        The second call's replaces the first call's (which stays when the program calls the
+        function once); later ones go to cap.memory_more."""
         taken = CapturedGraphs(step=0)
         out, *_ = run_profiled(call, taken, real_gpus=self.real_gpus)
+        if n != MEMORY_CALLS[0]:
+            if taken.memory_events:
+                cap.memory_more.append((n, taken))
+            return out
         if taken.memory_events:
             cap.memory_events, cap.memory_peak, cap.memory_why = taken.memory_events, taken.memory_peak, taken.memory_why
             cap.memory_read_ps, cap.memory_trace = taken.memory_read_ps, taken.memory_trace

@@ -2,9 +2,10 @@
 
 The Recorder puts together one module per concern and installs their hooks:
 
-- trace.calls: the wrapper of `AtomicFunction.call_flat` that counts every tf.function call;
+- tfcompat.counting: every tf.function call counted inside TensorFlow's own call path (a function not
+  known yet goes through the replacement of `AtomicFunction.call_flat`, trace.functions);
 - trace.functions: each function's record, its name, and its first call captured (partition
-  graphs, shapes; with --memory, the second call's memory);
+  graphs, shapes; with --memory, the memory of its calls 2 to 4);
 - trace.eager: the op callback that records eager ops (devices, copies, requests not met,
   variable updates), and trace.sampling: when that callback is on (off after a quiet window,
   on again for sampling windows). Every op up to `EagerRecord.stopped` is counted; after that
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 
+from pinpoint.tfcompat.counting import counting_hooks
 from pinpoint.tfcompat.patches import Patches
-from pinpoint.trace.calls import counting_wrapper
 from pinpoint.trace.eager import EagerOps, EagerRecord
 from pinpoint.trace.functions import FunctionCalls, FunctionRecord, error_line, keras_role, python_name
 from pinpoint.trace.sampling import EAGER_QUIET_OPS, Sampler
@@ -28,10 +29,6 @@ from pinpoint.trace.sessionrun import SessionRuns
 from pinpoint.trace.variables import VariableFinder
 
 __all__ = ["EAGER_QUIET_OPS", "FunctionRecord", "Recorder", "error_line", "keras_role", "python_name"]
-
-
-def _nothing() -> None:
-    return None
 
 
 class Recorder:
@@ -54,7 +51,6 @@ class Recorder:
                                    real_gpus=graph_placement is None)
         self.sessions = SessionRuns(self.functions, self.finder, graph_placement)
         self._patches = Patches()
-        self._flush = _nothing  # the counting wrapper's flush, once installed
         self.active = False
 
     def _on_new_function(self) -> None:
@@ -72,9 +68,18 @@ class Recorder:
         return self.sampler.quiet_ops
 
     def install(self) -> Recorder:
-        wrapper, self._flush = counting_wrapper(Patches.current("AtomicFunction.call_flat"), self.calls.known,
-                                                self.calls.call, self.sampler.sample_if_due)
-        self._patches.replace("AtomicFunction.call_flat", wrapper)
+        call_flat, slow = Patches.current("AtomicFunction.call_flat"), self.calls.call
+
+        def recorded_call_flat(fn, *args):  # a function not known yet (a known one's calls skip it)
+            return slow(call_flat, fn, args)
+
+        interpolate, in_graph = counting_hooks(Patches.current("InterpolateRuntimeError"),
+                                               Patches.current("make_call_op_in_graph"), self.sampler.sample_if_due)
+        self._patches.replace("InterpolateRuntimeError", interpolate)
+        self._patches.replace("make_call_op_in_graph", in_graph)
+        self._patches.replace("AtomicFunction.call_flat", recorded_call_flat)
+        # Closed first (undone last-in first-out): the known functions as they were.
+        self._patches.callback(self.calls.forget_all)
         run, sessions, rec = Patches.current("BaseSession.run"), self.sessions, self
 
         def recorded_run(sess, fetches, feed_dict=None, options=None, run_metadata=None):
@@ -91,8 +96,8 @@ class Recorder:
         self.active = self.calls.active = self.eager_ops.active = on
 
     def flush_calls(self) -> None:
-        """Add the calls the tf.function wrapper still holds to their records."""
-        self._flush()
+        """Add the calls counted inside TensorFlow's call path to their records."""
+        self.calls.flush()
 
     def uninstall(self) -> None:
         """Undo what `install` did (also a part-way install), newest first."""

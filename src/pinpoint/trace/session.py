@@ -287,7 +287,11 @@ def keep_memory_profile(cap: Capture, content: dict, out: Path) -> None:
     if not memory.get("devices") or train is None:
         return
     record = next((r for r in cap.recorder.functions.values() if r.name == train.get("concrete")), None)
-    xspace = getattr(record.capture, "memory_trace", None) if record is not None and record.capture else None
+    captured = record.capture if record is not None else None
+    # The call the section's figures are from (memory.calls.kept: the highest of several measured).
+    kept = (memory.get("calls") or {}).get("kept")
+    taken = next((t for n, t in captured.memory_more if n == kept), captured) if captured is not None else None
+    xspace = getattr(taken, "memory_trace", None)
     if xspace is None:
         return
     host = (xspace.hostnames[0] if xspace.hostnames else "localhost").replace("/", "_")

@@ -145,10 +145,22 @@ def _memory(cap, namer: DeviceMap) -> dict | None:
     xla = getattr(cap, "xla_calls", ())
     if xla and namer.emulated:
         return {"why_not": XLA_ON_EMULATED_GPUS.format(n=len(xla))}
-    out = memory_section(cap.partition_graphs, cap.memory_trace, cap.memory_events, namer, peak=cap.memory_peak,
-                         read_ps=cap.memory_read_ps, gpus=cap.memory_gpu_peaks, shapes=cap.shapes,
-                         call="first" if cap.memory_first_call else "second")
-    return out | ({"why_not": cap.memory_why} if cap.memory_why else {})
+    def section(taken, call: str) -> dict:
+        out = memory_section(cap.partition_graphs, taken.memory_trace, taken.memory_events, namer,
+                             peak=taken.memory_peak, read_ps=taken.memory_read_ps, gpus=taken.memory_gpu_peaks,
+                             shapes=cap.shapes, call=call)
+        return out | ({"why_not": taken.memory_why} if taken.memory_why else {})
+
+    first = section(cap, "first" if cap.memory_first_call else "second")
+    if not cap.memory_more:
+        return first
+    from pinpoint.placement.memory.spread import highest
+
+    return highest([(1 if cap.memory_first_call else 2, first),
+                    *((n, section(taken, ORDINALS.get(n, f"call {n}"))) for n, taken in cap.memory_more)])
+
+
+ORDINALS = {1: "first", 2: "second", 3: "third", 4: "fourth"}
 
 
 @dataclass

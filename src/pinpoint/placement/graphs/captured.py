@@ -74,6 +74,10 @@ class CapturedGraphs:
     memory_trace: Any = None  # the profiled call's XSpace (its kernels' order: the memory prediction)
     memory_gpu_peaks: dict | None = None  # a GPU machine's: each GPU allocator's own peak over the call
     memory_first_call: bool = True  # measured on the function's first call (its constants made then)
+    # The later calls measured the same way (trace.functions.MEMORY_CALLS): (call number, a
+    # CapturedGraphs holding that call's memory_* fields). The executor's order, and so which
+    # temporaries overlap, changes from call to call.
+    memory_more: list[tuple[int, Any]] = field(default_factory=list)
 
     @property
     def partition_graphs(self) -> list[graph_pb2.GraphDef]:

@@ -23,7 +23,10 @@ class Memory:
     self_check: Mapping[str, Any] | None = None  # mismatched, unpartitioned, replayed and allocator peaks
     gpu_allocator_peaks: Mapping[str, int] | None = None
     predicted: Mapping[str, Any] | None = None  # per device, the batch, the replay
-    call: str | None = None  # "first", "second" or "sampled steps"
+    call: str | None = None  # which call: "first", "second", "third", "fourth" or "sampled steps"
+    # Several calls measured (pinpoint trace): which, the one these figures are from, and each
+    # device's least and most measured peak over them (placement.memory.spread).
+    calls: Mapping[str, Any] | None = None
     steps: tuple[int, ...] | None = None
     trace: str | None = None  # the profile folder TensorBoard's memory profile opens on
     fit: Mapping[str, Any] | None = None  # the verdict per device for a GPU size

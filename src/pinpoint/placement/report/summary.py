@@ -144,8 +144,18 @@ def memory_line(memory) -> str | None:
     peak = ("" if check.get("allocator_peak") in (None, check.get("replayed_peak")) else
             f", replayed peak {check['replayed_peak']:,} B but get_memory_info's {check['allocator_peak']:,} B")
     off = f", {check['unpartitioned']} not adding up over the devices" if check.get("unpartitioned") else ""
-    return (f"memory     : step peak per device: {', '.join(parts)}{largest}; self-check: "
+    return (f"memory     : step peak per device: {', '.join(parts)}{largest}{_spread(memory)}; self-check: "
             f"{check['mismatched']} of {check['events']} allocator events off{off}{peak}")
+
+
+def _spread(memory: Memory) -> str:
+    """Several calls measured: which, each device's least and most peak, the call the figures are from."""
+    calls = memory.calls or {}
+    if len(calls.get("measured") or ()) < 2:
+        return ""
+    spread = ", ".join(f"{d} {human_bytes(v['least'])}–{human_bytes(v['most'])}" for d, v in calls["devices"].items())
+    return (f"; over calls {', '.join(map(str, calls['measured']))}: {spread} (the figures are call "
+            f"{calls['kept']}'s, whose busiest device needs the most)")
 
 
 def _unsplit_memory_line(memory: Memory) -> str:
