@@ -596,3 +596,20 @@ def test_of_measured_calls_that_need_the_same_the_earliest_is_kept():
 
     same = {"devices": {"/GPU:0": {"peak_requested": 5}}, "predicted": {"devices": {"/GPU:0": {"gpu_machine": 8}}}}
     assert highest([(2, same), (3, dict(same))])["calls"]["kept"] == 2
+
+
+def test_the_summary_and_the_report_page_name_the_calls_measured_and_each_devices_least_and_most():
+    from pinpoint.placement.model.memory import Memory
+    from pinpoint.placement.report.html import _calls
+    from pinpoint.placement.report.summary import _spread
+
+    calls = {"measured": [2, 3, 4], "kept": 3, "devices": {"/GPU:0": {"least": 2_000_000, "most": 3_000_000}}}
+    memory = Memory.from_json({"devices": {}, "calls": calls})
+    assert _spread(memory) == "; over calls 2, 3, 4: /GPU:0 1.9 MiB–2.9 MiB (the figures are call 3's, whose " \
+                              "busiest device needs the most)"
+    assert _calls(memory) == ("Calls 2, 3, 4 were measured; the figures above are call 3's, whose busiest device "
+                              "needs the most (the fits verdict and the largest batch come from it). Each device's "
+                              "peak over those calls: /GPU:0 1.9 MiB to 2.9 MiB.")
+    # One call measured (a function called twice): nothing to add.
+    one = Memory.from_json({"devices": {}, "calls": {"measured": [2], "kept": 2, "devices": {}}})
+    assert (_spread(one), _calls(one)) == ("", None)

@@ -248,7 +248,19 @@ def _memory(p: Placement, metrics, charts, x) -> dict | None:
                   "shape": a["shape"], "region": a["region"]} for d, m in devs.items() if d.startswith("/")
                  for a in m["at_peak"]],
         "tasks": _task_totals(memory),
+        "calls": _calls(memory),
     }
+
+
+def _calls(memory) -> str | None:
+    """Several calls measured: which, each device's least and most peak, whose figures are shown."""
+    calls = memory.calls or {}
+    if len(calls.get("measured") or ()) < 2:
+        return None
+    spread = ", ".join(f"{d} {human_bytes(v['least'])} to {human_bytes(v['most'])}" for d, v in calls["devices"].items())
+    return (f"Calls {', '.join(map(str, calls['measured']))} were measured; the figures above are call "
+            f"{calls['kept']}'s, whose busiest device needs the most (the fits verdict and the largest batch "
+            f"come from it). Each device's peak over those calls: {spread}.")
 
 
 def _task_totals(memory) -> list[dict]:
