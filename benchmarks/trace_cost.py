@@ -173,18 +173,27 @@ def run_program_pair(spec: dict) -> dict[str, Any]:
     t0 = time.perf_counter()
     for via in ("python", "trace"):
         timing[via] = out / f"timing-{via}.json"
-        argv = _program_argv(spec, via, timing[via], out)
-        # Output to files, not pipes: a pipe this worker is not reading yet would stall a program.
-        with open(out / f"{via}.log", "w") as log:
-            procs[via] = subprocess.Popen(argv, cwd=spec["cwd"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+        procs[via] = start_on_cpu(_program_argv(spec, via, timing[via], out), cpu, spec["cwd"], env, out / f"{via}.log")
     for via, proc in procs.items():
         proc.wait()
         if proc.returncode != 0 or not timing[via].is_file():
-            tail = (out / f"{via}.log").read_text(errors="replace")[-400:]
-            raise RuntimeError(f"{via} {spec['module']} exited {proc.returncode}: {tail}")
+            raise RuntimeError(f"{via} {spec['module']} exited {proc.returncode}: {log_tail(out / f'{via}.log')}")
     runs = {via: json.loads(t.read_text()) for via, t in timing.items()}
     return {**together(runs["python"], runs["trace"]), "cpu": cpu, "process_wall_s": time.perf_counter() - t0}
+
+
+def start_on_cpu(argv: list[str], cpu: int, cwd, env: dict, log: Path) -> subprocess.Popen:
+    """Start `argv` pinned to `cpu` in a session of its own (the scheduler shares the CPU between
+    sessions, whatever their threads), its output to the file `log`: a pipe this worker is not
+    reading yet would stall the program."""
+    with open(log, "w") as f:
+        return subprocess.Popen(argv, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+
+
+def log_tail(log: Path) -> str:
+    """The end of a program's output file, for an error line."""
+    return log.read_text(errors="replace")[-400:]
 
 
 MIN_TOGETHER_S = 3.0  # the least time both steady states must share for a round to count

@@ -38,6 +38,7 @@ from typing import Any
 
 from benchmarks.plan import Arm, Comparison, Ratio, Settings
 from benchmarks.targets import target
+from benchmarks.trace_cost import log_tail, start_on_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "benchmarks" / "user_program.py"  # run as a script, as `python train.py` is
@@ -108,9 +109,9 @@ def _argv(via: str, out: Path, args: list[str]) -> list[str]:
 
 def run_together(spec: dict) -> dict[str, Any]:
     """The worker kind `user_calls_together`: the program under python and under trace at once on
-    one CPU, each in a session of its own (the scheduler halves the CPU between the processes,
-    whatever their threads), calling in phases both start at the same time. Per phase, each
-    process's CPU µs per call; the round's figure is the median over the phases of trace - python."""
+    one CPU, each in a session of its own (trace_cost.start_on_cpu), calling in phases both start
+    at the same time. Per phase, each process's CPU µs per call; the round's figure is the median
+    over the phases of trace - python."""
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     cpu = max(os.sched_getaffinity(0))
@@ -120,18 +121,14 @@ def run_together(spec: dict) -> dict[str, Any]:
         timing[via] = out / f"timing-{via}.json"
         args = ["--warmup", str(spec["warmup"]), "--out", str(timing[via]), "--together", str(out), "--name", via,
                 "--phase-s", str(spec["phase_s"]), "--phases", str(spec["phases"])]
-        # Output to files, not pipes: a pipe this worker is not reading would stall a program.
-        with open(out / f"{via}.log", "w") as log:
-            procs[via] = subprocess.Popen([*FIXED_LAYOUT, *_argv(via, out, args)], cwd=ROOT, env=env, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True,
-                                          preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+        procs[via] = start_on_cpu([*FIXED_LAYOUT, *_argv(via, out, args)], cpu, ROOT, env, out / f"{via}.log")
     try:
         # Both warmed up, then a common start a little ahead (user_program.wait_for_go).
         while not all((out / f"ready-{via}").is_file() for via in procs):
             dead = [via for via, p in procs.items() if p.poll() is not None]
             if dead:
                 raise RuntimeError(f"{dead[0]} exited {procs[dead[0]].returncode} before its phases: "
-                                   f"{(out / f'{dead[0]}.log').read_text(errors='replace')[-400:]}")
+                                   f"{log_tail(out / f'{dead[0]}.log')}")
             time.sleep(0.01)
         tmp = out / "go.tmp"
         tmp.write_text(repr(time.monotonic() + 0.2))
@@ -139,8 +136,7 @@ def run_together(spec: dict) -> dict[str, Any]:
         for via, p in procs.items():
             p.wait(timeout=300)
             if p.returncode != 0 or not timing[via].is_file():
-                raise RuntimeError(f"{via} exited {p.returncode}: "
-                                   f"{(out / f'{via}.log').read_text(errors='replace')[-400:]}")
+                raise RuntimeError(f"{via} exited {p.returncode}: {log_tail(out / f'{via}.log')}")
     finally:
         for p in procs.values():
             if p.poll() is None:
