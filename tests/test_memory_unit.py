@@ -610,6 +610,10 @@ def test_the_summary_and_the_report_page_name_the_calls_measured_and_each_device
     assert _calls(memory) == ("Calls 2, 3, 4 were measured; the figures above are call 3's, whose busiest device "
                               "needs the most (the fits verdict and the largest batch come from it). Each device's "
                               "peak over those calls: /GPU:0 1.9 MiB to 2.9 MiB.")
+    # The same peak in every call: one figure.
+    same = Memory.from_json({"devices": {}, "calls": {**calls, "devices": {"/GPU:1": {"least": 1024, "most": 1024}}}})
+    assert _spread(same) == "; over calls 2, 3, 4: /GPU:1 1.0 KiB (the figures are call 3's, whose busiest device " \
+                            "needs the most)"
     # One call measured (a function called twice): nothing to add.
     one = Memory.from_json({"devices": {}, "calls": {"measured": [2], "kept": 2, "devices": {}}})
     assert (_spread(one), _calls(one)) == ("", None)

@@ -26,7 +26,7 @@ from pinpoint.placement.model.records import ReplicaConsistency
 from pinpoint.placement.model.schema import EXPLAIN, EXPLAIN_TRACE
 from pinpoint.placement.model.sections import Variable
 from pinpoint.placement.report.findings import first_screen
-from pinpoint.placement.report.summary import format_summary, human_bytes
+from pinpoint.placement.report.summary import format_summary, human_bytes, peak_range
 from pinpoint.runfolder import METRICS, PLACEMENT, REPORT_HTML, atomic_write_text
 
 CHARTS_DIR = "charts"
@@ -257,7 +257,7 @@ def _calls(memory) -> str | None:
     calls = memory.calls or {}
     if len(calls.get("measured") or ()) < 2:
         return None
-    spread = ", ".join(f"{d} {human_bytes(v['least'])} to {human_bytes(v['most'])}" for d, v in calls["devices"].items())
+    spread = ", ".join(f"{d} {peak_range(v, ' to ')}" for d, v in calls["devices"].items())
     return (f"Calls {', '.join(map(str, calls['measured']))} were measured; the figures above are call "
             f"{calls['kept']}'s, whose busiest device needs the most (the fits verdict and the largest batch "
             f"come from it). Each device's peak over those calls: {spread}.")

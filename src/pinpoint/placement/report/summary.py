@@ -153,9 +153,15 @@ def _spread(memory: Memory) -> str:
     calls = memory.calls or {}
     if len(calls.get("measured") or ()) < 2:
         return ""
-    spread = ", ".join(f"{d} {human_bytes(v['least'])}–{human_bytes(v['most'])}" for d, v in calls["devices"].items())
+    spread = ", ".join(f"{d} {peak_range(v, '–')}" for d, v in calls["devices"].items())
     return (f"; over calls {', '.join(map(str, calls['measured']))}: {spread} (the figures are call "
             f"{calls['kept']}'s, whose busiest device needs the most)")
+
+
+def peak_range(v: Mapping[str, int], sep: str) -> str:
+    """A device's least and most peak over the calls measured ('1.0 MiB' when they are equal)."""
+    least, most = human_bytes(v["least"]), human_bytes(v["most"])
+    return least if least == most else f"{least}{sep}{most}"
 
 
 def _unsplit_memory_line(memory: Memory) -> str:
