@@ -27,6 +27,11 @@ from typing import Any
 
 MODELS = ("mlp", "cnn", "lstm", "transformer", "mobilenetv2", "resnet50", "digits_cnn")
 STRATEGIES = ("mirrored", "split", "parameter_server")
+BATCH, FACTOR = 32, 4
+# At FACTOR x the batch, under mirrored: each model, and Keras's "Simple MNIST convnet" example
+# (two Conv2D, two MaxPooling2D, Flatten, Dropout, Dense), whose conv kernels' scratch overlaps its
+# activations differently from call to call.
+AT_BATCH_MODELS = (*MODELS, "convnet")
 
 PROGRAM = '''
 import socket
@@ -37,9 +42,9 @@ import numpy as np
 import tensorflow as tf
 
 MODEL, STRATEGY = sys.argv[1], sys.argv[2]
-BATCH = 32
+BATCH = int(sys.argv[3]) if len(sys.argv) > 3 else 32
 SHAPES = {"mlp": (64,), "cnn": (16, 16, 3), "lstm": (16, 8), "transformer": (16, 32), "mobilenetv2": (32, 32, 3),
-          "resnet50": (32, 32, 3), "digits_cnn": (8, 8, 1)}
+          "resnet50": (32, 32, 3), "digits_cnn": (8, 8, 1), "convnet": (28, 28, 1)}
 
 
 def transformer(shape):
@@ -62,6 +67,11 @@ def build():
                                  keras.layers.Flatten(), keras.layers.Dense(10)])
     if MODEL == "lstm":
         return keras.Sequential([keras.Input(shape), keras.layers.LSTM(32), keras.layers.Dense(10)])
+    if MODEL == "convnet":  # Keras's "Simple MNIST convnet" example
+        return keras.Sequential([keras.Input(shape), keras.layers.Conv2D(32, 3, activation="relu"),
+                                 keras.layers.MaxPooling2D(), keras.layers.Conv2D(64, 3, activation="relu"),
+                                 keras.layers.MaxPooling2D(), keras.layers.Flatten(), keras.layers.Dropout(0.5),
+                                 keras.layers.Dense(10)])
     if MODEL == "transformer":
         return transformer(shape)
     if MODEL == "digits_cnn":  # the worked example's own model (examples/digits_cnn, on PYTHONPATH)
@@ -151,6 +161,16 @@ def memory_arms(models=MODELS, strategies=STRATEGIES) -> list[tuple[str, str, di
                                                                                      "example": "digits_cnn"})]
 
 
+def at_batch_arms(models=AT_BATCH_MODELS) -> list[tuple[str, str, dict]]:
+    """(name, label, spec) of the mirrored runs at FACTOR x the batch, and of the measured batch's
+    runs the others' arms do not already make (the bench's memory table pairs them)."""
+    base = [] if set(models) <= set(MODELS) else [
+        (f"{m}-mirrored", f"{m}, mirrored", {"kind": "memory", "model": m, "strategy": "mirrored"})
+        for m in models if m not in MODELS]
+    return base + [(f"{m}-mirrored-x{FACTOR}", f"{m}, mirrored, batch {FACTOR * BATCH}",
+                    {"kind": "memory", "model": m, "strategy": "mirrored", "batch": FACTOR * BATCH}) for m in models]
+
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "digits_cnn"
 
 
@@ -188,7 +208,7 @@ def measure(spec: dict) -> dict[str, Any]:
     prog = out / "program.py"
     prog.write_text(PROGRAM)
     argv = [sys.executable, "-m", "pinpoint.cli", "trace", "--memory", "--gpus", "2", "--no-tracking",
-            "--out", str(out / "trace"), str(prog), spec["model"], spec["strategy"]]
+            "--out", str(out / "trace"), str(prog), spec["model"], spec["strategy"], str(spec.get("batch", BATCH))]
     t0 = time.perf_counter()
     path = os.pathsep.join(filter(None, [str(EXAMPLE), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(argv, cwd=out, capture_output=True, text=True, check=False,
@@ -207,9 +227,12 @@ def memory_record(memory: dict) -> dict[str, Any]:
         return {"why_not": memory.get("why_not") or "no memory section"}
     predicted = (memory.get("predicted") or {}).get("devices") or {}
     spread = (memory.get("calls") or {}).get("devices") or {}
+    batch = (memory.get("predicted") or {}).get("batch") or {}
     return {"devices": {d: {k: r[k] for k in ("predicted", "measured", "error")} | (
                 {"least": spread[d]["least"], "most": spread[d]["most"]} if d in spread else {})
                         for d, r in predicted.items()},
             "mismatched": (memory.get("self_check") or {}).get("mismatched"),
             "events": (memory.get("self_check") or {}).get("events"), "call": memory.get("call"),
-            "calls": (memory.get("calls") or {}).get("measured")}
+            "calls": (memory.get("calls") or {}).get("measured"),
+            # Each device's predicted peak at 2x and 4x the measured batch (per replica).
+            "batch": {"measured": batch.get("measured"), "devices": batch.get("devices") or {}}}

@@ -207,6 +207,31 @@ def test_the_memory_table_shows_each_devices_least_and_most_peak_over_the_calls_
         "/GPU:0", "108", "100", "+8.0%", "90–100", "2, 3, 4", "0 of 10"]
 
 
+def test_the_table_at_four_times_the_batch_holds_the_busiest_replicas_prediction_to_its_most(tmp_path):
+    """The mlp's run at batch 32 (16 a replica) predicts each replica at 64; the run at 128 measured
+    each replica's most over its calls: 1,000 against 1,020 (-2.0%, meets) and 1,000 against 1,060
+    (-5.7%, more than 5% low: misses)."""
+    from benchmarks.run import build_plan, parse_args, select, settings_from
+    from benchmarks.sections.memory import render_memory
+
+    plan = select(build_plan(settings_from(parse_args(["--only", "memory"]), 0), tmp_path), ["memory"])
+    assert "mlp-mirrored-x4" in [a.name for c in plan if c.key == "memory-at-batch" for a in c.arms]
+    base = {"devices": {"/GPU:0": {"predicted": 1, "measured": 1, "error": 0.0}}, "mismatched": 0, "events": 1,
+            "batch": {"measured": 16, "devices": {"/GPU:0": {"32": 600, "64": 1_000}, "/GPU:1": {"32": 590, "64": 980}}}}
+
+    def big(most: int) -> dict:
+        return {"devices": {"/GPU:0": {"predicted": 1, "measured": 900, "error": 0.0, "least": 900, "most": 990},
+                            "/GPU:1": {"predicted": 1, "measured": most, "error": 0.0, "least": 950, "most": most}}}
+
+    for most, err, verdict in ((1_020, "-2.0%", "meets"), (1_060, "-5.7%", "misses")):
+        results = {"memory-accuracy": {"mlp-mirrored": [base]}, "memory-at-batch": {"mlp-mirrored-x4": [big(most)]}}
+        text = render_memory(plan, results)
+        row = next(ln for ln in text.splitlines() if ln.startswith("| mlp, mirrored, batch 128 |"))
+        assert [c.strip() for c in row.strip("|").split("|")][1:] == [
+            "1,000", f"{most:,}", f"/GPU:0 1,000 / 990; /GPU:1 980 / {most:,}", err,
+            f"{verdict}: within 10% of the most measured there, never more than 5% below it"]
+
+
 def test_chart_rows_that_share_a_label_name_their_comparison():
     from benchmarks.render import distinct_labels
 

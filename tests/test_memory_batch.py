@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pinpoint.placement.memory.batch import _leading, at_batch, batch_of, largest_batch, scaled_outputs
+from pinpoint.placement.memory.batch import _leading, at_batch, batch_of, largest_batch, scaled_outputs, scaled_scratch
 from pinpoint.placement.memory.nodes import Node
 from pinpoint.placement.memory.replay import Replay
 
@@ -52,6 +52,33 @@ def test_the_batch_is_the_input_rows_and_an_output_is_scaled_by_its_leading_dime
     assert scaled_outputs(nodes, shapes, sizes, 32, {"loop/input/GatherV2": "[32,64]", "grad/MatMul_1": "[64,128]"}) \
         == {"loop/input/GatherV2": (0,), "dense/MatMul": (0,)}
     assert (_leading("[32,128]"), _leading("[]"), _leading("[?,3]")) == (32, None, None)
+
+
+@pytest.mark.unit
+def test_an_output_folding_the_batch_into_its_leading_dimension_is_scaled_and_a_weight_gradient_is_not():
+    """A Dense layer on a sequence (Tensordot): x [B, T, F] reshaped to [B x T, F], its MatMul
+    [B x T, G]; the weight gradient [F, G] reads the folded output, its F a multiple of B by chance."""
+    float32, t, f, g = 1, 8, 2 * B, 6
+    nodes = [Node("x", "MatMul"), Node("r", "Reshape", (("x", 0), ("shape", 0))), Node("shape", "Const"),
+             Node("m", "MatMul", (("r", 0), ("w", 0))), Node("w", "ReadVariableOp"),
+             Node("dw", "MatMul", (("r", 0), ("m", 0))), Node("back", "Reshape", (("m", 0), ("shape", 0)))]
+    shapes = {"x": [(float32, [B, t, f])], "r": [(float32, [B * t, f])], "shape": [(3, [2])],
+              "m": [(float32, [B * t, g])], "w": [(float32, [f, g])], "dw": [(float32, [f, g])],
+              "back": [(float32, [B, t, g])]}
+    sizes = {n: (4 * (d[0][1][0] * (d[0][1][1] if len(d[0][1]) > 1 else 1)),) for n, d in shapes.items()}
+    assert scaled_outputs(nodes, shapes, sizes, B, {}) == {"x": (0,), "r": (0,), "m": (0,), "back": (0,)}
+
+
+@pytest.mark.unit
+def test_a_scratch_whose_shape_starts_with_the_batch_grows_with_it_and_an_im2col_buffer_does_not():
+    temp_shapes = {"einsum": {f"[{B},4,16,16]"}, "conv_filter_grad": {"[496,64,144]"}, "both": {"[3]", f"[{B},2]"}}
+    assert scaled_scratch(temp_shapes, B) == {"einsum", "both"}
+    assert scaled_scratch(temp_shapes, None) == frozenset()
+    replay = Replay((Node("einsum", "Einsum"), Node("conv", "Conv2DBackpropFilter")),
+                    (("einsum", 0, 1), ("conv", 2, 3)), {}, {"einsum": "/GPU:0", "conv": "/GPU:0"}, batch=B,
+                    temps={"einsum": 100, "conv": 1000}, scaled_temps=frozenset({"einsum"}))
+    assert at_batch(replay, 4 * B).temps == {"einsum": 400, "conv": 1000}
+    assert Replay.from_json(replay.to_json()).scaled_temps == {"einsum"}
 
 
 PROGRAM = """

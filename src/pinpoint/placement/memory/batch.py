@@ -1,28 +1,37 @@
 """Memory per device at another batch size, and the largest batch that fits a GPU.
 
-The measured call's replay (memory_predict.Replay) knows each output's bytes. An output whose
-shape starts with the step's batch (the input elements' leading dimension; where shape inference
-left the shape unknown, the shape the allocator recorded for it) is taken to grow in proportion to
-the batch; every other output (weight gradients, optimizer updates, constants) keeps its size. The same kernels then run in the same order.
+The measured call's replay (memory_predict.Replay) knows each output's bytes. What grows in
+proportion to the batch:
+- an output whose shape starts with the step's batch (the input elements' leading dimension;
+  where shape inference left the shape unknown, the shape the allocator recorded for it);
+- an output that folds the batch into its leading dimension (`[batch x time, features]`): made by
+  a Reshape of an output that grows, or by an op reading such a folded output and keeping its
+  leading dimension (a Dense layer on a sequence: Tensordot's MatMul and its gradients);
+- a kernel's scratch whose shape, as the allocator recorded it, starts with the batch (an Einsum's,
+  a pooling gradient's); a convolution's im2col buffer, sized by the host's cache, does not.
+Every other output (weight gradients, optimizer updates, constants) and scratch keeps its size.
+The same kernels then run in the same order.
 
-Assumptions, written beside the figures: the batch is the leading dimension wherever it appears
-(an op that folds it into another dimension, [batch x time, features], is not scaled: said as
-the outputs scaled); the kernels run in the same order at any batch; variables and slots do not
-depend on the batch.
+Assumptions, written beside the figures: the kernels run in the same order at any batch;
+variables and slots do not depend on the batch.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 from pinpoint.placement.graphs.ops import DT_RESOURCE, INPUT_SOURCES
 
 ASSUMPTION = ("every output whose shape starts with the step's batch (inferred, else as the allocator recorded it) "
-              "grows in proportion to the batch, the others keep their size; the same kernels run in the same order; "
+              "or folds it into its leading dimension, and every scratch whose shape starts with it, grows in "
+              "proportion to the batch, the others keep their size; the same kernels run in the same order; "
               "variables and slots do not depend on the batch")
+
+# The op that folds the batch into another dimension ([batch, time, features] -> [batch x time, features]).
+FOLDS = frozenset({"Reshape"})
 
 
 FACTORS = (2, 4)  # the other batches shown: these multiples of the measured one
@@ -82,7 +91,49 @@ def scaled_outputs(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[
                 idx.append(k)
         if idx:
             out[n.name] = tuple(idx)
-    return out
+    return _folded(nodes, shapes, sizes, batch, asked, out)
+
+
+def _folded(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[int, ...]], batch: int,
+            asked: Mapping[str, str], scaled: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """`scaled` and the outputs that fold the batch into their leading dimension: a Reshape of a
+    scaled output to a leading dimension a multiple of the batch, and from there each op that reads
+    such an output and keeps its leading dimension (its consumers in the graph, to a fixed point)."""
+    consumers: dict[str, list] = {}
+    for n in nodes:
+        for name, _ in n.inputs:
+            consumers.setdefault(name, []).append(n)
+    folded = {name: {} for name in scaled}  # node -> {output index: its leading dimension, folded}
+    work = list(scaled)
+    out = {k: set(v) for k, v in scaled.items()}
+    while work:
+        name = work.pop()
+        for c in consumers.get(name, ()):
+            reads = [(k, folded.get(name, {}).get(k)) for src, k in c.inputs if src == name and k in out.get(name, ())]
+            if not reads:
+                continue
+            leads = {lead for _, lead in reads if lead}
+            outs = shapes.get(c.name) or ()
+            for k, size in enumerate(sizes.get(c.name, ())):
+                dims = outs[k][1] if k < len(outs) else None
+                lead = dims[0] if dims else None
+                if lead is None and k == 0 and c.name in asked:
+                    lead = _leading(asked[c.name])
+                if not size or not lead or k in out.get(c.name, ()):
+                    continue
+                if lead in leads or (c.op in FOLDS and lead > batch and lead % batch == 0):
+                    out.setdefault(c.name, set()).add(k)
+                    folded.setdefault(c.name, {})[k] = lead
+                    work.append(c.name)
+    return {k: tuple(sorted(v)) for k, v in out.items() if v}
+
+
+def scaled_scratch(temp_shapes: Mapping[str, Iterable[str]], batch: int | None) -> frozenset[str]:
+    """The kernels whose scratch grows with the batch: one of their temps, as the allocator recorded
+    its shape ("[32,4,16,16]"), starts with it (an im2col buffer sized by the host's cache does not)."""
+    if batch is None:
+        return frozenset()
+    return frozenset(op for op, shapes in temp_shapes.items() if any(_leading(s) == batch for s in shapes))
 
 
 def _leading(shape: str) -> int | None:
@@ -99,7 +150,9 @@ def at_batch(replay, batch: int):
         for k in idx:
             row[k] = row[k] * batch // replay.batch
         sizes[name] = tuple(row)
-    return replace(replay, sizes=sizes, batch=batch)
+    temps = {name: size * batch // replay.batch if name in replay.scaled_temps else size
+             for name, size in replay.temps.items()}
+    return replace(replay, sizes=sizes, batch=batch, temps=temps)
 
 
 def batch_section(replay) -> dict:

@@ -39,11 +39,12 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     sized by what its op really asked the allocator for (`events`, the call's allocator events).
     `shared`: other calls ran at once on the call's variables (other workers'), so an update whose
     events show a copy made one."""
-    from pinpoint.placement.memory.batch import batch_of, scaled_outputs
+    from pinpoint.placement.memory.batch import batch_of, scaled_outputs, scaled_scratch
     from pinpoint.placement.profile.xspace import op_events
 
     asked: dict[str, int] = {}
     asked_shape: dict[str, str] = {}
+    temp_shapes: dict[str, set[str]] = defaultdict(set)  # op -> the shapes of the scratch it asked for
     made: dict[str, list[int]] = defaultdict(list)  # op -> when the allocator gave each of its outputs
     freed: dict[str, list[int]] = defaultdict(list)  # op -> when the allocator took each of them back
     output_at: dict[int, str] = {}  # address -> the op whose output it holds
@@ -55,6 +56,8 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
             output_at[e.addr] = e.op
         elif not e.alloc and e.addr in output_at:
             freed[output_at.pop(e.addr)].append(e.time_ps)
+        elif e.alloc and e.op and e.region == "temp":
+            temp_shapes[e.op].add(e.shape)
         elif e.alloc and not e.op and e.kernel:  # a remote receive's buffer (memory.memory_events)
             asked.setdefault(e.kernel, e.requested)
     counts = {"shapes": 0, "allocator": 0}
@@ -100,7 +103,8 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
                     {n.name: temps[n.name] for n in nodes if temps.get(n.name) and n.op not in LIST_MAKERS
                      and not (UPDATE_RE.match(op := MKL_PREFIX.sub("", n.op)) or SPARSE_ACCESS_RE.match(op))},
                     released, temp_after,
-                    outputs_after=outputs_after, constants=_constants_made(nodes, events),
+                    outputs_after=outputs_after, scaled_temps=scaled_scratch(temp_shapes, batch) & set(temps),
+                    constants=_constants_made(nodes, events),
                     copied=_copied(nodes, events, once) if shared else frozenset())
     lags = input_lags(replay, {op: sorted(t - begin for t in times) for op, times in freed.items()})
     return replace(replay, inputs_after=lags), counts

@@ -60,6 +60,8 @@ class Replay:
     # with scratch (the others start then): a kernel may make the temp it hands on as its output late
     # in its run (Einsum).
     outputs_after: Mapping[str, int] = field(default_factory=dict)
+    # the kernels whose scratch grows with the batch (memory.batch.scaled_scratch)
+    scaled_temps: frozenset = frozenset()
     # the constants the call made though it was not the function's first call (the allocator's events:
     # a parameter_server worker's first run of its own copy of the function)
     constants: frozenset = frozenset()
@@ -89,7 +91,8 @@ class Replay:
                 "batch": self.batch, "scaled": {k: list(v) for k, v in self.scaled.items()}, "temps": dict(self.temps),
                 "released": dict(self.released), "temp_after": dict(self.temp_after),
                 "inputs_after": dict(self.inputs_after), "outputs_after": dict(self.outputs_after),
-                "constants": sorted(self.constants), "copied": sorted(self.copied)}
+                "constants": sorted(self.constants), "copied": sorted(self.copied),
+                "scaled_temps": sorted(self.scaled_temps)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Replay:
@@ -99,4 +102,5 @@ class Replay:
                    bool(d.get("first_call")), d.get("batch"), {k: tuple(v) for k, v in (d.get("scaled") or {}).items()},
                    dict(d.get("temps") or {}), dict(d.get("released") or {}), dict(d.get("temp_after") or {}),
                    dict(d.get("inputs_after") or {}), dict(d.get("outputs_after") or {}),
-                   frozenset(d.get("constants") or ()), frozenset(d.get("copied") or ()))
+                   frozenset(d.get("scaled_temps") or ()), frozenset(d.get("constants") or ()),
+                   frozenset(d.get("copied") or ()))
