@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from pinpoint.placement.memory.batch import _leading, at_batch, batch_of, largest_batch, scaled_outputs, scaled_scratch
+from pinpoint.placement.memory.batch import (
+    _leading,
+    at_batch,
+    batch_of,
+    batch_section,
+    largest_batch,
+    scaled_outputs,
+    scaled_scratch,
+)
 from pinpoint.placement.memory.nodes import Node
 from pinpoint.placement.memory.replay import Replay
 
@@ -79,6 +87,8 @@ def test_a_scratch_whose_shape_starts_with_the_batch_grows_with_it_and_an_im2col
                     temps={"einsum": 100, "conv": 1000}, scaled_temps=frozenset({"einsum"}))
     assert at_batch(replay, 4 * B).temps == {"einsum": 400, "conv": 1000}
     assert Replay.from_json(replay.to_json()).scaled_temps == {"einsum"}
+    section = batch_section(replay)
+    assert (section["scaled_scratch"], section["kept_scratch"]) == (1, [{"op": "conv", "bytes": 1000, "device": "/GPU:0"}])
 
 
 PROGRAM = """

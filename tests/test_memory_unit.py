@@ -617,3 +617,25 @@ def test_the_summary_and_the_report_page_name_the_calls_measured_and_each_device
     # One call measured (a function called twice): nothing to add.
     one = Memory.from_json({"devices": {}, "calls": {"measured": [2], "kept": 2, "devices": {}}})
     assert (_spread(one), _calls(one)) == ("", None)
+
+
+def test_the_summary_and_the_report_page_show_the_peaks_at_other_batches_and_the_largest_scratch_kept():
+    from pinpoint.placement.model.memory import Memory
+    from pinpoint.placement.report.html import _at_batch
+    from pinpoint.placement.report.summary import batch_line
+
+    conv = "gradient_tape/conv2d/Conv2DBackpropFilter"
+    batch = {"measured": 16, "scaled_outputs": 40, "scaled_scratch": 2, "assumption": "...",
+             "kept_scratch": [{"op": conv, "bytes": 18 * 2**20, "device": "/GPU:0"}],
+             "devices": {"/GPU:0": {"32": 2 * 2**20, "64": 4 * 2**20}}}
+    raw = {"devices": {}, "predicted": {"devices": {}, "batch": batch}}
+    assert batch_line(raw) == ("memory at  : measured at batch 16, predicted batch 32: /GPU:0 2.0 MiB; batch 64: /GPU:0 "
+                               "4.0 MiB (scratch kept at its size, the largest: Conv2DBackpropFilter 18.0 MiB)")
+    got = _at_batch(Memory.from_json(raw))
+    assert got["text"] == ("Predicted at other batches, from the measured call at batch 16 (a device's step): 40 "
+                           "outputs and 2 kernels' scratch grow in proportion (their shape starts with the batch or "
+                           "folds it in). Weight gradients, updates, constants and the other scratch keep their size; "
+                           f"the largest scratch kept: {conv} on /GPU:0, 18.0 MiB.")
+    assert got["rows"] == [{"device": "/GPU:0", "32": "2.0 MiB", "64": "4.0 MiB"}]
+    # No batch known: no section.
+    assert _at_batch(Memory.from_json({"devices": {}, "predicted": {"devices": {}, "batch": {"why_not": "x"}}})) is None

@@ -35,6 +35,7 @@ FOLDS = frozenset({"Reshape"})
 
 
 FACTORS = (2, 4)  # the other batches shown: these multiples of the measured one
+KEPT_SHOWN = 3  # the largest scratch buffers kept at their size, named in the batch section
 
 
 MAX_BATCH = 1 << 24
@@ -156,13 +157,18 @@ def at_batch(replay, batch: int):
 
 
 def batch_section(replay) -> dict:
-    """placement.json's memory.predicted.batch: the measured batch, the outputs scaled, and each
-    device's predicted peak at FACTORS x the batch."""
+    """placement.json's memory.predicted.batch: the measured batch, the outputs and scratch scaled,
+    the largest scratch kept at its size, and each device's predicted peak at FACTORS x the batch."""
     if replay.batch is None:
         return {"why_not": "the step's batch is not known (no input element with a known leading dimension)"}
     peaks = {str(f * replay.batch): at_batch(replay, f * replay.batch).peaks() for f in FACTORS}
+    kept = sorted(((size, name) for name, size in replay.temps.items() if name not in replay.scaled_temps), reverse=True)
     return {"measured": replay.batch, "scaled_outputs": sum(len(v) for v in replay.scaled.values()),
-            "assumption": ASSUMPTION,
+            "scaled_scratch": len(replay.scaled_temps), "assumption": ASSUMPTION,
+            # The largest scratch kept at its size (a convolution's im2col buffer on a CPU): what a
+            # reader checks first when the prediction at another batch matters.
+            "kept_scratch": [{"op": name, "bytes": size, "device": replay.devices.get(name, "")}
+                             for size, name in kept[:KEPT_SHOWN]],
             "devices": {d: {b: p.get(d, 0) for b, p in peaks.items()} for d in sorted(next(iter(peaks.values())))}}
 
 

@@ -249,7 +249,25 @@ def _memory(p: Placement, metrics, charts, x) -> dict | None:
                  for a in m["at_peak"]],
         "tasks": _task_totals(memory),
         "calls": _calls(memory),
+        "batch": _at_batch(memory),
     }
+
+
+def _at_batch(memory) -> dict | None:
+    """The peaks predicted at other batches (memory.predicted.batch), and what was not scaled."""
+    batch = (memory.predicted or {}).get("batch") or {}
+    devices = batch.get("devices") or {}
+    if not devices:
+        return None
+    sizes = list(next(iter(devices.values())))
+    kept = "; ".join(f"{k['op']} on {k['device']}, {human_bytes(k['bytes'])}" for k in batch.get("kept_scratch") or ())
+    text = (f"Predicted at other batches, from the measured call at batch {batch['measured']} (a device's step): "
+            f"{batch['scaled_outputs']} outputs and {batch.get('scaled_scratch', 0)} kernels' scratch grow in "
+            "proportion (their shape starts with the batch or folds it in). Weight gradients, updates, constants and "
+            "the other scratch keep their size" + (f"; the largest scratch kept: {kept}" if kept else "") + ".")
+    return {"text": text, "columns": [("device", "device")] + [(b, f"batch {b}") for b in sizes],
+            "rows": [{"device": d, **{b: human_bytes(v[b]) for b in sizes}} for d, v in devices.items()],
+            "num": tuple(sizes)}
 
 
 def _calls(memory) -> str | None:

@@ -208,7 +208,11 @@ def batch_line(memory) -> str | None:
         return None
     sizes = list(next(iter(devices.values())))
     rows = "; ".join(f"batch {b}: " + ", ".join(f"{d} {human_bytes(v[b])}" for d, v in devices.items()) for b in sizes)
-    return f"memory at  : measured at batch {batch['measured']}, predicted {rows}"
+    kept = (batch.get("kept_scratch") or [None])[0]
+    # The largest scratch the prediction keeps at its size (docs/memory.md, "At another batch size").
+    tail = f" (scratch kept at its size, the largest: {kept['op'].rsplit('/', 1)[-1]} {human_bytes(kept['bytes'])})" \
+        if kept else ""
+    return f"memory at  : measured at batch {batch['measured']}, predicted {rows}{tail}"
 
 
 def _training_line(metrics: Mapping[str, Any]) -> str:
