@@ -152,3 +152,25 @@ def test_the_peak_predicted_at_four_times_the_batch_is_the_one_measured_there(tm
 
     limit = int((2**30 - CONTEXT) * (1 - BAND))
     assert (need(fit["largest_batch"]) <= limit, need(fit["largest_batch"] + 1) > limit) == (True, True)
+
+
+@pytest.mark.unit
+def test_a_convolutions_input_and_filter_gradients_are_also_replayed_at_once_and_the_higher_peak_kept():
+    """bi and bf read the same gradient g; in the measured call bf waited for bi. Started together,
+    their workspaces (1,000 B each) are held at once: x 400 + g 100 + bi's output 100 + bf's 10 +
+    2 x 1,000 = 2,610 B, against 1,600 in the call's own order; at 4x the batch x, g and bi's output
+    grow: 1,600 + 400 + 400 + 10 + 2,000 = 4,410 B."""
+    from pinpoint.placement.memory.batch import highest_peaks
+    from pinpoint.placement.memory.overlap import co_started
+
+    nodes = (Node("x", "Relu"), Node("g", "ReluGrad", (("x", 0),)), Node("w", "ReadVariableOp"),
+             Node("bi", "Conv2DBackpropInput", (("w", 0), ("g", 0))), Node("bf", "Conv2DBackpropFilter", (("x", 0), ("g", 0))))
+    replay = Replay(nodes, (("x", 0, 1), ("g", 2, 5), ("bi", 10, 20), ("bf", 30, 40)),
+                    {"x": (400,), "g": (100,), "bi": (100,), "bf": (10,)}, dict.fromkeys("x g w bi bf".split(), "/GPU:0"),
+                    batch=4, scaled={"x": (0,), "g": (0,), "bi": (0,)}, temps={"bi": 1000, "bf": 1000})
+    together, moved = co_started(replay)
+    assert (together.order, moved) == ((("x", 0, 1), ("g", 2, 5), ("bi", 10, 20), ("bf", 10, 20)), 1)
+    assert (replay.peaks(), highest_peaks(replay, together, 4), highest_peaks(replay, together, 16)) == (
+        {"/GPU:0": 1600}, {"/GPU:0": 2610}, {"/GPU:0": 4410})
+    # At 2x: 800 + 200 + 200 + 10 + 2,000.
+    assert batch_section(replay)["devices"] == {"/GPU:0": {"8": 3210, "16": 4410}}

@@ -96,6 +96,12 @@ SPARSE_UPDATE_RE = re.compile(r"^(ResourceSparseApply\w+|ResourceScatter\w+)$")
 # what an embedding table read by `tf.gather` and updated by a scatter costs.
 SPARSE_ACCESS_RE = re.compile(r"^(ResourceGather(Nd)?|ResourceSparseApply\w+|ResourceScatter\w+)$")
 
+# ---- kernels that may run at once --------------------------------------------------------------
+
+# A convolution's input and filter gradients: both read the same gradient, so the executor may run
+# them at once, each holding its workspace (memory.overlap).
+CONV_GRADIENT_RE = re.compile(r"^(Conv[23]D|DepthwiseConv2dNative)Backprop(Input|Filter)(V2)?$")
+
 # ---- control flow and ops that pass an input on ----------------------------------------------
 
 MERGES = frozenset({"Merge", "RefMerge"})

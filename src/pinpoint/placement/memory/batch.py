@@ -10,7 +10,8 @@ proportion to the batch:
 - a kernel's scratch whose shape, as the allocator recorded it, starts with the batch (an Einsum's,
   a pooling gradient's); a convolution's im2col buffer, sized by the host's cache, does not.
 Every other output (weight gradients, optimizer updates, constants) and scratch keeps its size.
-The same kernels then run in the same order.
+The same kernels then run in the same order, or with each convolution's input and filter gradients
+at once (memory.overlap), whichever needs more.
 
 Assumptions, written beside the figures: the kernels run in the same order at any batch;
 variables and slots do not depend on the batch.
@@ -27,8 +28,9 @@ from pinpoint.placement.graphs.ops import DT_RESOURCE, INPUT_SOURCES
 
 ASSUMPTION = ("every output whose shape starts with the step's batch (inferred, else as the allocator recorded it) "
               "or folds it into its leading dimension, and every scratch whose shape starts with it, grows in "
-              "proportion to the batch, the others keep their size; the same kernels run in the same order; "
-              "variables and slots do not depend on the batch")
+              "proportion to the batch, the others keep their size; the same kernels run in the same order, or with "
+              "each convolution's input and filter gradients at once, whichever needs more; variables and slots do "
+              "not depend on the batch")
 
 # The op that folds the batch into another dimension ([batch, time, features] -> [batch x time, features]).
 FOLDS = frozenset({"Reshape"})
@@ -156,15 +158,25 @@ def at_batch(replay, batch: int):
     return replace(replay, sizes=sizes, batch=batch, temps=temps)
 
 
+def highest_peaks(replay, together, batch: int, copies: bool = False) -> dict[str, int]:
+    """Each device's peak at `batch`: the higher of the call's own order and `together`'s (the call
+    with its convolution gradients started together, memory.overlap)."""
+    own, both = at_batch(replay, batch).peaks(copies=copies), at_batch(together, batch).peaks(copies=copies)
+    return {d: max(own.get(d, 0), both.get(d, 0)) for d in own.keys() | both.keys()}
+
+
 def batch_section(replay) -> dict:
     """placement.json's memory.predicted.batch: the measured batch, the outputs and scratch scaled,
     the largest scratch kept at its size, and each device's predicted peak at FACTORS x the batch."""
     if replay.batch is None:
         return {"why_not": "the step's batch is not known (no input element with a known leading dimension)"}
-    peaks = {str(f * replay.batch): at_batch(replay, f * replay.batch).peaks() for f in FACTORS}
+    from pinpoint.placement.memory.overlap import co_started
+
+    together, moved = co_started(replay)
+    peaks = {str(f * replay.batch): highest_peaks(replay, together, f * replay.batch) for f in FACTORS}
     kept = sorted(((size, name) for name, size in replay.temps.items() if name not in replay.scaled_temps), reverse=True)
     return {"measured": replay.batch, "scaled_outputs": sum(len(v) for v in replay.scaled.values()),
-            "scaled_scratch": len(replay.scaled_temps), "assumption": ASSUMPTION,
+            "scaled_scratch": len(replay.scaled_temps), "co_started": moved, "assumption": ASSUMPTION,
             # The largest scratch kept at its size (a convolution's im2col buffer on a CPU): what a
             # reader checks first when the prediction at another batch matters.
             "kept_scratch": [{"op": name, "bytes": size, "device": replay.devices.get(name, "")}
