@@ -21,7 +21,8 @@ What is read, each from TensorFlow:
   first call are the ones its first call instantiated. The call's inputs give its arguments' shapes.
 - eager ops: `tf.debugging.set_log_device_placement(True)`: TensorFlow logs "Executing op X in
   device Y" for every eager op (read from stderr by the test); an op callback records the inputs
-  the runtime had to copy to the op's device (input device != the op's outputs' device).
+  the runtime had to copy to the op's device (input device != the op's outputs' device; for an op
+  with no outputs, its resource's device, else the device it was asked for: SaveV2's).
 - variables: a `tf.variable_creator_scope` around the program records every variable it creates
   through `tf.Variable` (Keras', the optimizer's and the program's own). After the run, the
   distributed and Keras wrappers holding them are found among the live objects, and each
@@ -216,6 +217,10 @@ class Observer:
                 if getattr(getattr(t, "dtype", None), "name", "") == "resource" and t.device:
                     device = t.device
                     break
+        if not device and inputs:
+            # No output and no resource input (SaveV2 writing a checkpoint): the device it was
+            # asked for, where the runtime ran it (the log says the same); its inputs were copied there.
+            device = self.ctx.device_name or ""
         self.eager[(op_type, short(device))] += 1
         for t in inputs or ():
             src = getattr(t, "device", "")
