@@ -222,6 +222,59 @@ def test_variables_made_under_several_strategies_in_turn_are_all_reported_live_o
     assert "+9 created and freed before the end: /GPU:0: 2, /GPU:1: 8" in proc.stdout
 
 
+STRATEGY_TOKENS = """
+    import gc
+    import json
+    import weakref
+
+    import tensorflow as tf
+    from tensorflow.python.distribute.cross_device_utils import CollectiveReplicaLauncher
+
+
+    def tokens():  # TensorFlow's own variables: each live all-reduce launcher's ordering token
+        return [o._ordering_token for o in gc.get_objects()
+                if isinstance(o, CollectiveReplicaLauncher) and o._ordering_token is not None]
+
+
+    # As the distributed training guide does: a strategy made, then its name taken by the next
+    # one (its tokens dropped before any function used them); the last one runs nothing either.
+    mirrored_strategy = tf.distribute.MirroredStrategy()
+    first = tokens()
+    refs = [weakref.ref(t) for t in first]
+    print("TRUTH", json.dumps({"first": [t.device for t in first]}))
+    del first
+    mirrored_strategy = tf.distribute.MirroredStrategy()
+    gc.collect()
+    second = [t for t in tokens() if not any(t is r() for r in refs)]
+    print("TRUTH", json.dumps({"dropped": [r() is None for r in refs], "second": [t.device for t in second]}))
+    del second
+"""
+
+
+def test_a_dropped_strategys_collective_tokens_are_reported_freed_and_a_live_ones_unused_ones_too(tmp_path):
+    """TensorFlow's own variables (made past tf.Variable, by the strategy's all-reduce launchers)
+    from their creation: the first strategy's freed with it, the second's live though no function
+    used them; each from the program's line that made its strategy, under no strategy's scope."""
+    out = tmp_path / "out"
+    program = write(tmp_path, "tokens.py", STRATEGY_TOKENS)
+    proc = trace(["--gpus", "2", str(program)], cwd=tmp_path, out=out)
+    p = placement(out, sized=False)
+    told = truth(proc)
+    assert told["dropped"] == [True] * len(told["first"]) and len(told["first"]) == len(told["second"]) == REPLICAS
+    internal = [v for v in p["variables"] if v["class"] == "internal"]
+    assert len(p["variables"]) == len(internal) == 2 * REPLICAS
+    lines = textwrap.dedent(STRATEGY_TOKENS).splitlines()
+    made = [i + 1 for i, line in enumerate(lines) if line == "mirrored_strategy = tf.distribute.MirroredStrategy()"]
+    for key, line, freed in (("first", made[0], True), ("second", made[1], False)):
+        rows = [v for v in internal if v["created"]["source"] == f"{program}:{line}"]
+        assert sorted(d for v in rows for d in v["devices"]) == sorted(short(d) for d in told[key]), key
+        assert [bool(v.get("freed")) for v in rows] == [freed] * REPLICAS, key
+        assert {v["created"]["strategy"] for v in rows} == {None}
+        assert {v["created"]["requested"] for v in rows} == {""}
+    assert p["variable_updates"]["freed_variables"] == REPLICAS
+    assert "variables  : 0 (none; +2 internal, TensorFlow's own (and 2 freed before the end)); " in proc.stdout
+
+
 PS_SLOTS = """
     import json
     import socket

@@ -42,6 +42,7 @@ _WHERE = {
     "model_units": "analysis.units",
     "program_units": "analysis.units",
     # analysis.variables
+    "INTERNAL": "analysis.variables",
     "classify": "analysis.variables",
     "components": "analysis.variables",
     "unwrap": "analysis.variables",

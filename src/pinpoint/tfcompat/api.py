@@ -228,6 +228,11 @@ def collective_ordering_tokens() -> set[int]:
     return out
 
 
+def ordering_token(launcher):
+    """The collective-ordering token variable an all-reduce launcher made (None: it uses none)."""
+    return getattr(launcher, "_ordering_token", None)
+
+
 # ---- Keras -------------------------------------------------------------------------------------
 
 

@@ -173,6 +173,10 @@ TARGETS: dict[str, Target] = {t.key: t for t in [
            used_for=f"run Keras' GRU with its generic kernels on the {_DEVICES} (cuDNN's do not exist on logical CPUs)"),
     Target("Variable._variable_call", "tensorflow.python.ops.variables", patched=True,
            used_for="record every variable as the program creates it (strategy, devices, request, creator)"),
+    Target("CollectiveReplicaLauncher.__init__", "tensorflow.python.distribute.cross_device_utils",
+           "(self, group_key, group_size, collective_keys, device, options)", patched=True,
+           used_for="record the collective-ordering token each all-reduce launcher of a strategy makes "
+                    "(TensorFlow's own variable, made past tf.Variable), also when the strategy is dropped"),
     # ---- read or called ----
     Target("device_spec._STRING_TO_COMPONENTS_CACHE", _SPEC, path="_STRING_TO_COMPONENTS_CACHE",
            used_for="forget device strings parsed before emulation"),

@@ -18,10 +18,13 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from pinpoint.tfcompat.api import device_of, keras_scope_path, requested_device
+from pinpoint.tfcompat.api import device_of, keras_scope_path, ordering_token, requested_device
 from pinpoint.tfcompat.patches import Patches
 
 VARIABLE_CALL = "Variable._variable_call"
+# TensorFlow's own variables: a strategy's all-reduce launchers each make a collective-ordering
+# token by constructing ResourceVariable directly, past tf.Variable's call.
+TOKEN_MADE = "CollectiveReplicaLauncher.__init__"
 # Frames of these packages are not the program's own line.
 _LIBRARY_PARTS = ("/tensorflow/", "/keras/", "/tf_keras/", "/pinpoint/", "/absl/", "<frozen ")
 
@@ -76,14 +79,30 @@ class CreationLog:
             return var
 
         self._patches.replace(VARIABLE_CALL, classmethod(recorded_call))
+        launcher_init = Patches.current(TOKEN_MADE)
+
+        def recorded_launcher(launcher, *args, **kwargs):
+            launcher_init(launcher, *args, **kwargs)
+            token = ordering_token(launcher)
+            if token is not None:
+                log._record(token, internal=True)
+
+        self._patches.replace(TOKEN_MADE, recorded_launcher)
         return self
 
     def uninstall(self) -> None:
         self._patches.close()
 
-    def _record(self, var) -> None:
+    def _record(self, var, internal: bool = False) -> None:
+        """`internal`: TensorFlow's own variable (class 'internal'), made under the launcher's own
+        device scope, which is no request of the program's."""
         try:
-            self.records.append(describe(var, self._request(), _strategy_name()))
+            record = describe(var, "" if internal else self._request(), _strategy_name())
+            if internal:
+                from pinpoint.placement import INTERNAL
+
+                record.cls = INTERNAL
+            self.records.append(record)
         except Exception:  # noqa: BLE001 - a variable that cannot be read now: not recorded, never fatal
             pass
 

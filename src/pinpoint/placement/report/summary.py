@@ -280,10 +280,13 @@ def _variables_line(p: Placement) -> str:
     for v in vars_:
         for dev in v.devices:
             by_dev[dev] = by_dev.get(dev, 0) + 1
-    freed = p.freed_variables
-    internal = len(p.variables) - len(vars_) - len(freed)
+    # The program's freed variables, and TensorFlow's own (a dropped strategy's tokens) apart.
+    freed = [v for v in p.freed_variables if not v.internal]
+    internal_freed = len(p.freed_variables) - len(freed)
+    internal = len(p.variables) - len(vars_) - len(p.freed_variables)
     return (f"variables  : {len(vars_)} (" + (", ".join(f"{d}: {n}" for d, n in by_dev.items()) or "none")
-            + (f"; +{internal} internal, TensorFlow's own" if internal else "")
+            + (f"; +{internal} internal, TensorFlow's own" if internal or internal_freed else "")
+            + (f" (and {internal_freed} freed before the end)" if internal_freed else "")
             + (f"; +{len(freed)} created and freed before the end: " + _freed_devices(freed) if freed else "")
             + f"); {p.variable_updates.coverage or ''}")
 
