@@ -3,7 +3,9 @@ placement.json files (no `created`, no `freed`) read as before, and the counts l
 
 from __future__ import annotations
 
+import html as html_lib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,31 @@ def test_a_freed_variable_recorded_by_each_replica_thread_is_one_variable():
     result = analyze_variables([], [], namer, created=[rec, again])
     assert result["variables"] == []
     assert [(v["name"], v["devices"], v["freed"]) for v in result["freed"]] == [("StateVar", ["/GPU:0", "/GPU:1"], True)]
+
+
+def test_the_report_shows_a_traced_programs_variables_by_the_strategy_that_made_them():
+    """The distributed training guide's way: variables made under no strategy, then under one
+    strategy after another, some freed; TensorFlow's own apart. A placement without creations
+    (an older file) stays grouped by layer."""
+    from pinpoint.placement.report.html import render_html
+
+    def created(strategy, layer=None):
+        return {"strategy": strategy, "requested": "", "layer": layer, "source": None if layer else "prog.py:3"}
+
+    sample = json.loads(SAMPLE.read_text())
+    rows = [row("one/d1/kernel", ["/GPU:1"], created=created("OneDeviceStrategy", "one/d1"), freed=True),
+            row("two/d2/kernel", ["/GPU:0", "/GPU:1"], created=created("MirroredStrategy", "two/d2")),
+            row("two/d2/bias", ["/GPU:0", "/GPU:1"], created=created("MirroredStrategy", "two/d2")),
+            row("plain", ["/GPU:0"], created=created(None)),
+            dict(row("Variable", ["/GPU:0"], created=created(None)), **{"class": "internal"}),
+            row("restored", ["/GPU:0"])]
+    html = render_html(dict(sample, variables=rows), None, {}, "guide")
+    section = html[html.index('<section id="variables">'):html.index("</section>", html.index('<section id="variables">'))]
+    assert "All by strategy: 5 group(s)" in section
+    groups = re.findall(r"<tr[^>]*><td><details><summary>(.*?)</summary>.*?</details></td><td class=\"num\">(\d+)</td>",
+                        section, re.S)
+    assert [(html_lib.unescape(name), int(n)) for name, n in groups] == [
+        ("OneDeviceStrategy", 1), ("MirroredStrategy", 2), ("(no strategy: TensorFlow's default)", 1),
+        ("(internal: TensorFlow's own variables)", 1), ("(strategy not recorded)", 1)]
+    old = render_html(sample, None, {}, "old")
+    assert "All by layer:" in old and "All by strategy" not in old

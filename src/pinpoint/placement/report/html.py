@@ -99,6 +99,17 @@ def _group_of_var(name: str) -> str:
     return name.rpartition("/")[0] or "(model)"
 
 
+NO_STRATEGY_GROUP = "(no strategy: TensorFlow's default)"
+NOT_RECORDED_GROUP = "(strategy not recorded)"
+
+
+def _strategy_of_var(v) -> str:
+    """The strategy whose scope made a traced program's variable, as the report groups it."""
+    if not v.created:
+        return NOT_RECORDED_GROUP
+    return v.created.get("strategy") or NO_STRATEGY_GROUP
+
+
 _SCOPE_PREFIX = re.compile(r"^((replica_\d+|gradients|gradient_tape|while|cond|body)(_\d+)?/)+")
 
 
@@ -321,15 +332,19 @@ def _variables(p: Placement, metrics, charts, x) -> dict:
                 "update_devices": ", ".join(_dev(d, phys) for d in v.update_devices) or "-"}
 
     largest = sorted(vars_, key=lambda v: -(v.bytes or 0))[:LARGEST] if len(vars_) > LARGEST else []
+    # A traced program's variables by the strategy whose scope made them (its variables made under
+    # one strategy after another, some dropped); a placement without creations by layer.
+    by = "strategy" if any(v.created for v in vars_) else "layer"
     by_layer: dict[str, list[Variable]] = defaultdict(list)
     for v in vars_:
         # TensorFlow's own variables (collective-ordering tokens) apart from the program's.
-        by_layer[INTERNAL_GROUP if v.internal else _group_of_var(v.name)].append(v)
+        by_layer[INTERNAL_GROUP if v.internal else _strategy_of_var(v) if by == "strategy"
+                 else _group_of_var(v.name)].append(v)
     return {
         "charts": charts, "count": len(p.user_variables), "largest": [row(v) for v in largest],
         "largest_bad": {i for i, v in enumerate(largest) if v.updated_elsewhere}, "columns": VARIABLE_COLUMNS,
         "grouped": {
-            "by": "layer", "total_columns": [("count", "variables"), ("bytes", "bytes"), ("devices", "devices")],
+            "by": by, "total_columns": [("count", "variables"), ("bytes", "bytes"), ("devices", "devices")],
             "columns": VARIABLE_COLUMNS, "num": ("bytes", "components"),
             "groups": [{"name": layer, "rows": [row(v) for v in vs], "bad": any(v.updated_elsewhere for v in vs),
                         "bad_rows": {i for i, v in enumerate(vs) if v.updated_elsewhere},
