@@ -94,3 +94,15 @@ def test_the_report_shows_a_traced_programs_variables_by_the_strategy_that_made_
         ("(internal: TensorFlow's own variables)", 1), ("(strategy not recorded)", 1)]
     old = render_html(sample, None, {}, "old")
     assert "All by layer:" in old and "All by strategy" not in old
+
+
+def test_where_and_when_a_freed_variable_went_round_trips_and_the_report_shows_it():
+    from pinpoint.placement.model.sections import Variable
+    from pinpoint.placement.report.html import _freed
+
+    at = {"source": "/home/me/train.py:12", "s": 1.25}
+    v = Variable.from_json(dict(row("scratch", ["/GPU:0"]), freed=True, freed_at=at))
+    assert v.to_json()["freed_at"] == at
+    assert _freed(v) == " (freed at train.py:12, 1.2 s in)"
+    # An older file's freed variable (no freed_at): as before.
+    assert _freed(Variable.from_json(dict(row("scratch", ["/GPU:0"]), freed=True))) == " (freed)"

@@ -220,6 +220,12 @@ def test_variables_made_under_several_strategies_in_turn_are_all_reported_live_o
                         "sgd/learning_rate"]
     # temp on /GPU:0, once and the dropped model's six on /GPU:1, scratch on both.
     assert "+9 created and freed before the end: /GPU:0: 2, /GPU:1: 8" in proc.stdout
+    # Where and when each went: its `del` line, in the program's order.
+    lines = textwrap.dedent(STRATEGIES).splitlines()
+    dels = {name: f"{tmp_path / 'strategies.py'}:{lines.index(f'del {name}') + 1}" for name in ("temp", "once", "scratch")}
+    assert {name: rows[name][0]["freed_at"]["source"] for name in dels} == dels
+    seconds = [rows[name][0]["freed_at"]["s"] for name in ("temp", "once", "scratch")]
+    assert seconds == sorted(seconds)
 
 
 STRATEGY_TOKENS = """

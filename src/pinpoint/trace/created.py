@@ -12,8 +12,10 @@ tf.Variable); a training step nothing (the patched call is not on its path).
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +50,9 @@ class Created:
     source: str | None = None
     by: str | None = None  # OPTIMIZER_APPLY: an optimizer's slot made at its first apply, inside a step
     graph: int | None = None  # id of the tf.Graph a symbolic variable was made in (None: a runtime one)
+    # When the program let go of it: its own line then, and seconds since the trace started.
+    freed_at: str | None = None
+    freed_s: float | None = None
 
     @property
     def alive(self) -> bool:
@@ -60,6 +65,7 @@ class CreationLog:
     def __init__(self, default_device: str = ""):
         self.default_device = default_device  # Pinpoint's own scope around the program: not a request
         self.records: list[Created] = []
+        self.started = time.monotonic()
         self._patches = Patches()
         self._depth = threading.local()  # tf.Variable called inside a creator: recorded once, outermost
 
@@ -102,6 +108,7 @@ class CreationLog:
                 from pinpoint.placement import INTERNAL
 
                 record.cls = INTERNAL
+            record.ref = weakref.ref(var, functools.partial(_dropped, record, self.started))
             self.records.append(record)
         except Exception:  # noqa: BLE001 - a variable that cannot be read now: not recorded, never fatal
             pass
@@ -189,6 +196,15 @@ def _strategy_name() -> str | None:
     return type(tf.distribute.get_strategy()).__name__
 
 
+def _dropped(record: Created, started: float, _ref) -> None:
+    """The weakref callback of a recorded variable: where and when the program let go of it (the
+    program's line running then: a `del`, a name bound again, a model replaced)."""
+    try:
+        record.freed_at, record.freed_s = _program_line(), round(time.monotonic() - started, 3)
+    except Exception:  # noqa: BLE001 - a callback while the interpreter shuts down: nothing to record
+        pass
+
+
 def _program_line() -> str | None:
     """'file:line' of the innermost frame that is the program's own (not a library's)."""
     f = sys._getframe(2)
@@ -217,6 +233,7 @@ def creation_rows(records: list[Created], eager_updates: dict | None = None,
             "name": r.name, "kind": r.kind, "class": r.cls, "strategy": r.strategy, "shape": r.shape,
             "dtype": r.dtype, "bytes": r.bytes, "components": list(r.components), "requested": r.requested,
             "layer": r.layer, "source": r.source, "alive": r.alive, **({"by": r.by} if r.by else {}),
+            **({"freed_at": {"source": r.freed_at, "s": r.freed_s}} if not r.alive and r.freed_s is not None else {}),
             "handle_ids": [id(h) for h in handles], "eager_update_devices": eager,
         })
     return tuple(rows)

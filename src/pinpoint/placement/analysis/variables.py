@@ -325,7 +325,7 @@ def _creations(created: Sequence[Mapping], rows: list[dict], handle_to_var: dict
             "shape": rec.get("shape"), "dtype": rec.get("dtype"), "bytes": rec.get("bytes"), "components": comps,
             "devices": sorted({c["device"] for c in comps if c["device"]}, key=sort_key),
             "update_devices": [], "update_ops": 0, "freed": True, "created": info,
-            **_eager_devices(rec, namer),
+            **({"freed_at": dict(rec["freed_at"])} if rec.get("freed_at") else {}), **_eager_devices(rec, namer),
         })
     return freed
 

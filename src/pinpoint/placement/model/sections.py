@@ -175,6 +175,8 @@ class Variable:
     created: Mapping[str, Any] | None = None
     # Created by the program and freed before it ended: known from its creation only.
     freed: bool = False
+    # When: {"source": the program's line running as it let go ('file:line'), "s": seconds since the trace started}.
+    freed_at: Mapping[str, Any] | None = None
 
     @property
     def internal(self) -> bool:
@@ -199,6 +201,8 @@ class Variable:
             out["created"] = dict(self.created)
         if self.freed:
             out["freed"] = True
+        if self.freed_at is not None:
+            out["freed_at"] = dict(self.freed_at)
         return out
 
     @classmethod
@@ -209,7 +213,7 @@ class Variable:
                    components=tuple(d.get("components") or ()), devices=tuple(d.get("devices") or ()),
                    update_devices=tuple(d.get("update_devices") or ()), update_ops=d.get("update_ops", 0),
                    fingerprint=d.get("fingerprint"), eager_update_devices=tuple(eager) if eager is not None else None,
-                   created=d.get("created"), freed=bool(d.get("freed", False)))
+                   created=d.get("created"), freed=bool(d.get("freed", False)), freed_at=d.get("freed_at"))
 
 
 @dataclass(frozen=True)

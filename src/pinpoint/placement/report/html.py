@@ -318,6 +318,14 @@ def _fallbacks(p: Placement, metrics, charts, x) -> dict:
     }
 
 
+def _freed(v: Variable) -> str:
+    """' (freed)', with where and when the program let go of it when known: ' (freed at train.py:12, 1.5 s in)'."""
+    at = v.freed_at or {}
+    where = (at.get("source") or "").replace("\\", "/").rpartition("/")[2]
+    when = f"{at['s']:.1f} s in" if at.get("s") is not None else ""
+    return f" (freed at {', '.join(filter(None, (where, when)))})" if where or when else " (freed)"
+
+
 VARIABLE_COLUMNS = [("name", "variable"), ("kind", "kind"), ("shape", "shape"), ("bytes", "bytes"),
                     ("components", "components"), ("devices", "lives on"), ("update_devices", "updated on")]
 
@@ -326,7 +334,7 @@ def _variables(p: Placement, metrics, charts, x) -> dict:
     phys, vars_ = p.physical_devices, p.variables
 
     def row(v: Variable):
-        return {"name": v.name, "kind": v.kind + (" (internal)" if v.internal else "") + (" (freed)" if v.freed else ""),
+        return {"name": v.name, "kind": v.kind + (" (internal)" if v.internal else "") + (_freed(v) if v.freed else ""),
                 "shape": "x".join(map(str, v.shape or [])) or "scalar", "bytes": human_bytes(v.bytes),
                 "components": len(v.components), "devices": ", ".join(_dev(d, phys) for d in v.devices),
                 "update_devices": ", ".join(_dev(d, phys) for d in v.update_devices) or "-"}
