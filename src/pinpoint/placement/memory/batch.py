@@ -160,8 +160,11 @@ def at_batch(replay, batch: int):
 
 def highest_peaks(replay, together, batch: int, copies: bool = False) -> dict[str, int]:
     """Each device's peak at `batch`: the higher of the call's own order and `together`'s (the call
-    with its convolution gradients started together, memory.overlap)."""
-    own, both = at_batch(replay, batch).peaks(copies=copies), at_batch(together, batch).peaks(copies=copies)
+    with its convolution gradients started together, memory.overlap; None: none to move)."""
+    own = at_batch(replay, batch).peaks(copies=copies)
+    if together is None:
+        return own
+    both = at_batch(together, batch).peaks(copies=copies)
     return {d: max(own.get(d, 0), both.get(d, 0)) for d in own.keys() | both.keys()}
 
 
@@ -173,7 +176,8 @@ def batch_section(replay) -> dict:
     from pinpoint.placement.memory.overlap import co_started
 
     together, moved = co_started(replay)
-    peaks = {str(f * replay.batch): highest_peaks(replay, together, f * replay.batch) for f in FACTORS}
+    peaks = {str(f * replay.batch): highest_peaks(replay, together if moved else None, f * replay.batch)
+             for f in FACTORS}
     kept = sorted(((size, name) for name, size in replay.temps.items() if name not in replay.scaled_temps), reverse=True)
     return {"measured": replay.batch, "scaled_outputs": sum(len(v) for v in replay.scaled.values()),
             "scaled_scratch": len(replay.scaled_temps), "co_started": moved, "assumption": ASSUMPTION,

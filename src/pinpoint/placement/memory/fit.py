@@ -82,7 +82,8 @@ def _largest_batches(memory: Mapping, usable: int, replicas: int, held: Mapping[
     if not raw or not raw.get("batch"):
         return {}
     replay = Replay.from_json(raw)
-    together, _ = co_started(replay)
+    together, moved = co_started(replay)
+    together = together if moved else None  # (nothing moved: the same replay, not run twice)
     cache: dict[int, dict[str, int]] = {}
 
     def gpu(b: int) -> dict[str, int]:
