@@ -174,3 +174,17 @@ def test_a_convolutions_input_and_filter_gradients_are_also_replayed_at_once_and
         {"/GPU:0": 1600}, {"/GPU:0": 2610}, {"/GPU:0": 4410})
     # At 2x: 800 + 200 + 200 + 10 + 2,000.
     assert batch_section(replay)["devices"] == {"/GPU:0": {"8": 3210, "16": 4410}}
+
+
+@pytest.mark.unit
+def test_an_input_reached_through_a_loop_of_inline_ops_ends_the_walk():
+    """The gradient reaches both convolution gradients through Merge and NextIteration, which the
+    executor ran inline and which read each other (a loop's back edge): ready when g ended."""
+    from pinpoint.placement.memory.overlap import co_started
+
+    nodes = (Node("g", "ReluGrad"), Node("merge", "Merge", (("g", 0), ("next", 0))),
+             Node("next", "NextIteration", (("merge", 0),)), Node("bi", "Conv2DBackpropInput", (("merge", 0),)),
+             Node("bf", "Conv2DBackpropFilter", (("merge", 0),)))
+    replay = Replay(nodes, (("g", 0, 5), ("bi", 10, 20), ("bf", 30, 35)), {"g": (1,), "bi": (1,), "bf": (1,)},
+                    dict.fromkeys(("g", "merge", "next", "bi", "bf"), "/GPU:0"), temps={"bi": 10, "bf": 10})
+    assert co_started(replay)[0].order == (("g", 0, 5), ("bi", 10, 20), ("bf", 10, 15))

@@ -10,7 +10,6 @@ of it and the call's own order, so it does not depend on the draw the measured c
 
 from __future__ import annotations
 
-import functools
 from collections import Counter, defaultdict
 from dataclasses import replace
 
@@ -24,13 +23,28 @@ def co_started(replay):
     span = {name: (s, e) for name, s, e in replay.order if once[name] == 1}  # (a loop's body: left as it ran)
     nodes = {n.name: n for n in replay.nodes}
 
-    @functools.cache
+    known: dict[str, int] = {}
+
     def made(name: str) -> int:
-        # When a node's output was ready: its kernel's end; an op the executor ran inline, its inputs'.
+        # When a node's output was ready: its kernel's end; an op the executor ran inline, its inputs'
+        # (walked without recursion; a loop's back edge, met again on the way, adds nothing).
         if name in span:
             return span[name][1]
-        n = nodes.get(name)
-        return max((made(src) for src, _ in n.inputs), default=0) if n is not None else 0
+        if name in known:
+            return known[name]
+        best, seen, todo = 0, {name}, [name]
+        while todo:
+            n = nodes.get(todo.pop())
+            for src, _ in n.inputs if n is not None else ():
+                if src in span:
+                    best = max(best, span[src][1])
+                elif src in known:
+                    best = max(best, known[src])
+                elif src not in seen:
+                    seen.add(src)
+                    todo.append(src)
+        known[name] = best
+        return best
 
     together = defaultdict(list)  # (when its last input was ready, device) -> kernels
     for n in replay.nodes:
