@@ -41,9 +41,11 @@ XLA_NOTE = re.compile(r"1 call\(s\) compiled by XLA \(\S+ on /GPU:0\): each runs
                       r"cluster's device .*")
 
 
-def _plain(script, *args) -> subprocess.CompletedProcess:
-    """The program under plain `python` on this CPU-only machine (TensorFlow's own answers)."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+def _plain(script, *args, allocator_stats: bool = False) -> subprocess.CompletedProcess:
+    """The program under plain `python` on this CPU-only machine (TensorFlow's own answers).
+    `allocator_stats`: with the host's BFC allocator, which keeps stats as a GPU's does (the default
+    host allocator keeps none on a CPU without oneDNN's)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **({"TF_CPU_ALLOCATOR_USE_BFC": "true"} if allocator_stats else {})}
     proc = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -161,7 +163,7 @@ def test_device_listings_and_gpu_queries_answer_as_the_two_gpu_machine(tmp_path)
     trace(["--gpus", "2", str(script), str(tmp_path / "answers.json")], cwd=tmp_path, out=tmp_path / "out")
     got = json.loads((tmp_path / "answers.json").read_text())
     build = write(tmp_path, "build.py", BUILD)
-    _plain(build, tmp_path / "build.json")
+    _plain(build, tmp_path / "build.json", allocator_stats=True)
     tf_build = json.loads((tmp_path / "build.json").read_text())
 
     gpus = [f"/physical_device:GPU:{i}" for i in range(2)]
