@@ -118,13 +118,6 @@ def cmd_trace(args):
         # Read once, when TensorFlow creates its host allocator: before the program imports it.
         os.environ[ALLOCATOR_ENV] = "true"
         _dump_partitions()
-    elif args.gpus:
-        from pinpoint.placement import ALLOCATOR_ENV
-
-        # An emulated GPU's get_memory_info reads its logical CPU's allocator. A GPU's (BFC) keeps
-        # the stats it returns; TensorFlow's default host allocator keeps none unless oneDNN's is in
-        # use (CPUs without AVX-512), and the call would raise where the GPU machine answers.
-        os.environ.setdefault(ALLOCATOR_ENV, "true")
     return trace_steps(program, out=args.out, gpus=args.gpus, tracking=not args.no_tracking,
                        log_every=args.log_every, experiment=args.experiment, metrics_every_s=args.metrics_every_s)
 
