@@ -12,7 +12,9 @@ model (examples/digits_cnn) on a random batch of its input. Each program calls i
 parameter_server's closure 3), so `pinpoint trace` measures calls 2, 3 and 4. The record is each
 device's predicted and measured peak (placement.json memory.predicted: the call kept, whose
 busiest device needs the most), the least and most peak over the calls measured (memory.calls),
-the replay self-check's mismatched events, and the process wall time.
+the predicted peaks at 2x and 4x the batch (memory.predicted.batch), the replay self-check's
+mismatched events, and the process wall time. Under `mirrored`, each model and Keras's MNIST
+convnet also run at FACTOR x the batch (`at_batch_arms`), to hold those predictions to a measurement.
 """
 
 from __future__ import annotations
