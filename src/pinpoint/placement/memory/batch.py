@@ -106,16 +106,16 @@ def _folded(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[int, ..
     for n in nodes:
         for name, _ in n.inputs:
             consumers.setdefault(name, []).append(n)
-    folded = {name: {} for name in scaled}  # node -> {output index: its leading dimension, folded}
+    folded: dict[str, dict[int, int]] = {}  # node -> {output index: its leading dimension, folded}
     work = list(scaled)
     out = {k: set(v) for k, v in scaled.items()}
     while work:
         name = work.pop()
         for c in consumers.get(name, ()):
-            reads = [(k, folded.get(name, {}).get(k)) for src, k in c.inputs if src == name and k in out.get(name, ())]
+            reads = [k for src, k in c.inputs if src == name and k in out.get(name, ())]
             if not reads:
                 continue
-            leads = {lead for _, lead in reads if lead}
+            leads = {folded[name][k] for k in reads if k in folded.get(name, {})}
             outs = shapes.get(c.name) or ()
             for k, size in enumerate(sizes.get(c.name, ())):
                 dims = outs[k][1] if k < len(outs) else None
@@ -173,11 +173,10 @@ def batch_section(replay) -> dict:
     the largest scratch kept at its size, and each device's predicted peak at FACTORS x the batch."""
     if replay.batch is None:
         return {"why_not": "the step's batch is not known (no input element with a known leading dimension)"}
-    from pinpoint.placement.memory.overlap import co_started
+    from pinpoint.placement.memory.overlap import moved_or_none
 
-    together, moved = co_started(replay)
-    peaks = {str(f * replay.batch): highest_peaks(replay, together if moved else None, f * replay.batch)
-             for f in FACTORS}
+    together, moved = moved_or_none(replay)
+    peaks = {str(f * replay.batch): highest_peaks(replay, together, f * replay.batch) for f in FACTORS}
     kept = sorted(((size, name) for name, size in replay.temps.items() if name not in replay.scaled_temps), reverse=True)
     return {"measured": replay.batch, "scaled_outputs": sum(len(v) for v in replay.scaled.values()),
             "scaled_scratch": len(replay.scaled_temps), "co_started": moved, "assumption": ASSUMPTION,

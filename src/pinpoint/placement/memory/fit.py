@@ -75,15 +75,14 @@ def verdicts(memory: Mapping, gpu_memory: int, convolutions: bool = False,
 def _largest_batches(memory: Mapping, usable: int, replicas: int, held: Mapping[str, int]) -> dict[str, int]:
     """Per device: the largest batch whose need (the same terms) is within the fits threshold."""
     from pinpoint.placement.memory.batch import highest_peaks, largest_batch
-    from pinpoint.placement.memory.overlap import co_started
+    from pinpoint.placement.memory.overlap import moved_or_none
     from pinpoint.placement.memory.replay import Replay
 
     raw = (memory.get("predicted") or {}).get("replay")
     if not raw or not raw.get("batch"):
         return {}
     replay = Replay.from_json(raw)
-    together, moved = co_started(replay)
-    together = together if moved else None  # (nothing moved: the same replay, not run twice)
+    together, _ = moved_or_none(replay)
     cache: dict[int, dict[str, int]] = {}
 
     def gpu(b: int) -> dict[str, int]:

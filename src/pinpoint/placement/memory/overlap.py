@@ -58,3 +58,9 @@ def co_started(replay):
     order = tuple((name, start[name], start[name] + e - s) if name in start else (name, s, e)
                   for name, s, e in replay.order)
     return replace(replay, order=order), len(start)
+
+
+def moved_or_none(replay):
+    """(`co_started`'s replay, or None when no kernel moved: the same replay, not run twice; how many moved)."""
+    together, moved = co_started(replay)
+    return (together if moved else None), moved
