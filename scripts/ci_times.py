@@ -34,6 +34,7 @@ class Case:
     seconds: float
     outcome: str  # passed, failed, skipped (xfail counts as skipped, as pytest's JUnit writes it)
     cpu: float  # CPU seconds of the test and the processes it waited for (tests/conftest.py: cpu_s)
+    message: str = ""  # a failure's or error's message, as pytest's JUnit gives it
 
     @property
     def file(self) -> str:
@@ -54,14 +55,15 @@ def read_cases(folder: Path, tier: str) -> list[Case]:
         return []
     cases = []
     for tc in ET.parse(path).getroot().iter("testcase"):
-        outcome = "passed"
-        if tc.find("failure") is not None or tc.find("error") is not None:
-            outcome = "failed"
+        outcome, message = "passed", ""
+        failure = tc.find("failure") if tc.find("failure") is not None else tc.find("error")
+        if failure is not None:
+            outcome, message = "failed", failure.get("message", "")
         elif tc.find("skipped") is not None:
             outcome = "skipped"
         cpu = next((float(p.get("value")) for p in tc.iter("property") if p.get("name") == "cpu_s"), 0.0)
         cases.append(Case(tier, nodeid(tc.get("classname", ""), tc.get("name", "")), float(tc.get("time", 0)),
-                          outcome, cpu))
+                          outcome, cpu, message))
     return cases
 
 
@@ -153,10 +155,17 @@ def report(folder: Path, slowest: int = 20) -> list[str]:
 
 
 def closing(folder: Path) -> list[str]:
-    """Each tier's wall time, then the totals in the one line any CI reader understands."""
+    """Each tier's wall time, each failed test with its message's first line (a reader who sees only
+    the end of the output still learns what failed), then the totals in the one line any CI reader
+    understands."""
     walls = read_walls(folder)  # in tiers' order
     lines = [f"ci: tier {tier} took {_minutes(seconds)} min" for tier, seconds in walls.items()]
-    count = Counter(c.outcome for tier in tiers(folder) for c in read_cases(folder, tier))
+    cases = [c for tier in tiers(folder) for c in read_cases(folder, tier)]
+    for c in cases:
+        if c.outcome == "failed":
+            first = next((line.strip() for line in c.message.splitlines() if line.strip()), "")
+            lines.append(f"ci: failed in {c.tier}: {c.nodeid}: {first[:300]}")
+    count = Counter(c.outcome for c in cases)
     lines.append(f"ci: {count['passed']} passed, {count['failed']} failed, {count['skipped']} skipped")
     return lines
 

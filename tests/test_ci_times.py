@@ -58,11 +58,12 @@ def test_the_tables_give_each_tier_file_and_test_its_seconds_and_tensorflow_star
                        "| integration | tests/test_a.py::test_one | 12.5 | 20.0 | 1 |"]
 
 
-def test_the_output_ends_with_each_tiers_wall_time_and_the_totals(tmp_path):
+def test_the_output_ends_with_each_tiers_wall_time_each_failure_and_the_totals(tmp_path):
     script = Path(ci_times.__file__)
     out = subprocess.run([sys.executable, str(script), str(_ci_folder(tmp_path))], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert out[-3:] == ["ci: tier unit took 1.5 min", "ci: tier integration took 2.5 min",
+    assert out[-4:] == ["ci: tier unit took 1.5 min", "ci: tier integration took 2.5 min",
+                        "ci: failed in integration: tests/test_a.py::test_two[x]: boom",
                         "ci: 2 passed, 1 failed, 1 skipped"]
 
 
@@ -70,7 +71,7 @@ def test_a_tiers_part_is_a_tier_of_its_own_after_its_tier(tmp_path):
     folder = _ci_folder(tmp_path)
     (folder / "integration-b.seconds").write_text("60\n")
     (folder / "slow.seconds").write_text("30\n")
-    assert ci_times.closing(folder)[:-1] == [
+    assert ci_times.closing(folder)[:-2] == [
         "ci: tier unit took 1.5 min", "ci: tier integration took 2.5 min", "ci: tier integration-b took 1.0 min",
         "ci: tier slow took 0.5 min"]
 

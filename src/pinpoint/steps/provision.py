@@ -44,4 +44,7 @@ def _track(cfg: Config, out: Path, spec: dict, plan: dict, parent_run_id: str | 
         run.log_artifact(out / PLACEMENT_PLAN)
         if (out / MANIFESTS_DIR).is_dir():
             run.log_artifacts(out / MANIFESTS_DIR, artifact_path=MANIFESTS_DIR)
-        return run.run_id
+    # Asked once the run has ended and its records were sent: the store's id whenever the run
+    # reached it by then (a store slow to answer its first call, e.g. a new sqlite file's tables
+    # still being made, would otherwise leave the summary the spool's local- id).
+    return run.run_id

@@ -7,12 +7,13 @@ from pinpoint.tracking.run import NullStepRun, StepRun, open_step_run
 from pinpoint.tracking.uri import local_store, resolve_tracking_uri
 
 
-def warm_tracking(cfg) -> None:
+def warm_tracking(cfg, *, background: bool = False) -> None:
     """Start cfg's sender process now: it imports MLflow and opens the store (no run, no write)
-    while this process starts TensorFlow, and the step run that follows takes it."""
+    while this process starts TensorFlow, and the step run that follows takes it. `background`:
+    the step trains (train, trace), so the sender runs at a lower priority, as its run's will."""
     from pinpoint.tracking.process import warm
 
-    warm(resolve_tracking_uri(cfg))
+    warm(resolve_tracking_uri(cfg), background)
 
 __all__ = [
     "NullStepRun",

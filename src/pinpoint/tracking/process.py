@@ -31,14 +31,19 @@ from pathlib import Path
 from typing import Any
 
 URI_ENV = "PINPOINT_SENDER_URI"
+BACKGROUND_ENV = "PINPOINT_SENDER_BACKGROUND"
 NICENESS = 10
 
 
 class SenderProcess:
     """Parent side: the child's state as its events report it (same surface as a Sender)."""
 
-    def __init__(self, uri: str):
+    def __init__(self, uri: str, background: bool = False):
         self.uri = uri
+        # Beside a training (the train and trace steps) the child runs at a lower priority; a
+        # step with nothing else to do (provision, report) sends at the normal one, so a busy node
+        # does not leave its run unsent when the step ends.
+        self.background = background
         self.run_id: str | None = None
         self.failures = 0
         self.acked = 0
@@ -54,7 +59,7 @@ class SenderProcess:
     def start(self) -> SenderProcess:
         # MLflow's INFO lines (the sqlite store's table checks on every open) stay out of the
         # training's output; its warnings still show.
-        env = dict(os.environ, **{URI_ENV: self.uri})
+        env = dict(os.environ, **{URI_ENV: self.uri, BACKGROUND_ENV: "1" if self.background else ""})
         env.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
         # Same process group: a launcher that kills the task's group takes the sender with it
         # (the spool keeps everything for the next process or `pinpoint upload-spool`).
@@ -156,13 +161,16 @@ class SenderProcess:
 _WARM: dict[str, SenderProcess] = {}
 
 
-def warm(uri: str) -> None:
+def warm(uri: str, background: bool = False) -> None:
     """Start a sender process for `uri` now (it imports MLflow and opens the store while this
-    process starts TensorFlow); the next `take(uri)` gets it."""
-    if uri not in _WARM or not _WARM[uri].alive:
+    process starts TensorFlow); the next `take(uri, background)` gets it."""
+    known = _WARM.get(uri)
+    if known is None or not known.alive or known.background != background:
         if not _WARM:
             atexit.register(discard_warm)
-        _WARM[uri] = SenderProcess(uri).start()
+        if known is not None:
+            known.discard()
+        _WARM[uri] = SenderProcess(uri, background).start()
 
 
 def discard_warm() -> None:
@@ -173,10 +181,14 @@ def discard_warm() -> None:
         proc.discard()
 
 
-def take(uri: str) -> SenderProcess:
-    """A started sender process for `uri`: the warm one if any, else a new one."""
+def take(uri: str, background: bool = False) -> SenderProcess:
+    """A started sender process for `uri` at that priority: the warm one if any, else a new one."""
     proc = _WARM.pop(uri, None)
-    return proc if proc is not None and proc.alive else SenderProcess(uri).start()
+    if proc is not None and proc.alive and proc.background == background:
+        return proc
+    if proc is not None:
+        proc.discard()
+    return SenderProcess(uri, background).start()
 
 
 # ---- the child ------------------------------------------------------------------------------
@@ -204,8 +216,9 @@ def main() -> int:
     from pinpoint.tracking.spool import Spool
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Background work: the training's threads come first when both want a core.
-    os.nice(NICENESS)
+    # Background work beside a training: the training's threads come first when both want a core.
+    if os.environ.pop(BACKGROUND_ENV, ""):
+        os.nice(NICENESS)
     uri = os.environ.pop(URI_ENV)
     remember_absent_modules()  # this process only: MLflow's per-request imports stay cheap
     try:

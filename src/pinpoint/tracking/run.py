@@ -35,6 +35,7 @@ FLUSH_TIMEOUT_S = 120.0  # how long the end of a step waits for the sender befor
 # tracking.step_metrics_every_s (the one cadence setting).
 SEND_INTERVAL_S = 1.0
 CPU_SAMPLE_S = 0.1  # how often the training's logging path reads the sender's CPU clock (~1 µs a read)
+TRAINING_STEPS = ("train", "trace")  # their sender gives way to the training (process.NICENESS)
 RUN_ID_WAIT_S = 60.0  # how long asking for the run id waits for the first attempt to create it
 
 
@@ -396,7 +397,8 @@ def open_step_run(cfg, step: str, run_dir, *, parent_run_id: str | None = None, 
                  parent_run_id=parent_run_id, pipeline=cfg.name)
     if system_metrics is None:
         system_metrics = step == "train"
-    run = StepRun(spool, take_sender(uri), system_metrics=system_metrics, node_id=node_id,
+    # The steps that run a training send from a lower-priority process (process.SenderProcess).
+    run = StepRun(spool, take_sender(uri, step in TRAINING_STEPS), system_metrics=system_metrics, node_id=node_id,
                   interval=SEND_INTERVAL_S, log_model=cfg.tracking.log_model,
                   step_metrics_every_s=cfg.tracking.step_metrics_every_s,
                   checkpoints_every_s=cfg.tracking.checkpoints_every_s,
