@@ -493,8 +493,9 @@ def test_the_steady_cpu_window_starts_at_the_middle_not_at_the_last_send(tmp_pat
 @pytest.mark.integration  # real sender processes
 @pytest.mark.timeout(300)
 def test_only_a_training_steps_sender_gives_way_to_the_training(tmp_path):
-    """The train and trace steps' sender runs 10 nice levels below this process; a provision
-    step's at this process's own, so a busy node does not starve a step with nothing else to do."""
+    """Once it has tried to create the run, the train and trace steps' sender runs 10 nice levels
+    below this process; a provision step's at this process's own, so a busy node does not starve a
+    step with nothing else to do."""
     cfg = make_cfg(f"sqlite:///{tmp_path / 'mlflow.db'}")
     own = os.getpriority(os.PRIO_PROCESS, 0)
     seen = {}

@@ -40,9 +40,9 @@ class SenderProcess:
 
     def __init__(self, uri: str, background: bool = False):
         self.uri = uri
-        # Beside a training (the train and trace steps) the child runs at a lower priority; a
-        # step with nothing else to do (provision, report) sends at the normal one, so a busy node
-        # does not leave its run unsent when the step ends.
+        # Beside a training (the train and trace steps) the child sends at a lower priority once
+        # it has tried to create the run; a step with nothing else to do (provision, report)
+        # sends at the normal one throughout (see main).
         self.background = background
         self.run_id: str | None = None
         self.failures = 0
@@ -216,9 +216,11 @@ def main() -> int:
     from pinpoint.tracking.spool import Spool
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Background work beside a training: the training's threads come first when both want a core.
-    if os.environ.pop(BACKGROUND_ENV, ""):
-        os.nice(NICENESS)
+    # Beside a training, sending is background work: the training's threads come first when both
+    # want a core. The start-up (MLflow's import, a new sqlite store's tables) and the first try to
+    # create the run are not: starved on a busy node, they outlast the step's wait at its end and
+    # leave the whole run in the spool (or a store half made, if the wait ends in a kill).
+    background = bool(os.environ.pop(BACKGROUND_ENV, ""))
     uri = os.environ.pop(URI_ENV)
     remember_absent_modules()  # this process only: MLflow's per-request imports stay cheap
     try:
@@ -238,7 +240,7 @@ def main() -> int:
         cmd = msg["cmd"]
         if cmd == "open":
             sender = Sender(Spool(msg["spool"]), uri=uri, interval=float(msg["interval"]),
-                            on_event=lambda kind, **f: _emit(kind, **f))
+                            on_event=_relay(background))
             sender.start(on_run_created=lambda run_id: _emit("run", run_id=run_id))
         elif cmd == "flush" and sender is not None:
             sender.wake(force=True)
@@ -252,6 +254,34 @@ def main() -> int:
     if sender is not None:
         sender.close(30.0)
     return 0
+
+
+def _relay(background: bool):
+    """The sender's events to the parent; with `background`, this process lowers its priority
+    (NICENESS) at the first try to create the run, before the parent hears of it."""
+
+    def relay(kind: str, **fields: Any) -> None:
+        if kind == "tried" and background:
+            _lower_priority()
+        _emit(kind, **fields)
+
+    return relay
+
+
+def _lower_priority() -> None:
+    """Every thread of this process NICENESS levels lower. Linux keeps a nice value per thread
+    (`os.nice` from the sender's thread would leave the others, and the threads they start, as
+    they were); elsewhere it is the process's."""
+    try:
+        tasks = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        os.nice(NICENESS)
+        return
+    for tid in tasks:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICENESS))
+        except OSError:  # a thread that has just ended
+            pass
 
 
 def _adopt(folders: list[str]) -> None:
