@@ -23,7 +23,7 @@ def report_command(run_dir, *, parent_run_id: str | None = None) -> int:
         if cfg.tracking.enabled:
             from pinpoint.tracking import warm_tracking
 
-            warm_tracking(cfg)  # MLflow's import and store open in the sender while the charts render
+            warm_tracking(cfg, "report")  # MLflow's import and store open in the sender while the charts render
     out, charts, placement = write_report(run_dir)
     if cfg is not None and cfg.tracking.enabled:
         from pinpoint.tracking import open_step_run

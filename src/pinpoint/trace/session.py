@@ -205,7 +205,7 @@ def trace_steps(program, *, out: str | Path | None, gpus: int | None, tracking: 
     if tracking:
         from pinpoint.tracking import warm_tracking
 
-        warm_tracking(cfg, background=True)
+        warm_tracking(cfg, "trace")
     import_tensorflow()
     from pinpoint.tfcompat.check import require
 

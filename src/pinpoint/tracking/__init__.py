@@ -7,13 +7,14 @@ from pinpoint.tracking.run import NullStepRun, StepRun, open_step_run
 from pinpoint.tracking.uri import local_store, resolve_tracking_uri
 
 
-def warm_tracking(cfg, *, background: bool = False) -> None:
+def warm_tracking(cfg, step: str) -> None:
     """Start cfg's sender process now: it imports MLflow and opens the store (no run, no write)
-    while this process starts TensorFlow, and the step run that follows takes it. `background`:
-    the step trains (train, trace), so the sender runs at a lower priority, as its run's will."""
+    while this process starts TensorFlow, and `step`'s run (open_step_run) takes it: at the
+    priority that step's sender has (run.TRAINING_STEPS)."""
     from pinpoint.tracking.process import warm
+    from pinpoint.tracking.run import TRAINING_STEPS
 
-    warm(resolve_tracking_uri(cfg), background)
+    warm(resolve_tracking_uri(cfg), step in TRAINING_STEPS)
 
 __all__ = [
     "NullStepRun",

@@ -58,7 +58,7 @@ def train_command(
     if cfg.tracking.enabled:
         from pinpoint.tracking import warm_tracking
 
-        warm_tracking(cfg, background=True)  # MLflow's import and store open while TensorFlow starts
+        warm_tracking(cfg, "train")  # MLflow's import and store open while TensorFlow starts
     from pinpoint.devices import setup_devices
 
     import_tensorflow()

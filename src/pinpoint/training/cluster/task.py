@@ -54,7 +54,7 @@ def run_task(
     if cfg.tracking.enabled and chief and role != "evaluator":
         from pinpoint.tracking import warm_tracking
 
-        warm_tracking(cfg, background=True)  # the task that tracks: MLflow's sender starts while TensorFlow does
+        warm_tracking(cfg, "train")  # the task that tracks: MLflow's sender starts while TensorFlow does
     dm = setup_devices(cfg)  # before TensorFlow initializes anything
     if role == "evaluator":
         return run_evaluator(cfg, out, dm)
