@@ -247,10 +247,15 @@ def main() -> int:
         elif cmd == "adopt":
             threading.Thread(target=_adopt, args=(msg["folders"],), daemon=True).start()
         elif cmd == "close":
+            if background:
+                # The training is over: the last pass is all the step still waits for.
+                _shift_priority(-NICENESS)
             done = sender.close(float(msg["timeout"])) if sender is not None else True
             _emit("closed", done=done)
             return 0
     # stdin closed without a close: the parent is gone. One last pass; the spool keeps the rest.
+    if background:
+        _shift_priority(-NICENESS)
     if sender is not None:
         sender.close(30.0)
     return 0
@@ -262,26 +267,33 @@ def _relay(background: bool):
 
     def relay(kind: str, **fields: Any) -> None:
         if kind == "tried" and background:
-            _lower_priority()
+            _shift_priority(NICENESS)
         _emit(kind, **fields)
 
     return relay
 
 
-def _lower_priority() -> None:
-    """Every thread of this process NICENESS levels lower. Linux keeps a nice value per thread
-    (`os.nice` from the sender's thread would leave the others, and the threads they start, as
-    they were); elsewhere it is the process's."""
+def _shift_priority(levels: int) -> None:
+    """Every thread of this process `levels` nice levels lower (negative: higher, back to where it
+    started, where the OS lets it: raising a priority needs CAP_SYS_NICE, and without it the
+    sender stays where it is). Linux keeps a nice value per thread (`os.nice` from the sender's
+    thread would leave the others, and the threads they start, as they were); elsewhere it is the
+    process's."""
     try:
         tasks = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
-        os.nice(NICENESS)
-        return
-    for tid in tasks:
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICENESS))
-        except OSError:  # a thread that has just ended
-            pass
+        tasks = None
+    try:
+        if tasks is None:
+            os.nice(levels)
+        for tid in tasks or ():
+            try:
+                now = os.getpriority(os.PRIO_PROCESS, tid)
+                os.setpriority(os.PRIO_PROCESS, tid, max(-20, min(19, now + levels)))
+            except ProcessLookupError:  # a thread that has just ended
+                pass
+    except PermissionError:  # no right to raise it: the last pass runs at the lower priority
+        pass
 
 
 def _adopt(folders: list[str]) -> None:
