@@ -317,9 +317,13 @@ def test_bad_input_in_process(case, tmp_path, capsys):
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_bad_input_needing_tensorflow(tmp_path):
-    """One subprocess per case: a real `pinpoint train` that must refuse before writing anything.
-    Two cases at a time (each is mostly TensorFlow's import: ~80 s one after another in CI)."""
+    """One process per case: a real `pinpoint train` that must refuse before writing anything.
+    Two cases at a time. Each is forked from a process with TensorFlow and Pinpoint imported
+    (tests/zygote.py, as the traced programs' runs are): a fresh process' run is mostly that
+    import, some 8 CPU s a case."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from tests import zygote
 
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
@@ -327,9 +331,11 @@ def test_bad_input_needing_tensorflow(tmp_path):
         d = tmp_path / case.id
         d.mkdir()
         argv, out = _materialise(case, d)
-        proc = subprocess.run(
-            [sys.executable, "-m", "pinpoint.cli", *argv], capture_output=True, text=True, env=env, cwd=d, timeout=300
-        )
+        argv = [sys.executable, "-m", "pinpoint.cli", *argv]
+        if zygote.enabled():
+            proc = zygote.run(argv, cwd=d, env=env, timeout=300, preload=zygote.PINPOINT)
+        else:
+            proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=d, timeout=300)
         try:
             _assert_one_line(proc.returncode, proc.stderr, case, out)
             assert not _processes_mentioning(str(d)), f"{case.id}: a process outlived pinpoint"
