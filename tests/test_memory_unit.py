@@ -171,6 +171,49 @@ def test_a_kernel_the_trace_does_not_show_runs_when_its_inputs_are_made():
     assert peaks == {"/GPU:0": 300 + 200 + 500}
 
 
+def _unseen_collective_graph():
+    """g (400 B) read by the gradients' concat c (400 B) and by x (after c); r, the all-reduce of c
+    over 2 replicas, whose kernel the trace does not show: its chunk of the ring is 400 / 2 B."""
+    from pinpoint.placement.memory.nodes import Node
+
+    nodes = [Node("g", "MatMul"), Node("c", "ConcatV2", (("g", 0),)), Node("x", "Relu", (("g", 0),)),
+             Node("r", "CollectiveReduceV2", (("c", 0),))]
+    sizes = {"g": (400,), "c": (400,), "x": (400,), "r": (400,)}
+    return nodes, sizes
+
+
+def test_a_collective_the_trace_does_not_show_runs_while_its_chunk_made_on_no_kernels_thread_is_held():
+    """The chunk allocated outside any kernel, of r's input over the group (the allocator's request
+    off by its alignment), is r's: r ran from its allocation to its release. A chunk made inside a
+    kernel is that kernel's, and a collective the trace shows keeps its own times."""
+    from pinpoint.placement.graphs.ops import COLLECTIVE_CHUNK
+    from pinpoint.placement.memory.from_trace import unseen_collectives
+
+    nodes, sizes = _unseen_collective_graph()
+
+    def chunk(t, alloc, addr, kernel=""):
+        return MemEvent(time_ps=t, alloc=alloc, addr=addr, requested=232, allocated=256, total_after=0,
+                        op=COLLECTIVE_CHUNK, kernel=kernel)
+
+    events = [chunk(3, True, 1, kernel="other/CollectiveReduceV2"), chunk(4, False, 1),
+              chunk(10, True, 2), chunk(12, False, 2)]
+    assert unseen_collectives(nodes, sizes, events, {"g", "c", "x"}, 2) == [("r", 10, 12)]
+    assert unseen_collectives(nodes, sizes, events, {"g", "c", "x", "r"}, 2) == []
+
+
+def test_a_collective_placed_as_its_chunk_was_held_does_not_hold_it_beside_its_inputs_maker():
+    """Placed at once when c ends (as an inline op), r's chunk (200 B) would be held with g (400, x
+    still to read it) and c (400): 1,000 B. Placed as its chunk was held (t 10 to 12): g and c
+    together while c runs, 800 B."""
+    from pinpoint.placement.memory.schedule import Schedule
+
+    nodes, sizes = _unseen_collective_graph()
+    ran = [("g", 0, 1), ("c", 2, 5), ("x", 6, 7)]
+    peaks = [Schedule.of(nodes, order).peaks(lambda n: list(sizes.get(n, ())), lambda n: "/GPU:0", group_size=2)
+             for order in (ran, [*ran, ("r", 10, 12)])]
+    assert peaks == [{"/GPU:0": 400 + 400 + 200}, {"/GPU:0": 400 + 400}]
+
+
 @pytest.mark.parametrize(("text", "size"), [("16GiB", 16 * 2**30), ("80GB", 80 * 10**9), ("1.5 TiB", int(1.5 * 2**40)),
                                             ("600MiB", 600 * 2**20)])
 def test_gpu_sizes_parse_with_their_unit(text, size):

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from pinpoint.placement.graphs.ops import (
+    COLLECTIVE_CHUNK,
     DENSE_UPDATE_RE,
     LIST_MAKERS,
     MKL_PREFIX,
@@ -90,10 +91,12 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     order = tuple((e.name, (e.start_ps if e.name in temps else first) - begin,
                    max(e.start_ps + e.dur_ps, _arrival(arrived.get(e.name), e.start_ps)) - begin)
                   for e, first in zip(op_order, started, strict=True))
+    replicas = len({devices[n.name] for n in nodes if REDUCING_COLLECTIVE_RE.match(MKL_PREFIX.sub("", n.op)) and n.name in devices})
+    unseen = unseen_collectives(nodes, sizes, events, {e.name for e in op_order}, replicas)
+    order += tuple((name, s - begin, e - begin) for name, s, e in unseen)
     once = Counter(e.name for e in op_order)
     outputs_after = {e.name: first - e.start_ps for e, first in zip(op_order, started, strict=True)
                      if e.name in temps and once[e.name] == 1 and first > e.start_ps}
-    replicas = len({devices[n.name] for n in nodes if REDUCING_COLLECTIVE_RE.match(MKL_PREFIX.sub("", n.op)) and n.name in devices})
     released = {name: t - begin for name, t in _rpc_released(nodes, devices, events).items()}
     used = {n.name: devices[n.name] for n in nodes if n.name in devices}
     batch = batch_of(nodes, shapes, sizes)
@@ -108,6 +111,42 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
                     copied=_copied(nodes, events, once) if shared else frozenset())
     lags = input_lags(replay, {op: sorted(t - begin for t in times) for op, times in freed.items()})
     return replace(replay, inputs_after=lags), counts
+
+
+def unseen_collectives(nodes: Iterable[Node], sizes: Mapping[str, tuple[int, ...]], events: Iterable,
+                       ran: set[str], group: int) -> list[tuple[str, int, int]]:
+    """(node, start ps, end ps) of each reducing collective whose kernel the trace does not show, as
+    its chunk of the ring was held. An asynchronous kernel's event can be missing; placed at once when
+    its input was made (as an inline op is), its chunk would be held beside what the input's maker
+    still held then, which it never was: it was made when the whole group had joined. Its chunk is a
+    `COLLECTIVE_CHUNK` the allocator made on no kernel's thread, of its input's bytes over the group,
+    matched in time order; a collective with none stays where its input puts it."""
+    missing = [n for n in nodes if REDUCING_COLLECTIVE_RE.match(MKL_PREFIX.sub("", n.op)) and n.name not in ran
+               and n.inputs]
+    if not missing or group < 1:
+        return []
+    chunks, held = [], {}  # (made, freed, bytes) of the chunks made outside a kernel
+    for e in events:
+        if e.alloc and e.op == COLLECTIVE_CHUNK and not e.kernel:
+            held[e.addr] = (e.time_ps, e.requested)
+        elif not e.alloc and e.addr in held:
+            made, size = held.pop(e.addr)
+            chunks.append((made, e.time_ps, size))
+    chunks.sort()
+    out = []
+    for n in missing:
+        src, k = n.inputs[0]
+        size = (sizes.get(src) or ())[k] // group if k < len(sizes.get(src) or ()) else 0
+        # (the allocator's request of a chunk differs from the even split by its alignment)
+        match = next((c for c in chunks if size and abs(c[2] - size) <= max(_CHUNK_SLACK, size // 100)), None)
+        if match is not None:
+            chunks.remove(match)
+            out.append((n.name, match[0], match[1]))
+    return out
+
+
+# Bytes a chunk's request may differ from its input's even split by (alignment to the group).
+_CHUNK_SLACK = 256
 
 
 def _constants_made(nodes: Iterable[Node], events: Iterable) -> frozenset[str]:
