@@ -15,7 +15,6 @@ busiest device needs the most), the least and most peak over the calls measured 
 the predicted peaks at 2x and 4x the batch (memory.predicted.batch), the replay self-check's
 mismatched events, and the process wall time. Under `mirrored`, each model and Keras's MNIST
 convnet also run at FACTOR x the batch (`at_batch_arms`), to hold those predictions to a measurement.
-Every run has a GPU host's inter-op pool (INTEROP_THREADS, below).
 """
 
 from __future__ import annotations
@@ -35,14 +34,6 @@ BATCH, FACTOR = 32, 4
 # (two Conv2D, two MaxPooling2D, Flatten, Dropout, Dense), whose conv kernels' scratch overlaps its
 # activations differently from call to call.
 AT_BATCH_MODELS = (*MODELS, "convnet")
-
-# TensorFlow's inter-op pool has a thread per core: 8 and more on a GPU host, 2 on this bench's
-# machine. With 2, both busy with the two replicas' kernels, a convolution's input and filter
-# gradients, ready together, mostly run one after the other; with threads free they run at once,
-# holding both workspaces (the prediction's `co_started`). Every run here has a GPU host's pool, so
-# the peak measured is the one a GPU host reaches, not the 2-core machine's luckier draw.
-INTEROP_THREADS = 8
-GPU_HOST_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_NUM_INTEROP_THREADS": str(INTEROP_THREADS)}
 
 PROGRAM = '''
 import socket
@@ -202,7 +193,7 @@ def example(out: Path) -> dict[str, Any]:
     config.write_text(yaml.safe_dump(cfg))
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pinpoint.cli", "train", str(config), "--out", str(out / "run")],
-                          capture_output=True, text=True, check=False, env={**os.environ, **GPU_HOST_ENV})
+                          capture_output=True, text=True, check=False, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"pinpoint train digits_cnn exited {proc.returncode}: {proc.stderr[-400:]}")
@@ -223,7 +214,7 @@ def measure(spec: dict) -> dict[str, Any]:
     t0 = time.perf_counter()
     path = os.pathsep.join(filter(None, [str(EXAMPLE), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(argv, cwd=out, capture_output=True, text=True, check=False,
-                          env={**os.environ, **GPU_HOST_ENV, "PYTHONPATH": path})
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": path})
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"pinpoint trace {spec['model']} {spec['strategy']} exited {proc.returncode}: "
