@@ -515,3 +515,22 @@ def _thread_priorities(pid: int) -> list[int]:
         except ProcessLookupError:  # a thread that ended since the listing
             pass
     return out
+
+
+@pytest.mark.unit
+def test_a_sender_goes_back_only_as_far_as_it_lowered_itself():
+    """At its end the sender undoes its own lowering, where the OS lets it, and nothing more: one
+    that never lowered its priority (closed before its first try) keeps the one it started at."""
+    import subprocess
+    import sys
+
+    code = ("import os\n"
+            "from pinpoint.tracking import process as p\n"
+            "start = os.getpriority(os.PRIO_PROCESS, 0)\n"
+            "p._restore_priority()\n"
+            "never = os.getpriority(os.PRIO_PROCESS, 0) - start\n"
+            "p._relay(True)('tried')\n"
+            "lowered = os.getpriority(os.PRIO_PROCESS, 0) - start\n"
+            "print(never, lowered)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split("\n")[-2] == "0 10"

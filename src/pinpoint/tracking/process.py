@@ -247,15 +247,13 @@ def main() -> int:
         elif cmd == "adopt":
             threading.Thread(target=_adopt, args=(msg["folders"],), daemon=True).start()
         elif cmd == "close":
-            if background:
-                # The training is over: the last pass is all the step still waits for.
-                _shift_priority(-NICENESS)
+            # The training is over: the last pass is all the step still waits for.
+            _restore_priority()
             done = sender.close(float(msg["timeout"])) if sender is not None else True
             _emit("closed", done=done)
             return 0
     # stdin closed without a close: the parent is gone. One last pass; the spool keeps the rest.
-    if background:
-        _shift_priority(-NICENESS)
+    _restore_priority()
     if sender is not None:
         sender.close(30.0)
     return 0
@@ -266,11 +264,23 @@ def _relay(background: bool):
     (NICENESS) at the first try to create the run, before the parent hears of it."""
 
     def relay(kind: str, **fields: Any) -> None:
-        if kind == "tried" and background:
+        if kind == "tried" and background and not _LOWERED.is_set():
+            _LOWERED.set()
             _shift_priority(NICENESS)
         _emit(kind, **fields)
 
     return relay
+
+
+# Set once the sender has lowered its priority (its first try to create the run, beside a training).
+_LOWERED = threading.Event()
+
+
+def _restore_priority() -> None:
+    """Back to the priority the sender started at, if it lowered it (never above it)."""
+    if _LOWERED.is_set():
+        _LOWERED.clear()
+        _shift_priority(-NICENESS)
 
 
 def _shift_priority(levels: int) -> None:
