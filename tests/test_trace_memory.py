@@ -120,9 +120,12 @@ def test_an_lstms_predicted_peak_is_at_most_5_percent_low_and_10_percent_high(st
 
     trace(["--memory", "--gpus", "2", str(write(tmp_path, "lstm.py", PROGRAM)), "lstm", strategy], cwd=tmp_path,
           out=tmp_path / "out")
-    rows = placement(tmp_path / "out")["memory"]["predicted"]["devices"]
+    memory = placement(tmp_path / "out")["memory"]
+    rows = memory["predicted"]["devices"]
     off = {d: r for d, r in rows.items() if not -0.05 * r["measured"] <= r["predicted"] - r["measured"] <= 0.10 * r["measured"]}
-    assert (sorted(rows), off) == (LSTM_DEVICES[strategy], {})
+    # (a miss names what the allocator held at that device's peak: the run's folder is gone by then)
+    held = {d: [(a["op"], a["requested"]) for a in memory["devices"].get(d, {}).get("at_peak", ())] for d in off}
+    assert (sorted(rows), off) == (LSTM_DEVICES[strategy], {}), held
 
 
 PARAMETER_SERVER = f"""
