@@ -518,19 +518,21 @@ def _thread_priorities(pid: int) -> list[int]:
 
 
 @pytest.mark.unit
-def test_a_sender_goes_back_only_as_far_as_it_lowered_itself():
-    """At its end the sender undoes its own lowering, where the OS lets it, and nothing more: one
-    that never lowered its priority (closed before its first try) keeps the one it started at."""
+def test_a_sender_lowers_its_priority_only_while_the_training_runs():
+    """The first try to create the run lowers the sender 10 levels. At the training's end it goes
+    back only by what it lowered, where the OS lets it: one that never lowered itself keeps the
+    priority it started at, and a first try that ends after the training did lowers nothing."""
     import subprocess
     import sys
 
-    code = ("import os\n"
-            "from pinpoint.tracking import process as p\n"
-            "start = os.getpriority(os.PRIO_PROCESS, 0)\n"
-            "p._restore_priority()\n"
-            "never = os.getpriority(os.PRIO_PROCESS, 0) - start\n"
-            "p._relay(True)('tried')\n"
-            "lowered = os.getpriority(os.PRIO_PROCESS, 0) - start\n"
-            "print(never, lowered)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.split("\n")[-2] == "0 10"
+    def run(calls: str) -> str:
+        code = ("import os\n"
+                "from pinpoint.tracking import process as p\n"
+                "start = os.getpriority(os.PRIO_PROCESS, 0)\n"
+                f"{calls}\n"
+                "print(os.getpriority(os.PRIO_PROCESS, 0) - start)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+        return out.stdout.split("\n")[-2]
+
+    assert [run("p._relay(True)('tried')"), run("p._PRIORITY.restore()"),
+            run("p._PRIORITY.restore()\np._relay(True)('tried')")] == ["10", "0", "0"]

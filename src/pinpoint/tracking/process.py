@@ -248,12 +248,12 @@ def main() -> int:
             threading.Thread(target=_adopt, args=(msg["folders"],), daemon=True).start()
         elif cmd == "close":
             # The training is over: the last pass is all the step still waits for.
-            _restore_priority()
+            _PRIORITY.restore()
             done = sender.close(float(msg["timeout"])) if sender is not None else True
             _emit("closed", done=done)
             return 0
     # stdin closed without a close: the parent is gone. One last pass; the spool keeps the rest.
-    _restore_priority()
+    _PRIORITY.restore()
     if sender is not None:
         sender.close(30.0)
     return 0
@@ -264,23 +264,39 @@ def _relay(background: bool):
     (NICENESS) at the first try to create the run, before the parent hears of it."""
 
     def relay(kind: str, **fields: Any) -> None:
-        if kind == "tried" and background and not _LOWERED.is_set():
-            _LOWERED.set()
-            _shift_priority(NICENESS)
+        if kind == "tried" and background:
+            _PRIORITY.lower()
         _emit(kind, **fields)
 
     return relay
 
 
-# Set once the sender has lowered its priority (its first try to create the run, beside a training).
-_LOWERED = threading.Event()
+class _Priority:
+    """The sender's priority beside a training: NICENESS levels lower from its first try to create
+    the run until the training has ended, then back where it started (never above it). A first try
+    that ends after the training did (a slow store's start on a busy node) lowers nothing: the last
+    pass is all the step still waits for."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # (the sender's thread lowers, the main thread restores)
+        self._lowered = False
+        self._ended = False
+
+    def lower(self) -> None:
+        with self._lock:
+            if not (self._lowered or self._ended):
+                self._lowered = True
+                _shift_priority(NICENESS)
+
+    def restore(self) -> None:
+        with self._lock:
+            self._ended = True
+            if self._lowered:
+                self._lowered = False
+                _shift_priority(-NICENESS)
 
 
-def _restore_priority() -> None:
-    """Back to the priority the sender started at, if it lowered it (never above it)."""
-    if _LOWERED.is_set():
-        _LOWERED.clear()
-        _shift_priority(-NICENESS)
+_PRIORITY = _Priority()
 
 
 def _shift_priority(levels: int) -> None:
