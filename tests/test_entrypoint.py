@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from pinpoint.placement.model.files import read_placement
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -24,8 +25,10 @@ EXAMPLES = ROOT / "examples"
 
 def train(config: Path, out: Path, *, env: dict | None = None, expect: int = 0) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "pinpoint.cli", "train", str(config), "--out", str(out)],
-                          capture_output=True, text=True, env=full_env, timeout=540)
+    # Forked from a process with TensorFlow and Pinpoint imported (tests/zygote.py): a fresh process but
+    # for its start-up (a cluster's tasks are the launcher's own processes, fresh ones).
+    proc = zygote.python([sys.executable, "-m", "pinpoint.cli", "train", str(config), "--out", str(out)],
+                         cwd=os.getcwd(), env=full_env, timeout=540, preload=zygote.PINPOINT)
     assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 

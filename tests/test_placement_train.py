@@ -1,10 +1,10 @@
-"""Placement through the real trainer: `pinpoint train` then `pinpoint report` as subprocesses
-(fresh TF process each, GPUs emulated on logical CPUs), on tiny configs."""
+"""Placement through the real trainer: `pinpoint train` then `pinpoint report` as processes of
+their own (forked from a process with TensorFlow imported, tests/zygote.py; GPUs emulated on logical
+CPUs), on tiny configs."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from pinpoint.placement.model.files import read_placement
+from tests import zygote
 from tests.conftest import NO_TRACKING, make_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,8 +22,10 @@ def _run(args, cwd, timeout):
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return subprocess.run([sys.executable, "-m", "pinpoint.cli", *args], check=False, cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    # Forked from a process with TensorFlow and Pinpoint imported (tests/zygote.py): a fresh process but
+    # for its start-up (a cluster's tasks are the launcher's own processes, fresh ones).
+    return zygote.python([sys.executable, "-m", "pinpoint.cli", *args], cwd=cwd, env=env, timeout=timeout,
+                         preload=zygote.PINPOINT)
 
 
 def _config(tmp_path: Path, **train) -> Path:

@@ -6,7 +6,6 @@ state drift with its cause and fix, apart from trainable drift, which must be 0.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 from pinpoint.placement.model.files import read_placement
+from tests import zygote
 
 MODELS = '''
 import keras
@@ -76,8 +76,10 @@ def train_user_model(tmp_path: Path, model: str, synchronized: bool = False, str
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "pinpoint.cli", "train", str(tmp_path / "cfg.yaml"), "--out", str(out)],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=840)
+    # Forked from a process with TensorFlow and Pinpoint imported (tests/zygote.py): a fresh process but
+    # for its start-up (a cluster's tasks are the launcher's own processes, fresh ones).
+    r = zygote.python([sys.executable, "-m", "pinpoint.cli", "train", str(tmp_path / "cfg.yaml"), "--out", str(out)],
+                      cwd=tmp_path, env=env, timeout=840, preload=zygote.PINPOINT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     placement = read_placement(out / "placement.json")
     placement["_stdout"] = r.stdout

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from tests import zygote
 from tests.test_trace import placement, trace, write
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -46,8 +47,8 @@ def _plain(script, *args, allocator_stats: bool = False) -> subprocess.Completed
     `allocator_stats`: with the host's BFC allocator, which keeps stats as a GPU's does (the default
     host allocator keeps none on a CPU without oneDNN's)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **({"TF_CPU_ALLOCATOR_USE_BFC": "true"} if allocator_stats else {})}
-    proc = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = zygote.python([sys.executable, str(script), *map(str, args)], cwd=os.getcwd(), env=env, timeout=300,
+                         preload=zygote.TENSORFLOW)  # forked from a process with TensorFlow imported
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
 

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests import zygote
+
 pytestmark = pytest.mark.integration
 
 # site/en/guide/random_numbers.ipynb, its code cells in order (three logical CPUs, generators made
@@ -88,8 +90,11 @@ print(tf.random.stateless_normal(shape=[2, 3], seed=[1, 2]))
 
 
 def _run(cmd, cwd) -> subprocess.CompletedProcess:
+    """`cmd` (python with a script, or Pinpoint's command line) as a process of its own would run it,
+    forked from a process that has imported TensorFlow (tests/zygote.py; Pinpoint too for its runs)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    preload = zygote.PINPOINT if "pinpoint.cli" in cmd else zygote.TENSORFLOW
+    return zygote.python(cmd, cwd=cwd, env=env, timeout=600, preload=preload)
 
 
 def _printed(stdout: str) -> list[str]:
@@ -166,9 +171,8 @@ def _oracle_reads(program, cwd) -> dict:
     import re
 
     oracle = os.path.join(os.path.dirname(__file__), "oracle.py")
-    proc = subprocess.run([sys.executable, oracle, "placement", str(program), str(cwd / "oracle.json")],
-                          capture_output=True, text=True, cwd=cwd, timeout=600,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    proc = zygote.python([sys.executable, oracle, "placement", str(program), str(cwd / "oracle.json")], cwd=cwd,
+                         timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}, preload=zygote.TENSORFLOW)
     assert proc.returncode == 0, proc.stderr[-3000:]
     inside = proc.stderr.split("ORACLE-BEGIN", 1)[1].split("ORACLE-END", 1)[0]
     names = {"CPU:0": "/CPU:0", "CPU:1": "/GPU:0", "CPU:2": "/GPU:1"}

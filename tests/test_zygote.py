@@ -89,3 +89,19 @@ def test_beyond_the_kept_servers_the_least_recently_used_idle_one_is_stopped(mon
     server("0")  # used again: the most recent
     server("new")
     assert [s._proc.wait(timeout=60) if i == 1 else s._proc.poll() for i, s in enumerate(servers)] == [None, 0, None]
+
+
+def test_mlflows_environment_does_not_choose_a_server_but_reaches_the_child(monkeypatch, tmp_path):
+    """A test's own tracking server (MLFLOW_TRACKING_URI) is read by MLflow in the child, which no
+    server preloads: the run goes to the server of the rest of its environment, with its own URI."""
+    monkeypatch.setattr(zygote.Zygote, "_servers", {})  # this test's servers only
+    (tmp_path / "work").mkdir()
+    script = _script(tmp_path, "import os, sys\nprint(os.environ['MLFLOW_TRACKING_URI'], file=sys.stderr)\n")
+    seen = []
+    for uri in ("http://127.0.0.1:1", "http://127.0.0.1:2"):
+        env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+        z = zygote.Zygote.get(sys.executable, env, ())
+        log = tmp_path / f"{uri[-1]}.log"
+        assert z.spawn([sys.executable, str(script)], tmp_path / "work", env, log).wait(timeout=60) == 0
+        seen.append((z, log.read_text()))
+    assert seen == [(seen[0][0], "http://127.0.0.1:1\n"), (seen[0][0], "http://127.0.0.1:2\n")]

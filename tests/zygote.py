@@ -34,6 +34,13 @@ import threading
 _NOT_KEYED = ("PYTEST_CURRENT_TEST", "TF2_BEHAVIOR", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION",
               "ENABLE_RUNTIME_UPTIME_TELEMETRY", "HDF5_PLUGIN_PATH")
 
+
+def _keyed(name: str) -> bool:
+    """Whether a server is chosen by the environment entry `name`. MLflow's are read by MLflow,
+    which no preload imports: a test's own tracking server does not start (and evict) a server."""
+    return name not in _NOT_KEYED and not name.startswith("MLFLOW_")
+
+
 # What a zygote imports before it forks a run: the oracle's, TensorFlow and Keras; `pinpoint
 # trace`'s, Pinpoint's command line too (tests/differential.py, tests/test_trace.py).
 TENSORFLOW = ("tensorflow", "keras")
@@ -93,7 +100,7 @@ class Zygote:
     def get(cls, python: str, env: dict, preload: tuple[str, ...]) -> Zygote:
         """The server of `python` and `env` with the modules `preload` imported (one is started;
         beyond KEPT, the least recently used idle one is stopped)."""
-        key = (python, preload, tuple(sorted((k, v) for k, v in env.items() if k not in _NOT_KEYED)))
+        key = (python, preload, tuple(sorted((k, v) for k, v in env.items() if _keyed(k))))
         with cls._lock:
             z = cls._servers.pop(key, None)
             if z is None or not z.alive:
@@ -192,6 +199,14 @@ def run(argv: list[str], *, cwd, env: dict, timeout: float, preload: tuple[str, 
             raise
         with open(out, errors="replace") as o, open(err, errors="replace") as e:
             return subprocess.CompletedProcess(argv, code, o.read(), e.read())
+
+
+def python(argv: list[str], *, cwd, env: dict, timeout: float, preload: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """subprocess.run(argv, capture_output=True, text=True, ...) for `python ...` argv: forked from a
+    zygote with `preload` imported, or with TEST_ZYGOTE=0 a process of its own."""
+    if enabled():
+        return run(argv, cwd=cwd, env=env, timeout=timeout, preload=preload)
+    return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
 def enabled() -> bool:
