@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import NO_TRACKING, make_config
 from tests.fakes.kube_api import FakeKubeApiServer
-from tests.test_k8s_launch import _assert_cleaned_up
+from tests.test_k8s_launch import _assert_cleaned_up, hang_until_steady
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -202,6 +202,7 @@ def test_parameter_server_ps_start_before_the_workers(tmp_path):
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.timeout(240)  # hang_until_steady: up to 37.5 s a launch on a loaded machine
 def test_requests_per_poll_do_not_grow_with_the_pods(tmp_path, flavor):
     """A poll lists pods by label selector once: 2 or 64 workers cost the same requests."""
     from pinpoint.config import config_from_dict
@@ -215,13 +216,9 @@ def test_requests_per_poll_do_not_grow_with_the_pods(tmp_path, flavor):
                                 "train": {"strategy": "multi_worker_mirrored"}, "tracking": {"enabled": False}})
         out = tmp_path / "claim" / cfg.name
         provision(cfg, out)
-        with FakeKubeApiServer("hang") as fake:
-            from pinpoint.errors import TrainingFailed
-
-            with pytest.raises(TrainingFailed, match="did not finish within"):
-                _launch(fake, cfg, out, timeout_seconds=3)
-            steady = fake.requests_per_poll()[3:]  # every pod is Running from the third poll on
-            per_poll.append(set(steady))
+        fake = hang_until_steady(_launch, cfg, out)
+        steady = fake.requests_per_poll()[3:]  # every pod is Running from the third poll on
+        per_poll.append(set(steady))
     # A poll: list pods, get the JobSet (a TrainJob: and its JobSet), the chief's log, the Events.
     assert per_poll == [{4 if flavor == "jobset" else 5}] * 2
 

@@ -57,6 +57,23 @@ def _launch(fake, cfg, out, parent_run_id=None, **opts):
         _launch.lines = lines
 
 
+def hang_until_steady(launch, cfg, out, *, skip: int = 3, polls: int = 2) -> FakeKubeApiServer:
+    """`launch(fake, cfg, out, timeout_seconds=...)` of a run whose pods stay Running ("hang"), ended
+    by its timeout once it has made `polls` polls past its first `skip`: a loaded machine makes fewer
+    polls in a given time, so the timeout doubles (2.5 s to 20 s) until they are there. The fake API
+    server, with every request it took."""
+    from pinpoint.errors import TrainingFailed
+
+    timeout = 2.5
+    while True:
+        with FakeKubeApiServer("hang") as fake:
+            with pytest.raises(TrainingFailed, match="did not finish within"):
+                launch(fake, cfg, out, timeout_seconds=timeout)
+        if len(fake.requests_per_poll()) >= skip + polls or timeout >= 20:
+            return fake
+        timeout *= 2
+
+
 def _assert_cleaned_up(fake):
     assert fake.created, "nothing was created"
     assert fake.objects == {}, f"left behind: {list(fake.objects)}"
