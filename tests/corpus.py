@@ -514,9 +514,9 @@ _EXTRA = [
 ]
 
 # MobileNetV2 (about 7,700 ops a step, 580 variables) costs minutes a combination where the other
-# families cost seconds, and under MirroredStrategy the oracle's tfdbg shapes run alone takes more
-# than differential.TIMEOUT (docs/trace.md, "still out of reach"): it runs fit without a strategy
-# and under OneDeviceStrategy, and the model split by tf.device.
+# families cost seconds, and under MirroredStrategy the oracle's tfdbg shapes run alone takes
+# minutes more (docs/development.md): it runs fit without a strategy and under OneDeviceStrategy,
+# and the model split by tf.device.
 _HEAVY = {"mobilenet": [("fit_data", "none", "f32"), ("fit_numpy", "one_device", "f32"), ("split", "none", "f32")]}
 
 COMBINATIONS: dict[str, Combo] = {}
