@@ -332,10 +332,7 @@ def test_bad_input_needing_tensorflow(tmp_path):
         d.mkdir()
         argv, out = _materialise(case, d)
         argv = [sys.executable, "-m", "pinpoint.cli", *argv]
-        if zygote.enabled():
-            proc = zygote.run(argv, cwd=d, env=env, timeout=300, preload=zygote.PINPOINT)
-        else:
-            proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=d, timeout=300)
+        proc = zygote.python(argv, cwd=d, env=env, timeout=300, preload=zygote.PINPOINT)
         try:
             _assert_one_line(proc.returncode, proc.stderr, case, out)
             assert not _processes_mentioning(str(d)), f"{case.id}: a process outlived pinpoint"

@@ -31,10 +31,8 @@ def trace(args: list[str], *, cwd: Path, out: Path, tracking: bool = False, env:
     if not tracking:
         argv.append("--no-tracking")
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
-    if zygote.enabled():  # forked from a process with TensorFlow and Pinpoint imported: no start-up
-        proc = zygote.run([*argv, *args], cwd=cwd, env=full_env, timeout=540, preload=zygote.PINPOINT)
-    else:
-        proc = subprocess.run([*argv, *args], cwd=cwd, capture_output=True, text=True, env=full_env, timeout=540)
+    # Forked from a process with TensorFlow and Pinpoint imported: no start-up.
+    proc = zygote.python([*argv, *args], cwd=cwd, env=full_env, timeout=540, preload=zygote.PINPOINT)
     assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
