@@ -14,6 +14,10 @@ not hide; the machine's slow spells, which move a lone process's rate by 10-20% 
 the next, fall on both processes of a phase alike. Sharing the CPU makes each call dearer than
 alone (more cache refills after a switch), for both processes.
 
+The `frames` arm runs the same together rounds with python against python three frames deeper
+(benchmarks/three_frames.py), recorded: what the frames `pinpoint trace` keeps above a program cost
+without anything of Pinpoint.
+
 Tried before and not enough to decide a difference of ~1 µs on a ~200 µs call: the two arms
 back to back (each process's best block of 4,000 calls: the pairs' differences spread by tens
 of µs on a slow day, as the machine's spells and each process's memory layout move it), taking
@@ -49,6 +53,11 @@ CALLS, BLOCKS, WARMUP = 4000, 6, 2000
 # 24 rounds narrow that interval by a tenth more.
 PHASE_S, PHASES = 0.4, 12
 ROUNDS = 24  # pairs run together: a verdict needs 3 (benchmarks/targets.py)
+# python against python with three frames more (benchmarks/three_frames.py), together: what
+# Pinpoint's frames above the program cost without Pinpoint, recorded beside the targets. A round's
+# median moves by ~1 µs (tf.function) and ~0.7 µs (eager add) on a slow day; four rounds keep the full
+# bench within its hour (tests/test_bench.py) and tell a frame's share from none.
+FRAMES_ROUNDS = 4
 ANY_CPU_ROUNDS = 2  # pairs on any CPU, back to back, recorded beside them
 FIXED_LAYOUT = ["setarch", "-R"] if shutil.which("setarch") else []
 KEY = "user-calls"
@@ -65,14 +74,20 @@ def comparison(s: Settings) -> Comparison:
         title="as a user pays it: the program under `pinpoint trace --no-tracking` against `python`, whole processes",
         arms=(Arm("python", "python", {**spec, "via": "python"}, max_rounds=any_cpu),
               Arm("trace", "pinpoint trace --no-tracking", {**spec, "via": "trace"}, max_rounds=any_cpu),
-              Arm("together", "both at once, one CPU", together)),
+              Arm("together", "both at once, one CPU", together),
+              Arm("frames", "python and python three frames deeper, at once, one CPU",
+                  {**together, "vias": ["python", "frames"]}, max_rounds=FRAMES_ROUNDS if full else 1)),
         ratios=(Ratio(f"{fn}, together on one CPU: trace - python, µs", "together", "", "fn_added_us",
                       target("calls.tf_function_us")),
                 Ratio(f"{add}, together on one CPU: trace - python, µs", "together", "", "add_added_us",
                       target("calls.eager_op_us")),
                 Ratio(f"{fn}, any CPU, back to back: trace - python, µs", "trace", "python", "fn_us", difference=True),
                 Ratio(f"{add}, any CPU, back to back: trace - python, µs", "trace", "python", "add_us",
-                      difference=True)),
+                      difference=True),
+                Ratio(f"{fn}, three frames more under python, no Pinpoint, together: µs", "frames", "",
+                      "fn_added_us"),
+                Ratio(f"{add}, three frames more under python, no Pinpoint, together: µs", "frames", "",
+                      "add_added_us")),
         repeats=ROUNDS if full else 1,
         # A round together: both imports and warm-ups on one CPU (~12 s), 2 x 12 x 0.4 s of phases;
         # a process back to back ~8 s. Their mean over the runs of a full bench.
@@ -102,6 +117,8 @@ def _argv(via: str, out: Path, args: list[str]) -> list[str]:
     run folder out/trace), as users run it."""
     if via == "python":
         return [sys.executable, str(PROGRAM), *args]
+    if via == "frames":  # python, the program three frames deeper, as trace runs it
+        return [sys.executable, str(ROOT / "benchmarks" / "three_frames.py"), str(PROGRAM), *args]
     # The `pinpoint` command as users run it (python -m pinpoint.cli puts runpy's frames under the
     # program: see trace.program.run).
     cli = Path(sys.executable).with_name("pinpoint")
@@ -110,16 +127,17 @@ def _argv(via: str, out: Path, args: list[str]) -> list[str]:
 
 
 def run_together(spec: dict) -> dict[str, Any]:
-    """The worker kind `user_calls_together`: the program under python and under trace at once on
-    one CPU, each in a session of its own (trace_cost.start_on_cpu), calling in phases both start
-    at the same time. Per phase, each process's CPU µs per call; the round's figure is the median
-    over the phases of trace - python."""
+    """The worker kind `user_calls_together`: the program under python and under trace (or the two
+    of spec["vias"]) at once on one CPU, each in a session of its own (trace_cost.start_on_cpu),
+    calling in phases both start at the same time. Per phase, each process's CPU µs per call; the
+    round's figure is the median over the phases of the second - the first."""
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     cpu = max(os.sched_getaffinity(0))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONHASHSEED": "0"}
     procs, timing = {}, {}
-    for via in ("python", "trace"):
+    vias = spec.get("vias", ["python", "trace"])
+    for via in vias:
         timing[via] = out / f"timing-{via}.json"
         args = ["--warmup", str(spec["warmup"]), "--out", str(timing[via]), "--together", str(out), "--name", via,
                 "--phase-s", str(spec["phase_s"]), "--phases", str(spec["phases"])]
@@ -143,8 +161,8 @@ def run_together(spec: dict) -> dict[str, Any]:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
-    runs = {via: json.loads(t.read_text()) for via, t in timing.items()}
-    return {**paired_phases(runs["python"]["phases"], runs["trace"]["phases"]), "cpu": cpu,
+    first, second = (json.loads(timing[via].read_text())["phases"] for via in vias)
+    return {**paired_phases(first, second), "vias": vias, "cpu": cpu,
             "warmup": spec["warmup"], "phase_s": spec["phase_s"], "phases": spec["phases"],
             "fixed_layout": bool(FIXED_LAYOUT)}
 
@@ -177,6 +195,8 @@ def render(comps: list[Comparison], results: dict) -> str:
     runs = results[comp.key]
     rows = []
     for rt in comp.ratios:
+        if rt.num == "frames" and not runs.get("frames"):
+            continue  # results from before the arm, or a run without it
         added = compare_summary(results, comp.key, rt)
         if rt.den:  # back to back: each process's best block
             py, tr = summ(runs.get(rt.den, []), rt.metric), summ(runs.get(rt.num, []), rt.metric)
@@ -202,4 +222,9 @@ def render(comps: list[Comparison], results: dict) -> str:
           "median over its phases of the same phase's difference. Sharing the CPU makes every call dearer than "
           "alone, for both. Back to back on any CPU (recorded): each process's best of "
           f"{alone['blocks']} blocks of {alone['calls']:,} calls of each after the same warm-up. {layout}"
-          "benchmarks/user_calls.py says why the targets are decided together.\n")
+          "benchmarks/user_calls.py says why the targets are decided together."
+          + (f" The rows \"three frames more\": python against python running the same program three frames below "
+             f"the process's first (benchmarks/three_frames.py: as `pinpoint trace` runs it, nothing of Pinpoint "
+             f"imported), at once on one CPU as above, {len(good.get('frames', []))} rounds; their second column is "
+             "that process. What Pinpoint's frames above the program cost by themselves (docs/trace.md, \"Cost\")."
+             if good.get("frames") else "") + "\n")

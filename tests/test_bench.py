@@ -932,6 +932,10 @@ def test_the_overheads_section_states_each_calls_paths_and_decides_by_the_pairs(
             "python": [alone(140.0, 9.8), alone(145.0, 10.0), alone(150.0, 10.2)],
             "trace": [alone(144.0, 10.1), alone(150.0, 10.3), alone(156.0, 10.4)]}
     text = render([users, comp], {"overheads": {ARM: [rec, rec]}, "user-calls": user})
+    assert "three frames more" not in text  # results from before the frames arm: no rows for it
+    # python against python three frames deeper, three rounds: 0.8, 1.0, 0.9 µs a call, 0.05, 0.07, 0.06 an op.
+    user["frames"] = [both(200.0, 0.8, 20.0, 0.05), both(210.0, 1.0, 21.0, 0.07), both(190.0, 0.9, 22.0, 0.06)]
+    text = render([users, comp], {"overheads": {ARM: [rec, rec]}, "user-calls": user})
     rows = {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith(("| tf.function", "| eager tf"))}
     fn = "tf.function call (assign_add + reduce_sum)"
     # Each process's median phase beside the round's added µs (the median of its phases' differences).
@@ -941,6 +945,10 @@ def test_the_overheads_section_states_each_calls_paths_and_decides_by_the_pairs(
     # Back to back on any CPU: recorded, no target.
     assert rows[f"{fn}, any CPU, back to back"].endswith("| 5 [4, 6] (4–6) | recorded | 3 |")
     assert rows["eager tf.add, any CPU, back to back"].endswith("| 0.3 [0.2, 0.3] (0.2–0.3) | recorded | 3 |")
+    frames = "three frames more under python, no Pinpoint, together"
+    assert rows[f"{fn}, {frames}"].endswith("| 0.9 [0.8, 1] (0.8–1) | recorded | 3 |")
+    assert rows[f"eager tf.add, {frames}"].endswith("| 0.06 [0.05, 0.07] (0.05–0.07) | recorded | 3 |")
+    assert "benchmarks/three_frames.py" in text and "at once on one CPU as above, 3 rounds" in text
     assert "then from a common start 12 phases of 0.4 s of each call" in text
     assert "2,000 calls of each as a warm-up" in text and "best of 6 blocks of 4,000 calls" in text
     assert "pinned to CPU 1," in text
@@ -954,7 +962,7 @@ def test_the_overheads_section_states_each_calls_paths_and_decides_by_the_pairs(
     assert "Pinpoint's median block 4.1" in text and "met (target <= 5)" in text
     assert "after 1, 2, 4 ... 16 s" in text and "at most every 16 s" in text
     assert [rt.target for rt in comp.ratios if rt.target] == ["<= 5"]
-    assert [rt.target for rt in users.ratios] == ["<= 2", "<= 0.5", None, None]
+    assert [rt.target for rt in users.ratios] == ["<= 2", "<= 0.5", None, None, None, None]
 
 
 # ---- the plan section's step-time comparison (benchmarks/plan_step.py) -----------------------------
