@@ -55,8 +55,8 @@ PHASE_S, PHASES = 0.4, 12
 ROUNDS = 24  # pairs run together: a verdict needs 3 (benchmarks/targets.py)
 # python against python with three frames more (benchmarks/three_frames.py), together: what
 # Pinpoint's frames above the program cost without Pinpoint, recorded beside the targets. A round's
-# median moves by ~1 µs (tf.function) and ~0.7 µs (eager add) on a slow day; four rounds keep the full
-# bench within its hour (tests/test_bench.py) and tell a frame's share from none.
+# median spreads by a few µs (tf.function) and ~0.7 µs (eager add) on a slow day; four rounds keep the
+# full bench within its hour (tests/test_bench.py) and tell the frames' share from none.
 FRAMES_ROUNDS = 4
 ANY_CPU_ROUNDS = 2  # pairs on any CPU, back to back, recorded beside them
 FIXED_LAYOUT = ["setarch", "-R"] if shutil.which("setarch") else []
