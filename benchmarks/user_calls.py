@@ -14,8 +14,8 @@ not hide; the machine's slow spells, which move a lone process's rate by 10-20% 
 the next, fall on both processes of a phase alike. Sharing the CPU makes each call dearer than
 alone (more cache refills after a switch), for both processes.
 
-The `frames` arm runs the same together rounds with python against python three frames deeper
-(benchmarks/three_frames.py), recorded: what the frames `pinpoint trace` keeps above a program cost
+The `frames` arm runs the same together rounds with python against python running the program as
+`pinpoint trace` does, one frame above it (benchmarks/launched.py), recorded: what that frame costs
 without anything of Pinpoint.
 
 Tried before and not enough to decide a difference of ~1 µs on a ~200 µs call: the two arms
@@ -53,10 +53,10 @@ CALLS, BLOCKS, WARMUP = 4000, 6, 2000
 # 24 rounds narrow that interval by a tenth more.
 PHASE_S, PHASES = 0.4, 12
 ROUNDS = 24  # pairs run together: a verdict needs 3 (benchmarks/targets.py)
-# python against python with three frames more (benchmarks/three_frames.py), together: what
-# Pinpoint's frames above the program cost without Pinpoint, recorded beside the targets. A round's
-# median spreads by a few µs (tf.function) and ~0.7 µs (eager add) on a slow day; four rounds keep the
-# full bench within its hour (tests/test_bench.py) and tell the frames' share from none.
+# python against python with the program one frame deeper, as pinpoint trace runs it
+# (benchmarks/launched.py), together: what that frame costs without Pinpoint, recorded beside the
+# targets. A round's median spreads by a few µs (tf.function) and ~0.7 µs (eager add) on a slow day;
+# four rounds keep the full bench within its hour (tests/test_bench.py).
 FRAMES_ROUNDS = 4
 ANY_CPU_ROUNDS = 2  # pairs on any CPU, back to back, recorded beside them
 FIXED_LAYOUT = ["setarch", "-R"] if shutil.which("setarch") else []
@@ -75,7 +75,7 @@ def comparison(s: Settings) -> Comparison:
         arms=(Arm("python", "python", {**spec, "via": "python"}, max_rounds=any_cpu),
               Arm("trace", "pinpoint trace --no-tracking", {**spec, "via": "trace"}, max_rounds=any_cpu),
               Arm("together", "both at once, one CPU", together),
-              Arm("frames", "python and python three frames deeper, at once, one CPU",
+              Arm("frames", "python and python one frame deeper as trace runs it, at once, one CPU",
                   {**together, "vias": ["python", "frames"]}, max_rounds=FRAMES_ROUNDS if full else 1)),
         ratios=(Ratio(f"{fn}, together on one CPU: trace - python, µs", "together", "", "fn_added_us",
                       target("calls.tf_function_us")),
@@ -84,9 +84,9 @@ def comparison(s: Settings) -> Comparison:
                 Ratio(f"{fn}, any CPU, back to back: trace - python, µs", "trace", "python", "fn_us", difference=True),
                 Ratio(f"{add}, any CPU, back to back: trace - python, µs", "trace", "python", "add_us",
                       difference=True),
-                Ratio(f"{fn}, three frames more under python, no Pinpoint, together: µs", "frames", "",
+                Ratio(f"{fn}, the launcher's frame under python, no Pinpoint, together: µs", "frames", "",
                       "fn_added_us"),
-                Ratio(f"{add}, three frames more under python, no Pinpoint, together: µs", "frames", "",
+                Ratio(f"{add}, the launcher's frame under python, no Pinpoint, together: µs", "frames", "",
                       "add_added_us")),
         repeats=ROUNDS if full else 1,
         # A round together: both imports and warm-ups on one CPU (~12 s), 2 x 12 x 0.4 s of phases;
@@ -117,10 +117,11 @@ def _argv(via: str, out: Path, args: list[str]) -> list[str]:
     run folder out/trace), as users run it."""
     if via == "python":
         return [sys.executable, str(PROGRAM), *args]
-    if via == "frames":  # python, the program three frames deeper, as trace runs it
-        return [sys.executable, str(ROOT / "benchmarks" / "three_frames.py"), str(PROGRAM), *args]
-    # The `pinpoint` command as users run it (python -m pinpoint.cli puts runpy's frames under the
-    # program: see trace.program.run).
+    if via == "frames":  # python, the program one frame deeper, as trace runs it (cwd: ROOT)
+        from benchmarks.launched import BOOT
+
+        return [sys.executable, "-c", BOOT, str(PROGRAM), *args]
+    # The `pinpoint` command as users run it (it replaces its process with the program's: trace.launch).
     cli = Path(sys.executable).with_name("pinpoint")
     return [*([str(cli)] if cli.is_file() else [sys.executable, "-m", "pinpoint.cli"]), "trace", "--no-tracking",
             "--out", str(out / "trace"), str(PROGRAM), *args]
@@ -223,8 +224,8 @@ def render(comps: list[Comparison], results: dict) -> str:
           "alone, for both. Back to back on any CPU (recorded): each process's best of "
           f"{alone['blocks']} blocks of {alone['calls']:,} calls of each after the same warm-up. {layout}"
           "benchmarks/user_calls.py says why the targets are decided together."
-          + (f" The rows \"three frames more\": python against python running the same program three frames below "
-             f"the process's first (benchmarks/three_frames.py: as `pinpoint trace` runs it, nothing of Pinpoint "
-             f"imported), at once on one CPU as above, {len(good.get('frames', []))} rounds; their second column is "
-             "that process. What Pinpoint's frames above the program cost by themselves (docs/trace.md, \"Cost\")."
+          + (f" The rows \"the launcher's frame\": python against python running the same program one frame above "
+             f"the process's first, from `python -c` as `pinpoint trace` runs it (benchmarks/launched.py, nothing of "
+             f"Pinpoint imported), at once on one CPU as above, {len(good.get('frames', []))} rounds; their second "
+             "column is that process. What the frame under the program costs by itself (docs/trace.md, \"Cost\")."
              if good.get("frames") else "") + "\n")

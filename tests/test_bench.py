@@ -932,8 +932,8 @@ def test_the_overheads_section_states_each_calls_paths_and_decides_by_the_pairs(
             "python": [alone(140.0, 9.8), alone(145.0, 10.0), alone(150.0, 10.2)],
             "trace": [alone(144.0, 10.1), alone(150.0, 10.3), alone(156.0, 10.4)]}
     text = render([users, comp], {"overheads": {ARM: [rec, rec]}, "user-calls": user})
-    assert "three frames more" not in text  # results from before the frames arm: no rows for it
-    # python against python three frames deeper, three rounds: 0.8, 1.0, 0.9 µs a call, 0.05, 0.07, 0.06 an op.
+    assert "the launcher's frame" not in text  # results from before the frames arm: no rows for it
+    # python against python one frame deeper (the launcher's), three rounds: 0.8, 1.0, 0.9 µs a call, 0.05, 0.07, 0.06 an op.
     user["frames"] = [both(200.0, 0.8, 20.0, 0.05), both(210.0, 1.0, 21.0, 0.07), both(190.0, 0.9, 22.0, 0.06)]
     text = render([users, comp], {"overheads": {ARM: [rec, rec]}, "user-calls": user})
     rows = {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith(("| tf.function", "| eager tf"))}
@@ -945,10 +945,10 @@ def test_the_overheads_section_states_each_calls_paths_and_decides_by_the_pairs(
     # Back to back on any CPU: recorded, no target.
     assert rows[f"{fn}, any CPU, back to back"].endswith("| 5 [4, 6] (4–6) | recorded | 3 |")
     assert rows["eager tf.add, any CPU, back to back"].endswith("| 0.3 [0.2, 0.3] (0.2–0.3) | recorded | 3 |")
-    frames = "three frames more under python, no Pinpoint, together"
+    frames = "the launcher's frame under python, no Pinpoint, together"
     assert rows[f"{fn}, {frames}"].endswith("| 0.9 [0.8, 1] (0.8–1) | recorded | 3 |")
     assert rows[f"eager tf.add, {frames}"].endswith("| 0.06 [0.05, 0.07] (0.05–0.07) | recorded | 3 |")
-    assert "benchmarks/three_frames.py" in text and "at once on one CPU as above, 3 rounds" in text
+    assert "benchmarks/launched.py" in text and "at once on one CPU as above, 3 rounds" in text
     assert "then from a common start 12 phases of 0.4 s of each call" in text
     assert "2,000 calls of each as a warm-up" in text and "best of 6 blocks of 4,000 calls" in text
     assert "pinned to CPU 1," in text

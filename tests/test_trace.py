@@ -523,6 +523,43 @@ def test_every_ending_keeps_what_was_captured_and_the_programs_exit_code(tmp_pat
         assert "done" in proc.stdout
 
 
+# ---- the launch: the program's process and frames ---------------------------------------------------
+WHERE_IT_RUNS = """
+    import __main__
+    import os
+    import sys
+
+    import tensorflow as tf
+
+    frames, frame = [], sys._getframe()
+    while frame is not None:
+        frames.append(frame.f_code.co_filename)
+        frame = frame.f_back
+    print("pid", os.getpid())
+    print("frames", frames)
+    print("main", __main__.__dict__ is globals(), __name__, sys.argv[1:])
+    print("sum", int(tf.add(1, 2)))
+"""
+
+
+def test_the_program_runs_in_the_pinpoint_process_with_one_frame_under_it(tmp_path):
+    """`pinpoint trace` replaces its own process with the program's (trace.launch): the PID the
+    caller started, the interpreter's own `__main__`, and one frame under the program's (BOOT's,
+    `<string>`), where `python SCRIPT` has none. A process of its own, not a zygote's fork: the
+    fork's frames are the test harness's."""
+    script = write(tmp_path, "where.py", WHERE_IT_RUNS).resolve()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "pinpoint.cli", "trace", "--no-tracking", "--out",
+                             str(tmp_path / "out"), str(script), "--flag"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    said = dict(line.split(" ", 1) for line in stdout.splitlines() if line.startswith(("pid ", "frames ", "main ")))
+    assert said == {"pid": str(proc.pid), "frames": repr([str(script), "<string>"]),
+                    "main": "True __main__ ['--flag']"}
+    assert placement(tmp_path / "out")["eager"]["op_types_by_device"] == {"/CPU:0": {"AddV2": 1}}
+
+
 # ---- a traced program's plan, applied by hand and checked with --verify --against ----------------
 MAPPED_LOOP = """
     import json

@@ -1,6 +1,7 @@
 """One TensorFlow import for many oracle runs: a server process imports TensorFlow and Keras once,
 then forks a child for each run it is asked for. A child is the process `python SCRIPT ARGS...`
-would be, minus the import (most of a short program's run), so the oracle's
+would be, minus the import (most of a short program's run; a child's exec of `python -c CODE`, as
+`pinpoint trace` makes, runs CODE in the child), so the oracle's
 runs of the corpus and the differential programs (tests/differential.py) pay TensorFlow's start-up
 once per session instead of once per program.
 
@@ -230,6 +231,7 @@ def _child(req: dict) -> int:
         os.environ.update({**imported, **req["env"]})
         import runpy
 
+        os.execv = _exec_python_c
         if req["argv"][1] == "-m":  # python -m MODULE ARGS...
             sys.argv = [req["argv"][2], *req["argv"][3:]]  # run_module puts the module's file first
             sys.path[0] = os.getcwd()
@@ -251,6 +253,23 @@ def _child(req: dict) -> int:
 
         traceback.print_exc()
         return 1
+
+
+def _exec_python_c(path: str, argv: list[str]) -> None:
+    """os.execv in a child: `python [FLAGS] -c CODE ARGS...` (what `pinpoint trace` replaces its
+    process with, pinpoint.trace.launch) run in the child, as the new process would run it, but
+    for the import (the interpreter's flags are the child's)."""
+    import types
+
+    if path != sys.executable or "-c" not in argv:
+        raise OSError(f"tests/zygote.py: a child cannot exec {argv[:3]}")
+    i = argv.index("-c")
+    sys.argv = ["-c", *argv[i + 2:]]
+    sys.path[0] = ""  # as `python -c` has it
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    exec(compile(argv[i + 1], "<string>", "exec"), main.__dict__)
+    raise SystemExit(0)
 
 
 def serve(preload: list[str]) -> None:

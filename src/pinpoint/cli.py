@@ -90,8 +90,9 @@ def cmd_report(args) -> int:
 
 
 def cmd_trace(args):
-    """The steps of `pinpoint trace` (trace.session.trace_steps): `main` drives them, so the
-    program runs under as few of Pinpoint's frames as can be (trace.program.run says why)."""
+    """The steps of `pinpoint trace` (trace.session.trace_steps), which trace.launch's BOOT drives
+    in a process of the program's own (or `main`, in-process): the program runs under as few of
+    Pinpoint's frames as can be (trace.launch says why)."""
     from pinpoint.trace.program import Program
     from pinpoint.trace.session import trace_steps
 
@@ -307,8 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     code = _main(argv)
     if not isinstance(code, int):
-        # pinpoint trace's steps. Its program runs from this frame, two below the process' first:
-        # TensorFlow captures up to 30 frames of the Python stack at every op (issue 50.5).
+        # pinpoint trace's steps where this process could not be replaced (trace.launch): the
+        # program runs from this frame, two below the process' first (TensorFlow captures up to
+        # 30 frames of the Python stack at every op).
         from pinpoint.trace.program import run
         from pinpoint.trace.session import first_program, send_outcome
 
@@ -366,15 +368,21 @@ def _main(argv: list[str] | None):
     return _guarded(_command, argv)
 
 
-def _command(argv: list[str] | None):
-    front, program_args = split_trace_argv(list(sys.argv[1:] if argv is None else argv))
+def _command(argv: list[str] | None, launched: bool = False):
+    """`launched`: this process is `pinpoint trace`'s own (trace.launch.start), argv its arguments."""
+    raw = list(sys.argv[1:] if argv is None else argv)
+    front, program_args = split_trace_argv(raw)
     args = build_parser().parse_args(front)
     if args.command == "trace":
         args.program = [*args.program, *program_args]
+        if argv is None:  # the process's entry point: the program gets a process of its own
+            from pinpoint.trace.launch import relaunch
+
+            relaunch(raw)  # returns only where it cannot (then the program runs in this process)
     from pinpoint.versions import check_supported
 
     check_supported()  # a TensorFlow outside the supported range: one line, before any work
-    if argv is None:  # the process's entry point: its environment is ours to set
+    if argv is None or launched:  # the process's entry point: its environment is ours to set
         from pinpoint.quiet import quiet_start
 
         quiet_start(args.verbose)

@@ -19,6 +19,7 @@ from typing import Any
 
 from pinpoint.errors import ConfigError
 from pinpoint.quiet import program_warnings
+from pinpoint.trace.launch import BOOT_FILENAME
 
 # Pinpoint's and runpy's frames (runpy's are "<frozen runpy>" when Python runs it frozen, as 3.11 does).
 _OWN = (str(Path(__file__).resolve().parents[1]), os.path.dirname(runpy.__file__) + os.sep + "runpy.py",
@@ -104,6 +105,29 @@ def run(program: Program, on_end=None) -> Outcome:
 
 
 @contextlib.contextmanager
+def as_main_program(program: Program, main: types.ModuleType) -> Iterator[Any]:
+    """The program's code to exec in `main`, the interpreter's own `__main__` (trace.launch): its
+    sys.argv, sys.path and warning filters as in `run`, and `main`'s namespace as `run` gives the
+    program's (a module or folder that runpy runs: code that calls runpy, as `run` does)."""
+    with _as_program(program) as (target, kind):
+        found = _compiled(target) if kind == "script" else _module_code(target) if kind == "module" else None
+        if found is not None:
+            code, module = found
+            sys.argv[0] = module.__file__
+        else:
+            call = (f"run_module({target!r}, run_name='__main__', alter_sys=True)" if kind == "module"
+                    else f"run_path({target!r}, run_name='__main__')")
+            code, module = compile(f"__import__('runpy').{call}", BOOT_FILENAME, "exec"), types.ModuleType("__main__")
+        namespace = main.__dict__
+        builtins = namespace.get("__builtins__")
+        namespace.clear()
+        namespace.update(module.__dict__, __name__="__main__")
+        if builtins is not None:
+            namespace["__builtins__"] = builtins
+        yield code
+
+
+@contextlib.contextmanager
 def _as_program(program: Program) -> Iterator[tuple[str, str]]:
     """sys.argv and sys.path as `python SCRIPT ARGS` / `python -m MODULE ARGS` has them, and the
     program's warning filters; (the script's path or the module's name, "script", "folder" or
@@ -173,6 +197,11 @@ def _as_main(module: types.ModuleType, script: str) -> Iterator[None]:
             sys.modules["__main__"] = saved_main
 
 
+def outcome_of(err: BaseException) -> Outcome:
+    """How a program that raised `err` ended (its traceback shown as Python shows it)."""
+    return _outcome(err)
+
+
 def _outcome(err: BaseException) -> Outcome:
     try:
         raise err
@@ -195,6 +224,8 @@ def print_user_traceback(err: BaseException) -> None:
     """The traceback Python would print, without Pinpoint's and runpy's frames."""
     tb = err.__traceback__
     frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(_OWN)]
+    if frames and frames[0].filename == BOOT_FILENAME:  # trace.launch's BOOT, the one frame under the program
+        frames = frames[1:]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames),
              *traceback.format_exception_only(type(err), err)]
     sys.stderr.write("".join(lines))
