@@ -81,8 +81,8 @@ def run(program: Program, on_end=None) -> Outcome:
 
     The program runs a few bytecodes into this function: TensorFlow captures
     the Python stack (up to 30 frames) at every eager op and tf.function call and works out each
-    frame's line number, at a cost that grows with how far into its function a frame is (issue
-    50.5: Pinpoint's frames under a shallow program cost it ~1.5 µs an op before)."""
+    frame's line number, at a cost that grows with how far into its function a frame is (the
+    command line's launch keeps one frame under a program: trace.launch)."""
     try:
         with _as_program(program) as (target, kind):
             # runpy's work, the exec in this frame (runpy takes three or four frames more)

@@ -166,8 +166,8 @@ def trace_command(program, **options) -> int:
 def drive(steps: Generator) -> int:
     """Run the program a `trace_steps` generator yields and let the generator finish; its exit
     code. The generator's frame is suspended while the program runs, so it is not on the stack
-    TensorFlow captures at every op (see trace.program.run). The CLI does the same in its own
-    frame (cli.main), which saves this one."""
+    TensorFlow captures at every op (see trace.launch). `pinpoint trace` runs them from a process
+    of the program's own (trace.launch's BOOT), or in its own frame (cli.main) where it cannot."""
     first = first_program(steps)
     if isinstance(first, int):
         return first
