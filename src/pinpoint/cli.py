@@ -328,6 +328,62 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+class _Launched:
+    """`pinpoint trace`'s steps while its program runs in this process (trace.launch's BOOT)."""
+
+    def __init__(self, steps, on_end, program) -> None:
+        self.steps = steps  # trace.session.trace_steps' generator, suspended at its yield
+        self.on_end = on_end
+        self.program = program  # an ExitStack: the program's argv, sys.path and warning filters
+
+
+_launched: _Launched | None = None
+
+
+def launched_start():
+    """In trace.launch's BOOT: `pinpoint trace ARGS` (sys.argv[1:]) up to the program, capture on;
+    the program's code, for BOOT to exec in `__main__`. A bad argument: its one line, SystemExit."""
+    global _launched
+    import contextlib
+
+    if sys.path and sys.path[0] == "":
+        sys.path.pop(0)  # `-c`'s working directory: the program's own folder goes first instead
+    from pinpoint.trace.program import as_main_program
+    from pinpoint.trace.session import first_program
+
+    steps = _guarded(_command, sys.argv[1:], True)
+    if isinstance(steps, int):
+        raise SystemExit(steps)
+    first = _guarded(first_program, steps)
+    if isinstance(first, int):
+        raise SystemExit(first)
+    program, on_end = first
+    stack = contextlib.ExitStack()
+    code = stack.enter_context(as_main_program(program, sys.modules["__main__"]))
+    _launched = _Launched(steps, on_end, stack)
+    return code
+
+
+def launched_end(err: BaseException | None) -> None:
+    """In trace.launch's BOOT, the program ended (`err`: how; None when it ran to its end): read
+    what was captured, write the run folder and exit with the program's exit code."""
+    launched = _launched
+    if launched is None:  # launched_start ended before the program: its SystemExit (or a bug's traceback)
+        raise err if err is not None else SystemExit(0)
+    from pinpoint.trace.program import FINISHED, Outcome, outcome_of
+    from pinpoint.trace.session import send_outcome
+
+    launched.program.close()
+    launched.on_end()  # the program's objects are alive (the traceback holds its frames)
+    outcome = Outcome(0, FINISHED) if err is None else outcome_of(err)
+    del err
+    code = _guarded(send_outcome, launched.steps, outcome)
+    import gc
+
+    gc.freeze()  # the process exits next (main says why)
+    raise SystemExit(code)
+
+
 _TRACE_VALUED = {"--gpu-memory", "--out", "--gpus", "--log-every", "--experiment", "--metrics-every-s"}
 
 
@@ -369,7 +425,7 @@ def _main(argv: list[str] | None):
 
 
 def _command(argv: list[str] | None, launched: bool = False):
-    """`launched`: this process is `pinpoint trace`'s own (trace.launch.start), argv its arguments."""
+    """`launched`: this process is `pinpoint trace`'s own (launched_start), argv its arguments."""
     raw = list(sys.argv[1:] if argv is None else argv)
     front, program_args = split_trace_argv(raw)
     args = build_parser().parse_args(front)
