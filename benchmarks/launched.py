@@ -33,4 +33,4 @@ def start():
     namespace.clear()
     namespace.update(__name__="__main__", __file__=path, __builtins__=builtins, __doc__=None)
     with open(path) as f:
-        return compile(f.read(), path, "exec")
+        return compile(f.read(), path, "exec", dont_inherit=True)  # the script's own __future__ flags

@@ -539,14 +539,20 @@ WHERE_IT_RUNS = """
     print("frames", frames)
     print("main", __main__.__dict__ is globals(), __name__, sys.argv[1:])
     print("sum", int(tf.add(1, 2)))
+
+
+    def typed(x: int) -> None: ...
+
+
+    print("annotations", typed.__annotations__)
 """
 
 
 def test_the_program_runs_in_the_pinpoint_process_with_one_frame_under_it(tmp_path):
     """`pinpoint trace` replaces its own process with the program's (trace.launch): the PID the
     caller started, the interpreter's own `__main__`, and one frame under the program's (BOOT's,
-    `<string>`), where `python SCRIPT` has none. A process of its own, not a zygote's fork: the
-    fork's frames are the test harness's."""
+    `<string>`), where `python SCRIPT` has none; the script compiled with its own `__future__`
+    flags. A process of its own, not a zygote's fork: the fork's frames are the test harness's."""
     script = write(tmp_path, "where.py", WHERE_IT_RUNS).resolve()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.Popen([sys.executable, "-m", "pinpoint.cli", "trace", "--no-tracking", "--out",
@@ -554,9 +560,11 @@ def test_the_program_runs_in_the_pinpoint_process_with_one_frame_under_it(tmp_pa
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
-    said = dict(line.split(" ", 1) for line in stdout.splitlines() if line.startswith(("pid ", "frames ", "main ")))
+    said = dict(line.split(" ", 1) for line in stdout.splitlines()
+                if line.startswith(("pid ", "frames ", "main ", "annotations ")))
+    # Annotations evaluated, as the script's own flags have them (no __future__ of Pinpoint's).
     assert said == {"pid": str(proc.pid), "frames": repr([str(script), "<string>"]),
-                    "main": "True __main__ ['--flag']"}
+                    "main": "True __main__ ['--flag']", "annotations": repr({"x": int, "return": None})}
     assert placement(tmp_path / "out")["eager"]["op_types_by_device"] == {"/CPU:0": {"AddV2": 1}}
 
 

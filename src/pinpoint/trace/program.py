@@ -117,7 +117,7 @@ def as_main_program(program: Program, main: types.ModuleType) -> Iterator[Any]:
         else:
             call = (f"run_module({target!r}, run_name='__main__', alter_sys=True)" if kind == "module"
                     else f"run_path({target!r}, run_name='__main__')")
-            code, module = compile(f"__import__('runpy').{call}", BOOT_FILENAME, "exec"), types.ModuleType("__main__")
+            code, module = compile(f"__import__('runpy').{call}", BOOT_FILENAME, "exec", dont_inherit=True), types.ModuleType("__main__")
         namespace = main.__dict__
         builtins = namespace.get("__builtins__")
         namespace.clear()
@@ -158,7 +158,8 @@ def _run_other(target: str, kind: str) -> dict:
 
 def _compiled(script: str) -> tuple[Any, types.ModuleType]:
     with io.open_code(script) as f:
-        code = compile(f.read(), script, "exec")
+        # Not this module's `from __future__ import annotations`: the script's own flags, as python's.
+        code = compile(f.read(), script, "exec", dont_inherit=True)
     module = types.ModuleType("__main__")
     module.__dict__.update(__file__=script, __cached__=None, __doc__=None, __loader__=None, __package__="",
                            __spec__=None)
