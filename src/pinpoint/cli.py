@@ -12,7 +12,9 @@ import argparse
 import inspect
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pinpoint.errors import ConfigError, PinpointError
 
@@ -328,13 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+@dataclass(frozen=True)
 class _Launched:
     """`pinpoint trace`'s steps while its program runs in this process (trace.launch's BOOT)."""
 
-    def __init__(self, steps, on_end, program) -> None:
-        self.steps = steps  # trace.session.trace_steps' generator, suspended at its yield
-        self.on_end = on_end
-        self.program = program  # an ExitStack: the program's argv, sys.path and warning filters
+    steps: Any  # trace.session.trace_steps' generator, suspended at its yield
+    on_end: Any
+    program: Any  # an ExitStack: the program's argv, sys.path and warning filters
 
 
 _launched: _Launched | None = None

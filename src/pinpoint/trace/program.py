@@ -101,7 +101,7 @@ def run(program: Program, on_end=None) -> Outcome:
     except BaseException as err:  # noqa: BLE001 - every way a program ends is an outcome
         if on_end is not None:
             on_end()  # the traceback keeps the program's frames alive
-        return _outcome(err)
+        return outcome_of(err)
 
 
 @contextlib.contextmanager
@@ -117,7 +117,8 @@ def as_main_program(program: Program, main: types.ModuleType) -> Iterator[Any]:
         else:
             call = (f"run_module({target!r}, run_name='__main__', alter_sys=True)" if kind == "module"
                     else f"run_path({target!r}, run_name='__main__')")
-            code, module = compile(f"__import__('runpy').{call}", BOOT_FILENAME, "exec", dont_inherit=True), types.ModuleType("__main__")
+            code = compile(f"__import__('runpy').{call}", BOOT_FILENAME, "exec", dont_inherit=True)
+            module = types.ModuleType("__main__")
         namespace = main.__dict__
         builtins = namespace.get("__builtins__")
         namespace.clear()
@@ -200,10 +201,6 @@ def _as_main(module: types.ModuleType, script: str) -> Iterator[None]:
 
 def outcome_of(err: BaseException) -> Outcome:
     """How a program that raised `err` ended (its traceback shown as Python shows it)."""
-    return _outcome(err)
-
-
-def _outcome(err: BaseException) -> Outcome:
     try:
         raise err
     except SystemExit as exit_:
@@ -225,7 +222,7 @@ def print_user_traceback(err: BaseException) -> None:
     """The traceback Python would print, without Pinpoint's and runpy's frames."""
     tb = err.__traceback__
     frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(_OWN)]
-    if frames and frames[0].filename == BOOT_FILENAME:  # trace.launch's BOOT, the one frame under the program
+    while frames and frames[0].filename == BOOT_FILENAME:  # trace.launch's BOOT (and its call of runpy)
         frames = frames[1:]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames),
              *traceback.format_exception_only(type(err), err)]
