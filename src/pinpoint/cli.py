@@ -378,7 +378,6 @@ def launched_end(err: BaseException | None) -> None:
     launched.program.close()
     launched.on_end()  # the program's objects are alive (the traceback holds its frames)
     outcome = Outcome(0, FINISHED) if err is None else outcome_of(err)
-    del err
     code = _guarded(send_outcome, launched.steps, outcome)
     import gc
 

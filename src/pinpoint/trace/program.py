@@ -86,7 +86,7 @@ def run(program: Program, on_end=None) -> Outcome:
     try:
         with _as_program(program) as (target, kind):
             # runpy's work, the exec in this frame (runpy takes three or four frames more)
-            found = _compiled(target) if kind == "script" else _module_code(target) if kind == "module" else None
+            found = _code_of(target, kind)
             if found is not None:
                 code, module = found
                 with _as_main(module, module.__file__):
@@ -110,7 +110,7 @@ def as_main_program(program: Program, main: types.ModuleType) -> Iterator[Any]:
     sys.argv, sys.path and warning filters as in `run`, and `main`'s namespace as `run` gives the
     program's (a module or folder that runpy runs: code that calls runpy, as `run` does)."""
     with _as_program(program) as (target, kind):
-        found = _compiled(target) if kind == "script" else _module_code(target) if kind == "module" else None
+        found = _code_of(target, kind)
         if found is not None:
             code, module = found
             sys.argv[0] = module.__file__
@@ -155,6 +155,12 @@ def _run_other(target: str, kind: str) -> dict:
     if kind == "module":
         return runpy.run_module(target, run_name="__main__", alter_sys=True)
     return runpy.run_path(target, run_name="__main__")
+
+
+def _code_of(target: str, kind: str) -> tuple[Any, types.ModuleType] | None:
+    """A script's or module's code and the __main__ it runs in; None for what runpy runs (a folder,
+    a module whose code cannot be read)."""
+    return _compiled(target) if kind == "script" else _module_code(target) if kind == "module" else None
 
 
 def _compiled(script: str) -> tuple[Any, types.ModuleType]:
