@@ -57,7 +57,7 @@ def test_the_batch_is_the_input_rows_and_an_output_is_scaled_by_its_leading_dime
     nodes = [gather, Node("dense/MatMul", "MatMul"), Node("grad/MatMul_1", "MatMul")]
     assert batch_of(nodes, shapes, sizes) == 32
     # The weight gradient's shape is unknown to inference: the allocator recorded [64,128], not the batch.
-    assert scaled_outputs(nodes, shapes, sizes, 32, {"loop/input/GatherV2": "[32,64]", "grad/MatMul_1": "[64,128]"}) \
+    assert scaled_outputs(nodes, shapes, sizes, 32, {"loop/input/GatherV2": {0: "[32,64]"}, "grad/MatMul_1": {0: "[64,128]"}}) \
         == {"loop/input/GatherV2": (0,), "dense/MatMul": (0,)}
     assert (_leading("[32,128]"), _leading("[]"), _leading("[?,3]")) == (32, None, None)
 
@@ -123,8 +123,9 @@ def test_the_peak_predicted_at_four_times_the_batch_is_the_one_measured_there(tm
     """32 layers: the peak is the activations the backward pass keeps (one per layer). Which
     transient tensors overlap them changes from run to run (the executor's order): at 4096, two
     runs peaked at 34,766,976 and 36,864,120 B, two activations apart (2 x 4096 x 64 x 4 B), with
-    one inter-op thread too. The prediction replays the 1024 run's own order, so it is held to 5%
-    beyond what the order alone moves: two activations at the larger batch."""
+    one inter-op thread too. The prediction is the highest of the 1024 run's own order and the orders
+    that hold longer (memory.overlap.variants), so it is held to 5% beyond what the order alone moves:
+    two activations at the larger batch."""
     from tests.test_trace import placement, trace, write
 
     prog = write(tmp_path, "mlp.py", PROGRAM)
@@ -137,7 +138,8 @@ def test_the_peak_predicted_at_four_times_the_batch_is_the_one_measured_there(tm
     order = 2 * 4096 * 64 * 4  # two activations of a Dense(64) layer, float32
     assert abs(predicted - measured) <= 0.05 * measured + order
     # The largest batch that fits 1 GiB: the last whose need (the verdict's terms: variables, the GPU
-    # machine's peak at that batch x the allocator's ratio) is within the fits threshold.
+    # machine's peak at that batch, in the highest of its orders, x the allocator's ratio) is within the fits
+    # threshold.
     from pinpoint.placement.memory.fit import BAND, CONTEXT
     from pinpoint.placement.model.files import read_placement
 
@@ -146,8 +148,13 @@ def test_the_peak_predicted_at_four_times_the_batch_is_the_one_measured_there(tm
     measured = small["devices"]["/GPU:0"]
     variables = next(t["bytes"] for t in fit["terms"] if t["term"] == "variables and optimizer slots")
 
+    from pinpoint.placement.memory.batch import highest_peaks
+    from pinpoint.placement.memory.overlap import variants
+
+    others, _ = variants(replay)  # the orders the prediction at another batch takes the highest of
+
     def need(b: int) -> int:
-        peak = at_batch(replay, b).peaks(copies=True)["/GPU:0"]
+        peak = highest_peaks(replay, others, b, copies=True)["/GPU:0"]
         return variables + round(peak * measured["peak_allocated"] / measured["peak_requested"])
 
     limit = int((2**30 - CONTEXT) * (1 - BAND))
@@ -170,7 +177,7 @@ def test_a_convolutions_input_and_filter_gradients_are_also_replayed_at_once_and
                     batch=4, scaled={"x": (0,), "g": (0,), "bi": (0,)}, temps={"bi": 1000, "bf": 1000})
     together, moved = co_started(replay)
     assert (together.order, moved) == ((("x", 0, 1), ("g", 2, 5), ("bi", 10, 20), ("bf", 10, 20)), 1)
-    assert (replay.peaks(), highest_peaks(replay, together, 4), highest_peaks(replay, together, 16)) == (
+    assert (replay.peaks(), highest_peaks(replay, (together,), 4), highest_peaks(replay, (together,), 16)) == (
         {"/GPU:0": 1600}, {"/GPU:0": 2610}, {"/GPU:0": 4410})
     # At 2x: 800 + 200 + 200 + 10 + 2,000.
     assert batch_section(replay)["devices"] == {"/GPU:0": {"8": 3210, "16": 4410}}
@@ -188,3 +195,56 @@ def test_an_input_reached_through_a_loop_of_inline_ops_ends_the_walk():
     replay = Replay(nodes, (("g", 0, 5), ("bi", 10, 20), ("bf", 30, 35)), {"g": (1,), "bi": (1,), "bf": (1,)},
                     dict.fromkeys(("g", "merge", "next", "bi", "bf"), "/GPU:0"), temps={"bi": 10, "bf": 10})
     assert co_started(replay)[0].order == (("g", 0, 5), ("bi", 10, 20), ("bf", 10, 15))
+
+
+@pytest.mark.unit
+def test_a_weight_gradient_queued_beside_the_input_gradient_is_replayed_as_late_as_its_reader_lets_it():
+    """di and dw read g, which just arrived; di's path goes on (d2, d3), dw's only to the optimizer
+    (apply). In the call dw ran first: x (400 B, dw's input) was freed at its end, before d2 made
+    400 B; the peak was x 400 + g 100 + dw 10 = 510 (and di 100 + d2 400 + dw 10 later). Deferred, dw
+    ends where apply starts, so x and g are still held while d2 runs: 400 + 100 + di 100 + d2 400."""
+    from pinpoint.placement.memory.overlap import deferred
+
+    nodes = (Node("x", "Relu"), Node("g", "ReluGrad", (("x", 0),)), Node("w", "ReadVariableOp"),
+             Node("dw", "MatMul", (("x", 0), ("g", 0))), Node("di", "MatMul", (("g", 0), ("w", 0))),
+             Node("d2", "ReluGrad", (("di", 0),)), Node("d3", "MatMul", (("d2", 0),)), Node("apply", "Mul", (("dw", 0),)))
+    replay = Replay(nodes, (("x", 0, 1), ("g", 2, 5), ("dw", 10, 20), ("di", 21, 30), ("d2", 31, 40), ("d3", 41, 45),
+                            ("apply", 52, 60)),
+                    {"x": (400,), "g": (100,), "dw": (10,), "di": (100,), "d2": (400,), "d3": (10,), "apply": (10,)},
+                    dict.fromkeys("x g w dw di d2 d3 apply".split(), "/GPU:0"))
+    late, moved = deferred(replay)
+    assert (dict((n, (s, e)) for n, s, e in late.order)["dw"], moved) == ((42, 52), 1)
+    assert (replay.peaks(), late.peaks()) == ({"/GPU:0": 510}, {"/GPU:0": 1000})
+
+
+@pytest.mark.unit
+def test_a_kernel_started_when_its_inputs_were_ready_holds_its_output_from_then():
+    """b read a, ready at 10, but ran at 30, after c had ended: a 100 + b 50 = 150 at most. Started
+    at 10, b runs beside c: 100 + 50 + 20."""
+    from pinpoint.placement.memory.overlap import started_when_ready, variants
+
+    nodes = (Node("a", "Relu"), Node("b", "Relu", (("a", 0),)), Node("c", "Relu", (("a", 0),)))
+    replay = Replay(nodes, (("a", 0, 10), ("b", 30, 40), ("c", 12, 20)), {"a": (100,), "b": (50,), "c": (20,)},
+                    dict.fromkeys("abc", "/GPU:0"))
+    early, moved = started_when_ready(replay)
+    assert (early.order, moved) == ((("a", 0, 10), ("b", 10, 20), ("c", 10, 18)), 2)
+    assert (replay.peaks(), early.peaks()) == ({"/GPU:0": 150}, {"/GPU:0": 170})
+    assert variants(replay)[1] == {"co_started": 0, "held_longest": 2}
+
+
+@pytest.mark.unit
+def test_a_oneDNN_pooling_workspace_is_sized_by_the_allocator_and_grows_with_the_batch():
+    """_MklNativeMaxPool's second output (a byte per output element) has no inferred shape: the
+    allocator's second record sizes it, recorded flat ([86528] at batch 16), and it grows with the
+    pooled output beside it. A flat output whose bytes are not a multiple of the batch keeps its size."""
+    from pinpoint.placement.memory.from_trace import _allocator_sized
+
+    out = [16 * 13 * 13 * 32 * 4, 0]
+    assert _allocator_sized(out, [(346112, "[16,13,13,32]"), (86528, "[86528]")]) == {1: "[86528]"}
+    assert out == [346112, 86528]
+    float32, uint8 = 1, 4
+    nodes = [Node("pool", "_MklNativeMaxPool"), Node("other", "_MklNativeMaxPool")]
+    shapes = {"pool": [(float32, [16, 13, 13, 32]), (uint8, None)], "other": [(float32, [16, 2]), (uint8, None)]}
+    sizes = {"pool": (346112, 86528), "other": (128, 100)}
+    asked = {"pool": {0: "[16,13,13,32]", 1: "[86528]"}, "other": {0: "[16,2]", 1: "[100]"}}
+    assert scaled_outputs(nodes, shapes, sizes, 16, asked) == {"pool": (0, 1), "other": (0,)}

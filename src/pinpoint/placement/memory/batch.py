@@ -10,8 +10,8 @@ proportion to the batch:
 - a kernel's scratch whose shape, as the allocator recorded it, starts with the batch (an Einsum's,
   a pooling gradient's); a convolution's im2col buffer, sized by the host's cache, does not.
 Every other output (weight gradients, optimizer updates, constants) and scratch keeps its size.
-The same kernels then run in the same order, or with each convolution's input and filter gradients
-at once (memory.overlap), whichever needs more.
+The same kernels then run in the same order, or in the other orders the executor may run them in
+(memory.overlap.variants), whichever needs most.
 
 Assumptions, written beside the figures: the kernels run in the same order at any batch;
 variables and slots do not depend on the batch.
@@ -29,8 +29,9 @@ from pinpoint.placement.graphs.ops import DT_RESOURCE, INPUT_SOURCES
 ASSUMPTION = ("every output whose shape starts with the step's batch (inferred, else as the allocator recorded it) "
               "or folds it into its leading dimension, and every scratch whose shape starts with it, grows in "
               "proportion to the batch, the others keep their size; the same kernels run in the same order, or with "
-              "each convolution's input and filter gradients at once, whichever needs more; variables and slots do "
-              "not depend on the batch")
+              "each convolution's input and filter gradients at once, or with every kernel started when its inputs "
+              "were ready and every weight gradient as late as its readers let it, whichever needs most; variables "
+              "and slots do not depend on the batch")
 
 # The op that folds the batch into another dimension ([batch, time, features] -> [batch x time, features]).
 FOLDS = frozenset({"Reshape"})
@@ -75,30 +76,35 @@ def batch_of(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[int, .
 
 
 def scaled_outputs(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[int, ...]],
-                   batch: int | None, asked: Mapping[str, str]) -> dict[str, tuple[int, ...]]:
+                   batch: int | None, asked: Mapping[str, Mapping[int, str]]) -> dict[str, tuple[int, ...]]:
     """Node -> its outputs that grow with the batch (see the module doc): those whose leading
     dimension is the batch, by their inferred shape, else by the shape the allocator recorded for
-    the op's first output (`asked`: op -> "[32,128]")."""
+    it (`asked`: op -> {output: "[32,128]"}). An output of unknown shape recorded flat beside one
+    that grows, its bytes a multiple of the batch, grows too: a buffer the kernel sized from its
+    outputs (a oneDNN pooling's workspace, a byte per output element)."""
     if batch is None:
         return {}
     out = {}
     for n in nodes:
         outs = shapes.get(n.name) or ()
-        idx = []
+        idx, flat = [], []
         for k, size in enumerate(sizes.get(n.name, ())):
             dims = outs[k][1] if k < len(outs) else None
             lead = dims[0] if dims else None
-            if lead is None and k == 0 and n.name in asked:
-                lead = _leading(asked[n.name])
+            recorded = (asked.get(n.name) or {}).get(k) if lead is None else None
+            if recorded is not None:
+                lead = _leading(recorded)
             if size and lead == batch:
                 idx.append(k)
+            elif size and k and recorded is not None and recorded.count(",") == 0 and size % batch == 0:
+                flat.append(k)
         if idx:
-            out[n.name] = tuple(idx)
+            out[n.name] = tuple(sorted(idx + flat))
     return _folded(nodes, shapes, sizes, batch, asked, out)
 
 
 def _folded(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[int, ...]], batch: int,
-            asked: Mapping[str, str], scaled: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+            asked: Mapping[str, Mapping[int, str]], scaled: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """`scaled` and the outputs that fold the batch into their leading dimension: a Reshape of a
     scaled output to a leading dimension a multiple of the batch, and from there each op that reads
     such an output and keeps its leading dimension (its consumers in the graph, to a fixed point)."""
@@ -120,8 +126,8 @@ def _folded(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[int, ..
             for k, size in enumerate(sizes.get(c.name, ())):
                 dims = outs[k][1] if k < len(outs) else None
                 lead = dims[0] if dims else None
-                if lead is None and k == 0 and c.name in asked:
-                    lead = _leading(asked[c.name])
+                if lead is None and k in (asked.get(c.name) or {}):
+                    lead = _leading(asked[c.name][k])
                 if not size or not lead or k in out.get(c.name, ()):
                     continue
                 if lead in leads or (c.op in FOLDS and lead > batch and lead % batch == 0):
@@ -158,14 +164,11 @@ def at_batch(replay, batch: int):
     return replace(replay, sizes=sizes, batch=batch, temps=temps)
 
 
-def highest_peaks(replay, together, batch: int, copies: bool = False) -> dict[str, int]:
-    """Each device's peak at `batch`: the higher of the call's own order and `together`'s (the call
-    with its convolution gradients started together, memory.overlap; None: none to move)."""
-    own = at_batch(replay, batch).peaks(copies=copies)
-    if together is None:
-        return own
-    both = at_batch(together, batch).peaks(copies=copies)
-    return {d: max(own.get(d, 0), both.get(d, 0)) for d in own.keys() | both.keys()}
+def highest_peaks(replay, others, batch: int, copies: bool = False) -> dict[str, int]:
+    """Each device's peak at `batch`: the highest of the call's own order and `others`' (the same
+    call in the other orders the executor may run it in, memory.overlap.variants)."""
+    peaks = [at_batch(r, batch).peaks(copies=copies) for r in (replay, *others)]
+    return {d: max(p.get(d, 0) for p in peaks) for d in set().union(*peaks)}
 
 
 def batch_section(replay) -> dict:
@@ -173,13 +176,13 @@ def batch_section(replay) -> dict:
     the largest scratch kept at its size, and each device's predicted peak at FACTORS x the batch."""
     if replay.batch is None:
         return {"why_not": "the step's batch is not known (no input element with a known leading dimension)"}
-    from pinpoint.placement.memory.overlap import moved_or_none
+    from pinpoint.placement.memory.overlap import variants
 
-    together, moved = moved_or_none(replay)
-    peaks = {str(f * replay.batch): highest_peaks(replay, together, f * replay.batch) for f in FACTORS}
+    others, moved = variants(replay)
+    peaks = {str(f * replay.batch): highest_peaks(replay, others, f * replay.batch) for f in FACTORS}
     kept = sorted(((size, name) for name, size in replay.temps.items() if name not in replay.scaled_temps), reverse=True)
     return {"measured": replay.batch, "scaled_outputs": sum(len(v) for v in replay.scaled.values()),
-            "scaled_scratch": len(replay.scaled_temps), "co_started": moved, "assumption": ASSUMPTION,
+            "scaled_scratch": len(replay.scaled_temps), **moved, "assumption": ASSUMPTION,
             # The largest scratch kept at its size (a convolution's im2col buffer on a CPU): what a
             # reader checks first when the prediction at another batch matters.
             "kept_scratch": [{"op": name, "bytes": size, "device": replay.devices.get(name, "")}

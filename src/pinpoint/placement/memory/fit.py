@@ -75,19 +75,19 @@ def verdicts(memory: Mapping, gpu_memory: int, convolutions: bool = False,
 def _largest_batches(memory: Mapping, usable: int, replicas: int, held: Mapping[str, int]) -> dict[str, int]:
     """Per device: the largest batch whose need (the same terms) is within the fits threshold."""
     from pinpoint.placement.memory.batch import highest_peaks, largest_batch
-    from pinpoint.placement.memory.overlap import moved_or_none
+    from pinpoint.placement.memory.overlap import variants
     from pinpoint.placement.memory.replay import Replay
 
     raw = (memory.get("predicted") or {}).get("replay")
     if not raw or not raw.get("batch"):
         return {}
     replay = Replay.from_json(raw)
-    together, _ = moved_or_none(replay)
+    others, _ = variants(replay)
     cache: dict[int, dict[str, int]] = {}
 
     def gpu(b: int) -> dict[str, int]:
         if b not in cache:
-            cache[b] = highest_peaks(replay, together, b, copies=True)
+            cache[b] = highest_peaks(replay, others, b, copies=True)
         return cache[b]
 
     out = {}

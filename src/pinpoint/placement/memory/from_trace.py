@@ -44,7 +44,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     from pinpoint.placement.profile.xspace import op_events
 
     asked: dict[str, int] = {}
-    asked_shape: dict[str, str] = {}
+    outputs_made: dict[str, list[tuple[int, str]]] = defaultdict(list)  # op -> (bytes, shape) of each output made
     temp_shapes: dict[str, set[str]] = defaultdict(set)  # op -> the shapes of the scratch it asked for
     made: dict[str, list[int]] = defaultdict(list)  # op -> when the allocator gave each of its outputs
     freed: dict[str, list[int]] = defaultdict(list)  # op -> when the allocator took each of them back
@@ -52,7 +52,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     for e in events:
         if e.alloc and e.op and e.region == "output":
             asked.setdefault(e.op, e.requested)
-            asked_shape.setdefault(e.op, e.shape)
+            outputs_made[e.op].append((e.requested, e.shape))
             made[e.op].append(e.time_ps)
             output_at[e.addr] = e.op
         elif not e.alloc and e.addr in output_at:
@@ -64,9 +64,17 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     counts = {"shapes": 0, "allocator": 0}
     nodes = tuple(Node.of(n) for g in partitions for n in g.node)
     sizes: dict[str, tuple[int, ...]] = {}
+    asked_shapes: dict[str, dict[int, str]] = {}  # op -> {output: the shape the allocator recorded}
     for n in nodes:
         out = bytes_of(shapes.get(n.name))
-        if out and not out[0] and n.name in asked:
+        if n.name in outputs_made:
+            asked_shapes[n.name] = {0: outputs_made[n.name][0][1]}
+        if out and not all(out) and n.name in outputs_made:
+            sized = _allocator_sized(out, outputs_made[n.name])
+            asked_shapes[n.name] |= sized
+            counts["allocator"] += bool(sized)
+            counts["shapes"] += not sized and any(out)
+        elif out and not out[0] and n.name in asked:  # a remote receive's buffer
             counts["allocator"] += 1
             out = [asked[n.name], *out[1:]]
         else:
@@ -101,7 +109,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     used = {n.name: devices[n.name] for n in nodes if n.name in devices}
     batch = batch_of(nodes, shapes, sizes)
     replay = Replay(nodes, order, sizes, used, replicas, first_call, batch,
-                    scaled_outputs(nodes, shapes, sizes, batch, asked_shape),
+                    scaled_outputs(nodes, shapes, sizes, batch, asked_shapes),
                     # (an update's or a gather's copy of its variable is the update rules', not a scratch)
                     {n.name: temps[n.name] for n in nodes if temps.get(n.name) and n.op not in LIST_MAKERS
                      and not (UPDATE_RE.match(op := MKL_PREFIX.sub("", n.op)) or SPARSE_ACCESS_RE.match(op))},
@@ -111,6 +119,24 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
                     copied=_copied(nodes, events, once) if shared else frozenset())
     lags = input_lags(replay, {op: sorted(t - begin for t in times) for op, times in freed.items()})
     return replace(replay, inputs_after=lags), counts
+
+
+def _allocator_sized(out: list[int], made: list[tuple[int, str]]) -> dict[int, str]:
+    """Size, in place, each output of `out` whose shape inference left unknown (0 bytes) by what
+    its op asked the allocator for (`made`: (bytes, shape) of each output it made, in order): the
+    first record is output 0's; a record of a known output's exact bytes is that output's; the rest
+    go to the unknown outputs in order (a oneDNN pooling's workspace, an output of no inferred
+    shape). {output: the shape the allocator recorded} of those sized."""
+    records = list(made[:len(out)])  # (an op run in a loop makes more: its first run's)
+    sized = {}
+    for k, size in enumerate(out):
+        if size:
+            mine = next((i for i, (b, _) in enumerate(records) if b == size), None)
+            if mine is not None:
+                records.pop(mine)
+        elif records:
+            out[k], sized[k] = records.pop(0)
+    return sized
 
 
 def unseen_collectives(nodes: Iterable[Node], sizes: Mapping[str, tuple[int, ...]], events: Iterable,
