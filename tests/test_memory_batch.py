@@ -236,15 +236,18 @@ def test_a_kernel_started_when_its_inputs_were_ready_holds_its_output_from_then(
 def test_a_oneDNN_pooling_workspace_is_sized_by_the_allocator_and_grows_with_the_batch():
     """_MklNativeMaxPool's second output (a byte per output element) has no inferred shape: the
     allocator's second record sizes it, recorded flat ([86528] at batch 16), and it grows with the
-    pooled output beside it. A flat output whose bytes are not a multiple of the batch keeps its size."""
+    pooled output beside it. A flat output whose bytes are not a multiple of the batch, or a scalar,
+    keeps its size."""
     from pinpoint.placement.memory.from_trace import _allocator_sized
 
     out = [16 * 13 * 13 * 32 * 4, 0]
     assert _allocator_sized(out, [(346112, "[16,13,13,32]"), (86528, "[86528]")]) == {1: "[86528]"}
     assert out == [346112, 86528]
     float32, uint8 = 1, 4
-    nodes = [Node("pool", "_MklNativeMaxPool"), Node("other", "_MklNativeMaxPool")]
-    shapes = {"pool": [(float32, [16, 13, 13, 32]), (uint8, None)], "other": [(float32, [16, 2]), (uint8, None)]}
-    sizes = {"pool": (346112, 86528), "other": (128, 100)}
-    asked = {"pool": {0: "[16,13,13,32]", 1: "[86528]"}, "other": {0: "[16,2]", 1: "[100]"}}
-    assert scaled_outputs(nodes, shapes, sizes, 16, asked) == {"pool": (0, 1), "other": (0,)}
+    nodes = [Node("pool", "_MklNativeMaxPool"), Node("other", "_MklNativeMaxPool"), Node("scalar", "Op")]
+    shapes = {"pool": [(float32, [16, 13, 13, 32]), (uint8, None)], "other": [(float32, [16, 2]), (uint8, None)],
+              "scalar": [(float32, [16, 2]), (float32, None)]}
+    sizes = {"pool": (346112, 86528), "other": (128, 100), "scalar": (128, 16)}
+    asked = {"pool": {0: "[16,13,13,32]", 1: "[86528]"}, "other": {0: "[16,2]", 1: "[100]"},
+             "scalar": {0: "[16,2]", 1: "[]"}}
+    assert scaled_outputs(nodes, shapes, sizes, 16, asked) == {"pool": (0, 1), "other": (0,), "scalar": (0,)}

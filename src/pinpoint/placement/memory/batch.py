@@ -96,7 +96,8 @@ def scaled_outputs(nodes, shapes: Mapping[str, list], sizes: Mapping[str, tuple[
                 lead = _leading(recorded)
             if size and lead == batch:
                 idx.append(k)
-            elif size and k and recorded is not None and recorded.count(",") == 0 and size % batch == 0:
+            elif size and k and recorded is not None and recorded.count(",") == 0 and (lead or 0) > batch \
+                    and size % batch == 0:
                 flat.append(k)
         if idx:
             out[n.name] = tuple(sorted(idx + flat))
