@@ -79,7 +79,7 @@ def pinpoint_train(spec: dict) -> dict[str, Any]:
 
         # As `pinpoint train` does: the MLflow sender process starts before TensorFlow is
         # imported (it imports MLflow and opens the store on another core meanwhile).
-        warm_tracking(cfg)
+        warm_tracking(cfg, "train")
     # Import the frameworks before the clock starts (5-10 s, the same with or without Pinpoint's
     # options): the clock measures the run. They do not initialize any device.
     import keras  # noqa: F401

@@ -35,8 +35,9 @@ ENTRY_STEPS_PER_EPOCH = 150
 LOOP_STEPS, LOOP_BATCH = 6000, 32
 # Together (run_program_pair), each process has half a CPU: more batches, so both steady states
 # share several seconds, after a warm-up past the recorder's quiet window (trace.sampling: up to
-# 1,000 eager ops on the slow path, once, a start-up cost the fixed cost counts).
-TOGETHER_FIT_STEPS_PER_EPOCH, TOGETHER_LOOP_STEPS, TOGETHER_WARMUP = 750, 8000, 1000
+# 1,000 eager ops on the slow path, once, a start-up cost the fixed cost counts). On a CPU with
+# AVX-512 fit's 4x750 batches shared 2.8 s, under MIN_TOGETHER_S: 4x1250.
+TOGETHER_FIT_STEPS_PER_EPOCH, TOGETHER_LOOP_STEPS, TOGETHER_WARMUP = 1250, 8000, 1000
 
 
 def _program(example: str, module: str, args: list[str]) -> dict:
