@@ -61,26 +61,8 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
             temp_shapes[e.op].add(e.shape)
         elif e.alloc and not e.op and e.kernel:  # a remote receive's buffer (memory.memory_events)
             asked.setdefault(e.kernel, e.requested)
-    counts = {"shapes": 0, "allocator": 0}
     nodes = tuple(Node.of(n) for g in partitions for n in g.node)
-    sizes: dict[str, tuple[int, ...]] = {}
-    asked_shapes: dict[str, dict[int, str]] = {}  # op -> {output: the shape the allocator recorded}
-    for n in nodes:
-        out = bytes_of(shapes.get(n.name))
-        if n.name in outputs_made:
-            asked_shapes[n.name] = {0: outputs_made[n.name][0][1]}
-        if out and not all(out) and n.name in outputs_made:
-            sized = _allocator_sized(out, outputs_made[n.name])
-            asked_shapes[n.name] |= sized
-            counts["allocator"] += bool(sized)
-            counts["shapes"] += not sized and any(out)
-        elif out and not out[0] and n.name in asked:  # a remote receive's buffer
-            counts["allocator"] += 1
-            out = [asked[n.name], *out[1:]]
-        else:
-            counts["shapes"] += any(out)
-        if any(out):
-            sizes[n.name] = tuple(out)
+    sizes, asked_shapes, counts = _sizes(nodes, shapes, outputs_made, asked)
     op_order, _ = op_events(xspace)
     runs: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for e in op_order:
@@ -119,6 +101,33 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
                     copied=_copied(nodes, events, once) if shared else frozenset())
     lags = input_lags(replay, {op: sorted(t - begin for t in times) for op, times in freed.items()})
     return replace(replay, inputs_after=lags), counts
+
+
+def _sizes(nodes, shapes: Mapping[str, list], outputs_made: Mapping[str, list[tuple[int, str]]],
+           asked: Mapping[str, int]) -> tuple[dict[str, tuple[int, ...]], dict[str, dict[int, str]], dict[str, int]]:
+    """(each node's output bytes, {op: {output: the shape the allocator recorded}}, how many nodes
+    were sized by their shapes and how many by the allocator): by inferred shapes, an unknown one
+    by the op's own allocator records (`_allocator_sized`), a remote receive's by its request."""
+    counts = {"shapes": 0, "allocator": 0}
+    sizes: dict[str, tuple[int, ...]] = {}
+    asked_shapes: dict[str, dict[int, str]] = {}
+    for n in nodes:
+        out = bytes_of(shapes.get(n.name))
+        if n.name in outputs_made:
+            asked_shapes[n.name] = {0: outputs_made[n.name][0][1]}
+        if out and not all(out) and n.name in outputs_made:
+            sized = _allocator_sized(out, outputs_made[n.name])
+            asked_shapes[n.name] |= sized
+            counts["allocator"] += bool(sized)
+            counts["shapes"] += not sized and any(out)
+        elif out and not out[0] and n.name in asked:  # a remote receive's buffer
+            counts["allocator"] += 1
+            out = [asked[n.name], *out[1:]]
+        else:
+            counts["shapes"] += any(out)
+        if any(out):
+            sizes[n.name] = tuple(out)
+    return sizes, asked_shapes, counts
 
 
 def _allocator_sized(out: list[int], made: list[tuple[int, str]]) -> dict[int, str]:
