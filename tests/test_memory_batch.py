@@ -220,14 +220,15 @@ def test_a_weight_gradient_queued_beside_the_input_gradient_is_replayed_as_late_
 @pytest.mark.unit
 def test_a_kernel_started_when_its_inputs_were_ready_holds_its_output_from_then():
     """b read a, ready at 10, but ran at 30, after c had ended: a 100 + b 50 = 150 at most. Started
-    at 10, b runs beside c: 100 + 50 + 20."""
+    at 10, b runs beside c: 100 + 50 + 20. m reads only a variable (r): it stays where it ran."""
     from pinpoint.placement.memory.overlap import started_when_ready, variants
 
-    nodes = (Node("a", "Relu"), Node("b", "Relu", (("a", 0),)), Node("c", "Relu", (("a", 0),)))
-    replay = Replay(nodes, (("a", 0, 10), ("b", 30, 40), ("c", 12, 20)), {"a": (100,), "b": (50,), "c": (20,)},
-                    dict.fromkeys("abc", "/GPU:0"))
+    nodes = (Node("a", "Relu"), Node("b", "Relu", (("a", 0),)), Node("c", "Relu", (("a", 0),)),
+             Node("r", "ReadVariableOp"), Node("m", "Mul", (("r", 0),)))
+    replay = Replay(nodes, (("a", 0, 10), ("b", 30, 40), ("c", 12, 20), ("r", 0, 0), ("m", 50, 51)),
+                    {"a": (100,), "b": (50,), "c": (20,), "m": (5,)}, dict.fromkeys("abcrm", "/GPU:0"))
     early, moved = started_when_ready(replay)
-    assert (early.order, moved) == ((("a", 0, 10), ("b", 10, 20), ("c", 10, 18)), 2)
+    assert (early.order, moved) == ((("a", 0, 10), ("b", 10, 20), ("c", 10, 18), ("r", 0, 0), ("m", 50, 51)), 2)
     assert (replay.peaks(), early.peaks()) == ({"/GPU:0": 150}, {"/GPU:0": 170})
     assert variants(replay)[1] == {"co_started": 0, "held_longest": 2}
 

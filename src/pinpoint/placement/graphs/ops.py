@@ -42,6 +42,9 @@ NOT_COMPUTE = BOOKKEEPING | {"Const", "NoOp"}
 NOTHING_MADE = frozenset({"Const", "HostConst", "VarHandleOp", "NoOp", "ControlTrigger"}) | ARGS
 # The function-call ops whose body XLA or emulation may expand (a call's body runs as the call).
 CALLS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+# Ops that give a kernel the step's state (a variable's value, a constant, an argument), ready from
+# the call's start whatever the step computes.
+STATE_SOURCES = frozenset({"ReadVariableOp", "Identity"}) | NOTHING_MADE
 
 # ---- collectives -----------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import replace
 
-from pinpoint.placement.graphs.ops import CONV_GRADIENT_RE, without_mkl
+from pinpoint.placement.graphs.ops import CONV_GRADIENT_RE, STATE_SOURCES, without_mkl
 
 
 def co_started(replay):
@@ -54,13 +54,17 @@ def held_longest(replay):
 
 
 def started_when_ready(replay):
-    """(the replay with each kernel started when its inputs were ready in the call, each as long as
-    it ran: what a free thread does; how many moved). An output made sooner is held longer."""
+    """(the replay with each kernel that reads what another kernel computed started when its inputs
+    were ready in the call, each as long as it ran: what a free thread does; how many moved). An
+    output made sooner is held longer. A kernel that reads only the step's state (variables,
+    constants: an optimizer's slot times its decay) stays where it ran: moved to the call's start it
+    would hold every such temporary through the step, an order the calls measured did not draw."""
     span = _spans(replay)
     made = _made(replay, span)
+    ops = {n.name: n.op for n in replay.nodes}
     start = {}
     for n in replay.nodes:
-        if n.name in span and n.inputs:
+        if n.name in span and any(src in span and ops.get(src) not in STATE_SOURCES for src, _ in n.inputs):
             ready = max(made(src) for src, _ in n.inputs)
             if ready < span[n.name][0]:
                 start[n.name] = ready
