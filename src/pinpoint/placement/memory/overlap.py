@@ -7,9 +7,10 @@ percent. A prediction at another batch takes the highest of the call's own order
 
 - `co_started`: a convolution's input and filter gradients read the same gradient; started together
   their workspaces are held at once (on a CPU each is an im2col buffer sized by the host's cache).
-- `held_longest`: every kernel started as soon as its inputs were ready (`started_when_ready`), and
-  every weight gradient run as late as its readers let it (`deferred`): the backward pass goes on
-  from the input gradient while the queued weight gradient holds the layer's input and gradient.
+- `held_longest`: every kernel that reads computed data started as soon as its inputs were ready
+  (`started_when_ready`), and every weight gradient run as late as its readers let it (`deferred`):
+  the backward pass goes on from the input gradient while the queued weight gradient holds the
+  layer's input and gradient.
 """
 
 from __future__ import annotations
