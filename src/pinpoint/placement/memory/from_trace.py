@@ -43,7 +43,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     from pinpoint.placement.memory.batch import batch_of, scaled_outputs, scaled_scratch
     from pinpoint.placement.profile.xspace import op_events
 
-    asked: dict[str, int] = {}
+    received: dict[str, int] = {}  # a remote receive -> the buffer it asked for
     outputs_made: dict[str, list[tuple[int, str]]] = defaultdict(list)  # op -> (bytes, shape) of each output made
     temp_shapes: dict[str, set[str]] = defaultdict(set)  # op -> the shapes of the scratch it asked for
     made: dict[str, list[int]] = defaultdict(list)  # op -> when the allocator gave each of its outputs
@@ -51,7 +51,6 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
     output_at: dict[int, str] = {}  # address -> the op whose output it holds
     for e in events:
         if e.alloc and e.op and e.region == "output":
-            asked.setdefault(e.op, e.requested)
             outputs_made[e.op].append((e.requested, e.shape))
             made[e.op].append(e.time_ps)
             output_at[e.addr] = e.op
@@ -60,9 +59,9 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
         elif e.alloc and e.op and e.region == "temp":
             temp_shapes[e.op].add(e.shape)
         elif e.alloc and not e.op and e.kernel:  # a remote receive's buffer (memory.memory_events)
-            asked.setdefault(e.kernel, e.requested)
+            received.setdefault(e.kernel, e.requested)
     nodes = tuple(Node.of(n) for g in partitions for n in g.node)
-    sizes, asked_shapes, counts = _sizes(nodes, shapes, outputs_made, asked)
+    sizes, asked_shapes, counts = _sizes(nodes, shapes, outputs_made, received)
     op_order, _ = op_events(xspace)
     runs: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for e in op_order:
@@ -104,7 +103,7 @@ def replay_of(partitions: list, shapes: Mapping[str, list], xspace, events: Iter
 
 
 def _sizes(nodes, shapes: Mapping[str, list], outputs_made: Mapping[str, list[tuple[int, str]]],
-           asked: Mapping[str, int]) -> tuple[dict[str, tuple[int, ...]], dict[str, dict[int, str]], dict[str, int]]:
+           received: Mapping[str, int]) -> tuple[dict[str, tuple[int, ...]], dict[str, dict[int, str]], dict[str, int]]:
     """(each node's output bytes, {op: {output: the shape the allocator recorded}}, how many nodes
     were sized by their shapes and how many by the allocator): by inferred shapes, an unknown one
     by the op's own allocator records (`_allocator_sized`), a remote receive's by its request."""
@@ -120,9 +119,9 @@ def _sizes(nodes, shapes: Mapping[str, list], outputs_made: Mapping[str, list[tu
             asked_shapes[n.name] |= sized
             counts["allocator"] += bool(sized)
             counts["shapes"] += not sized and any(out)
-        elif out and not out[0] and n.name in asked:  # a remote receive's buffer
+        elif out and not out[0] and n.name in received:
             counts["allocator"] += 1
-            out = [asked[n.name], *out[1:]]
+            out = [received[n.name], *out[1:]]
         else:
             counts["shapes"] += any(out)
         if any(out):

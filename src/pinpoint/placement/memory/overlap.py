@@ -29,7 +29,7 @@ def co_started(replay):
     together = defaultdict(list)  # (when its last input was ready, device) -> kernels
     for n in replay.nodes:
         if n.name in span and replay.temps.get(n.name) and CONV_GRADIENT_RE.match(without_mkl(n.op)):
-            ready = max((made(src) for src, _ in n.inputs), default=0)
+            ready = _ready(n, made)
             together[(ready, replay.devices.get(n.name, ""))].append(n.name)
     start = {}
     for names in together.values():
@@ -66,7 +66,7 @@ def started_when_ready(replay):
     start = {}
     for n in replay.nodes:
         if n.name in span and any(src in span and ops.get(src) not in STATE_SOURCES for src, _ in n.inputs):
-            ready = max(made(src) for src, _ in n.inputs)
+            ready = _ready(n, made)
             if ready < span[n.name][0]:
                 start[n.name] = ready
     return _moved(replay, span, start), len(start)
@@ -91,7 +91,7 @@ def deferred(replay):
     groups = defaultdict(list)  # (when its inputs were all ready, device) -> kernels
     for n in replay.nodes:
         if n.name in span and span[n.name][1] > span[n.name][0]:
-            ready = max((made(src) for src, _ in n.inputs), default=0)
+            ready = _ready(n, made)
             groups[(ready, replay.devices.get(n.name, ""))].append(n.name)
     late = defaultdict(list)  # the start of a first reading kernel -> the kernels to end there
     for names in groups.values():
@@ -105,8 +105,8 @@ def deferred(replay):
         for name in sorted(names, key=lambda n: span[n][0], reverse=True):
             s, e = span[name]
             start[name] = end = max(s, end - (e - s))
-    return _moved(replay, span, {n: t for n, t in start.items() if t > span[n][0]}), sum(
-        t > span[n][0] for n, t in start.items())
+    start = {name: t for name, t in start.items() if t > span[name][0]}
+    return _moved(replay, span, start), len(start)
 
 
 def _spans(replay) -> dict[str, tuple[int, int]]:
@@ -148,6 +148,11 @@ def _made(replay, span):
         return best
 
     return made
+
+
+def _ready(node, made) -> int:
+    """When the last of `node`'s inputs was ready (`_made`); 0 for a node without inputs."""
+    return max((made(src) for src, _ in node.inputs), default=0)
 
 
 def _kernels_below(replay, span, readers) -> dict[str, int]:
