@@ -37,7 +37,9 @@ class Sampler:
         self._since_new = 0  # op callbacks since the last new eager signature
         self._next_window = float("inf")  # monotonic time the next sampling window is due
         self._delay: float | None = None  # the wait before it (doubled after each window)
-        self._window_until = float("inf")  # monotonic time a window with nothing new ends (inf: not in one)
+        # Monotonic time a window with nothing new ends (inf: not in one; None: in one whose clock
+        # starts at its next callback).
+        self._window_until: float | None = float("inf")
 
     def watch(self, callback) -> None:
         """The op callback this machine switches (it is on when given)."""
@@ -53,7 +55,10 @@ class Sampler:
         """A callback brought nothing new: after `quiet_ops` in a row (in a sampling window, or
         EAGER_WINDOW_S), the callback goes off."""
         self._since_new += 1
-        if self._since_new >= self.quiet_ops or time.monotonic() >= self._window_until:
+        now = time.monotonic()
+        if self._window_until is None:
+            self._window_until = now + EAGER_WINDOW_S
+        if self._since_new >= self.quiet_ops or now >= self._window_until:
             self._stop()
 
     def _stop(self) -> None:
@@ -74,7 +79,10 @@ class Sampler:
         if self.callback is None or self.callback.armed or self.record.stopped is None:
             return
         self._since_new = 0  # the callback is off: nothing else writes it now
-        self._window_until = time.monotonic() + EAGER_WINDOW_S
+        # The window's time starts at its first callback: a new function's first call (tracing,
+        # graph optimization, slow on a busy machine) ends before its callback, and would otherwise
+        # use up the window before the phase's first eager op.
+        self._window_until = None
         self.record.windows += 1
         self.callback.on()
 
