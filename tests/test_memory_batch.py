@@ -48,6 +48,25 @@ def test_the_largest_batch_is_the_last_whose_need_is_within_the_limit():
 
 
 @pytest.mark.unit
+def test_the_largest_batch_search_takes_four_replays_of_an_affine_need_and_bisects_a_bent_one():
+    """Each need is a replay of the call in every order: an affine need is solved along its line
+    (batches 1 and 2, then 37 + 1 and 37); one that jumps by a scratch buffer from batch 30 on still
+    gets the exact answer, 33, where a buffer of 30 rows plus 2 x 33 rows first reach the limit."""
+    asked = []
+
+    def affine(b: int) -> int:
+        asked.append(b)
+        return 2 * b * X_ROW + G
+
+    assert (largest_batch(affine, 2 * 37 * X_ROW + G), asked) == (37, [1, 2, 38, 37])
+
+    def bent(b: int) -> int:
+        return 2 * b * X_ROW + G + (30 * X_ROW if b >= 30 else 0)
+
+    assert largest_batch(bent, 2 * 33 * X_ROW + G + 30 * X_ROW) == 33
+
+
+@pytest.mark.unit
 def test_the_batch_is_the_input_rows_and_an_output_is_scaled_by_its_leading_dimension():
     float32, int64 = 1, 9  # TensorFlow's dtype enums
     gather = Node("loop/input/GatherV2", "GatherV2", (("data", 0), ("loop/input/idx", 0)))
