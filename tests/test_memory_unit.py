@@ -248,6 +248,25 @@ def test_the_verdict_adds_each_stated_term_and_keeps_a_band_either_side():
         8 * gib: ("does not fit", need, 8 * gib - CONTEXT)}
 
 
+def test_replicas_share_the_highest_allocator_rounding_measured_among_them():
+    """Two replicas run the same kernels: the allocator fragmented one by 25% and the other by 0%,
+    a draw either may get on the GPU machine, so both needs take 25%; a tf.device split's devices
+    (one replica) keep their own."""
+    from pinpoint.placement.memory.fit import NCCL, verdicts
+
+    gib = 2**30
+    devices = {"/GPU:0": {"peak_requested": 100, "peak_allocated": 125, "at_peak": []},
+               "/GPU:1": {"peak_requested": 100, "peak_allocated": 100, "at_peak": []}}
+    rows = {"/GPU:0": {"gpu_machine": 8 * gib}, "/GPU:1": {"gpu_machine": 4 * gib}}
+
+    def needs(replicas: int) -> dict[str, int]:
+        memory = {"devices": devices, "predicted": {"replicas": replicas, "devices": rows}}
+        return {d: v["needs"] for d, v in verdicts(memory, 16 * gib).items()}
+
+    assert (needs(2), needs(1)) == ({"/GPU:0": 10 * gib + NCCL, "/GPU:1": 5 * gib + NCCL},
+                                    {"/GPU:0": 10 * gib, "/GPU:1": 4 * gib})
+
+
 def test_a_cluster_merge_keeps_each_tasks_devices_checks_and_reasons():
     from pinpoint.placement.analysis.merge import merge_placements
     from pinpoint.placement.model.placement import Placement

@@ -23,10 +23,22 @@ NCCL = 32 * 2**20
 GPU_MEMORY_ENV = "PINPOINT_GPU_MEMORY"  # bytes: set by --gpu-memory and cluster.gpu_memory  # NCCL's buffers for one all-reduce group (channels x NCCL_BUFFSIZE 4 MiB)
 
 
-def terms(row: Mapping, measured: Mapping, replicas: int, convolutions: bool, held: int = 0) -> list[dict]:
+def rounding(memory: Mapping, replicas: int) -> dict[str, float]:
+    """Device -> the ratio of allocated to requested bytes at its measured peak. Replicas run the same
+    kernels, so how the allocator fragmented on one is a draw any of them may get: with more than
+    one replica, each replica's is the highest measured among them (a prediction errs high)."""
+    out = {d: (m["peak_allocated"] / m["peak_requested"] if m.get("peak_requested") else 1.0)
+           for d, m in (memory.get("devices") or {}).items() if d.startswith("/") and not is_host(d)}
+    if replicas > 1 and out:
+        top = max(out.values())
+        out = dict.fromkeys(out, top)
+    return out
+
+
+def terms(row: Mapping, ratio: float, replicas: int, convolutions: bool, held: int = 0) -> list[dict]:
     """What the GPU machine holds at the device's peak beyond the emulated replay, each with its
-    assumption: (name, bytes, assumption)."""
-    ratio = measured["peak_allocated"] / measured["peak_requested"] if measured["peak_requested"] else 1.0
+    assumption: (name, bytes, assumption); `ratio`: the allocator's rounding (`rounding`)."""
+    how = "as measured here" if replicas <= 1 else "the highest measured on a replica here"
     out = [{"term": "variables and optimizer slots", "bytes": held,
             "assumption": "held before the step on this device, as placed in this run (a mirrored variable on "
                           "each replica)"},
@@ -34,7 +46,7 @@ def terms(row: Mapping, measured: Mapping, replicas: int, convolutions: bool, he
             "assumption": "the executed graphs replayed in the order they ran, each received tensor a copy in "
                           "this GPU's memory (logical CPU devices share it)"},
            {"term": "allocator rounding", "bytes": int(row["gpu_machine"] * (ratio - 1)),
-            "assumption": f"the same ratio of allocated to requested bytes as measured here ({ratio:.2f}): "
+            "assumption": f"the same ratio of allocated to requested bytes, {how} ({ratio:.2f}): "
                           "the GPU's allocator is the same BFC allocator"}]
     if replicas > 1:
         out.append({"term": "NCCL buffers", "bytes": NCCL,
@@ -54,13 +66,14 @@ def verdicts(memory: Mapping, gpu_memory: int, convolutions: bool = False,
     predicted = (memory.get("predicted") or {}).get("devices") or {}
     replicas = (memory.get("predicted") or {}).get("replicas") or 1
     usable = gpu_memory - CONTEXT
-    largest = _largest_batches(memory, usable, replicas, held or {})
+    ratios = rounding(memory, replicas)
+    largest = _largest_batches(memory, usable, replicas, held or {}, ratios)
     out = {}
     for d, row in predicted.items():
         if is_host(d):
             continue  # the host: its memory is not the GPU's
         measured = memory["devices"][d]
-        parts = terms(row, measured, replicas, convolutions, (held or {}).get(d, 0))
+        parts = terms(row, ratios.get(d, 1.0), replicas, convolutions, (held or {}).get(d, 0))
         need = sum(t["bytes"] for t in parts)
         ratio = need / usable
         verdict = "fits" if ratio <= 1 - BAND else "borderline" if ratio <= 1 + BAND else "does not fit"
@@ -72,7 +85,8 @@ def verdicts(memory: Mapping, gpu_memory: int, convolutions: bool = False,
     return out
 
 
-def _largest_batches(memory: Mapping, usable: int, replicas: int, held: Mapping[str, int]) -> dict[str, int]:
+def _largest_batches(memory: Mapping, usable: int, replicas: int, held: Mapping[str, int],
+                     ratios: Mapping[str, float]) -> dict[str, int]:
     """Per device: the largest batch whose need (the same terms) is within the fits threshold."""
     from pinpoint.placement.memory.batch import highest_peaks, largest_batch
     from pinpoint.placement.memory.overlap import variants
@@ -94,9 +108,8 @@ def _largest_batches(memory: Mapping, usable: int, replicas: int, held: Mapping[
     for d, m in memory["devices"].items():
         if not d.startswith("/") or is_host(d) or not m.get("peak_requested"):
             continue
-        ratio = m["peak_allocated"] / m["peak_requested"]
         extra = held.get(d, 0) + (NCCL if replicas > 1 else 0)
-        out[d] = largest_batch(lambda b, d=d, r=ratio, x=extra: x + round(gpu(b).get(d, 0) * r),
+        out[d] = largest_batch(lambda b, d=d, r=ratios.get(d, 1.0), x=extra: x + round(gpu(b).get(d, 0) * r),
                                int(usable * (1 - BAND)))
     return out
 
