@@ -248,10 +248,10 @@ def test_the_verdict_adds_each_stated_term_and_keeps_a_band_either_side():
         8 * gib: ("does not fit", need, 8 * gib - CONTEXT)}
 
 
-def test_replicas_share_the_highest_allocator_rounding_measured_among_them():
-    """Two replicas run the same kernels: the allocator fragmented one by 25% and the other by 0%,
-    a draw either may get on the GPU machine, so both needs take 25%; a tf.device split's devices
-    (one replica) keep their own."""
+def test_replicas_share_the_highest_replay_and_allocator_rounding_measured_among_them():
+    """Two replicas run the same kernels: one replayed to 8 GiB and its allocator fragmented by 25%,
+    the other 4 GiB and 0%, draws either may get on the GPU machine, so both need 8 GiB x 1.25; a
+    tf.device split's devices (one replica) keep their own."""
     from pinpoint.placement.memory.fit import NCCL, verdicts
 
     gib = 2**30
@@ -263,7 +263,7 @@ def test_replicas_share_the_highest_allocator_rounding_measured_among_them():
         memory = {"devices": devices, "predicted": {"replicas": replicas, "devices": rows}}
         return {d: v["needs"] for d, v in verdicts(memory, 16 * gib).items()}
 
-    assert (needs(2), needs(1)) == ({"/GPU:0": 10 * gib + NCCL, "/GPU:1": 5 * gib + NCCL},
+    assert (needs(2), needs(1)) == ({"/GPU:0": 10 * gib + NCCL, "/GPU:1": 10 * gib + NCCL},
                                     {"/GPU:0": 10 * gib, "/GPU:1": 4 * gib})
 
 

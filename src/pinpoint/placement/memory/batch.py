@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
+from pinpoint.device_names import is_host
 from pinpoint.placement.graphs.ops import DT_RESOURCE, INPUT_SOURCES
 
 ASSUMPTION = ("every output whose shape starts with the step's batch (inferred, else as the allocator recorded it) "
@@ -167,9 +168,21 @@ def at_batch(replay, batch: int):
 
 def highest_peaks(replay, others, batch: int, copies: bool = False) -> dict[str, int]:
     """Each device's peak at `batch`: the highest of the call's own order and `others`' (the same
-    call in the other orders the executor may run it in, memory.overlap.variants)."""
+    call in the other orders the executor may run it in, memory.overlap.variants), the replicas'
+    the highest among them (`replicas_alike`)."""
     peaks = [at_batch(r, batch).peaks(copies=copies) for r in (replay, *others)]
-    return {d: max(p.get(d, 0) for p in peaks) for d in set().union(*peaks)}
+    return replicas_alike({d: max(p.get(d, 0) for p in peaks) for d in set().union(*peaks)}, replay.replicas)
+
+
+def replicas_alike(values: Mapping[str, float], replicas: int) -> dict:
+    """`values` (device -> a prediction) with, when more than one replica ran, every device but the
+    host at the highest among them: replicas run the same kernels, and which temporaries overlap,
+    or how the allocator fragments, is a draw any of them may get on the GPU machine."""
+    gpus = [d for d in values if not is_host(d)]
+    if replicas <= 1 or not gpus:
+        return dict(values)
+    top = max(values[d] for d in gpus)
+    return {d: top if d in gpus else v for d, v in values.items()}
 
 
 def batch_section(replay) -> dict:

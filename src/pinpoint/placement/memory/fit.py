@@ -24,28 +24,27 @@ GPU_MEMORY_ENV = "PINPOINT_GPU_MEMORY"  # bytes: set by --gpu-memory and cluster
 
 
 def rounding(memory: Mapping, replicas: int) -> dict[str, float]:
-    """Device -> the ratio of allocated to requested bytes at its measured peak. Replicas run the same
-    kernels, so how the allocator fragmented on one is a draw any of them may get: with more than
-    one replica, each replica's is the highest measured among them (a prediction errs high)."""
-    out = {d: (m["peak_allocated"] / m["peak_requested"] if m.get("peak_requested") else 1.0)
-           for d, m in (memory.get("devices") or {}).items() if d.startswith("/") and not is_host(d)}
-    if replicas > 1 and out:
-        top = max(out.values())
-        out = dict.fromkeys(out, top)
-    return out
+    """Device -> the ratio of allocated to requested bytes at its measured peak, the replicas' the
+    highest measured among them (memory.batch.replicas_alike)."""
+    from pinpoint.placement.memory.batch import replicas_alike
+
+    return replicas_alike({d: (m["peak_allocated"] / m["peak_requested"] if m.get("peak_requested") else 1.0)
+                           for d, m in (memory.get("devices") or {}).items() if d.startswith("/")}, replicas)
 
 
-def terms(row: Mapping, ratio: float, replicas: int, convolutions: bool, held: int = 0) -> list[dict]:
+def terms(replayed: int, ratio: float, replicas: int, convolutions: bool, held: int = 0) -> list[dict]:
     """What the GPU machine holds at the device's peak beyond the emulated replay, each with its
-    assumption: (name, bytes, assumption); `ratio`: the allocator's rounding (`rounding`)."""
+    assumption: (name, bytes, assumption); `replayed`: the replay's peak with received tensors
+    copied, `ratio`: the allocator's rounding (`rounding`), each the highest among the replicas."""
     how = "as measured here" if replicas <= 1 else "the highest measured on a replica here"
+    which = "this GPU's memory" if replicas <= 1 else "a replica GPU's memory, the highest among the replicas"
     out = [{"term": "variables and optimizer slots", "bytes": held,
             "assumption": "held before the step on this device, as placed in this run (a mirrored variable on "
                           "each replica)"},
-           {"term": "tensors at the peak, received ones copied", "bytes": row["gpu_machine"],
+           {"term": "tensors at the peak, received ones copied", "bytes": replayed,
             "assumption": "the executed graphs replayed in the order they ran, each received tensor a copy in "
-                          "this GPU's memory (logical CPU devices share it)"},
-           {"term": "allocator rounding", "bytes": int(row["gpu_machine"] * (ratio - 1)),
+                          f"{which} (logical CPU devices share it)"},
+           {"term": "allocator rounding", "bytes": int(replayed * (ratio - 1)),
             "assumption": f"the same ratio of allocated to requested bytes, {how} ({ratio:.2f}): "
                           "the GPU's allocator is the same BFC allocator"}]
     if replicas > 1:
@@ -66,14 +65,17 @@ def verdicts(memory: Mapping, gpu_memory: int, convolutions: bool = False,
     predicted = (memory.get("predicted") or {}).get("devices") or {}
     replicas = (memory.get("predicted") or {}).get("replicas") or 1
     usable = gpu_memory - CONTEXT
+    from pinpoint.placement.memory.batch import replicas_alike
+
     ratios = rounding(memory, replicas)
     largest = _largest_batches(memory, usable, replicas, held or {}, ratios)
+    replayed = replicas_alike({d: row["gpu_machine"] for d, row in predicted.items()}, replicas)
     out = {}
-    for d, row in predicted.items():
+    for d in predicted:
         if is_host(d):
             continue  # the host: its memory is not the GPU's
         measured = memory["devices"][d]
-        parts = terms(row, ratios.get(d, 1.0), replicas, convolutions, (held or {}).get(d, 0))
+        parts = terms(replayed[d], ratios.get(d, 1.0), replicas, convolutions, (held or {}).get(d, 0))
         need = sum(t["bytes"] for t in parts)
         ratio = need / usable
         verdict = "fits" if ratio <= 1 - BAND else "borderline" if ratio <= 1 + BAND else "does not fit"
