@@ -35,7 +35,7 @@ BATCH, FACTOR = 32, 4
 # activations differently from call to call.
 AT_BATCH_MODELS = (*MODELS, "convnet")
 # Which temporaries overlap is the executor's draw per process, so the truth at FACTOR x is the most
-# over AT_BATCH_ROUNDS processes (MobileNetV2's most has spread 8% across them). ResNet50 runs once:
+# over AT_BATCH_ROUNDS processes (MobileNetV2's most has spread 11% across them). ResNet50 runs once:
 # a minute and a half a process, and its most has spread under 0.01%.
 AT_BATCH_ROUNDS = 3
 ONE_ROUND = ("resnet50",)
