@@ -110,8 +110,8 @@ def _largest_batches(memory: Mapping, usable: int, replicas: int, held: Mapping[
     for d, m in memory["devices"].items():
         if not d.startswith("/") or is_host(d) or not m.get("peak_requested"):
             continue
-        extra = held.get(d, 0) + (NCCL if replicas > 1 else 0)
-        out[d] = largest_batch(lambda b, d=d, r=ratios.get(d, 1.0), x=extra: x + round(gpu(b).get(d, 0) * r),
+        extra, ratio = held.get(d, 0) + (NCCL if replicas > 1 else 0), ratios.get(d, 1.0)
+        out[d] = largest_batch(lambda b, d=d, r=ratio, x=extra: x + round(gpu(b).get(d, 0) * r),
                                int(usable * (1 - BAND)))
     return out
 
