@@ -62,11 +62,11 @@ def verdicts(memory: Mapping, gpu_memory: int, convolutions: bool = False,
              held: Mapping[str, int] | None = None) -> dict[str, dict]:
     """Per device: fits / borderline / does not fit, the margin, the terms, the largest contributors
     and, when the step's batch is known, the largest batch that fits (memory_batch)."""
+    from pinpoint.placement.memory.batch import replicas_alike
+
     predicted = (memory.get("predicted") or {}).get("devices") or {}
     replicas = (memory.get("predicted") or {}).get("replicas") or 1
     usable = gpu_memory - CONTEXT
-    from pinpoint.placement.memory.batch import replicas_alike
-
     ratios = rounding(memory, replicas)
     largest = _largest_batches(memory, usable, replicas, held or {}, ratios)
     replayed = replicas_alike({d: row["gpu_machine"] for d, row in predicted.items()}, replicas)
