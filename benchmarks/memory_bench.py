@@ -92,10 +92,17 @@ def build():
 x = np.random.default_rng(0).normal(size=(4 * BATCH, *SHAPES[MODEL])).astype("float32")
 y = np.zeros(4 * BATCH, "int32")
 loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+TAKEN = set()  # a port the kernel frees may come back from the next bind: never one twice
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            port = s.getsockname()[1]
+        if port not in TAKEN:
+            TAKEN.add(port)
+            return port
 
 
 def parameter_server():

@@ -143,10 +143,17 @@ STRATEGY = {
     "one_device": 'strategy = tf.distribute.OneDeviceStrategy("/GPU:0")',
     "mirrored": "strategy = tf.distribute.MirroredStrategy()",
     "parameter_server": """
+        TAKEN = set()  # a port the kernel frees may come back from the next bind: never one twice
+
+
         def free_port():
-            with socket.socket() as s:
-                s.bind(("localhost", 0))
-                return s.getsockname()[1]
+            while True:
+                with socket.socket() as s:
+                    s.bind(("localhost", 0))
+                    port = s.getsockname()[1]
+                if port not in TAKEN:
+                    TAKEN.add(port)
+                    return port
 
 
         def create_in_process_cluster(num_workers, num_ps):

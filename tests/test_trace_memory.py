@@ -137,10 +137,17 @@ import tensorflow as tf
 WORKERS = int(sys.argv[1])
 
 
+TAKEN = set()  # a port the kernel frees may come back from the next bind: never one twice
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            port = s.getsockname()[1]
+        if port not in TAKEN:
+            TAKEN.add(port)
+            return port
 
 
 # The "Parameter server training" guide's in-process cluster (its threads: enough for every worker).

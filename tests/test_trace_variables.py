@@ -290,10 +290,17 @@ PS_SLOTS = """
     import tensorflow as tf
 
 
+    TAKEN = set()  # a port the kernel frees may come back from the next bind: never one twice
+
+
     def free_port():
-        with socket.socket() as s:
-            s.bind(("localhost", 0))
-            return s.getsockname()[1]
+        while True:
+            with socket.socket() as s:
+                s.bind(("localhost", 0))
+                port = s.getsockname()[1]
+            if port not in TAKEN:
+                TAKEN.add(port)
+                return port
 
 
     # The "Parameter server training" guide's in-process cluster, one worker and one ps.

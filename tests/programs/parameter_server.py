@@ -7,11 +7,17 @@ import socket
 import numpy as np
 import tensorflow as tf
 
+TAKEN = set()  # a port the kernel frees may come back from the next bind: never one twice
+
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            port = s.getsockname()[1]
+        if port not in TAKEN:
+            TAKEN.add(port)
+            return port
 
 
 def create_in_process_cluster(num_workers, num_ps):
